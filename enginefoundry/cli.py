@@ -1,0 +1,131 @@
+"""`enginefoundry`: run, validate and plan build specs.
+
+Exit codes: 0 success, 1 pipeline failure, 2 invalid input. User mistakes print one message, no
+traceback; `--verbose` shows details. Prefect is imported only by `run`, through flows/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from enginefoundry import __version__
+from enginefoundry.console import console, error, table
+from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE, EngineFoundryError
+from enginefoundry.spec import BuildSpec, load_spec
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="enginefoundry", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"enginefoundry {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and details")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the pipeline for a spec (embedded mode: in this process)")
+    run.add_argument("spec", help="build spec YAML, e.g. configs/tiny-cpu.yaml")
+    run.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
+    run.add_argument("--force", action="store_true", help="rebuild units whose manifest already exists")
+    run.add_argument("--store", help="override publish.store (s3://bucket/prefix or file://path)")
+    run.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
+
+    val = sub.add_parser("validate", help="check a spec and its inputs; nothing runs")
+    val.add_argument("spec")
+
+    plan = sub.add_parser("plan", help="print the unit matrix, commands and preflight verdicts; nothing runs")
+    plan.add_argument("spec")
+    plan.add_argument("--targets", nargs="+", metavar="NAME")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "validate":
+            return cmd_validate(args)
+        if args.command == "plan":
+            return cmd_plan(args)
+        return cmd_run(args)
+    except EngineFoundryError as err:
+        if args.verbose:
+            traceback.print_exc()
+        error(str(err))
+        return err.exit_code
+    except Exception as err:  # noqa: BLE001 - an unexpected failure is a pipeline failure, not a crash
+        if args.verbose:
+            traceback.print_exc()
+        error(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} (rerun with --verbose)")
+        return EXIT_PIPELINE
+    except KeyboardInterrupt:
+        error("interrupted; servers stopped, nothing half-published")
+        return 130
+
+
+def _load(path: str, overrides: dict[str, str | None] | None = None) -> BuildSpec:
+    spec = load_spec(path)
+    if overrides:
+        publish = spec.publish.model_copy(update={"store": overrides["store"]}) if overrides.get("store") else None
+        tracking = (spec.tracking.model_copy(update={"mlflow_uri": overrides["mlflow_uri"]})
+                    if overrides.get("mlflow_uri") else None)
+        spec = spec.model_copy(update={k: v for k, v in (("publish", publish), ("tracking", tracking)) if v})
+    return spec
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from enginefoundry.plan import expand_units
+    from enginefoundry.validate import validate_deep
+
+    spec = _load(args.spec)
+    validate_deep(spec)
+    console.print(f"[green]ok[/green]: {args.spec} is valid: lane {spec.lane}, "
+                  f"{len(expand_units(spec))} unit(s)")
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from enginefoundry.planning import plan_report
+
+    spec = _load(args.spec)
+    report = plan_report(spec, args.targets)
+    table(f"{spec.name}: {len(report.rows)} unit(s), lane {spec.lane}", report.rows)
+    for unit_name, commands in report.commands.items():
+        console.print(f"\n[bold]{unit_name}[/bold]")
+        for line in commands:
+            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    if report.refused:
+        error(f"{report.refused} unit(s) refused by preflight; fix the spec as the verdicts say")
+        return EXIT_INPUT
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from enginefoundry.validate import validate_deep
+
+    spec = _load(args.spec, {"store": args.store, "mlflow_uri": args.mlflow_uri})
+    validate_deep(spec)  # every input problem before Prefect, downloads or servers start
+    _quiet_prefect_defaults()
+    from flows.build_engines import build_engines
+
+    payload = spec.model_dump(mode="json")
+    payload["base_dir"] = spec.base_dir
+    summary = build_engines(spec_path=None, spec=payload, targets=args.targets, force=args.force)
+    console.print()
+    table(f"{summary.spec}: {summary.source_uri}"
+          + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
+    for o in summary.outcomes:
+        if o.manifest_uri:
+            console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)
+    console.print(f"MLflow parent run {summary.parent_run_id} in {spec.tracking.mlflow_uri}", markup=False)
+    return EXIT_OK if summary.ok else EXIT_PIPELINE
+
+
+def _quiet_prefect_defaults() -> None:
+    """Embedded mode on a closed network: no telemetry lookups."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

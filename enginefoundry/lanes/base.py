@@ -1,0 +1,84 @@
+"""The lane interface: what `convert`, `build` and `serve` mean for one toolchain.
+
+Nothing outside a lane module knows a toolchain flag. Each lane turns the spec into concrete work
+(commands, config files, bundles) and can describe that work without running it (for `plan`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.plan import Unit
+from enginefoundry.spec import BuildSpec, Variant
+
+
+class Command(BaseModel):
+    """One external command: what `plan` prints and what the runner executes."""
+
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    description: str = ""
+
+    def shell(self) -> str:
+        import shlex
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return (env + " " if env else "") + shlex.join(self.argv)
+
+
+class ConvertResult(BaseModel):
+    """A converted checkpoint folder (shared by every target that needs it)."""
+
+    checkpoint_dir: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    commands: list[Command] = Field(default_factory=list)
+
+
+class BuildResult(BaseModel):
+    """The unit's bundle folder: everything the serve step and a serving team need."""
+
+    bundle_dir: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    device: dict[str, Any] = Field(default_factory=dict)
+    commands: list[Command] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class ServeCommand(BaseModel):
+    command: Command
+    model_name: str  # the `model` field requests must carry
+    health_path: str = "/health"
+    tokenizer_dir: str  # local tokenizer for clients (benchmark tools)
+
+
+class Lane(ABC):
+    name: str
+
+    def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
+        """Problems with `lane_options` and lane-specific spec fields, as (field path, message)."""
+        return [(f"lane_options.{k}", f"unknown option for lane '{self.name}'") for k in spec.lane_options]
+
+    @abstractmethod
+    def versions(self) -> dict[str, str]:
+        """Installed toolchain versions. Raises ToolError when the toolchain is missing or wrong."""
+
+    @abstractmethod
+    def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
+        """Turn the fetched checkpoint into this variant's checkpoint under workdir."""
+
+    @abstractmethod
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
+        """Build the unit's bundle under workdir, on a device of the unit's target."""
+
+    @abstractmethod
+    def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
+        """The command that serves the bundle on an OpenAI-compatible endpoint."""
+
+    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
+        """The commands this lane would run for a unit, without running anything (for `plan`)."""
+        return []

@@ -1,0 +1,129 @@
+"""The reference lane: Hugging Face transformers + PyTorch, served by `transformers serve`.
+
+It is how the whole DAG runs on a laptop, in CI and on GPUs without TensorRT-LLM, and it is the
+accuracy reference for the TensorRT-LLM lanes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from enginefoundry.devices import host_facts, torch_device_facts
+from enginefoundry.errors import PreflightError, ToolError
+from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
+from enginefoundry.plan import Unit
+from enginefoundry.spec import Arch, BuildSpec, Precision, Variant
+
+TORCH_DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
+BUNDLE_MODEL_DIR = "model"
+BUNDLE_INFO = "bundle.json"
+
+
+def _device_for(arch: Arch) -> str:
+    return "cpu" if arch is Arch.CPU else "cuda:0"
+
+
+class ReferenceLane(Lane):
+    name = "reference"
+
+    def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
+        problems = super().validate_options(spec)
+        for i, v in enumerate(spec.variants):
+            if v.precision not in TORCH_DTYPES:
+                problems.append((f"variants.{i}.precision",
+                                 f"{v.precision.value} is not available on the reference lane; "
+                                 f"use one of {', '.join(p.value for p in TORCH_DTYPES)} or lane trtllm"))
+            if v.tp != 1 or v.pp != 1:
+                problems.append((f"variants.{i}.tp", "the reference lane serves on one device: use tp: 1, pp: 1"))
+        return problems
+
+    def versions(self) -> dict[str, str]:
+        try:
+            import torch
+            import transformers
+        except ImportError as err:
+            raise ToolError(
+                f"the reference lane needs torch and transformers ({err.name} is missing): "
+                "pip install -e '.[reference]'"
+            ) from None
+        return {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
+
+    def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
+        """Cast to the variant's dtype and write safetensors, with the tokenizer bundled beside it."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = TORCH_DTYPES[variant.precision]
+        out = workdir / "checkpoint"
+        if out.exists():
+            shutil.rmtree(out)
+        model = AutoModelForCausalLM.from_pretrained(source_dir, dtype=getattr(torch, dtype))
+        model.save_pretrained(out, safe_serialization=True)
+        AutoTokenizer.from_pretrained(source_dir).save_pretrained(out)
+        # Keep the tokenizer files byte-identical to the source: the smoke stage compares tokenizer digests.
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+            if (source_dir / name).is_file():
+                shutil.copyfile(source_dir / name, out / name)
+        return ConvertResult(checkpoint_dir=str(out), params={"dtype": dtype, "format": "safetensors"})
+
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
+        """Bundle the checkpoint and warm it up on the target's device, recording what that device is."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = _device_for(unit.target.arch)
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise PreflightError(
+                f"target {unit.target.name} ({unit.target.arch.value}) needs a CUDA GPU and torch sees none; "
+                "run this unit on a worker of that target's pool"
+            )
+        bundle = workdir / "bundle"
+        if bundle.exists():
+            shutil.rmtree(bundle)
+        shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR)
+        facts = {**host_facts(), **torch_device_facts(device)}
+        t0 = time.monotonic()
+        model = AutoModelForCausalLM.from_pretrained(bundle / BUNDLE_MODEL_DIR).to(device)
+        tok = AutoTokenizer.from_pretrained(bundle / BUNDLE_MODEL_DIR)
+        ids = tok("warm-up", return_tensors="pt").to(device)
+        with torch.no_grad():
+            model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
+        warmup_s = time.monotonic() - t0
+        params = {
+            "device": device,
+            "dtype": TORCH_DTYPES[unit.variant.precision],
+            "max_batch_size": unit.profile.max_batch_size,
+            "max_seq_len": unit.profile.max_seq_len,
+        }
+        info = {"lane": self.name, "unit": unit.name, "params": params, "device": facts,
+                "serve": {"model_dir": BUNDLE_MODEL_DIR}}
+        (bundle / BUNDLE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
+        return BuildResult(bundle_dir=str(bundle), params=params, device=facts,
+                           metrics={"warmup_s": round(warmup_s, 3)})
+
+    def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
+        info = json.loads((bundle_dir / BUNDLE_INFO).read_text())
+        model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
+        serve = Path(sys.executable).with_name("transformers")
+        argv = [str(serve) if serve.exists() else "transformers", "serve", model_dir,
+                "--host", host, "--port", str(port), "--device", info["params"]["device"].split(":")[0]]
+        # One thread per server: on small hosts torch's default thread count fights the benchmark client.
+        env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        # transformers serve pins the request `model` to the path it was started with.
+        return ServeCommand(command=Command(argv=argv, env=env, description="transformers serve"),
+                            model_name=model_dir, tokenizer_dir=model_dir)
+
+    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
+        dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
+        return [
+            Command(argv=["(in-process)", "AutoModelForCausalLM.from_pretrained", f"dtype={dtype}",
+                          "save_pretrained(safe_serialization=True)"], description="convert"),
+            Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
+                    description="build"),
+            Command(argv=["transformers", "serve", "<bundle>/model", "--host", "127.0.0.1", "--port", "<free>",
+                          "--device", _device_for(unit.target.arch).split(":")[0]], description="serve"),
+        ]

@@ -1,0 +1,71 @@
+"""Domain pieces the flow composes: working folders, unit outcomes, the run summary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+def work_root() -> Path:
+    """Scratch space for converted checkpoints, bundles, logs and reports ($EF_WORK_DIR)."""
+    return Path(os.environ.get("EF_WORK_DIR", ".enginefoundry/work")).resolve()
+
+
+class UnitOutcome(BaseModel):
+    unit: str
+    target: str
+    status: str  # candidate | rejected | failed
+    cache_hit: bool = False
+    reason: str = ""
+    key: str | None = None
+    manifest_uri: str | None = None
+    built_by_run: str | None = None  # MLflow run that built a cache-hit unit
+    mlflow_run_id: str | None = None
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    smoke: dict[str, Any] = Field(default_factory=dict)
+    bench: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "candidate"
+
+
+class RunSummary(BaseModel):
+    spec: str
+    source_uri: str
+    source_revision: str | None
+    parent_run_id: str | None
+    outcomes: list[UnitOutcome]
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outcomes)
+
+    def rows(self) -> list[dict[str, str]]:
+        rows = []
+        for o in self.outcomes:
+            sm = o.smoke
+            rows.append({
+                "unit": o.unit,
+                "status": o.status + (" (cache hit)" if o.cache_hit else ""),
+                "smoke": (f"{sm.get('smoke_agreement', 0):.3f} (lb {sm.get('smoke_agreement_lower_bound', 0):.3f})"
+                          if sm else "-"),
+                "best tok/s": (f"{o.bench.get('bench_best_output_tokens_per_s', 0):.1f}" if o.bench else "-"),
+                "time (s)": f"{sum(o.stage_seconds.values()):.1f}",
+                "key": (o.key or "-")[:12],
+                "reason": o.reason,
+            })
+        return rows
+
+    def markdown(self) -> str:
+        rows = self.rows()
+        if not rows:
+            return "no units\n"
+        head = list(rows[0])
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,104 @@
+"""The unit matrix: variant × profile × target, and the cache keys of DESIGN.md §4."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from enginefoundry.identity import sha256_json
+from enginefoundry.spec import BuildSpec, Profile, Target, Variant
+
+# Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
+FORMAT_VERSION = 1
+
+
+class Unit(BaseModel):
+    """One buildable unit: a variant of the checkpoint, a shape profile, a target architecture."""
+
+    model_config = ConfigDict(frozen=True)
+
+    variant: Variant
+    profile: Profile
+    target: Target
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}.{self.profile.name}.{self.target.name}"
+
+
+def expand_units(spec: BuildSpec, only_targets: list[str] | None = None) -> list[Unit]:
+    """Every unit the spec asks for, in a stable order; `only_targets` filters by target name."""
+    if only_targets:
+        known = {t.name for t in spec.targets}
+        unknown = sorted(set(only_targets) - known)
+        if unknown:
+            from enginefoundry.errors import InputError
+
+            raise InputError(f"targets {unknown} are not in the spec; known targets: {sorted(known)}")
+    units = []
+    for variant in spec.variants:
+        for target in spec.targets:
+            if variant.targets is not None and target.name not in variant.targets:
+                continue
+            if only_targets and target.name not in only_targets:
+                continue
+            for profile in spec.profiles:
+                units.append(Unit(variant=variant, profile=profile, target=target))
+    return units
+
+
+def toolchain_identity(spec: BuildSpec, lane_versions: dict[str, str]) -> dict[str, Any]:
+    """The toolchain part of a key: pinned versions and image digest, plus what the lane reports."""
+    return {
+        "lane": spec.lane,
+        "trtllm_version": spec.toolchain.trtllm_version,
+        "image_digest": spec.toolchain.image_digest,
+        "versions": dict(sorted(lane_versions.items())),
+    }
+
+
+def target_identity(target: Target) -> dict[str, Any]:
+    """Architecture and SKU class; never the host name or GPU UUID (those are not build inputs)."""
+    return {"arch": target.arch.value, "sku": sorted(s.lower() for s in target.sku), "gpu_count": target.gpu_count}
+
+
+def checkpoint_key_components(
+    spec: BuildSpec, variant: Variant, weights_digest: str, tokenizer_digest: str, toolchain: dict[str, Any]
+) -> dict[str, Any]:
+    calib = variant.calibration.model_dump(mode="json") if variant.calibration else None
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": "checkpoint",
+        "weights_digest": weights_digest,
+        "tokenizer_digest": tokenizer_digest,
+        "lane": spec.lane,
+        "toolchain": toolchain,
+        "variant": variant.model_dump(mode="json", exclude={"targets"}),
+        "calibration": calib,
+    }
+
+
+def unit_key_components(
+    spec: BuildSpec, unit: Unit, weights_digest: str, tokenizer_digest: str, toolchain: dict[str, Any],
+    lane_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything that changes what a unit's build produces. No paths, clocks or credentials."""
+    calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": "unit",
+        "weights_digest": weights_digest,
+        "tokenizer_digest": tokenizer_digest,
+        "lane": spec.lane,
+        "toolchain": toolchain,
+        "variant": unit.variant.model_dump(mode="json", exclude={"targets"}),
+        "profile": unit.profile.model_dump(mode="json"),
+        "target": target_identity(unit.target),
+        "calibration": calib,
+        "lane_options": dict(sorted((lane_options or {}).items())),
+    }
+
+
+def key_of(components: dict[str, Any]) -> str:
+    return sha256_json(components)

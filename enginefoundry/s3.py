@@ -1,0 +1,34 @@
+"""One way to make an S3 client: endpoint from the spec or the environment, path-style, retried."""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+from botocore.config import Config
+
+
+def s3_endpoint(explicit: str | None = None) -> str | None:
+    """The S3 endpoint: explicit, else $EF_S3_ENDPOINT, else $AWS_ENDPOINT_URL_S3, else AWS itself."""
+    return explicit or os.environ.get("EF_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
+
+
+def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16):  # -> S3Client (boto3 stubs not installed)
+    config = Config(
+        s3={"addressing_style": "path"},  # SeaweedFS/MinIO on loopback have no virtual-host DNS
+        retries={"max_attempts": 5, "mode": "standard"},
+        max_pool_connections=max_pool,
+        connect_timeout=5,
+        read_timeout=60,
+    )
+    return boto3.client(
+        "s3", endpoint_url=s3_endpoint(endpoint_url), config=config,
+        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+    )
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """s3://bucket/prefix → (bucket, prefix without trailing slash)."""
+    body = uri.removeprefix("s3://")
+    bucket, _, prefix = body.partition("/")
+    return bucket, prefix.strip("/")

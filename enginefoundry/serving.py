@@ -1,0 +1,152 @@
+"""Run a model server for the smoke and benchmark stages, and never leave one behind.
+
+The server runs in its own process group; stop() kills the whole group. Every live server is also
+registered so that an interpreter exit or SIGTERM (a cancelled Prefect run, Ctrl-C) stops it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from enginefoundry.errors import ToolError
+from enginefoundry.lanes.base import ServeCommand
+from enginefoundry.runner import kill_process_group, tail
+
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+_LOCK = threading.Lock()
+
+
+class Endpoint(BaseModel):
+    """What a client needs to talk to a served unit."""
+
+    base_url: str  # http://127.0.0.1:PORT
+    model_name: str
+    tokenizer_dir: str
+    pid: int
+    log_path: str
+    startup_s: float
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _stop_all() -> None:
+    with _LOCK:
+        procs = list(_LIVE.values())
+        _LIVE.clear()
+    for proc in procs:
+        kill_process_group(proc, grace_s=3)
+
+
+atexit.register(_stop_all)
+
+
+def _install_sigterm_handler() -> None:
+    """SIGTERM → stop servers, then behave as before. Only possible from the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "_enginefoundry", False):
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        _stop_all()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise SystemExit(128 + signum)
+
+    handler._enginefoundry = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, handler)
+
+
+def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0) -> Endpoint:
+    """Start the server and wait until its health endpoint answers. On failure, the log tail is in the error."""
+    host, port = _host_port(cmd)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    _install_sigterm_handler()
+    t0 = time.monotonic()
+    with log_path.open("wb") as log:
+        try:
+            proc = subprocess.Popen(
+                cmd.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **cmd.command.env}, start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise ToolError(
+                f"serve: '{cmd.command.argv[0]}' not found; install the lane's server (for the reference lane: "
+                "pip install -e '.[reference]')"
+            ) from None
+    with _LOCK:
+        _LIVE[proc.pid] = proc
+    base = f"http://{host}:{port}"
+    try:
+        _wait_healthy(proc, base + cmd.health_path, timeout_s, log_path)
+    except BaseException:
+        stop_server(proc.pid)
+        raise
+    return Endpoint(base_url=base, model_name=cmd.model_name, tokenizer_dir=cmd.tokenizer_dir,
+                    pid=proc.pid, log_path=str(log_path), startup_s=round(time.monotonic() - t0, 2))
+
+
+def stop_server(pid: int) -> None:
+    with _LOCK:
+        proc = _LIVE.pop(pid, None)
+    if proc is not None:
+        kill_process_group(proc)
+
+
+def is_alive(pid: int) -> bool:
+    with _LOCK:
+        proc = _LIVE.get(pid)
+    return proc is not None and proc.poll() is None
+
+
+@contextlib.contextmanager
+def serving(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0) -> Iterator[Endpoint]:
+    endpoint = start_server(cmd, log_path, timeout_s=timeout_s)
+    try:
+        yield endpoint
+    finally:
+        stop_server(endpoint.pid)
+
+
+def _host_port(cmd: ServeCommand) -> tuple[str, int]:
+    argv = cmd.command.argv
+    host = argv[argv.index("--host") + 1] if "--host" in argv else "127.0.0.1"
+    port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8000
+    return host, port
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ToolError(
+                f"serve: the server exited with code {proc.returncode} before it was healthy; "
+                f"log {log_path}:\n{tail(log_path)}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    raise ToolError(f"serve: no healthy answer from {url} within {timeout_s:.0f}s; log {log_path}:\n{tail(log_path)}")

@@ -1,0 +1,95 @@
+"""Prompt sets: JSONL, one prompt (or chat messages) per line, optional expected answer and match rule."""
+
+from __future__ import annotations
+
+import json
+import re
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from enginefoundry.errors import InputError
+
+
+class MatchRule(StrEnum):
+    EXACT = "exact"
+    CONTAINS = "contains"
+    REGEX = "regex"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: str
+    content: str
+
+
+class PromptCase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    expected: str | None = None
+    match: MatchRule = MatchRule.EXACT
+
+    @model_validator(mode="after")
+    def _one_input(self) -> PromptCase:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.match is MatchRule.REGEX and self.expected is not None:
+            re.compile(self.expected)
+        return self
+
+    def chat(self) -> list[dict[str, str]]:
+        if self.messages is not None:
+            return [m.model_dump() for m in self.messages]
+        return [{"role": "user", "content": self.prompt or ""}]
+
+    def is_correct(self, answer: str) -> bool | None:
+        """Task correctness against `expected`; None when the case has no expected answer."""
+        if self.expected is None:
+            return None
+        answer = answer.strip()
+        if self.match is MatchRule.EXACT:
+            return answer == self.expected.strip()
+        if self.match is MatchRule.CONTAINS:
+            return self.expected.strip().lower() in answer.lower()
+        return re.search(self.expected, answer) is not None
+
+
+class PromptSet(BaseModel):
+    path: str
+    cases: list[PromptCase] = Field(min_length=1)
+
+
+def load_prompt_set(path: Path) -> PromptSet:
+    """Read a prompt set. Every malformed line is reported with its number, before any model is loaded."""
+    if not path.is_file():
+        raise InputError(f"smoke.prompts: {path} does not exist; point it at a JSONL prompt set")
+    cases: list[PromptCase] = []
+    problems: list[str] = []
+    ids: set[str] = set()
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            case = PromptCase.model_validate(json.loads(line))
+        except json.JSONDecodeError as err:
+            problems.append(f"line {n}: not JSON ({err.msg})")
+            continue
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            problems.append(f"line {n}: {where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}")
+            continue
+        if case.id in ids:
+            problems.append(f"line {n}: duplicate id '{case.id}'")
+        ids.add(case.id)
+        cases.append(case)
+    if problems:
+        raise InputError(f"smoke.prompts: {path} is malformed:\n  " + "\n  ".join(problems[:10]))
+    if not cases:
+        raise InputError(f"smoke.prompts: {path} has no prompts; add at least one JSON line")
+    return PromptSet(path=str(path), cases=cases)

@@ -1,0 +1,116 @@
+"""The build spec: one YAML file → one validated `BuildSpec`, with every problem reported at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from enginefoundry.errors import SpecError
+from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
+from enginefoundry.spec.matrix import Profile, Target, Variant
+from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
+from enginefoundry.spec.source import ModelSpec
+
+
+
+LANES = ("reference", "trtllm", "trtllm-engine")
+
+
+class ToolchainSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trtllm_version: str | None = Field(default=None, description="pinned TensorRT-LLM version, e.g. 1.2.1")
+    image: str | None = Field(default=None, description="container image the GPU workers run")
+    image_digest: str | None = Field(default=None, description="sha256:… digest of that image")
+
+
+class BuildSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="spec name, shown in runs")
+    model: ModelSpec
+    lane: str = Field(default="reference", description="reference | trtllm | trtllm-engine")
+    toolchain: ToolchainSpec = Field(default_factory=ToolchainSpec)
+    variants: list[Variant] = Field(min_length=1)
+    profiles: list[Profile] = Field(min_length=1)
+    targets: list[Target] = Field(min_length=1)
+    # Lane-specific knobs (plugins, CUDA graphs, …). The lane validates them, so removed TensorRT-LLM
+    # flags are refused with the release that removed them (see enginefoundry.lanes).
+    lane_options: dict[str, Any] = Field(default_factory=dict)
+    smoke: SmokeSpec
+    benchmark: BenchmarkSpec
+    publish: PublishSpec = Field(default_factory=PublishSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    # Folder the spec was read from: relative input paths resolve against it. Not part of any key.
+    base_dir: str | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BuildSpec:
+        if self.lane not in LANES:
+            raise ValueError(f"lane '{self.lane}' is unknown: use one of {', '.join(LANES)}")
+        for kind, items in (("variants", [v.name for v in self.variants]),
+                            ("profiles", [p.name for p in self.profiles]),
+                            ("targets", [t.name for t in self.targets])):
+            dupes = sorted({n for n in items if items.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{kind} must have distinct names; repeated: {', '.join(dupes)}")
+        names = {t.name for t in self.targets}
+        for v in self.variants:
+            unknown = sorted(set(v.targets or []) - names)
+            if unknown:
+                raise ValueError(f"variant {v.name} names unknown targets {unknown}; known: {sorted(names)}")
+        return self
+
+    @property
+    def base_path(self) -> Path:
+        return Path(self.base_dir) if self.base_dir else Path.cwd()
+
+    def resolve_path(self, relative: str) -> Path:
+        """An input path from the spec, relative to the spec's folder."""
+        p = Path(relative)
+        return p if p.is_absolute() else (self.base_path / p).resolve()
+
+    @property
+    def registered_model_name(self) -> str:
+        return self.tracking.registered_model or self.model.name
+
+
+def _problems(err: ValidationError) -> list[tuple[str, str]]:
+    out = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling against the spec reference in README.md"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        out.append((path, msg))
+    return out
+
+
+def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) -> BuildSpec:
+    """Validate a spec mapping. Raises SpecError listing every problem with its field path."""
+    if not isinstance(data, dict):
+        raise SpecError([("(top level)", "the spec must be a YAML mapping")], source)
+    try:
+        spec = BuildSpec.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_problems(err), source) from None
+    if base_dir is not None:
+        spec = spec.model_copy(update={"base_dir": str(base_dir)})
+    return spec
+
+
+def load_spec(path: str | Path) -> BuildSpec:
+    """Read and validate a spec file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError([("(file)", f"{p} does not exist; pass a spec such as configs/tiny-cpu.yaml")], str(p))
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError([("(yaml)", f"not valid YAML: {err}")], str(p)) from None
+    return parse_spec(data, source=str(p), base_dir=p.resolve().parent)

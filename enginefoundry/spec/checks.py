@@ -1,0 +1,69 @@
+"""Smoke (accuracy gate) and benchmark settings."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SmokeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: str = Field(description="JSONL prompt set; relative paths are taken from the spec's folder")
+    reference_precision: str = Field(default="fp32", description="dtype of the local Hugging Face reference")
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
+    min_agreement: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        default=0.95, description="greedy agreement with the reference the unit must reach"
+    )
+    min_samples: Annotated[int, Field(ge=1)] = Field(
+        default=20, description="a prompt set smaller than this cannot pass the gate"
+    )
+    max_accuracy_drop: Annotated[float, Field(ge=0.0, le=1.0)] = 0.02
+    first_n_tokens: Annotated[int, Field(ge=1)] = 4
+    confidence: Annotated[float, Field(gt=0.5, lt=1.0)] = 0.95
+
+
+class BenchTool(StrEnum):
+    AIPERF = "aiperf"
+    GENAI_PERF = "genai-perf"
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+    input_tokens_mean: Annotated[int, Field(ge=1)]
+    input_tokens_stddev: Annotated[int, Field(ge=0)] = 0
+    output_tokens_mean: Annotated[int, Field(ge=1)]
+    output_tokens_stddev: Annotated[int, Field(ge=0)] = 0
+
+
+class SLOs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_p95_ms: Annotated[float, Field(gt=0)] | None = None
+    itl_p95_ms: Annotated[float, Field(gt=0)] | None = None
+
+
+class BenchmarkSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    tool: BenchTool = BenchTool.AIPERF
+    scenarios: list[Scenario] = Field(min_length=1)
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    request_count: Annotated[int, Field(ge=1)] = 64
+    warmup_request_count: Annotated[int, Field(ge=0)] = 4
+    seed: int = 42
+    timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    slo: SLOs = Field(default_factory=SLOs)
+    baseline_endpoints: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _sorted_unique_concurrency(self) -> BenchmarkSpec:
+        if len(set(self.concurrency)) != len(self.concurrency):
+            raise ValueError(f"concurrency has duplicates: {self.concurrency}")
+        self.concurrency = sorted(self.concurrency)
+        return self

@@ -1,0 +1,133 @@
+"""What gets built: variants (precision, parallelism) × profiles (shapes) × targets (GPU architectures)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    NVFP4 = "nvfp4"
+    INT4_AWQ = "int4_awq"
+    INT8_WO = "int8_wo"
+    INT4_WO = "int4_wo"
+
+    @property
+    def is_quantized(self) -> bool:
+        return self not in (Precision.FP32, Precision.FP16, Precision.BF16)
+
+
+class KVCacheDtype(StrEnum):
+    AUTO = "auto"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT8 = "int8"
+
+
+class Arch(StrEnum):
+    """GPU architecture by SM version; `cpu` for the reference lane without a GPU."""
+
+    CPU = "cpu"
+    SM80 = "sm80"
+    SM86 = "sm86"
+    SM89 = "sm89"
+    SM90 = "sm90"
+    SM100 = "sm100"
+    SM120 = "sm120"
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        if self is Arch.CPU:
+            return None
+        digits = self.value[2:]
+        return int(digits[:-1]), int(digits[-1])
+
+
+class CalibrationSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field(default="cnn_dailymail", description="Calibration dataset name or local path")
+    samples: Annotated[int, Field(ge=16, le=100_000)] = 512
+    max_seq_length: Annotated[int, Field(ge=64)] = 512
+
+
+class Variant(BaseModel):
+    """One way to convert the checkpoint. Shared by every target that builds it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    precision: Precision = Precision.BF16
+    tp: Annotated[int, Field(ge=1, le=64)] = 1
+    pp: Annotated[int, Field(ge=1, le=64)] = 1
+    kv_cache_dtype: KVCacheDtype = KVCacheDtype.AUTO
+    calibration: CalibrationSpec | None = None
+    # Restrict this variant to some targets (by name), e.g. fp8 only where the architecture allows it.
+    targets: list[str] | None = None
+
+    @property
+    def name(self) -> str:
+        parts = [self.precision.value, f"tp{self.tp}"]
+        if self.pp > 1:
+            parts.append(f"pp{self.pp}")
+        if self.kv_cache_dtype is not KVCacheDtype.AUTO:
+            parts.append(f"kv{self.kv_cache_dtype.value}")
+        return "-".join(parts)
+
+    @model_validator(mode="after")
+    def _calibration_for_quantized(self) -> Variant:
+        if self.precision.is_quantized and self.calibration is None:
+            self.calibration = CalibrationSpec()
+        return self
+
+
+class Profile(BaseModel):
+    """Runtime/build shape limits. Two profiles (short/long) is normal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "default"
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
+    max_input_len: Annotated[int, Field(ge=1)] = 2048
+    max_seq_len: Annotated[int, Field(ge=2)] = 4096
+    max_num_tokens: Annotated[int, Field(ge=1)] = 8192
+    kv_cache_free_gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=0.99)] = 0.8
+    paged_kv_cache: bool = True
+    remove_input_padding: bool = True
+
+    @model_validator(mode="after")
+    def _input_shorter_than_sequence(self) -> Profile:
+        if self.max_input_len >= self.max_seq_len:
+            raise ValueError(
+                f"max_input_len ({self.max_input_len}) must be < max_seq_len ({self.max_seq_len}): "
+                "max_seq_len counts input plus output tokens"
+            )
+        return self
+
+
+class Target(BaseModel):
+    """A GPU architecture (and optionally SKU) that gets its own build, on a worker of that kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+    arch: Arch
+    # Substrings matched case-insensitively against the GPU name, e.g. ["H100", "H200"]. Empty: any SKU of the arch.
+    sku: list[str] = Field(default_factory=list)
+    gpu_count: Annotated[int, Field(ge=0, le=64)] = 1
+    memory_gib: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="GPU memory per device, for the VRAM preflight when no GPU is at hand"
+    )
+    work_pool: str | None = Field(default=None, description="Prefect work pool; defaults to gpu-<arch> or cpu")
+
+    @property
+    def pool(self) -> str:
+        if self.work_pool:
+            return self.work_pool
+        return "cpu" if self.arch is Arch.CPU else f"gpu-{self.arch.value}"

@@ -1,0 +1,37 @@
+"""Where results go: the artifact store and MLflow."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class PublishSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    store: str = Field(
+        default="file://.enginefoundry/store",
+        description="s3://bucket/prefix or file://path (relative to the working directory); --store overrides it",
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3 endpoint (SeaweedFS, MinIO); defaults to $EF_S3_ENDPOINT or AWS"
+    )
+
+    @field_validator("store")
+    @classmethod
+    def _store_scheme(cls, value: str) -> str:
+        if not (value.startswith("s3://") or value.startswith("file://")):
+            raise ValueError(f"'{value}' is not a store URI: use s3://bucket/prefix or file://path")
+        if value.startswith("s3://") and len(value.rstrip("/")) <= len("s3://"):
+            raise ValueError(f"'{value}' has no bucket: use s3://bucket/prefix")
+        return value.rstrip("/")
+
+
+class TrackingSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mlflow_uri: str = Field(
+        default="sqlite:///.enginefoundry/mlflow.db",
+        description="MLflow tracking URI (the CLI flag --mlflow-uri overrides it)",
+    )
+    experiment: str = "enginefoundry"
+    registered_model: str | None = Field(default=None, description="defaults to the model name")

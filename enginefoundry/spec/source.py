@@ -1,0 +1,93 @@
+"""The model source: where a checkpoint comes from, parsed from one URI string."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_S3 = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<prefix>.*))?$")
+
+
+class SourceKind(StrEnum):
+    HF = "hf"
+    S3 = "s3"
+    LOCAL = "local"
+
+
+class SourceURI(BaseModel):
+    """A parsed source: `hf://org/name@revision`, `s3://bucket/prefix`, `file:///path` or a plain path."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: SourceKind
+    location: str  # repo id, "bucket/prefix" or a path
+    revision: str | None = None  # hf only; a branch, tag or commit sha
+
+    @property
+    def uri(self) -> str:
+        if self.kind is SourceKind.HF:
+            return f"hf://{self.location}@{self.revision or 'main'}"
+        if self.kind is SourceKind.S3:
+            return f"s3://{self.location}"
+        return self.location
+
+
+def parse_source_uri(raw: str) -> SourceURI:
+    """Parse a source URI; raise ValueError with the accepted forms when it is malformed."""
+    raw = raw.strip()
+    if raw.startswith("hf://"):
+        body = raw[len("hf://") :]
+        repo, _, rev = body.partition("@")
+        if not _HF_REPO.match(repo):
+            raise ValueError(
+                f"'{raw}' is not a Hugging Face source: expected hf://org/name[@revision], "
+                "e.g. hf://meta-llama/Llama-3.1-8B-Instruct@main"
+            )
+        if "@" in body and not rev:
+            raise ValueError(f"'{raw}' has an empty revision after '@': give a branch, tag or commit sha")
+        return SourceURI(kind=SourceKind.HF, location=repo, revision=rev or "main")
+    if raw.startswith("s3://"):
+        m = _S3.match(raw)
+        if not m or not m.group("prefix"):
+            raise ValueError(f"'{raw}' is not an S3 source: expected s3://bucket/prefix/ (a folder of the checkpoint)")
+        return SourceURI(kind=SourceKind.S3, location=f"{m.group('bucket')}/{m.group('prefix').rstrip('/')}")
+    if raw.startswith("file://"):
+        path = raw[len("file://") :]
+        if not path:
+            raise ValueError(f"'{raw}' has no path: expected file:///absolute/path or a plain path")
+        return SourceURI(kind=SourceKind.LOCAL, location=path)
+    if "://" in raw:
+        scheme = raw.split("://", 1)[0]
+        raise ValueError(f"unknown source scheme '{scheme}://': use hf://, s3://, file:// or a plain path")
+    if not raw:
+        raise ValueError("empty source: use hf://org/name@rev, s3://bucket/prefix, file:///path or a path")
+    return SourceURI(kind=SourceKind.LOCAL, location=raw)
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(description="hf://org/name@revision, s3://bucket/prefix, file:///path or a path")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)] = Field(
+        description="Short model name used in store paths and MLflow names"
+    )
+    tokenizer: str | None = Field(default=None, description="Tokenizer source when it is not inside the checkpoint")
+
+    @field_validator("source", "tokenizer")
+    @classmethod
+    def _valid_uri(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_source_uri(value)
+        return value
+
+    def parsed_source(self, base_dir: Path | None = None) -> SourceURI:
+        """The source URI; a relative local path is taken relative to `base_dir` (the spec's folder)."""
+        src = parse_source_uri(self.source)
+        if src.kind is SourceKind.LOCAL and base_dir is not None and not Path(src.location).is_absolute():
+            return SourceURI(kind=SourceKind.LOCAL, location=str((base_dir / src.location).resolve()))
+        return src

@@ -1,0 +1,27 @@
+"""Stage: build the unit's bundle on a device of its target."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from enginefoundry.lanes import BuildResult, get_lane
+from enginefoundry.pipeline import work_root
+from enginefoundry.plan import Unit
+from enginefoundry.spec import BuildSpec
+from tasks._log import progress_logger
+
+
+@task(name="build unit", task_run_name="build {unit.name}", cache_policy=NO_CACHE)
+def build_unit(spec: BuildSpec, unit: Unit, checkpoint_dir: str, key: str) -> BuildResult:
+    log = progress_logger()
+    workdir = work_root() / "units" / key[:16]
+    shutil.rmtree(workdir / "bundle", ignore_errors=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(f"build: {unit.name} on {unit.target.arch.value}")
+    result = get_lane(spec.lane).build(spec, unit, Path(checkpoint_dir), workdir)
+    log(f"build: {unit.name}: bundle ready ({', '.join(f'{k} {v}' for k, v in result.metrics.items())})")
+    return result

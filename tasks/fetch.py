@@ -1,0 +1,19 @@
+"""Stage: fetch the checkpoint and record its identity."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from enginefoundry.sources import SourceSnapshot, fetch
+from enginefoundry.spec import BuildSpec
+from tasks._log import progress_logger
+
+
+@task(name="fetch checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def fetch_source(spec: BuildSpec) -> SourceSnapshot:
+    log = progress_logger()
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=log)
+    log(f"fetch: {snapshot.uri} → {len(snapshot.files)} files, weights {snapshot.weights_digest[:12]}, "
+        f"tokenizer {snapshot.tokenizer_digest[:12]}" + (f", commit {snapshot.revision}" if snapshot.revision else ""))
+    return snapshot

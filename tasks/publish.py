@@ -1,0 +1,38 @@
+"""Stage: publish the unit to the store: files first, manifest last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from enginefoundry.manifest import Manifest
+from enginefoundry.publish import PublishResult, artifact_prefix, publish_manifest, read_manifest, upload_folders
+from enginefoundry.publish import manifest_key as manifest_key_of
+from enginefoundry.store import open_store
+from enginefoundry.spec import BuildSpec
+from tasks._log import progress_logger
+
+
+@task(name="check cache", cache_policy=NO_CACHE)
+def find_published(spec: BuildSpec, key: str) -> Manifest | None:
+    store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    mkey = manifest_key_of(spec.model.name, key)
+    return read_manifest(store, mkey) if store.exists(mkey) else None
+
+
+@task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)
+def publish_unit(spec: BuildSpec, manifest_fields: dict, folders: dict[str, str]) -> PublishResult:
+    """`manifest_fields` is everything but `files`; the file list comes from the upload itself."""
+    log = progress_logger()
+    store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    prefix = artifact_prefix(spec.model.name, manifest_fields["key"])
+    entries, total = upload_folders(store, prefix, {k: Path(v) for k, v in folders.items()}, progress=log)
+    manifest = Manifest.model_validate({**manifest_fields, "files": [e.model_dump() for e in entries]})
+    result = publish_manifest(store, spec.model.name, manifest)
+    if result.created:
+        log(f"publish: {result.uri} ({len(entries)} files, {total / 2**20:.1f} MiB)")
+    else:
+        log(f"publish: another run published {manifest.key[:12]} first; adopted its manifest")
+    return result.model_copy(update={"bytes_uploaded": total})

@@ -1,0 +1,88 @@
+"""Stage: record the run and each unit in MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from enginefoundry.bench import SweepReport
+from enginefoundry.spec import BuildSpec
+from enginefoundry.tracking import Tracker, project_git_commit
+
+
+def tracker_for(spec: BuildSpec) -> Tracker:
+    return Tracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
+
+
+def prefect_context() -> dict[str, str]:
+    try:
+        from prefect.context import get_run_context
+        from prefect.settings import PREFECT_UI_URL
+
+        ctx = get_run_context()
+        flow_run = getattr(ctx, "flow_run", None)
+        if flow_run is None:
+            return {}
+        ui = PREFECT_UI_URL.value()
+        return {"prefect.flow_run_id": str(flow_run.id),
+                "prefect.flow_run_url": f"{ui}/runs/flow-run/{flow_run.id}" if ui else ""}
+    except Exception:  # noqa: BLE001 - no Prefect context (plain Python call)
+        return {}
+
+
+@task(name="start MLflow run", cache_policy=NO_CACHE)
+def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
+    tracker = tracker_for(spec)
+    tags = {"enginefoundry.spec": spec.name, "enginefoundry.lane": spec.lane,
+            "enginefoundry.git_commit": project_git_commit(), "source.uri": source["uri"],
+            "source.revision": source.get("revision") or "", **prefect_context()}
+    run_id = tracker.start_run(f"{spec.name}", tags)
+    tracker.log_params(run_id, {"spec": spec.model_dump(mode="json", exclude={"base_dir"}),
+                                "source.weights_digest": source["weights_digest"],
+                                "source.tokenizer_digest": source["tokenizer_digest"]})
+    return run_id
+
+
+@task(name="start unit MLflow run", cache_policy=NO_CACHE)
+def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict[str, Any],
+                   tags: dict[str, Any]) -> str:
+    tracker = tracker_for(spec)
+    run_id = tracker.start_run(unit_name, {**tags, **prefect_context(),
+                                           "enginefoundry.git_commit": project_git_commit()}, parent_id)
+    tracker.log_params(run_id, params)
+    return run_id
+
+
+@task(name="record unit", cache_policy=NO_CACHE)
+def record_unit(
+    spec: BuildSpec, run_id: str, *, ok: bool, tags: dict[str, Any], metrics: dict[str, float],
+    sweep: SweepReport | None, artifacts: list[str],
+) -> None:
+    tracker = tracker_for(spec)
+    tracker.set_tags(run_id, tags)
+    tracker.log_metrics(run_id, metrics)
+    if sweep is not None:
+        for point in sweep.points:
+            tracker.log_metrics(run_id, {f"bench.{point.scenario}.{k}": v for k, v in point.metrics().items()},
+                                step=point.concurrency)
+    for path in artifacts:
+        p = Path(path)
+        if p.is_file():
+            tracker.log_artifact(run_id, p, "reports")
+    tracker.end_run(run_id, ok)
+
+
+@task(name="finish MLflow run", cache_policy=NO_CACHE)
+def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str, Any],
+                      metrics: dict[str, float], report_dir: str) -> None:
+    tracker = tracker_for(spec)
+    tracker.log_metrics(run_id, metrics)
+    out = Path(report_dir) / "summary.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2))
+    tracker.log_artifact(run_id, out)
+    tracker.end_run(run_id, ok)
