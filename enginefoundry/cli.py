@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         error(str(err))
         return err.exit_code
-    except Exception as err:  # noqa: BLE001 - an unexpected failure is a pipeline failure, not a crash
+    except Exception as err:
         if args.verbose:
             traceback.print_exc()
         error(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} (rerun with --verbose)")
@@ -105,6 +105,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = _load(args.spec, {"store": args.store, "mlflow_uri": args.mlflow_uri})
     validate_deep(spec)  # every input problem before Prefect, downloads or servers start
+    from enginefoundry.sources import probe
+
+    resolved = probe(spec.model.parsed_source(spec.base_path))
+    console.print(f"source {spec.model.source} → {resolved}", markup=False)
     _quiet_prefect_defaults()
     from flows.build_engines import build_engines
 

@@ -68,9 +68,9 @@ def _hub_endpoint() -> str:
     return constants.ENDPOINT
 
 
-def _fetch_hf(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path, dict[str, Any], str]:
-    """Resolve the revision to a commit sha first, then download exactly that commit."""
-    from huggingface_hub import HfApi, snapshot_download
+def _resolve_hf(source: SourceURI) -> str:
+    """The commit sha a revision points at; hub errors become one readable SourceError."""
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -82,12 +82,7 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path,
     repo, rev = source.location, source.revision or "main"
     endpoint = _hub_endpoint()
     try:
-        info = HfApi().model_info(repo, revision=rev)
-        sha = info.sha
-        if not sha:
-            raise SourceError(f"{source.uri}: the hub at {endpoint} returned no commit sha for revision '{rev}'")
-        progress(f"fetch: {repo}@{rev} resolved to commit {sha[:12]} at {endpoint}")
-        local = snapshot_download(repo, revision=sha, cache_dir=str(cache_root() / "hf"))
+        sha = HfApi().model_info(repo, revision=rev).sha
     except RevisionNotFoundError:
         raise SourceError(
             f"model.source: revision '{rev}' does not exist in {repo} at {endpoint}; use a branch, tag or commit sha"
@@ -101,6 +96,52 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path,
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         raise SourceError(
             f"model.source: cannot reach the hub at {endpoint} ({type(err).__name__}); "
+            "check the network or HF_ENDPOINT"
+        ) from None
+    if not sha:
+        raise SourceError(f"model.source: the hub at {endpoint} returned no commit sha for {repo}@{rev}")
+    return sha
+
+
+def probe(source: SourceURI) -> str:
+    """A cheap check that the source exists and is reachable, before any download or Prefect start.
+    Returns what it resolved to (a commit sha, an S3 prefix, a folder)."""
+    if source.kind is SourceKind.HF:
+        return _resolve_hf(source)
+    if source.kind is SourceKind.S3:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, _, prefix = source.location.partition("/")
+        try:
+            found = s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/", MaxKeys=1).get("KeyCount", 0)
+        except (ClientError, BotoCoreError) as err:
+            raise SourceError(
+                f"model.source: cannot list s3://{bucket}/{prefix}/ at {s3_endpoint() or 'AWS'}: {_short(err)}; "
+                "check the bucket, credentials and EF_S3_ENDPOINT"
+            ) from None
+        if not found:
+            raise SourceError(f"model.source: s3://{bucket}/{prefix}/ is empty; upload the checkpoint folder there")
+        return f"s3://{bucket}/{prefix}/"
+    path = _fetch_local(source)
+    if not (path / "config.json").is_file():
+        raise SourceError(f"model.source: {path} has no config.json; point it at a Hugging Face checkpoint folder")
+    return str(path)
+
+
+def _fetch_hf(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path, dict[str, Any], str]:
+    """Resolve the revision to a commit sha first, then download exactly that commit."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    repo, rev = source.location, source.revision or "main"
+    endpoint = _hub_endpoint()
+    sha = _resolve_hf(source)
+    progress(f"fetch: {repo}@{rev} resolved to commit {sha[:12]} at {endpoint}")
+    try:
+        local = snapshot_download(repo, revision=sha, cache_dir=str(cache_root() / "hf"))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+        raise SourceError(
+            f"model.source: downloading {repo}@{sha[:12]} from {endpoint} failed ({type(err).__name__}); "
             "check the network or HF_ENDPOINT"
         ) from None
     return Path(local), {"repo": repo, "requested_revision": rev, "commit_sha": sha, "endpoint": endpoint}, sha

@@ -3,6 +3,7 @@ manifests, verified downloads. `file://` and `s3://` give the same guarantees (D
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -134,7 +135,7 @@ class S3Store(Store):
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _call(self, what: str, fn, **kwargs):  # noqa: ANN001, ANN202 - thin error translation
+    def _call(self, what: str, fn, **kwargs):
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
@@ -200,10 +201,9 @@ class S3Store(Store):
             self._call(f"completing upload of {self.url(key)}", self.client.complete_multipart_upload,
                        Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts})
         except BaseException:
-            try:
+            # The server may be gone; the original error is the one to report.
+            with contextlib.suppress(Exception):
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id)
-            except Exception:  # noqa: BLE001 - the server may be gone; the original error matters
-                pass
             raise
         return size, h.hexdigest()
 

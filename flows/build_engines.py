@@ -157,8 +157,12 @@ def unit_pipeline(
         metrics.update({k: float(v) for k, v in smoke.summary().items()})
     if sweep:
         metrics.update(sweep.summary())
-    artifacts = [str(p) for p in report_dir.rglob("*") if p.suffix in (".json", ".md", ".png")
-                 and "phases" not in p.parts and p.name != "inputs.json"]
+    manifest_copy = report_dir.parent / "manifest.json"
+    manifest_copy.write_bytes(published_result.manifest.to_json())
+    artifacts = [str(manifest_copy)] + [
+        str(p) for p in report_dir.rglob("*")
+        if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
+    ]
     record_unit(spec, run_id, ok=status == "candidate",
                 tags={"enginefoundry.status": status, "enginefoundry.manifest_uri": published_result.uri,
                       "enginefoundry.gpu": build.device.get("gpu_name", build.device.get("cpu", ""))},

@@ -12,7 +12,7 @@ def progress_logger() -> Callable[[str], None]:
         from prefect import get_run_logger
 
         logger = get_run_logger()
-    except Exception:  # noqa: BLE001 - outside a run context: plain console
+    except Exception:
         return say
 
     def log(message: str) -> None:

@@ -10,7 +10,8 @@ from enginefoundry.spec import BuildSpec
 from tasks._log import progress_logger
 
 
-@task(name="fetch checkpoint", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+# No task retries: a bad URI or revision is an input error, and huggingface_hub/botocore retry transient faults.
+@task(name="fetch checkpoint", cache_policy=NO_CACHE)
 def fetch_source(spec: BuildSpec) -> SourceSnapshot:
     log = progress_logger()
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=log)

@@ -8,10 +8,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.manifest import Manifest
-from enginefoundry.publish import PublishResult, artifact_prefix, publish_manifest, read_manifest, upload_folders
+from enginefoundry.publish import (
+    PublishResult,
+    artifact_prefix,
+    publish_manifest,
+    read_manifest,
+    upload_folders,
+)
 from enginefoundry.publish import manifest_key as manifest_key_of
-from enginefoundry.store import open_store
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store import open_store
 from tasks._log import progress_logger
 
 

@@ -30,7 +30,7 @@ def prefect_context() -> dict[str, str]:
         ui = PREFECT_UI_URL.value()
         return {"prefect.flow_run_id": str(flow_run.id),
                 "prefect.flow_run_url": f"{ui}/runs/flow-run/{flow_run.id}" if ui else ""}
-    except Exception:  # noqa: BLE001 - no Prefect context (plain Python call)
+    except Exception:
         return {}
 
 

@@ -1,0 +1,81 @@
+"""Shared fixtures: the real services (SeaweedFS, MLflow server, loopback hub), started once per session.
+
+CI (`.ci/run`) starts them with scripts/stack.py and exports their addresses; a developer who runs
+`make test` without a stack gets one started here, in a temporary state dir, and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL = REPO / "tests" / "fixtures" / "tiny-chat" / "model"
+TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
+NEEDED = ("EF_S3_ENDPOINT", "MLFLOW_TRACKING_URI", "HF_ENDPOINT", "EF_HUB_ROOT", "AWS_ACCESS_KEY_ID")
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Addresses and credentials of the running services, as environment variables."""
+    if all(os.environ.get(k) for k in NEEDED):
+        yield {k: v for k, v in os.environ.items()}
+        return
+    state = tmp_path_factory.mktemp("stack")
+    # Free ports, so a developer's own stack on the default ports is left alone.
+    env = {**os.environ, **{f"EF_{name}_PORT": str(_free_port()) for name in ("S3", "MLFLOW", "HUB")}}
+    up = subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "up", "--state-dir", str(state),
+                         "--services", "s3,mlflow,hub"], env=env, capture_output=True, text=True)
+    if up.returncode != 0:
+        subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "down", "--state-dir", str(state)])
+        pytest.fail(f"could not start the test services:\n{up.stdout}\n{up.stderr}")
+    try:
+        yield {**os.environ, **json.loads((state / "env.json").read_text())}
+    finally:
+        subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "down", "--state-dir", str(state)],
+                       capture_output=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def s3(stack: dict[str, str]):  # boto3 client on the test SeaweedFS
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=stack["EF_S3_ENDPOINT"], region_name="us-east-1",
+                        aws_access_key_id=stack["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=stack["AWS_SECRET_ACCESS_KEY"],
+                        config=Config(s3={"addressing_style": "path"}))
+
+
+@pytest.fixture
+def s3_env(stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Point in-process boto3 clients at the test SeaweedFS."""
+    for k in ("EF_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, stack[k])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return stack
