@@ -21,7 +21,9 @@ def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16):  # -> S3C
         connect_timeout=5,
         read_timeout=60,
     )
-    return boto3.client(
+    # A fresh session per client: boto3's default session caches the first credentials it resolves, so
+    # rotated or per-run credentials in the environment would otherwise be ignored.
+    return boto3.session.Session().client(
         "s3", endpoint_url=s3_endpoint(endpoint_url), config=config,
         region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
     )

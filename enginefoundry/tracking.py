@@ -68,7 +68,7 @@ class Tracker:
                 self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
             else:
                 self.experiment_id = exp.experiment_id
-        except Exception as err:  # noqa: BLE001 - MLflow raises many types for an unreachable server
+        except Exception as err:
             raise PipelineError(
                 f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); "
                 "start the server or fix tracking.mlflow_uri / --mlflow-uri"

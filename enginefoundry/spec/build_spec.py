@@ -6,15 +6,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.source import ModelSpec
-
-
 
 LANES = ("reference", "trtllm", "trtllm-engine")
 
@@ -47,10 +45,15 @@ class BuildSpec(BaseModel):
     # Folder the spec was read from: relative input paths resolve against it. Not part of any key.
     base_dir: str | None = Field(default=None, exclude=True)
 
+    @field_validator("lane")
+    @classmethod
+    def _known_lane(cls, value: str) -> str:
+        if value not in LANES:
+            raise ValueError(f"lane '{value}' is unknown: use one of {', '.join(LANES)}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> BuildSpec:
-        if self.lane not in LANES:
-            raise ValueError(f"lane '{self.lane}' is unknown: use one of {', '.join(LANES)}")
         for kind, items in (("variants", [v.name for v in self.variants]),
                             ("profiles", [p.name for p in self.profiles]),
                             ("targets", [t.name for t in self.targets])):
