@@ -5,7 +5,10 @@ A unit without a manifest does not exist to readers; the manifest is written las
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,6 +31,7 @@ class Manifest(BaseModel):
     key: str
     key_components: dict[str, Any]
     checkpoint_key: str | None = None
+    checkpoint_uri: str | None = None
     model: str
     unit: str
     lane: str
@@ -48,4 +52,36 @@ class Manifest(BaseModel):
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def to_json(self) -> bytes:
-        return (self.model_dump_json(indent=2) + "\n").encode()
+        """Serialized and checked against the committed JSON Schema: a manifest that readers in other
+        languages could not trust is never written."""
+        data = self.model_dump(mode="json")
+        validate_against_schema(data)
+        return (json.dumps(data, indent=2) + "\n").encode()
+
+
+SCHEMA_PATH = Path(__file__).with_name("schemas") / "manifest.schema.json"
+
+
+def generated_schema() -> dict[str, Any]:
+    """The JSON Schema of `manifest.json`, versioned by MANIFEST_SCHEMA_VERSION. The committed copy in
+    enginefoundry/schemas/ is what readers use; a test keeps the two equal."""
+    schema = Manifest.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://enginefoundry.dev/schemas/manifest-v{MANIFEST_SCHEMA_VERSION}.json"
+    schema["description"] = (
+        "A published enginefoundry unit: its cache key and every key component, source identity, tool "
+        "versions, the device it was built on, build parameters, each file with size and sha256, smoke and "
+        "benchmark summaries, status, and the MLflow/Prefect runs that produced it."
+    )
+    return schema
+
+
+@cache
+def _committed_schema() -> dict[str, Any]:
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def validate_against_schema(data: dict[str, Any]) -> None:
+    import jsonschema
+
+    jsonschema.validate(data, _committed_schema())

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from enginefoundry.errors import StoreError
 from enginefoundry.identity import list_files
@@ -66,9 +68,12 @@ def read_manifest(store: Store, key: str) -> Manifest:
 
 def download_verified(store: Store, model: str, manifest: Manifest, dest: Path) -> list[Path]:
     """Download every file of a published unit; refuse, naming the file, when a digest differs."""
-    prefix = artifact_prefix(model, manifest.key)
+    return download_files(store, artifact_prefix(model, manifest.key), manifest.files, dest)
+
+
+def download_files(store: Store, prefix: str, files: list[FileEntry], dest: Path) -> list[Path]:
     out = []
-    for entry in manifest.files:
+    for entry in files:
         local = dest / entry.path
         digest = store.download(f"{prefix}/{entry.path}", local)
         if digest != entry.sha256:
@@ -79,3 +84,39 @@ def download_verified(store: Store, model: str, manifest: Manifest, dest: Path) 
             )
         out.append(local)
     return out
+
+
+# Converted checkpoints: published once under their own key and reused by every target that needs them.
+
+
+def checkpoint_prefix(model: str, key: str) -> str:
+    return f"checkpoints/{model}/{key}"
+
+
+class CheckpointManifest(BaseModel):
+    key: str
+    key_components: dict[str, Any]
+    model: str
+    variant: str
+    lane: str
+    params: dict[str, Any]
+    files: list[FileEntry]
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+def find_checkpoint(store: Store, model: str, key: str) -> CheckpointManifest | None:
+    mkey = f"{checkpoint_prefix(model, key)}/manifest.json"
+    if not store.exists(mkey):
+        return None
+    return CheckpointManifest.model_validate(json.loads(store.read_bytes(mkey)))
+
+
+def publish_checkpoint(
+    store: Store, manifest_fields: dict[str, Any], folder: Path, progress: Callable[[str], None] = print,
+) -> CheckpointManifest:
+    prefix = checkpoint_prefix(manifest_fields["model"], manifest_fields["key"])
+    entries, _ = upload_folders(store, prefix, {"checkpoint": folder}, progress)
+    manifest = CheckpointManifest.model_validate({**manifest_fields, "files": [e.model_dump() for e in entries]})
+    if not store.create_if_absent(f"{prefix}/manifest.json", (manifest.model_dump_json(indent=2) + "\n").encode()):
+        return find_checkpoint(store, manifest.model, manifest.key) or manifest
+    return manifest

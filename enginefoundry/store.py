@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import shutil
 import tempfile
 import threading
 from abc import ABC, abstractmethod
@@ -47,6 +46,9 @@ class Store(ABC):
 
     @abstractmethod
     def list(self, prefix: str) -> list[str]: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
 
 
 class FileStore(Store):
@@ -121,8 +123,8 @@ class FileStore(Store):
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
                       if p.is_file() and not p.name.endswith(".partial"))
 
-    def delete_prefix(self, prefix: str) -> None:
-        shutil.rmtree(self._path(prefix), ignore_errors=True)
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
 
 
 class S3Store(Store):
@@ -241,6 +243,10 @@ class S3Store(Store):
             for obj in page.get("Contents", []):
                 out.append(obj["Key"][len(self.prefix) + 1 :] if self.prefix else obj["Key"])
         return sorted(out)
+
+
+    def delete(self, key: str) -> None:
+        self._call(f"deleting {self.url(key)}", self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 
 
 def open_store(uri: str, endpoint_url: str | None = None) -> Store:

@@ -111,3 +111,32 @@ class Tracker:
 
     def run_url(self, run_id: str) -> str:
         return f"{redact(self.uri)}#/experiments/{self.experiment_id}/runs/{run_id}"
+
+
+def ensure_registered_model(client: Any, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description="enginefoundry serving artifacts, one version per unit")
+
+
+def register_unit(
+    tracker: Tracker, *, registered_model: str, unit_name: str, run_id: str, artifact_uri: str,
+    tags: dict[str, str], params: dict[str, Any], alias: str | None,
+) -> str:
+    """An external MLflow model pointing at the store (weights never travel through MLflow), a version of
+    the registered model, and the alias moved to it. Returns the version number."""
+    client = tracker.client
+    ensure_registered_model(client, registered_model)
+    clean_tags = {k: redact(v) for k, v in tags.items()}
+    # LoggedModel names may not contain dots; unit names do (variant.profile.target).
+    logged = client.create_logged_model(tracker.experiment_id, name=unit_name.replace(".", "-"), source_run_id=run_id,
+                                        tags=clean_tags, params=flatten("", params), model_type="enginefoundry-unit")
+    version = client.create_model_version(registered_model, source=artifact_uri, run_id=run_id, tags=clean_tags,
+                                          model_id=logged.model_id,
+                                          description=f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
+    if alias:
+        client.set_registered_model_alias(registered_model, alias, version.version)
+    return str(version.version)

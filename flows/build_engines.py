@@ -14,12 +14,17 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from enginefoundry.bench import SweepReport
+from enginefoundry.console import say
 from enginefoundry.lanes import get_lane
+from enginefoundry.lease import DEFAULT_TTL_S, Lease, lease_key, new_owner, release, try_acquire, wait_for
+from enginefoundry.manifest import Manifest
 from enginefoundry.pipeline import RunSummary, UnitOutcome, work_root
 from enginefoundry.plan import Unit, expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.publish import manifest_key, read_manifest
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
+from enginefoundry.store import Store, open_store
 from enginefoundry.validate import validate_deep
 from tasks.bench import benchmark
 from tasks.build import build_unit
@@ -28,7 +33,14 @@ from tasks.fetch import fetch_source
 from tasks.publish import find_published, publish_unit
 from tasks.serve import start_unit_server, stop_unit_server
 from tasks.smoke import smoke_test
-from tasks.track import finish_parent_run, prefect_context, record_unit, start_parent_run, start_unit_run
+from tasks.track import (
+    finish_parent_run,
+    prefect_context,
+    record_unit,
+    register_published_unit,
+    start_parent_run,
+    start_unit_run,
+)
 
 
 def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None) -> BuildSpec:
@@ -59,24 +71,37 @@ def build_engines(
     snapshot = fetch_source(build_spec)
     fetch_s = time.monotonic() - t0
     parent = start_parent_run(build_spec, snapshot.model_dump(mode="json"))
-    keys = {unit.name: key_of(unit_key_components(build_spec, unit, snapshot.weights_digest,
-                                                  snapshot.tokenizer_digest, toolchain, build_spec.lane_options))
-            for unit in units}
-    # Cache check first, so a converted checkpoint is made only for variants that some miss needs.
-    published = {u.name: (None if force else find_published(build_spec, keys[u.name])) for u in units}
-    misses = [u for u in units if published[u.name] is None]
-    converted: dict[str, ConvertedCheckpoint] = {}
-    for unit in misses:
-        if unit.variant.name not in converted:
-            converted[unit.variant.name] = convert_variant(build_spec, unit.variant, snapshot)
-    outcomes = []
+    components = {unit.name: unit_key_components(build_spec, unit, snapshot.weights_digest,
+                                                 snapshot.tokenizer_digest, toolchain, build_spec.lane_options)
+                  for unit in units}
+    keys = {name: key_of(c) for name, c in components.items()}
+    # Cache check first, so a converted checkpoint is made only for variants that some miss needs. A miss
+    # is built under a lease: a concurrent run of the same key waits for our manifest instead of rebuilding.
+    store = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
+    owner = new_owner()
+    leases: dict[str, Lease] = {}
+    published: dict[str, Manifest | None] = {}
     for unit in units:
-        hit = published[unit.name]
-        if hit is not None:
-            outcomes.append(_record_cache_hit(build_spec, unit, keys[unit.name], hit, parent))
-            continue
-        run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
-        outcomes.append(run_unit(build_spec, unit, keys[unit.name], snapshot, converted[unit.variant.name], parent))
+        published[unit.name] = None if force else find_published(build_spec, keys[unit.name])
+        if published[unit.name] is None:
+            published[unit.name] = _lease_or_wait(build_spec, store, keys[unit.name], owner, leases, force)
+    try:
+        converted: dict[str, ConvertedCheckpoint] = {}
+        for unit in units:
+            if published[unit.name] is None and unit.variant.name not in converted:
+                converted[unit.variant.name] = convert_variant(build_spec, unit.variant, snapshot)
+        outcomes = []
+        for unit in units:
+            hit = published[unit.name]
+            if hit is not None:
+                outcomes.append(_record_cache_hit(build_spec, unit, keys[unit.name], hit, parent))
+                continue
+            run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
+            outcomes.append(run_unit(build_spec, unit, components[unit.name], snapshot,
+                                     converted[unit.variant.name], parent))
+    finally:
+        for lease in leases.values():
+            release(store, lease)
     summary = RunSummary(spec=build_spec.name, source_uri=snapshot.uri, source_revision=snapshot.revision,
                          parent_run_id=parent, outcomes=outcomes,
                          stage_seconds={"fetch": round(fetch_s, 2), "total": round(time.monotonic() - t0, 2)})
@@ -91,10 +116,11 @@ def build_engines(
 
 @flow(name="build-unit")
 def unit_pipeline(
-    spec: BuildSpec, unit: Unit, key: str, snapshot: SourceSnapshot, ckpt: ConvertedCheckpoint,
-    parent_run_id: str,
+    spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
+    ckpt: ConvertedCheckpoint, parent_run_id: str,
 ) -> UnitOutcome:
     """One unit that is not published yet: build → serve → smoke → bench → publish → track."""
+    key = key_of(key_components)
     stages: dict[str, float] = {}
 
     run_id = start_unit_run(spec, parent_run_id, unit.name, _unit_params(spec, unit),
@@ -134,14 +160,12 @@ def unit_pipeline(
     t = time.monotonic()
     manifest_fields = {
         "key": key,
-        "key_components": unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest,
-                                              toolchain_identity(spec, get_lane(spec.lane).versions()),
-                                              spec.lane_options),
-        "checkpoint_key": ckpt.key, "model": spec.model.name, "unit": unit.name, "lane": spec.lane,
+        "key_components": key_components, "checkpoint_key": ckpt.key, "checkpoint_uri": ckpt.uri,
+        "model": spec.model.name, "unit": unit.name, "lane": spec.lane,
         "target": unit.target.model_dump(mode="json"), "variant": unit.variant.model_dump(mode="json"),
         "profile": unit.profile.model_dump(mode="json"),
         "source": {k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
-        "versions": get_lane(spec.lane).versions(), "device": build.device, "build_params": build.params,
+        "versions": key_components["toolchain"]["versions"], "device": build.device, "build_params": build.params,
         "smoke": smoke.summary() if smoke else {}, "benchmark": _bench_summary(sweep),
         "status": status, "status_reason": reason, "mlflow_run_id": run_id,
         "prefect_flow_run_id": prefect_context().get("prefect.flow_run_id"),
@@ -167,6 +191,7 @@ def unit_pipeline(
                 tags={"enginefoundry.status": status, "enginefoundry.manifest_uri": published_result.uri,
                       "enginefoundry.gpu": build.device.get("gpu_name", build.device.get("cpu", ""))},
                 metrics=metrics, sweep=sweep, artifacts=artifacts)
+    register_published_unit(spec, unit, published_result.manifest, published_result.uri, run_id)
     stages["track"] = time.monotonic() - t
     if smoke:
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
@@ -175,6 +200,20 @@ def unit_pipeline(
                        manifest_uri=published_result.uri, mlflow_run_id=run_id,
                        stage_seconds={k: round(v, 2) for k, v in stages.items()},
                        smoke=smoke.summary() if smoke else {}, bench=_bench_summary(sweep))
+
+
+def _lease_or_wait(spec: BuildSpec, store: Store, key: str, owner: str, leases: dict[str, Lease],
+                   force: bool) -> Manifest | None:
+    """Take the build lease for a key, or wait for the run that holds it and return its manifest."""
+    lkey = lease_key(spec.model.name, key)
+    lease = try_acquire(store, lkey, owner)
+    if lease is not None:
+        leases[key] = lease
+        return None
+    if wait_for(store, manifest_key(spec.model.name, key), lkey, timeout_s=DEFAULT_TTL_S, progress=say):
+        return read_manifest(store, manifest_key(spec.model.name, key))
+    # The holder gave up without publishing: build it ourselves.
+    return _lease_or_wait(spec, store, key, owner, leases, force)
 
 
 def _verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> tuple[str, str]:
@@ -201,10 +240,8 @@ def _unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
             "lane_options": spec.lane_options, "toolchain": spec.toolchain.model_dump(mode="json")}
 
 
-def _record_cache_hit(spec: BuildSpec, unit: Unit, key: str, manifest: Any, parent_run_id: str) -> UnitOutcome:
-    from enginefoundry.publish import manifest_key
-    from enginefoundry.store import open_store
-
+def _record_cache_hit(spec: BuildSpec, unit: Unit, key: str, manifest: Manifest, parent_run_id: str
+                      ) -> UnitOutcome:
     uri = open_store(spec.publish.store, spec.publish.s3_endpoint_url).url(manifest_key(spec.model.name, key))
     run_id = start_unit_run(spec, parent_run_id, unit.name, _unit_params(spec, unit),
                             {"enginefoundry.key": key, "enginefoundry.cache_hit": "true",

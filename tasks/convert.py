@@ -1,7 +1,9 @@
-"""Stage: convert the checkpoint once per variant; every target that needs it reuses it."""
+"""Stage: convert the checkpoint once per variant. The converted checkpoint is published under its own
+key and reused by every target (and every later run) that needs it."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from prefect import task
@@ -11,8 +13,10 @@ from pydantic import BaseModel
 from enginefoundry.lanes import ConvertResult, get_lane
 from enginefoundry.pipeline import work_root
 from enginefoundry.plan import checkpoint_key_components, key_of, toolchain_identity
+from enginefoundry.publish import checkpoint_prefix, download_files, find_checkpoint, publish_checkpoint
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, Variant
+from enginefoundry.store import open_store
 from tasks._log import progress_logger
 
 
@@ -21,23 +25,43 @@ class ConvertedCheckpoint(BaseModel):
     key: str
     result: ConvertResult
     reused: bool
+    uri: str  # where the converted checkpoint is published
 
 
 @task(name="convert checkpoint", task_run_name="convert {variant.name}", cache_policy=NO_CACHE)
 def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot) -> ConvertedCheckpoint:
     log = progress_logger()
     lane = get_lane(spec.lane)
-    toolchain = toolchain_identity(spec, lane.versions())
-    ckey = key_of(checkpoint_key_components(spec, variant, snapshot.weights_digest, snapshot.tokenizer_digest,
-                                            toolchain))
+    components = checkpoint_key_components(spec, variant, snapshot.weights_digest, snapshot.tokenizer_digest,
+                                           toolchain_identity(spec, lane.versions()))
+    ckey = key_of(components)
+    store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    uri = store.url(checkpoint_prefix(spec.model.name, ckey))
     workdir = work_root() / "checkpoints" / ckey[:16]
     done = workdir / "convert-result.json"
-    if done.is_file():
-        log(f"convert: {variant.name}: reusing converted checkpoint {ckey[:12]}")
-        return ConvertedCheckpoint(variant=variant.name, key=ckey,
-                                   result=ConvertResult.model_validate_json(done.read_text()), reused=True)
-    workdir.mkdir(parents=True, exist_ok=True)
+    published = find_checkpoint(store, spec.model.name, ckey)
+
+    if published is not None:
+        if not done.is_file():
+            log(f"convert: {variant.name}: downloading published checkpoint {ckey[:12]} (verified)")
+            shutil.rmtree(workdir, ignore_errors=True)
+            download_files(store, checkpoint_prefix(spec.model.name, ckey), published.files, workdir)
+            result = ConvertResult(checkpoint_dir=str(workdir / "checkpoint"), params=published.params)
+            done.write_text(result.model_dump_json(indent=2))
+        log(f"convert: {variant.name}: reusing published checkpoint {ckey[:12]}")
+        return ConvertedCheckpoint(variant=variant.name, key=ckey, reused=True, uri=uri,
+                                   result=ConvertResult.model_validate_json(done.read_text()))
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
     log(f"convert: {variant.name} with lane {lane.name}")
     result = lane.convert(spec, variant, Path(snapshot.local_dir), workdir)
+    if Path(result.checkpoint_dir).resolve() == Path(snapshot.local_dir).resolve():
+        # A pass-through (plain precision on the trtllm lane): the source itself is the checkpoint.
+        done.write_text(result.model_dump_json(indent=2))
+        return ConvertedCheckpoint(variant=variant.name, key=ckey, result=result, reused=False, uri=snapshot.uri)
+    publish_checkpoint(store, {"key": ckey, "key_components": components, "model": spec.model.name,
+                               "variant": variant.name, "lane": spec.lane, "params": result.params},
+                       Path(result.checkpoint_dir), progress=log)
     done.write_text(result.model_dump_json(indent=2))  # written last: a half conversion is never reused
-    return ConvertedCheckpoint(variant=variant.name, key=ckey, result=result, reused=False)
+    return ConvertedCheckpoint(variant=variant.name, key=ckey, result=result, reused=False, uri=uri)

@@ -10,8 +10,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport
+from enginefoundry.manifest import Manifest
+from enginefoundry.plan import Unit
 from enginefoundry.spec import BuildSpec
-from enginefoundry.tracking import Tracker, project_git_commit
+from enginefoundry.tracking import Tracker, project_git_commit, register_unit
 
 
 def tracker_for(spec: BuildSpec) -> Tracker:
@@ -86,3 +88,20 @@ def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str,
     out.write_text(json.dumps(summary, indent=2))
     tracker.log_artifact(run_id, out)
     tracker.end_run(run_id, ok)
+
+
+@task(name="register unit in MLflow", cache_policy=NO_CACHE)
+def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str) -> str:
+    """A registered-model version per published unit; `<target>-candidate` moves to it when its gates pass."""
+    tags = {
+        "enginefoundry.key": manifest.key, "enginefoundry.target": unit.target.name,
+        "enginefoundry.arch": unit.target.arch.value, "enginefoundry.lane": manifest.lane,
+        "enginefoundry.status": manifest.status, "enginefoundry.manifest_uri": manifest_uri,
+        "enginefoundry.source_revision": manifest.source.get("revision") or "",
+        "enginefoundry.source_uri": manifest.source.get("uri", ""),
+        **{f"enginefoundry.version.{k}": v for k, v in manifest.versions.items()},
+    }
+    alias = f"{unit.target.name}-candidate" if manifest.status == "candidate" else None
+    return register_unit(tracker_for(spec), registered_model=spec.registered_model_name, unit_name=unit.name,
+                         run_id=run_id, artifact_uri=manifest_uri.rsplit("/", 1)[0], tags=tags,
+                         params=manifest.build_params, alias=alias)
