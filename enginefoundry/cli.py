@@ -16,6 +16,9 @@ from enginefoundry import __version__
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE, EngineFoundryError
 from enginefoundry.spec import BuildSpec, load_spec
+from enginefoundry.spec.outputs import TrackingSpec
+
+DEFAULT_MLFLOW = TrackingSpec().mlflow_uri
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +37,17 @@ def _parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a spec and its inputs; nothing runs")
     val.add_argument("spec")
 
+    exp = sub.add_parser("explain", help="for each unit: cache hit or miss, and for a miss what changed")
+    exp.add_argument("spec")
+    exp.add_argument("--targets", nargs="+", metavar="NAME")
+    exp.add_argument("--store", help="override publish.store")
+
+    lin = sub.add_parser("lineage", help="what produced an artifact: store URI, unit key or models:/name@alias")
+    lin.add_argument("ref")
+    lin.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_MLFLOW),
+                     help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_MLFLOW})")
+    lin.add_argument("--json", action="store_true", help="machine-readable output")
+
     plan = sub.add_parser("plan", help="print the unit matrix, commands and preflight verdicts; nothing runs")
     plan.add_argument("spec")
     plan.add_argument("--targets", nargs="+", metavar="NAME")
@@ -47,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_validate(args)
         if args.command == "plan":
             return cmd_plan(args)
+        if args.command == "explain":
+            return cmd_explain(args)
+        if args.command == "lineage":
+            return cmd_lineage(args)
         return cmd_run(args)
     except EngineFoundryError as err:
         if args.verbose:
@@ -97,6 +115,55 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if report.refused:
         error(f"{report.refused} unit(s) refused by preflight; fix the spec as the verdicts say")
         return EXIT_INPUT
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from enginefoundry.console import say
+    from enginefoundry.explain import explain
+    from enginefoundry.sources import fetch
+    from enginefoundry.store import open_store
+
+    spec = _load(args.spec, {"store": args.store, "mlflow_uri": None})
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say)
+    rows = explain(spec, snapshot, open_store(spec.publish.store, spec.publish.s3_endpoint_url), args.targets)
+    table(f"{spec.name}: cache against {spec.publish.store}", [
+        {"unit": r.unit, "status": "hit" if r.hit else "miss", "key": r.key[:12],
+         "nearest published": (r.nearest or "-")[:12], "what differs": "\n".join(r.differences)} for r in rows])
+    return EXIT_OK
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    import json
+
+    from enginefoundry.lineage import lineage
+
+    chain = lineage(args.ref, args.mlflow_uri)
+    if args.json:
+        print(json.dumps(chain, indent=2, default=str))
+        return EXIT_OK
+    a, src, ck, ml = chain["artifact"], chain["source"], chain["converted_checkpoint"], chain["mlflow"]
+    rows = [
+        ("artifact", f"{a['unit']} [{a['status']}] {a['files']} files, {a['bytes'] / 2**20:.1f} MiB"),
+        ("manifest", a["manifest_uri"]), ("key", a["key"]),
+        ("source", f"{src['uri']}" + (f" @ {src['commit_sha']}" if src.get("commit_sha") else "")),
+        ("weights digest", src["weights_digest"]), ("tokenizer digest", src["tokenizer_digest"]),
+        ("converted checkpoint", f"{ck['key']} {ck['uri'] or ''}"),
+        ("lane / versions", f"{chain['lane']} " + ", ".join(f"{k} {v}" for k, v in chain["versions"].items())),
+        ("built on", ", ".join(f"{k}={v}" for k, v in chain["built_on"].items()
+                               if k in ("gpu_name", "arch", "memory_gib", "cpu", "device", "torch", "cuda"))),
+        ("build", json.dumps(chain["build"]["params"], sort_keys=True)),
+        ("smoke", ", ".join(f"{k.removeprefix('smoke_')}={v}" for k, v in chain["smoke"].items())),
+        ("benchmark", ", ".join(f"{k}={v}" for k, v in chain["benchmark"].items() if not isinstance(v, list))),
+        ("MLflow run", f"{ml.get('unit_run_id')} (parent {ml.get('parent_run_id')}) in {args.mlflow_uri}"),
+        ("Prefect flow run", f"{ml.get('prefect_flow_run_id') or '-'} {ml.get('prefect_flow_run_url') or ''}"),
+        ("project commit", str(ml.get("git_commit"))),
+    ]
+    if ml.get("registry"):
+        reg = ml["registry"]
+        rows.append(("registry", f"{reg['registered_model']} v{reg['version']}"
+                     + (f" @{reg['alias']}" if reg.get("alias") else "")))
+    table("lineage", [{"": k, "value": v} for k, v in rows])
     return EXIT_OK
 
 

@@ -53,8 +53,9 @@ class Store(ABC):
 
 class FileStore(Store):
     def __init__(self, uri: str) -> None:
-        self.uri = uri.rstrip("/")
         self.root = Path(uri.removeprefix("file://")).expanduser().resolve()
+        # Absolute, so URIs recorded in manifests and MLflow mean the same thing from any directory.
+        self.uri = self.root.as_uri()
 
     def _path(self, key: str) -> Path:
         return self.root / key

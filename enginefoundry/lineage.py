@@ -1,0 +1,116 @@
+"""`lineage`: what produced this artifact? Answered from MLflow and the manifest alone.
+
+A reference is a store URI (of the manifest or its folder), a unit key, or `models:/name@alias`
+(or `models:/name/version`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from enginefoundry.errors import InputError, StoreError
+from enginefoundry.manifest import Manifest
+from enginefoundry.store import open_store
+
+_KEY = re.compile(r"^[0-9a-f]{12,64}$")
+
+
+def read_manifest_uri(uri: str) -> Manifest:
+    uri = uri.rstrip("/")
+    if not uri.endswith("manifest.json"):
+        uri += "/manifest.json"
+    root, _, name = uri.rpartition("/")
+    store = open_store(root)
+    if not store.exists(name):
+        raise InputError(f"no manifest at {uri}: the unit was never published (or the URI is wrong)")
+    try:
+        return Manifest.model_validate(json.loads(store.read_bytes(name)))
+    except ValueError as err:
+        raise StoreError(f"{uri} is not a valid manifest: {str(err)[:200]}") from None
+
+
+def _client(mlflow_uri: str):  # -> MlflowClient
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=mlflow_uri)
+
+
+def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
+    """(manifest, manifest URI, registry facts) for any kind of reference."""
+    registry: dict[str, Any] = {}
+    if ref.startswith("models:/"):
+        from mlflow.exceptions import MlflowException
+
+        body = ref.removeprefix("models:/")
+        try:
+            if "@" in body:
+                name, alias = body.split("@", 1)
+                version = _client(mlflow_uri).get_model_version_by_alias(name, alias)
+                registry["alias"] = alias
+            else:
+                name, number = body.rsplit("/", 1)
+                version = _client(mlflow_uri).get_model_version(name, number)
+        except (MlflowException, ValueError) as err:
+            raise InputError(f"{ref}: not found in the MLflow registry at {mlflow_uri} ({str(err)[:150]})") from None
+        registry.update({"registered_model": name, "version": version.version, "source": version.source})
+        uri = version.tags.get("enginefoundry.manifest_uri") or version.source.rstrip("/") + "/manifest.json"
+        return read_manifest_uri(uri), uri, registry
+    if ref.startswith(("file://", "s3://")):
+        uri = ref if ref.endswith("manifest.json") else ref.rstrip("/") + "/manifest.json"
+        return read_manifest_uri(uri), uri, registry
+    if _KEY.match(ref):
+        runs = _client(mlflow_uri).search_runs(
+            experiment_ids=[e.experiment_id for e in _client(mlflow_uri).search_experiments()],
+            filter_string="tags.`enginefoundry.cache_hit` = 'false'", max_results=5000,
+        )
+        matches = {r.data.tags.get("enginefoundry.manifest_uri") for r in runs
+                   if r.data.tags.get("enginefoundry.key", "").startswith(ref)}
+        matches.discard(None)
+        if not matches:
+            raise InputError(f"no published unit with key {ref} in MLflow at {mlflow_uri}")
+        if len(matches) > 1:
+            raise InputError(f"key prefix {ref} is ambiguous ({len(matches)} units); give more characters")
+        uri = matches.pop()
+        return read_manifest_uri(uri), uri, registry
+    raise InputError(f"'{ref}' is not a store URI, a unit key or models:/name@alias")
+
+
+def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
+    manifest, uri, registry = resolve(ref, mlflow_uri)
+    runs: dict[str, Any] = {}
+    if manifest.mlflow_run_id:
+        try:
+            client = _client(mlflow_uri)
+            run = client.get_run(manifest.mlflow_run_id)
+            parent_id = run.data.tags.get("mlflow.parentRunId")
+            parent = client.get_run(parent_id) if parent_id else None
+            runs = {
+                "unit_run_id": run.info.run_id, "unit_run_name": run.info.run_name,
+                "experiment_id": run.info.experiment_id, "parent_run_id": parent_id,
+                "git_commit": run.data.tags.get("enginefoundry.git_commit"),
+                "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id") or manifest.prefect_flow_run_id,
+                "prefect_flow_run_url": run.data.tags.get("prefect.flow_run_url"),
+                "parent_prefect_flow_run_url": parent.data.tags.get("prefect.flow_run_url") if parent else None,
+            }
+        except Exception as err:  # MLflow unreachable: the manifest alone still answers
+            runs = {"unit_run_id": manifest.mlflow_run_id, "note": f"MLflow not reachable ({type(err).__name__})"}
+    src = manifest.source
+    return {
+        "artifact": {"manifest_uri": uri, "key": manifest.key, "unit": manifest.unit, "status": manifest.status,
+                     "status_reason": manifest.status_reason, "created_at": manifest.created_at,
+                     "files": len(manifest.files), "bytes": sum(f.size for f in manifest.files)},
+        "source": {"uri": src.get("uri"), "commit_sha": src.get("revision"),
+                   "requested_revision": src.get("requested_revision"),
+                   "weights_digest": src.get("weights_digest"), "tokenizer_digest": src.get("tokenizer_digest"),
+                   "identity": src.get("identity")},
+        "converted_checkpoint": {"key": manifest.checkpoint_key, "uri": manifest.checkpoint_uri},
+        "lane": manifest.lane, "versions": manifest.versions,
+        "target": manifest.target, "built_on": manifest.device,
+        "build": {"variant": manifest.variant, "profile": manifest.profile, "params": manifest.build_params},
+        "smoke": manifest.smoke,
+        "benchmark": {k: v for k, v in manifest.benchmark.items() if k != "points"},
+        "benchmark_points": manifest.benchmark.get("points", []),
+        "mlflow": {**runs, **({"registry": registry} if registry else {})},
+    }
