@@ -1,0 +1,88 @@
+"""Keys, the manifest schema, leases, explain and lineage (file:// store, local MLflow)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from enginefoundry.explain import diff_components
+from enginefoundry.identity import canonical_json, sha256_file
+from enginefoundry.lease import lease_key, release, try_acquire, wait_for
+from enginefoundry.manifest import SCHEMA_PATH, Manifest, generated_schema, validate_against_schema
+from enginefoundry.plan import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.spec import load_spec
+from enginefoundry.store import FileStore
+from tests.conftest import REPO
+
+
+def test_committed_schema_is_the_generated_one():
+    assert json.loads(SCHEMA_PATH.read_text()) == json.loads(json.dumps(generated_schema()))
+
+
+def test_invalid_manifest_is_refused_by_the_schema():
+    good = Manifest(key="k", key_components={}, model="m", unit="u", lane="reference", target={}, variant={},
+                    profile={}, source={}, files=[{"path": "a", "size": 1, "sha256": "0" * 64}], status="candidate")
+    data = json.loads(good.to_json())
+    validate_against_schema(data)
+    data["files"][0]["size"] = "big"
+    with pytest.raises(jsonschema.ValidationError):
+        validate_against_schema(data)
+    del data["key"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate_against_schema(data)
+
+
+def test_unit_key_is_canonical_and_names_every_component():
+    spec = load_spec(REPO / "configs" / "llama-3.1-8b-multiarch.yaml")
+    units = expand_units(spec)
+    tc = toolchain_identity(spec, {"tensorrt_llm": "1.2.1"})
+    comps = [unit_key_components(spec, u, "w" * 64, "t" * 64, tc, spec.lane_options) for u in units]
+    keys = [key_of(c) for c in comps]
+    assert len(set(keys)) == len(keys)  # every unit has its own key
+    assert set(comps[0]) == {"format_version", "kind", "weights_digest", "tokenizer_digest", "lane", "toolchain",
+                             "variant", "profile", "target", "calibration", "lane_options"}
+    # No paths, clocks or credentials; order-independent.
+    assert "/" not in canonical_json({k: v for k, v in comps[0].items() if k != "toolchain"})
+    assert key_of(dict(reversed(list(comps[0].items())))) == keys[0]
+    h100 = next(c for c, u in zip(comps, units, strict=True) if u.target.name == "h100")
+    assert h100["target"] == {"arch": "sm90", "sku": ["gh200", "h100", "h200"], "gpu_count": 1}
+
+
+def test_diff_names_the_changed_component():
+    old = {"profile": {"max_batch_size": 4}, "weights_digest": "a"}
+    new = {"profile": {"max_batch_size": 8}, "weights_digest": "a"}
+    assert diff_components(old, new) == ["profile.max_batch_size: 4 → 8"]
+
+
+def test_sha256_streams_large_files(tmp_path: Path):
+    f = tmp_path / "big"
+    with f.open("wb") as out:
+        for _ in range(3):
+            out.write(b"x" * (8 * 1024 * 1024 + 3))
+    import hashlib
+
+    assert sha256_file(f) == hashlib.sha256(f.read_bytes()).hexdigest()
+
+
+def test_lease_one_holder_waiter_sees_manifest_and_stale_lease_is_broken(tmp_path: Path):
+    store = FileStore(f"file://{tmp_path}")
+    lk = lease_key("m", "k")
+    first = try_acquire(store, lk, "a")
+    assert first is not None and try_acquire(store, lk, "b") is None
+
+    def publish_later() -> None:
+        time.sleep(0.5)
+        store.create_if_absent("done.json", b"{}")
+        release(store, first)
+
+    threading.Thread(target=publish_later).start()
+    assert wait_for(store, "done.json", lk, timeout_s=10, poll_s=0.1, progress=lambda _: None)
+    assert not store.exists(lk)
+    stale = try_acquire(store, lk, "c", ttl_s=-1)  # already expired: its holder "died"
+    assert stale is not None
+    assert try_acquire(store, lk, "d") is not None  # broken and retaken
