@@ -103,11 +103,58 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     assert len(runs) == 1
     assert runs[0].data.tags["enginefoundry.built_by_run"] == child.info.run_id
 
-    # Credentials never reach MLflow params/tags or the manifest.
-    secret = stack["AWS_SECRET_ACCESS_KEY"]
+    # Credentials never reach logs, MLflow params/tags or the manifest.
+    secret, key_id = stack["AWS_SECRET_ACCESS_KEY"], stack["AWS_ACCESS_KEY_ID"]
     for run in client.search_runs([exp.experiment_id]):
-        assert secret not in json.dumps(run.data.params) + json.dumps(run.data.tags)
-    assert secret not in json.dumps(manifest)
+        blob = json.dumps(run.data.params) + json.dumps(run.data.tags)
+        assert secret not in blob and key_id not in blob
+    assert secret not in json.dumps(manifest) and key_id not in json.dumps(manifest)
+    for text in (first.stdout, first.stderr, second.stdout, second.stderr):
+        assert secret not in text and key_id not in text
+    for log in Path(run_env["EF_WORK_DIR"]).rglob("*"):
+        if log.is_file() and log.suffix in (".log", ".json", ".md", ".txt"):
+            content = log.read_text(errors="replace")
+            assert secret not in content and key_id not in content, log
+
+    # lineage answers from MLflow and the manifest alone, by registry alias and by key.
+    chain = _run_cli(["lineage", "models:/tiny-chat@cpu-candidate", "--json", "--mlflow-uri",
+                      stack["MLFLOW_TRACKING_URI"]], run_env)
+    assert chain.returncode == 0, chain.stderr
+    info = json.loads(chain.stdout)
+    assert info["source"]["commit_sha"] == sha and info["artifact"]["key"] == manifest["key"]
+    assert info["mlflow"]["unit_run_id"] == child.info.run_id
+    by_key = _run_cli(["lineage", manifest["key"][:16], "--json", "--mlflow-uri", stack["MLFLOW_TRACKING_URI"]],
+                      run_env)
+    assert json.loads(by_key.stdout)["artifact"]["manifest_uri"] == info["artifact"]["manifest_uri"]
+
+
+def test_two_runs_of_one_spec_at_once_build_and_publish_once(stack, run_env, s3, tmp_path, unique):
+    repo_id = f"tiny-org/tiny-chat-{unique}"
+    seed_repo(Path(stack["EF_HUB_ROOT"]), repo_id, TINY_MODEL)
+    experiment = f"race-{unique}"
+    spec = _spec(tmp_path, f"hf://{repo_id}@main", f"s3://enginefoundry/race-{unique}",
+                 stack["MLFLOW_TRACKING_URI"], experiment)
+    spec_doc = yaml.safe_load(spec.read_text())
+    spec_doc["benchmark"]["enabled"] = False  # the race is about build and publish
+    spec.write_text(yaml.safe_dump(spec_doc))
+    envs = [{**run_env, "EF_WORK_DIR": str(tmp_path / f"work{i}"), "PREFECT_HOME": str(tmp_path / f"p{i}")}
+            for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "enginefoundry.cli", "run", str(spec)], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for env in envs]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-2000:] + err[-2000:]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"race-{unique}/")["Contents"]]
+    assert len([k for k in keys if k.startswith(f"race-{unique}/artifacts/") and k.endswith("manifest.json")]) == 1
+    assert not [k for k in keys if "/leases/" in k]  # released
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(stack["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name(experiment)
+    children = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.data.tags["enginefoundry.cache_hit"] for r in children) == ["false", "true"]
+    built = [r for r in children if r.data.tags["enginefoundry.cache_hit"] == "false"]
+    assert len(built) == 1
 
 
 def test_unknown_revision_is_an_input_error_before_any_work(stack, run_env, tmp_path, unique):
