@@ -172,7 +172,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = _load(args.spec, {"store": args.store, "mlflow_uri": args.mlflow_uri})
     validate_deep(spec)  # every input problem before Prefect, downloads or servers start
+    from enginefoundry.planning import refuse_on_preflight
     from enginefoundry.sources import probe
+
+    refuse_on_preflight(spec, args.targets)
 
     resolved = probe(spec.model.parsed_source(spec.base_path))
     console.print(f"source {spec.model.source} → {resolved}", markup=False)

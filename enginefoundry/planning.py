@@ -2,30 +2,68 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from pydantic import BaseModel
 
 from enginefoundry.lanes import get_lane
 from enginefoundry.plan import expand_units
-from enginefoundry.spec import BuildSpec
+from enginefoundry.preflight import PreflightReport, format_estimates, preflight
+from enginefoundry.spec import BuildSpec, SourceKind
+
+# Known model configs, so the VRAM estimates work before anything is downloaded.
+KNOWN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "model-configs"
 
 
 class PlanReport(BaseModel):
     rows: list[dict[str, str]]
     commands: dict[str, list[str]]
-    refused: int
+    preflight: dict[str, PreflightReport]
+
+    @property
+    def refused(self) -> int:
+        return sum(not r.ok for r in self.preflight.values())
+
+
+def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:
+    """The checkpoint's config.json without downloading: a local source, else a known config by model name."""
+    src = spec.model.parsed_source(spec.base_path)
+    candidates = [Path(src.location) / "config.json"] if src.kind is SourceKind.LOCAL else []
+    candidates.append(KNOWN_CONFIGS / f"{spec.model.name}.json")
+    for path in candidates:
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
 
 
 def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanReport:
     lane = get_lane(spec.lane)
-    rows, commands, refused = [], {}, 0
+    config = model_config_for(spec)
+    rows, commands, reports = [], {}, {}
     for unit in expand_units(spec, only_targets):
-        verdict = "ok"
+        report = preflight(spec, unit, config, None)
+        reports[unit.name] = report
+        problems = report.problems
         rows.append({
             "unit": unit.name, "precision": unit.variant.precision.value,
             "tp×pp": f"{unit.variant.tp}×{unit.variant.pp}", "target": unit.target.name,
             "arch": unit.target.arch.value, "pool": unit.target.pool,
             "batch/in/seq": f"{unit.profile.max_batch_size}/{unit.profile.max_input_len}/{unit.profile.max_seq_len}",
-            "verdict": verdict,
+            "memory estimate": format_estimates(report).rsplit(" · ", 1)[0],
+            "verdict": "ok" if not problems else "refused: " + "; ".join(
+                f"{c.message}" + (f" (fix: {c.fix})" if c.fix else "") for c in problems),
         })
         commands[unit.name] = [f"[{c.description}] {c.shell()}" for c in lane.describe(spec, unit)]
-    return PlanReport(rows=rows, commands=commands, refused=refused)
+    return PlanReport(rows=rows, commands=commands, preflight=reports)
+
+
+def refuse_on_preflight(spec: BuildSpec, only_targets: list[str] | None = None) -> None:
+    """Raise PreflightError listing every refused unit, before any download or GPU time."""
+    from enginefoundry.errors import PreflightError
+
+    report = plan_report(spec, only_targets)
+    if report.refused:
+        lines = [f"  {row['unit']}: {row['verdict']}" for row in report.rows if row["verdict"] != "ok"]
+        raise PreflightError(f"{report.refused} unit(s) cannot succeed:\n" + "\n".join(lines))

@@ -1,0 +1,343 @@
+"""Lane `trtllm-engine`: the legacy TensorRT-engine path, TensorRT-LLM 1.0 – 1.2.x only.
+
+convert: `convert_checkpoint.py` of the model family (parallelism and quantization are fixed here, in the
+checkpoint's `mapping`); build: `trtllm-build` on a GPU of the target → `rank{N}.engine` + `config.json`, plus a
+Triton `inflight_batcher_llm` model repository; serve: `trtllm-serve <engine> --backend tensorrt --tokenizer <hf>`.
+TensorRT-LLM 1.3 removes all of it (#15763, #15907, #15918, #16369): `versions()` refuses 1.3 and its rcs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from enginefoundry.errors import InputError, ToolError
+from enginefoundry.identity import TOKENIZER_FILES
+from enginefoundry.lanes import triton
+from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
+from enginefoundry.lanes.trtllm import (
+    TrtllmLaneBase,
+    fresh_dir,
+    model_activation_dtype,
+    read_bundle_info,
+)
+from enginefoundry.lanes.trtllm_flags import (
+    CONVERT,
+    ENGINE_INSTALL_HINT,
+    SERVE,
+    TRTLLM_BUILD,
+    arg,
+    resolve_options,
+)
+from enginefoundry.plan import Unit
+from enginefoundry.preflight import read_model_config
+from enginefoundry.runner import run_tool
+from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
+
+CONVERT_TIMEOUT_S = 6 * 3600.0
+BUILD_TIMEOUT_S = 4 * 3600.0  # 30–90 min for 70B (facts §12), with room for a slow host
+ENGINE_DIR = "engine"
+TOKENIZER_DIR = "tokenizer"
+TRITON_REPO = "triton_model_repo"
+# Small files that let AutoTokenizer load from the tokenizer folder alone.
+TOKENIZER_EXTRA = ("config.json", "generation_config.json")
+
+# config.json `architectures[0]` / `model_type` → the examples/models/core/<dir> whose convert_checkpoint.py
+# handles it. Llama first; other families need their own script and flags.
+FAMILIES = {"LlamaForCausalLM": "llama", "llama": "llama"}
+TORCH_NAMES = {Precision.FP16: "float16", Precision.BF16: "bfloat16", Precision.FP32: "float32"}
+WEIGHT_ONLY = {Precision.INT8_WO: "int8", Precision.INT4_WO: "int4", Precision.INT4_AWQ: "int4_awq"}
+CALIBRATED = (Precision.FP8, Precision.NVFP4, Precision.INT4_AWQ)
+# convert_checkpoint.py takes HF dataset ids (default ccdv/cnn_dailymail); ModelOpt's short name differs.
+CALIB_DATASETS = {"cnn_dailymail": "ccdv/cnn_dailymail"}
+
+
+def model_family(config: dict[str, Any]) -> str:
+    """The example folder for a checkpoint, from config.json; InputError for a family without a script here."""
+    archs = list(config.get("architectures") or [])
+    for key in [*archs, config.get("model_type")]:
+        if key in FAMILIES:
+            return FAMILIES[key]
+    supported = sorted(k for k in FAMILIES if k[0].isupper())
+    raise InputError(
+        f"lane trtllm-engine converts Llama-family checkpoints (architectures {supported}); "
+        f"this one is architectures={archs}, model_type={config.get('model_type')!r}: use lane trtllm, which loads "
+        "Hugging Face checkpoints directly"
+    )
+
+
+def convert_script(examples_dir: Path | str, family: str) -> Path:
+    # 1.x layout; releases before the models/core move used examples/<family>/ (facts §3).
+    return Path(examples_dir) / "models" / "core" / family / "convert_checkpoint.py"
+
+
+def convert_argv(spec: BuildSpec, variant: Variant, python: str, script: Path | str, source_dir: Path | str,
+                 out_dir: Path | str, dtype: str) -> list[str]:
+    opts = resolve_options("trtllm-engine", spec.lane_options)
+    argv = [python, str(script),
+            arg(CONVERT, "model_dir"), str(source_dir),
+            arg(CONVERT, "output_dir"), str(out_dir),
+            arg(CONVERT, "dtype"), dtype,
+            arg(CONVERT, "tp_size"), str(variant.tp),
+            arg(CONVERT, "pp_size"), str(variant.pp),
+            arg(CONVERT, "workers"), str(min(opts["convert_workers"], variant.tp * variant.pp))]
+    p = variant.precision
+    if p in WEIGHT_ONLY:
+        argv += [arg(CONVERT, "use_weight_only"), arg(CONVERT, "weight_only_precision"), WEIGHT_ONLY[p]]
+    elif p is Precision.FP8:
+        argv.append(arg(CONVERT, "use_fp8"))
+    elif p is Precision.NVFP4:
+        argv.append(arg(CONVERT, "use_nvfp4"))
+    if variant.kv_cache_dtype is KVCacheDtype.FP8:
+        argv.append(arg(CONVERT, "fp8_kv_cache"))
+    elif variant.kv_cache_dtype is KVCacheDtype.INT8:
+        argv.append(arg(CONVERT, "int8_kv_cache"))
+    calibrated = p in CALIBRATED or variant.kv_cache_dtype in (KVCacheDtype.FP8, KVCacheDtype.INT8)
+    if calibrated and variant.calibration is not None:
+        c = variant.calibration
+        argv += [arg(CONVERT, "calib_dataset"), CALIB_DATASETS.get(c.dataset, c.dataset),
+                 arg(CONVERT, "calib_size"), str(c.samples),
+                 arg(CONVERT, "calib_max_seq_length"), str(c.max_seq_length)]
+    if opts["load_by_shard"]:
+        argv.append(arg(CONVERT, "load_by_shard"))
+    return argv
+
+
+def build_workers(unit: Unit, option: int | None) -> int:
+    """--workers: one per rank, capped to the target's GPUs (trtllm-build caps it again to the visible GPUs)
+    and to the lane option (each worker holds one rank's weights in host RAM, facts §12)."""
+    world = unit.variant.tp * unit.variant.pp
+    n = min(world, max(unit.target.gpu_count, 1))
+    return max(1, min(n, option) if option else n)
+
+
+def _enable(value: bool) -> str:
+    return "enable" if value else "disable"
+
+
+def build_argv(spec: BuildSpec, unit: Unit, checkpoint_dir: Path | str, engine_dir: Path | str,
+               timing_cache: Path | str, input_timing_cache: Path | str | None = None) -> list[str]:
+    """trtllm-build for one unit. Never --tp_size/--pp_size (removed in 0.12: parallelism is the checkpoint's).
+
+    `timing_cache` should be absolute: the default `model.cache` is relative and lands in the CWD (facts §12).
+    """
+    opts = resolve_options("trtllm-engine", spec.lane_options)
+    p = unit.profile
+    argv = ["trtllm-build",
+            arg(TRTLLM_BUILD, "checkpoint_dir"), str(checkpoint_dir),
+            arg(TRTLLM_BUILD, "output_dir"), str(engine_dir),
+            arg(TRTLLM_BUILD, "gemm_plugin"), opts["gemm_plugin"],
+            arg(TRTLLM_BUILD, "gpt_attention_plugin"), opts["gpt_attention_plugin"],
+            # paged_kv_cache: false is refused by validate_options (in-flight batching needs it).
+            arg(TRTLLM_BUILD, "kv_cache_type"), "paged" if p.paged_kv_cache else "continuous",
+            arg(TRTLLM_BUILD, "remove_input_padding"), _enable(p.remove_input_padding),
+            arg(TRTLLM_BUILD, "use_paged_context_fmha"), _enable(opts["use_paged_context_fmha"]),
+            arg(TRTLLM_BUILD, "max_batch_size"), str(p.max_batch_size),
+            arg(TRTLLM_BUILD, "max_input_len"), str(p.max_input_len),
+            arg(TRTLLM_BUILD, "max_seq_len"), str(p.max_seq_len),
+            arg(TRTLLM_BUILD, "max_num_tokens"), str(p.max_num_tokens),
+            arg(TRTLLM_BUILD, "max_beam_width"), str(opts["max_beam_width"]),
+            arg(TRTLLM_BUILD, "workers"), str(build_workers(unit, opts["build_workers"])),
+            arg(TRTLLM_BUILD, "output_timing_cache"), str(timing_cache)]
+    if input_timing_cache:
+        argv += [arg(TRTLLM_BUILD, "input_timing_cache"), str(input_timing_cache)]
+    if opts["use_fused_mlp"] is not None:
+        argv += [arg(TRTLLM_BUILD, "use_fused_mlp"), _enable(opts["use_fused_mlp"])]
+    if opts["multiple_profiles"] is not None:
+        argv += [arg(TRTLLM_BUILD, "multiple_profiles"), _enable(opts["multiple_profiles"])]
+    if opts["tokens_per_block"] is not None:
+        argv += [arg(TRTLLM_BUILD, "tokens_per_block"), str(opts["tokens_per_block"])]
+    return argv
+
+
+def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str, unit_params: dict[str, Any], host: str,
+                      port: int) -> list[str]:
+    """trtllm-serve of a prebuilt engine: --backend tensorrt (the default is pytorch since 1.0) + --tokenizer."""
+    return ["trtllm-serve", str(engine_dir),
+            arg(SERVE, "backend"), "tensorrt",
+            arg(SERVE, "tokenizer"), str(tokenizer_dir),
+            arg(SERVE, "tp_size"), str(unit_params["tp"]),
+            arg(SERVE, "pp_size"), str(unit_params["pp"]),
+            arg(SERVE, "max_batch_size"), str(unit_params["max_batch_size"]),
+            arg(SERVE, "max_num_tokens"), str(unit_params["max_num_tokens"]),
+            arg(SERVE, "kv_cache_free_gpu_memory_fraction"), str(unit_params["kv_cache_free_gpu_memory_fraction"]),
+            arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
+
+
+def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:
+    """config.json + rank{N}.engine for every rank; the engine's config.json as a dict."""
+    missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
+    if not (engine_dir / "config.json").is_file():
+        missing.insert(0, "config.json")
+    if missing:
+        raise ToolError(f"trtllm-build finished but {engine_dir} lacks {missing}")
+    return json.loads((engine_dir / "config.json").read_text())
+
+
+def check_checkpoint_dir(ckpt: Path, variant: Variant) -> dict[str, Any]:
+    """The converted checkpoint: config.json whose mapping is the variant's, and rank{N}.safetensors."""
+    cfg_path = ckpt / "config.json"
+    if not cfg_path.is_file():
+        raise ToolError(f"{ckpt} has no config.json: not a TensorRT-LLM checkpoint (convert it first)")
+    cfg = json.loads(cfg_path.read_text())
+    mapping = cfg.get("mapping") or {}
+    tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+    if (tp, pp) != (variant.tp, variant.pp):
+        raise ToolError(f"{ckpt} was converted for tp {tp} × pp {pp}, the variant wants tp {variant.tp} × pp "
+                        f"{variant.pp}: parallelism is fixed at conversion; convert again")
+    world = tp * pp
+    missing = [f"rank{r}.safetensors" for r in range(world) if not (ckpt / f"rank{r}.safetensors").is_file()]
+    if missing:
+        raise ToolError(f"{ckpt} lacks {missing}")
+    return cfg
+
+
+def copy_tokenizer(source_dir: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in sorted(TOKENIZER_FILES) + list(TOKENIZER_EXTRA):
+        if (source_dir / name).is_file():
+            shutil.copyfile(source_dir / name, dest / name)
+
+
+class TrtllmEngineLane(TrtllmLaneBase):
+    name = "trtllm-engine"
+    install_hint = ENGINE_INSTALL_HINT
+
+    def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
+        problems = super().validate_options(spec)
+        if not spec.toolchain.trtllm_version:
+            problems.append(("toolchain.trtllm_version",
+                             "lane trtllm-engine needs a pinned TensorRT-LLM 1.0 – 1.2.x (e.g. 1.2.1): an unpinned "
+                             "or --pre install may be 1.3+, which has no engine path"))
+        for i, v in enumerate(spec.variants):
+            if v.kv_cache_dtype in (KVCacheDtype.FP16, KVCacheDtype.BF16):
+                model = TORCH_NAMES.get(v.precision)
+                same = {"float16": KVCacheDtype.FP16, "bfloat16": KVCacheDtype.BF16}.get(model or "")
+                if same is not v.kv_cache_dtype:
+                    problems.append((f"variants.{i}.kv_cache_dtype",
+                                     f"convert_checkpoint.py has no {v.kv_cache_dtype.value} KV option: the KV "
+                                     "cache is the model's dtype unless fp8/int8; use auto, fp8 or int8"))
+        return problems
+
+    def _examples_dir(self, spec: BuildSpec) -> str | None:
+        return self.options(spec)["examples_dir"] or os.environ.get("EF_TRTLLM_EXAMPLES_DIR")
+
+    # convert ------------------------------------------------------------------------------------------------
+
+    def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
+        self.versions()
+        config = read_model_config(source_dir)
+        family = model_family(config)
+        examples = self._examples_dir(spec)
+        script = convert_script(examples, family) if examples else None
+        if script is None or not script.is_file():
+            raise ToolError(
+                f"convert_checkpoint.py for {family} not found{' at ' + str(script) if script else ''}: set lane "
+                "option examples_dir (or $EF_TRTLLM_EXAMPLES_DIR) to the examples/ folder of the installed "
+                "TensorRT-LLM release (git checkout v<version> of NVIDIA/TensorRT-LLM)"
+            )
+        dtype = model_activation_dtype(variant, source_dir, self.options(spec)["dtype"]) or "auto"
+        out = workdir / "checkpoint"
+        if out.exists():
+            shutil.rmtree(out)
+        argv = convert_argv(spec, variant, self.python, script, source_dir, out, dtype)
+        cmd = Command(argv=argv, cwd=str(workdir), description=f"convert_checkpoint.py ({family})")
+        run_tool(argv, workdir / "logs" / "convert.log", timeout_s=CONVERT_TIMEOUT_S, cwd=workdir,
+                 what="convert_checkpoint.py")
+        ckpt_cfg = check_checkpoint_dir(out, variant)
+        # The tokenizer travels with the converted checkpoint: build needs it for Triton and trtllm-serve.
+        copy_tokenizer(source_dir, out / TOKENIZER_DIR)
+        params = {"format": "trtllm-checkpoint", "family": family, "dtype": dtype,
+                  "precision": variant.precision.value, "kv_cache_dtype": variant.kv_cache_dtype.value,
+                  "tp": variant.tp, "pp": variant.pp, "quantization": ckpt_cfg.get("quantization")}
+        if variant.precision.is_quantized and variant.calibration:
+            params["calibration"] = variant.calibration.model_dump()
+        return ConvertResult(checkpoint_dir=str(out), params=params, commands=[cmd])
+
+    # build --------------------------------------------------------------------------------------------------
+
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
+        versions = self.versions()
+        opts = self.options(spec)
+        logs = workdir / "logs"
+        ckpt_cfg = check_checkpoint_dir(checkpoint_dir, unit.variant)
+        gpus, gpu_env = self.select_gpus(unit, logs)
+        bundle = fresh_dir(workdir / "bundle")
+        engine_dir = bundle / ENGINE_DIR
+        scratch = fresh_dir(workdir / "build-scratch")  # trtllm-build writes into its CWD
+        timing_cache = (workdir / "timing.cache").resolve()
+        previous = timing_cache if timing_cache.is_file() else None
+        argv = build_argv(spec, unit, checkpoint_dir.resolve(), engine_dir, timing_cache, previous)
+        cmd = Command(argv=argv, env=gpu_env, cwd=str(scratch), description="trtllm-build")
+        run = run_tool(argv, logs / "trtllm-build.log", timeout_s=BUILD_TIMEOUT_S, env=gpu_env, cwd=scratch,
+                       what="trtllm-build")
+        world = unit.variant.tp * unit.variant.pp
+        engine_cfg = check_engine_dir(engine_dir, world)
+        tokenizer_src = checkpoint_dir / TOKENIZER_DIR
+        if not tokenizer_src.is_dir():
+            raise ToolError(f"{checkpoint_dir} has no {TOKENIZER_DIR}/ (converted by another tool?): the engine "
+                            "bundle needs the Hugging Face tokenizer")
+        shutil.copytree(tokenizer_src, bundle / TOKENIZER_DIR)
+
+        mount = opts["triton_bundle_mount"] or str(bundle.resolve())
+        model_dtype = str(ckpt_cfg.get("dtype") or "float16")
+        params_t = triton.TritonParams.for_unit(unit, opts, engine_dir=f"{mount}/{ENGINE_DIR}",
+                                                tokenizer_dir=f"{mount}/{TOKENIZER_DIR}", model_dtype=model_dtype)
+        triton_cmds = triton.build_repository(Path(opts["triton_dir"]), bundle / TRITON_REPO, params_t,
+                                              python=self.python, log_dir=logs)
+        p = unit.profile
+        params = {"tp": unit.variant.tp, "pp": unit.variant.pp, "precision": unit.variant.precision.value,
+                  "max_batch_size": p.max_batch_size, "max_input_len": p.max_input_len,
+                  "max_seq_len": p.max_seq_len, "max_num_tokens": p.max_num_tokens,
+                  "kv_cache_free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction,
+                  "gemm_plugin": opts["gemm_plugin"], "gpt_attention_plugin": opts["gpt_attention_plugin"],
+                  "build_argv": argv}
+        launch = triton.launch_command(Path(opts["triton_dir"]), f"{mount}/{TRITON_REPO}", world)
+        self.write_bundle_info(bundle, unit, params, gpus, versions, {
+            "engine_dir": ENGINE_DIR, "tokenizer_dir": TOKENIZER_DIR, "triton_model_repo": TRITON_REPO,
+            "engine_version": engine_cfg.get("version"),
+            "triton": {"bundle_mount": mount, "launch": launch.argv},
+            "serve": {"health": "/health"},
+        })
+        size = sum(f.stat().st_size for f in engine_dir.glob("rank*.engine"))
+        metrics = {"build_s": round(run.wall_s, 3), "engine_bytes": float(size),
+                   "peak_host_rss_mb": round(run.peak_rss_mb, 1)}
+        device = {"gpus": [g.facts() for g in gpus]}
+        return BuildResult(bundle_dir=str(bundle), params=params, device=device, commands=[cmd, *triton_cmds],
+                           metrics=metrics)
+
+    # serve --------------------------------------------------------------------------------------------------
+
+    def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
+        info = read_bundle_info(bundle_dir)
+        root = Path(bundle_dir).resolve()
+        engine, tok = root / info["engine_dir"], root / info["tokenizer_dir"]
+        argv = engine_serve_argv(engine, tok, info["params"], host, port)
+        return ServeCommand(command=Command(argv=argv, description="trtllm-serve --backend tensorrt"),
+                            model_name=str(engine), health_path="/health", tokenizer_dir=str(tok))
+
+    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
+        opts = self.options(spec)
+        examples = self._examples_dir(spec) or "$EF_TRTLLM_EXAMPLES_DIR"
+        dtype = model_activation_dtype(unit.variant, None, opts["dtype"]) or "auto"
+        convert = convert_argv(spec, unit.variant, self.python, convert_script(examples, "llama"),
+                               "<source checkpoint>", "<work>/checkpoint", dtype)
+        build = build_argv(spec, unit, "<work>/checkpoint", "<bundle>/engine", "<work>/timing.cache")
+        p = unit.profile
+        serve_params = {"tp": unit.variant.tp, "pp": unit.variant.pp, "max_batch_size": p.max_batch_size,
+                        "max_num_tokens": p.max_num_tokens,
+                        "kv_cache_free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}
+        triton_params = triton.TritonParams.for_unit(unit, opts, engine_dir="<bundle>/engine",
+                                                     tokenizer_dir="<bundle>/tokenizer",
+                                                     model_dtype=dtype if dtype != "auto" else "float16")
+        return [
+            Command(argv=convert, description="convert (dtype auto = the checkpoint's)"),
+            Command(argv=build, description="build"),
+            *triton.fill_commands(Path(opts["triton_dir"]), Path("<bundle>") / TRITON_REPO, triton_params,
+                                  python=self.python),
+            Command(argv=engine_serve_argv("<bundle>/engine", "<bundle>/tokenizer", serve_params, "127.0.0.1", 8000),
+                    description="serve"),
+        ]
