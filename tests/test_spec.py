@@ -92,3 +92,10 @@ def test_relative_inputs_resolve_from_the_spec_folder():
     spec = load_spec(REPO / "configs" / "tiny-cpu.yaml")
     assert spec.resolve_path(spec.smoke.prompts) == REPO / "configs" / "prompts" / "tiny-chat.jsonl"
     assert spec.model.parsed_source(spec.base_path).location == str(REPO / "tests" / "fixtures" / "tiny-chat" / "model")
+
+
+def test_removed_trtllm_flag_in_a_profile_names_its_release_and_replacement():
+    data = copy.deepcopy(TINY)
+    data["profiles"][0]["max_output_len"] = 128
+    msg = _problems(data)["profiles.0.max_output_len"]
+    assert "removed in TensorRT-LLM 0.12" in msg and "max_seq_len" in msg

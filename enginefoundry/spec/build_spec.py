@@ -88,6 +88,12 @@ def _problems(err: ValidationError) -> list[tuple[str, str]]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or check its spelling against the spec reference in README.md"
+            # A removed or renamed TensorRT-LLM flag gets its history and replacement (lanes own that table).
+            from enginefoundry.lanes.trtllm_flags import explain_unknown_key
+
+            known = explain_unknown_key(str(e["loc"][-1]))
+            if known:
+                msg = f"unknown key: {known}"
         elif e["type"] == "missing":
             msg = "required field is missing"
         out.append((path, msg))
