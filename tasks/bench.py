@@ -1,17 +1,23 @@
-"""Stage: benchmark sweep against the served unit, with plots."""
+"""Stage: benchmark sweep against the served unit (and any baselines), with plots and Prefect artifacts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.bench import SweepReport, run_sweep
-from enginefoundry.bench.plots import plot_sweep, series_by_scenario
+from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.serving import Endpoint, is_alive
 from enginefoundry.spec import BuildSpec
 from tasks._log import progress_logger
+
+
+def _artifact_key(prefix: str, title: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return f"{prefix}-{re.sub(r'[^a-z0-9]+', '-', title.lower()).strip('-')}"[:100]
 
 
 @task(name="benchmark", cache_policy=NO_CACHE)
@@ -20,7 +26,21 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str) 
     out = Path(report_dir)
     report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
-                       server_alive=lambda: is_alive(endpoint.pid))
-    if report.points:
-        plot_sweep(series_by_scenario(report.points), out / "sweep.png", title)
+                       server_alive=lambda: is_alive(endpoint.pid), plot_title=title)
+    if spec.benchmark.baseline_endpoints:
+        report.comparison = compare_with_baselines(
+            spec.benchmark, report, unit_label=title, unit_url=endpoint.base_url, unit_model=endpoint.model_name,
+            tokenizer=endpoint.tokenizer_dir, out=out / "baselines", progress=log)
+        if report.comparison.plot:
+            report.plots.append(report.comparison.plot)
+        (out / "sweep.json").write_text(report.model_dump_json(indent=2))  # now with the comparison
+    create_table_artifact(key=_artifact_key("bench", title), table=report.table(),
+                          description=f"{title}: benchmark points ({spec.benchmark.tool.value})")
+    if report.comparison is not None:
+        create_table_artifact(key=_artifact_key("bench-baselines", title), table=report.comparison.table(),
+                              description=f"{title} against baselines (ratios are unit / baseline)")
+    create_markdown_artifact(key=_artifact_key("slo", title), markdown=report.slo_markdown(),
+                             description=f"{title}: SLO verdicts")
+    for failure in report.failures:
+        log(f"bench: {failure}")
     return report

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.bench.telemetry import TelemetrySummary
+
 
 class Percentiles(BaseModel):
     avg: float | None = None
@@ -36,7 +38,12 @@ class BenchPoint(BaseModel):
     input_len_avg: float | None
     output_len_avg: float | None
     duration_s: float | None = None
-    problems: list[str] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)  # any problem makes the point invalid
+    warnings: list[str] = Field(default_factory=list)  # trustworthy numbers, but not for the asked workload
+    # GPU power and use during the point's measured window; None when no sampling was asked for,
+    # a summary with available=False ("no GPU") when it was and there is none.
+    telemetry: TelemetrySummary | None = None
+    output_tokens_per_s_per_watt: float | None = None
 
     @property
     def valid(self) -> bool:
@@ -56,7 +63,18 @@ class BenchPoint(BaseModel):
                 v = getattr(pct, q)
                 if v is not None:
                     out[f"{prefix}_{q}"] = v
+        if self.telemetry is not None:
+            out.update(self.telemetry.metrics())
+        if self.output_tokens_per_s_per_watt is not None:
+            out["output_tokens_per_s_per_watt"] = self.output_tokens_per_s_per_watt
         return out
+
+    def with_telemetry(self, summary: TelemetrySummary) -> BenchPoint:
+        """Attach the GPU summary and the efficiency figure that needs both halves."""
+        per_watt = None
+        if summary.avg_power_w and self.output_tokens_per_s is not None:
+            per_watt = round(self.output_tokens_per_s / summary.avg_power_w, 4)
+        return self.model_copy(update={"telemetry": summary, "output_tokens_per_s_per_watt": per_watt})
 
 
 def validate(point: BenchPoint, expected_output_len: int | None = None) -> BenchPoint:
@@ -75,7 +93,16 @@ def validate(point: BenchPoint, expected_output_len: int | None = None) -> Bench
             f"output length {point.output_len_avg:.0f} ≫ requested {expected_output_len}: "
             "the server ignored the max-tokens field"
         )
-    return point.model_copy(update={"problems": problems})
+    warnings = []
+    if expected_output_len and point.output_len_avg is not None and point.output_len_avg < expected_output_len / 2:
+        # A chat model that stops at EOS answers shorter than the scenario: the run is sound, but its
+        # throughput is for another workload; comparable runs send ignore_eos where the server has it.
+        warnings.append(
+            f"output length {point.output_len_avg:.1f} ≪ requested {expected_output_len}: the server stopped at "
+            "end-of-sequence; the figures are for shorter answers than the scenario (send ignore_eos where the "
+            "server supports it)"
+        )
+    return point.model_copy(update={"problems": problems, "warnings": warnings})
 
 
 def pct(data: dict[str, Any], key: str) -> Percentiles:

@@ -9,14 +9,20 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from enginefoundry.errors import ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
-from enginefoundry.smoke.client import chat_completion
-from enginefoundry.smoke.gate import GateVerdict, judge, wilson_lower_bound
+from enginefoundry.smoke.client import ChatClient, TokenLogprob
+from enginefoundry.smoke.gate import GateRule, GateVerdict, judge, wilson_lower_bound
+from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
+from enginefoundry.smoke.logprobs import LogprobComparison, compare_logprobs
 from enginefoundry.smoke.prompts import PromptSet, load_prompt_set
 from enginefoundry.smoke.reference import reference_answers
 from enginefoundry.spec import SmokeSpec
 
-__all__ = ["SmokeReport", "load_prompt_set", "run_smoke", "tokenizer_digest", "wilson_lower_bound"]
+__all__ = [
+    "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SmokeReport", "load_prompt_set", "run_lm_eval",
+    "run_smoke", "tokenizer_digest", "wilson_lower_bound", "write_report",
+]
 
 
 class CaseResult(BaseModel):
@@ -43,6 +49,8 @@ class SmokeReport(BaseModel):
     verdict: GateVerdict
     duration_s: float
     cases: list[CaseResult]
+    logprobs: LogprobComparison | None = None
+    lm_eval: LmEvalResult | None = None
 
     @property
     def passed(self) -> bool:
@@ -60,6 +68,11 @@ class SmokeReport(BaseModel):
             out["smoke_accuracy"] = self.served_accuracy
         if self.reference_accuracy is not None:
             out["smoke_reference_accuracy"] = self.reference_accuracy
+        if self.logprobs is not None and self.logprobs.mean_abs_diff is not None:
+            out["smoke_logprob_mean_abs_diff"] = self.logprobs.mean_abs_diff
+            out["smoke_logprob_max_abs_diff"] = self.logprobs.max_abs_diff or 0.0
+        if self.lm_eval is not None:
+            out.update(self.lm_eval.summary())
         return out
 
     def markdown(self) -> str:
@@ -71,8 +84,13 @@ class SmokeReport(BaseModel):
             f"| first-N-token agreement | {self.first_n_agreement:.3f} |",
             f"| accuracy (served / reference) | {_fmt(self.served_accuracy)} / {_fmt(self.reference_accuracy)} |",
             f"| tokenizer digest match | {'yes' if self.tokenizer_match else 'NO'} |",
-            f"| verdict | {'PASS' if self.passed else 'FAIL'}: {self.verdict.reason} |",
+            f"| log-probs vs reference | {self.logprobs.detail if self.logprobs else 'not checked'} |",
         ]
+        if self.lm_eval is not None:
+            rows.append(f"| lm-eval ({self.lm_eval.status}) | {self.lm_eval.detail} |")
+        rows.append(f"| verdict | {'PASS' if self.passed else 'FAIL'}: {self.verdict.reason} |")
+        rows += ["", "| rule | ok | detail |", "|---|---|---|"]
+        rows += [f"| {r.name} | {'yes' if r.ok else 'NO'} | {r.detail} |" for r in self.verdict.rules]
         return "\n".join(rows) + "\n"
 
 
@@ -88,7 +106,13 @@ def tokenizer_digest(folder: Path) -> str:
 def run_smoke(
     spec: SmokeSpec, prompts: PromptSet, *, reference_dir: Path, base_url: str, model_name: str,
     served_tokenizer_dir: Path, progress: Callable[[str], None] = print,
+    server_alive: Callable[[], bool] | None = None, max_logprob_diff: float | None = None,
 ) -> SmokeReport:
+    """Every prompt through the reference and the endpoint, then the gate.
+
+    Raises ToolError (one line first: which prompt, how many answered) when the endpoint stops
+    answering; `server_alive` lets it say that the server process died rather than "connection refused".
+    """
     t0 = time.monotonic()
     cases = prompts.cases
     progress(f"smoke: {len(cases)} prompts through the local reference ({spec.reference_precision})")
@@ -97,9 +121,19 @@ def run_smoke(
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(reference_dir)
+    client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     results = []
+    served_logprobs: dict[str, list[TokenLogprob] | None] = {}
     for i, case in enumerate(cases, start=1):
-        served = chat_completion(base_url, model_name, case, max_tokens=spec.max_new_tokens)
+        try:
+            answer = client.answer(case)
+        except ToolError as err:
+            if server_alive is not None and not server_alive():
+                raise ToolError(f"smoke: the server died during the smoke test: {i - 1}/{len(cases)} prompts "
+                                f"answered, no answer for '{case.id}'") from None
+            raise ToolError(f"{str(err).splitlines()[0]} ({i - 1}/{len(cases)} prompts answered)") from None
+        served = answer.text
+        served_logprobs[case.id] = answer.logprobs
         ref = refs[case.id]
         served_ids = tok(served, add_special_tokens=False)["input_ids"]
         n = spec.first_n_tokens
@@ -115,23 +149,26 @@ def run_smoke(
     graded = [r for r in results if r.served_correct is not None]
     served_acc = sum(bool(r.served_correct) for r in graded) / len(graded) if graded else None
     ref_acc = sum(bool(r.reference_correct) for r in graded) / len(graded) if graded else None
+    logprobs = compare_logprobs(served_logprobs, refs, refused=client.logprobs_refused)
+    progress(f"smoke: log-probs: {logprobs.detail}")
     served_tok = tokenizer_digest(served_tokenizer_dir)
     ref_tok = tokenizer_digest(reference_dir)
     verdict = judge(agree=agree, n=n, min_agreement=spec.min_agreement, confidence=spec.confidence,
                     min_samples=spec.min_samples, served_accuracy=served_acc, reference_accuracy=ref_acc,
-                    max_accuracy_drop=spec.max_accuracy_drop)
-    if served_tok != ref_tok:
-        from enginefoundry.smoke.gate import GateRule
-
-        verdict = GateVerdict(passed=False, rules=[*verdict.rules, GateRule(
-            name="tokenizer", ok=False,
-            detail=f"served tokenizer digest {served_tok[:12]} ≠ reference {ref_tok[:12]}")])
+                    max_accuracy_drop=spec.max_accuracy_drop, logprob_mean_abs_diff=logprobs.mean_abs_diff,
+                    max_logprob_diff=max_logprob_diff, logprob_tokens=logprobs.tokens_compared)
+    # The tokenizer rule: a served tokenizer that differs from the reference's breaks every client that
+    # counts or templates tokens, even when greedy text happens to agree.
+    verdict = verdict.with_rule(GateRule(
+        name="tokenizer", ok=served_tok == ref_tok,
+        detail=(f"served tokenizer digest {served_tok[:12]} = reference" if served_tok == ref_tok else
+                f"served tokenizer digest {served_tok[:12]} ≠ reference {ref_tok[:12]}")))
     return SmokeReport(
         n=n, agree=agree, agreement=agree / n, agreement_lower_bound=wilson_lower_bound(agree, n, spec.confidence),
         first_n_agreement=sum(r.first_n_agree for r in results) / n, served_accuracy=served_acc,
         reference_accuracy=ref_acc, tokenizer_match=served_tok == ref_tok, served_tokenizer_digest=served_tok,
         reference_tokenizer_digest=ref_tok, verdict=verdict, duration_s=round(time.monotonic() - t0, 2),
-        cases=results,
+        cases=results, logprobs=logprobs,
     )
 
 

@@ -1,39 +1,94 @@
-"""Ask an OpenAI-compatible endpoint for greedy answers."""
+"""Ask an OpenAI-compatible endpoint for greedy answers, with token log-probs where it returns them."""
 
 from __future__ import annotations
 
 import json
 import urllib.error
 import urllib.request
+from typing import Any
+
+from pydantic import BaseModel
 
 from enginefoundry.errors import ToolError
 from enginefoundry.smoke.prompts import PromptCase
 
 
-def chat_completion(
-    base_url: str, model: str, case: PromptCase, *, max_tokens: int, timeout_s: float = 120.0
-) -> str:
-    body = {
-        "model": model,
-        "messages": case.chat(),
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream": False,
-    }
-    req = urllib.request.Request(
-        base_url.rstrip("/") + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            payload = json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")[:300]
-        raise ToolError(f"smoke: the endpoint answered HTTP {err.code} for prompt '{case.id}': {detail}") from None
-    except (urllib.error.URLError, OSError) as err:
-        raise ToolError(f"smoke: the endpoint {base_url} stopped answering at prompt '{case.id}': {err}") from None
-    try:
-        return (payload["choices"][0]["message"]["content"] or "").strip()
-    except (KeyError, IndexError, TypeError):
-        raise ToolError(f"smoke: unexpected response shape for prompt '{case.id}': {str(payload)[:300]}") from None
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+
+
+class ServedAnswer(BaseModel):
+    text: str
+    logprobs: list[TokenLogprob] | None = None  # None: the endpoint returned no log-probs for this answer
+
+
+class _Refused(Exception):
+    """The endpoint rejected the log-prob fields (some servers answer 400/422 to fields they lack)."""
+
+
+class ChatClient:
+    """Greedy chat completions against one endpoint.
+
+    It asks for `logprobs: true, top_logprobs: 1` until the endpoint refuses them; then it stops asking
+    and `logprobs_refused` holds the endpoint's answer. An endpoint that silently ignores the fields
+    (transformers serve 5.24 does) simply returns answers without log-probs.
+    """
+
+    def __init__(self, base_url: str, model: str, *, max_tokens: int, want_logprobs: bool = True,
+                 timeout_s: float = 120.0) -> None:
+        self.url = base_url.rstrip("/") + "/v1/chat/completions"
+        self.base_url = base_url
+        self.model = model
+        self.max_tokens = max_tokens
+        self.want_logprobs = want_logprobs
+        self.timeout_s = timeout_s
+        self.logprobs_refused: str | None = None
+
+    def answer(self, case: PromptCase) -> ServedAnswer:
+        if self.want_logprobs and self.logprobs_refused is None:
+            try:
+                return self._ask(case, logprobs=True)
+            except _Refused as err:
+                self.logprobs_refused = str(err)
+        return self._ask(case, logprobs=False)
+
+    def _ask(self, case: PromptCase, *, logprobs: bool) -> ServedAnswer:
+        body: dict[str, Any] = {"model": self.model, "messages": case.chat(), "max_tokens": self.max_tokens,
+                                "temperature": 0.0, "stream": False}
+        if logprobs:
+            body.update({"logprobs": True, "top_logprobs": 1})
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                payload = json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:300]
+            if logprobs and err.code in (400, 422) and "logprob" in detail.lower():
+                raise _Refused(f"HTTP {err.code}: {detail}") from None
+            raise ToolError(f"smoke: the endpoint answered HTTP {err.code} for prompt '{case.id}': {detail}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise ToolError(f"smoke: the endpoint {self.base_url} stopped answering at prompt '{case.id}': "
+                            f"{getattr(err, 'reason', err)}") from None
+        except json.JSONDecodeError:
+            raise ToolError(f"smoke: the endpoint answered prompt '{case.id}' with something other than JSON") from None
+        try:
+            choice = payload["choices"][0]
+            text = (choice["message"]["content"] or "").strip()
+        except (KeyError, IndexError, TypeError):
+            raise ToolError(f"smoke: unexpected response shape for prompt '{case.id}': {str(payload)[:300]}") from None
+        return ServedAnswer(text=text, logprobs=parse_logprobs(choice.get("logprobs")))
+
+
+def parse_logprobs(block: Any) -> list[TokenLogprob] | None:
+    """OpenAI chat `choices[i].logprobs` → tokens; None when absent or not in the chat shape."""
+    if not isinstance(block, dict) or not isinstance(block.get("content"), list):
+        return None
+    out = []
+    for item in block["content"]:
+        try:
+            out.append(TokenLogprob(token=str(item["token"]), logprob=float(item["logprob"])))
+        except (KeyError, TypeError, ValueError):
+            return None
+    return out

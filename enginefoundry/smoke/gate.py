@@ -34,6 +34,10 @@ class GateVerdict(BaseModel):
     passed: bool
     rules: list[GateRule]
 
+    def with_rule(self, rule: GateRule) -> GateVerdict:
+        rules = [*self.rules, rule]
+        return GateVerdict(passed=all(r.ok for r in rules), rules=rules)
+
     @property
     def reason(self) -> str:
         failed = [r.detail for r in self.rules if not r.ok]
@@ -43,7 +47,10 @@ class GateVerdict(BaseModel):
 def judge(
     *, agree: int, n: int, min_agreement: float, confidence: float, min_samples: int,
     served_accuracy: float | None, reference_accuracy: float | None, max_accuracy_drop: float,
+    logprob_mean_abs_diff: float | None = None, max_logprob_diff: float | None = None,
+    logprob_tokens: int = 0,
 ) -> GateVerdict:
+    """Every rule with its numbers. The log-prob rule applies only with a limit and served log-probs."""
     lower = wilson_lower_bound(agree, n, confidence)
     rules = [
         GateRule(name="sample size", ok=n >= min_samples,
@@ -57,4 +64,9 @@ def judge(
         rules.append(GateRule(name="accuracy drop", ok=drop <= max_accuracy_drop,
                               detail=f"accuracy {served_accuracy:.3f} vs reference {reference_accuracy:.3f} "
                                      f"(drop {drop:+.3f}, limit {max_accuracy_drop})"))
+    if max_logprob_diff is not None and logprob_mean_abs_diff is not None:
+        ok = logprob_mean_abs_diff <= max_logprob_diff
+        rules.append(GateRule(name="log-prob difference", ok=ok,
+                              detail=f"mean |Δ log-prob| {logprob_mean_abs_diff:.4f} over {logprob_tokens} tokens "
+                                     f"{'≤' if ok else '>'} limit {max_logprob_diff}"))
     return GateVerdict(passed=all(r.ok for r in rules), rules=rules)

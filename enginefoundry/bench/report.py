@@ -1,0 +1,137 @@
+"""What a benchmark stage hands back: the sweep, its SLO verdicts and the optional baseline comparison."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.bench.result import BenchPoint
+
+
+class SLOResult(BaseModel):
+    scenario: str
+    best_concurrency: int | None  # highest concurrency meeting the SLOs; None when no point meets them
+    output_tokens_per_s: float | None
+    detail: str
+
+    @property
+    def met(self) -> bool:
+        return self.best_concurrency is not None
+
+
+class ComparisonRow(BaseModel):
+    """One sweep point of the unit next to the same point of one baseline endpoint."""
+
+    scenario: str
+    concurrency: int
+    baseline: str
+    unit_output_tokens_per_s: float | None
+    baseline_output_tokens_per_s: float | None
+    output_tokens_per_s_ratio: float | None  # unit / baseline: > 1 means the unit is faster
+    unit_ttft_p95_ms: float | None
+    baseline_ttft_p95_ms: float | None
+    ttft_p95_ratio: float | None  # unit / baseline: < 1 means the unit answers sooner
+    unit_itl_p95_ms: float | None
+    baseline_itl_p95_ms: float | None
+    itl_p95_ratio: float | None
+    note: str = ""  # why a ratio is missing (a point invalid or not measured)
+
+
+class EndpointSweep(BaseModel):
+    label: str
+    url: str
+    model: str | None
+    points: list[BenchPoint] = Field(default_factory=list)
+    failures: list[str] = Field(default_factory=list)
+
+
+class ComparisonReport(BaseModel):
+    unit: str
+    endpoints: list[EndpointSweep]  # the unit first, then each baseline
+    rows: list[ComparisonRow]
+    plot: str | None = None
+
+    def table(self) -> list[dict[str, Any]]:
+        """Rows for a Prefect table artifact or MLflow: plain values, numbers rounded for reading."""
+        return [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.model_dump().items()}
+                for r in self.rows]
+
+    def markdown(self) -> str:
+        head = ("| scenario | c | baseline | out tok/s unit / base (ratio) | TTFT p95 ms unit / base (ratio) "
+                "| ITL p95 ms unit / base (ratio) | note |")
+        lines = [head, "|---|---|---|---|---|---|---|"]
+        for r in self.rows:
+            lines.append(
+                f"| {r.scenario} | {r.concurrency} | {r.baseline} "
+                f"| {_f(r.unit_output_tokens_per_s)} / {_f(r.baseline_output_tokens_per_s)} "
+                f"({_r(r.output_tokens_per_s_ratio)}) "
+                f"| {_f(r.unit_ttft_p95_ms)} / {_f(r.baseline_ttft_p95_ms)} ({_r(r.ttft_p95_ratio)}) "
+                f"| {_f(r.unit_itl_p95_ms)} / {_f(r.baseline_itl_p95_ms)} ({_r(r.itl_p95_ratio)}) | {r.note} |")
+        failures = [f"- {e.label}: {f}" for e in self.endpoints for f in e.failures]
+        if failures:
+            lines += ["", "Failures:", *failures]
+        return "\n".join(lines) + "\n"
+
+
+class SweepReport(BaseModel):
+    points: list[BenchPoint]
+    slo: list[SLOResult]
+    exports: list[str]
+    duration_s: float
+    failures: list[str] = Field(default_factory=list)
+    telemetry: str = ""  # how GPUs were sampled, or why not ("no GPU: …")
+    plots: list[str] = Field(default_factory=list)
+    comparison: ComparisonReport | None = None
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.points) and all(p.valid for p in self.points) and not self.failures
+
+    def summary(self) -> dict[str, float]:
+        best = max((p.output_tokens_per_s or 0.0 for p in self.points if p.valid), default=0.0)
+        return {"bench_points": len(self.points), "bench_valid": float(self.valid),
+                "bench_best_output_tokens_per_s": best}
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per point: what a platform team reads first, invalid points with their reasons."""
+        rows = []
+        for p in self.points:
+            row: dict[str, Any] = {
+                "scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
+                "completed": f"{p.completed}/{p.requested}",
+                "output_tok_s": _round(p.output_tokens_per_s), "requests_s": _round(p.requests_per_s),
+                "ttft_p50_ms": _round(p.ttft_ms.p50), "ttft_p95_ms": _round(p.ttft_ms.p95),
+                "itl_p95_ms": _round(p.itl_ms.p95), "latency_p95_ms": _round(p.latency_ms.p95),
+            }
+            if p.telemetry is not None and p.telemetry.available:
+                row.update({"gpu_avg_power_w": p.telemetry.avg_power_w, "gpu_avg_util_pct": p.telemetry.avg_util_pct,
+                            "gpu_max_mem_mib": p.telemetry.max_memory_used_mib,
+                            "tok_s_per_w": p.output_tokens_per_s_per_watt})
+            row["problems"] = "; ".join(p.problems)
+            row["warnings"] = "; ".join(p.warnings)
+            rows.append(row)
+        return rows
+
+    def slo_markdown(self) -> str:
+        lines = ["| scenario | SLOs met | best concurrency | output tok/s | detail |", "|---|---|---|---|---|"]
+        for s in self.slo:
+            lines.append(f"| {s.scenario} | {'yes' if s.met else 'NO'} | {s.best_concurrency or '-'} "
+                         f"| {_f(s.output_tokens_per_s)} | {s.detail} |")
+        if self.failures:
+            lines += ["", "Sweep failures:", *[f"- {f}" for f in self.failures]]
+        if self.telemetry:
+            lines += ["", f"GPU telemetry: {self.telemetry}"]
+        return "\n".join(lines) + "\n"
+
+
+def _round(x: float | None, digits: int = 2) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _r(x: float | None) -> str:
+    return "-" if x is None else f"×{x:.2f}"
