@@ -16,26 +16,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.runner import run_tool
+from enginefoundry.spec.checks import LmEvalSpec
 
 INSTALL_HINT = "pip install 'lm-eval[api]'"
 # What lm-eval's API models import lazily (lm_eval/models/api_models.py); without them a run dies at start.
 API_EXTRA = ("aiohttp", "tqdm", "tenacity", "requests")
 
 
-class LmEvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    tasks: list[str] = Field(min_length=1)
-    limit: int | None = Field(default=None, ge=1, description="examples per task; None runs them all")
-    num_fewshot: int | None = Field(default=None, ge=0)
-    include_path: str | None = Field(default=None, description="folder of task YAMLs with local datasets")
-    datasets_cache: str | None = Field(default=None, description="a prepared HF_DATASETS_CACHE, used offline")
-    num_concurrent: int = Field(default=1, ge=1)
-    timeout_s: float = Field(default=3600.0, gt=0)
+# The spec's `smoke.lm_eval` section is this run's configuration.
+LmEvalConfig = LmEvalSpec
 
 
 class LmEvalScore(BaseModel):

@@ -8,6 +8,20 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class LmEvalSpec(BaseModel):
+    """An optional lm-eval task against the served endpoint (local-chat-completions), offline datasets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] = Field(min_length=1)
+    limit: int | None = Field(default=None, ge=1, description="examples per task; None runs them all")
+    num_fewshot: int | None = Field(default=None, ge=0)
+    include_path: str | None = Field(default=None, description="folder of task YAMLs with local datasets")
+    datasets_cache: str | None = Field(default=None, description="a prepared HF_DATASETS_CACHE, used offline")
+    num_concurrent: int = Field(default=1, ge=1)
+    timeout_s: float = Field(default=3600.0, gt=0)
+
+
 class SmokeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -23,6 +37,10 @@ class SmokeSpec(BaseModel):
     max_accuracy_drop: Annotated[float, Field(ge=0.0, le=1.0)] = 0.02
     first_n_tokens: Annotated[int, Field(ge=1)] = 4
     confidence: Annotated[float, Field(gt=0.5, lt=1.0)] = 0.95
+    max_logprob_diff: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="limit on the mean |Δ log-prob| per token against the reference; judged only "
+        "where the endpoint returns log-probs")
+    lm_eval: LmEvalSpec | None = None
 
 
 class BenchTool(StrEnum):
@@ -60,6 +78,9 @@ class BenchmarkSpec(BaseModel):
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
     slo: SLOs = Field(default_factory=SLOs)
     baseline_endpoints: list[str] = Field(default_factory=list)
+    # Extra request fields for every benchmark request, e.g. {"ignore_eos": "true"} on TensorRT-LLM servers for
+    # fair output-length accounting (transformers serve rejects unknown fields).
+    extra_inputs: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _sorted_unique_concurrency(self) -> BenchmarkSpec:
