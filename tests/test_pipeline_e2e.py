@@ -56,9 +56,13 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     assert "candidate" in first.stdout
 
     # S3: the manifest exists, and every object it lists has its size and sha256.
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"e2e-{unique}/")["Contents"]]
+    everything = [o["Key"] for o in s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"e2e-{unique}/")["Contents"]]
+    keys = [k for k in everything if k.startswith(f"e2e-{unique}/artifacts/")]
     manifests = [k for k in keys if k.endswith("/manifest.json")]
     assert len(manifests) == 1
+    # The converted checkpoint is published once under its own key, manifest included.
+    assert len([k for k in everything if "/checkpoints/" in k and k.endswith("/manifest.json")]) == 1
+    assert not [k for k in everything if "/leases/" in k]
     manifest = json.loads(s3.get_object(Bucket="enginefoundry", Key=manifests[0])["Body"].read())
     assert manifest["status"] == "candidate"
     assert manifest["source"]["revision"] == sha
@@ -71,6 +75,7 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
         assert hashlib.sha256(body).hexdigest() == entry["sha256"], entry["path"]
     assert any(f["path"] == "bundle/model/model.safetensors" for f in manifest["files"])
     assert manifest["smoke"]["smoke_passed"] is True
+    assert manifest["checkpoint_uri"] == f"{store}/checkpoints/tiny-chat/{manifest['checkpoint_key']}"
 
     # MLflow: a parent run and one child run with params, tags and metrics.
     from mlflow.tracking import MlflowClient
