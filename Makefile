@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint plan stack stack-down stack-status clean
+.PHONY: demo test lint plan stack stack-down stack-status deploy clean
 
 $(BIN)/enginefoundry: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,16 @@ plan: $(BIN)/enginefoundry
 # worker for the cpu pool. `source .stack/env` afterwards points the CLI and Prefect at it.
 stack: $(BIN)/enginefoundry
 	$(BIN)/python scripts/stack.py up --services s3,mlflow,prefect,hub --worker-pools cpu
+
+# deployment.yaml on the stack's Prefect server: the work pools first (`prefect deploy` refuses a deployment
+# whose pool does not exist), then every deployment. Runs on gpu-* pools wait for a worker of that pool.
+STACK_DIR ?= .stack
+POOLS := cpu gpu-sm80 gpu-sm89 gpu-sm90 gpu-sm100
+deploy: $(BIN)/enginefoundry
+	. $(STACK_DIR)/env && for pool in $(POOLS); do \
+	  $(BIN)/prefect --no-prompt work-pool inspect $$pool >/dev/null 2>&1 || \
+	  $(BIN)/prefect --no-prompt work-pool create $$pool --type process >/dev/null; done
+	. $(STACK_DIR)/env && PROJECT_DIR=$(CURDIR) $(BIN)/prefect --no-prompt deploy --prefect-file deployment.yaml --all
 
 stack-down:
 	test ! -x $(BIN)/python || $(BIN)/python scripts/stack.py down

@@ -1,4 +1,4 @@
-"""`enginefoundry`: run, validate and plan build specs.
+"""`enginefoundry`: run, validate and plan build specs; roll out, promote and roll back.
 
 Exit codes: 0 success, 1 pipeline failure, 2 invalid input. User mistakes print one message, no
 traceback; `--verbose` shows details. Prefect is imported only by `run`, through flows/.
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from enginefoundry import __version__
 from enginefoundry.console import console, error, table
-from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE, EngineFoundryError
+from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE, EngineFoundryError, InputError
 from enginefoundry.spec import BuildSpec, load_spec
 from enginefoundry.spec.outputs import TrackingSpec
 
@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--force", action="store_true", help="rebuild units whose manifest already exists")
     run.add_argument("--store", help="override publish.store (s3://bucket/prefix or file://path)")
     run.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
+    run.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
+                     help="cluster: each unit on its target's Prefect work pool (needs PREFECT_API_URL)")
 
     val = sub.add_parser("validate", help="check a spec and its inputs; nothing runs")
     val.add_argument("spec")
@@ -48,9 +50,37 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_MLFLOW})")
     lin.add_argument("--json", action="store_true", help="machine-readable output")
 
+    lens = sub.add_parser("lengths", help="observed prompt lengths → percentiles, max_input_len/max_seq_len")
+    lens.add_argument("file", help='JSONL: {"tokens": N} / {"input_tokens": N}, or {"prompt": …} / {"messages": …}')
+    lens.add_argument("--tokenizer", help="tokenizer folder, needed for raw prompts")
+    lens.add_argument("--output-budget", type=int, default=1024, help="output tokens to add for max_seq_len")
+
     plan = sub.add_parser("plan", help="print the unit matrix, commands and preflight verdicts; nothing runs")
     plan.add_argument("spec")
     plan.add_argument("--targets", nargs="+", metavar="NAME")
+
+    roll = sub.add_parser("rollout", help="build when the source has something new, then promote or hold")
+    roll.add_argument("spec")
+    roll.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
+    roll.add_argument("--store", help="override publish.store")
+    roll.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
+    roll.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
+                      help="cluster: each unit on its target's Prefect work pool (needs PREFECT_API_URL)")
+    roll.add_argument("--max-accuracy-drop", type=float, default=0.02)
+    roll.add_argument("--min-throughput-ratio", type=float, default=0.9)
+    roll.add_argument("--max-ttft-p95-factor", type=float, default=1.25)
+    roll.add_argument("--reference-concurrency", type=int)
+    roll.add_argument("--force-build", action="store_true", help="build even when nothing is new")
+
+    for name, what in (("promote", "move <target>-champion to a version (default: <target>-candidate)"),
+                       ("rollback", "put the previous <target>-champion back")):
+        cmd = sub.add_parser(name, help=what)
+        cmd.add_argument("registered_model", help="MLflow registered model, e.g. tiny-chat")
+        cmd.add_argument("--target", required=True, help="target name (the alias prefix)")
+        if name == "promote":
+            cmd.add_argument("--version", help="registered model version (default: the <target>-candidate alias)")
+        cmd.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_MLFLOW),
+                         help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_MLFLOW})")
     return p
 
 
@@ -65,6 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_explain(args)
         if args.command == "lineage":
             return cmd_lineage(args)
+        if args.command == "rollout":
+            return cmd_rollout(args)
+        if args.command == "lengths":
+            return cmd_lengths(args)
+        if args.command in ("promote", "rollback"):
+            return cmd_registry(args)
         return cmd_run(args)
     except EngineFoundryError as err:
         if args.verbose:
@@ -167,6 +203,21 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_lengths(args: argparse.Namespace) -> int:
+    from enginefoundry.lengths import analyze_lengths, read_lengths
+
+    r = analyze_lengths(read_lengths(args.file, args.tokenizer), output_budget=args.output_budget)
+    table(f"{args.file}: {r.count} prompts", [{"p50": str(r.p50), "p90": str(r.p90), "p95": str(r.p95),
+                                               "p99": str(r.p99), "max": str(r.max), "mean": f"{r.mean:.0f}"}])
+    console.print(f"recommended: max_input_len {r.max_input_len}, max_seq_len {r.max_seq_len} "
+                  f"(from {r.base} + {r.headroom:.0%} headroom, output budget {r.output_budget})", markup=False)
+    if r.split:
+        table("proposed profiles", [{"profile": p.name, "covers": p.covers, "max_input_len": str(p.max_input_len),
+                                     "max_seq_len": str(p.max_seq_len)} for p in r.split])
+    console.print(f"rule: {r.rule}", markup=False)
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from enginefoundry.validate import validate_deep
 
@@ -184,7 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     payload = spec.model_dump(mode="json")
     payload["base_dir"] = spec.base_dir
-    summary = build_engines(spec_path=None, spec=payload, targets=args.targets, force=args.force)
+    summary = build_engines(spec_path=None, spec=payload, targets=args.targets, force=args.force, mode=args.mode)
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
@@ -193,6 +244,47 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)
     console.print(f"MLflow parent run {summary.parent_run_id} in {spec.tracking.mlflow_uri}", markup=False)
     return EXIT_OK if summary.ok else EXIT_PIPELINE
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from enginefoundry.validate import validate_deep
+
+    spec = _load(args.spec, {"store": args.store, "mlflow_uri": args.mlflow_uri})
+    validate_deep(spec)
+    _quiet_prefect_defaults()
+    from flows.build_engines import spec_payload
+    from flows.rollout import rollout
+
+    report = rollout(spec_path=None, spec=spec_payload(spec), targets=args.targets, mode=args.mode,
+                     max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
+                     max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
+                     force_build=args.force_build)
+    console.print()
+    table(f"{spec.name}: {report.change.source.describe()}", report.change.rows())
+    if not report.built:
+        console.print(f"nothing new: no build ({report.duration_s:.1f} s)")
+        return EXIT_OK
+    table(f"{spec.name}: promotion", [d.row() for d in report.decisions])
+    return EXIT_OK if report.build_ok else EXIT_PIPELINE
+
+
+def cmd_registry(args: argparse.Namespace) -> int:
+    from enginefoundry.promotion import Registry, candidate_alias
+
+    registry = Registry(args.mlflow_uri)
+    model, stem = args.registered_model, args.target
+    if args.command == "rollback":
+        move = registry.rollback(model, stem)
+    else:
+        number = args.version
+        if number is None:
+            candidate = registry.version_by_alias(model, candidate_alias(stem))
+            if candidate is None:
+                raise InputError(f"{model} has no alias {candidate_alias(stem)}: give --version N")
+            number = candidate.version
+        move = registry.promote(model, stem, number, "promoted by hand (enginefoundry promote)")
+    console.print(f"{model}: {move.action}: {move.detail}", markup=False)
+    return EXIT_OK
 
 
 def _quiet_prefect_defaults() -> None:

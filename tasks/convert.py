@@ -3,8 +3,12 @@ key and reused by every target (and every later run) that needs it."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -16,7 +20,7 @@ from enginefoundry.plan import checkpoint_key_components, key_of, toolchain_iden
 from enginefoundry.publish import checkpoint_prefix, download_files, find_checkpoint, publish_checkpoint
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, Variant
-from enginefoundry.store import open_store
+from enginefoundry.store import Store, open_store
 from tasks._log import progress_logger
 
 
@@ -30,7 +34,6 @@ class ConvertedCheckpoint(BaseModel):
 
 @task(name="convert checkpoint", task_run_name="convert {variant.name}", cache_policy=NO_CACHE)
 def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot) -> ConvertedCheckpoint:
-    log = progress_logger()
     lane = get_lane(spec.lane)
     components = checkpoint_key_components(spec, variant, snapshot.weights_digest, snapshot.tokenizer_digest,
                                            toolchain_identity(spec, lane.versions()))
@@ -38,6 +41,27 @@ def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     uri = store.url(checkpoint_prefix(spec.model.name, ckey))
     workdir = work_root() / "checkpoints" / ckey[:16]
+    # Workers that share a host (one per GPU) share this folder: one converts or downloads, the others wait
+    # and then reuse its result instead of deleting the folder under it.
+    with host_lock(workdir.with_name(workdir.name + ".lock")):
+        return _convert_locked(spec, variant, snapshot, components, ckey, store, uri, workdir)
+
+
+@contextlib.contextmanager
+def host_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot, components: dict[str, Any],
+                    ckey: str, store: Store, uri: str, workdir: Path) -> ConvertedCheckpoint:
+    log = progress_logger()
+    lane = get_lane(spec.lane)
     done = workdir / "convert-result.json"
     published = find_checkpoint(store, spec.model.name, ckey)
 

@@ -1,0 +1,295 @@
+"""Promotion: is a candidate unit at least as good as the current champion, and the registry moves that
+promote and roll back (DESIGN.md §6: aliases `<target>-candidate`, `<target>-champion`).
+
+The gates read only what every published manifest carries (smoke summary, benchmark points), so a
+decision can be re-derived from the store alone. The registry keeps a per-target champion history as a
+registered-model tag, so `rollback` can step back more than once. No Prefect here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.errors import InputError
+from enginefoundry.manifest import Manifest
+
+ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
+HISTORY_TAG = "enginefoundry.champions.{stem}"  # registered-model tag: comma-separated champion versions
+
+
+class PromotionPolicy(BaseModel):
+    """When a candidate may replace the champion. Ratios are candidate / champion."""
+
+    max_accuracy_drop: float = Field(default=0.02, ge=0.0, le=1.0,
+                                     description="largest allowed absolute drop in smoke agreement/accuracy")
+    min_throughput_ratio: float = Field(default=0.9, gt=0.0,
+                                        description="output tok/s at the reference concurrency, at least this × "
+                                                    "the champion's")
+    max_ttft_p95_factor: float = Field(default=1.25, gt=0.0,
+                                       description="p95 TTFT at the reference concurrency, at most this × the "
+                                                   "champion's")
+    reference_concurrency: int | None = Field(default=None, ge=1,
+                                              description="concurrency to compare at; default: the highest both "
+                                                          "measured")
+
+
+class Gate(BaseModel):
+    name: str
+    passed: bool
+    detail: str
+
+
+class Verdict(BaseModel):
+    promote: bool
+    gates: list[Gate]
+
+    @property
+    def reasons(self) -> list[str]:
+        return [g.detail for g in self.gates if not g.passed] or [g.detail for g in self.gates]
+
+
+def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(p["scenario"], int(p["concurrency"])): p for p in manifest.benchmark.get("points", [])
+            if p.get("valid", True)}
+
+
+def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPolicy) -> Verdict:
+    """Every gate with its numbers. A rejected candidate never passes; with no champion the candidate's own
+    gates (smoke, benchmark validity: its status) decide."""
+    gates = [Gate(name="own gates", passed=candidate.status == "candidate",
+                  detail="smoke and benchmark gates passed" if candidate.status == "candidate"
+                  else f"unit is {candidate.status}: {candidate.status_reason or 'gates failed'}")]
+    if champion is None:
+        gates.append(Gate(name="champion", passed=True, detail="no champion yet: first promotion"))
+        return Verdict(promote=all(g.passed for g in gates), gates=gates)
+    gates += _accuracy_gates(candidate, champion, policy)
+    gates += _performance_gates(candidate, champion, policy)
+    return Verdict(promote=all(g.passed for g in gates), gates=gates)
+
+
+def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
+    gates = []
+    for key in ACCURACY_KEYS:
+        new, old = candidate.smoke.get(key), champion.smoke.get(key)
+        if new is None or old is None:
+            continue
+        ok = float(new) >= float(old) - policy.max_accuracy_drop - 1e-12
+        gates.append(Gate(name=key, passed=ok,
+                          detail=f"{key} {float(new):.3f} vs champion {float(old):.3f} "
+                                 f"(allowed drop {policy.max_accuracy_drop:.3f})"))
+    if not gates:
+        gates.append(Gate(name="accuracy", passed=False,
+                          detail="no smoke agreement recorded on both units: accuracy cannot be compared"))
+    return gates
+
+
+def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
+    new_pts, old_pts = _points(candidate), _points(champion)
+    if not old_pts:
+        return [Gate(name="benchmark", passed=True, detail="champion has no benchmark: performance not compared")]
+    common = sorted(set(new_pts) & set(old_pts))
+    if policy.reference_concurrency is not None:
+        common = [k for k in common if k[1] == policy.reference_concurrency]
+    if not common:
+        at = f" at concurrency {policy.reference_concurrency}" if policy.reference_concurrency else ""
+        return [Gate(name="benchmark", passed=False,
+                     detail=f"no valid benchmark point in common with the champion{at}: performance unproven")]
+    concurrency = max(c for _, c in common)
+    gates = []
+    for scenario, c in (k for k in common if k[1] == concurrency):
+        new, old = new_pts[(scenario, c)], old_pts[(scenario, c)]
+        gates.append(_ratio_gate(f"{scenario} c={c} output tok/s", new.get("output_tokens_per_s"),
+                                 old.get("output_tokens_per_s"), policy.min_throughput_ratio, higher_is_better=True))
+        gates.append(_ratio_gate(f"{scenario} c={c} TTFT p95 ms", new.get("ttft_ms_p95"), old.get("ttft_ms_p95"),
+                                 policy.max_ttft_p95_factor, higher_is_better=False))
+    return gates
+
+
+def _ratio_gate(name: str, new: float | None, old: float | None, bound: float, *, higher_is_better: bool) -> Gate:
+    if new is None or old is None or old <= 0:
+        return Gate(name=name, passed=False, detail=f"{name}: not measured on both units")
+    ratio = float(new) / float(old)
+    if higher_is_better:
+        return Gate(name=name, passed=ratio >= bound,
+                    detail=f"{name} {new:.1f} vs champion {old:.1f} (×{ratio:.2f}, needs ≥ ×{bound:.2f})")
+    return Gate(name=name, passed=ratio <= bound,
+                detail=f"{name} {new:.0f} vs champion {old:.0f} (×{ratio:.2f}, needs ≤ ×{bound:.2f})")
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+def champion_alias(stem: str) -> str:
+    return f"{stem}-champion"
+
+
+def previous_alias(stem: str) -> str:
+    return f"{stem}-previous-champion"
+
+
+def candidate_alias(stem: str) -> str:
+    return f"{stem}-candidate"
+
+
+class RegistryMove(BaseModel):
+    """What a promote or rollback did, for the CLI, the flow's report and MLflow tags."""
+
+    registered_model: str
+    stem: str
+    action: Literal["promoted", "unchanged", "rolled back"]
+    champion: str  # version now behind <stem>-champion
+    previous: str | None  # version now behind <stem>-previous-champion
+    detail: str
+
+
+class Registry:
+    """The champion/candidate aliases of one MLflow registry."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    def version_by_alias(self, model: str, alias: str) -> Any | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version_by_alias(model, alias)
+        except MlflowException:
+            return None
+
+    def version(self, model: str, number: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version(model, str(number))
+        except MlflowException as err:
+            raise InputError(f"{model} version {number} is not in the registry at {self.uri} "
+                             f"({str(err).splitlines()[0][:120]})") from None
+
+    def versions_with(self, model: str, tag: str, value: str) -> list[Any]:
+        """Versions whose tag equals value, newest first. Filtered here: tag names with dots need quoting
+        that differs between MLflow stores."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = self.client.search_model_versions(f"name = '{model}'", max_results=10_000)
+        except MlflowException:
+            return []
+        return sorted((v for v in found if v.tags.get(tag) == value), key=lambda v: int(v.version), reverse=True)
+
+    def history(self, model: str, stem: str) -> list[str]:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            tags = self.client.get_registered_model(model).tags
+        except MlflowException as err:
+            raise InputError(f"registered model {model} is not in the registry at {self.uri} "
+                             f"({str(err).splitlines()[0][:120]})") from None
+        raw = tags.get(HISTORY_TAG.format(stem=stem), "")
+        history = [v for v in raw.split(",") if v]
+        if not history:  # promoted before the history existed, or by hand in the MLflow UI
+            history = [str(v.version) for v in (self.version_by_alias(model, previous_alias(stem)),
+                                                self.version_by_alias(model, champion_alias(stem))) if v is not None]
+        return history
+
+    def _save_history(self, model: str, stem: str, history: list[str]) -> None:
+        # MLflow tag values are bounded (5000 chars); the recent past is what a rollback needs.
+        self.client.set_registered_model_tag(model, HISTORY_TAG.format(stem=stem), ",".join(history[-200:]))
+
+    def tag_version(self, model: str, number: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(model, number, key, value)
+
+    def promote(self, model: str, stem: str, number: str, reason: str) -> RegistryMove:
+        """Move `<stem>-champion` to the version; the old champion becomes `<stem>-previous-champion`."""
+        version = self.version(model, number)
+        number = str(version.version)
+        status = version.tags.get("enginefoundry.status", "")
+        if status != "candidate":
+            raise InputError(f"{model} version {number} is '{status or 'untracked'}', not a candidate: a rejected "
+                             "unit is never promoted")
+        found = self.version_by_alias(model, champion_alias(stem))
+        current = str(found.version) if found is not None else None
+        history = self.history(model, stem)
+        if current == number:
+            prev = history[-2] if len(history) > 1 else None
+            return RegistryMove(registered_model=model, stem=stem, action="unchanged", champion=number,
+                                previous=prev, detail=f"version {number} already is {champion_alias(stem)}")
+        self.client.set_registered_model_alias(model, champion_alias(stem), number)
+        if current is not None:
+            self.client.set_registered_model_alias(model, previous_alias(stem), current)
+            self.client.set_model_version_tag(model, current, "enginefoundry.superseded_by", number)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        tags = {"enginefoundry.promoted_at": now, "enginefoundry.promotion_reason": reason[:4000],
+                "enginefoundry.previous_champion": current or ""}
+        self.tag_version(model, number, tags)
+        if current is not None and (not history or history[-1] != current):
+            history.append(current)
+        history.append(number)
+        self._save_history(model, stem, history)
+        return RegistryMove(registered_model=model, stem=stem, action="promoted", champion=number, previous=current,
+                            detail=f"{champion_alias(stem)} → version {number}"
+                                   + (f" (was {current})" if current is not None else " (first champion)"))
+
+    def rollback(self, model: str, stem: str) -> RegistryMove:
+        """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
+        so that a second rollback goes one step further back."""
+        history = self.history(model, stem)
+        found = self.version_by_alias(model, champion_alias(stem))
+        if found is not None and (not history or history[-1] != str(found.version)):
+            history.append(str(found.version))
+        if len(history) < 2:
+            raise InputError(f"{model} has no previous champion for {stem}: nothing to roll back to "
+                             f"(history: {', '.join(history) or 'empty'})")
+        dropped = history.pop()
+        restored = history[-1]
+        self.client.set_registered_model_alias(model, champion_alias(stem), restored)
+        if len(history) > 1:
+            self.client.set_registered_model_alias(model, previous_alias(stem), history[-2])
+        else:
+            self.client.delete_registered_model_alias(model, previous_alias(stem))
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.client.set_model_version_tag(model, dropped, "enginefoundry.rolled_back_at", now)
+        self._save_history(model, stem, history)
+        return RegistryMove(registered_model=model, stem=stem, action="rolled back", champion=restored,
+                            previous=history[-2] if len(history) > 1 else None,
+                            detail=f"{champion_alias(stem)} → version {restored} (was {dropped})")
+
+
+class Decision(BaseModel):
+    """Promote or hold one unit, with every reason."""
+
+    stem: str  # alias prefix: the target name, or target-variant-profile when a target has several units
+    unit: str
+    action: Literal["promoted", "held", "unchanged"]
+    candidate_version: str | None = None
+    champion_before: str | None = None
+    reasons: list[str] = Field(default_factory=list)
+    serving_uri: str | None = None
+
+    def row(self) -> dict[str, str]:
+        return {"target": self.stem, "unit": self.unit, "decision": self.action,
+                "candidate": self.candidate_version or "-", "champion before": self.champion_before or "-",
+                "reasons": "; ".join(self.reasons), "serving": self.serving_uri or "-"}
+
+
+def alias_stems(units: list[tuple[str, str]]) -> dict[str, str]:
+    """Alias prefix per unit name, from (unit name, target name) pairs: the target when it has one unit (the
+    `<target>-candidate` convention of tracking), else `<target>-<variant>-<profile>` so units of one target do
+    not take each other's champion alias."""
+    per_target: dict[str, int] = {}
+    for _, target in units:
+        per_target[target] = per_target.get(target, 0) + 1
+    stems = {}
+    for name, target in units:
+        if per_target[target] == 1:
+            stems[name] = target
+        else:
+            variant, profile = name.split(".")[:2]
+            stems[name] = f"{target}-{variant}-{profile}".replace(".", "-")
+    return stems

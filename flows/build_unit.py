@@ -1,0 +1,84 @@
+"""The unit deployment flow (`build-unit/<pool>`): one unit, on a worker of its target's work pool.
+
+The parent (flows/build_engines.py in cluster mode) sends the spec, the unit's name, its key components and
+the source identity. The worker checks that it is the right machine (pool, GPU architecture/SKU, toolchain
+versions the key was computed with), fetches exactly the source the parent saw (commit sha, digests checked),
+takes the converted checkpoint from the store (or converts it), runs the stages and leaves its outcome in the
+store for the parent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from enginefoundry.errors import InputError, PipelineError, PreflightError
+from enginefoundry.lanes import get_lane
+from enginefoundry.pipeline import UnitOutcome
+from enginefoundry.placement import check_placement
+from enginefoundry.plan import Unit, expand_units
+from enginefoundry.spec import BuildSpec, SourceKind
+from enginefoundry.store import open_store
+from flows.build_engines import resolve_spec
+from flows.dispatch import SourceIdentity, save_outcome
+from flows.unit import run_unit_stages
+from tasks._log import progress_logger
+from tasks.convert import convert_variant
+from tasks.fetch import fetch_source
+
+
+@task(name="check placement", task_run_name="check placement of {unit.name}", cache_policy=NO_CACHE)
+def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str) -> str:
+    """Refuse before any download: wrong pool, wrong GPU, or a toolchain other than the one in the key."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    # The pool the run was dispatched through; None when the flow is called outside a worker (tests, CLI).
+    pool = getattr(ctx.flow_run, "work_pool_name", None) if ctx and ctx.flow_run else None
+    verdict = check_placement(unit.target, pool)
+    planned = key_components.get("toolchain", {}).get("versions", {})
+    local = get_lane(lane_name).versions()
+    if planned and dict(sorted(local.items())) != planned:
+        diff = ", ".join(f"{k} {planned.get(k)} → {local.get(k)}" for k in sorted(set(planned) | set(local))
+                         if planned.get(k) != local.get(k))
+        raise PreflightError(f"unit {unit.name}: this worker's toolchain differs from the one its key was computed "
+                             f"with ({diff}); run workers and the parent from the same image")
+    progress_logger()(f"placement: {verdict}")
+    return verdict
+
+
+def pinned(spec: BuildSpec, source: SourceIdentity) -> BuildSpec:
+    """The spec with its source pinned to what the parent fetched: a branch may have moved since."""
+    if source.kind is not SourceKind.HF or not source.revision:
+        return spec
+    repo = spec.model.parsed_source(spec.base_path).location
+    model = spec.model.model_copy(update={"source": f"hf://{repo}@{source.revision}"})
+    return spec.model_copy(update={"model": model})
+
+
+@flow(name="build-unit", flow_run_name="unit {unit}", log_prints=True)
+def build_unit(
+    spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity, parent_run_id: str,
+) -> UnitOutcome:
+    build_spec = resolve_spec(None, dict(spec))
+    matches = [u for u in expand_units(build_spec) if u.name == unit]
+    if not matches:
+        raise InputError(f"unit {unit} is not in spec {build_spec.name}")
+    the_unit = matches[0]
+    check_worker(the_unit, key_components, build_spec.lane)
+    local = fetch_source(pinned(build_spec, source))
+    if (local.weights_digest, local.tokenizer_digest) != (source.weights_digest, source.tokenizer_digest):
+        raise PipelineError(f"source {source.uri} changed after the parent fetched it (weights "
+                            f"{source.weights_digest[:12]} → {local.weights_digest[:12]}); rerun the build")
+    # The parent's identity (requested revision, URI as written in the spec) with this machine's folder.
+    here = source.at(local.local_dir)
+    ckpt = convert_variant(build_spec, the_unit.variant, here)
+    outcome = run_unit_stages(build_spec, the_unit, key_components, here, ckpt, parent_run_id)
+    save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
+                 parent_run_id, outcome)
+    if outcome.status == "failed":
+        # The flow run shows Failed in the UI; the parent still reads the outcome with its reason.
+        raise PipelineError(f"unit {unit} failed: {outcome.reason}")
+    return outcome

@@ -1,0 +1,168 @@
+"""Cluster fan-out: each unit goes to the `build-unit/<pool>` deployment of its target's work pool.
+
+The parent creates every unit's flow run first (so pools work in parallel), then waits for all of them.
+Only small JSON travels as parameters: the spec, the unit's name and key components, and the source
+snapshot's identity (URI, commit, digests). The worker publishes the unit to the store and leaves its
+outcome there as a small JSON file, which the parent reads back: results never depend on Prefect result
+storage being shared between machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect import get_run_logger
+from prefect.client.schemas.objects import FlowRun
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+from pydantic import BaseModel, Field
+
+from enginefoundry.errors import StoreError
+from enginefoundry.pipeline import UnitOutcome
+from enginefoundry.plan import Unit
+from enginefoundry.sources import SourceSnapshot
+from enginefoundry.spec import BuildSpec, SourceKind
+from enginefoundry.store import Store
+
+UNIT_FLOW = "build-unit"
+POLL_S = float(os.environ.get("EF_DISPATCH_POLL_S", 2.0))
+# A unit that no worker picked up, or that runs longer than this, counts as failed (a GPU build of a large
+# model takes hours; a missing worker should not hang a scheduled rollout forever).
+UNIT_TIMEOUT_S = float(os.environ.get("EF_UNIT_TIMEOUT_S", 8 * 3600))
+NOTE_EVERY_S = 60.0
+
+
+class SourceIdentity(BaseModel):
+    """The parent's source snapshot without its local folder: what a worker must fetch and match."""
+
+    uri: str
+    kind: SourceKind
+    revision: str | None = None
+    requested_revision: str | None = None
+    identity: dict[str, Any] = Field(default_factory=dict)
+    weights_digest: str
+    tokenizer_digest: str
+    files: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, snapshot: SourceSnapshot) -> SourceIdentity:
+        return cls.model_validate(snapshot.model_dump(mode="json", exclude={"local_dir"}))
+
+    def at(self, local_dir: str) -> SourceSnapshot:
+        return SourceSnapshot.model_validate({**self.model_dump(mode="json"), "local_dir": local_dir})
+
+
+def deployment_name(unit: Unit) -> str:
+    return f"{UNIT_FLOW}/{unit.target.pool}"
+
+
+def outcome_key(model: str, parent_run_id: str, unit_name: str) -> str:
+    return f"runs/{model}/{parent_run_id}/{unit_name}.json"
+
+
+def save_outcome(store: Store, model: str, parent_run_id: str, outcome: UnitOutcome) -> None:
+    with tempfile.TemporaryDirectory(prefix="ef-outcome-") as tmp:
+        path = Path(tmp) / "outcome.json"
+        path.write_text(outcome.model_dump_json(indent=2))
+        store.put_file(path, outcome_key(model, parent_run_id, outcome.unit))
+
+
+def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -> UnitOutcome | None:
+    key = outcome_key(model, parent_run_id, unit_name)
+    if not store.exists(key):
+        return None
+    try:
+        return UnitOutcome.model_validate(json.loads(store.read_bytes(key)))
+    except (ValueError, StoreError):
+        return None
+
+
+def unit_parameters(spec_payload: dict[str, Any], unit: Unit, key_components: dict[str, Any],
+                    snapshot: SourceSnapshot, parent_run_id: str) -> dict[str, Any]:
+    return {"spec": spec_payload, "unit": unit.name, "key_components": key_components,
+            "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id}
+
+
+def dispatch_units(
+    spec: BuildSpec, spec_payload: dict[str, Any], units: list[Unit], components: dict[str, dict[str, Any]],
+    snapshot: SourceSnapshot, parent_run_id: str, store: Store, parent_flow_run_id: str | None,
+) -> dict[str, UnitOutcome]:
+    """Run every unit on its pool and wait; one outcome per unit, failures included."""
+    log = get_run_logger()
+    outcomes: dict[str, UnitOutcome] = {}
+    started: dict[str, tuple[Unit, FlowRun]] = {}
+    for unit in units:
+        name = deployment_name(unit)
+        try:
+            run = run_deployment(
+                name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id),
+                timeout=0,
+                flow_run_name=f"unit {unit.name}", tags=["enginefoundry", "unit", unit.target.pool],
+                # A retried parent re-attaches to the runs it already started instead of building twice.
+                idempotency_key=f"{parent_flow_run_id or parent_run_id}:{unit.name}",
+            )
+        except ObjectNotFound:
+            outcomes[unit.name] = _failed(unit, f"no deployment {name}: deploy deployment.yaml (prefect deploy "
+                                                f"--all) or set targets[].work_pool to a deployed pool")
+            continue
+        log.info(f"dispatch: {unit.name} → {name} (flow run {run.name})")
+        started[unit.name] = (unit, run)
+    finals = _wait(started)
+    for unit_name, (unit, run) in started.items():
+        final = finals[unit_name]
+        outcome = read_outcome(store, spec.model.name, parent_run_id, unit_name)
+        if outcome is not None:
+            outcomes[unit_name] = outcome
+        elif final.state is not None and final.state.is_completed():
+            outcomes[unit_name] = _failed(unit, f"{run.name} completed without leaving an outcome in the store")
+        else:
+            message = (final.state.message or "").splitlines()[0][:300] if final.state else ""
+            outcomes[unit_name] = _failed(unit, f"{deployment_name(unit)} run {run.name} ended "
+                                                f"{final.state.name if final.state else 'unknown'}: {message}")
+    return {u.name: outcomes[u.name] for u in units}
+
+
+def _wait(started: dict[str, tuple[Unit, FlowRun]]) -> dict[str, FlowRun]:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    log = get_run_logger()
+    pending = dict(started)
+    finals: dict[str, FlowRun] = {}
+    t0 = time.monotonic()
+    next_note = t0 + NOTE_EVERY_S
+    with get_client(sync_client=True) as client:
+        while pending:
+            for unit_name, (_unit, run) in list(pending.items()):
+                current = client.read_flow_run(UUID(str(run.id)))
+                if current.state is not None and current.state.is_final():
+                    finals[unit_name] = current
+                    del pending[unit_name]
+                    log.info(f"dispatch: {unit_name} finished {current.state.name}")
+            if not pending:
+                break
+            now = time.monotonic()
+            if now - t0 > UNIT_TIMEOUT_S:
+                for unit_name, (_unit, run) in pending.items():
+                    client.set_flow_run_state(UUID(str(run.id)), Cancelling(message="unit timeout"), force=True)
+                    finals[unit_name] = client.read_flow_run(UUID(str(run.id)))
+                break
+            if now >= next_note:
+                for unit_name, (unit, run) in pending.items():
+                    state = client.read_flow_run(UUID(str(run.id))).state
+                    waiting = state is not None and (state.is_scheduled() or state.is_pending())
+                    log.info(f"dispatch: {unit_name} is {state.name if state else '?'}"
+                             + (f": waiting for a worker of pool {unit.target.pool}" if waiting else ""))
+                next_note = now + NOTE_EVERY_S
+            time.sleep(POLL_S)
+    return finals
+
+
+def _failed(unit: Unit, reason: str) -> UnitOutcome:
+    return UnitOutcome(unit=unit.name, target=unit.target.name, status="failed", reason=reason[:300])

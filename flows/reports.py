@@ -1,0 +1,61 @@
+"""What the flows show in the Prefect UI (Artifacts tab): the unit matrix, cache hits, gates, where each unit
+was published, change detection and promotion decisions. Large outputs appear as URIs only.
+
+Artifact keys group runs of the same spec in the UI's artifact history: `<what>-<spec name>`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from enginefoundry.pipeline import RunSummary
+from enginefoundry.plan import Unit
+from enginefoundry.spec import BuildSpec
+
+
+def artifact_key(what: str, spec_name: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return f"{what}-{re.sub(r'[^a-z0-9]+', '-', spec_name.lower()).strip('-')}"[:100]
+
+
+def report_matrix(spec: BuildSpec, units: list[Unit], keys: dict[str, str], hits: dict[str, bool],
+                  placement: dict[str, str]) -> None:
+    rows = [{"unit": u.name, "variant": u.variant.name, "profile": u.profile.name, "target": u.target.name,
+             "arch": u.target.arch.value, "work pool": u.target.pool, "runs on": placement[u.name],
+             "cache": "hit" if hits[u.name] else "miss", "key": keys[u.name][:12]} for u in units]
+    create_table_artifact(key=artifact_key("matrix", spec.name), table=rows,
+                          description=f"{spec.name}: {len(units)} unit(s), {sum(hits.values())} cache hit(s), "
+                                      f"lane {spec.lane}")
+
+
+def report_build(spec: BuildSpec, summary: RunSummary) -> None:
+    create_table_artifact(key=artifact_key("build-summary", spec.name), table=summary.rows(),
+                          description=f"{spec.name}: units, gates, cache hits")
+    lines = [f"## {spec.name}: gates and published units", "",
+             f"Source `{summary.source_uri}`" + (f" at commit `{summary.source_revision}`"
+                                                 if summary.source_revision else ""),
+             f"MLflow parent run `{summary.parent_run_id}`", "",
+             "| unit | status | smoke agreement | best output tok/s | reason | manifest |", "|---|---|---|---|---|---|"]
+    for o in summary.outcomes:
+        agreement = o.smoke.get("smoke_agreement")
+        best = o.bench.get("bench_best_output_tokens_per_s")
+        lines.append(f"| {o.unit} | {o.status}{' (cache hit)' if o.cache_hit else ''} | "
+                     f"{'-' if agreement is None else f'{float(agreement):.3f}'} | "
+                     f"{'-' if best is None else f'{float(best):.1f}'} | {_cell(o.reason) or '-'} | "
+                     f"`{o.manifest_uri or '-'}` |")
+    create_markdown_artifact(key=artifact_key("gates", spec.name), markdown="\n".join(lines) + "\n",
+                             description=f"{spec.name}: gate verdicts and manifest URIs")
+
+
+def report_table(what: str, spec: BuildSpec, rows: list[dict[str, str]], description: str) -> None:
+    create_table_artifact(key=artifact_key(what, spec.name), table=rows, description=description)
+
+
+def report_markdown(what: str, spec: BuildSpec, markdown: str, description: str) -> None:
+    create_markdown_artifact(key=artifact_key(what, spec.name), markdown=markdown, description=description)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:200]

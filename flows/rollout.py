@@ -1,0 +1,80 @@
+"""The rollout flow: detect a new checkpoint → build → compare with the champion → promote or hold.
+
+Scheduled (deployment.yaml: `rollout/scheduled`), it usually finds nothing new and finishes after one
+revision lookup and one registry query, before any download. When the source changed for some targets it
+builds those targets (embedded or cluster mode, as the build flow does) and decides per unit with the
+thresholds below, which are flow parameters so the UI form shows them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from enginefoundry.promotion import PromotionPolicy
+from enginefoundry.rollout import RolloutReport
+from enginefoundry.validate import validate_deep
+from flows.build_engines import Mode, build_engines, resolve_spec, spec_payload
+from flows.reports import report_markdown, report_table
+from tasks.promote import detect_source_change, promote_units
+
+
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    inline = params.get("spec") if isinstance(params.get("spec"), dict) else {}
+    return f"rollout {inline.get('name') or Path(str(params.get('spec_path') or 'spec')).stem}"
+
+
+@flow(name="rollout", flow_run_name=_run_name, log_prints=True)
+def rollout(
+    spec_path: str | None = "configs/tiny-cpu.yaml",
+    spec: dict[str, Any] | None = None,
+    targets: list[str] | None = None,
+    mode: Mode = "embedded",
+    max_accuracy_drop: float = 0.02,
+    min_throughput_ratio: float = 0.9,
+    max_ttft_p95_factor: float = 1.25,
+    reference_concurrency: int | None = None,
+    force_build: bool = False,
+) -> RolloutReport:
+    """Build and promote when the source has something new.
+
+    Args:
+        spec_path: build spec YAML on the worker (ignored when `spec` is given)
+        spec: an inline build spec
+        targets: only these target names (empty: all)
+        mode: embedded (units in this process) or cluster (each unit on its target's work pool)
+        max_accuracy_drop: largest allowed drop in smoke agreement against the champion (absolute, 0..1)
+        min_throughput_ratio: candidate output tok/s at the reference concurrency ≥ this × the champion's
+        max_ttft_p95_factor: candidate p95 TTFT at the reference concurrency ≤ this × the champion's
+        reference_concurrency: concurrency to compare at (empty: the highest both measured)
+        force_build: build even when the source has nothing new (promotion still needs the gates)
+    """
+    t0 = time.monotonic()
+    policy = PromotionPolicy(max_accuracy_drop=max_accuracy_drop, min_throughput_ratio=min_throughput_ratio,
+                             max_ttft_p95_factor=max_ttft_p95_factor, reference_concurrency=reference_concurrency)
+    build_spec = resolve_spec(spec_path, dict(spec) if spec is not None else None)
+    validate_deep(build_spec)
+    change = detect_source_change(build_spec, targets or None)
+    report_table("rollout-change", build_spec, change.rows(),
+                 f"{build_spec.name}: what is new in {change.source.describe()}")
+    to_build = [t.target for t in change.targets if t.changed or force_build]
+    if not to_build:
+        report_markdown("rollout", build_spec, f"## {build_spec.name}: nothing new\n\nSource "
+                        f"`{change.source.describe()}` is what every target's baseline was built from; no build.\n",
+                        "rollout: nothing new")
+        return RolloutReport(spec=build_spec.name, change=change, built=False,
+                             duration_s=round(time.monotonic() - t0, 2))
+
+    summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
+        spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode)
+    decisions = promote_units(build_spec, summary.outcomes, policy)
+    report_table("promotion", build_spec, [d.row() for d in decisions],
+                 f"{build_spec.name}: promote or hold, per unit (policy: {policy.model_dump()})")
+    return RolloutReport(spec=build_spec.name, change=change, built=True, build_ok=summary.ok, decisions=decisions,
+                         duration_s=round(time.monotonic() - t0, 2))

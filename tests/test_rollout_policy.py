@@ -1,0 +1,153 @@
+"""Promotion gates, alias naming, the registry moves (on a local MLflow), change detection, placement and the
+relocatable serving files: the domain parts of rollouts, without Prefect."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from enginefoundry.errors import InputError, PreflightError
+from enginefoundry.lanes import get_lane
+from enginefoundry.manifest import Manifest
+from enginefoundry.placement import check_placement
+from enginefoundry.promotion import PromotionPolicy, Registry, alias_stems, compare
+from enginefoundry.rollout import SourceState, differs
+from enginefoundry.serving_outputs import serve_script, serving_plan, write_serving_files
+from enginefoundry.spec import SourceKind, Target
+
+
+def manifest(status: str = "candidate", agreement: float = 1.0, tok_s: float = 100.0, ttft: float = 50.0,
+             concurrency: tuple[int, ...] = (2,)) -> Manifest:
+    points = [{"scenario": "short", "concurrency": c, "valid": True, "output_tokens_per_s": tok_s * c,
+               "ttft_ms_p95": ttft * c} for c in concurrency]
+    return Manifest(key="k", key_components={}, model="m", unit="fp32-tp1.chat.cpu", lane="reference", target={},
+                    variant={}, profile={}, source={}, files=[], status=status,
+                    status_reason="smoke gate: 0.5 < 0.95" if status == "rejected" else "",
+                    smoke={"smoke_agreement": agreement}, benchmark={"points": points})
+
+
+def test_first_build_promotes_on_its_own_gates_and_a_rejected_unit_never() -> None:
+    policy = PromotionPolicy()
+    assert compare(manifest(), None, policy).promote
+    rejected = compare(manifest(status="rejected"), None, policy)
+    assert not rejected.promote
+    assert rejected.reasons == ["unit is rejected: smoke gate: 0.5 < 0.95"]
+    assert not compare(manifest(status="rejected", tok_s=1000), manifest(), policy).promote
+
+
+@pytest.mark.parametrize(("candidate", "failing"), [
+    (manifest(agreement=0.97), "smoke_agreement 0.970 vs champion 1.000"),
+    (manifest(tok_s=89.0), "short c=2 output tok/s 178.0 vs champion 200.0 (×0.89, needs ≥ ×0.90)"),
+    (manifest(ttft=63.0), "short c=2 TTFT p95 ms 126 vs champion 100 (×1.26, needs ≤ ×1.25)"),
+])
+def test_each_gate_holds_a_worse_candidate(candidate: Manifest, failing: str) -> None:
+    verdict = compare(candidate, manifest(), PromotionPolicy())
+    assert not verdict.promote
+    assert len(verdict.reasons) == 1 and verdict.reasons[0].startswith(failing)
+
+
+def test_within_tolerance_promotes_and_compares_at_the_highest_common_concurrency() -> None:
+    champion = manifest(concurrency=(1, 4))
+    candidate = manifest(agreement=0.99, tok_s=95.0, ttft=60.0, concurrency=(1, 4, 8))
+    verdict = compare(candidate, champion, PromotionPolicy())
+    assert verdict.promote, verdict.reasons
+    assert any("c=4" in g.detail for g in verdict.gates) and not any("c=8" in g.detail for g in verdict.gates)
+    at_one = compare(candidate, champion, PromotionPolicy(reference_concurrency=1))
+    assert all("c=4" not in g.detail for g in at_one.gates if g.name.startswith("short"))
+
+
+def test_no_common_benchmark_point_holds() -> None:
+    verdict = compare(manifest(concurrency=(8,)), manifest(concurrency=(2,)), PromotionPolicy())
+    assert not verdict.promote
+    assert "no valid benchmark point in common" in verdict.reasons[0]
+
+
+def test_alias_stems_follow_the_candidate_alias_convention() -> None:
+    assert alias_stems([("fp32-tp1.chat.cpu", "cpu")]) == {"fp32-tp1.chat.cpu": "cpu"}
+    two = alias_stems([("fp16-tp1.short.h100", "h100"), ("fp16-tp1.long.h100", "h100"), ("fp16-tp1.short.a100",
+                                                                                         "a100")])
+    assert two == {"fp16-tp1.short.h100": "h100-fp16-tp1-short", "fp16-tp1.long.h100": "h100-fp16-tp1-long",
+                   "fp16-tp1.short.a100": "a100"}
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> tuple[Registry, Any]:
+    reg = Registry(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    reg.client.create_registered_model("m")
+    for status in ("candidate", "candidate", "rejected", "candidate"):
+        reg.client.create_model_version("m", source=str(tmp_path), tags={"enginefoundry.status": status})
+    return reg, reg.client
+
+
+def test_promote_and_rollback_walk_the_champion_history(registry: tuple[Registry, Any]) -> None:
+    reg, client = registry
+    assert reg.promote("m", "cpu", "1", "first").action == "promoted"
+    assert reg.promote("m", "cpu", "1", "again").action == "unchanged"
+    move = reg.promote("m", "cpu", "2", "better")
+    assert (move.champion, move.previous) == ("2", "1")
+    reg.promote("m", "cpu", "4", "better still")
+    assert str(client.get_model_version_by_alias("m", "cpu-previous-champion").version) == "2"
+    assert client.get_model_version("m", "2").tags["enginefoundry.superseded_by"] == "4"
+
+    assert reg.rollback("m", "cpu").champion == "2"
+    assert str(client.get_model_version_by_alias("m", "cpu-previous-champion").version) == "1"
+    assert reg.rollback("m", "cpu").champion == "1"
+    assert "cpu-previous-champion" not in client.get_registered_model("m").aliases
+    with pytest.raises(InputError, match="nothing to roll back to"):
+        reg.rollback("m", "cpu")
+    with pytest.raises(InputError, match="a rejected unit is never promoted"):
+        reg.promote("m", "cpu", "3", "by hand")
+    assert str(client.get_model_version_by_alias("m", "cpu-champion").version) == "1"
+
+
+def test_change_detection_compares_the_recorded_source() -> None:
+    hf = SourceState(uri="hf://org/m@main", kind=SourceKind.HF, revision="b" * 40)
+    assert differs(hf, {"uri": "hf://org/m@main", "revision": "b" * 40}) is None
+    assert differs(hf, {"uri": "hf://org/m@main", "revision": "a" * 40}) == f"new commit {'b' * 12} (built from " \
+                                                                           f"{'a' * 12})"
+    assert "source changed" in str(differs(hf, {"uri": "hf://org/other@main", "revision": "b" * 40}))
+    s3 = SourceState(uri="s3://b/p", kind=SourceKind.S3, objects={"config.json": "e1", "model.safetensors": "e3"})
+    recorded = {"uri": "s3://b/p", "identity": {"objects": {"config.json": "e1", "model.safetensors": "e2"}}}
+    assert differs(s3, recorded) == "1 object(s) changed: model.safetensors"
+
+
+def test_placement_refuses_a_gpu_target_here_and_a_wrong_pool() -> None:
+    cpu = Target(name="cpu", arch="cpu", gpu_count=0)
+    assert "any machine" in check_placement(cpu, "cpu")
+    with pytest.raises(PreflightError, match="belongs to work pool cpu, but this run came from pool gpu-sm90"):
+        check_placement(cpu, "gpu-sm90")
+    h100 = Target(name="h100", arch="sm90", sku=["H100"])
+    if _has_gpu():
+        pytest.skip("this machine has a GPU; the refusal is checked on GPU-less machines")
+    with pytest.raises(PreflightError, match=r"target h100 needs 1× sm90 .*run this unit on a worker of pool gpu-sm90"):
+        check_placement(h100, "gpu-sm90")
+
+
+def _has_gpu() -> bool:
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def test_serving_files_are_relocatable(tmp_path: Path) -> None:
+    bundle = tmp_path / "work" / "units" / "abc" / "bundle"
+    (bundle / "model").mkdir(parents=True)
+    (bundle / "bundle.json").write_text(json.dumps({"params": {"device": "cpu"}}))
+    plan = serving_plan(get_lane("reference"), bundle, unit="fp32-tp1.chat.cpu", model="tiny", key="k" * 64,
+                        artifact_uri="s3://b/artifacts/tiny/kkk", checkpoint_dir=tmp_path / "ckpt", checkpoint_uri=None)
+    assert plan.argv == ["transformers", "serve", "${EF_UNIT_DIR}/bundle/model", "--host", "${HOST}", "--port",
+                         "${PORT}", "--device", "cpu"]
+    assert plan.openai_model_name == "${EF_UNIT_DIR}/bundle/model"
+    assert set(plan.needs) == {"EF_UNIT_DIR"}  # the reference bundle carries its checkpoint
+    script = serve_script(plan)
+    assert str(tmp_path) not in script and str(tmp_path) not in json.dumps(plan.model_dump())
+    files = write_serving_files(plan, tmp_path / "serving")
+    assert [f.name for f in files] == ["serve.sh", "serve.yaml"] and files[0].stat().st_mode & 0o111
+    # The script refuses to start without the unit folder, naming what to download.
+    run = subprocess.run(["sh", str(files[0])], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode != 0 and "EF_UNIT_DIR" in run.stderr and "s3://b/artifacts/tiny/kkk" in run.stderr
