@@ -115,6 +115,7 @@ def build_engines(
     misses = [u for u in units if published[u.name] is None and u.name not in same_as]
     report_matrix(build_spec, units, keys, {u.name: published[u.name] is not None for u in units},
                   {u.name: deployment_name(u) if mode == "cluster" else "in-process" for u in units})
+    convert_s = 0.0
     try:
         built: dict[str, UnitOutcome] = {}
         if mode == "cluster":
@@ -124,9 +125,11 @@ def build_engines(
                                    prefect_context().get("prefect.flow_run_id"))
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
+            t_convert = time.monotonic()
             for unit in misses:
                 if unit.variant.name not in converted:
                     converted[unit.variant.name] = convert_variant(build_spec, unit.variant, snapshot)
+            convert_s = time.monotonic() - t_convert
             for unit in misses:
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 built[unit.name] = run_unit(build_spec, unit, components[unit.name], snapshot,
@@ -147,10 +150,11 @@ def build_engines(
             release(store, lease)
     summary = RunSummary(spec=build_spec.name, source_uri=snapshot.uri, source_revision=snapshot.revision,
                          parent_run_id=parent, outcomes=outcomes,
-                         stage_seconds={"fetch": round(fetch_s, 2), "total": round(time.monotonic() - t0, 2)})
+                         stage_seconds={"fetch": round(fetch_s, 2), "convert": round(convert_s, 2),
+                                        "total": round(time.monotonic() - t0, 2)})
     finish_parent_run(build_spec, parent, summary.ok, summary.model_dump(mode="json"),
                       {"units": len(outcomes), "units_ok": sum(o.ok for o in outcomes),
-                       "duration_s": time.monotonic() - t0, "fetch_s": fetch_s},
+                       "duration_s": time.monotonic() - t0, "fetch_s": fetch_s, "convert_s": convert_s},
                       str(work_root() / "runs" / parent))
     report_build(build_spec, summary)
     return summary
