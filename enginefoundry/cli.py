@@ -239,6 +239,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
+    if any(o.bench.get("slo") for o in summary.outcomes):
+        from enginefoundry.pipeline import best_profiles
+
+        table("best profile per target (within the benchmark SLOs)", best_profiles(summary.outcomes))
     for o in summary.outcomes:
         if o.manifest_uri:
             console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)

@@ -69,3 +69,29 @@ class RunSummary(BaseModel):
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
         return "\n".join(lines) + "\n"
+
+
+def best_profiles(outcomes: list[UnitOutcome]) -> list[dict[str, str]]:
+    """Per variant and target: the profile whose highest SLO-meeting concurrency gives the most output
+    tokens/s. Only candidate units compete; a unit's figure is its best scenario at that concurrency."""
+    groups: dict[tuple[str, str], list[tuple[str, float, int]]] = {}
+    for o in outcomes:
+        variant, profile, target = o.unit.split(".")
+        groups.setdefault((variant, target), [])
+        if not o.ok:
+            continue
+        met = [s for s in o.bench.get("slo", []) if s.get("best_concurrency") is not None]
+        if met:
+            best = max(met, key=lambda s: s.get("output_tokens_per_s") or 0.0)
+            groups[(variant, target)].append((profile, best.get("output_tokens_per_s") or 0.0,
+                                              best["best_concurrency"]))
+    rows = []
+    for (variant, target), scored in sorted(groups.items()):
+        if scored:
+            profile, tput, conc = max(scored, key=lambda x: x[1])
+            rows.append({"variant": variant, "target": target, "best profile": profile,
+                         "output tok/s": f"{tput:.1f}", "at concurrency": str(conc)})
+        else:
+            rows.append({"variant": variant, "target": target, "best profile": "none",
+                         "output tok/s": "-", "at concurrency": "no candidate profile meets the SLOs"})
+    return rows

@@ -192,5 +192,4 @@ def _record_cache_hit(spec: BuildSpec, unit: Unit, key: str, manifest: Manifest,
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=uri,
                        built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,
-                       smoke=manifest.smoke, bench={k: v for k, v in manifest.benchmark.items()
-                                                    if not isinstance(v, list)})
+                       smoke=manifest.smoke, bench={k: v for k, v in manifest.benchmark.items() if k != "points"})

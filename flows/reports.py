@@ -10,7 +10,7 @@ import re
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from enginefoundry.pipeline import RunSummary
+from enginefoundry.pipeline import RunSummary, best_profiles
 from enginefoundry.plan import Unit
 from enginefoundry.spec import BuildSpec
 
@@ -47,6 +47,8 @@ def report_build(spec: BuildSpec, summary: RunSummary) -> None:
                      f"`{o.manifest_uri or '-'}` |")
     create_markdown_artifact(key=artifact_key("gates", spec.name), markdown="\n".join(lines) + "\n",
                              description=f"{spec.name}: gate verdicts and manifest URIs")
+    create_table_artifact(key=artifact_key("best-profiles", spec.name), table=best_profiles(summary.outcomes),
+                          description=f"{spec.name}: per target, the profile with the most output tok/s within SLOs")
 
 
 def report_table(what: str, spec: BuildSpec, rows: list[dict[str, str]], description: str) -> None:

@@ -86,3 +86,20 @@ def test_lease_one_holder_waiter_sees_manifest_and_stale_lease_is_broken(tmp_pat
     stale = try_acquire(store, lk, "c", ttl_s=-1)  # already expired: its holder "died"
     assert stale is not None
     assert try_acquire(store, lk, "d") is not None  # broken and retaken
+
+
+def test_best_profile_per_target_is_chosen_on_slo_throughput():
+    from enginefoundry.pipeline import UnitOutcome, best_profiles
+
+    def unit(name: str, slo: list[dict], status: str = "candidate") -> UnitOutcome:
+        return UnitOutcome(unit=name, target=name.split(".")[2], status=status, bench={"slo": slo})
+
+    rows = best_profiles([
+        unit("bf16-tp1.short.h100", [{"best_concurrency": 64, "output_tokens_per_s": 9000.0}]),
+        unit("bf16-tp1.long.h100", [{"best_concurrency": 32, "output_tokens_per_s": 7000.0}]),
+        unit("bf16-tp1.turbo.h100", [{"best_concurrency": 128, "output_tokens_per_s": 99999.0}], "rejected"),
+        unit("bf16-tp1.short.a100", [{"best_concurrency": None, "output_tokens_per_s": None}]),
+    ])
+    by_target = {r["target"]: r for r in rows}
+    assert by_target["h100"]["best profile"] == "short" and by_target["h100"]["at concurrency"] == "64"
+    assert by_target["a100"]["best profile"] == "none"
