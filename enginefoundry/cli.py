@@ -87,21 +87,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "validate":
-            return cmd_validate(args)
-        if args.command == "plan":
-            return cmd_plan(args)
-        if args.command == "explain":
-            return cmd_explain(args)
-        if args.command == "lineage":
-            return cmd_lineage(args)
-        if args.command == "rollout":
-            return cmd_rollout(args)
-        if args.command == "lengths":
-            return cmd_lengths(args)
-        if args.command in ("promote", "rollback"):
-            return cmd_registry(args)
-        return cmd_run(args)
+        commands = {"validate": cmd_validate, "plan": cmd_plan, "explain": cmd_explain, "lineage": cmd_lineage,
+                    "rollout": cmd_rollout, "lengths": cmd_lengths, "promote": cmd_registry,
+                    "rollback": cmd_registry, "run": cmd_run}
+        return commands[args.command](args)
     except EngineFoundryError as err:
         if args.verbose:
             traceback.print_exc()

@@ -16,20 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, TINY_MODEL, TINY_PROMPTS
+from tests.cluster_stack import write_spec
+from tests.conftest import REPO, TINY_MODEL
 from tests.services.hub_server import seed_repo
 
 
 def _spec(tmp: Path, source: str, store: str, mlflow_uri: str, experiment: str) -> Path:
-    spec = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
-    spec["model"]["source"] = source
-    spec["smoke"]["prompts"] = str(TINY_PROMPTS)
-    spec["benchmark"].update({"concurrency": [2], "request_count": 8, "warmup_request_count": 1})
-    spec["publish"] = {"store": store}
-    spec["tracking"] = {"mlflow_uri": mlflow_uri, "experiment": experiment}
-    path = tmp / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    return write_spec(tmp, source=source, store=store, mlflow_uri=mlflow_uri, experiment=experiment)
 
 
 def _run_cli(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess[str]:
