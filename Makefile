@@ -18,10 +18,12 @@ demo: $(BIN)/enginefoundry
 
 test: $(BIN)/enginefoundry
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -p no:dash
 
 lint: $(BIN)/enginefoundry
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache
 
 plan: $(BIN)/enginefoundry
 	$(BIN)/enginefoundry plan configs/llama-3-70b-tp2-a100.yaml

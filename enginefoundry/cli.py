@@ -220,7 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     resolved = probe(spec.model.parsed_source(spec.base_path))
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
     _quiet_prefect_defaults()
-    from flows.build_engines import build_engines
+    from enginefoundry.flows.build_engines import build_engines
 
     payload = spec.model_dump(mode="json")
     payload["base_dir"] = spec.base_dir
@@ -245,8 +245,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     spec = _load(args.spec, {"store": args.store, "mlflow_uri": args.mlflow_uri})
     validate_deep(spec)
     _quiet_prefect_defaults()
-    from flows.build_engines import spec_payload
-    from flows.rollout import rollout
+    from enginefoundry.flows.build_engines import spec_payload
+    from enginefoundry.flows.rollout import rollout
 
     report = rollout(spec_path=None, spec=spec_payload(spec), targets=args.targets, mode=args.mode,
                      max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,

@@ -17,6 +17,9 @@ from prefect import flow
 
 from enginefoundry.console import say
 from enginefoundry.errors import InputError
+from enginefoundry.flows.dispatch import deployment_name, dispatch_units
+from enginefoundry.flows.reports import report_build, report_matrix
+from enginefoundry.flows.unit import unit_params, unit_pipeline
 from enginefoundry.lanes import get_lane
 from enginefoundry.lease import DEFAULT_TTL_S, Lease, lease_key, new_owner, release, try_acquire, wait_for
 from enginefoundry.manifest import Manifest
@@ -25,14 +28,11 @@ from enginefoundry.plan import Unit, expand_units, key_of, toolchain_identity, u
 from enginefoundry.publish import manifest_key, read_manifest
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
+from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
+from enginefoundry.tasks.fetch import fetch_source
+from enginefoundry.tasks.publish import find_published
+from enginefoundry.tasks.track import finish_parent_run, prefect_context, record_unit, start_parent_run, start_unit_run
 from enginefoundry.validate import validate_deep
-from flows.dispatch import deployment_name, dispatch_units
-from flows.reports import report_build, report_matrix
-from flows.unit import unit_params, unit_pipeline
-from tasks.convert import ConvertedCheckpoint, convert_variant
-from tasks.fetch import fetch_source
-from tasks.publish import find_published
-from tasks.track import finish_parent_run, prefect_context, record_unit, start_parent_run, start_unit_run
 
 Mode = Literal["embedded", "cluster"]
 

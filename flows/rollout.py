@@ -14,12 +14,12 @@ from typing import Any
 
 from prefect import flow
 
+from enginefoundry.flows.build_engines import Mode, build_engines, resolve_spec, spec_payload
+from enginefoundry.flows.reports import report_markdown, report_table
 from enginefoundry.promotion import PromotionPolicy
 from enginefoundry.rollout import RolloutReport
+from enginefoundry.tasks.promote import detect_source_change, promote_units
 from enginefoundry.validate import validate_deep
-from flows.build_engines import Mode, build_engines, resolve_spec, spec_payload
-from flows.reports import report_markdown, report_table
-from tasks.promote import detect_source_change, promote_units
 
 
 def _run_name() -> str:

@@ -20,14 +20,14 @@ from enginefoundry.plan import Unit, key_of
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
-from tasks.bench import benchmark
-from tasks.build import build_unit
-from tasks.convert import ConvertedCheckpoint
-from tasks.publish import publish_unit
-from tasks.serve import start_unit_server, stop_unit_server
-from tasks.serving_outputs import write_serving
-from tasks.smoke import smoke_test
-from tasks.track import prefect_context, record_unit, register_published_unit, start_unit_run
+from enginefoundry.tasks.bench import benchmark
+from enginefoundry.tasks.build import build_unit
+from enginefoundry.tasks.convert import ConvertedCheckpoint
+from enginefoundry.tasks.publish import publish_unit
+from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
+from enginefoundry.tasks.serving_outputs import write_serving
+from enginefoundry.tasks.smoke import smoke_test
+from enginefoundry.tasks.track import prefect_context, record_unit, register_published_unit, start_unit_run
 
 
 @flow(name="build-unit")

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.serving import Endpoint, is_alive
 from enginefoundry.spec import BuildSpec
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 def _artifact_key(prefix: str, title: str) -> str:

@@ -12,7 +12,7 @@ from enginefoundry.lanes import BuildResult, get_lane
 from enginefoundry.pipeline import work_root
 from enginefoundry.plan import Unit
 from enginefoundry.spec import BuildSpec
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="build unit", task_run_name="build {unit.name}", cache_policy=NO_CACHE)

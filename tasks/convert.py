@@ -21,7 +21,7 @@ from enginefoundry.publish import checkpoint_prefix, download_files, find_checkp
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.store import Store, open_store
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 class ConvertedCheckpoint(BaseModel):

@@ -7,7 +7,7 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.sources import SourceSnapshot, fetch
 from enginefoundry.spec import BuildSpec
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 # No task retries: a bad URI or revision is an input error, and huggingface_hub/botocore retry transient faults.

@@ -11,7 +11,7 @@ from enginefoundry.promotion import Decision, PromotionPolicy, Registry, alias_s
 from enginefoundry.rollout import ChangeReport, detect_change
 from enginefoundry.serving_outputs import SERVE_SH
 from enginefoundry.spec import BuildSpec
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="detect new source", cache_policy=NO_CACHE)

@@ -18,7 +18,7 @@ from enginefoundry.publish import (
 from enginefoundry.publish import manifest_key as manifest_key_of
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="check cache", cache_policy=NO_CACHE)

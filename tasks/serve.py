@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from enginefoundry.lanes import get_lane
 from enginefoundry.serving import Endpoint, free_port, start_server, stop_server
 from enginefoundry.spec import BuildSpec
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="start server", cache_policy=NO_CACHE)

@@ -12,7 +12,7 @@ from enginefoundry.publish import artifact_prefix
 from enginefoundry.serving_outputs import serving_plan, write_serving_files
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="write serving files", task_run_name="serving files {unit_name}", cache_policy=NO_CACHE)

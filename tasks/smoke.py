@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from enginefoundry.serving import Endpoint, is_alive
 from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
 from enginefoundry.spec import BuildSpec
-from tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="smoke test", cache_policy=NO_CACHE)
