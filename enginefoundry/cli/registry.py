@@ -1,0 +1,83 @@
+"""Commands over published units and the MLflow registry: lineage, promote, rollback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from enginefoundry.cli.common import DEFAULT_MLFLOW
+from enginefoundry.console import console, table
+from enginefoundry.errors import EXIT_OK, InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    lin = sub.add_parser("lineage", help="what produced an artifact: store URI, unit key or models:/name@alias")
+    lin.add_argument("ref")
+    lin.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_MLFLOW),
+                     help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_MLFLOW})")
+    lin.add_argument("--json", action="store_true", help="machine-readable output")
+    lin.set_defaults(handler=cmd_lineage)
+
+    for name, what in (("promote", "move <target>-champion to a version (default: <target>-candidate)"),
+                       ("rollback", "put the previous <target>-champion back")):
+        cmd = sub.add_parser(name, help=what)
+        cmd.add_argument("registered_model", help="MLflow registered model, e.g. tiny-chat")
+        cmd.add_argument("--target", required=True, help="target name (the alias prefix)")
+        if name == "promote":
+            cmd.add_argument("--version", help="registered model version (default: the <target>-candidate alias)")
+        cmd.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_MLFLOW),
+                         help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_MLFLOW})")
+        cmd.set_defaults(handler=cmd_registry)
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    import json
+
+    from enginefoundry.lineage import lineage
+
+    chain = lineage(args.ref, args.mlflow_uri)
+    if args.json:
+        print(json.dumps(chain, indent=2, default=str))
+        return EXIT_OK
+    a, src, ck, ml = chain["artifact"], chain["source"], chain["converted_checkpoint"], chain["mlflow"]
+    rows = [
+        ("artifact", f"{a['unit']} [{a['status']}] {a['files']} files, {a['bytes'] / 2**20:.1f} MiB"),
+        ("manifest", a["manifest_uri"]), ("key", a["key"]),
+        ("source", f"{src['uri']}" + (f" @ {src['commit_sha']}" if src.get("commit_sha") else "")),
+        ("weights digest", src["weights_digest"]), ("tokenizer digest", src["tokenizer_digest"]),
+        ("converted checkpoint", f"{ck['key']} {ck['uri'] or ''}"),
+        ("lane / versions", f"{chain['lane']} " + ", ".join(f"{k} {v}" for k, v in chain["versions"].items())),
+        ("built on", ", ".join(f"{k}={v}" for k, v in chain["built_on"].items()
+                               if k in ("gpu_name", "arch", "memory_gib", "cpu", "device", "torch", "cuda"))),
+        ("build", json.dumps(chain["build"]["params"], sort_keys=True)),
+        ("smoke", ", ".join(f"{k.removeprefix('smoke_')}={v}" for k, v in chain["smoke"].items())),
+        ("benchmark", ", ".join(f"{k}={v}" for k, v in chain["benchmark"].items() if not isinstance(v, list))),
+        ("MLflow run", f"{ml.get('unit_run_id')} (parent {ml.get('parent_run_id')}) in {args.mlflow_uri}"),
+        ("Prefect flow run", f"{ml.get('prefect_flow_run_id') or '-'} {ml.get('prefect_flow_run_url') or ''}"),
+        ("project commit", str(ml.get("git_commit"))),
+    ]
+    if ml.get("registry"):
+        reg = ml["registry"]
+        rows.append(("registry", f"{reg['registered_model']} v{reg['version']}"
+                     + (f" @{reg['alias']}" if reg.get("alias") else "")))
+    table("lineage", [{"": k, "value": v} for k, v in rows])
+    return EXIT_OK
+
+
+def cmd_registry(args: argparse.Namespace) -> int:
+    from enginefoundry.promotion import Registry, candidate_alias
+
+    registry = Registry(args.mlflow_uri)
+    model, stem = args.registered_model, args.target
+    if args.command == "rollback":
+        move = registry.rollback(model, stem)
+    else:
+        number = args.version
+        if number is None:
+            candidate = registry.version_by_alias(model, candidate_alias(stem))
+            if candidate is None:
+                raise InputError(f"{model} has no alias {candidate_alias(stem)}: give --version N")
+            number = candidate.version
+        move = registry.promote(model, stem, number, "promoted by hand (enginefoundry promote)")
+    console.print(f"{model}: {move.action}: {move.detail}", markup=False)
+    return EXIT_OK
