@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def test_the_header_is_aligned_and_offsets_are_contiguous(tmp_path: Path) -> Non
     header, start = read_header(tmp_path / "out" / "model.safetensors")
     assert start % 8 == 0
     spans = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
-    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     assert spans[-1][1] == (tmp_path / "out" / "model.safetensors").stat().st_size - start
 
 
