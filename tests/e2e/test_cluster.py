@@ -10,18 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster_stack import (
+from tests.support.cluster import (
     GPU_POOL,
     SECOND_POOL,
     PrefectServer,
     seed_unique_model,
     write_spec,
 )
-from tests.conftest import TINY_MODEL
+from tests.support.paths import TINY_MODEL
 
-# The session fixtures (one Prefect server and its workers for all cluster tests) live in a plugin, so that
-# every module shares one instance instead of starting its own.
-pytest_plugins = ["tests.cluster_stack"]
 pytestmark = pytest.mark.services
 
 

@@ -1,22 +1,18 @@
-"""The Kubernetes base job templates of the GPU pools (k8s/): up to date with their generator, accepted by a
-real Prefect server as `kubernetes` work pools (no prefect-kubernetes needed for that), and rendered into the
-Job a kubernetes worker would submit (with prefect-kubernetes, where it is installed)."""
+"""The Kubernetes base job templates of the GPU pools (k8s/): up to date with their generator and rendered
+into the Job a kubernetes worker would submit (with prefect-kubernetes, where it is installed). A real Prefect
+server accepting them: tests/integration/test_k8s_pools_server.py."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster_stack import PrefectServer
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
-# The session fixtures (one Prefect server for all cluster tests) live in a plugin, shared by every module.
-pytest_plugins = ["tests.cluster_stack"]
 K8S = REPO / "k8s"
 PRODUCTS = {"gpu-sm80": ("8", "0"), "gpu-sm89": ("8", "9"), "gpu-sm90": ("9", "0"), "gpu-sm100": ("10", "0")}
 
@@ -56,28 +52,6 @@ def test_rendered_job_asks_for_the_pools_gpus(pool: str) -> None:
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in pod["volumes"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-
-
-@pytest.mark.services
-def test_prefect_server_accepts_kubernetes_pools(prefect_server: PrefectServer, unique: str, tmp_path: Path) -> None:
-    for pool in PRODUCTS:
-        name = f"{pool}-k8s-{unique}"
-        made = prefect_server.prefect("work-pool", "create", name, "--type", "kubernetes", "--base-job-template",
-                                      str(K8S / f"base-job-template-{pool}.json"))
-        assert made.returncode == 0, made.stdout + made.stderr
-        with prefect_server.client() as http:
-            stored = http.get(f"/work_pools/{name}").json()
-        assert stored["type"] == "kubernetes"
-        assert stored["base_job_template"] == template(pool)
-    # The server validates templates: a placeholder without a variable is refused.
-    broken = template("gpu-sm90")
-    broken["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["nodeSelector"]["x"] = "{{ nope }}"
-    path = tmp_path / "broken.json"
-    path.write_text(json.dumps(broken))
-    refused = prefect_server.prefect("work-pool", "create", f"broken-{unique}", "--type", "kubernetes",
-                                     "--base-job-template", str(path))
-    assert refused.returncode != 0
-    assert "nope" in refused.stdout + refused.stderr
 
 
 def test_kubernetes_worker_renders_the_job() -> None:

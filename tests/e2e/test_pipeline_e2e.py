@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster_stack import write_spec
-from tests.conftest import REPO, TINY_MODEL
 from tests.services.hub_server import seed_repo
+from tests.support.cluster import write_spec
+from tests.support.paths import REPO, TINY_MODEL
 
 
 def _spec(tmp: Path, source: str, store: str, mlflow_uri: str, experiment: str) -> Path:

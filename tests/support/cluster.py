@@ -6,14 +6,13 @@ PREFECT_API_URL: that stack's `cpu` worker would pick up our runs with another e
 assertions about which worker ran which unit need workers we started. The S3/MLflow/hub services come from
 the session `stack` fixture of conftest.py.
 
-Use in a test module:  pytest_plugins = ["tests.cluster_stack"]  (one instance per session for all modules)
+tests/conftest.py registers the fixtures `prefect_server` and `cluster` (one instance per session for all tiers).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,9 +25,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from enginefoundry.serving import free_port
+from tests.support.paths import REPO, STACK_SCRIPT, TINY_MODEL, TINY_PROMPTS
 
-STACK = REPO / "scripts" / "stack.py"
+STACK = STACK_SCRIPT
 PREFECT = str(Path(sys.executable).parent / "prefect")
 # The second pool of the tests: a name no deployment.yaml pool uses, mapped to a second cpu target.
 SECOND_POOL = "cpu-b"
@@ -36,12 +36,6 @@ GPU_POOL = "gpu-sm90"  # a worker here has no GPU: units sent to it must be refu
 WORKER_POOLS = ("cpu", SECOND_POOL, GPU_POOL)
 DEPLOYMENT_POOLS = ("cpu", "gpu-sm80", "gpu-sm89", "gpu-sm90", "gpu-sm100")
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -170,7 +164,6 @@ def seed_unique_model(hub_root: Path, repo_id: str, tmp: Path, note: str) -> str
     The card changes the weights digest, so every test gets unit keys of its own: the MLflow server and store
     are shared with other tests, and `lineage <key>` must not find this test's units under their keys.
     """
-    from tests.conftest import TINY_MODEL
     from tests.services.hub_server import seed_repo
 
     folder = tmp / f"model-{note}"
@@ -182,8 +175,6 @@ def seed_unique_model(hub_root: Path, repo_id: str, tmp: Path, note: str) -> str
 def write_spec(tmp: Path, *, source: str, store: str, mlflow_uri: str, experiment: str,
                targets: list[dict[str, Any]] | None = None, registered_model: str | None = None) -> Path:
     """The tiny spec, cut down for tests (as in test_pipeline_e2e.py), against the test services."""
-    from tests.conftest import TINY_PROMPTS
-
     spec = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
     spec["model"]["source"] = source
     spec["smoke"]["prompts"] = str(TINY_PROMPTS)

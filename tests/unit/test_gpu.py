@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +22,9 @@ from enginefoundry.gpu import (
     parse_smi_csv,
 )
 from enginefoundry.spec import Arch, Target
+from tests.support.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "gpu"
+FIX = FIXTURES / "gpu"
 NO_GPU = gpu_unavailable_reason()  # None where a GPU is visible
 H200_UUID = "GPU-37da5665-9c31-db42-5943-febfdcdf87c6"
 

@@ -18,17 +18,14 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.cluster_stack import (
+from tests.support.cluster import (
     PrefectServer,
     free_port,
     seed_unique_model,
     write_spec,
 )
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
-# The session fixtures (one Prefect server and its workers for all cluster tests) live in a plugin, so that
-# every module shares one instance instead of starting its own.
-pytest_plugins = ["tests.cluster_stack"]
 pytestmark = pytest.mark.services
 # Lenient enough for two builds of the same model on a busy 2-core CI machine; the strict case is below.
 LENIENT = ["--min-throughput-ratio", "0.2", "--max-ttft-p95-factor", "5"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import REPO, TINY_MODEL, TINY_PROMPTS
+from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 
 
 def _servers_for(marker: str) -> list[str]:

@@ -11,7 +11,7 @@ import yaml
 from enginefoundry.errors import SpecError
 from enginefoundry.plan import expand_units
 from enginefoundry.spec import Precision, load_spec, parse_source_uri, parse_spec
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 TINY = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
 

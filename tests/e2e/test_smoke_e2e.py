@@ -1,8 +1,8 @@
 """The smoke gate against real servers: `transformers serve` on the tiny model's reference bundle.
 
-One good bundle is built and served for the module. Broken variants are copies of it with one thing
-wrong (noisy weights, a permuted tokenizer), each served for real; a server killed mid-run must end the
-smoke test with a one-line ToolError.
+One good bundle is built and served for the session (tests/e2e/conftest.py). Broken variants are copies
+of it with one thing wrong (noisy weights, a permuted tokenizer), each served for real; a server killed
+mid-run must end the smoke test with a one-line ToolError.
 """
 
 from __future__ import annotations
@@ -12,44 +12,20 @@ import os
 import random
 import shutil
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.reference import BUNDLE_MODEL_DIR, ReferenceLane
-from enginefoundry.plan import expand_units
 from enginefoundry.serving import Endpoint, free_port, is_alive, serving
 from enginefoundry.smoke import SmokeReport, load_prompt_set, run_smoke, write_report
 from enginefoundry.smoke.lm_eval import LmEvalConfig, lm_eval_version, run_lm_eval
 from enginefoundry.spec import load_spec
-from tests.conftest import REPO, TINY_MODEL, TINY_PROMPTS
+from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 
 SPEC = load_spec(REPO / "configs" / "tiny-cpu.yaml")
-
-
-def build_tiny_bundle(work: Path) -> Path:
-    """The tiny model's reference bundle, built the way the pipeline builds it (about 5 s)."""
-    unit = expand_units(SPEC)[0]
-    lane = ReferenceLane()
-    ckpt = lane.convert(SPEC, unit.variant, TINY_MODEL, work)
-    return Path(lane.build(SPEC, unit, Path(ckpt.checkpoint_dir), work).bundle_dir)
-
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_bundle(tmp_path_factory.mktemp("bundle"))
-
-
-def _serve(bundle_dir: Path, log: Path) -> Iterator[Endpoint]:
-    with serving(ReferenceLane().serve_command(bundle_dir, "127.0.0.1", free_port()), log) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def served(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    yield from _serve(bundle, tmp_path_factory.mktemp("serve") / "server.log")
 
 
 def _smoke(endpoint: Endpoint, progress: Callable[[str], None] = lambda _: None) -> SmokeReport:
@@ -64,8 +40,8 @@ def _copy(bundle: Path, dest: Path) -> Path:
     return dest
 
 
-def test_correct_bundle_passes_the_gate(served: Endpoint, tmp_path: Path):
-    report = _smoke(served)
+def test_correct_bundle_passes_the_gate(tiny_served: Endpoint, tmp_path: Path):
+    report = _smoke(tiny_served)
     assert report.passed, report.verdict.reason
     assert (report.n, report.agree) == (108, 108)
     assert report.agreement_lower_bound == pytest.approx(0.9657, abs=1e-3)
@@ -81,11 +57,11 @@ def test_correct_bundle_passes_the_gate(served: Endpoint, tmp_path: Path):
     assert "| log-probs vs reference | not available" in md.read_text()
 
 
-def test_corrupted_weights_are_rejected_with_numbers(bundle: Path, tmp_path: Path):
+def test_corrupted_weights_are_rejected_with_numbers(tiny_bundle: Path, tmp_path: Path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    broken = _copy(bundle, tmp_path / "bundle")
+    broken = _copy(tiny_bundle, tmp_path / "bundle")
     weights = broken / BUNDLE_MODEL_DIR / "model.safetensors"
     tensors = load_file(weights)
     gen = torch.Generator().manual_seed(0)
@@ -105,8 +81,8 @@ def test_corrupted_weights_are_rejected_with_numbers(bundle: Path, tmp_path: Pat
     assert report.tokenizer_match  # only the weights were touched
 
 
-def test_wrong_tokenizer_is_caught(bundle: Path, tmp_path: Path):
-    broken = _copy(bundle, tmp_path / "bundle")
+def test_wrong_tokenizer_is_caught(tiny_bundle: Path, tmp_path: Path):
+    broken = _copy(tiny_bundle, tmp_path / "bundle")
     path = broken / BUNDLE_MODEL_DIR / "tokenizer.json"
     tok = json.loads(path.read_text())
     vocab: dict[str, int] = tok["model"]["vocab"]
@@ -128,8 +104,8 @@ def test_wrong_tokenizer_is_caught(bundle: Path, tmp_path: Path):
     assert report.agree < 20  # the model reads shuffled ids: its answers are garbage too
 
 
-def test_server_dying_mid_run_is_a_clear_error(bundle: Path, tmp_path: Path):
-    with serving(ReferenceLane().serve_command(bundle, "127.0.0.1", free_port()), tmp_path / "log") as ep:
+def test_server_dying_mid_run_is_a_clear_error(tiny_bundle: Path, tmp_path: Path):
+    with serving(ReferenceLane().serve_command(tiny_bundle, "127.0.0.1", free_port()), tmp_path / "log") as ep:
 
         def kill_at_25(message: str) -> None:
             if message.startswith("smoke: 25/"):
@@ -144,7 +120,7 @@ def test_server_dying_mid_run_is_a_clear_error(bundle: Path, tmp_path: Path):
 
 
 @pytest.mark.skipif(lm_eval_version() is None, reason="lm-eval is not installed (pip install 'lm-eval[api]')")
-def test_lm_eval_runs_offline_against_the_served_bundle(served: Endpoint, tmp_path: Path):
+def test_lm_eval_runs_offline_against_the_served_bundle(tiny_served: Endpoint, tmp_path: Path):
     # A local task: the tiny model's own questions as a generate_until task over a JSONL file.
     data = tmp_path / "tiny_arith.jsonl"
     rows = [json.loads(line) for line in TINY_PROMPTS.read_text().splitlines()[:12]]
@@ -161,7 +137,8 @@ def test_lm_eval_runs_offline_against_the_served_bundle(served: Endpoint, tmp_pa
         "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
         "metadata:\n  version: 1.0\n")
     cfg = LmEvalConfig(tasks=["tiny_arith"], include_path=str(tasks), limit=12)
-    result = run_lm_eval(cfg, base_url=served.base_url, model=served.model_name, tokenizer=served.tokenizer_dir,
+    result = run_lm_eval(cfg, base_url=tiny_served.base_url, model=tiny_served.model_name,
+                         tokenizer=tiny_served.tokenizer_dir,
                          out=tmp_path / "out", progress=lambda _: None)
     assert result.status == "ok", result.detail
     (score,) = result.scores

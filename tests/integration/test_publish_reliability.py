@@ -16,8 +16,9 @@ import pytest
 from enginefoundry.errors import StoreError
 from enginefoundry.manifest import Manifest
 from enginefoundry.publish import manifest_key, publish_manifest, upload_folders
+from enginefoundry.serving import free_port
 from enginefoundry.store import S3Store
-from tests.conftest import REPO, _free_port
+from tests.support.paths import REPO
 
 STACK = [sys.executable, str(REPO / "scripts" / "stack.py")]
 
@@ -30,7 +31,7 @@ def _up(state: Path, env: dict[str, str]) -> dict[str, str]:
 
 def test_s3_killed_mid_upload_leaves_no_manifest_and_the_retry_publishes_once(tmp_path, monkeypatch):
     state = tmp_path / "s3state"
-    env = {**os.environ, "EF_S3_PORT": str(_free_port())}
+    env = {**os.environ, "EF_S3_PORT": str(free_port())}
     s3env = _up(state, env)
     try:
         for k in ("EF_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

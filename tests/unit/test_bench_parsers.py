@@ -9,7 +9,7 @@ import pytest
 
 from enginefoundry.bench import evaluate_slos, parse_aiperf, parse_genai_perf
 from enginefoundry.spec import BenchmarkSpec
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 FIX = REPO / "tests" / "fixtures" / "benchmarks"
 AIPERF = json.loads((FIX / "aiperf-0.13.0" / "transformers-serve-c4" / "profile_export_aiperf.json").read_text())

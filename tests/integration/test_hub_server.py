@@ -21,8 +21,9 @@ from huggingface_hub import constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
 from tests.services.hub_server import seed_repo, serving
+from tests.support.paths import TINY_MODEL
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tiny-chat" / "model"
+FIXTURE = TINY_MODEL
 REPO_ID = "tiny-org/tiny-chat"
 
 

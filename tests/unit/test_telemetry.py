@@ -21,7 +21,7 @@ from enginefoundry.bench.telemetry import (
     parse_query_gpu,
     summarize,
 )
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 GPU = REPO / "tests" / "fixtures" / "gpu"
 H200_QUERY = (GPU / "telemetry-h200-query-gpu.csv").read_text()

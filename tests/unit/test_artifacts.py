@@ -17,7 +17,7 @@ from enginefoundry.manifest import SCHEMA_PATH, Manifest, generated_schema, vali
 from enginefoundry.plan import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.spec import load_spec
 from enginefoundry.store import FileStore
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 
 def test_committed_schema_is_the_generated_one():

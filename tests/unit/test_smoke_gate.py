@@ -11,7 +11,7 @@ from enginefoundry.errors import InputError
 from enginefoundry.smoke import load_prompt_set, wilson_lower_bound
 from enginefoundry.smoke.gate import judge
 from enginefoundry.smoke.prompts import PromptCase
-from tests.conftest import TINY_PROMPTS
+from tests.support.paths import TINY_PROMPTS
 
 
 def test_wilson_lower_bound_known_values():
@@ -128,7 +128,7 @@ def test_logprob_rule_only_with_a_limit_and_served_logprobs():
 
 def test_reference_reports_token_logprobs_of_its_greedy_answers():
     from enginefoundry.smoke.reference import reference_answers
-    from tests.conftest import TINY_MODEL
+    from tests.support.paths import TINY_MODEL
 
     cases = load_prompt_set(TINY_PROMPTS).cases[:3]
     answers = reference_answers(TINY_MODEL, cases, dtype="fp32", max_new_tokens=6)
@@ -166,7 +166,7 @@ def test_lm_eval_command_is_offline_chat_completions(tmp_path: Path):
 
 def test_lm_eval_results_of_a_real_run_are_parsed():
     from enginefoundry.smoke.lm_eval import parse_lm_eval_results
-    from tests.conftest import REPO
+    from tests.support.paths import REPO
 
     # lm-eval 0.4.13 against `transformers serve` on the tiny bundle (paths and host details removed).
     path = REPO / "tests" / "fixtures" / "lm-eval-0.4.13" / "results_tiny_arith.json"

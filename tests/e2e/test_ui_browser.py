@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster_stack import (
+from tests.support.cluster import (
     PrefectServer,
     seed_unique_model,
     write_spec,
@@ -20,9 +20,6 @@ from tests.cluster_stack import (
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the Python package only)")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# The session fixtures (one Prefect server and its workers for all cluster tests) live in a plugin, so that
-# every module shares one instance instead of starting its own.
-pytest_plugins = ["tests.cluster_stack"]
 pytestmark = [
     pytest.mark.services,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="apt-get install -y chromium (headless browser)"),

@@ -5,19 +5,14 @@ construction; the `gpu` tests run them for real where TensorRT-LLM and a GPU exi
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from enginefoundry.errors import InputError, ToolError
-from enginefoundry.gpu import GPUInfo, gpu_unavailable_reason
+from enginefoundry.gpu import GPUInfo
 from enginefoundry.lanes import get_lane, triton
 from enginefoundry.lanes.trtllm import (
     AUTOTUNER_CACHE,
@@ -54,14 +49,14 @@ from enginefoundry.lanes.trtllm_flags import (
     resolve_options,
 )
 from enginefoundry.plan import Unit, expand_units
-from enginefoundry.spec import BuildSpec, Variant, load_spec, parse_spec
+from enginefoundry.spec import BuildSpec, Variant, load_spec
 from enginefoundry.toolchain import ToolchainInfo, installed_version
-from tests.test_trtllm_flags import FACTS_BUILD_FLAGS, FACTS_CONVERT_FLAGS, FACTS_SERVE_FLAGS
+from tests.support.paths import CONFIGS, REPO, TINY_MODEL
+from tests.support.trtllm_facts import FACTS_BUILD_FLAGS, FACTS_CONVERT_FLAGS, FACTS_SERVE_FLAGS
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
-MODEL_CONFIGS = Path(__file__).parent.parent / "configs" / "model-configs"
-TINY = Path(__file__).parent / "fixtures" / "tiny-chat" / "model"
+ROOT = REPO
+MODEL_CONFIGS = CONFIGS / "model-configs"
+TINY = TINY_MODEL
 
 # facts §1 ("runtime config YAML … max_batch_size, max_num_tokens, kv_cache_config, cuda_graph_config"), §6
 # (LLM(model=, tensor_parallel_size=, pipeline_parallel_size=, max_batch_size=, max_num_tokens=, max_seq_len=,
@@ -620,103 +615,3 @@ def test_describe_emits_only_documented_flags(config):
 def test_lanes_are_registered():
     assert isinstance(get_lane("trtllm"), TrtllmLane)
     assert isinstance(get_lane("trtllm-engine"), TrtllmEngineLane)
-
-
-# --- the real thing, where TensorRT-LLM and a GPU exist --------------------------------------------------------
-
-def _real_reason() -> str | None:
-    why = gpu_unavailable_reason()
-    if why:
-        return f"no GPU: {why}"
-    if installed_version("tensorrt-llm") is None:
-        return "TensorRT-LLM is not installed in this interpreter (pip install 'tensorrt-llm>=1.0,<1.3')"
-    if not (TINY / "config.json").is_file():
-        return f"the tiny test model is missing at {TINY} (scripts/make_tiny_model.py)"
-    return None
-
-
-REAL = _real_reason()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve_until_healthy(argv: list[str], env: dict[str, str], health: str, timeout_s: float = 900) -> None:
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"{argv[0]} exited with {proc.returncode}"
-            try:
-                with urllib.request.urlopen(health, timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(2)
-        raise AssertionError(f"{argv[0]} not healthy after {timeout_s}s")
-    finally:
-        import signal
-
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-
-
-def _tiny_spec(lane: str) -> BuildSpec:
-    import tempfile
-
-    from enginefoundry.gpu import detect_gpus
-
-    g = detect_gpus()[0]
-    version = installed_version("tensorrt-llm")
-    data = {
-        "name": f"tiny-{lane}", "model": {"source": str(TINY), "name": "tiny-chat"}, "lane": lane,
-        "toolchain": {"trtllm_version": version}, "variants": [{"precision": "fp16"}],
-        "profiles": [{"name": "p", "max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128,
-                      "max_num_tokens": 256}],
-        "targets": [{"name": "gpu", "arch": g.arch, "sku": [g.name], "gpu_count": 1}],
-        "lane_options": {"triton_dir": os.environ.get("EF_TRITON_DIR", "/app")} if lane == "trtllm-engine" else {},
-        "smoke": {"prompts": "prompts/general.jsonl"},
-        "benchmark": {"scenarios": [{"name": "s", "input_tokens_mean": 8, "output_tokens_mean": 8}],
-                      "concurrency": [1]},
-        "publish": {"store": f"file://{tempfile.gettempdir()}/ef-store"},
-    }
-    return parse_spec(data, base_dir=CONFIGS)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(REAL is not None, reason=str(REAL))
-def test_real_pytorch_lane_builds_and_serves(tmp_path):
-    spec = _tiny_spec("trtllm")
-    lane = TrtllmLane()
-    [unit] = expand_units(spec)
-    assert lane.validate_options(spec) == []
-    ckpt = lane.convert(spec, unit.variant, TINY, tmp_path / "convert")
-    res = lane.build(spec, unit, Path(ckpt.checkpoint_dir), tmp_path / "build")
-    bundle = Path(res.bundle_dir)
-    assert (bundle / RUNTIME_CONFIG).is_file() and (bundle / BUNDLE_INFO).is_file()
-    serve = lane.serve_command(bundle, "127.0.0.1", _free_port())
-    port = serve.command.argv[serve.command.argv.index("--port") + 1]
-    _serve_until_healthy(serve.command.argv, serve.command.env, f"http://127.0.0.1:{port}{serve.health_path}")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(REAL is not None or not os.environ.get("EF_TRTLLM_EXAMPLES_DIR"),
-                    reason=str(REAL or "EF_TRTLLM_EXAMPLES_DIR is not set (TensorRT-LLM examples/ of the release)"))
-def test_real_engine_lane_converts_builds_and_serves(tmp_path):
-    spec = _tiny_spec("trtllm-engine")
-    lane = TrtllmEngineLane()
-    [unit] = expand_units(spec)
-    if lane.validate_options(spec):
-        pytest.skip(f"installed TensorRT-LLM cannot run the engine lane: {lane.validate_options(spec)}")
-    ckpt = lane.convert(spec, unit.variant, TINY, tmp_path / "convert")
-    res = lane.build(spec, unit, Path(ckpt.checkpoint_dir), tmp_path / "build")
-    bundle = Path(res.bundle_dir)
-    assert (bundle / "engine" / "rank0.engine").is_file() and (bundle / "engine" / "config.json").is_file()
-    assert triton.check_repository(bundle / "triton_model_repo") == []
-    serve = lane.serve_command(bundle, "127.0.0.1", _free_port())
-    port = serve.command.argv[serve.command.argv.index("--port") + 1]
-    _serve_until_healthy(serve.command.argv, serve.command.env, f"http://127.0.0.1:{port}{serve.health_path}")

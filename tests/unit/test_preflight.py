@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -20,10 +19,11 @@ from enginefoundry.preflight import (
     preflight,
 )
 from enginefoundry.spec import BuildSpec, Profile, Target, Variant, load_spec
+from tests.support.paths import CONFIGS, FIXTURES, REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-FIX = Path(__file__).parent / "fixtures"
-REPO_CONFIGS = Path(__file__).parent.parent / "configs" / "model-configs"
+ROOT = REPO
+FIX = FIXTURES
+REPO_CONFIGS = CONFIGS / "model-configs"
 LLAMA_70B = json.loads((REPO_CONFIGS / "llama-3-70b-instruct.json").read_text())
 LLAMA_8B = json.loads((REPO_CONFIGS / "llama-3.1-8b-instruct.json").read_text())
 
