@@ -14,9 +14,13 @@ import yaml
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 
 
+def _processes(pattern: str) -> str:
+    """Command lines of the running processes that match `pattern` (pgrep -af)."""
+    return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+
+
 def _servers_for(marker: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", "serve"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if marker in line and "pgrep" not in line]
+    return [line for line in _processes("serve").splitlines() if marker in line and "pgrep" not in line]
 
 
 def test_ctrl_c_during_benchmark_stops_the_server_and_publishes_nothing(tmp_path: Path):
@@ -39,13 +43,18 @@ def test_ctrl_c_during_benchmark_stops_the_server_and_publishes_nothing(tmp_path
         assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
         time.sleep(0.5)
     assert _servers_for(str(work)), "the unit's server should be running during the benchmark"
-    time.sleep(2)
+    # Interrupt while the benchmark client itself runs, not before it started.
+    while time.monotonic() < deadline and str(work) not in _processes("aiperf"):
+        assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    time.sleep(1)
+    gone = time.monotonic() + 30  # the server's process group gets SIGTERM, then SIGKILL
+    while _servers_for(str(work)) and time.monotonic() < gone:
+        time.sleep(0.2)
     assert not _servers_for(str(work)), out[-2000:]
     assert list(tmp_path.glob("store/artifacts/**/manifest.json")) == []
     assert list(tmp_path.glob("store/checkpoints/**/manifest.json")), "conversion finished before the interrupt"
-    aiperf = subprocess.run(["pgrep", "-af", "aiperf"], capture_output=True, text=True).stdout
+    aiperf = _processes("aiperf")
     assert str(work) not in aiperf, aiperf

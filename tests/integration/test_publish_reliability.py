@@ -56,7 +56,7 @@ def test_s3_killed_mid_upload_leaves_no_manifest_and_the_retry_publishes_once(tm
 
         worker = threading.Thread(target=publish)
         worker.start()
-        time.sleep(1.5)  # some parts are in flight
+        _wait_for_uploaded_parts(s3env, "enginefoundry", worker)  # the upload is under way: kill S3 now
         subprocess.run([*STACK, "down", "--state-dir", str(state)], check=True, capture_output=True)
         worker.join(timeout=180)
         assert not worker.is_alive()
@@ -74,6 +74,25 @@ def test_s3_killed_mid_upload_leaves_no_manifest_and_the_retry_publishes_once(tm
         assert manifests == ["artifacts/m/k/manifest.json"]
     finally:
         subprocess.run([*STACK, "down", "--state-dir", str(state)], capture_output=True)
+
+
+def _wait_for_uploaded_parts(s3env: dict[str, str], bucket: str, worker: threading.Thread) -> None:
+    """Poll (deadline 120 s) until a multipart upload to `bucket` has at least one part stored."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", endpoint_url=s3env["EF_S3_ENDPOINT"], region_name="us-east-1",
+                      aws_access_key_id=s3env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=s3env["AWS_SECRET_ACCESS_KEY"],
+                      config=Config(s3={"addressing_style": "path"}))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert worker.is_alive(), "the upload finished before S3 could be killed"
+        for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+            if s3.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts"):
+                return
+        time.sleep(0.05)
+    raise AssertionError("no multipart part was stored within 120 s")
 
 
 @pytest.fixture(autouse=True)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import jsonschema
@@ -75,13 +73,15 @@ def test_lease_one_holder_waiter_sees_manifest_and_stale_lease_is_broken(tmp_pat
     first = try_acquire(store, lk, "a")
     assert first is not None and try_acquire(store, lk, "b") is None
 
-    def publish_later() -> None:
-        time.sleep(0.5)
+    notes: list[str] = []
+
+    def holder_publishes_while_waited_for(note: str) -> None:  # the waiter is waiting: the holder finishes now
+        notes.append(note)
         store.create_if_absent("done.json", b"{}")
         release(store, first)
 
-    threading.Thread(target=publish_later).start()
-    assert wait_for(store, "done.json", lk, timeout_s=10, poll_s=0.1, progress=lambda _: None)
+    assert wait_for(store, "done.json", lk, timeout_s=10, poll_s=0.01, progress=holder_publishes_while_waited_for)
+    assert notes == ["another run (a) is building this unit; waiting for its manifest"]
     assert not store.exists(lk)
     stale = try_acquire(store, lk, "c", ttl_s=-1)  # already expired: its holder "died"
     assert stale is not None

@@ -4,7 +4,6 @@ server accepting them: tests/integration/test_k8s_pools_server.py."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 from typing import Any
@@ -52,14 +51,3 @@ def test_rendered_job_asks_for_the_pools_gpus(pool: str) -> None:
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in pod["volumes"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-
-
-def test_kubernetes_worker_renders_the_job() -> None:
-    worker = pytest.importorskip("prefect_kubernetes.worker", reason="pip install prefect-kubernetes==0.8.0")
-    config = asyncio.run(worker.KubernetesWorkerJobConfiguration.from_template_and_values(
-        template("gpu-sm90"), {"gpu_product": "NVIDIA-H200", "image": "registry.example/enginefoundry:1.2.1"}))
-    pod = config.job_manifest["spec"]["template"]["spec"]
-    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
-    assert pod["containers"][0]["image"] == "registry.example/enginefoundry:1.2.1"
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert config.job_manifest["kind"] == "Job" and config.namespace == "default"

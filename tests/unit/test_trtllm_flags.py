@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import platform
-import sys
 
 import pytest
 
@@ -30,11 +28,8 @@ from enginefoundry.lanes.trtllm_flags import (
 from enginefoundry.spec import load_spec, parse_spec
 from enginefoundry.toolchain import (
     PROBE_MARKER,
-    detect_toolchain,
-    installed_version,
     parse_probe_output,
     parse_version,
-    require_trtllm,
     toolchain_from_probe,
 )
 from tests.support.paths import REPO
@@ -217,16 +212,3 @@ def test_probe_output_is_read_from_the_marker_line_only():
         parse_probe_output("[TensorRT-LLM] TensorRT LLM version: 1.2.1\nSegmentation fault\n")
     with pytest.raises(ToolError, match="malformed"):
         parse_probe_output(PROBE_MARKER + "{oops\n")
-
-
-def test_probe_of_this_interpreter(tmp_path):
-    """A real child interpreter: what it can import is reported, what it cannot is an error entry."""
-    info = detect_toolchain(sys.executable, log_dir=tmp_path, with_driver=False)
-    assert info.python == platform.python_version()
-    torch_version = installed_version("torch")
-    assert info.torch == torch_version or (torch_version is None and "torch" in info.errors)
-    if installed_version("tensorrt-llm") is None:
-        assert info.tensorrt_llm is None and "ModuleNotFoundError" in info.errors["tensorrt_llm"]
-        with pytest.raises(ToolError, match="lane trtllm-engine needs TensorRT-LLM"):
-            require_trtllm(info, "trtllm-engine", "install it")
-    assert (tmp_path / "toolchain-probe.log").is_file()
