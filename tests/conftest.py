@@ -51,7 +51,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     # Free ports, so a developer's own stack on the default ports is left alone.
     env = {**os.environ, **{f"EF_{name}_PORT": str(free_port()) for name in ("S3", "MLFLOW", "HUB")}}
     up = subprocess.run([sys.executable, str(STACK_SCRIPT), "up", "--state-dir", str(state),
-                         "--services", "s3,mlflow,hub"], env=env, capture_output=True, text=True)
+                         "--services", "s3,mlflow,hub", "--owner-pid", str(os.getpid())],  # killed session: no orphan
+                        env=env, capture_output=True, text=True)
     if up.returncode != 0:
         subprocess.run([sys.executable, str(STACK_SCRIPT), "down", "--state-dir", str(state)])
         pytest.fail(f"could not start the test services:\n{up.stdout}\n{up.stderr}")

@@ -19,7 +19,16 @@ from stacklib.net import DEFAULT_PORTS, HOST, port_is_free, service_port
 from stacklib.prefect_server import start_prefect
 from stacklib.s3 import start_s3
 from stacklib.state import StackError, State, load_or_create_credentials
-from stacklib.supervisor import Context, Outcome, add_no_proxy, owned_members, stop_group
+from stacklib.supervisor import (
+    OWNER_WATCH,
+    Context,
+    Outcome,
+    add_no_proxy,
+    owned_members,
+    stop_group,
+    wait_for_exit,
+    watch_owner,
+)
 from stacklib.workers import DEFAULT_POOL, WORKER_PREFIX, start_worker
 
 SERVICES = ("s3", "mlflow", "prefect", "hub")
@@ -132,6 +141,8 @@ def cmd_up(state: State, args: argparse.Namespace) -> int:
     running = [n for n in SERVICES if n not in services and owned_members(state, state.read_pid(n))]
     ctx = Context(state, ports, creds, stack_env(state, ports, creds, [*services, *running]), threading.Event())
     print(f"starting in {state.root}: {', '.join(services + [WORKER_PREFIX + p for p in pools]) or 'nothing'}")
+    if args.owner_pid is not None:
+        watch_owner(state, args.owner_pid)
     outcomes, errors = run_parallel(ctx, services, pools)
 
     registry = state.load_registry()
@@ -157,7 +168,10 @@ def cmd_up(state: State, args: argparse.Namespace) -> int:
 
 def cmd_down(state: State, _args: argparse.Namespace) -> int:
     started = time.monotonic()
-    names = state.recorded_names()
+    names = [n for n in state.recorded_names() if n != OWNER_WATCH]
+    watcher = state.read_pid(OWNER_WATCH)
+    if watcher is not None and watcher != os.getpid():  # a `down` by hand: the owner's watcher goes first
+        stop_group(state, OWNER_WATCH)
     workers = [n for n in names if n.startswith(WORKER_PREFIX)]
     others = [n for n in names if n not in workers]
     all_stopped = True
@@ -169,8 +183,17 @@ def cmd_down(state: State, _args: argparse.Namespace) -> int:
             ):
                 all_stopped &= stopped
                 print(f"  {name:<14} {detail}", flush=True)
+    if watcher == os.getpid():
+        state.pid_file(OWNER_WATCH).unlink(missing_ok=True)
     print(f"stack down in {time.monotonic() - started:.1f} s" if names else "stack down: nothing was running")
     return 0 if all_stopped else 1
+
+
+def cmd_watch_owner(state: State, args: argparse.Namespace) -> int:
+    """The detached watcher of `up --owner-pid`: waits for the owner to exit, then stops the stack."""
+    wait_for_exit(args.owner_pid)
+    print(f"owner {args.owner_pid} exited: stopping the stack", flush=True)
+    return cmd_down(state, args)
 
 
 def cmd_status(state: State, _args: argparse.Namespace) -> int:
@@ -190,9 +213,12 @@ def cmd_status(state: State, _args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None, description: str | None = None) -> int:
     parser = argparse.ArgumentParser(description=(description or __doc__).split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("up", "down", "status"):
+    for name in ("up", "down", "status", "watch-owner"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--state-dir", default=".stack", help="where pids, logs, data and env files live")
+        if name in ("up", "watch-owner"):
+            cmd.add_argument("--owner-pid", type=int, default=None, required=name == "watch-owner",
+                             help="stop the stack when this process exits (a test session), however it exits")
         if name == "up":
             cmd.add_argument("--services", default=",".join(SERVICES), help="comma-separated subset of %(default)s")
             cmd.add_argument(
@@ -205,7 +231,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     # Absolute, so the marker in the children's env and the paths in env files do not depend on the cwd.
     state = State(Path(args.state_dir).resolve())
     add_no_proxy(os.environ)  # for our own probes through boto3
-    commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status}
+    commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "watch-owner": cmd_watch_owner}
     try:
         return commands[args.command](state, args)
     except StackError as err:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -233,3 +234,39 @@ def launch(
             )
         time.sleep(0.2)
     return Outcome(name, ctx.url(name) if name in ctx.ports else "", time.monotonic() - started, pid, note)
+
+
+# The watcher of an owner process (`up --owner-pid`): recorded with the services so `status` shows it, but
+# never stopped by the `down` it runs itself.
+OWNER_WATCH = "owner-watch"
+ENTRY = Path(__file__).resolve().parents[1] / "stack.py"
+
+
+def watch_owner(state: State, owner_pid: int) -> None:
+    """Tie the stack to `owner_pid` (a test session): a detached watcher runs `down` once that process exits,
+    however it exits, so a `kill -9` of the owner leaves no service behind. One watcher per state dir."""
+    if owned_members(state, state.read_pid(OWNER_WATCH)):
+        return
+    argv = [sys.executable, str(ENTRY), "watch-owner", "--state-dir", str(state.root), "--owner-pid", str(owner_pid)]
+    spawn(state, OWNER_WATCH, argv, child_env(state, {}))
+
+
+def wait_for_exit(pid: int) -> None:
+    """Block until process `pid` has exited: a pidfd where the kernel has them (no polling), else a 1 s poll."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfd (not Linux, or a kernel before 5.3)
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                pass
+            time.sleep(1.0)
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)

@@ -12,6 +12,7 @@ tests/conftest.py registers the fixtures `prefect_server` and `cluster` (one ins
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def prefect_fixture(stack: dict[str, str], tmp_path_factory: pytest.TempPathFact
             "EF_DISPATCH_POLL_S": "1"}
     base.pop("PREFECT_API_URL", None)
     server = PrefectServer(state=state, env=base, api=f"http://127.0.0.1:{port}/api", ui=f"http://127.0.0.1:{port}")
-    up = server.stack("up", "--services", "prefect", "--worker-pools", "")
+    up = server.stack("up", "--services", "prefect", "--worker-pools", "", "--owner-pid", str(os.getpid()))
     if up.returncode != 0:
         server.stack("down")
         pytest.fail(f"could not start the Prefect server:\n{up.stdout}\n{up.stderr}")
