@@ -1,4 +1,4 @@
-"""The unit matrix: variant × profile × target, and the cache keys of DESIGN.md §4."""
+"""The unit matrix: variant × profile × target, and the cache keys of docs/architecture.md#units-and-cache-keys."""
 
 from __future__ import annotations
 
