@@ -1,41 +1,27 @@
-"""The Kubernetes base job templates of the GPU pools (k8s/): up to date with their generator, accepted by a
-real Prefect server as `kubernetes` work pools (no prefect-kubernetes needed for that), and rendered into the
-Job a kubernetes worker would submit (with prefect-kubernetes, where it is installed)."""
+"""The Kubernetes base job templates of the GPU pools (k8s/, generated from enginefoundry/gpu_targets.py and
+checked against it by tests/unit/test_gpu_targets.py): accepted by a real Prefect server as `kubernetes` work
+pools. tests/unit/test_cluster_jobs.py renders them into Jobs with prefect-kubernetes."""
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from enginefoundry.gpu_targets import gpu_pools
 from tests.cluster_stack import PrefectServer
 from tests.conftest import REPO
 
 # The session fixtures (one Prefect server for all cluster tests) live in a plugin, shared by every module.
 pytest_plugins = ["tests.cluster_stack"]
 K8S = REPO / "k8s"
-PRODUCTS = {"gpu-sm80": ("8", "0"), "gpu-sm89": ("8", "9"), "gpu-sm90": ("9", "0"), "gpu-sm100": ("10", "0")}
-
-
-def generator() -> Any:
-    spec = importlib.util.spec_from_file_location("make_templates", K8S / "make_templates.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+PRODUCTS = {t.pool: tuple(str(n) for n in t.compute_capability or ()) for t in gpu_pools()}
 
 
 def template(pool: str) -> dict[str, Any]:
     return json.loads((K8S / f"base-job-template-{pool}.json").read_text())
-
-
-def test_committed_templates_are_generated_ones() -> None:
-    assert generator().main(["--check"]) == 0, "run .venv/bin/python k8s/make_templates.py"
-    assert set(generator().POOLS) == set(PRODUCTS)
 
 
 @pytest.mark.parametrize("pool", sorted(PRODUCTS))
@@ -47,7 +33,8 @@ def test_rendered_job_asks_for_the_pools_gpus(pool: str) -> None:
     job = apply_values(base["job_configuration"], {**defaults, "gpu_count": 2})["job_manifest"]
     pod = job["spec"]["template"]["spec"]
     major, minor = PRODUCTS[pool]
-    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == defaults["gpu_product"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == defaults["gpu_products"]
     assert (pod["nodeSelector"]["nvidia.com/gpu.compute.major"], pod["nodeSelector"]["nvidia.com/gpu.compute.minor"]) \
         == (major, minor)
     container = pod["containers"][0]
@@ -78,14 +65,3 @@ def test_prefect_server_accepts_kubernetes_pools(prefect_server: PrefectServer, 
                                      "--base-job-template", str(path))
     assert refused.returncode != 0
     assert "nope" in refused.stdout + refused.stderr
-
-
-def test_kubernetes_worker_renders_the_job() -> None:
-    worker = pytest.importorskip("prefect_kubernetes.worker", reason="pip install prefect-kubernetes==0.8.0")
-    config = asyncio.run(worker.KubernetesWorkerJobConfiguration.from_template_and_values(
-        template("gpu-sm90"), {"gpu_product": "NVIDIA-H200", "image": "registry.example/enginefoundry:1.2.1"}))
-    pod = config.job_manifest["spec"]["template"]["spec"]
-    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
-    assert pod["containers"][0]["image"] == "registry.example/enginefoundry:1.2.1"
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert config.job_manifest["kind"] == "Job" and config.namespace == "default"
