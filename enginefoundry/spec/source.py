@@ -27,6 +27,10 @@ class SourceURI(BaseModel):
     kind: SourceKind
     location: str  # repo id, "bucket/prefix" or a path
     revision: str | None = None  # hf only; a branch, tag or commit sha
+    # hf only: which repo files to fetch (fnmatch patterns, as huggingface_hub's snapshot_download takes them);
+    # None for ignore_patterns means enginefoundry.sources.DEFAULT_IGNORE_PATTERNS.
+    allow_patterns: tuple[str, ...] | None = None
+    ignore_patterns: tuple[str, ...] | None = None
 
     @property
     def uri(self) -> str:
@@ -77,6 +81,12 @@ class ModelSpec(BaseModel):
         description="Short model name used in store paths and MLflow names"
     )
     tokenizer: str | None = Field(default=None, description="Tokenizer source when it is not inside the checkpoint")
+    allow_patterns: list[str] | None = Field(
+        default=None, description="hf sources: fetch only repo files matching one of these (fnmatch) patterns")
+    ignore_patterns: list[str] | None = Field(
+        default=None, description="hf sources: skip repo files matching these patterns; default: duplicate weight "
+        "formats (original/*, *.pth, *.gguf, onnx/*, *.msgpack, *.h5, and *.bin when safetensors exist); "
+        "[] fetches every file")
 
     @field_validator("source", "tokenizer")
     @classmethod
@@ -88,6 +98,10 @@ class ModelSpec(BaseModel):
     def parsed_source(self, base_dir: Path | None = None) -> SourceURI:
         """The source URI; a relative local path is taken relative to `base_dir` (the spec's folder)."""
         src = parse_source_uri(self.source)
+        if src.kind is SourceKind.HF and (self.allow_patterns is not None or self.ignore_patterns is not None):
+            src = src.model_copy(update={
+                "allow_patterns": None if self.allow_patterns is None else tuple(self.allow_patterns),
+                "ignore_patterns": None if self.ignore_patterns is None else tuple(self.ignore_patterns)})
         if src.kind is SourceKind.LOCAL and base_dir is not None and not Path(src.location).is_absolute():
             return SourceURI(kind=SourceKind.LOCAL, location=str((base_dir / src.location).resolve()))
         return src
