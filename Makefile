@@ -4,14 +4,30 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint plan stack stack-down stack-status deploy clean
+.PHONY: demo test lint plan stack stack-down stack-status deploy targets bench-venv clean
 
 $(BIN)/enginefoundry: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	# torch 2.13.0 CPU: pip takes the local wheel where one lies on disk (uv would download CUDA builds).
-	$(BIN)/pip install -q -e '.[reference,bench,test]'
+	# server: the full MLflow for `make stack`'s tracking server (the core needs only mlflow-skinny).
+	$(BIN)/pip install -q -e '.[reference,bench,test,server]'
 	touch $@
+
+# AIPerf in its own venv, so its pins (rich~=14.1, pandas, pyzmq) never meet TensorRT-LLM's; the bench stage
+# finds .venv-bench/bin/aiperf before PATH (EF_AIPERF overrides both). Same pin as the `bench` extra.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/bin/aiperf:
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q -U pip
+	$(BENCH_VENV)/bin/pip install -q 'aiperf==0.13.0'
+	touch $@
+
+bench-venv: $(BENCH_VENV)/bin/aiperf
+
+# Regenerate what lists the GPU pools (deployment.yaml, POOLS below, k8s/) from enginefoundry/gpu_targets.py.
+targets: $(BIN)/enginefoundry
+	$(BIN)/python scripts/gen_targets.py
 
 demo: $(BIN)/enginefoundry
 	$(BIN)/enginefoundry run configs/tiny-cpu.yaml

@@ -28,6 +28,9 @@ DEFAULT_WORKER_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_SIZE = "32Gi"
+# The Prefect worker's own image (it only submits Jobs): the Prefect release this project pins, with
+# prefect-kubernetes (the `-kubernetes` image variant of prefecthq/prefect).
+PREFECT_WORKER_TAG = "3.9.1-python3.11-kubernetes"
 
 
 class GpuTarget(BaseModel):
@@ -151,6 +154,9 @@ def render_helm_values(target: GpuTarget) -> str:
         f"#     --set-file worker.config.baseJobTemplate.configuration={target.template_file}",
         f"fullnameOverride: prefect-worker-{target.pool}",
         "worker:",
+        "  image:",
+        "    repository: prefecthq/prefect",
+        f"    prefectTag: {PREFECT_WORKER_TAG}",
         "  apiConfig: server",
         "  serverApiConfig:",
         "    # the in-cluster Prefect server (prefect-server chart); override with --set for another",
