@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from prefect import get_run_logger
+from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
@@ -90,29 +91,29 @@ def unit_parameters(spec_payload: dict[str, Any], unit: Unit, key_components: di
             "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id}
 
 
-def existing_secret_blocks(wanted: dict[str, str]) -> dict[str, str]:
-    """The env → Secret block pairs whose block exists on the Prefect server (a missing block would fail the
-    worker's job preparation, so it is left out with a note)."""
-    from prefect.client.orchestration import get_client
-
-    log = get_run_logger()
+def existing_secret_blocks(client: SyncPrefectClient, wanted: dict[str, str]) -> dict[str, str]:
+    """The env → Secret block pairs whose block exists on the Prefect server: a reference to a missing block
+    would fail the worker's job preparation, so those are left out."""
     found: dict[str, str] = {}
-    with get_client(sync_client=True) as client:
-        for name, block in wanted.items():
-            try:
-                client.read_block_document_by_name(block, block_type_slug="secret", include_secrets=False)
-            except ObjectNotFound:
-                log.debug(f"dispatch: no Secret block {block}: unit jobs get no {name}")
-                continue
-            found[name] = block
-    if found:
-        log.info(f"dispatch: unit jobs get {', '.join(sorted(found))} from Prefect Secret blocks")
+    for name, block in wanted.items():
+        try:
+            client.read_block_document_by_name(block, block_type_slug="secret", include_secrets=False)
+        except ObjectNotFound:
+            continue
+        found[name] = block
     return found
 
 
 def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str, Any]]:
     """Per unit: its GPUs (tp × pp), the spec's image and digest, the GPU products, secrets by reference."""
-    secrets = existing_secret_blocks(secret_env_map(os.environ.get(SECRET_ENV_VARIABLE)))
+    from prefect.client.orchestration import get_client
+
+    wanted = secret_env_map(os.environ.get(SECRET_ENV_VARIABLE))
+    with get_client(sync_client=True) as client:
+        secrets = existing_secret_blocks(client, wanted)
+    if secrets:
+        get_run_logger().info(f"dispatch: unit jobs get {', '.join(sorted(secrets))} from Prefect Secret blocks "
+                              f"{', '.join(sorted(secrets.values()))}")
     return {u.name: unit_job_variables(spec, u, secrets).as_job_variables() for u in units}
 
 
