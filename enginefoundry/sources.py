@@ -167,9 +167,11 @@ def _hf_cache_dir() -> Path:
 
 def _fetch_hf(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path, dict[str, Any], str]:
     """Resolve the revision to a commit sha, then download the selected files of exactly that commit into the
-    standard HF cache. huggingface_hub shows per-file progress bars and resumes a partial file from its
-    `.incomplete` blob on the next call (HTTP Range). With HF_HUB_OFFLINE=1 the revision and files come from the
-    cache alone (a pre-warmed shared cache works the same way)."""
+    standard HF cache, with huggingface_hub's progress bars. A download resumes file by file: an interrupted
+    fetch keeps the files it finished and the next one downloads only the rest (the progress line says how
+    many); within a file, huggingface_hub retries transient network errors from where it stopped (HTTP Range,
+    `http_get(resume_size=…)`), but since huggingface_hub PR #4228 a killed process's partial file is not reused.
+    With HF_HUB_OFFLINE=1 the revision and files come from the cache alone (a pre-warmed shared cache too)."""
     from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
     from huggingface_hub.hf_api import RepoFile
@@ -197,10 +199,12 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path,
             files, ignore = hf_selection(list(listing), allow, source.ignore_patterns)
             todo = [f for f in files if not isinstance(try_to_load_from_cache(repo, f, revision=sha), str)]
             skipped = sorted(set(listing) - set(files))
+            fetching = (f"downloading {len(todo)} ({_gb(sum(listing[f] for f in todo))}) into {cache}" if todo
+                        else f"all in the cache {cache}")
             progress(f"fetch: {repo}@{rev} resolved to commit {sha[:12]} at {endpoint}: {len(files)} files, "
-                     f"{_gb(sum(listing[f] for f in files))} ({_gb(sum(listing[f] for f in todo))} to download into "
-                     f"{cache})" + (f"; skipped {len(skipped)} by pattern: {', '.join(skipped[:5])}"
-                                    + (" …" if len(skipped) > 5 else "") if skipped else ""))
+                     f"{_gb(sum(listing[f] for f in files))}; {fetching}"
+                     + (f"; skipped {len(skipped)} by pattern: {', '.join(skipped[:5])}"
+                        + (" …" if len(skipped) > 5 else "") if skipped else ""))
             # By the requested revision, so the cache records refs/<rev> → commit for offline use; the commit
             # must be the one resolved above (a branch that moved in between is refused, not mixed).
             snapshot = Path(snapshot_download(repo, revision=rev, allow_patterns=list(allow) if allow else None,

@@ -71,6 +71,18 @@ def test_fetch_skips_duplicates_and_works_offline_from_the_cache(hub_repo: Path,
     weights, tokenizer, files = checkpoint_digests(plain)
     assert (online["weights_digest"], online["tokenizer_digest"], online["files"]) == (weights, tokenizer, files)
     assert online["identity"]["ignore_patterns"][-1] == "*.bin"
+    assert f"{len(files)} files" in online["log"] and f"downloading {len(files)} (" in online["log"]
+
+    # Interrupted after all but one file: the next fetch downloads only that one.
+    repo_cache = hf_home / "hub" / "models--meta-test--tiny-with-original"
+    (local / "config.json").resolve().unlink()
+    (local / "config.json").unlink()
+    with serving(tmp_path / "hub") as url:
+        again = fetch_in_process(model, {**env, "HF_ENDPOINT": url})
+        cached = fetch_in_process(model, {**env, "HF_ENDPOINT": url})
+    assert "downloading 1 (" in again["log"] and "all in the cache" in cached["log"]
+    assert again["weights_digest"] == online["weights_digest"]
+    assert (repo_cache / "refs" / "main").read_text() == online["revision"]
 
     # Offline, hub gone: the same snapshot from the cache, with the same identity.
     offline = fetch_in_process(model, {**env, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"})
