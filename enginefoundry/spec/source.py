@@ -7,7 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _S3 = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<prefix>.*))?$")
@@ -94,6 +94,14 @@ class ModelSpec(BaseModel):
         if value is not None:
             parse_source_uri(value)
         return value
+
+    @model_validator(mode="after")
+    def _patterns_for_hub_sources(self) -> ModelSpec:
+        if (self.allow_patterns is not None or self.ignore_patterns is not None) \
+                and parse_source_uri(self.source).kind is not SourceKind.HF:
+            raise ValueError("allow_patterns/ignore_patterns select files of a Hugging Face repo (hf:// sources); "
+                             "for an S3 prefix or a folder, point the source at a folder holding only the checkpoint")
+        return self
 
     def parsed_source(self, base_dir: Path | None = None) -> SourceURI:
         """The source URI; a relative local path is taken relative to `base_dir` (the spec's folder)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 from uuid import uuid4
 
 import pytest
@@ -14,7 +15,9 @@ from enginefoundry.cluster_jobs import secret_env_map, unit_job_variables
 from enginefoundry.flows.dispatch import existing_secret_blocks
 from enginefoundry.plan import expand_units
 from enginefoundry.spec import parse_spec
-from tests.cluster_stack import PrefectServer
+
+if TYPE_CHECKING:
+    from tests.cluster_stack import PrefectServer
 
 pytest_plugins = ["tests.cluster_stack"]
 REPO = Path(__file__).resolve().parents[2]

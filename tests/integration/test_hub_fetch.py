@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from enginefoundry.identity import checkpoint_digests
-from enginefoundry.sources import hf_selection
 from tests.services.hub_server import seed_repo, serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,17 +103,3 @@ def test_spec_patterns_and_a_shared_snapshot(hub_repo: Path, tmp_path: Path) -> 
     # The shared snapshot now holds original/ too; the default selection reads a folder without it.
     assert "original" not in {p.name for p in Path(default["local_dir"]).iterdir()}
     assert "original/consolidated.00.pth" not in default["files"]
-
-
-def test_selection_rules() -> None:
-    files = ["config.json", "model.safetensors", "pytorch_model.bin", "original/consolidated.00.pth",
-             "original/params.json", "onnx/model.onnx", "model.gguf", "flax_model.msgpack", "tf_model.h5",
-             "tokenizer.json"]
-    chosen, ignore = hf_selection(files, None, None)
-    assert chosen == ["config.json", "model.safetensors", "tokenizer.json"]
-    assert ignore[-1] == "*.bin"
-    only_bin, _ = hf_selection(["config.json", "pytorch_model.bin"], None, None)
-    assert only_bin == ["config.json", "pytorch_model.bin"]  # no safetensors: the .bin is the checkpoint
-    allowed, _ = hf_selection(files, ("*.json",), None)
-    assert allowed == ["config.json", "tokenizer.json"]
-    assert hf_selection(files, None, ())[0] == sorted(files)
