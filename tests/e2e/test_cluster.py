@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.gpu_targets import pools
 from tests.support.cluster import (
     GPU_POOL,
     SECOND_POOL,
@@ -34,9 +35,8 @@ def test_deployments_from_deployment_yaml(cluster: PrefectServer) -> None:
         deps = {d["name"]: d for d in http.post("/deployments/filter", json={}).json()}
         flows = {f["id"]: f["name"] for f in http.post("/flows/filter", json={}).json()}
     names = {f"{flows[d['flow_id']]}/{n}" for n, d in deps.items()}
-    assert {"build-engines/manual", "rollout/scheduled", "build-unit/cpu", "build-unit/gpu-sm80",
-            "build-unit/gpu-sm89", "build-unit/gpu-sm90", "build-unit/gpu-sm100"} <= names
-    for pool in ("cpu", "gpu-sm80", "gpu-sm89", "gpu-sm90", "gpu-sm100"):
+    assert {"build-engines/manual", "rollout/scheduled"} | {f"build-unit/{p}" for p in pools()} <= names
+    for pool in pools():
         unit = deps[pool]
         assert unit["work_pool_name"] == pool
         assert unit["global_concurrency_limit"]["limit"] == 1  # one build per GPU
