@@ -112,7 +112,7 @@ def test_local_source_with_a_symlink_out_of_it_is_refused(tmp_path: Path) -> Non
     (src / "config.json").write_text("{}")
     (tmp_path / "secret").write_text("secret")
     (src / "model.safetensors").symlink_to(tmp_path / "secret")
-    with pytest.raises(SourceError, match="model.safetensors"):
+    with pytest.raises(SourceError, match=r"model\.safetensors"):
         _fetch_local(SourceURI(kind=SourceKind.LOCAL, location=str(src)))
 
 
