@@ -44,11 +44,11 @@ def is_transient(err: BaseException) -> bool:
     if isinstance(error_code, str):
         if error_code in _THROTTLING:
             return True
-        status = getattr(err, "get_http_status_code", lambda: 0)()
-        if status >= 500 or status == 429:
-            return error_code != "INVALID_PARAMETER_VALUE"
         text = str(err).lower()
-        return any(t in text for t in _TRANSIENT_TEXT)
+        if any(t in text for t in _TRANSIENT_TEXT):
+            return True
+        status = getattr(err, "get_http_status_code", lambda: 0)()
+        return status >= 500 or status == 429
     return False
 
 
