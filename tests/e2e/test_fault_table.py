@@ -60,11 +60,8 @@ class Row:
 def _write_spec(tmp: Path) -> Path:
     spec = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
     spec["model"]["source"] = str(TINY_MODEL)
-    prompts = tmp / "prompts.jsonl"
-    prompts.write_text("".join(TINY_PROMPTS.read_text().splitlines(keepends=True)[:24]))
-    spec["smoke"]["prompts"] = str(prompts)
-    spec["smoke"]["min_samples"] = 20
-    spec["benchmark"].update({"concurrency": [1], "request_count": 4, "warmup_request_count": 0})
+    spec["smoke"]["prompts"] = str(TINY_PROMPTS)
+    spec["benchmark"].update({"concurrency": [1], "request_count": 8, "warmup_request_count": 1})
     spec["publish"] = {"store": f"file://{tmp}/store"}
     spec["tracking"] = {"mlflow_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "faults"}
     path = tmp / "spec.yaml"
