@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath, symlinks_leaving
 from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.s3 import s3_client, s3_endpoint
@@ -59,7 +60,18 @@ def _fetch_local(source: SourceURI) -> Path:
     path = Path(source.location).expanduser()
     if not path.is_dir():
         raise SourceError(f"model.source: local folder {path} does not exist; check the path in the spec")
-    return path.resolve()
+    path = path.resolve()
+    # A symlink leading out of the folder would make us read (and publish) files the spec never named. A
+    # Hugging Face cache snapshot (<repo>/snapshots/<sha>) links into its own <repo>/blobs: that is allowed.
+    allowed = (path.parent.parent / "blobs",) if path.parent.name == "snapshots" else ()
+    leaving = symlinks_leaving(path, allowed)
+    if leaving:
+        shown = ", ".join(str(p.relative_to(path)) for p in leaving[:5])
+        raise SourceError(
+            f"model.source: {path} has symlinks pointing outside it ({shown}); copy the files in "
+            "(cp -L) instead of linking them"
+        )
+    return path
 
 
 def _hub_endpoint() -> str:
@@ -113,7 +125,7 @@ def probe(source: SourceURI) -> str:
     if source.kind is SourceKind.S3:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        bucket, _, prefix = source.location.partition("/")
+        bucket, prefix = _bucket_prefix(source)
         try:
             found = s3_client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/", MaxKeys=1).get("KeyCount", 0)
         except (ClientError, BotoCoreError) as err:
@@ -276,7 +288,7 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path,
     """Download every object under the prefix into a cache folder named by the objects' versions/ETags."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, _, prefix = source.location.partition("/")
+    bucket, prefix = _bucket_prefix(source)
     client = s3_client()
     try:
         objects = _list_objects(client, bucket, prefix + "/")
@@ -287,21 +299,79 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path,
         ) from None
     if not objects:
         raise SourceError(f"model.source: s3://{bucket}/{prefix}/ is empty; upload the checkpoint folder there")
+    # Folder markers ("prefix/sub/", zero bytes, made by S3 consoles) hold no file.
+    objects = [o for o in objects if not (o["Key"].endswith("/") and o.get("Size", 0) == 0)]
+    for obj in objects:
+        _check_key(bucket, prefix, obj["Key"])
     identity = {o["Key"][len(prefix) + 1 :]: o.get("VersionId") or o["ETag"].strip('"') for o in objects}
-    dest = cache_root() / "s3" / bucket / prefix / sha256_json(identity)[:16]
+    root = cache_root() / "s3"
+    dest = root / bucket / prefix / sha256_json(identity)[:16]
     if not (dest / ".complete").exists():
-        tmp = dest.with_name(dest.name + ".partial")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(dest)
+        # Our own partial folder: a concurrent fetch of the same prefix writes its own, never into ours.
+        tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
         for obj in objects:
             rel = obj["Key"][len(prefix) + 1 :]
-            target = tmp / rel
+            try:
+                target = confined_join(tmp, rel, f"S3 object key under s3://{bucket}/{prefix}/:")
+            except UnsafePathError as err:
+                raise SourceError(f"model.source: {err}") from None
             target.parent.mkdir(parents=True, exist_ok=True)
             progress(f"fetch: s3://{bucket}/{obj['Key']} ({obj['Size']} bytes)")
             client.download_file(bucket, obj["Key"], str(target))
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-        (dest / ".complete").touch()
+        (tmp / ".complete").touch()
+        if (dest / ".complete").exists():  # another run finished the same download first
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(dest, ignore_errors=True)
+            tmp.rename(dest)
     return dest, {"bucket": bucket, "prefix": prefix, "objects": identity}
+
+
+def _bucket_prefix(source: SourceURI) -> tuple[str, str]:
+    bucket, _, raw = source.location.partition("/")
+    try:
+        prefix = normalise_prefix(raw, f"model.source prefix of s3://{source.location}")
+    except UnsafePathError as err:
+        raise SourceError(f"model.source: {err}") from None
+    if not prefix:
+        raise SourceError(f"model.source: s3://{source.location} has no prefix; use s3://bucket/folder")
+    return bucket, prefix
+
+
+def _check_key(bucket: str, prefix: str, key: str) -> None:
+    """A listed key must be a plain relative path under the prefix, or nothing is downloaded."""
+    try:
+        if not key.startswith(prefix + "/"):
+            raise UnsafePathError(f"S3 object key {key!r} is not under the prefix '{prefix}/'")
+        safe_relpath(key[len(prefix) + 1 :], f"S3 object key under s3://{bucket}/{prefix}/:")
+    except UnsafePathError as err:
+        raise SourceError(f"model.source: {err}; nothing was downloaded (rename or remove that object)") from None
+
+
+def remove_stale_partials(dest: Path) -> list[Path]:
+    """Partial download folders of `dest` left by a process that is gone (kill -9, power loss)."""
+    removed = []
+    for path in dest.parent.glob(f"{dest.name}.partial*"):
+        pid = path.name.rpartition("-")[2]
+        if pid.isdigit() and _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:

@@ -92,7 +92,7 @@ class Profile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "default"
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)] = "default"
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
     max_input_len: Annotated[int, Field(ge=1)] = 2048
     max_seq_len: Annotated[int, Field(ge=2)] = 4096
@@ -116,7 +116,7 @@ class Target(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
     arch: Arch
     # Substrings matched case-insensitively against the GPU name, e.g. ["H100", "H200"]. Empty: any SKU of the arch.
     sku: list[str] = Field(default_factory=list)

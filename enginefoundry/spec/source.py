@@ -9,6 +9,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from enginefoundry.confine import SAFE_NAME, normalise_prefix
+
 _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _S3 = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<prefix>.*))?$")
 
@@ -57,9 +59,10 @@ def parse_source_uri(raw: str) -> SourceURI:
         return SourceURI(kind=SourceKind.HF, location=repo, revision=rev or "main")
     if raw.startswith("s3://"):
         m = _S3.match(raw)
-        if not m or not m.group("prefix"):
+        prefix = normalise_prefix(m.group("prefix") or "", f"the prefix of '{raw}'") if m else ""
+        if not m or not prefix:
             raise ValueError(f"'{raw}' is not an S3 source: expected s3://bucket/prefix/ (a folder of the checkpoint)")
-        return SourceURI(kind=SourceKind.S3, location=f"{m.group('bucket')}/{m.group('prefix').rstrip('/')}")
+        return SourceURI(kind=SourceKind.S3, location=f"{m.group('bucket')}/{prefix}")
     if raw.startswith("file://"):
         path = raw[len("file://") :]
         if not path:
@@ -77,7 +80,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(description="hf://org/name@revision, s3://bucket/prefix, file:///path or a path")
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)] = Field(
+    name: Annotated[str, Field(pattern=SAFE_NAME, max_length=100)] = Field(
         description="Short model name used in store paths and MLflow names"
     )
     tokenizer: str | None = Field(default=None, description="Tokenizer source when it is not inside the checkpoint")
