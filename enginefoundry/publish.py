@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from enginefoundry.errors import StoreError
+from enginefoundry.errors import InputError, StoreError
 from enginefoundry.identity import list_files
 from enginefoundry.manifest import FileEntry, Manifest, validate_against_schema
 from enginefoundry.plan import key_of
@@ -379,5 +379,5 @@ def locate(uri: str) -> tuple[str, str, str, str, str | None]:
                 continue
             build = LEGACY_BUILD
         return root, folder.strip("/"), model, key, build
-    raise StoreError(f"{uri} is not the URI of a published build: expected <store>/manifests/<model>/<key>"
+    raise InputError(f"{uri} is not the URI of a published build: expected <store>/manifests/<model>/<key>"
                      "[/<build-id>.json] (or a version 1 <store>/artifacts/<model>/<key>)")

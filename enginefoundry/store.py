@@ -362,8 +362,8 @@ class FileStore(Store):
         out = []
         for dirpath, dirnames, filenames in os.walk(base):  # os.walk does not descend into symlinked folders
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if not name.startswith("."):
+            for name in filenames:  # regular files only: a symlinked object is corrupt, reading it says so
+                if not name.startswith(".") and not os.path.islink(os.path.join(dirpath, name)):
                     out.append((Path(dirpath) / name).relative_to(self.root).as_posix())
         return sorted(out)
 
