@@ -124,7 +124,7 @@ def build_engines(
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
             built = dispatch_units(build_spec, spec_payload(build_spec), misses, components, snapshot, parent, store,
-                                   prefect_context().get("prefect.flow_run_id"))
+                                   prefect_context().get("prefect.flow_run_id"), replace=force)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
             t_convert = time.monotonic()
