@@ -261,3 +261,27 @@ def test_lineage_shows_when_the_build_was_last_verified(tmp_path):
 def test_verify_and_pull_refuse_bad_input_with_exit_2(argv, capsys, tmp_path):
     code, out = _cli(capsys, *argv)
     assert code == 2, out
+
+
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a/../../b", "a\\b", "./a", "", "a\x00b"])
+def test_a_stored_manifest_with_a_hostile_path_is_refused_before_any_file_is_touched(store, tmp_path, path, capsys):
+    """Written straight into the store (as an attacker with write access would), pointer and all."""
+    import hashlib
+
+    from enginefoundry.publish import Pointer, build_manifest_key
+
+    fields = _fields()
+    data = json.dumps({**fields, "schema_version": 2, "build_id": "20260101T000000000000Z-evil",
+                       "files": [{"path": path, "size": 4, "sha256": "a" * 64, "executable": False}]}).encode()
+    mkey = build_manifest_key("m", fields["key"], "20260101T000000000000Z-evil")
+    assert store.create_if_absent(mkey, data)
+    pointer = Pointer(build_id="20260101T000000000000Z-evil", manifest_sha256=hashlib.sha256(data).hexdigest())
+    assert store.create_if_absent(pointer_key("m", fields["key"]), pointer.model_dump_json().encode())
+    with pytest.raises(StoreError, match="not a valid manifest"):
+        find_current(store, "m", fields["key"])
+    code, out = _cli(capsys, "pull", f"{store.uri}/{mkey}", str(tmp_path / "dest"))
+    assert code == 1 and "not a valid manifest" in out
+    assert not (tmp_path / "x").exists() and not list((tmp_path / "dest").rglob("*"))
+    # The next publish of the key replaces the broken build.
+    result = publish_build(store, "m", fields, {"bundle": _bundle(tmp_path)}, **QUIET)
+    assert result.created and find_current(store, "m", fields["key"]).build_id == result.build_id
