@@ -246,6 +246,17 @@ def check_hit(store: Store, build: PublishedBuild, rehash: bool = False) -> list
     if build.layout == "cas" and doc.build_id != build.build_id:
         problems.append(Problem(path="manifest", problem="build_id differs from its file name",
                                 expected=build.build_id, actual=str(doc.build_id)))
+    if build.layout == "cas":
+        try:
+            pointer = read_pointer(store, build.model, build.key)
+        except StoreError as err:
+            problems.append(Problem(path="manifest", problem=str(err)))
+        else:
+            if (pointer is not None and pointer[0].build_id == build.build_id
+                    and pointer[0].manifest_sha256 != build.manifest_sha256):
+                problems.append(Problem(path="manifest", problem="changed after it was published (sha256 recorded "
+                                        "in current.json differs)", expected=pointer[0].manifest_sha256,
+                                        actual=build.manifest_sha256))
     for entry in doc.files:
         problems.extend(check_file(store, build, entry, rehash))
     return problems

@@ -149,6 +149,7 @@ def test_an_edited_manifest_is_refused(store, tmp_path, capsys):
     code, out = _cli(capsys, "verify", result.uri)
     assert code == 1
     assert "key is not the hash of key_components" in out and "key differs from the key of its location" in out
+    assert "changed after it was published" in out
 
 
 def test_a_manifest_whose_key_is_not_its_components_hash_is_refused_as_a_hit(store, tmp_path):
