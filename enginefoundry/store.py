@@ -129,10 +129,18 @@ class Store(ABC):
     def put_file(self, local: Path, key: str) -> tuple[int, str]:
         """Upload a file; return (size, sha256) computed in the same pass that reads it."""
 
-    @abstractmethod
     def put_blob(self, local: Path) -> BlobPut:
         """Store a file as blobs/sha256/<ab>/<digest>, written once with a conditional create. A blob that
-        exists already is not written again; its size is checked."""
+        exists already is not written again; its size is checked. A blob that is corrupt (wrong size, a
+        symlink) holds bytes that are not its name's: it is removed and written again from `local`, once."""
+        try:
+            return self._put_blob(local)
+        except CorruptObject as err:
+            self.delete(err.key)
+            return self._put_blob(local)
+
+    @abstractmethod
+    def _put_blob(self, local: Path) -> BlobPut: ...
 
     @abstractmethod
     def create_if_absent(self, key: str, data: bytes) -> bool:
@@ -199,7 +207,7 @@ class FileStore(Store):
             return None
         if not stat.S_ISREG(st.st_mode):
             kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-            raise StoreError(f"{self.url(key)} is corrupt: it is {kind} (a store never follows one)")
+            raise CorruptObject(key, f"{self.url(key)} is corrupt: it is {kind} (a store never follows one)")
         return st
 
     def _open(self, key: str) -> int:
@@ -263,7 +271,7 @@ class FileStore(Store):
             raise
         return size, digest
 
-    def put_blob(self, local: Path) -> BlobPut:
+    def _put_blob(self, local: Path) -> BlobPut:
         """Same filesystem: hash the file, then hard-link it as the blob (no bytes written). Else copy it,
         hashing in the same pass, and link the temp file into place. Either way the final name appears
         atomically and only if absent (link(2) fails on an existing name)."""
@@ -303,8 +311,8 @@ class FileStore(Store):
 
     def _existing(self, key: str, digest: str, size: int, existing: int | None) -> BlobPut:
         if existing != size:
-            raise StoreError(f"{self.url(key)} is corrupt: {existing} bytes, but content with this sha256 has "
-                             f"{size}; remove the blob and publish again")
+            raise CorruptObject(key, f"{self.url(key)} is corrupt: {existing} bytes, but content with this sha256 "
+                                f"has {size}")
         return BlobPut(digest=digest, size=size, uploaded=False)
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
@@ -496,7 +504,7 @@ class S3Store(Store):
             raise
         return size, h.hexdigest()
 
-    def put_blob(self, local: Path) -> BlobPut:
+    def _put_blob(self, local: Path) -> BlobPut:
         """The name needs the digest, so a first pass hashes; a blob that exists is then only HEADed. A new
         one is uploaded with If-None-Match: *, hashing again in the upload pass: bytes that changed in
         between are refused instead of being stored under the wrong name."""
@@ -515,8 +523,8 @@ class S3Store(Store):
                     raise StoreError(f"{local} changed while it was being published; publish again")
                 return BlobPut(digest=digest, size=sent, uploaded=True)
         if existing != size:
-            raise StoreError(f"{self.url(key)} is corrupt: {existing} bytes, but content with this sha256 has "
-                             f"{size}; remove the blob and publish again")
+            raise CorruptObject(key, f"{self.url(key)} is corrupt: {existing} bytes, but content with this sha256 "
+                                f"has {size}")
         return BlobPut(digest=digest, size=size, uploaded=False)
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
@@ -569,6 +577,14 @@ class S3Store(Store):
 
     def delete(self, key: str) -> None:
         self._call(f"deleting {self.url(key)}", self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
+
+
+class CorruptObject(StoreError):
+    """An object in the store is not what its name says (wrong size for its digest, a symlink)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class _Exists(Exception):

@@ -286,3 +286,30 @@ def test_a_stored_manifest_with_a_hostile_path_is_refused_before_any_file_is_tou
     # The next publish of the key replaces the broken build.
     result = publish_build(store, "m", fields, {"bundle": _bundle(tmp_path)}, **QUIET)
     assert result.created and find_current(store, "m", fields["key"]).build_id == result.build_id
+
+
+def _heals(store: Store, tmp_path: Path, damage) -> None:
+    result = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    entry = next(e for e in result.manifest.files if e.path.endswith("weights.safetensors"))
+    damage(entry.sha256)
+    build = find_current(store, "m", result.manifest.key)
+    assert check_hit(store, build) != []
+    publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "again")}, replace=True, **QUIET)
+    assert check_hit(store, build, rehash=True) == []  # the earlier build is whole again
+    assert verify_build(store, build).ok
+
+
+def test_publishing_the_right_bytes_again_heals_a_short_blob(store, tmp_path):
+    _heals(store, tmp_path, lambda digest: _corrupt_blob(store, digest, b"W" * 10, tmp_path))
+
+
+def test_publishing_the_right_bytes_again_heals_a_blob_replaced_by_a_symlink(tmp_path):
+    store = FileStore(f"file://{tmp_path / 'store'}")
+
+    def symlink(digest: str) -> None:
+        blob = store.root / blob_key(digest)
+        blob.unlink()
+        os.symlink("/etc/passwd", blob)
+
+    _heals(store, tmp_path, symlink)
+    assert Path("/etc/passwd").read_bytes() != b"W" * 100_000  # nothing was written through the link
