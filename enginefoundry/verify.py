@@ -48,6 +48,7 @@ class VerifyReport(BaseModel):
     seconds: float
     problems: list[Problem]
     mode: Literal["full", "cheap"] = "full"
+    record: str | None = None  # store key of the verification record
 
     @property
     def mib_per_s(self) -> float:
@@ -155,7 +156,10 @@ def verify_build(store: Store, build: PublishedBuild, workers: int = DEFAULT_WOR
     report = VerifyReport(uri=build.uri, build_id=build.build_id, ok=not problems, files=len(build.files),
                           bytes=sum(f.size for f in build.files), seconds=time.monotonic() - t0, problems=problems)
     if record:
-        record_verification(store, build, report)
+        try:
+            report.record = record_verification(store, build, report)
+        except StoreError as err:  # a read-only credential can verify; it just leaves no record
+            report.record = f"not recorded: {err}"
     return report
 
 
