@@ -86,9 +86,10 @@ def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -
 
 
 def unit_parameters(spec_payload: dict[str, Any], unit: Unit, key_components: dict[str, Any],
-                    snapshot: SourceSnapshot, parent_run_id: str) -> dict[str, Any]:
+                    snapshot: SourceSnapshot, parent_run_id: str, replace: bool = False) -> dict[str, Any]:
     return {"spec": spec_payload, "unit": unit.name, "key_components": key_components,
-            "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id}
+            "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id,
+            "replace": replace}
 
 
 def existing_secret_blocks(client: SyncPrefectClient, wanted: dict[str, str]) -> dict[str, str]:
@@ -120,8 +121,10 @@ def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str,
 def dispatch_units(
     spec: BuildSpec, spec_payload: dict[str, Any], units: list[Unit], components: dict[str, dict[str, Any]],
     snapshot: SourceSnapshot, parent_run_id: str, store: Store, parent_flow_run_id: str | None,
+    replace: bool = False,
 ) -> dict[str, UnitOutcome]:
-    """Run every unit on its pool and wait; one outcome per unit, failures included."""
+    """Run every unit on its pool and wait; one outcome per unit, failures included. `replace`: --force (each
+    worker's build becomes the current build of its key)."""
     log = get_run_logger()
     outcomes: dict[str, UnitOutcome] = {}
     started: dict[str, tuple[Unit, FlowRun]] = {}
@@ -130,7 +133,8 @@ def dispatch_units(
         name = deployment_name(unit)
         try:
             run = run_deployment(
-                name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id),
+                name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id,
+                                                 replace),
                 timeout=0, job_variables=job_variables[unit.name],
                 flow_run_name=f"unit {unit.name}", tags=["enginefoundry", "unit", unit.target.pool],
                 # A retried parent re-attaches to the runs it already started instead of building twice.

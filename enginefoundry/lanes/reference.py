@@ -17,6 +17,7 @@ from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
 from enginefoundry.plan import Unit
 from enginefoundry.spec import Arch, BuildSpec, Precision, Variant
+from enginefoundry.store import link_or_copy
 
 TORCH_DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
 BUNDLE_MODEL_DIR = "model"
@@ -79,7 +80,8 @@ class ReferenceLane(Lane):
         bundle = workdir / "bundle"
         if bundle.exists():
             shutil.rmtree(bundle)
-        shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR)
+        # Hard links, not copies: the bundle's weights are its checkpoint's bytes (one inode, one blob).
+        shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR, copy_function=link_or_copy)
         facts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         model = AutoModelForCausalLM.from_pretrained(bundle / BUNDLE_MODEL_DIR).to(device)

@@ -91,11 +91,12 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
     assert "s3://" in artifacts["gates-tiny-cpu"]["data"]  # manifests as URIs, not payloads
 
     # Each unit was published with its serving files, built on the worker of its pool.
-    listing = s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"cluster-{unique}/artifacts/")["Contents"]
-    manifests = [o["Key"] for o in listing if o["Key"].endswith("/manifest.json")]
+    listing = s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"cluster-{unique}/manifests/")["Contents"]
+    docs = [json.loads(s3.get_object(Bucket="enginefoundry", Key=o["Key"])["Body"].read()) for o in listing
+            if not o["Key"].endswith("/current.json")]
+    manifests = [d for d in docs if "unit" in d]
     assert len(manifests) == 2
-    for key in manifests:
-        manifest = json.loads(s3.get_object(Bucket="enginefoundry", Key=key)["Body"].read())
+    for manifest in manifests:
         assert manifest["status"] == "candidate"
         assert manifest["source"]["uri"] == f"hf://{repo_id}@main" and manifest["source"]["revision"] == sha
         assert {"serving/serve.sh", "serving/serve.yaml"} <= {f["path"] for f in manifest["files"]}
