@@ -5,10 +5,11 @@ Everything that lists GPU pools is generated from `GPU_TARGETS` by `scripts/gen_
 k8s/helm/values-<pool>.yaml); tests/unit/test_gpu_targets.py fails when one of them drifts, and when an `Arch`
 value has no row here.
 
-Node labels are those of NVIDIA GPU Feature Discovery (part of the NVIDIA device plugin / GPU Operator):
-`nvidia.com/gpu.product` is the NVML product name with spaces written as `-` (e.g. "NVIDIA H100 80GB HBM3" →
-`NVIDIA-H100-80GB-HBM3`), `nvidia.com/gpu.compute.major`/`.minor` the compute capability (source: the
-"Generated Labels" table of NVIDIA/k8s-device-plugin's README, which GFD moved into in v0.15.0). Check a
+Node labels are those of NVIDIA GPU Feature Discovery (the NVIDIA device plugin's labeller):
+`nvidia.com/gpu.product` is the NVML product name with characters outside `[A-Za-z0-9-_. ]` removed and runs of
+spaces written as one `-` (e.g. "NVIDIA H100 80GB HBM3" → `NVIDIA-H100-80GB-HBM3`; a time-sliced GPU gets a
+`-SHARED` suffix), `nvidia.com/gpu.compute.major`/`.minor` the compute capability (source:
+NVIDIA/k8s-device-plugin internal/lm/resource.go@aaccdfd, `sanitise` and `newArchitectureLabels`). Check a
 cluster's spelling with `kubectl get nodes -L nvidia.com/gpu.product` and add products here.
 
 This module is pure data and text rendering: the Prefect default template it extends is passed in.
