@@ -37,7 +37,7 @@ def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str) -> 
     ctx = FlowRunContext.get()
     # The pool the run was dispatched through; None when the flow is called outside a worker (tests, CLI).
     pool = getattr(ctx.flow_run, "work_pool_name", None) if ctx and ctx.flow_run else None
-    verdict = check_placement(unit.target, pool)
+    verdict = check_placement(unit.target, pool, unit.variant.tp * unit.variant.pp)
     planned = key_components.get("toolchain", {}).get("versions", {})
     local = get_lane(lane_name).versions()
     if planned and dict(sorted(local.items())) != planned:
