@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu import GPUInfo, match_target
 from enginefoundry.plan import Unit
+from enginefoundry.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
 from enginefoundry.spec import Arch, BuildSpec, KVCacheDtype, Precision, Target
 
 GIB = 1024**3
@@ -41,7 +42,6 @@ RUNTIME_MARGIN = 0.12
 # means ≈ 8× oversubscription, where max_batch_size is fiction and its buffers are waste.
 OVERSUBSCRIPTION_LIMIT = 16.0
 
-_TORCH_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 # Bytes per weight of the quantized linear layers, scales included: int4 AWQ/weight-only keep a 16-bit scale per
 # group of 128; NVFP4 an FP8 scale per block of 16. Embeddings, lm_head and norms stay in the activation dtype
 # (ModelOpt and convert_checkpoint leave lm_head unquantized by default).
@@ -49,12 +49,17 @@ LINEAR_BYTES = {
     Precision.FP32: 4.0, Precision.FP16: 2.0, Precision.BF16: 2.0, Precision.FP8: 1.0, Precision.INT8_WO: 1.0,
     Precision.INT4_WO: 0.5 + 2 / 128, Precision.INT4_AWQ: 0.5 + 2 / 128, Precision.NVFP4: 0.5 + 1 / 16,
 }
-TORCH_DTYPE = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
 TRT_LANES = ("trtllm", "trtllm-engine")
 
 # facts §2. Values: the lowest (major, minor) compute capability that has the feature.
 MIN_CC = {Precision.FP8: (8, 9), Precision.NVFP4: (10, 0)}
-NOT_ON_SM100_PLUS = (Precision.INT8_WO, Precision.INT4_WO, Precision.INT4_AWQ)
+WEIGHT_ONLY = (Precision.INT8_WO, Precision.INT4_WO, Precision.INT4_AWQ)
+# builder.py refuses the weight-only plugins (and INT8) only for 100 ≤ SM < 120: sm120 has them (facts §0).
+NO_INT_RANGE = ((10, 0), (12, 0))
+
+
+def _no_int_quant(cc: tuple[int, int]) -> bool:
+    return NO_INT_RANGE[0] <= cc < NO_INT_RANGE[1]
 
 
 # --- the model's shape ---------------------------------------------------------------------------------------
@@ -107,7 +112,7 @@ class ModelShape(BaseModel):
 
     @property
     def dtype_bytes(self) -> int:
-        return _TORCH_BYTES.get(str(self.dtype), 2)
+        return TORCH_BYTES.get(str(self.dtype), 2)
 
     @property
     def context_limit(self) -> int | None:
@@ -145,19 +150,6 @@ def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:
         raise InputError(f"{path} does not exist: the checkpoint folder needs a Hugging Face config.json") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{path} is not valid JSON ({err})") from None
-
-
-def activation_dtype(precision: Precision, shape: ModelShape | None, override: str | None = None) -> str | None:
-    """torch dtype name the model computes in: the variant's for fp16/bf16/fp32, else the checkpoint's."""
-    if precision in TORCH_DTYPE:
-        return TORCH_DTYPE[precision]
-    if override:
-        return override
-    if shape and shape.dtype in ("float16", "bfloat16"):
-        return shape.dtype
-    if shape and shape.dtype == "float32":
-        return "float16"  # convert_checkpoint turns fp32 sources into fp16 (facts §3)
-    return None
 
 
 # --- report --------------------------------------------------------------------------------------------------
@@ -267,19 +259,20 @@ def _precision_checks(unit: Unit, lane: str) -> list[Check]:
                                  f"{arch.value}",
                          fix=f"restrict the variant to targets on {where} (variants[].targets), or use "
                              f"{'bf16/fp16, or int8_wo/int4_awq' if cc < (10, 0) else 'fp8'} on {arch.value}"))
-    elif p in NOT_ON_SM100_PLUS and cc >= (10, 0):
+    elif p in WEIGHT_ONLY and _no_int_quant(cc):
         out.append(Check(name="precision_arch", ok=False,
                          message=f"{p.value} on {arch.value}: \"INT8/INT4 quantization is not supported on "
-                                 "SM>=100.\"",
-                         fix="use nvfp4 or fp8 on Blackwell, or restrict this variant to sm80–sm90 targets"))
+                                 "SM>=100.\" (builder.py: 100 ≤ SM < 120)",
+                         fix="use nvfp4 or fp8 on sm100, or restrict this variant to sm80–sm90 / sm120 targets"))
     else:
         out.append(Check(name="precision_arch", ok=True, message=f"{p.value} runs on {arch.value}"))
     kv = v.kv_cache_dtype
-    if kv is KVCacheDtype.FP8 and cc < (8, 9):
+    # The PyTorch backend supports an FP8 KV cache on Ampere (support matrix, facts §0); the engine path does not.
+    if kv is KVCacheDtype.FP8 and cc < (8, 9) and lane != "trtllm":
         out.append(Check(name="kv_dtype_arch", ok=False,
                          message=f"an FP8 KV cache needs sm89+ and target {unit.target.name} is {arch.value}",
                          fix="kv_cache_dtype: auto on this target, or restrict the variant to sm89+ targets"))
-    elif kv is KVCacheDtype.INT8 and cc >= (10, 0):
+    elif kv is KVCacheDtype.INT8 and _no_int_quant(cc):
         out.append(Check(name="kv_dtype_arch", ok=False,
                          message=f"an INT8 KV cache on {arch.value}: INT8 quantization is not supported on SM>=100",
                          fix="kv_cache_dtype: fp8 on Blackwell"))
@@ -329,11 +322,15 @@ def _length_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> lis
                          message=f"max_seq_len {p.max_seq_len} exceeds the model's context of {limit} tokens",
                          fix=f"max_seq_len ≤ {limit}"))
     if spec.lane in TRT_LANES and p.max_input_len > p.max_num_tokens:
-        if spec.lane == "trtllm-engine" and spec.lane_options.get("use_paged_context_fmha") is False:
+        int8_kv = unit.variant.kv_cache_dtype is KVCacheDtype.INT8
+        if spec.lane == "trtllm-engine" and (spec.lane_options.get("use_paged_context_fmha") is False or int8_kv):
+            why = ("an INT8 KV cache, with which builder.py turns the paged context FMHA off" if int8_kv
+                   else "lane option use_paged_context_fmha: false")
             out.append(Check(name="chunked_prefill", ok=False,
                              message=f"max_input_len {p.max_input_len} > max_num_tokens {p.max_num_tokens} needs "
-                                     "chunked context, which needs the paged context FMHA",
-                             fix="drop lane option use_paged_context_fmha: false, or max_num_tokens ≥ max_input_len"))
+                                     f"chunked context, which needs the paged context FMHA; this unit has {why}",
+                             fix="max_num_tokens ≥ max_input_len, or kv_cache_dtype fp8/auto and no "
+                                 "use_paged_context_fmha: false"))
         else:
             out.append(Check(name="chunked_prefill", ok=True,
                              message=f"max_input_len {p.max_input_len} > max_num_tokens {p.max_num_tokens}: "
@@ -406,7 +403,7 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
     """
     v, p = unit.variant, unit.profile
     act = activation_dtype(v.precision, shape) or "bfloat16"
-    act_bytes = _TORCH_BYTES.get(act, 2)
+    act_bytes = TORCH_BYTES.get(act, 2)
     parts = shape.params()
     linear_bytes = parts["linear"] * LINEAR_BYTES[v.precision]
     other_bytes = (parts["lm_head"] + parts["norms"]) * act_bytes
@@ -416,7 +413,7 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
     embed_per_gpu = embed_bytes / v.pp if spec.lane == "trtllm-engine" else embed_bytes / world
     per_gpu = int((linear_bytes + other_bytes) / world + embed_per_gpu)
 
-    kv_bytes = {KVCacheDtype.FP8: 1, KVCacheDtype.INT8: 1, KVCacheDtype.FP16: 2, KVCacheDtype.BF16: 2}.get(
+    kv_bytes = KV_BYTES.get(
         v.kv_cache_dtype, act_bytes)
     layers_per_stage = math.ceil(shape.num_hidden_layers / v.pp)
     kv_heads_per_gpu = math.ceil(shape.num_key_value_heads / v.tp)

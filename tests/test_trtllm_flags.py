@@ -15,6 +15,7 @@ from enginefoundry.lanes.trtllm_flags import (
     CONVERT,
     EMITTED,
     ENGINE_OPTIONS,
+    ENV,
     LLM_API,
     REMOVED,
     SERVE,
@@ -195,14 +196,16 @@ def test_emitted_flags_are_registered_and_not_removed():
     assert emitted_names(CONVERT) <= FACTS_CONVERT_FLAGS
     assert emitted_names(SERVE) <= FACTS_SERVE_FLAGS
     assert not (emitted_names(TRTLLM_BUILD) & set(REMOVED))
-    assert len({(f.tool, f.name) for f in EMITTED}) == len(EMITTED)
+    assert len({(f.tool, f.key) for f in EMITTED}) == len(EMITTED)
 
 
 def test_release_ranges():
     assert flag(TRTLLM_BUILD, "kv_cache_type").exists_in("1.2.1")
     assert not flag(TRTLLM_BUILD, "kv_cache_type").exists_in("1.3.0rc1")
     assert not any(f.exists_in("1.3.0") for f in EMITTED if f.tool in (TRTLLM_BUILD, CONVERT))
-    assert all(f.exists_in("1.0.0") for f in EMITTED)
+    assert all(f.exists_in("1.0.0") for f in EMITTED
+               if f.versioned_by == "tensorrt_llm" and parse_version(f.since).release <= (1, 0, 0))
+    assert not flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").exists_in("1.0.0")
     assert flag(LLM_API, "kv_cache_config.free_gpu_memory_fraction").exists_in("1.4.0rc1")
 
 

@@ -23,6 +23,10 @@ class Command(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     description: str = ""
+    # What the command uses, for the check against the installed release (not part of the command line):
+    tool: str | None = Field(default=None, description="the flag registry's tool name, e.g. trtllm-build")
+    llm_api_keys: list[str] = Field(default_factory=list, description="dotted keys of the LLM API YAML it reads")
+    template_keys: dict[str, list[str]] = Field(default_factory=dict, description="Triton template → keys")
 
     def shell(self) -> str:
         import shlex
@@ -79,6 +83,7 @@ class Lane(ABC):
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
         """The command that serves the bundle on an OpenAI-compatible endpoint."""
 
-    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
-        """The commands this lane would run for a unit, without running anything (for `plan`)."""
+    def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
+        """The commands this lane would run for a unit, without running anything (for `plan`). `surface`: what
+        the worker's toolchain accepts (a probe result) when known, else the spec's pinned release decides."""
         return []

@@ -13,6 +13,7 @@ it ("1.2": the engine path is removed in 1.3, #15763/#15907/#15918/#16369).
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,77 +25,129 @@ ENGINE_LAST = "1.2"  # last release series with trtllm-build / convert_checkpoin
 
 TRTLLM_BUILD = "trtllm-build"
 CONVERT = "convert_checkpoint.py"  # examples/models/core/llama/convert_checkpoint.py
+QUANTIZE = "quantize.py"  # examples/quantization/quantize.py (engine-lane PTQ through ModelOpt)
 SERVE = "trtllm-serve"
 LLM_API = "LLM API YAML (--extra_llm_api_options)"
-HF_PTQ = "hf_ptq.py"  # Model-Optimizer examples/llm_ptq/hf_ptq.py (versioned with nvidia-modelopt, not TRT-LLM)
+HF_PTQ = "hf_ptq.py"  # Model-Optimizer examples/{llm_ptq,hf_ptq}/hf_ptq.py (versioned with nvidia-modelopt)
 FILL = "fill_template.py"
 LAUNCH_TRITON = "launch_triton_server.py"
 ENV = "environment"
 
+TENSORRT_LLM = "tensorrt_llm"
+MODELOPT = "modelopt"
+
+# Upstream references (file@commit, PR, release note). facts = ../shared/facts/trtllm.md.
+REF_BUILD = "tensorrt_llm/commands/build.py (release/1.2); facts §4"
+REF_ENGINE_REMOVED = "PR #15918 (trtllm-build and the builder removed on main, 1.3 line)"
+REF_CONVERT = "examples/models/core/llama/convert_checkpoint.py (release/1.2); facts §3"
+REF_CONVERT_REMOVED = "PR #15763 (examples/models/core/* removed, 1.3 line)"
+REF_QUANTIZE = "examples/quantization/quantize.py@059c97c10c12e948e91676c8db3c9f137b0a2389"
+REF_SERVE = "tensorrt_llm/commands/serve.py@00209af149e7774406881a37283dce303571eb11"
+REF_BACKEND_RENAME = "PR #7829 (2025-09-18: --backend choices trt → tensorrt, after the 1.0 branch)"
+REF_AUTOTUNER = "PR #7738 (TLLM_AUTOTUNER_CACHE_PATH; first form saves <stem>.rank{N}.json)"
+REF_LLM_API = "tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, CudaGraphConfig; extra=forbid)"
+REF_TOKENS_PER_BLOCK = "PR #7372 thread (2025-08-30: present at 1.2.0rc2, doubtful for 1.0/1.1)"
+REF_HF_PTQ = "NVIDIA/Model-Optimizer examples/llm_ptq/hf_ptq.py@0.37.0"
+REF_HF_PTQ_039 = "NVIDIA/Model-Optimizer tag 0.39.0 (examples/llm_ptq/hf_ptq.py gains --calib_seq, qformat int8_wo)"
+REF_HF_PTQ_046 = "NVIDIA/Model-Optimizer tag 0.46.0 (examples/llm_ptq → examples/hf_ptq; --export_fmt gone)"
+REF_FILL = "triton_backend/tools/fill_template.py (release/1.2); facts §10"
+REF_LAUNCH = "triton_backend/scripts/launch_triton_server.py (release/1.2); facts §10"
+REF_TEMPLATES = "triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt (release/1.2); facts §10"
+REF_TRITON_REMOVED = "PR #15907 (inflight_batcher_llm and its templates removed, 1.3 line)"
+
 
 @dataclass(frozen=True)
 class Flag:
+    """One flag, YAML key, env var or choice value, with the releases that have it and the evidence.
+
+    `since`/`until` are release series of the package named by `versioned_by` (TensorRT-LLM, or ModelOpt for
+    hf_ptq.py). `value` set: the entry is one choice of flag `name` (e.g. trtllm-serve --backend trt)."""
+
     tool: str
-    name: str  # without leading dashes; for YAML, a dotted key path
+    name: str
     since: str = FLOOR
     until: str | None = None
     refs: tuple[str, ...] = ()
     note: str = ""
+    versioned_by: str = TENSORRT_LLM
+    value: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}={self.value}" if self.value is not None else self.name
 
     def exists_in(self, version: str) -> bool:
         v = parse_version(version).release
         if v < parse_version(self.since).release:
             return False
-        return self.until is None or v[:2] <= parse_version(self.until).release[:2]
+        if self.until is None:
+            return True
+        until = parse_version(self.until).release
+        depth = len(self.until.split("."))
+        return v[:depth] <= until[:depth]
 
 
 def _flags(tool: str, names: str, **kw: Any) -> list[Flag]:
     return [Flag(tool, n, **kw) for n in names.split()]
 
 
+_ENGINE = {"until": ENGINE_LAST}
+
 EMITTED: tuple[Flag, ...] = (
     # trtllm-build [§4]: the tool exists 1.0 – 1.2.x; removed on main by #15918.
     *_flags(TRTLLM_BUILD, "checkpoint_dir output_dir max_batch_size max_input_len max_seq_len max_num_tokens "
             "max_beam_width gemm_plugin gpt_attention_plugin remove_input_padding use_paged_context_fmha "
-            "use_fused_mlp multiple_profiles tokens_per_block input_timing_cache", until=ENGINE_LAST),
+            "use_fused_mlp multiple_profiles tokens_per_block input_timing_cache", **_ENGINE,
+            refs=(REF_BUILD, REF_ENGINE_REMOVED)),
     # 0.13 deprecated --paged_kv_cache in favour of --kv_cache_type (#2201).
-    Flag(TRTLLM_BUILD, "kv_cache_type", since="0.13", until=ENGINE_LAST, refs=("#2201",)),
+    Flag(TRTLLM_BUILD, "kv_cache_type", since="0.13", **_ENGINE, refs=("#2201", REF_BUILD, REF_ENGINE_REMOVED)),
     # Default `model.cache` is relative and written into the CWD by rank 0: always pass an explicit path.
-    Flag(TRTLLM_BUILD, "output_timing_cache", until=ENGINE_LAST, note="default model.cache in the CWD"),
+    Flag(TRTLLM_BUILD, "output_timing_cache", **_ENGINE, refs=(REF_BUILD, "facts §12"),
+         note="default model.cache in the CWD"),
     # Capped at run time: workers = min(torch.cuda.device_count(), --workers).
-    Flag(TRTLLM_BUILD, "workers", until=ENGINE_LAST, note="capped to the visible GPU count"),
-    # convert_checkpoint.py (llama) [§3]; deleted on main by #15763.
+    Flag(TRTLLM_BUILD, "workers", **_ENGINE, refs=(REF_BUILD, "facts §12"), note="capped to the visible GPU count"),
+    # convert_checkpoint.py (llama) [§3]: plain dtypes, weight-only and INT8 KV. Its --calib_* flags are read only
+    # with --smoothquant/--int8_kv_cache, and AWQ/FP8/NVFP4 go through quantize.py (facts §0).
     *_flags(CONVERT, "model_dir output_dir dtype tp_size pp_size workers use_weight_only weight_only_precision "
-            "use_fp8 use_nvfp4 fp8_kv_cache int8_kv_cache calib_dataset calib_size calib_max_seq_length "
-            "load_by_shard", until=ENGINE_LAST, refs=("#15763",)),
-    # trtllm-serve [§7]: 0.15+. --backend tensorrt and --tokenizer (engine only) go with the engine path.
-    *_flags(SERVE, "host port extra_llm_api_options", since="0.15"),
-    # Used by the engine lane; `--backend tensorrt` is accepted only up to 1.2.x (the value, not the flag, goes).
+            "int8_kv_cache calib_dataset calib_size calib_max_seq_length load_by_shard", **_ENGINE,
+            refs=(REF_CONVERT, REF_CONVERT_REMOVED)),
+    # examples/quantization/quantize.py: ModelOpt PTQ to a TensorRT-LLM checkpoint, then trtllm-build (facts §0).
+    *_flags(QUANTIZE, "model_dir output_dir dtype qformat kv_cache_dtype calib_dataset calib_size "
+            "calib_max_seq_length tp_size pp_size", **_ENGINE, refs=(REF_QUANTIZE, "facts §0", REF_CONVERT_REMOVED)),
+    # trtllm-serve [§7]: 0.15+.
+    *_flags(SERVE, "host port extra_llm_api_options", since="0.15", refs=(REF_SERVE, "facts §7")),
+    # Used by the engine lane.
     *_flags(SERVE, "backend tokenizer kv_cache_free_gpu_memory_fraction max_batch_size max_num_tokens tp_size "
-            "pp_size", since="0.15"),
-    # ModelOpt unified HF export (hf_quant_config.json). Flags from Model-Optimizer examples/llm_ptq/hf_ptq.py
-    # (not in the facts; checked against the Model-Optimizer source). --export_fmt hf is what facts §3 names;
-    # newer hf_ptq.py defaults to hf and keeps the flag as deprecated.
-    # since="0.0": versioned with nvidia-modelopt, so no TensorRT-LLM release bounds it.
-    *_flags(HF_PTQ, "pyt_ckpt_path qformat kv_cache_qformat calib_size calib_seq dataset export_path export_fmt",
-            since="0.0"),
+            "pp_size", since="0.15", refs=(REF_SERVE, "facts §7")),
+    # --backend values: click.Choice(["pytorch", "trt", "_autodeploy"]) until PR #7829 renamed trt → tensorrt;
+    # later serve.py accepts trt as an alias that --help does not list. The lane reads the choices from --help.
+    Flag(SERVE, "backend", value="trt", since="0.15", until="1.0", refs=(REF_BACKEND_RENAME, "facts §0")),
+    Flag(SERVE, "backend", value="tensorrt", since="1.1", **_ENGINE,
+         refs=(REF_BACKEND_RENAME, REF_SERVE, "PR #15767 (choice removed with the engine path)")),
+    # ModelOpt unified HF export (hf_quant_config.json), versioned with nvidia-modelopt, not TensorRT-LLM.
+    *_flags(HF_PTQ, "pyt_ckpt_path qformat kv_cache_qformat calib_size dataset export_path", since="0.0",
+            versioned_by=MODELOPT, refs=(REF_HF_PTQ,)),
+    Flag(HF_PTQ, "calib_seq", since="0.39", versioned_by=MODELOPT, refs=(REF_HF_PTQ_039, "facts §0")),
+    Flag(HF_PTQ, "qformat", value="int8_wo", since="0.39", versioned_by=MODELOPT, refs=(REF_HF_PTQ_039,),
+         note="never emitted: the PyTorch backend has no W8A16 (lane trtllm refuses int8_wo)"),
+    # Deprecated from 0.37 (hf is the default), still accepted to 0.45; emitted only where the default may differ.
+    Flag(HF_PTQ, "export_fmt", since="0.0", until="0.45", versioned_by=MODELOPT, refs=(REF_HF_PTQ_046, "facts §0")),
     # Triton fill_template.py takes `-i/--in_place <file> k:v,…` [§10].
-    Flag(FILL, "in_place", until=ENGINE_LAST),
+    Flag(FILL, "in_place", **_ENGINE, refs=(REF_FILL, REF_TRITON_REMOVED)),
     # launch_triton_server.py: --world_size must equal the engine's tp × pp [§10].
-    *_flags(LAUNCH_TRITON, "world_size model_repo", until=ENGINE_LAST),
-    # Autotuner cache (PR #7738). The facts do not name the first release carrying it: a missing cache file
-    # after warm-up is recorded, not fatal.
-    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", refs=("PR #7738",)),
-    # The LLM API YAML is validated upstream with pydantic extra="forbid" [§6]: every key must exist. `dtype` and
-    # the cuda_graph_config fields are not in the facts; they are BaseLlmArgs / CudaGraphConfig fields of
-    # tensorrt_llm/llmapi/llm_args.py (cuda_graph_config: null turns CUDA graphs off).
+    *_flags(LAUNCH_TRITON, "world_size model_repo", **_ENGINE, refs=(REF_LAUNCH, REF_TRITON_REMOVED)),
+    # Autotuner cache: added after the 1.0 branch (PR #7738).
+    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", since="1.1", refs=(REF_AUTOTUNER, "facts §0, §1")),
+    # The LLM API YAML is validated upstream with pydantic extra="forbid" [§6]: every key must exist.
     *_flags(LLM_API, "tensor_parallel_size pipeline_parallel_size max_batch_size max_num_tokens max_seq_len "
             "kv_cache_config kv_cache_config.free_gpu_memory_fraction kv_cache_config.dtype "
-            "kv_cache_config.enable_block_reuse kv_cache_config.tokens_per_block cuda_graph_config "
-            "cuda_graph_config.enable_padding cuda_graph_config.max_batch_size enable_chunked_prefill dtype"),
+            "kv_cache_config.enable_block_reuse cuda_graph_config cuda_graph_config.enable_padding "
+            "cuda_graph_config.max_batch_size enable_chunked_prefill dtype", refs=(REF_LLM_API, "facts §6")),
+    Flag(LLM_API, "kv_cache_config.tokens_per_block", since="1.2", refs=(REF_TOKENS_PER_BLOCK, REF_LLM_API),
+         note="emitted only when lane option tokens_per_block is set; the probe decides on 1.0/1.1"),
 )
 
-_EMITTED_INDEX = {(f.tool, f.name): f for f in EMITTED}
+_EMITTED_INDEX = {(f.tool, f.key): f for f in EMITTED}
 
 
 def flag(tool: str, name: str) -> Flag:
@@ -110,7 +163,7 @@ def arg(tool: str, name: str) -> str:
 
 
 def emitted_names(tool: str) -> frozenset[str]:
-    return frozenset(f.name for f in EMITTED if f.tool == tool)
+    return frozenset(f.name for f in EMITTED if f.tool == tool and f.value is None)
 
 
 # --- removed and renamed flags -------------------------------------------------------------------------------
@@ -240,6 +293,72 @@ def lane_release_problem(lane: str, version: str) -> str | None:
                 "and the builder #15918, C++ engine runtime #16369; migration guide #15767), and which 1.3 rc first "
                 "dropped it is not pinned down. " + ENGINE_INSTALL_HINT)
     return None
+
+
+# --- what a release implies ---------------------------------------------------------------------------------
+
+# Images whose bundled TensorRT-LLM is known. The NGC TensorRT-LLM release image's tag is the release itself.
+KNOWN_IMAGES: dict[str, tuple[str, str]] = {
+    "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3":
+        ("1.1.0", "Triton framework support matrix, 25.12 trtllm-python-py3 column (facts §0)"),
+}
+_RELEASE_IMAGE = re.compile(r"^nvcr\.io/nvidia/tensorrt-llm/release:v?(\d+\.\d+\.\d+\S*)$")
+
+
+def image_release(image: str | None) -> tuple[str, str] | None:
+    """(TensorRT-LLM release, source) an image is known to ship, or None when this table does not know it."""
+    if not image:
+        return None
+    ref = image.split("@", 1)[0]
+    if ref in KNOWN_IMAGES:
+        return KNOWN_IMAGES[ref]
+    m = _RELEASE_IMAGE.match(ref)
+    return (m.group(1), "the NGC tensorrt-llm/release image tag names its release") if m else None
+
+
+def image_release_problem(pinned: str | None, image: str | None) -> str | None:
+    known = image_release(image)
+    if not known or not pinned:
+        return None
+    shipped, source = known
+    if parse_version(shipped).release == parse_version(pinned).release:
+        return None
+    return (f"{image} ships TensorRT-LLM {shipped} ({source}), not the pinned {pinned}: pin "
+            f"trtllm_version: {shipped}, or use an image that ships {pinned} "
+            f"(nvcr.io/nvidia/tensorrt-llm/release:{pinned})")
+
+
+# nvidia-modelopt that a TensorRT-LLM release's requirements.txt pins. Used only to render `plan` before the
+# worker's probe reads the installed ModelOpt; a release missing here renders the oldest flag set.
+MODELOPT_PINS: dict[str, tuple[str, str]] = {
+    "1.2": ("0.37.0", "TensorRT-LLM release/1.2 requirements.txt: nvidia-modelopt[torch]~=0.37.0 (facts §0)"),
+}
+
+
+def assumed_modelopt(trtllm_version: str | None) -> str:
+    if trtllm_version:
+        v = parse_version(trtllm_version).release
+        pin = MODELOPT_PINS.get(f"{v[0]}.{v[1]}")
+        if pin:
+            return pin[0]
+    return "0.0"
+
+
+def serve_backend_value(version: str | None = None, choices: list[str] | None = None) -> str:
+    """trtllm-serve --backend value for a TensorRT engine: from the probed --help choices when known, else from
+    the release (trt in 1.0.x, tensorrt after PR #7829). Unknown release: tensorrt (every 1.1+ accepts it)."""
+    if choices:
+        for value in ("tensorrt", "trt"):
+            if value in choices:
+                return value
+    if version and flag(SERVE, "backend=trt").exists_in(version):
+        return "trt"
+    return "tensorrt"
+
+
+def has(tool: str, key: str, version: str | None) -> bool:
+    """Whether `version` has a registered entry; an unknown version counts as having it (the probe decides)."""
+    return version is None or flag(tool, key).exists_in(version)
 
 
 # --- lane options --------------------------------------------------------------------------------------------

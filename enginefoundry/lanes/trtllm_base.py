@@ -1,0 +1,174 @@
+"""What both TensorRT-LLM lanes share: option validation, the release gates (spec pin = installed release =
+the image's release), the probe of the installed surface, GPU selection and bundle.json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from enginefoundry.devices import host_facts
+from enginefoundry.errors import InputError, ToolError
+from enginefoundry.gpu import GPUInfo, detect_gpus, match_target
+from enginefoundry.lanes.base import Command, Lane
+from enginefoundry.lanes.trtllm_flags import (
+    TRTLLM_INSTALL_HINT,
+    image_release_problem,
+    lane_release_problem,
+    resolve_options,
+    validate_lane_options,
+)
+from enginefoundry.plan import Unit
+from enginefoundry.spec import BuildSpec
+from enginefoundry.toolchain import (
+    ToolchainInfo,
+    ToolSurface,
+    check_against_surface,
+    detect_toolchain,
+    parse_version,
+    probe_surface,
+    require_trtllm,
+)
+
+BUNDLE_INFO = "bundle.json"
+BUNDLE_FORMAT = 1
+# Commands that `plan` renders run on the worker, in its image: name its interpreter, never this machine's.
+WORKER_PYTHON = "python3"
+
+
+def require_pinned_release(pinned: str | None, installed: str) -> None:
+    """ToolError unless the spec's toolchain.trtllm_version is the installed release (no pin: anything goes)."""
+    if pinned and parse_version(pinned).release != parse_version(installed).release:
+        raise ToolError(f"the spec pins TensorRT-LLM {pinned} and the worker has {installed} installed: run the "
+                        f"unit in an image that ships {pinned} (nvcr.io/nvidia/tensorrt-llm/release:{pinned}), or "
+                        f"pin toolchain.trtllm_version: {installed}")
+
+
+class TrtllmLaneBase(Lane):
+    """Option validation, the toolchain gate, the surface probe, GPU selection and bundle.json."""
+
+    name = "trtllm"
+    install_hint = TRTLLM_INSTALL_HINT
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+        self._toolchain: ToolchainInfo | None = None
+        self._surfaces: dict[str, ToolSurface] = {}
+
+    def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
+        pinned = spec.toolchain.trtllm_version
+        problems = validate_lane_options(self.name, spec.lane_options, pinned)
+        if pinned:
+            why = lane_release_problem(self.name, pinned)
+            if why:
+                problems.append(("toolchain.trtllm_version", why))
+        why = image_release_problem(pinned, spec.toolchain.image)
+        if why:
+            problems.append(("toolchain.image", why))
+        for i, t in enumerate(spec.targets):
+            if t.gpu_count < 1:
+                problems.append((f"targets.{i}.gpu_count", f"lane {self.name} needs at least one NVIDIA GPU"))
+        for i, p in enumerate(spec.profiles):
+            if not p.paged_kv_cache:
+                problems.append((f"profiles.{i}.paged_kv_cache",
+                                 "in-flight batching (trtllm-serve, Triton inflight_fused_batching) needs the paged "
+                                 "KV cache: remove the field or set it to true"))
+            if not p.remove_input_padding:
+                problems.append((f"profiles.{i}.remove_input_padding",
+                                 "in-flight batching needs packed input (remove_input_padding): remove the field or "
+                                 "set it to true"))
+        return problems
+
+    def options(self, spec: BuildSpec) -> dict[str, Any]:
+        return resolve_options(self.name, spec.lane_options)
+
+    def toolchain(self) -> ToolchainInfo:
+        if self._toolchain is None:
+            self._toolchain = detect_toolchain(self.python)
+        return self._toolchain
+
+    # the installed surface ------------------------------------------------------------------------------------
+
+    def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
+        """tool name → the argv prefix whose `--help` lists its flags (lanes override)."""
+        return {}
+
+    def triton_dir(self, spec: BuildSpec | None) -> Path | None:
+        return None
+
+    def surface(self, spec: BuildSpec | None = None) -> ToolSurface:
+        """What the installed release accepts, read on this host (once per tool set)."""
+        tools = self.tool_commands(spec)
+        triton = self.triton_dir(spec)
+        cache_key = json.dumps([sorted(tools.items()), str(triton)])
+        if cache_key not in self._surfaces:
+            self._surfaces[cache_key] = probe_surface(self.python, tools, triton)
+        return self._surfaces[cache_key]
+
+    def versions(self) -> dict[str, str]:
+        info = self.toolchain()
+        version = require_trtllm(info, self.name, self.install_hint)
+        why = lane_release_problem(self.name, str(version))
+        if why:
+            raise ToolError(why)
+        # The probed surface joins the toolchain identity (unit key, manifest): same version string, other flags
+        # (a patched image, another ModelOpt) → another key.
+        return {**info.versions(), "surface": self.surface(None).digest()}
+
+    def refuse_unsupported(self, spec: BuildSpec, unit: Unit) -> ToolSurface:
+        """Before any download or GPU time: the installed release must be the pinned one and must accept every
+        flag, YAML key and template key this unit's commands use (ToolchainMismatch naming the first ones)."""
+        surface = self.surface(spec)
+        if surface.tensorrt_llm:
+            require_pinned_release(spec.toolchain.trtllm_version, surface.tensorrt_llm)
+        check_against_surface(self.planned_work(spec, unit, surface), surface)
+        return surface
+
+    def planned_work(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None) -> list[Command]:
+        """The commands (with their YAML and template keys) `describe` renders for a surface."""
+        return self.describe(spec, unit, surface)
+
+    # GPUs and bundles -----------------------------------------------------------------------------------------
+
+    def select_gpus(self, unit: Unit, log_dir: Path) -> tuple[list[GPUInfo], dict[str, str]]:
+        """The target's GPUs on this host and the env that pins the tool to them (PreflightError otherwise)."""
+        used = match_target(unit.target, detect_gpus(log_dir))
+        # CUDA enumerates fastest-first, nvidia-smi by PCI bus: name the GPUs by UUID, or by bus order.
+        if all(g.uuid for g in used):
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g.uuid) for g in used)}
+        else:
+            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in used)}
+        return used, env
+
+    def write_bundle_info(self, bundle: Path, unit: Unit, params: dict[str, Any], gpus: list[GPUInfo],
+                          versions: dict[str, str], extra: dict[str, Any]) -> dict[str, Any]:
+        # TensorRT-LLM writes no GPU, SM or TensorRT version into its artifacts (facts §5): record them here.
+        info = {"format": BUNDLE_FORMAT, "lane": self.name, "unit": unit.name, "params": params,
+                "versions": versions, "gpus": [g.facts() for g in gpus], "host": host_facts(), **extra}
+        (bundle / BUNDLE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
+        return info
+
+
+def read_bundle_info(bundle_dir: Path) -> dict[str, Any]:
+    path = Path(bundle_dir) / BUNDLE_INFO
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist: {bundle_dir} is not a bundle built by enginefoundry") from None
+
+
+def fresh_dir(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def parse_marker_json(text: str, marker: str, what: str) -> dict[str, Any]:
+    for line in reversed(text.splitlines()):
+        idx = line.find(marker)
+        if idx >= 0:
+            return json.loads(line[idx + len(marker):])
+    raise ToolError(f"{what} printed no result line")
