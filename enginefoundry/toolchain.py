@@ -56,11 +56,13 @@ def _llm_api():
         if hasattr(llm_args, cls):
             fields[key] = sorted(getattr(llm_args, cls).model_fields)
     return fields
-probe("torch", _torch)
-probe("tensorrt", _tensorrt)
+surface = "--surface" in sys.argv  # the surface probe: versions and option fields, no torch/TensorRT import
+if not surface:
+    probe("torch", _torch)
+    probe("tensorrt", _tensorrt)
 probe("modelopt", _modelopt)
 probe("tensorrt_llm", _trtllm)
-if "--llm-api" in sys.argv:
+if surface:
     probe("llm_api", _llm_api)
 print({PROBE_MARKER!r} + json.dumps(out), flush=True)
 """
@@ -206,9 +208,9 @@ def parse_help(text: str) -> ToolHelp:
             in_usage = False
         if not (in_usage or _OPTION_LINE.match(line)):
             continue
-        spec = line if in_usage else re.split(r"\S\s{2,}", line.rstrip(), maxsplit=1)[0]
+        spec = line if in_usage else re.split(r"(?<=\S)\s{2,}", line.strip(), maxsplit=1)[0]
         for m in _FLAG.finditer(spec):
-            name = m.group(1).replace("-", "_") if m.group(1) != "help" else "help"
+            name = m.group(1).replace("-", "_")
             flags.add(name)
             values = m.group(2) or m.group(3)
             if values:
@@ -258,7 +260,7 @@ def probe_surface(python: str, tools: dict[str, list[str]], triton_dir: Path | N
     """Run the version/LLM-API probe in `python` and `<tool> --help` for each tool; read the templates."""
     with tempfile.TemporaryDirectory(prefix="ef-surface-") as tmp:
         log = Path(tmp) / "surface-probe.log"
-        run_tool([python, "-c", PROBE_SCRIPT, "--llm-api"], log, timeout_s=timeout_s, what="toolchain probe",
+        run_tool([python, "-c", PROBE_SCRIPT, "--surface"], log, timeout_s=timeout_s, what="toolchain probe",
                  env={"PYTHONUNBUFFERED": "1", "TLLM_LOG_LEVEL": "error"})
         data = parse_probe_output(log.read_text(errors="replace"))
         surface = ToolSurface(tensorrt_llm=data.get("tensorrt_llm"), modelopt=data.get("modelopt"),

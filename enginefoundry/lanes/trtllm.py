@@ -27,6 +27,7 @@ from enginefoundry.errors import ToolError
 from enginefoundry.gpu import GPUInfo, detect_gpus
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
 from enginefoundry.lanes.trtllm_base import (
+    BUNDLE_INFO,
     WORKER_PYTHON,
     TrtllmLaneBase,
     fresh_dir,
@@ -119,6 +120,10 @@ def hf_ptq_script(modelopt_dir: Path | str, modelopt_version: str | None) -> Pat
     root = Path(modelopt_dir)
     if (root / "hf_ptq.py").is_file():
         return root / "hf_ptq.py"
+    if modelopt_version is None:  # on the worker, before the version is known: the one that exists
+        found = [p for p in (root / "examples" / d / "hf_ptq.py" for d in ("hf_ptq", "llm_ptq")) if p.is_file()]
+        if found:
+            return found[0]
     moved = modelopt_version and parse_version(modelopt_version).release >= (0, 46, 0)
     return root / "examples" / ("hf_ptq" if moved else "llm_ptq") / "hf_ptq.py"
 
@@ -251,7 +256,7 @@ class TrtllmLane(TrtllmLaneBase):
         opts = resolve_options("trtllm", spec.lane_options if spec else {})
         root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV)
         if root and spec and any(v.precision.is_quantized for v in spec.variants):
-            tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, self.toolchain().modelopt))]
+            tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
         return tools
 
     # convert ------------------------------------------------------------------------------------------------
@@ -423,11 +428,13 @@ def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, overri
 
 
 __all__ = [
+    "BUNDLE_INFO",
     "TrtllmLane",
     "TrtllmLaneBase",
     "autotuner_cache_files",
     "bundle_checkpoint",
     "hf_ptq_script",
+    "parse_marker_json",
     "quantize_command",
     "runtime_config",
     "serve_argv",

@@ -18,6 +18,7 @@ from enginefoundry.lanes.trtllm_flags import (
     image_release_problem,
     lane_release_problem,
     resolve_options,
+    unsupported_env,
     validate_lane_options,
 )
 from enginefoundry.plan import Unit
@@ -25,6 +26,7 @@ from enginefoundry.spec import BuildSpec
 from enginefoundry.toolchain import (
     ToolchainInfo,
     ToolSurface,
+    UnsupportedByRelease,
     check_against_surface,
     detect_toolchain,
     parse_version,
@@ -123,7 +125,12 @@ class TrtllmLaneBase(Lane):
         surface = self.surface(spec)
         if surface.tensorrt_llm:
             require_pinned_release(spec.toolchain.trtllm_version, surface.tensorrt_llm)
-        check_against_surface(self.planned_work(spec, unit, surface), surface)
+        work = self.planned_work(spec, unit, surface)
+        check_against_surface(work, surface)
+        env = unsupported_env(work, surface.tensorrt_llm)
+        if env:
+            raise UnsupportedByRelease(f"environment variable {env[0]}", f"TensorRT-LLM {surface.tensorrt_llm}",
+                                       "a programming error in the lane: it must not set it for this release", env[1:])
         return surface
 
     def planned_work(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None) -> list[Command]:

@@ -361,6 +361,18 @@ def has(tool: str, key: str, version: str | None) -> bool:
     return version is None or flag(tool, key).exists_in(version)
 
 
+def unsupported_env(commands: list[Any], version: str | None) -> list[str]:
+    """Registered environment variables the commands set that `version` does not read (env vars have no --help
+    to probe: the registry's release range decides)."""
+    out = []
+    for cmd in commands:
+        for key in getattr(cmd, "env", {}) or {}:
+            entry = _EMITTED_INDEX.get((ENV, key))
+            if entry is not None and version and not entry.exists_in(version):
+                out.append(key)
+    return sorted(set(out))
+
+
 # --- lane options --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
