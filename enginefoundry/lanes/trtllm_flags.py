@@ -37,7 +37,7 @@ TENSORRT_LLM = "tensorrt_llm"
 MODELOPT = "modelopt"
 
 # Upstream references (file@commit, PR, release note). facts = ../shared/facts/trtllm.md.
-REF_BUILD = "tensorrt_llm/commands/build.py (release/1.2); facts §4"
+REF_BUILD = "tensorrt_llm/commands/build.py@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc (parse_arguments); facts §4"
 REF_ENGINE_REMOVED = "PR #15918 (trtllm-build and the builder removed on main, 1.3 line)"
 REF_CONVERT = "examples/models/core/llama/convert_checkpoint.py (release/1.2); facts §3"
 REF_CONVERT_REMOVED = "PR #15763 (examples/models/core/* removed, 1.3 line)"
@@ -199,6 +199,10 @@ def _release_lt(a: str, b: str) -> bool:
     return parse_version(a).release < parse_version(b).release
 
 
+def _notes(release: str) -> str:
+    return f"docs/source/release-notes.md {release} (facts §1 timeline)"
+
+
 _PARALLEL = "parallelism is fixed at conversion time (checkpoint `mapping`): set variants[].tp / variants[].pp"
 
 REMOVED: dict[str, Removed] = {r.name: r for r in (
@@ -217,16 +221,20 @@ REMOVED: dict[str, Removed] = {r.name: r for r in (
     Removed("paged_kv_cache", TRTLLM_BUILD, "0.13",
             "use --kv_cache_type paged, which enginefoundry emits from profiles[].paged_kv_cache",
             ("#2201",), change="deprecated"),
-    Removed("builder_opt", TRTLLM_BUILD, "0.14", "no replacement"),
+    Removed("builder_opt", TRTLLM_BUILD, "0.14", "no replacement", (_notes("0.14"),)),
     Removed("builder_force_num_profiles", TRTLLM_BUILD, "0.15",
-            "it became the environment variable BUILDER_FORCE_NUM_PROFILES; or set lane option multiple_profiles"),
-    Removed("enable_xqa", TRTLLM_BUILD, "0.16", "no replacement: XQA kernels are picked automatically"),
-    Removed("strongly_typed", TRTLLM_BUILD, "0.11", "no replacement: build.py hard-codes strongly_typed=True"),
+            "it became the environment variable BUILDER_FORCE_NUM_PROFILES; or set lane option multiple_profiles",
+            (_notes("0.15"),)),
+    Removed("enable_xqa", TRTLLM_BUILD, "0.16", "no replacement: XQA kernels are picked automatically",
+            (_notes("0.16"),)),
+    Removed("strongly_typed", TRTLLM_BUILD, "0.11", "no replacement: build.py hard-codes strongly_typed=True",
+            (_notes("0.11"),)),
     Removed("weight_only_precision", TRTLLM_BUILD, "0.11",
-            "weight-only quantization happens at conversion: set variants[].precision to int8_wo, int4_wo or "
-            "int4_awq (convert_checkpoint.py --use_weight_only --weight_only_precision)"),
-    Removed("use_context_fmha_for_generation", TRTLLM_BUILD, "0.11", "no replacement"),
-    Removed("attention_qk_half_accumulation", TRTLLM_BUILD, "0.11", "no replacement"),
+            "weight-only quantization happens at conversion: set variants[].precision to int8_wo or int4_wo "
+            "(convert_checkpoint.py --use_weight_only --weight_only_precision) or int4_awq (quantize.py)",
+            (_notes("0.11"),)),
+    Removed("use_context_fmha_for_generation", TRTLLM_BUILD, "0.11", "no replacement", (_notes("0.11"),)),
+    Removed("attention_qk_half_accumulation", TRTLLM_BUILD, "0.11", "no replacement", (_notes("0.11"),)),
     Removed("auto_parallel", TRTLLM_BUILD, "1.2.0", _PARALLEL, ("PR #8329",)),
     Removed("gpus_per_node", TRTLLM_BUILD, "1.2.0", _PARALLEL, ("PR #8329",)),
     Removed("cluster_key", TRTLLM_BUILD, "1.2.0",
