@@ -106,8 +106,8 @@ def render() -> str:
     for r in REMOVED.values():
         lines.append(f"| `--{r.name}` | {r.tool} | {r.change} | {r.release} | {r.replacement} | "
                      f"{'; '.join(r.refs)} |")
-    lines += ["", "## Images whose bundled release is known (checked at `plan`)", "", "| image | TensorRT-LLM | source |",
-              "|---|---|---|"]
+    lines += ["", "## Images whose bundled release is known (checked at `plan`)", "",
+              "| image | TensorRT-LLM | source |", "|---|---|---|"]
     for image, (release, source) in KNOWN_IMAGES.items():
         lines.append(f"| `{image}` | {release} | {source} |")
     lines.append("| `nvcr.io/nvidia/tensorrt-llm/release:<v>` | `<v>` | the tag names the release |")
