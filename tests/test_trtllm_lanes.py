@@ -51,8 +51,8 @@ from enginefoundry.lanes.trtllm_flags import (
     TRTLLM_BUILD,
     emitted_names,
     flag,
-    resolve_options,
 )
+from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.plan import Unit, expand_units
 from enginefoundry.spec import BuildSpec, Variant, load_spec, parse_spec
 from enginefoundry.toolchain import ToolchainInfo, installed_version

@@ -30,8 +30,10 @@ from enginefoundry.lanes.trtllm_base import (
     BUNDLE_INFO,
     WORKER_PYTHON,
     TrtllmLaneBase,
+    chunked_prefill_check,
     fresh_dir,
     parse_marker_json,
+    precision_checks,
     read_bundle_info,
 )
 from enginefoundry.lanes.trtllm_flags import (
@@ -43,9 +45,9 @@ from enginefoundry.lanes.trtllm_flags import (
     flag,
     has,
     llm_api_key_paths,
-    resolve_options,
     unknown_llm_api_keys,
 )
+from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.plan import Unit
 from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.runner import run_tool
@@ -226,6 +228,17 @@ def autotuner_supported(version: str | None) -> bool:
 
 class TrtllmLane(TrtllmLaneBase):
     name = "trtllm"
+    fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
+
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+        return precision_checks(unit, self.fp8_kv_on_ampere) + chunked_prefill_check(unit, None)
+
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+                        per_rank_bytes: int) -> tuple[float, float]:
+        # Quantization loads the whole HF model; otherwise each rank loads its shard. No engine on disk.
+        quantized = unit.variant.precision.is_quantized
+        host = source_bytes if quantized else per_rank_bytes
+        return host, source_bytes + (est.weights_bytes_total if quantized else 0)
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)

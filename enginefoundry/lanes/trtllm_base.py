@@ -17,12 +17,12 @@ from enginefoundry.lanes.trtllm_flags import (
     TRTLLM_INSTALL_HINT,
     image_release_problem,
     lane_release_problem,
-    resolve_options,
     unsupported_env,
-    validate_lane_options,
 )
+from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.plan import Unit
-from enginefoundry.spec import BuildSpec
+from enginefoundry.preflight import Check
+from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
 from enginefoundry.toolchain import (
     ToolchainInfo,
     ToolSurface,
@@ -40,6 +40,70 @@ BUNDLE_FORMAT = 1
 WORKER_PYTHON = "python3"
 
 
+# facts §2, §0. The lowest (major, minor) compute capability that has the feature.
+MIN_CC = {Precision.FP8: (8, 9), Precision.NVFP4: (10, 0)}
+WEIGHT_ONLY = (Precision.INT8_WO, Precision.INT4_WO, Precision.INT4_AWQ)
+# builder.py refuses the weight-only plugins (and INT8) only for 100 ≤ SM < 120: sm120 has them (facts §0).
+NO_INT_RANGE = ((10, 0), (12, 0))
+
+
+def no_int_quant(cc: tuple[int, int]) -> bool:
+    return NO_INT_RANGE[0] <= cc < NO_INT_RANGE[1]
+
+
+def precision_checks(unit: Unit, fp8_kv_on_ampere: bool) -> list[Check]:
+    """Precision and KV dtype × architecture on TensorRT-LLM. `fp8_kv_on_ampere`: the PyTorch backend has an FP8
+    KV cache on sm80/sm86 (support matrix, facts §0); the engine path does not."""
+    v, arch = unit.variant, unit.target.arch
+    cc = arch.compute_capability
+    out: list[Check] = []
+    if cc is None:
+        return out
+    p = v.precision
+    need = MIN_CC.get(p)
+    if need and cc < need:
+        where = {Precision.FP8: "L4/L40S (sm89), H100/H200 (sm90), B200 (sm100)",
+                 Precision.NVFP4: "B200/GB200 (sm100) or sm120"}[p]
+        out.append(Check(name="precision_arch", ok=False,
+                         message=f"{p.value} needs sm{need[0]}{need[1]}+ and target {unit.target.name} is "
+                                 f"{arch.value}",
+                         fix=f"restrict the variant to targets on {where} (variants[].targets), or use "
+                             f"{'bf16/fp16, or int8_wo/int4_awq' if cc < (10, 0) else 'fp8'} on {arch.value}"))
+    elif p in WEIGHT_ONLY and no_int_quant(cc):
+        out.append(Check(name="precision_arch", ok=False,
+                         message=f"{p.value} on {arch.value}: \"INT8/INT4 quantization is not supported on "
+                                 "SM>=100.\" (builder.py: 100 ≤ SM < 120)",
+                         fix="use nvfp4 or fp8 on sm100, or restrict this variant to sm80–sm90 / sm120 targets"))
+    else:
+        out.append(Check(name="precision_arch", ok=True, message=f"{p.value} runs on {arch.value}"))
+    kv = v.kv_cache_dtype
+    if kv is KVCacheDtype.FP8 and cc < (8, 9) and not fp8_kv_on_ampere:
+        out.append(Check(name="kv_dtype_arch", ok=False,
+                         message=f"an FP8 KV cache needs sm89+ and target {unit.target.name} is {arch.value}",
+                         fix="kv_cache_dtype: auto on this target, or restrict the variant to sm89+ targets"))
+    elif kv is KVCacheDtype.INT8 and no_int_quant(cc):
+        out.append(Check(name="kv_dtype_arch", ok=False,
+                         message=f"an INT8 KV cache on {arch.value}: INT8 quantization is not supported on SM>=100",
+                         fix="kv_cache_dtype: fp8 on Blackwell"))
+    return out
+
+
+def chunked_prefill_check(unit: Unit, refused_because: str | None) -> list[Check]:
+    """A prompt longer than max_num_tokens needs chunked prefill/context; `refused_because`: why this unit has none."""
+    p = unit.profile
+    if p.max_input_len <= p.max_num_tokens:
+        return []
+    if refused_because:
+        return [Check(name="chunked_prefill", ok=False,
+                      message=f"max_input_len {p.max_input_len} > max_num_tokens {p.max_num_tokens} needs chunked "
+                              f"context, which needs the paged context FMHA; this unit has {refused_because}",
+                      fix="max_num_tokens ≥ max_input_len, or kv_cache_dtype fp8/auto and no "
+                          "use_paged_context_fmha: false")]
+    return [Check(name="chunked_prefill", ok=True,
+                  message=f"max_input_len {p.max_input_len} > max_num_tokens {p.max_num_tokens}: chunked prefill is "
+                          "enabled for long prompts")]
+
+
 def require_pinned_release(pinned: str | None, installed: str) -> None:
     """ToolError unless the spec's toolchain.trtllm_version is the installed release (no pin: anything goes)."""
     if pinned and parse_version(pinned).release != parse_version(installed).release:
@@ -53,6 +117,8 @@ class TrtllmLaneBase(Lane):
 
     name = "trtllm"
     install_hint = TRTLLM_INSTALL_HINT
+    needs_gpu = True
+    fp8_kv_on_ampere = False
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable
@@ -61,7 +127,7 @@ class TrtllmLaneBase(Lane):
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         pinned = spec.toolchain.trtllm_version
-        problems = validate_lane_options(self.name, spec.lane_options, pinned)
+        problems: list[tuple[str, str]] = []  # lane_options themselves: typed, checked when the spec is parsed
         if pinned:
             why = lane_release_problem(self.name, pinned)
             if why:

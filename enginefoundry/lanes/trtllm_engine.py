@@ -23,7 +23,14 @@ from enginefoundry.identity import TOKENIZER_FILES
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
 from enginefoundry.lanes.trtllm import model_activation_dtype
-from enginefoundry.lanes.trtllm_base import WORKER_PYTHON, TrtllmLaneBase, fresh_dir, read_bundle_info
+from enginefoundry.lanes.trtllm_base import (
+    WORKER_PYTHON,
+    TrtllmLaneBase,
+    chunked_prefill_check,
+    fresh_dir,
+    precision_checks,
+    read_bundle_info,
+)
 from enginefoundry.lanes.trtllm_flags import (
     CONVERT,
     ENGINE_INSTALL_HINT,
@@ -32,12 +39,12 @@ from enginefoundry.lanes.trtllm_flags import (
     SERVE,
     TRTLLM_BUILD,
     arg,
-    resolve_options,
     serve_backend_value,
 )
+from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.plan import Unit
-from enginefoundry.precisions import SAME_KV_DTYPE, TORCH_DTYPE
-from enginefoundry.preflight import read_model_config
+from enginefoundry.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
+from enginefoundry.preflight import Check, read_model_config
 from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
 from enginefoundry.toolchain import ToolHelp, ToolSurface, check_against_surface
@@ -206,6 +213,32 @@ def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str, unit_pa
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
 
 
+def plugin_checks(opts: dict[str, Any], unit: Unit, shape: Any) -> list[Check]:
+    """trtllm-build plugin dtypes must be the model's dtype (or the variant's fp8/nvfp4)."""
+    model_dtype = activation_dtype(unit.variant.precision, shape, opts["dtype"])
+    out = []
+    for name in ("gemm_plugin", "gpt_attention_plugin"):
+        value = opts[name]
+        if value in ("auto", "disable", "int32"):
+            continue
+        if value in ("fp8", "nvfp4"):
+            ok = unit.variant.precision.value == value
+            out.append(Check(name="plugin_dtype", ok=ok,
+                             message=f"{name}={value} " + ("matches" if ok else "needs a variant of precision "
+                                                            f"{value}; this one is {unit.variant.precision.value}"),
+                             fix=None if ok else f"{name}: auto"))
+        elif model_dtype is None:
+            out.append(Check(name="plugin_dtype", ok=True,
+                             message=f"{name}={value}; the model dtype is unknown until config.json is read"))
+        else:
+            ok = value == model_dtype
+            out.append(Check(name="plugin_dtype", ok=ok,
+                             message=f"{name}={value} " + ("matches the model dtype" if ok else
+                                                            f"differs from the model dtype {model_dtype}"),
+                             fix=None if ok else f"{name}: {model_dtype} (or auto)"))
+    return out
+
+
 def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:
     """config.json + rank{N}.engine for every rank; the engine's config.json as a dict."""
     missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
@@ -244,6 +277,29 @@ def copy_tokenizer(source_dir: Path, dest: Path) -> None:
 class TrtllmEngineLane(TrtllmLaneBase):
     name = "trtllm-engine"
     install_hint = ENGINE_INSTALL_HINT
+    # convert_checkpoint's --use_parallel_embedding is off by default: every tp rank holds the whole embedding.
+    embedding_sharded = False
+
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+        opts = self.options(spec)
+        why = None
+        if unit.variant.kv_cache_dtype is KVCacheDtype.INT8:
+            why = "an INT8 KV cache, with which builder.py turns the paged context FMHA off"
+        elif not opts["use_paged_context_fmha"]:
+            why = "lane option use_paged_context_fmha: false"
+        return (precision_checks(unit, self.fp8_kv_on_ampere) + plugin_checks(opts, unit, shape)
+                + chunked_prefill_check(unit, why))
+
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+                        per_rank_bytes: int) -> tuple[float, float]:
+        # convert_checkpoint loads the whole HF model unless --load_by_shard; each trtllm-build worker holds one
+        # rank's weights and the serialized engine (facts §12: #538, #1543, #2690).
+        opts = self.options(spec)
+        world = unit.variant.tp * unit.variant.pp
+        convert = (2 * per_rank_bytes) if opts["load_by_shard"] else source_bytes + per_rank_bytes
+        workers = min(world, unit.target.gpu_count or 1, int(opts["build_workers"] or world))
+        host = max(convert, 2 * per_rank_bytes * workers)
+        return host, source_bytes + 2 * est.weights_bytes_total  # HF checkpoint + converted checkpoint + engines
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)

@@ -12,10 +12,9 @@ it ("1.2": the engine path is removed in 1.3, #15763/#15907/#15918/#16369).
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from enginefoundry.toolchain import parse_version
@@ -379,146 +378,6 @@ def unsupported_env(commands: list[Any], version: str | None) -> list[str]:
             if entry is not None and version and not entry.exists_in(version):
                 out.append(key)
     return sorted(set(out))
-
-
-# --- lane options --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LaneOption:
-    name: str
-    kind: type
-    default: Any
-    help: str
-    emits: str = ""
-    choices: tuple[Any, ...] | None = None
-    minimum: int | None = None
-    refused_values: Mapping[Any, str] = field(default_factory=dict)
-
-    def check(self, value: Any) -> str | None:
-        if self.kind is bool and not isinstance(value, bool):
-            return f"must be true or false, got {value!r}"
-        if self.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            return f"must be an integer, got {value!r}"
-        if self.kind is str and not isinstance(value, str):
-            return f"must be a string, got {value!r}"
-        if value in self.refused_values:
-            return self.refused_values[value]
-        if self.choices is not None and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}; got {value!r}"
-        if self.minimum is not None and value < self.minimum:
-            return f"must be ≥ {self.minimum}, got {value}"
-        return None
-
-
-# trtllm-build dtype plugins [§4 plugin flags]. `disable` for the attention plugin is refused: in-flight
-# batching with a paged KV cache and packed input needs it, and builds without it leak host memory (#2690).
-GEMM_PLUGIN_VALUES = ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable")
-ATTENTION_PLUGIN_VALUES = ("auto", "float16", "float32", "bfloat16")
-PLUGIN_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "fp8": "fp8", "nvfp4": "nvfp4"}
-
-ENGINE_OPTIONS: dict[str, LaneOption] = {o.name: o for o in (
-    LaneOption("gemm_plugin", str, "auto", "GEMM plugin dtype; auto follows the checkpoint dtype",
-               "trtllm-build --gemm_plugin", choices=GEMM_PLUGIN_VALUES),
-    LaneOption("gpt_attention_plugin", str, "auto", "attention plugin dtype", "trtllm-build --gpt_attention_plugin",
-               choices=ATTENTION_PLUGIN_VALUES,
-               refused_values={"disable": "cannot be disable: in-flight batching, the paged KV cache and packed "
-                                          "input need the GPT attention plugin (and #2690: host OOM without it)"}),
-    LaneOption("use_paged_context_fmha", bool, True, "needed for chunked context and KV-cache reuse",
-               "trtllm-build --use_paged_context_fmha"),
-    LaneOption("use_fused_mlp", bool, None, "fused gated MLP (the 1.x default is enable)",
-               "trtllm-build --use_fused_mlp"),
-    LaneOption("multiple_profiles", bool, None, "several TensorRT optimisation profiles (longer build)",
-               "trtllm-build --multiple_profiles"),
-    LaneOption("tokens_per_block", int, None, "KV-cache block size (1.x default 32)", "trtllm-build --tokens_per_block",
-               choices=(8, 16, 32, 64, 128)),
-    LaneOption("max_beam_width", int, 1, "beam width the engine allows", "trtllm-build --max_beam_width", minimum=1),
-    LaneOption("build_workers", int, None, "cap on parallel rank builds; each holds one rank's weights in host "
-               "RAM (facts §12: start with 1 on small hosts)", "trtllm-build --workers", minimum=1),
-    LaneOption("convert_workers", int, 1, "threads over ranks in convert_checkpoint.py",
-               "convert_checkpoint.py --workers", minimum=1),
-    LaneOption("load_by_shard", bool, False, "load the HF checkpoint shard by shard (less host memory)",
-               "convert_checkpoint.py --load_by_shard"),
-    LaneOption("dtype", str, None, "activation dtype of quantized variants (default: the checkpoint's)",
-               "convert_checkpoint.py --dtype", choices=("float16", "bfloat16")),
-    LaneOption("examples_dir", str, None, "TensorRT-LLM examples/ of the installed release "
-               "(default $EF_TRTLLM_EXAMPLES_DIR)", "python <examples_dir>/models/core/llama/convert_checkpoint.py"),
-    LaneOption("triton_dir", str, "/app", "Triton backend tree with all_models/ and tools/ (the NGC container's "
-               "/app, or a TensorRT-LLM checkout's triton_backend/)", "fill_template.py, templates"),
-    LaneOption("triton_bundle_mount", str, None, "where the serving container mounts the bundle (engine_dir and "
-               "tokenizer_dir are written relative to it); default: the bundle's build-time path", "engine_dir"),
-    LaneOption("triton_decoupled_mode", bool, False, "streaming (decoupled) Triton models", "decoupled_mode"),
-    LaneOption("triton_max_queue_delay_microseconds", int, 0, "Triton dynamic batching delay",
-               "max_queue_delay_microseconds", minimum=0),
-    LaneOption("triton_batch_scheduler_policy", str, None, "Triton batch scheduler policy",
-               "batch_scheduler_policy", choices=("max_utilization", "guaranteed_no_evict")),
-    LaneOption("triton_enable_kv_cache_reuse", bool, None, "KV-cache block reuse in Triton", "enable_kv_cache_reuse"),
-    LaneOption("triton_instance_count", int, 1, "instances of preprocessing, postprocessing and BLS",
-               "*_instance_count", minimum=1),
-)}
-
-TRTLLM_OPTIONS: dict[str, LaneOption] = {o.name: o for o in (
-    LaneOption("cuda_graphs", bool, True, "capture CUDA graphs for decode batches", "cuda_graph_config (null: off)"),
-    LaneOption("cuda_graph_padding", bool, True, "pad batches up to the nearest captured size",
-               "cuda_graph_config.enable_padding"),
-    LaneOption("cuda_graph_max_batch_size", int, None, "largest captured batch (default: the profile's "
-               "max_batch_size)", "cuda_graph_config.max_batch_size", minimum=1),
-    LaneOption("enable_block_reuse", bool, None, "KV-cache block reuse (upstream default true)",
-               "kv_cache_config.enable_block_reuse"),
-    LaneOption("tokens_per_block", int, None, "KV-cache block size (upstream default 32)",
-               "kv_cache_config.tokens_per_block", choices=(8, 16, 32, 64, 128)),
-    LaneOption("enable_chunked_prefill", bool, None, "chunked prefill; default: on when max_input_len > "
-               "max_num_tokens, else off", "enable_chunked_prefill"),
-    LaneOption("modelopt_dir", str, None, "Model-Optimizer examples/llm_ptq folder (default "
-               "$EF_MODELOPT_LLM_PTQ_DIR)", "python <modelopt_dir>/hf_ptq.py"),
-    LaneOption("warmup_requests", int, 8, "requests sent during warm-up (fills the autotuner cache)", "warm-up",
-               minimum=1),
-    LaneOption("autotuner_cache", bool, True, "save the autotuner profiling cache into the bundle",
-               "TLLM_AUTOTUNER_CACHE_PATH"),
-)}
-
-LANE_OPTIONS: dict[str, dict[str, LaneOption]] = {"trtllm": TRTLLM_OPTIONS, "trtllm-engine": ENGINE_OPTIONS}
-
-
-def _engine_path_flag(name: str) -> bool:
-    return (name in ENGINE_OPTIONS and name not in TRTLLM_OPTIONS) or name in emitted_names(TRTLLM_BUILD) \
-        or name in emitted_names(CONVERT)
-
-
-def validate_lane_options(lane: str, options: Mapping[str, Any], pinned: str | None = None) -> list[tuple[str, str]]:
-    """Every problem with `lane_options` for `lane`, as (field path, message)."""
-    valid = LANE_OPTIONS[lane]
-    problems: list[tuple[str, str]] = []
-    for raw_key, value in options.items():
-        key = str(raw_key).lstrip("-").replace("-", "_")
-        path = f"lane_options.{raw_key}"
-        if key in REMOVED:
-            problems.append((path, REMOVED[key].message(pinned)))
-        elif key in valid:
-            why = valid[key].check(value)
-            if why:
-                problems.append((path, why))
-        elif key in SPEC_FIELDS:
-            problems.append((path, f"not a lane option: set it as {SPEC_FIELDS[key]}"))
-        elif lane == "trtllm" and _engine_path_flag(key):
-            problems.append((path, f"{key} belongs to the TensorRT engine path (trtllm-build / convert_checkpoint.py); "
-                                   "lane trtllm runs the PyTorch backend (default since 1.0, PR #5312) and has no "
-                                   "engine build: remove it, or use lane trtllm-engine"))
-        else:
-            close = difflib.get_close_matches(key, list(valid), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            problems.append((path, f"unknown option for lane {lane}{hint}; valid options: {', '.join(sorted(valid))}"))
-    return problems
-
-
-def resolve_options(lane: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Lane options with defaults filled in (call after validate_lane_options found nothing)."""
-    valid = LANE_OPTIONS[lane]
-    out = {name: opt.default for name, opt in valid.items()}
-    for k, v in options.items():
-        key = str(k).lstrip("-").replace("-", "_")
-        if key in valid:
-            out[key] = v
-    return out
 
 
 # --- LLM API YAML keys (pydantic extra="forbid" upstream) -------------------------------------------------------
