@@ -231,7 +231,12 @@ class ToolSurface(BaseModel):
     errors: dict[str, str] = Field(default_factory=dict)
 
     def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        """What the surface accepts, hashed. Error texts stay out (they carry log paths): an unreadable tool counts
+        as "unavailable", the same on every host."""
+        data = self.model_dump(mode="json", exclude={"errors"})
+        for tool in data["tools"].values():
+            tool["error"] = "unavailable" if tool["error"] else None
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class UnsupportedByRelease(PreflightError):

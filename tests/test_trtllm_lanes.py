@@ -529,7 +529,7 @@ def test_plain_precisions_pass_the_checkpoint_through(tmp_path):
 
 
 def test_quantized_convert_needs_model_optimizer(tmp_path, monkeypatch):
-    monkeypatch.delenv("EF_MODELOPT_LLM_PTQ_DIR", raising=False)
+    monkeypatch.delenv("EF_MODELOPT_DIR", raising=False)
     spec, units = spec_and_units("llama-3.1-8b-multiarch.yaml")
     fp8 = next(u for u in units if u.variant.precision.value == "fp8")
     with pytest.raises(ToolError, match=r"hf_ptq\.py.*modelopt_dir"):

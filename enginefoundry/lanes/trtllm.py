@@ -281,7 +281,7 @@ class TrtllmLane(TrtllmLaneBase):
                                  params={"format": "hf", "precision": variant.precision.value, "passthrough": True})
         opts = self.options(spec)
         root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV)
-        surface = self.surface(spec)
+        surface = self.pinned_surface(spec)
         script = hf_ptq_script(root, surface.modelopt) if root else None
         if script is None or not script.is_file():
             raise ToolError(

@@ -185,12 +185,17 @@ class TrtllmLaneBase(Lane):
         # (a patched image, another ModelOpt) → another key.
         return {**info.versions(), "surface": self.surface(None).digest()}
 
-    def refuse_unsupported(self, spec: BuildSpec, unit: Unit) -> ToolSurface:
-        """Before any download or GPU time: the installed release must be the pinned one and must accept every
-        flag, YAML key and template key this unit's commands use (ToolchainMismatch naming the first ones)."""
+    def pinned_surface(self, spec: BuildSpec) -> ToolSurface:
+        """The installed surface, after checking it is the release the spec pins (ToolError otherwise)."""
         surface = self.surface(spec)
         if surface.tensorrt_llm:
             require_pinned_release(spec.toolchain.trtllm_version, surface.tensorrt_llm)
+        return surface
+
+    def refuse_unsupported(self, spec: BuildSpec, unit: Unit) -> ToolSurface:
+        """Before any download or GPU time: the installed release must be the pinned one and must accept every
+        flag, YAML key and template key this unit's commands use (ToolchainMismatch naming the first ones)."""
+        surface = self.pinned_surface(spec)
         work = self.planned_work(spec, unit, surface)
         check_against_surface(work, surface)
         env = unsupported_env(work, surface.tensorrt_llm)

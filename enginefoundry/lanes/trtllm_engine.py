@@ -368,7 +368,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
         else:
             argv = convert_argv(spec, variant, self.python, script, source_dir, out, dtype)
             cmd = Command(argv=argv, cwd=str(workdir), tool=CONVERT, description=f"convert_checkpoint.py ({family})")
-        check_against_surface([cmd], self.surface(spec))  # before the conversion's GPU time
+        check_against_surface([cmd], self.pinned_surface(spec))  # before the conversion's GPU time
         run_tool(argv, workdir / "logs" / "convert.log", timeout_s=CONVERT_TIMEOUT_S, cwd=workdir,
                  what=cmd.description)
         ckpt_cfg = check_checkpoint_dir(out, variant)

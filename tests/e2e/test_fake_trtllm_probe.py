@@ -118,3 +118,20 @@ def test_the_pin_must_match_the_installed_release(on_worker):
     spec = engine_spec(root, "1.2.1")
     with pytest.raises(ToolError, match=r"pins TensorRT-LLM 1\.2\.1 .* has 1\.1\.0"):
         lane.refuse_unsupported(spec, expand_units(spec)[0])
+
+
+def test_convert_is_refused_before_it_runs_on_another_release(on_worker, tmp_path):
+    """The pin check and the flag check come before the conversion's GPU time: the fake tools fail if run."""
+    root = on_worker("1.1")
+    source = tmp_path / "hf"
+    source.mkdir()
+    (source / "config.json").write_text((CONFIGS / "model-configs" / "llama-3.1-8b-instruct.json").read_text())
+    lane = TrtllmEngineLane(python=str(root / "bin" / "python"))
+    spec = engine_spec(root, "1.2.1", examples_dir=str(root / "examples"))
+    fp8 = next(v for v in spec.variants if v.precision.value == "fp8")
+    with pytest.raises(ToolError, match=r"pins TensorRT-LLM 1\.2\.1 .* has 1\.1\.0"):
+        lane.convert(spec, fp8, source, tmp_path / "work")
+    assert not (tmp_path / "work" / "logs" / "convert.log").exists()
+    ok = engine_spec(root, "1.1.0", examples_dir=str(root / "examples"))
+    with pytest.raises(ToolError, match="only --help is implemented"):  # accepted, so it ran (and the fake fails)
+        lane.convert(ok, next(v for v in ok.variants if v.precision.value == "fp8"), source, tmp_path / "work")

@@ -66,3 +66,15 @@ def test_click_help_is_parsed_with_a_banner_before_it():
     assert set(parsed.flags) == {"help", "backend", "tensor_parallel_size", "tp_size", "config",
                                  "extra_llm_api_options"}
     assert parsed.choices == {"backend": ["pytorch", "trt", "_autodeploy"]}
+
+
+def test_the_surface_digest_ignores_error_texts_and_sees_flags():
+    from enginefoundry.toolchain import ToolHelp, ToolSurface
+
+    a = ToolSurface(tensorrt_llm="1.2.1", tools={"trtllm-build": ToolHelp(error="not found (log /tmp/x1/a.log)")},
+                    errors={"torch": "ImportError at /tmp/x1"})
+    b = ToolSurface(tensorrt_llm="1.2.1", tools={"trtllm-build": ToolHelp(error="not found (log /tmp/x2/a.log)")})
+    assert a.digest() == b.digest()
+    c = ToolSurface(tensorrt_llm="1.2.1", tools={"trtllm-build": ToolHelp(flags=["workers"])})
+    d = ToolSurface(tensorrt_llm="1.2.1", tools={"trtllm-build": ToolHelp(flags=["workers", "fast_build"])})
+    assert len({a.digest(), c.digest(), d.digest()}) == 3
