@@ -46,7 +46,7 @@ class BuildSpec(BaseModel):
     # Lane-specific knobs (plugins, CUDA graphs, …): the lane's own options model, chosen by `lane` (a union
     # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
     # refused with the release that removed it (the lane's model explains it).
-    lane_options: SerializeAsAny[LaneOptions] = Field(default_factory=NoOptions)
+    lane_options: SerializeAsAny[LaneOptions] = Field(default_factory=NoOptions, validate_default=True)
     smoke: SmokeSpec
     benchmark: BenchmarkSpec
     publish: PublishSpec = Field(default_factory=PublishSpec)

@@ -89,3 +89,11 @@ def test_each_shipped_lane_has_a_typed_options_model():
         assert spec.model_dump(mode="json")["lane_options"] == dict(spec.lane_options)  # as written, no defaults
     with pytest.raises(SpecError, match=r"lane_options\.anything"):
         parse_spec({**yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text()), "lane_options": {"anything": 1}})
+
+
+def test_a_spec_without_lane_options_gets_the_lanes_defaults():
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-multiarch.yaml").read_text())
+    del data["lane_options"]
+    spec = parse_spec(data, base_dir=CONFIGS)
+    assert type(spec.lane_options).__name__ == "TrtllmOptions" and dict(spec.lane_options) == {}
+    assert spec.lane_options.resolved()["warmup_requests"] == 8
