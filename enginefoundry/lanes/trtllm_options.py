@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from enginefoundry.lanes.trtllm_flags import CONVERT, REMOVED, SPEC_FIELDS, TRTLLM_BUILD, emitted_names
-from enginefoundry.spec.lane_options import LaneOptions
+from enginefoundry.spec.lane_options import LaneOptions, option_message
 
 TokensPerBlock = Literal[8, 16, 32, 64, 128]
 # trtllm-build dtype plugins (facts §4). `disable` for the attention plugin is refused: in-flight batching with a
@@ -100,34 +100,13 @@ class TrtllmOptions(_TrtllmOptionsBase):
 OPTIONS: dict[str, type[_TrtllmOptionsBase]] = {"trtllm": TrtllmOptions, "trtllm-engine": EngineOptions}
 
 
-def _message(model: type[LaneOptions], err: dict[str, Any], pinned: str | None) -> str:
-    key = str(err["loc"][0]) if err["loc"] else ""
-    kind, value = err["type"], err.get("input")
-    if kind == "extra_forbidden":
-        return model.explain_unknown(key, pinned) or "unknown option"
-    if kind == "literal_error":
-        field = model.model_fields[key]
-        choices = [a for arg in typing.get_args(field.annotation)
-                   for a in (typing.get_args(arg) or ([] if arg is type(None) else [arg]))]
-        return f"must be one of {', '.join(map(str, choices))}; got {value!r}"
-    if kind == "bool_type":
-        return f"must be true or false, got {value!r}"
-    if kind == "int_type":
-        return f"must be an integer, got {value!r}"
-    if kind == "string_type":
-        return f"must be a string, got {value!r}"
-    if kind == "greater_than_equal":
-        return f"must be ≥ {err['ctx']['ge']}, got {value}"
-    return err["msg"].removeprefix("Value error, ")
-
-
 def option_problems(model: type[LaneOptions], error: ValidationError, pinned: str | None,
                     prefix: str = "lane_options") -> list[tuple[str, str]]:
     """(field path, message) for every problem pydantic found in a lane's options."""
     out = []
     for err in error.errors():
         path = ".".join([prefix, *(str(p) for p in err["loc"][:1])])
-        out.append((path, _message(model, err, pinned)))
+        out.append((path, option_message(model, err, pinned)))
     return out
 
 

@@ -19,7 +19,7 @@ from pydantic import (
 
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
-from enginefoundry.spec.lane_options import LaneOptions, NoOptions
+from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.source import ModelSpec
@@ -137,10 +137,8 @@ def _lane_option_message(e: Any, data: dict[str, Any]) -> str:
         model = options_model(str(data.get("lane", "reference")))
     except Exception:
         return e["msg"]
-    from enginefoundry.lanes.trtllm_options import _message
-
     pinned = (data.get("toolchain") or {}).get("trtllm_version") if isinstance(data.get("toolchain"), dict) else None
-    return _message(model, {**e, "loc": e["loc"][1:]}, pinned)
+    return option_message(model, {**e, "loc": e["loc"][1:]}, pinned)
 
 
 def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) -> BuildSpec:

@@ -4,6 +4,7 @@ members are the options models registered in enginefoundry.lanes.registry). Unkn
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,3 +62,30 @@ class LaneOptions(BaseModel):
 
 class NoOptions(LaneOptions):
     """A lane without options: any key is refused."""
+
+    @classmethod
+    def explain_unknown(cls, key: str, pinned: str | None) -> str | None:
+        return "this lane has no options: remove lane_options"
+
+
+def option_message(model: type[LaneOptions], err: Any, pinned: str | None) -> str:
+    """One pydantic error of a lane's options, in words a spec author acts on (loc relative to lane_options)."""
+    key = str(err["loc"][0]) if err["loc"] else ""
+    kind, value = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        return model.explain_unknown(key, pinned) or "unknown option"
+    if kind == "literal_error":
+        field = model.model_fields[key]
+        choices = [a for arg in typing.get_args(field.annotation)
+                   for a in (typing.get_args(arg) or ([] if arg is type(None) else [arg]))]
+        return f"must be one of {', '.join(map(str, choices))}; got {value!r}"
+    if kind == "bool_type":
+        return f"must be true or false, got {value!r}"
+    if kind == "int_type":
+        return f"must be an integer, got {value!r}"
+    if kind == "string_type":
+        return f"must be a string, got {value!r}"
+    if kind == "greater_than_equal":
+        return f"must be ≥ {err['ctx']['ge']}, got {value}"
+    return err["msg"].removeprefix("Value error, ")
+
