@@ -228,6 +228,7 @@ def autotuner_supported(version: str | None) -> bool:
 
 class TrtllmLane(TrtllmLaneBase):
     name = "trtllm"
+    convert_tools = (HF_PTQ,)
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:

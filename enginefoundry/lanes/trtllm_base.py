@@ -119,6 +119,7 @@ class TrtllmLaneBase(Lane):
     install_hint = TRTLLM_INSTALL_HINT
     needs_gpu = True
     fp8_kv_on_ampere = False
+    convert_tools: tuple[str, ...] = ()  # tools of the convert stage: checked by convert(), not by build()
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable
@@ -205,8 +206,9 @@ class TrtllmLaneBase(Lane):
         return surface
 
     def planned_work(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None) -> list[Command]:
-        """The commands (with their YAML and template keys) `describe` renders for a surface."""
-        return self.describe(spec, unit, surface)
+        """The build and serve commands (with their YAML and template keys) `describe` renders for a surface; the
+        convert stage checks its own command where it runs."""
+        return [c for c in self.describe(spec, unit, surface) if c.tool not in self.convert_tools]
 
     # GPUs and bundles -----------------------------------------------------------------------------------------
 

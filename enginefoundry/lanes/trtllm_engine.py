@@ -277,6 +277,7 @@ def copy_tokenizer(source_dir: Path, dest: Path) -> None:
 class TrtllmEngineLane(TrtllmLaneBase):
     name = "trtllm-engine"
     install_hint = ENGINE_INSTALL_HINT
+    convert_tools = (CONVERT, QUANTIZE)
     # convert_checkpoint's --use_parallel_embedding is off by default: every tp rank holds the whole embedding.
     embedding_sharded = False
 

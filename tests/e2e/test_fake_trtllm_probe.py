@@ -135,3 +135,13 @@ def test_convert_is_refused_before_it_runs_on_another_release(on_worker, tmp_pat
     ok = engine_spec(root, "1.1.0", examples_dir=str(root / "examples"))
     with pytest.raises(ToolError, match="only --help is implemented"):  # accepted, so it ran (and the fake fails)
         lane.convert(ok, next(v for v in ok.variants if v.precision.value == "fp8"), source, tmp_path / "work")
+
+
+def test_the_build_stage_does_not_need_the_convert_tools(on_worker, monkeypatch):
+    root = on_worker("1.2")
+    monkeypatch.delenv("EF_TRTLLM_EXAMPLES_DIR")  # a build worker that only has the converted checkpoint
+    lane = TrtllmEngineLane(python=str(root / "bin" / "python"))
+    spec = engine_spec(root, "1.2.1")
+    assert "convert_checkpoint.py" not in lane.surface(spec).tools
+    for unit in expand_units(spec):
+        lane.refuse_unsupported(spec, unit)

@@ -233,3 +233,17 @@ def test_plan_commands_use_the_worker_interpreter_name():
                 assert sys.executable not in cmd.argv, cmd.argv
                 if cmd.argv[0].endswith("python") or cmd.argv[0].startswith("python"):
                     assert cmd.argv[0] == "python3"
+
+
+def test_a_rank_file_cache_is_served_under_the_names_it_was_saved_with(tmp_path):
+    from enginefoundry.gpu import GPUInfo
+    from enginefoundry.lanes.trtllm import AUTOTUNER_CACHE, usable_autotuner_cache
+
+    for rank in (0, 1):
+        (tmp_path / f"autotuner.rank{rank}.json").write_text(f'{{"rank": {rank}}}')
+    info = {"autotuner_cache": {"file": AUTOTUNER_CACHE, "files": ["autotuner.rank0.json", "autotuner.rank1.json"],
+                                "tensorrt_llm": "1.1.0", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}}
+    h200 = [GPUInfo(index=0, name="NVIDIA H200", compute_capability="9.0", memory_total_mib=143771)]
+    path = usable_autotuner_cache(tmp_path, info, h200, "1.1.0")
+    assert path is not None and path.name == AUTOTUNER_CACHE  # TLLM_AUTOTUNER_CACHE_PATH, as at warm-up
+    assert (path.parent / "autotuner.rank1.json").read_text() == '{"rank": 1}'
