@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from enginefoundry.errors import InputError
+from enginefoundry.store import link_or_copy
 
 # safetensors dtype names of the floating types a cast may change; integer and bool tensors are kept.
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
@@ -55,18 +55,6 @@ def read_header(path: Path) -> tuple[dict[str, dict], int]:
 def needs_cast(header: dict[str, dict], target: str) -> bool:
     return any(isinstance(v, dict) and v.get("dtype") in FLOAT_DTYPES and v["dtype"] != target
                for k, v in header.items() if k != "__metadata__")
-
-
-def link_or_copy(src: Path, dest: Path) -> bool:
-    """Hard-link `src` to `dest` (True), or copy it when the filesystems differ (False)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.unlink(missing_ok=True)
-    try:
-        os.link(src, dest)
-        return True
-    except OSError:
-        shutil.copyfile(src, dest)
-        return False
 
 
 def cast_file(src: Path, dest: Path, target: str) -> int:
@@ -141,6 +129,7 @@ def cast_checkpoint(source: Path, dest: Path, torch_dtype: str) -> CastReport:
             report.written.append(entry.name)
             report.bytes_written += out.stat().st_size
         else:
+            out.unlink(missing_ok=True)
             link_or_copy(path, out)
             report.linked.append(entry.name)
             report.bytes_linked += path.stat().st_size

@@ -152,4 +152,4 @@ def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
 def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
     return {"unit": unit.name, "lane": spec.lane, "variant": unit.variant.model_dump(mode="json"),
             "profile": unit.profile.model_dump(mode="json"), "target": unit.target.model_dump(mode="json"),
-            "lane_options": spec.lane_options, "toolchain": spec.toolchain.model_dump(mode="json")}
+            "lane_options": spec.lane_options.given(), "toolchain": spec.toolchain.model_dump(mode="json")}

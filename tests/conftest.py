@@ -87,3 +87,18 @@ def s3_env(stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, 
         monkeypatch.setenv(k, stack[k])
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return stack
+
+
+FAKE_TRTLLM = Path(__file__).parent / "fixtures" / "fake-trtllm"
+
+
+@pytest.fixture(scope="session")
+def fake_trtllm():
+    """The fake TensorRT-LLM toolchains 1.0/1.1/1.2 (tests/fixtures/fake-trtllm): its `fakehelp` module, with
+    `RELEASES`, `release_dir(release)` and `expected_surface(release)`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fakehelp", FAKE_TRTLLM / "fakehelp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

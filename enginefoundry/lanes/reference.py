@@ -16,10 +16,11 @@ from enginefoundry.devices import host_facts, torch_device_facts
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
 from enginefoundry.plan import Unit
-from enginefoundry.spec import Arch, BuildSpec, Precision, Variant
+from enginefoundry.precisions import TORCH_DTYPE
+from enginefoundry.spec import Arch, BuildSpec, Variant
 from enginefoundry.store import link_or_copy
 
-TORCH_DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
+TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
 BUNDLE_INFO = "bundle.json"
 
@@ -30,6 +31,7 @@ def _device_for(arch: Arch) -> str:
 
 class ReferenceLane(Lane):
     name = "reference"
+    sizes_kv_pool = False  # transformers allocates the KV cache per request: no pool to size
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)

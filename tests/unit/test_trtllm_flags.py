@@ -6,25 +6,23 @@ import copy
 
 import pytest
 
-from enginefoundry.errors import ToolError
+from enginefoundry.errors import SpecError, ToolError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm_flags import (
     CONVERT,
     EMITTED,
-    ENGINE_OPTIONS,
+    ENV,
     LLM_API,
     REMOVED,
     SERVE,
     TRTLLM_BUILD,
-    TRTLLM_OPTIONS,
     arg,
     emitted_names,
     explain_unknown_key,
     flag,
     lane_release_problem,
-    resolve_options,
-    validate_lane_options,
 )
+from enginefoundry.lanes.trtllm_options import EngineOptions, TrtllmOptions, resolve_options, validate_lane_options
 from enginefoundry.spec import load_spec, parse_spec
 from enginefoundry.toolchain import (
     PROBE_MARKER,
@@ -65,9 +63,9 @@ def test_dashed_spelling_and_old_pins():
 def test_unknown_option_lists_the_valid_ones_and_a_close_match():
     [(path, msg)] = validate_lane_options("trtllm-engine", {"gemm_plugn": "float16"})
     assert path == "lane_options.gemm_plugn" and "did you mean gemm_plugin?" in msg
-    assert "valid options: " + ", ".join(sorted(ENGINE_OPTIONS)) in msg
+    assert "valid options: " + ", ".join(sorted(EngineOptions.model_fields)) in msg
     [(_, msg)] = validate_lane_options("trtllm", {"bogus": 1})
-    assert "valid options: " + ", ".join(sorted(TRTLLM_OPTIONS)) in msg and "did you mean" not in msg
+    assert "valid options: " + ", ".join(sorted(TrtllmOptions.model_fields)) in msg and "did you mean" not in msg
 
 
 def test_engine_flags_on_the_pytorch_lane_point_to_the_engine_lane():
@@ -148,14 +146,16 @@ def test_emitted_flags_are_registered_and_not_removed():
     assert emitted_names(CONVERT) <= FACTS_CONVERT_FLAGS
     assert emitted_names(SERVE) <= FACTS_SERVE_FLAGS
     assert not (emitted_names(TRTLLM_BUILD) & set(REMOVED))
-    assert len({(f.tool, f.name) for f in EMITTED}) == len(EMITTED)
+    assert len({(f.tool, f.key) for f in EMITTED}) == len(EMITTED)
 
 
 def test_release_ranges():
     assert flag(TRTLLM_BUILD, "kv_cache_type").exists_in("1.2.1")
     assert not flag(TRTLLM_BUILD, "kv_cache_type").exists_in("1.3.0rc1")
     assert not any(f.exists_in("1.3.0") for f in EMITTED if f.tool in (TRTLLM_BUILD, CONVERT))
-    assert all(f.exists_in("1.0.0") for f in EMITTED)
+    assert all(f.exists_in("1.0.0") for f in EMITTED
+               if f.versioned_by == "tensorrt_llm" and parse_version(f.since).release <= (1, 0, 0))
+    assert not flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").exists_in("1.0.0")
     assert flag(LLM_API, "kv_cache_config.free_gpu_memory_fraction").exists_in("1.4.0rc1")
 
 
@@ -178,11 +178,14 @@ def test_engine_lane_validation_of_the_spec():
     data = _spec("llama-3-70b-tp2-a100.yaml", toolchain={"trtllm_version": "1.3.0rc2"},
                  lane_options={"gemm_plugin": "float16", "use_custom_all_reduce": "disable", "max_output_len": 1024})
     data["profiles"][0]["paged_kv_cache"] = False
-    spec = parse_spec(data)
-    problems = dict(get_lane("trtllm-engine").validate_options(spec))
-    assert "#15918" in problems["toolchain.trtllm_version"]
+    with pytest.raises(SpecError) as err:  # lane_options is the lane's typed model: refused when parsed
+        parse_spec(data)
+    problems = dict(err.value.problems)
     assert "0.12" in problems["lane_options.use_custom_all_reduce"]
     assert "max_seq_len" in problems["lane_options.max_output_len"]
+    data["lane_options"] = {"gemm_plugin": "float16"}
+    problems = dict(get_lane("trtllm-engine").validate_options(parse_spec(data)))
+    assert "#15918" in problems["toolchain.trtllm_version"]
     assert "paged KV cache" in problems["profiles.0.paged_kv_cache"]
     unpinned = parse_spec(_spec("llama-3-70b-tp2-a100.yaml", toolchain={}))
     assert "pinned" in dict(get_lane("trtllm-engine").validate_options(unpinned))["toolchain.trtllm_version"]

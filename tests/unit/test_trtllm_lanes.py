@@ -46,8 +46,8 @@ from enginefoundry.lanes.trtllm_flags import (
     TRTLLM_BUILD,
     emitted_names,
     flag,
-    resolve_options,
 )
+from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.plan import Unit, expand_units
 from enginefoundry.spec import BuildSpec, Variant, load_spec
 from enginefoundry.toolchain import ToolchainInfo
@@ -112,12 +112,7 @@ def test_convert_for_the_70b_tp2_config(tmp_path):
 @pytest.mark.parametrize(("precision", "kv", "expected"), [
     ("int8_wo", "auto", {"use_weight_only": None, "weight_only_precision": "int8"}),
     ("int4_wo", "auto", {"use_weight_only": None, "weight_only_precision": "int4"}),
-    ("int4_awq", "auto", {"use_weight_only": None, "weight_only_precision": "int4_awq",
-                          "calib_dataset": "ccdv/cnn_dailymail", "calib_size": "512", "calib_max_seq_length": "512"}),
-    ("fp8", "fp8", {"use_fp8": None, "fp8_kv_cache": None, "calib_dataset": "ccdv/cnn_dailymail",
-                    "calib_size": "512", "calib_max_seq_length": "512"}),
-    ("nvfp4", "auto", {"use_nvfp4": None, "calib_dataset": "ccdv/cnn_dailymail", "calib_size": "512",
-                       "calib_max_seq_length": "512"}),
+    # fp8 / nvfp4 / int4_awq / fp8 KV go through quantize.py (tests/unit/test_lane_findings.py).
     ("fp16", "int8", {"int8_kv_cache": None}),
 ])
 def test_convert_quantization_flags(precision, kv, expected):
@@ -132,8 +127,8 @@ def test_convert_quantization_flags(precision, kv, expected):
 def test_convert_options_and_custom_calibration():
     spec, _ = spec_and_units("llama-3-70b-tp2-a100.yaml")
     spec = with_options(spec, convert_workers=4, load_by_shard=True)
-    v = Variant(precision="fp8", tp=2, calibration={"dataset": "/data/calib.jsonl", "samples": 1024,
-                                                     "max_seq_length": 2048})
+    v = Variant(precision="fp16", tp=2, kv_cache_dtype="int8",
+                calibration={"dataset": "/data/calib.jsonl", "samples": 1024, "max_seq_length": 2048})
     f = flags_of(convert_argv(spec, v, "python3", "c.py", "/hf", "/ckpt", "bfloat16"))
     assert f["workers"] == "2"  # threads over ranks: never more than tp × pp
     assert "load_by_shard" in f
@@ -495,11 +490,11 @@ def test_runtime_yaml_options():
 
 
 def test_quantize_command_for_the_fp8_variant(monkeypatch):
-    monkeypatch.delenv("EF_MODELOPT_LLM_PTQ_DIR", raising=False)
+    monkeypatch.delenv("EF_MODELOPT_DIR", raising=False)
     spec, units = spec_and_units("llama-3.1-8b-multiarch.yaml")
     fp8 = next(u for u in units if u.variant.precision.value == "fp8")
-    cmd = quantize_command(with_options(spec, modelopt_dir="/opt/Model-Optimizer/examples/llm_ptq"), fp8.variant,
-                           "/ckpt/hf", "/scratch/checkpoint", python="python3")
+    cmd = quantize_command(with_options(spec, modelopt_dir="/opt/Model-Optimizer"), fp8.variant,
+                           "/ckpt/hf", "/scratch/checkpoint", python="python3", modelopt="0.39.0")
     f = flags_of(cmd.argv)
     assert cmd.argv[:2] == ["python3", "/opt/Model-Optimizer/examples/llm_ptq/hf_ptq.py"]
     assert set(f) <= emitted_names(HF_PTQ)
@@ -507,7 +502,7 @@ def test_quantize_command_for_the_fp8_variant(monkeypatch):
                  "dataset": "cnn_dailymail", "calib_size": "1024", "calib_seq": "2048",
                  "export_path": "/scratch/checkpoint", "export_fmt": "hf"}
     nvfp4 = quantize_command(spec, Variant(precision="nvfp4"), "/hf", "/out", python="python3")
-    assert flags_of(nvfp4.argv)["kv_cache_qformat"] == "none" and "$EF_MODELOPT_LLM_PTQ_DIR" in nvfp4.argv[1]
+    assert flags_of(nvfp4.argv)["kv_cache_qformat"] == "none" and "$EF_MODELOPT_DIR" in nvfp4.argv[1]
 
 
 def test_plain_precisions_pass_the_checkpoint_through(tmp_path):
@@ -518,7 +513,7 @@ def test_plain_precisions_pass_the_checkpoint_through(tmp_path):
 
 
 def test_quantized_convert_needs_model_optimizer(tmp_path, monkeypatch):
-    monkeypatch.delenv("EF_MODELOPT_LLM_PTQ_DIR", raising=False)
+    monkeypatch.delenv("EF_MODELOPT_DIR", raising=False)
     spec, units = spec_and_units("llama-3.1-8b-multiarch.yaml")
     fp8 = next(u for u in units if u.variant.precision.value == "fp8")
     with pytest.raises(ToolError, match=r"hf_ptq\.py.*modelopt_dir"):
