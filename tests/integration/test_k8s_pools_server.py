@@ -44,10 +44,14 @@ def test_prefect_server_accepts_kubernetes_pools(prefect_server: PrefectServer, 
     assert "nope" in refused.stdout + refused.stderr
 
 
-def test_kubernetes_worker_renders_the_job() -> None:
+def test_kubernetes_worker_renders_the_job(prefect_server: PrefectServer) -> None:
     worker = pytest.importorskip("prefect_kubernetes.worker", reason="pip install prefect-kubernetes==0.8.0")
-    config = asyncio.run(worker.KubernetesWorkerJobConfiguration.from_template_and_values(
-        template("gpu-sm90"), {"gpu_product": "NVIDIA-H200", "image": "registry.example/enginefoundry:1.2.1"}))
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    # Rendering asks the API (for variables and blocks): the session's server, not a temporary one per call.
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api}):
+        config = asyncio.run(worker.KubernetesWorkerJobConfiguration.from_template_and_values(
+            template("gpu-sm90"), {"gpu_product": "NVIDIA-H200", "image": "registry.example/enginefoundry:1.2.1"}))
     pod = config.job_manifest["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
     assert pod["containers"][0]["image"] == "registry.example/enginefoundry:1.2.1"
