@@ -25,7 +25,7 @@ from enginefoundry.lease import DEFAULT_TTL_S, Lease, lease_key, new_owner, rele
 from enginefoundry.manifest import Manifest
 from enginefoundry.pipeline import RunSummary, UnitOutcome, work_root
 from enginefoundry.plan import Unit, expand_units, key_of, toolchain_identity, unit_key_components
-from enginefoundry.publish import manifest_key, read_manifest
+from enginefoundry.publish import find_current, pointer_key
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
@@ -68,6 +68,7 @@ def build_engines(
     targets: list[str] | None = None,
     force: bool = False,
     mode: Mode = "embedded",
+    verify_hits: bool = False,
 ) -> RunSummary:
     """Build, verify, benchmark and publish every unit of a spec.
 
@@ -77,6 +78,7 @@ def build_engines(
         targets: only these target names (empty: all)
         force: rebuild units whose manifest already exists
         mode: embedded (units in this process) or cluster (each unit on a worker of its target's pool)
+        verify_hits: re-hash every file of a cache hit (otherwise: manifest consistency and file sizes)
     """
     t0 = time.monotonic()
     build_spec = resolve_spec(spec_path, spec)
@@ -109,7 +111,7 @@ def build_engines(
             published[unit.name] = published[first_with_key[key]]
             continue
         first_with_key[key] = unit.name
-        published[unit.name] = None if force else find_published(build_spec, key)
+        published[unit.name] = None if force else find_published(build_spec, key, verify_hits)
         if published[unit.name] is None:
             published[unit.name] = _lease_or_wait(build_spec, store, key, owner, leases, force)
     misses = [u for u in units if published[u.name] is None and u.name not in same_as]
@@ -122,7 +124,7 @@ def build_engines(
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
             built = dispatch_units(build_spec, spec_payload(build_spec), misses, components, snapshot, parent, store,
-                                   prefect_context().get("prefect.flow_run_id"))
+                                   prefect_context().get("prefect.flow_run_id"), replace=force)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
             t_convert = time.monotonic()
@@ -133,7 +135,7 @@ def build_engines(
             for unit in misses:
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 built[unit.name] = run_unit(build_spec, unit, components[unit.name], snapshot,
-                                            converted[unit.variant.name], parent)
+                                            converted[unit.variant.name], parent, replace=force)
         outcomes = []
         for unit in units:
             hit = published[unit.name]
@@ -161,9 +163,10 @@ def build_engines(
 
 
 def _published_by(store: Store, spec: BuildSpec, outcome: UnitOutcome) -> Manifest | None:
-    if outcome.key is None or not store.exists(manifest_key(spec.model.name, outcome.key)):
+    if outcome.key is None:
         return None
-    return read_manifest(store, manifest_key(spec.model.name, outcome.key))
+    build = find_current(store, spec.model.name, outcome.key)
+    return build.manifest if build else None
 
 
 def _lease_or_wait(spec: BuildSpec, store: Store, key: str, owner: str, leases: dict[str, Lease],
@@ -174,15 +177,17 @@ def _lease_or_wait(spec: BuildSpec, store: Store, key: str, owner: str, leases: 
     if lease is not None:
         leases[key] = lease
         return None
-    if wait_for(store, manifest_key(spec.model.name, key), lkey, timeout_s=DEFAULT_TTL_S, progress=say):
-        return read_manifest(store, manifest_key(spec.model.name, key))
+    if wait_for(store, pointer_key(spec.model.name, key), lkey, timeout_s=DEFAULT_TTL_S, progress=say):
+        build = find_current(store, spec.model.name, key)
+        return build.manifest if build else None
     # The holder gave up without publishing: build it ourselves.
     return _lease_or_wait(spec, store, key, owner, leases, force)
 
 
 def _record_cache_hit(spec: BuildSpec, unit: Unit, key: str, manifest: Manifest, parent_run_id: str
                       ) -> UnitOutcome:
-    uri = open_store(spec.publish.store, spec.publish.s3_endpoint_url).url(manifest_key(spec.model.name, key))
+    build = find_current(open_store(spec.publish.store, spec.publish.s3_endpoint_url), spec.model.name, key)
+    uri = build.uri if build else ""
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit),
                             {"enginefoundry.key": key, "enginefoundry.cache_hit": "true",
                              "enginefoundry.built_by_run": manifest.mlflow_run_id or "",

@@ -33,15 +33,15 @@ from enginefoundry.tasks.track import prefect_context, record_unit, register_pub
 @flow(name="build-unit")
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str,
+    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False,
 ) -> UnitOutcome:
-    """Embedded mode: the unit as a subflow of the parent's process."""
-    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id)
+    """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild."""
+    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace)
 
 
 def run_unit_stages(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str,
+    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False,
 ) -> UnitOutcome:
     key = key_of(key_components)
     stages: dict[str, float] = {}
@@ -51,6 +51,7 @@ def run_unit_stages(
                              "enginefoundry.arch": unit.target.arch.value, "enginefoundry.lane": spec.lane,
                              "enginefoundry.work_pool": unit.target.pool, "enginefoundry.cache_hit": "false"})
     unit_dir = work_root() / "units" / key[:16]
+    shutil.rmtree(unit_dir, ignore_errors=True)  # a clean start: nothing from an earlier run gets published
     report_dir = unit_dir / "reports"
     try:
         t = time.monotonic()
@@ -98,13 +99,13 @@ def run_unit_stages(
         "status": status, "status_reason": reason, "mlflow_run_id": run_id,
         "prefect_flow_run_id": prefect_context().get("prefect.flow_run_id"),
     }
-    published_result = publish_unit(spec, manifest_fields, folders)
+    published_result = publish_unit(spec, manifest_fields, folders, replace)
     stages["publish"] = time.monotonic() - t
 
     t = time.monotonic()
     metrics: dict[str, float] = {f"{k}_s": v for k, v in stages.items()}
     metrics.update(build.metrics)
-    metrics["artifact_bytes"] = published_result.bytes_uploaded
+    metrics["artifact_bytes"] = published_result.bytes_total
     if smoke:
         metrics.update({k: float(v) for k, v in smoke.summary().items()})
     if sweep:

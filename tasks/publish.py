@@ -1,4 +1,4 @@
-"""Stage: publish the unit to the store: files first, manifest last."""
+"""Stage: publish the unit to the store: blobs first, an immutable manifest next, the current-build pointer last."""
 
 from __future__ import annotations
 
@@ -7,38 +7,48 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.errors import StoreError
 from enginefoundry.manifest import Manifest
-from enginefoundry.publish import (
-    PublishResult,
-    artifact_prefix,
-    publish_manifest,
-    read_manifest,
-    upload_folders,
-)
-from enginefoundry.publish import manifest_key as manifest_key_of
+from enginefoundry.publish import PublishResult, check_hit, find_current, publish_build
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="check cache", cache_policy=NO_CACHE)
-def find_published(spec: BuildSpec, key: str) -> Manifest | None:
+def find_published(spec: BuildSpec, key: str, rehash: bool = False) -> Manifest | None:
+    """The current build's manifest when it can be trusted as a cache hit (self-consistent, every file present
+    with its size; with `rehash` every sha256 too); None for a miss or a refused hit (it is rebuilt)."""
+    log = progress_logger()
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    mkey = manifest_key_of(spec.model.name, key)
-    return read_manifest(store, mkey) if store.exists(mkey) else None
+    try:
+        build = find_current(store, spec.model.name, key)
+    except StoreError as err:
+        log(f"cache: {key[:12]}: refused ({err}); rebuilding")
+        return None
+    if build is None:
+        return None
+    problems = check_hit(store, build, rehash=rehash)
+    if problems:
+        log(f"cache: {key[:12]}: build {build.build_id} refused: " + "; ".join(p.line() for p in problems[:5])
+            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") + "; rebuilding")
+        return None
+    return build.manifest
 
 
 @task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)
-def publish_unit(spec: BuildSpec, manifest_fields: dict, folders: dict[str, str]) -> PublishResult:
-    """`manifest_fields` is everything but `files`; the file list comes from the upload itself."""
+def publish_unit(spec: BuildSpec, manifest_fields: dict, folders: dict[str, str], replace: bool = False
+                 ) -> PublishResult:
+    """`manifest_fields` is everything but `files` and `build_id`; the file list comes from the upload itself.
+    `replace` (a --force rebuild) makes this build current even when another build of the key is."""
     log = progress_logger()
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    prefix = artifact_prefix(spec.model.name, manifest_fields["key"])
-    entries, total = upload_folders(store, prefix, {k: Path(v) for k, v in folders.items()}, progress=log)
-    manifest = Manifest.model_validate({**manifest_fields, "files": [e.model_dump() for e in entries]})
-    result = publish_manifest(store, spec.model.name, manifest)
+    result = publish_build(store, spec.model.name, manifest_fields, {k: Path(v) for k, v in folders.items()},
+                           progress=log, replace=replace)
     if result.created:
-        log(f"publish: {result.uri} ({len(entries)} files, {total / 2**20:.1f} MiB)")
+        log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "
+            f"{result.bytes_uploaded / 2**20:.1f} MiB new)")
     else:
-        log(f"publish: another run published {manifest.key[:12]} first; adopted its manifest")
-    return result.model_copy(update={"bytes_uploaded": total})
+        log(f"publish: another run made build {result.build_id} of {result.manifest.key[:12]} current first; "
+            "adopted it")
+    return result

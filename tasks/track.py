@@ -39,6 +39,8 @@ def prefect_context() -> dict[str, str]:
 @task(name="start MLflow run", cache_policy=NO_CACHE)
 def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
     tracker = tracker_for(spec)
+    # Runs a kill -9-ed run of this host left RUNNING end KILLED now: no run stays RUNNING for ever.
+    tracker.end_dead_runs()
     tags = {"enginefoundry.spec": spec.name, "enginefoundry.lane": spec.lane,
             "enginefoundry.git_commit": project_git_commit(), "source.uri": source["uri"],
             "source.revision": source.get("revision") or "", **prefect_context()}

@@ -14,6 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("spec", help="build spec YAML, e.g. configs/tiny-cpu.yaml")
     run.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
     run.add_argument("--force", action="store_true", help="rebuild units whose manifest already exists")
+    run.add_argument("--verify-hits", action="store_true",
+                     help="re-hash every file of a cache hit (default: manifest consistency and file sizes)")
     run.add_argument("--store", help="override publish.store (s3://bucket/prefix or file://path)")
     run.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
     run.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
@@ -67,7 +69,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     payload = spec.model_dump(mode="json")
     payload["base_dir"] = spec.base_dir
-    summary = build_engines(spec_path=None, spec=payload, targets=args.targets, force=args.force, mode=args.mode)
+    summary = build_engines(spec_path=None, spec=payload, targets=args.targets, force=args.force, mode=args.mode,
+                            verify_hits=args.verify_hits)
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from enginefoundry.confine import SAFE_NAME
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
 from enginefoundry.spec.matrix import Profile, Target, Variant
@@ -28,7 +29,7 @@ class ToolchainSpec(BaseModel):
 class BuildSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="spec name, shown in runs")
+    name: str = Field(pattern=SAFE_NAME, max_length=100, description="spec name, shown in runs")
     model: ModelSpec
     lane: str = Field(default="reference", description="reference | trtllm | trtllm-engine")
     toolchain: ToolchainSpec = Field(default_factory=ToolchainSpec)

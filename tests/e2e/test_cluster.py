@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.gpu_targets import pools
 from tests.support.cluster import (
     GPU_POOL,
     SECOND_POOL,
@@ -34,9 +35,8 @@ def test_deployments_from_deployment_yaml(cluster: PrefectServer) -> None:
         deps = {d["name"]: d for d in http.post("/deployments/filter", json={}).json()}
         flows = {f["id"]: f["name"] for f in http.post("/flows/filter", json={}).json()}
     names = {f"{flows[d['flow_id']]}/{n}" for n, d in deps.items()}
-    assert {"build-engines/manual", "rollout/scheduled", "build-unit/cpu", "build-unit/gpu-sm80",
-            "build-unit/gpu-sm89", "build-unit/gpu-sm90", "build-unit/gpu-sm100"} <= names
-    for pool in ("cpu", "gpu-sm80", "gpu-sm89", "gpu-sm90", "gpu-sm100"):
+    assert {"build-engines/manual", "rollout/scheduled"} | {f"build-unit/{p}" for p in pools()} <= names
+    for pool in pools():
         unit = deps[pool]
         assert unit["work_pool_name"] == pool
         assert unit["global_concurrency_limit"]["limit"] == 1  # one build per GPU
@@ -91,11 +91,12 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
     assert "s3://" in artifacts["gates-tiny-cpu"]["data"]  # manifests as URIs, not payloads
 
     # Each unit was published with its serving files, built on the worker of its pool.
-    listing = s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"cluster-{unique}/artifacts/")["Contents"]
-    manifests = [o["Key"] for o in listing if o["Key"].endswith("/manifest.json")]
+    listing = s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"cluster-{unique}/manifests/")["Contents"]
+    docs = [json.loads(s3.get_object(Bucket="enginefoundry", Key=o["Key"])["Body"].read()) for o in listing
+            if not o["Key"].endswith("/current.json")]
+    manifests = [d for d in docs if "unit" in d]
     assert len(manifests) == 2
-    for key in manifests:
-        manifest = json.loads(s3.get_object(Bucket="enginefoundry", Key=key)["Body"].read())
+    for manifest in manifests:
         assert manifest["status"] == "candidate"
         assert manifest["source"]["uri"] == f"hf://{repo_id}@main" and manifest["source"]["revision"] == sha
         assert {"serving/serve.sh", "serving/serve.yaml"} <= {f["path"] for f in manifest["files"]}

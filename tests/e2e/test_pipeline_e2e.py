@@ -48,27 +48,36 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "candidate" in first.stdout
 
-    # S3: the manifest exists, and every object it lists has its size and sha256.
+    # S3: one unit build and one converted checkpoint build, each with its pointer; every blob is referenced
+    # by one of them and has the size and sha256 its manifest records.
     everything = [o["Key"] for o in s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"e2e-{unique}/")["Contents"]]
-    keys = [k for k in everything if k.startswith(f"e2e-{unique}/artifacts/")]
-    manifests = [k for k in keys if k.endswith("/manifest.json")]
-    assert len(manifests) == 1
-    # The converted checkpoint is published once under its own key, manifest included.
-    assert len([k for k in everything if "/checkpoints/" in k and k.endswith("/manifest.json")]) == 1
+    docs = {k: json.loads(s3.get_object(Bucket="enginefoundry", Key=k)["Body"].read()) for k in everything
+            if "/manifests/" in k and not k.endswith("/current.json")}
+    units = [d for d in docs.values() if "unit" in d]
+    checkpoints = [d for d in docs.values() if "unit" not in d]
+    assert len(units) == 1 and len(checkpoints) == 1
+    assert len([k for k in everything if k.endswith("/current.json")]) == 2
     assert not [k for k in everything if "/leases/" in k]
-    manifest = json.loads(s3.get_object(Bucket="enginefoundry", Key=manifests[0])["Body"].read())
+    manifest = units[0]
     assert manifest["status"] == "candidate"
     assert manifest["source"]["revision"] == sha
     assert manifest["source"]["identity"]["commit_sha"] == sha
-    prefix = manifests[0].rsplit("/", 1)[0]
-    assert {f"{prefix}/{f['path']}" for f in manifest["files"]} | {manifests[0]} == set(keys)
+
+    def blob(digest: str) -> str:
+        return f"e2e-{unique}/blobs/sha256/{digest[:2]}/{digest}"
+
+    blobs = {k for k in everything if "/blobs/" in k}
+    assert blobs == {blob(f["sha256"]) for d in (manifest, checkpoints[0]) for f in d["files"]}
     for entry in manifest["files"]:
-        body = s3.get_object(Bucket="enginefoundry", Key=f"{prefix}/{entry['path']}")["Body"].read()
+        body = s3.get_object(Bucket="enginefoundry", Key=blob(entry["sha256"]))["Body"].read()
         assert len(body) == entry["size"]
         assert hashlib.sha256(body).hexdigest() == entry["sha256"], entry["path"]
+    # The bundle's weights are the checkpoint's: stored once.
+    assert {f["sha256"] for f in checkpoints[0]["files"] if f["path"].endswith(".safetensors")} <= {
+        f["sha256"] for f in manifest["files"]}
     assert any(f["path"] == "bundle/model/model.safetensors" for f in manifest["files"])
     assert manifest["smoke"]["smoke_passed"] is True
-    assert manifest["checkpoint_uri"] == f"{store}/checkpoints/tiny-chat/{manifest['checkpoint_key']}"
+    assert manifest["checkpoint_uri"] == f"{store}/manifests/tiny-chat/{manifest['checkpoint_key']}"
 
     # MLflow: a parent run and one child run with params, tags and metrics.
     from mlflow.tracking import MlflowClient
@@ -143,7 +152,9 @@ def test_two_runs_of_one_spec_at_once_build_and_publish_once(stack, run_env, s3,
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-2000:] + err[-2000:]
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"race-{unique}/")["Contents"]]
-    assert len([k for k in keys if k.startswith(f"race-{unique}/artifacts/") and k.endswith("manifest.json")]) == 1
+    docs = [json.loads(s3.get_object(Bucket="enginefoundry", Key=k)["Body"].read()) for k in keys
+            if "/manifests/" in k and not k.endswith("/current.json")]
+    assert len([d for d in docs if "unit" in d]) == 1
     assert not [k for k in keys if "/leases/" in k]  # released
     from mlflow.tracking import MlflowClient
 

@@ -1,21 +1,21 @@
 """The Kubernetes base job templates of the GPU pools (k8s/) are accepted by a real Prefect server as
 `kubernetes` work pools (no prefect-kubernetes needed for that), a broken template is refused, and the Job a
-kubernetes worker would submit is rendered from them (prefect-kubernetes starts a temporary Prefect server)."""
+kubernetes worker would submit is rendered from them in tests/unit/test_cluster_jobs.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from enginefoundry.gpu_targets import gpu_pools
 from tests.support.cluster import PrefectServer
 from tests.support.paths import REPO
 
 K8S = REPO / "k8s"
-PRODUCTS = ("gpu-sm80", "gpu-sm89", "gpu-sm90", "gpu-sm100")
+PRODUCTS = tuple(t.pool for t in gpu_pools())
 
 
 def template(pool: str) -> dict[str, Any]:
@@ -42,18 +42,3 @@ def test_prefect_server_accepts_kubernetes_pools(prefect_server: PrefectServer, 
                                      "--base-job-template", str(path))
     assert refused.returncode != 0
     assert "nope" in refused.stdout + refused.stderr
-
-
-def test_kubernetes_worker_renders_the_job(prefect_server: PrefectServer) -> None:
-    worker = pytest.importorskip("prefect_kubernetes.worker", reason="pip install prefect-kubernetes==0.8.0")
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    # Rendering asks the API (for variables and blocks): the session's server, not a temporary one per call.
-    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api}):
-        config = asyncio.run(worker.KubernetesWorkerJobConfiguration.from_template_and_values(
-            template("gpu-sm90"), {"gpu_product": "NVIDIA-H200", "image": "registry.example/enginefoundry:1.2.1"}))
-    pod = config.job_manifest["spec"]["template"]["spec"]
-    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
-    assert pod["containers"][0]["image"] == "registry.example/enginefoundry:1.2.1"
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
-    assert config.job_manifest["kind"] == "Job" and config.namespace == "default"

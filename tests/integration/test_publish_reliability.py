@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from enginefoundry.errors import StoreError
-from enginefoundry.manifest import Manifest
-from enginefoundry.publish import manifest_key, publish_manifest, upload_folders
+from enginefoundry.plan import key_of
+from enginefoundry.publish import find_current, pointer_key, publish_build
 from enginefoundry.serving import free_port
 from enginefoundry.store import S3Store
 from tests.support.paths import REPO
@@ -44,13 +44,12 @@ def test_s3_killed_mid_upload_leaves_no_manifest_and_the_retry_publishes_once(tm
                 f.write(os.urandom(16 * 1024 * 1024))  # 384 MiB: many multipart parts
         store = S3Store("s3://enginefoundry/reliability")
         errors: list[BaseException] = []
+        fields = dict(key=key_of({}), key_components={}, model="m", unit="u", lane="reference", target={},
+                      variant={}, profile={}, source={}, status="candidate")
 
         def publish() -> None:
             try:
-                entries, _ = upload_folders(store, "artifacts/m/k", {"bundle": folder}, progress=lambda _: None)
-                publish_manifest(store, "m", Manifest(key="k", key_components={}, model="m", unit="u",
-                                                      lane="reference", target={}, variant={}, profile={},
-                                                      source={}, files=entries, status="candidate"))
+                publish_build(store, "m", fields, {"bundle": folder}, progress=lambda _: None)
             except BaseException as err:
                 errors.append(err)
 
@@ -64,14 +63,13 @@ def test_s3_killed_mid_upload_leaves_no_manifest_and_the_retry_publishes_once(tm
 
         _up(state, env)  # same data dir: what was stored before the crash is still there
         store = S3Store("s3://enginefoundry/reliability")
-        assert not store.exists(manifest_key("m", "k"))
-        entries, _ = upload_folders(store, "artifacts/m/k", {"bundle": folder}, progress=lambda _: None)
-        result = publish_manifest(store, "m", Manifest(key="k", key_components={}, model="m", unit="u",
-                                                       lane="reference", target={}, variant={}, profile={},
-                                                       source={}, files=entries, status="candidate"))
+        assert not store.exists(pointer_key("m", key_of({})))
+        result = publish_build(store, "m", fields, {"bundle": folder}, progress=lambda _: None)
         assert result.created
-        manifests = [k for k in store.list("artifacts/m/k") if k.endswith("manifest.json")]
-        assert manifests == ["artifacts/m/k/manifest.json"]
+        current = find_current(store, "m", key_of({}))
+        assert current is not None and current.build_id == result.build_id
+        manifests = [k for k in store.list(f"manifests/m/{key_of({})}/") if not k.endswith("current.json")]
+        assert manifests == [current.manifest_key]
     finally:
         subprocess.run([*STACK, "down", "--state-dir", str(state)], capture_output=True)
 

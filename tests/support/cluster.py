@@ -26,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from enginefoundry.gpu_targets import pools
 from enginefoundry.serving import free_port
 from tests.support.paths import REPO, STACK_SCRIPT, TINY_MODEL, TINY_PROMPTS
 
@@ -35,7 +36,7 @@ PREFECT = str(Path(sys.executable).parent / "prefect")
 SECOND_POOL = "cpu-b"
 GPU_POOL = "gpu-sm90"  # a worker here has no GPU: units sent to it must be refused
 WORKER_POOLS = ("cpu", SECOND_POOL, GPU_POOL)
-DEPLOYMENT_POOLS = ("cpu", "gpu-sm80", "gpu-sm89", "gpu-sm90", "gpu-sm100")
+DEPLOYMENT_POOLS = tuple(pools())  # every row of enginefoundry/gpu_targets.py
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 

@@ -1,36 +1,24 @@
-"""The Kubernetes base job templates of the GPU pools (k8s/): up to date with their generator and rendered
-into the Job a kubernetes worker would submit (with prefect-kubernetes, where it is installed). A real Prefect
-server accepting them: tests/integration/test_k8s_pools_server.py."""
+"""The Kubernetes base job templates of the GPU pools (k8s/, generated from enginefoundry/gpu_targets.py and
+checked against it by tests/unit/test_gpu_targets.py) render into the Job a pool asks for.
+tests/unit/test_cluster_jobs.py renders them with prefect-kubernetes; a real Prefect server accepting them:
+tests/integration/test_k8s_pools_server.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from typing import Any
 
 import pytest
 
+from enginefoundry.gpu_targets import gpu_pools
 from tests.support.paths import REPO
 
 K8S = REPO / "k8s"
-PRODUCTS = {"gpu-sm80": ("8", "0"), "gpu-sm89": ("8", "9"), "gpu-sm90": ("9", "0"), "gpu-sm100": ("10", "0")}
-
-
-def generator() -> Any:
-    spec = importlib.util.spec_from_file_location("make_templates", K8S / "make_templates.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+PRODUCTS = {t.pool: tuple(str(n) for n in t.compute_capability or ()) for t in gpu_pools()}
 
 
 def template(pool: str) -> dict[str, Any]:
     return json.loads((K8S / f"base-job-template-{pool}.json").read_text())
-
-
-def test_committed_templates_are_generated_ones() -> None:
-    assert generator().main(["--check"]) == 0, "run .venv/bin/python k8s/make_templates.py"
-    assert set(generator().POOLS) == set(PRODUCTS)
 
 
 @pytest.mark.parametrize("pool", sorted(PRODUCTS))
@@ -42,7 +30,8 @@ def test_rendered_job_asks_for_the_pools_gpus(pool: str) -> None:
     job = apply_values(base["job_configuration"], {**defaults, "gpu_count": 2})["job_manifest"]
     pod = job["spec"]["template"]["spec"]
     major, minor = PRODUCTS[pool]
-    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == defaults["gpu_product"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][0]["values"] == defaults["gpu_products"]
     assert (pod["nodeSelector"]["nvidia.com/gpu.compute.major"], pod["nodeSelector"]["nvidia.com/gpu.compute.minor"]) \
         == (major, minor)
     container = pod["containers"][0]

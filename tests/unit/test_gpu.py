@@ -174,3 +174,13 @@ def test_nvml_and_nvidia_smi_agree_on_a_real_gpu(tmp_path):
 
     assert parse_nvml_json(nvml_snapshot()) == _smi(tmp_path)
     assert set(QUERY_FIELDS) >= {"name", "compute_cap", "memory.total"}
+
+
+def test_a_unit_needs_its_tp_x_pp_gpus_not_the_targets_count():
+    """A tp=2 unit of an 8-GPU target runs in a 2-GPU job (its job variables ask for tp × pp): placement must
+    accept a host that shows 2 GPUs, and take only 2 of an 8-GPU host."""
+    two = smi("h100x8")[:2]
+    assert [g.index for g in match_target(target(gpu_count=8), two, count=2)] == [0, 1]
+    assert len(match_target(target(gpu_count=8), smi("h100x8"), count=2)) == 2
+    with pytest.raises(PreflightError, match=r"needs 8× sm90"):
+        match_target(target(gpu_count=8), two)
