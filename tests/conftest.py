@@ -44,15 +44,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Addresses and credentials of the running services, as environment variables."""
+    """Addresses and credentials of the running services, as environment variables.
+
+    As in CI, a Prefect server is among them (no worker): the CLI runs of the tests talk to it instead of each
+    starting a temporary API server of its own (20–60 s apiece on a busy host)."""
     if all(os.environ.get(k) for k in NEEDED):
         yield {k: v for k, v in os.environ.items()}
         return
     state = tmp_path_factory.mktemp("stack")
     # Free ports, so a developer's own stack on the default ports is left alone.
-    env = {**os.environ, **{f"EF_{name}_PORT": str(free_port()) for name in ("S3", "MLFLOW", "HUB")}}
+    env = {**os.environ, **{f"EF_{name}_PORT": str(free_port()) for name in ("S3", "MLFLOW", "PREFECT", "HUB")}}
     up = subprocess.run([sys.executable, str(STACK_SCRIPT), "up", "--state-dir", str(state),
-                         "--services", "s3,mlflow,hub", "--owner-pid", str(os.getpid())],  # killed session: no orphan
+                         "--services", "s3,mlflow,prefect,hub", "--worker-pools", "",
+                         "--owner-pid", str(os.getpid())],  # a killed session leaves no service behind
                         env=env, capture_output=True, text=True)
     if up.returncode != 0:
         subprocess.run([sys.executable, str(STACK_SCRIPT), "down", "--state-dir", str(state)])
