@@ -1,4 +1,4 @@
-"""The publish protocol: files first, manifest last, created only if absent (DESIGN.md §5)."""
+"""The publish protocol: files first, manifest last, created only if absent (docs/architecture.md#store-layout)."""
 
 from __future__ import annotations
 

@@ -131,6 +131,19 @@ def reap_with_this_process(pid: int, *, group: bool = True) -> None:
 def forget_reaped(pid: int, *, group: bool = True) -> None:
     """The group is gone (we killed and reaped it): its id may be reused, so the reaper must forget it."""
     _REAPER.discard(pid, group=group)
+def exited_after_error(alive: Callable[[], bool], *, grace_s: float = 5.0, poll_s: float = 0.05) -> bool:
+    """After a connection error to a server: has its process exited, or does it exit within `grace_s`?
+
+    A killed server closes its sockets before its process can be reaped, so a client sees "connection
+    refused/reset" while `poll()` still says running. Asking once would race; asking until the grace period
+    ends does not. A server that is alive but not answering costs the grace period, once, on the error path.
+    """
+    deadline = time.monotonic() + grace_s
+    while alive():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:

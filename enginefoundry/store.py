@@ -1,5 +1,5 @@
 """Artifact stores with one contract: streamed writes that hash as they read, atomic create-if-absent for
-manifests, verified downloads. `file://` and `s3://` give the same guarantees (DESIGN.md §5)."""
+manifests, verified downloads. `file://` and `s3://` give the same guarantees (docs/architecture.md#store-layout)."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ class S3Store(Store):
         from botocore.exceptions import ClientError
 
         try:
-            # Conditional write: two runs racing on one key publish once (DESIGN.md §5).
+            # Conditional write: two runs racing on one key publish once (docs/architecture.md#store-layout).
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*",
                                    ContentType="application/json")
             return True

@@ -88,10 +88,6 @@ def parse_version(text: str) -> Version:
     return Version(int(m.group(1)), int(m.group(2)), int(m.group(3) or 0), m.group(4).strip())
 
 
-def release_tuple(text: str) -> tuple[int, int, int]:
-    return parse_version(text).release
-
-
 class ToolchainInfo(BaseModel):
     """What the worker's interpreter can import, plus the driver. None: not installed / not found."""
 

@@ -1,4 +1,4 @@
-"""MLflow tracking: one parent run per pipeline run, one child run per unit (DESIGN.md §6).
+"""MLflow tracking: one parent run per pipeline run, one child run per unit (docs/architecture.md#mlflow-schema).
 
 Uses MlflowClient with explicit run ids (no fluent "active run"), because units run in threads.
 Everything logged passes through `redact`, so no credential reaches a param, tag or artifact.
@@ -218,9 +218,6 @@ class Tracker:
     def end_run(self, run_id: str, ok: bool) -> None:
         self._call("end run", lambda: self.client.set_terminated(run_id, status="FINISHED" if ok else "FAILED"))
         OPEN_RUNS.discard(run_id)
-
-    def run_url(self, run_id: str) -> str:
-        return f"{redact(self.uri)}#/experiments/{self.experiment_id}/runs/{run_id}"
 
 
 def ensure_registered_model(client: Any, name: str) -> None:

@@ -53,21 +53,16 @@ class ReferenceLane(Lane):
         return {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
-        """Cast to the variant's dtype and write safetensors, with the tokenizer bundled beside it."""
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Cast to the variant's dtype, one tensor at a time (enginefoundry/checkpoint_cast.py): peak memory is
+        one tensor, and shards and tokenizer files that need no cast are hard-linked, not copied. The
+        tokenizer files stay byte-identical to the source (the smoke stage compares tokenizer digests)."""
+        from enginefoundry.checkpoint_cast import cast_checkpoint
 
         dtype = TORCH_DTYPES[variant.precision]
         out = workdir / "checkpoint"
         if out.exists():
             shutil.rmtree(out)
-        model = AutoModelForCausalLM.from_pretrained(source_dir, dtype=getattr(torch, dtype))
-        model.save_pretrained(out, safe_serialization=True)
-        AutoTokenizer.from_pretrained(source_dir).save_pretrained(out)
-        # Keep the tokenizer files byte-identical to the source: the smoke stage compares tokenizer digests.
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-            if (source_dir / name).is_file():
-                shutil.copyfile(source_dir / name, out / name)
+        cast_checkpoint(source_dir, out, dtype)
         return ConvertResult(checkpoint_dir=str(out), params={"dtype": dtype, "format": "safetensors"})
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
@@ -120,8 +115,8 @@ class ReferenceLane(Lane):
     def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
         return [
-            Command(argv=["(in-process)", "AutoModelForCausalLM.from_pretrained", f"dtype={dtype}",
-                          "save_pretrained(safe_serialization=True)"], description="convert"),
+            Command(argv=["(in-process)", "cast_checkpoint", f"dtype={dtype}", "(streamed, one tensor at a time)"],
+                    description="convert"),
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
             Command(argv=["transformers", "serve", "<bundle>/model", "--host", "127.0.0.1", "--port", "<free>",

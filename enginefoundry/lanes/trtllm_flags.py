@@ -275,7 +275,6 @@ class LaneOption:
 # batching with a paged KV cache and packed input needs it, and builds without it leak host memory (#2690).
 GEMM_PLUGIN_VALUES = ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable")
 ATTENTION_PLUGIN_VALUES = ("auto", "float16", "float32", "bfloat16")
-PLUGIN_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "fp8": "fp8", "nvfp4": "nvfp4"}
 
 ENGINE_OPTIONS: dict[str, LaneOption] = {o.name: o for o in (
     LaneOption("gemm_plugin", str, "auto", "GEMM plugin dtype; auto follows the checkpoint dtype",

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from enginefoundry.gpu_targets import gpu_target
+
 
 class Precision(StrEnum):
     FP32 = "fp32"
@@ -32,7 +34,8 @@ class KVCacheDtype(StrEnum):
 
 
 class Arch(StrEnum):
-    """GPU architecture by SM version; `cpu` for the reference lane without a GPU."""
+    """GPU architecture by SM version; `cpu` for the reference lane without a GPU. Each value has a row in
+    enginefoundry/gpu_targets.py (compute capability, work pool, node labels); tests/unit/test_gpu_targets.py."""
 
     CPU = "cpu"
     SM80 = "sm80"
@@ -44,10 +47,7 @@ class Arch(StrEnum):
 
     @property
     def compute_capability(self) -> tuple[int, int] | None:
-        if self is Arch.CPU:
-            return None
-        digits = self.value[2:]
-        return int(digits[:-1]), int(digits[-1])
+        return gpu_target(self.value).compute_capability
 
 
 class CalibrationSpec(BaseModel):
@@ -124,10 +124,11 @@ class Target(BaseModel):
     memory_gib: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="GPU memory per device, for the VRAM preflight when no GPU is at hand"
     )
-    work_pool: str | None = Field(default=None, description="Prefect work pool; defaults to gpu-<arch> or cpu")
+    work_pool: str | None = Field(
+        default=None, description="Prefect work pool; defaults to the arch's pool (enginefoundry/gpu_targets.py)")
 
     @property
     def pool(self) -> str:
         if self.work_pool:
             return self.work_pool
-        return "cpu" if self.arch is Arch.CPU else f"gpu-{self.arch.value}"
+        return gpu_target(self.arch.value).pool
