@@ -28,7 +28,7 @@ import yaml
 
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 
-pytestmark = pytest.mark.e2e if "e2e" in (REPO / "pyproject.toml").read_text() else []
+pytestmark = pytest.mark.e2e
 
 RUN_TIMEOUT_S = 900
 # The stage boundaries, as the run's own log announces them (first line of each stage).
