@@ -315,6 +315,12 @@ def test_publishing_the_right_bytes_again_heals_a_blob_replaced_by_a_symlink(tmp
     assert Path("/etc/passwd").read_bytes() != b"W" * 100_000  # nothing was written through the link
 
 
+def _swap(store: Store, barrier, data: str, version: str, winners: list[int], i: int) -> None:
+    barrier.wait()
+    if store.replace_if("manifests/m/k/current.json", data.encode(), version):
+        winners.append(i)
+
+
 def test_the_pointer_moves_by_compare_and_swap_with_exactly_one_winner(store):
     """S3 If-Match on the ETag (SeaweedFS 4.48 honours it) and the locked rename on file://."""
     import threading
@@ -327,13 +333,8 @@ def test_the_pointer_moves_by_compare_and_swap_with_exactly_one_winner(store):
         _, version = store.read_versioned("manifests/m/k/current.json")
         winners: list[int] = []
         barrier = threading.Barrier(8)
-
-        def swap(i: int, version: str = version) -> None:
-            barrier.wait()
-            if store.replace_if("manifests/m/k/current.json", f"w{i}-{round_}".encode(), version):
-                winners.append(i)
-
-        threads = [threading.Thread(target=swap, args=(i,)) for i in range(8)]
+        threads = [threading.Thread(target=_swap, args=(store, barrier, f"w{i}-{round_}", version, winners, i))
+                   for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
