@@ -70,8 +70,8 @@ class Tracker:
                 self.experiment_id = exp.experiment_id
         except Exception as err:
             raise PipelineError(
-                f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); "
-                "start the server or fix tracking.mlflow_uri / --mlflow-uri"
+                f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); start the server "
+                "or point MLFLOW_TRACKING_URI (or --mlflow-uri, tracking.mlflow_uri) at a reachable one"
             ) from None
 
     def start_run(self, name: str, tags: dict[str, Any], parent_id: str | None = None) -> str:
@@ -137,6 +137,8 @@ def register_unit(
     version = client.create_model_version(registered_model, source=artifact_uri, run_id=run_id, tags=clean_tags,
                                           model_id=logged.model_id,
                                           description=f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
+    # The model's files are in the store and the version exists: READY, not Pending.
+    client.finalize_logged_model(logged.model_id, "READY")
     if alias:
         client.set_registered_model_alias(registered_model, alias, version.version)
     return str(version.version)

@@ -14,10 +14,12 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.pipeline import UnitOutcome, work_root
 from enginefoundry.plan import Unit, key_of
 from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks.bench import benchmark
@@ -47,9 +49,9 @@ def run_unit_stages(
     stages: dict[str, float] = {}
 
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit),
-                            {"enginefoundry.key": key, "enginefoundry.target": unit.target.name,
-                             "enginefoundry.arch": unit.target.arch.value, "enginefoundry.lane": spec.lane,
-                             "enginefoundry.work_pool": unit.target.pool, "enginefoundry.cache_hit": "false"})
+                            {mltags.KEY: key, mltags.TARGET: unit.target.name,
+                             mltags.ARCH: unit.target.arch.value, mltags.LANE: spec.lane,
+                             mltags.WORK_POOL: unit.target.pool, mltags.CACHE_HIT: "false"})
     unit_dir = work_root() / "units" / key[:16]
     report_dir = unit_dir / "reports"
     try:
@@ -73,7 +75,7 @@ def run_unit_stages(
         finally:
             stop_unit_server(endpoint)
     except Exception as err:
-        record_unit(spec, run_id, ok=False, tags={"enginefoundry.status": "failed"},
+        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: "failed"},
                     metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
         return UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
                            reason=str(err).splitlines()[0][:300], key=key, mlflow_run_id=run_id, stage_seconds=stages)
@@ -95,8 +97,10 @@ def run_unit_stages(
         "source": {k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
         "versions": key_components["toolchain"]["versions"], "device": build.device, "build_params": build.params,
         "smoke": smoke.summary() if smoke else {}, "benchmark": bench_summary(sweep),
+        "prompts_digest": prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
+        "gate": spec.smoke.model_dump(mode="json"),
         "status": status, "status_reason": reason, "mlflow_run_id": run_id,
-        "prefect_flow_run_id": prefect_context().get("prefect.flow_run_id"),
+        "prefect_flow_run_id": prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
     }
     published_result = publish_unit(spec, manifest_fields, folders)
     stages["publish"] = time.monotonic() - t
@@ -116,8 +120,8 @@ def run_unit_stages(
         if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
     ]
     record_unit(spec, run_id, ok=status == "candidate",
-                tags={"enginefoundry.status": status, "enginefoundry.manifest_uri": published_result.uri,
-                      "enginefoundry.gpu": build.device.get("gpu_name", build.device.get("cpu", ""))},
+                tags={mltags.STATUS: status, mltags.MANIFEST_URI: published_result.uri,
+                      mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", ""))},
                 metrics=metrics, sweep=sweep, artifacts=artifacts)
     register_published_unit(spec, unit, published_result.manifest, published_result.uri, run_id)
     stages["track"] = time.monotonic() - t

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.promotion import Decision, PromotionPolicy, Registry, alias_stems, champion_alias, compare
@@ -29,7 +30,7 @@ def promote_units(spec: BuildSpec, outcomes: list[UnitOutcome], policy: Promotio
     log = progress_logger()
     registry = Registry(spec.tracking.mlflow_uri)
     model = spec.registered_model_name
-    stems = alias_stems([(o.unit, o.target) for o in outcomes])
+    stems = alias_stems(spec)
     decisions = []
     for outcome in outcomes:
         decision = _decide(registry, model, stems[outcome.unit], outcome, policy)
@@ -42,7 +43,7 @@ def _decide(registry: Registry, model: str, stem: str, outcome: UnitOutcome, pol
     base = Decision(stem=stem, unit=outcome.unit, action="held")
     if outcome.status == "failed" or not outcome.manifest_uri or not outcome.key:
         return base.model_copy(update={"reasons": [f"unit {outcome.status}: {outcome.reason or 'no manifest'}"]})
-    versions = registry.versions_with(model, "enginefoundry.key", outcome.key)
+    versions = registry.versions_with(model, mltags.KEY, outcome.key)
     if not versions:
         return base.model_copy(update={"reasons": [f"no registered version of {model} has key {outcome.key[:12]}"]})
     candidate = versions[0]
@@ -55,7 +56,7 @@ def _decide(registry: Registry, model: str, stem: str, outcome: UnitOutcome, pol
     cand_manifest = read_manifest_uri(outcome.manifest_uri)
     champ_manifest = None
     if champion is not None:
-        champ_manifest = read_manifest_uri(champion.tags.get("enginefoundry.manifest_uri")
+        champ_manifest = read_manifest_uri(champion.tags.get(mltags.MANIFEST_URI)
                                            or champion.source.rstrip("/") + "/manifest.json")
     verdict = compare(cand_manifest, champ_manifest, policy)
     if not verdict.promote:
@@ -64,6 +65,6 @@ def _decide(registry: Registry, model: str, stem: str, outcome: UnitOutcome, pol
     serving = None
     if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
         serving = outcome.manifest_uri.rsplit("/", 1)[0] + "/serving/"
-        registry.tag_version(model, number, {"enginefoundry.serving_uri": serving})
+        registry.tag_version(model, number, {mltags.SERVING_URI: serving})
     return base.model_copy(update={"action": "promoted", "serving_uri": serving,
                                    "reasons": [move.detail, *(g.detail for g in verdict.gates)]})
