@@ -149,6 +149,12 @@ class RegistryMove(BaseModel):
     detail: str
 
 
+def _unreachable(err: Exception) -> bool:
+    """MLflow's REST client reports a server it cannot reach as an MlflowException too: never read it as
+    "no such alias"."""
+    return "API request to" in str(err) and "failed" in str(err)
+
+
 class Registry:
     """The champion/candidate aliases of one MLflow registry."""
 
@@ -163,7 +169,9 @@ class Registry:
 
         try:
             return self.client.get_model_version_by_alias(model, alias)
-        except MlflowException:
+        except MlflowException as err:
+            if _unreachable(err):
+                raise
             return None
 
     def aliases(self, model: str) -> list[str]:
@@ -172,7 +180,9 @@ class Registry:
 
         try:
             return sorted(self.client.get_registered_model(model).aliases)
-        except MlflowException:
+        except MlflowException as err:
+            if _unreachable(err):
+                raise
             return []
 
     def version(self, model: str, number: str) -> Any:

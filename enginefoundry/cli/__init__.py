@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Sequence
 
 from enginefoundry import __version__
-from enginefoundry.cli.common import emit_json, global_options
+from enginefoundry.cli.common import emit_json, global_options, json_mode, network_hint
 from enginefoundry.console import error
 from enginefoundry.errors import EXIT_PIPELINE, EngineFoundryError
 
@@ -46,11 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with json_mode(args.json):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.handler(args)
     except EngineFoundryError as err:
         return _fail(args, err, str(err), err.exit_code)
     except Exception as err:
+        hint = network_hint(err)
+        if hint:
+            return _fail(args, err, hint, EXIT_PIPELINE)
         return _fail(args, err, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} "
                                 "(rerun with --verbose)", EXIT_PIPELINE)
     except KeyboardInterrupt:

@@ -4,9 +4,11 @@ output, and quiet Prefect defaults."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,16 +61,72 @@ def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False))
 
 
+_JSON_STREAM: list[Any] = []  # the real stdout while `--json` sends everything else to stderr
+
+
+@contextlib.contextmanager
+def json_mode(enabled: bool) -> Iterator[None]:
+    """With `--json`, stdout carries exactly one JSON document: progress, tables and prints go to stderr."""
+    if not enabled:
+        yield
+        return
+    from enginefoundry.console import console
+
+    real, previous_file = sys.stdout, console.file
+    _JSON_STREAM.append(real)
+    console.file = sys.stderr
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        console.file = previous_file
+        _JSON_STREAM.pop()
+
+
 def emit_json(data: Any) -> None:
-    """One JSON document on stdout (pydantic models and lists of them included), for `--json`."""
+    """One JSON document on stdout (pydantic models and lists of them included), for `--json`. Other commands'
+    modules (verify, pull, …) use it too."""
 
     def default(obj: Any) -> Any:
         if isinstance(obj, BaseModel):
             return obj.model_dump(mode="json")
         return str(obj)
 
-    sys.stdout.write(json.dumps(data, indent=2, default=default) + "\n")
-    sys.stdout.flush()
+    out = _JSON_STREAM[-1] if _JSON_STREAM else sys.stdout
+    out.write(json.dumps(data, indent=2, default=default) + "\n")
+    out.flush()
+
+
+def network_hint(err: BaseException) -> str | None:
+    """An unreachable endpoint, named with the variable that sets it; None when the error is not one. Walks the
+    exception chain: MLflow and boto3 wrap the connection error they got."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in seen and len(seen) < 10:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for e in seen:
+        kind = type(e).__name__
+        if kind in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+            from urllib.parse import urlsplit
+
+            raw = urlsplit(str(getattr(e, "kwargs", {}).get("endpoint_url", "")))
+            url = f"{raw.scheme}://{raw.netloc}" if raw.netloc else "the S3 endpoint"
+            return (f"cannot reach S3 at {url}: set AWS_ENDPOINT_URL_S3 (or --s3-endpoint-url, "
+                    "publish.s3_endpoint_url) to a reachable endpoint")
+        text = str(e)
+        if kind == "MlflowException" and "API request to" in text:
+            url = text.split("API request to", 1)[1].split()[0]
+            return (f"cannot reach MLflow at {url}: set MLFLOW_TRACKING_URI (or --mlflow-uri, "
+                    "tracking.mlflow_uri) to a reachable tracking server")
+        if kind in ("ConnectError", "ConnectTimeout") and getattr(e, "_request", None) is not None:
+            url = str(e.request.url)  # type: ignore[attr-defined]
+            env = EnvSettings()
+            if (env.hf_endpoint and url.startswith(env.hf_endpoint.rstrip("/"))) or "huggingface.co" in url:
+                return f"cannot reach the Hugging Face Hub at {url}: set HF_ENDPOINT to a reachable hub or mirror"
+            if env.prefect_api_url and url.startswith(env.prefect_api_url.rstrip("/")):
+                return f"cannot reach the Prefect API at {url}: set PREFECT_API_URL to a running server"
+    return None
 
 
 def quiet_prefect_defaults() -> None:
