@@ -19,10 +19,9 @@ from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.console import say
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
-from enginefoundry.flows.reports import report_build, report_matrix
+from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_params, unit_pipeline
 from enginefoundry.lanes import get_lane
 from enginefoundry.lease import DEFAULT_TTL_S, Lease, lease_key, new_owner, release, try_acquire, wait_for
@@ -36,7 +35,14 @@ from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.tasks.publish import find_published
-from enginefoundry.tasks.track import finish_parent_run, prefect_context, record_unit, start_parent_run, start_unit_run
+from enginefoundry.tasks.track import (
+    finish_parent_run,
+    mlflow_run_link,
+    prefect_context,
+    record_unit,
+    start_parent_run,
+    start_unit_run,
+)
 from enginefoundry.validate import validate_deep
 
 Mode = Literal["embedded", "cluster"]
@@ -235,7 +241,7 @@ def _lease_or_wait(spec: BuildSpec, store: Store, key: str, owner: str, leases: 
     if lease is not None:
         leases[key] = lease
         return None
-    if wait_for(store, manifest_key(spec.model.name, key), lkey, timeout_s=DEFAULT_TTL_S, progress=say):
+    if wait_for(store, manifest_key(spec.model.name, key), lkey, timeout_s=DEFAULT_TTL_S, progress=progress_logger()):
         return read_manifest(store, manifest_key(spec.model.name, key))
     # The holder gave up without publishing: build it ourselves.
     return _lease_or_wait(spec, store, key, owner, leases, force)
@@ -250,6 +256,11 @@ def _record_cache_hit(spec: BuildSpec, unit: Unit, key: str, manifest: Manifest,
                              mltags.MANIFEST_URI: uri, mltags.STATUS: manifest.status})
     record_unit(spec, run_id, ok=manifest.status == "candidate", tags={}, metrics={"cache_hit": 1.0},
                 sweep=None, artifacts=[])
+    built_by = mlflow_run_link(spec, manifest.mlflow_run_id) if manifest.mlflow_run_id else uri
+    progress_logger()(f"cache hit: {unit.name} ({manifest.status}) is published at {uri}; built by MLflow run "
+                      f"{built_by}" + (f", Prefect flow run {manifest.prefect_flow_run_id}"
+                                       if manifest.prefect_flow_run_id else ""))
+    report_cache_hit(unit.name, key, built_by, uri)
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=uri,
                        built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,

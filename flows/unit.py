@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
+from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.pipeline import UnitOutcome, work_root
 from enginefoundry.plan import Unit, key_of
 from enginefoundry.smoke import SmokeReport
@@ -25,11 +26,18 @@ from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint
+from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serving_outputs import write_serving
 from enginefoundry.tasks.smoke import smoke_test
-from enginefoundry.tasks.track import prefect_context, record_unit, register_published_unit, start_unit_run
+from enginefoundry.tasks.track import (
+    mlflow_run_link,
+    prefect_context,
+    record_unit,
+    register_published_unit,
+    start_unit_run,
+)
 
 
 @flow(name="build-unit")
@@ -77,8 +85,11 @@ def run_unit_stages(
     except Exception as err:
         record_unit(spec, run_id, ok=False, tags={mltags.STATUS: "failed"},
                     metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
+        reason = str(err).splitlines()[0][:300]
+        emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=reason,
+                          mlflow_run_id=run_id)
         return UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
-                           reason=str(err).splitlines()[0][:300], key=key, mlflow_run_id=run_id, stage_seconds=stages)
+                           reason=reason, key=key, mlflow_run_id=run_id, stage_seconds=stages)
 
     status, reason = verdict(smoke, sweep)
     folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
@@ -125,6 +136,9 @@ def run_unit_stages(
                 metrics=metrics, sweep=sweep, artifacts=artifacts)
     register_published_unit(spec, unit, published_result.manifest, published_result.uri, run_id)
     stages["track"] = time.monotonic() - t
+    report_unit_links(unit.name, key, mlflow_run_link(spec, run_id), published_result.uri)
+    emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, status, reason=reason,
+                      manifest_uri=published_result.uri, mlflow_run_id=run_id)
     if smoke:
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
                                  description=f"smoke gate of {unit.name}")

@@ -13,6 +13,7 @@ from enginefoundry.rollout import ChangeReport, detect_change
 from enginefoundry.serving_outputs import SERVE_SH
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks.events import emit_registry_move
 
 
 @task(name="detect new source", cache_policy=NO_CACHE)
@@ -62,6 +63,7 @@ def _decide(registry: Registry, model: str, stem: str, outcome: UnitOutcome, pol
     if not verdict.promote:
         return base.model_copy(update={"reasons": verdict.reasons})
     move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
+    emit_registry_move(model, stem, move.action, move.champion, move.previous, move.detail)
     serving = None
     if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
         serving = outcome.manifest_uri.rsplit("/", 1)[0] + "/serving/"

@@ -15,7 +15,7 @@ from enginefoundry.manifest import Manifest
 from enginefoundry.plan import Unit
 from enginefoundry.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.spec import BuildSpec
-from enginefoundry.tracking import Tracker, project_git_commit, register_unit
+from enginefoundry.tracking import Tracker, project_git_commit, redact, register_unit
 
 
 def tracker_for(spec: BuildSpec) -> Tracker:
@@ -36,6 +36,18 @@ def prefect_context() -> dict[str, str]:
                 mltags.PREFECT_FLOW_RUN_URL: f"{ui}/runs/flow-run/{flow_run.id}" if ui else ""}
     except Exception:
         return {}
+
+
+def mlflow_run_link(spec: BuildSpec, run_id: str) -> str:
+    """A link a person can open: the run's page on an MLflow server, else `runs:/<id>` in the local store."""
+    uri = spec.tracking.mlflow_uri
+    if not uri.startswith(("http://", "https://")):
+        return f"runs:/{run_id}"
+    try:
+        experiment = tracker_for(spec).client.get_run(run_id).info.experiment_id
+    except Exception:
+        return f"runs:/{run_id}"
+    return f"{redact(uri).rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
 
 
 def context_tags() -> dict[str, str]:
@@ -170,7 +182,7 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
     """A registered-model version per published unit; `<stem>-candidate` (promotion.alias_stems) moves to it
     when its gates pass."""
     tracker = tracker_for(spec)
-    tags = version_tags(spec, unit, manifest, manifest_uri, tracker.run_url(run_id))
+    tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id))
     alias = candidate_alias(unit_alias_stem(spec, unit)) if manifest.status == "candidate" else None
     return register_unit(tracker, registered_model=spec.registered_model_name, unit_name=unit.name,
                          run_id=run_id, artifact_uri=manifest_uri.rsplit("/", 1)[0], tags=tags,

@@ -26,6 +26,7 @@ COMMANDS = (
     "enginefoundry.cli.registry",
     "enginefoundry.cli.lengths",
     "enginefoundry.cli.completion",
+    "enginefoundry.cli.automations",
 )
 
 

@@ -84,6 +84,9 @@ def cmd_registry(args: argparse.Namespace) -> int:
                                  f"its aliases ({', '.join(known) or 'none'})")
             number = candidate.version
         move = registry.promote(model, stem, number, "promoted by hand (enginefoundry promote)")
+    from enginefoundry.tasks.events import emit_registry_move
+
+    emit_registry_move(model, stem, move.action, move.champion, move.previous, move.detail, outside_flows=True)
     if wants_json(args):
         emit_json(move)
         return EXIT_OK
