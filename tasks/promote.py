@@ -13,10 +13,11 @@ from enginefoundry.rollout import ChangeReport, detect_change
 from enginefoundry.serving_outputs import SERVE_SH
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._retry import NETWORK_RETRIES
 from enginefoundry.tasks.events import emit_registry_move
 
 
-@task(name="detect new source", cache_policy=NO_CACHE)
+@task(name="detect new source", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeReport:
     report = detect_change(spec, Registry(spec.tracking.mlflow_uri), targets)
     log = progress_logger()
@@ -26,7 +27,7 @@ def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeRe
     return report
 
 
-@task(name="promote or hold", cache_policy=NO_CACHE)
+@task(name="promote or hold", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def promote_units(spec: BuildSpec, outcomes: list[UnitOutcome], policy: PromotionPolicy) -> list[Decision]:
     log = progress_logger()
     registry = Registry(spec.tracking.mlflow_uri)

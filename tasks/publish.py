@@ -19,16 +19,17 @@ from enginefoundry.publish import manifest_key as manifest_key_of
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._retry import NETWORK_RETRIES
 
 
-@task(name="check cache", cache_policy=NO_CACHE)
+@task(name="check cache", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def find_published(spec: BuildSpec, key: str) -> Manifest | None:
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     mkey = manifest_key_of(spec.model.name, key)
     return read_manifest(store, mkey) if store.exists(mkey) else None
 
 
-@task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)
+@task(name="publish unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def publish_unit(spec: BuildSpec, manifest_fields: dict, folders: dict[str, str]) -> PublishResult:
     """`manifest_fields` is everything but `files`; the file list comes from the upload itself."""
     log = progress_logger()

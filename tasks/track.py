@@ -15,6 +15,7 @@ from enginefoundry.manifest import Manifest
 from enginefoundry.plan import Unit
 from enginefoundry.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.spec import BuildSpec
+from enginefoundry.tasks._retry import NETWORK_RETRIES
 from enginefoundry.tracking import Tracker, project_git_commit, redact, register_unit
 
 
@@ -86,7 +87,7 @@ def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
     return digest
 
 
-@task(name="start MLflow run", cache_policy=NO_CACHE)
+@task(name="start MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
     tracker = tracker_for(spec)
     tags = {mltags.SPEC: spec.name, mltags.LANE: spec.lane,
@@ -101,7 +102,7 @@ def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
     return run_id
 
 
-@task(name="start unit MLflow run", cache_policy=NO_CACHE)
+@task(name="start unit MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict[str, Any],
                    tags: dict[str, Any]) -> str:
     tracker = tracker_for(spec)
@@ -112,7 +113,7 @@ def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict
     return run_id
 
 
-@task(name="record unit", cache_policy=NO_CACHE)
+@task(name="record unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def record_unit(
     spec: BuildSpec, run_id: str, *, ok: bool, tags: dict[str, Any], metrics: dict[str, float],
     sweep: SweepReport | None, artifacts: list[str],
@@ -131,7 +132,7 @@ def record_unit(
     tracker.end_run(run_id, ok)
 
 
-@task(name="finish MLflow run", cache_policy=NO_CACHE)
+@task(name="finish MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str, Any],
                       metrics: dict[str, float], report_dir: str) -> None:
     tracker = tracker_for(spec)
@@ -177,7 +178,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
     return {k: v for k, v in tags.items() if v}
 
 
-@task(name="register unit in MLflow", cache_policy=NO_CACHE)
+@task(name="register unit in MLflow", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str) -> str:
     """A registered-model version per published unit; `<stem>-candidate` (promotion.alias_stems) moves to it
     when its gates pass."""
