@@ -195,6 +195,9 @@ def apply_destinations(spec: BuildSpec, dest: Destinations) -> BuildSpec:
 
 
 def effective_spec(spec: BuildSpec, *, store: str | None = None, mlflow_uri: str | None = None,
-                   s3_endpoint_url: str | None = None) -> tuple[BuildSpec, Destinations]:
-    dest = resolve_destinations(spec, store=store, mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url)
+                   s3_endpoint_url: str | None = None,
+                   flag_names: tuple[str, str, str] = ("--store", "--mlflow-uri", "--s3-endpoint-url"),
+                   ) -> tuple[BuildSpec, Destinations]:
+    dest = resolve_destinations(spec, store=store, mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url,
+                                flag_names=flag_names)
     return apply_destinations(spec, dest), dest

@@ -77,7 +77,9 @@ def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str
     from enginefoundry.settings import effective_spec
 
     build_spec, dest = effective_spec(resolve_spec(spec_path, spec, spec_yaml), store=store, mlflow_uri=mlflow_uri,
-                                      s3_endpoint_url=s3_endpoint_url)
+                                      s3_endpoint_url=s3_endpoint_url,
+                                      flag_names=tuple(f"parameter {n}" for n in ("store", "mlflow_uri",
+                                                                                  "s3_endpoint_url")))
     validate_deep(build_spec)
     log = progress_logger()
     for row in dest.rows():
