@@ -52,7 +52,8 @@ SERVICES = ("s3", "mlflow", "prefect", "hub")
 DEFAULT_PORTS = {"s3": 8333, "mlflow": 5000, "prefect": 4200, "hub": 8765}
 DEFAULT_POOL = "cpu"
 WORKER_PREFIX = "worker-"
-READY_TIMEOUT_S = 60.0
+# How long a service may take to answer its health check (a busy CI machine needs more).
+READY_TIMEOUT_S = float(os.environ.get("EF_STACK_READY_TIMEOUT_S", 60.0))
 # Marker put into every child's environment; `down`/`status` only touch processes that carry the marker for
 # this state dir, so a recycled PID never gets a signal from us.
 MARKER_ENV = "EF_STACK_DIR"
