@@ -155,8 +155,8 @@ class Tracker:
                 self.experiment_id = exp.experiment_id
         except Exception as err:
             raise PipelineError(
-                f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); "
-                "start the server or fix tracking.mlflow_uri / --mlflow-uri"
+                f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); start the server "
+                "or point MLFLOW_TRACKING_URI (or --mlflow-uri, tracking.mlflow_uri) at a reachable one"
             ) from None
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:

@@ -13,12 +13,15 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from prefect import flow
+from prefect.client.schemas.objects import State
+from prefect.states import Failed
 
-from enginefoundry.console import say
-from enginefoundry.errors import InputError
+from enginefoundry import tracking_tags as mltags
+from enginefoundry.errors import InputError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
-from enginefoundry.flows.reports import report_build, report_matrix
+from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_params, unit_pipeline
 from enginefoundry.lanes import get_lane
 from enginefoundry.lease import DEFAULT_TTL_S, Lease, lease_key, new_owner, release, try_acquire, wait_for
@@ -28,22 +31,66 @@ from enginefoundry.plan import Unit, expand_units, key_of, toolchain_identity, u
 from enginefoundry.publish import find_current, pointer_key
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
+from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.tasks.publish import find_published
-from enginefoundry.tasks.track import finish_parent_run, prefect_context, record_unit, start_parent_run, start_unit_run
+from enginefoundry.tasks.track import (
+    finish_parent_run,
+    mlflow_run_link,
+    prefect_context,
+    record_unit,
+    start_parent_run,
+    start_unit_run,
+)
 from enginefoundry.validate import validate_deep
 
 Mode = Literal["embedded", "cluster"]
 
 
-def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None) -> BuildSpec:
+def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None = None) -> BuildSpec:
+    """The spec from one of: an inline mapping, pasted YAML, or a path on this machine. Destinations as written
+    (a unit run uses the parent's effective ones, never its own environment's)."""
     if spec is not None:
         base = spec.pop("base_dir", None) if isinstance(spec, dict) else None
         return parse_spec(dict(spec), source="inline spec", base_dir=Path(base) if base else None)
+    if spec_yaml and spec_yaml.strip():
+        try:
+            data = yaml.safe_load(spec_yaml)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise SpecError([("spec_yaml", f"not valid YAML{where} ({getattr(err, 'problem', None) or 'parse error'})"
+                                           "; paste the spec file's text unchanged")], "spec_yaml") from None
+        # Relative input paths in pasted YAML resolve against the worker's project folder.
+        return parse_spec(data, source="spec_yaml", base_dir=Path.cwd())
     if spec_path:
         return load_spec(spec_path)
-    raise InputError("give spec_path (a YAML file on the worker) or spec (an inline spec)")
+    raise InputError("spec_path, spec and spec_yaml are all empty: give spec_path (a YAML file on the worker), "
+                     "spec_yaml (the spec's text) or spec (a mapping)")
+
+
+def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None, *, store: str | None,
+              mlflow_uri: str | None, s3_endpoint_url: str | None) -> BuildSpec:
+    """The spec a parent flow runs: resolved, validated, with its effective destinations (parameter >
+    the worker's environment > spec > default; enginefoundry.settings) logged with where each came from."""
+    from enginefoundry.settings import effective_spec
+
+    build_spec, dest = effective_spec(resolve_spec(spec_path, spec, spec_yaml), store=store, mlflow_uri=mlflow_uri,
+                                      s3_endpoint_url=s3_endpoint_url,
+                                      flag_names=tuple(f"parameter {n}" for n in ("store", "mlflow_uri",
+                                                                                  "s3_endpoint_url")))
+    validate_deep(build_spec)
+    log = progress_logger()
+    for row in dest.rows():
+        log(f"{row['setting']}: {row['value']} (from {row['from']})")
+    return build_spec
+
+
+def input_failure(err: InputError) -> State:
+    """A bad input ends the run Failed with one message that names the field and the fix: no traceback in the
+    UI. The exception rides along as the state's data, so a caller in Python (the CLI) gets it raised."""
+    return Failed(message=str(err), data=err)
 
 
 def spec_payload(spec: BuildSpec) -> dict[str, Any]:
@@ -51,14 +98,24 @@ def spec_payload(spec: BuildSpec) -> dict[str, Any]:
     return {**spec.model_dump(mode="json"), "base_dir": spec.base_dir}
 
 
+def spec_label(params: dict[str, Any]) -> str:
+    """The spec's name from whichever parameter carries it, for run names."""
+    inline = params.get("spec") if isinstance(params.get("spec"), dict) else {}
+    if not inline.get("name") and params.get("spec_yaml"):
+        try:
+            pasted = yaml.safe_load(str(params["spec_yaml"]))
+            inline = pasted if isinstance(pasted, dict) else {}
+        except yaml.YAMLError:
+            inline = {"name": "pasted spec"}
+    return str(inline.get("name") or Path(str(params.get("spec_path") or "spec")).stem)
+
+
 def _run_name() -> str:
     """`build tiny-cpu (cluster)`: readable in the UI's run list whether the spec came by path or inline."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
-    inline = params.get("spec") if isinstance(params.get("spec"), dict) else {}
-    label = inline.get("name") or Path(str(params.get("spec_path") or "spec")).stem
-    return f"build {label}" + (" (cluster)" if params.get("mode") == "cluster" else "")
+    return f"build {spec_label(params)}" + (" (cluster)" if params.get("mode") == "cluster" else "")
 
 
 @flow(name="build-engines", flow_run_name=_run_name, log_prints=True)
@@ -69,20 +126,32 @@ def build_engines(
     force: bool = False,
     mode: Mode = "embedded",
     verify_hits: bool = False,
-) -> RunSummary:
+    spec_yaml: str | None = None,
+    store: str | None = None,
+    mlflow_uri: str | None = None,
+    s3_endpoint_url: str | None = None,
+) -> RunSummary | State:
     """Build, verify, benchmark and publish every unit of a spec.
 
     Args:
-        spec_path: build spec YAML on the worker, relative to the project folder (ignored when `spec` is given)
-        spec: an inline build spec (the same fields as the YAML)
+        spec_path: build spec YAML on the worker, relative to the project folder (ignored when `spec` or
+            `spec_yaml` is given)
+        spec: an inline build spec as a mapping (the same fields as the YAML)
         targets: only these target names (empty: all)
         force: rebuild units whose manifest already exists
         mode: embedded (units in this process) or cluster (each unit on a worker of its target's pool)
         verify_hits: re-hash every file of a cache hit (otherwise: manifest consistency and file sizes)
+        spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given)
+        store: artifact store (s3://bucket/prefix or file://path); empty: $EF_STORE of the worker, else the spec's
+        mlflow_uri: MLflow tracking URI; empty: $MLFLOW_TRACKING_URI of the worker, else the spec's
+        s3_endpoint_url: S3 endpoint; empty: $AWS_ENDPOINT_URL_S3 of the worker, else the spec's
     """
     t0 = time.monotonic()
-    build_spec = resolve_spec(spec_path, spec)
-    validate_deep(build_spec)
+    try:
+        build_spec = flow_spec(spec_path, spec, spec_yaml, store=store, mlflow_uri=mlflow_uri,
+                               s3_endpoint_url=s3_endpoint_url)
+    except InputError as err:
+        return input_failure(err)
     units = expand_units(build_spec, targets or None)
     lane = get_lane(build_spec.lane)
     toolchain = toolchain_identity(build_spec, lane.versions())
@@ -124,7 +193,7 @@ def build_engines(
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
             built = dispatch_units(build_spec, spec_payload(build_spec), misses, components, snapshot, parent, store,
-                                   prefect_context().get("prefect.flow_run_id"), replace=force)
+                                   prefect_context().get(mltags.PREFECT_FLOW_RUN_ID), replace=force)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
             t_convert = time.monotonic()
@@ -177,7 +246,7 @@ def _lease_or_wait(spec: BuildSpec, store: Store, key: str, owner: str, leases: 
     if lease is not None:
         leases[key] = lease
         return None
-    if wait_for(store, pointer_key(spec.model.name, key), lkey, timeout_s=DEFAULT_TTL_S, progress=say):
+    if wait_for(store, pointer_key(spec.model.name, key), lkey, timeout_s=DEFAULT_TTL_S, progress=progress_logger()):
         build = find_current(store, spec.model.name, key)
         return build.manifest if build else None
     # The holder gave up without publishing: build it ourselves.
@@ -189,11 +258,16 @@ def _record_cache_hit(spec: BuildSpec, unit: Unit, key: str, manifest: Manifest,
     build = find_current(open_store(spec.publish.store, spec.publish.s3_endpoint_url), spec.model.name, key)
     uri = build.uri if build else ""
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit),
-                            {"enginefoundry.key": key, "enginefoundry.cache_hit": "true",
-                             "enginefoundry.built_by_run": manifest.mlflow_run_id or "",
-                             "enginefoundry.manifest_uri": uri, "enginefoundry.status": manifest.status})
+                            {mltags.KEY: key, mltags.CACHE_HIT: "true",
+                             mltags.BUILT_BY_RUN: manifest.mlflow_run_id or "",
+                             mltags.MANIFEST_URI: uri, mltags.STATUS: manifest.status})
     record_unit(spec, run_id, ok=manifest.status == "candidate", tags={}, metrics={"cache_hit": 1.0},
                 sweep=None, artifacts=[])
+    built_by = mlflow_run_link(spec, manifest.mlflow_run_id) if manifest.mlflow_run_id else uri
+    progress_logger()(f"cache hit: {unit.name} ({manifest.status}) is published at {uri}; built by MLflow run "
+                      f"{built_by}" + (f", Prefect flow run {manifest.prefect_flow_run_id}"
+                                       if manifest.prefect_flow_run_id else ""))
+    report_cache_hit(unit.name, key, built_by, uri)
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=uri,
                        built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,

@@ -14,20 +14,30 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
+from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.pipeline import UnitOutcome, work_root
 from enginefoundry.plan import Unit, key_of
 from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint
+from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serving_outputs import write_serving
 from enginefoundry.tasks.smoke import smoke_test
-from enginefoundry.tasks.track import prefect_context, record_unit, register_published_unit, start_unit_run
+from enginefoundry.tasks.track import (
+    mlflow_run_link,
+    prefect_context,
+    record_unit,
+    register_published_unit,
+    start_unit_run,
+)
 
 
 @flow(name="build-unit")
@@ -47,9 +57,9 @@ def run_unit_stages(
     stages: dict[str, float] = {}
 
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit),
-                            {"enginefoundry.key": key, "enginefoundry.target": unit.target.name,
-                             "enginefoundry.arch": unit.target.arch.value, "enginefoundry.lane": spec.lane,
-                             "enginefoundry.work_pool": unit.target.pool, "enginefoundry.cache_hit": "false"})
+                            {mltags.KEY: key, mltags.TARGET: unit.target.name,
+                             mltags.ARCH: unit.target.arch.value, mltags.LANE: spec.lane,
+                             mltags.WORK_POOL: unit.target.pool, mltags.CACHE_HIT: "false"})
     unit_dir = work_root() / "units" / key[:16]
     shutil.rmtree(unit_dir, ignore_errors=True)  # a clean start: nothing from an earlier run gets published
     report_dir = unit_dir / "reports"
@@ -74,10 +84,13 @@ def run_unit_stages(
         finally:
             stop_unit_server(endpoint)
     except Exception as err:
-        record_unit(spec, run_id, ok=False, tags={"enginefoundry.status": "failed"},
+        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: "failed"},
                     metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
+        reason = str(err).splitlines()[0][:300]
+        emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=reason,
+                          mlflow_run_id=run_id)
         return UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
-                           reason=str(err).splitlines()[0][:300], key=key, mlflow_run_id=run_id, stage_seconds=stages)
+                           reason=reason, key=key, mlflow_run_id=run_id, stage_seconds=stages)
 
     status, reason = verdict(smoke, sweep)
     folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
@@ -96,8 +109,10 @@ def run_unit_stages(
         "source": {k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
         "versions": key_components["toolchain"]["versions"], "device": build.device, "build_params": build.params,
         "smoke": smoke.summary() if smoke else {}, "benchmark": bench_summary(sweep),
+        "prompts_digest": prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
+        "gate": spec.smoke.model_dump(mode="json"),
         "status": status, "status_reason": reason, "mlflow_run_id": run_id,
-        "prefect_flow_run_id": prefect_context().get("prefect.flow_run_id"),
+        "prefect_flow_run_id": prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
     }
     published_result = publish_unit(spec, manifest_fields, folders, replace)
     stages["publish"] = time.monotonic() - t
@@ -117,11 +132,14 @@ def run_unit_stages(
         if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
     ]
     record_unit(spec, run_id, ok=status == "candidate",
-                tags={"enginefoundry.status": status, "enginefoundry.manifest_uri": published_result.uri,
-                      "enginefoundry.gpu": build.device.get("gpu_name", build.device.get("cpu", ""))},
+                tags={mltags.STATUS: status, mltags.MANIFEST_URI: published_result.uri,
+                      mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", ""))},
                 metrics=metrics, sweep=sweep, artifacts=artifacts)
     register_published_unit(spec, unit, published_result.manifest, published_result.uri, run_id)
     stages["track"] = time.monotonic() - t
+    report_unit_links(unit.name, key, mlflow_run_link(spec, run_id), published_result.uri)
+    emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, status, reason=reason,
+                      manifest_uri=published_result.uri, mlflow_run_id=run_id)
     if smoke:
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
                                  description=f"smoke gate of {unit.name}")

@@ -13,9 +13,10 @@ from enginefoundry.publish import PublishResult, check_hit, find_current, publis
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._retry import NETWORK_RETRIES
 
 
-@task(name="check cache", cache_policy=NO_CACHE)
+@task(name="check cache", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def find_published(spec: BuildSpec, key: str, rehash: bool = False) -> Manifest | None:
     """The current build's manifest when it can be trusted as a cache hit (self-consistent, every file present
     with its size; with `rehash` every sha256 too); None for a miss or a refused hit (it is rebuilt)."""
@@ -36,7 +37,7 @@ def find_published(spec: BuildSpec, key: str, rehash: bool = False) -> Manifest 
     return build.manifest
 
 
-@task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)
+@task(name="publish unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def publish_unit(spec: BuildSpec, manifest_fields: dict, folders: dict[str, str], replace: bool = False
                  ) -> PublishResult:
     """`manifest_fields` is everything but `files` and `build_id`; the file list comes from the upload itself.

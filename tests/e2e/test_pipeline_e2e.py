@@ -89,7 +89,7 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(parents) == 1 and len(children) == 1
     parent, child = parents[0], children[0]
-    assert parent.data.tags["source.revision"] == sha
+    assert parent.data.tags["enginefoundry.source_revision"] == sha
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["enginefoundry.key"] == manifest["key"]
     assert child.data.params["variant.precision"] == "fp32"
