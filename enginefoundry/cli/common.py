@@ -140,3 +140,17 @@ def quiet_prefect_defaults() -> None:
     from enginefoundry.flows.ephemeral import guard_ephemeral_prefect_server
 
     guard_ephemeral_prefect_server()
+    install_exit_handlers()
+
+
+def install_exit_handlers() -> None:
+    """SIGTERM exits through `finally` and atexit (servers stopped, MLflow runs ended KILLED), installed before
+    any flow starts: Prefect 3.9.1's flow engine swaps in its own SIGTERM handler for the run and, on
+    TerminationSignal, restores the handler it found and re-sends the signal to it (`capture_sigterm`,
+    prefect/utilities/engine/__init__.py@3.9.1). Found at that moment, SIG_DFL would end the process with no
+    cleanup at all."""
+    from enginefoundry.runner import install_sigterm_as_exit
+    from enginefoundry.tracking import OPEN_RUNS
+
+    install_sigterm_as_exit()
+    OPEN_RUNS.install_handlers()

@@ -16,7 +16,8 @@ def test_a_checkpoint_key_folder_verifies(tmp_path: Path) -> None:
     components = {"test": "checkpoint"}
     key = key_of(components)
     publish_checkpoint(store, {"key": key, "key_components": components, "model": "tiny", "variant": "fp32",
-                               "lane": "reference", "params": {"dtype": "float32"}}, TINY_MODEL, progress=lambda m: None)
+                               "lane": "reference", "params": {"dtype": "float32"}}, TINY_MODEL,
+                       progress=lambda m: None)
     found, build = open_build(f"{store.uri}/manifests/tiny/{key}")
     assert build.checkpoint is not None and build.manifest is None
     report = verify_build(found, build, record=False)
