@@ -12,8 +12,8 @@ Each build is served by `transformers serve` (OMP_NUM_THREADS=1) and judged by `
 default settings against the model's fp32 source (the reference answers are computed once, then reused).
 Prints one row per build, then false-reject and false-accept rates and the sample sizes.
 
---reduced (what CI runs, tests/e2e/test_gate_benchmark.py): one model, the first 24 prompts with the sample-size
-rule warning instead of refusing, bf16 plus three breakages.
+--reduced (what CI runs, tests/e2e/test_gate_benchmark.py): one model, the first 48 prompts (the 16-bit policy
+needs 47), bf16 plus three breakages.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from enginefoundry.smoke.reference import load_or_compute_reference  # noqa: E40
 PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
 HEALTHY = ("fp32", "bf16", "fp16")
 REDUCED_BREAKAGES = ("wrong-chat-template", "layer-zeroed", "lm-head-permuted")
+REDUCED_PROMPTS = 48
 DEFAULT_MODELS = ("smollm2-135m", "tiny-chat")
 TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
 
@@ -101,7 +102,7 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reduced", action="store_true", help="CI size: one model, 24 prompts, bf16 + 3 breakages")
+    ap.add_argument("--reduced", action="store_true", help="CI size: one model, 48 prompts, bf16 + 3 breakages")
     ap.add_argument("--models", default=None,
                     help=f"comma-separated, of {', '.join([*gate_models.SOURCES, 'tiny-chat'])}")
     ap.add_argument("--max-new-tokens", type=int, default=16)
@@ -120,7 +121,7 @@ def main() -> int:
         prompts = TINY_PROMPTS if model == "tiny-chat" else PROMPTS
         if args.reduced:
             reduced = logs / f"{model}-prompts.jsonl"
-            reduced.write_text("".join(prompts.read_text().splitlines(keepends=True)[:24]))
+            reduced.write_text("".join(prompts.read_text().splitlines(keepends=True)[:REDUCED_PROMPTS]))
             prompts = reduced
         cases = load_prompt_set(prompts).cases
         max_new = 6 if model == "tiny-chat" else args.max_new_tokens
@@ -128,7 +129,7 @@ def main() -> int:
         ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=max_new,
                                                  progress=lambda m: print(m, file=sys.stderr))
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
-        small = "warn" if args.reduced else "refuse"
+        small = "refuse"
         plan = [(d, "healthy", gate_models.dtype_build(model, d)) for d in healthy]
         plan += [(b, "broken", gate_models.broken_build(model, b, prompt_tokens=median_prompt)) for b in breakages]
         for name, kind, build in plan:
