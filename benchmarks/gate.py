@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -106,6 +107,7 @@ def main() -> int:
     ap.add_argument("--models", default=None,
                     help=f"comma-separated, of {', '.join([*gate_models.SOURCES, 'tiny-chat'])}")
     ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--jobs", type=int, default=1, help="builds judged at the same time")
     ap.add_argument("--json-out", help="write every row and report here")
     ap.add_argument("--work", default=str(gate_models.CACHE / "runs"), help="server and smoke logs")
     args = ap.parse_args()
@@ -129,18 +131,24 @@ def main() -> int:
         ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=max_new,
                                                  progress=lambda m: print(m, file=sys.stderr))
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
-        small = "refuse"
         plan = [(d, "healthy", gate_models.dtype_build(model, d)) for d in healthy]
         plan += [(b, "broken", gate_models.broken_build(model, b, prompt_tokens=median_prompt)) for b in breakages]
-        for name, kind, build in plan:
+        def one(item: tuple[str, str, Path], prompts: Path = prompts, max_new: int = max_new,
+                src: Path = src, model: str = model) -> tuple[dict, dict]:
+            name, kind, build = item
             precision = name if kind == "healthy" else "bf16"
             print(f"[gate] {model} {name}: serving {build}", file=sys.stderr, flush=True)
             result = judge_build(build, reference=src, prompts=prompts, precision=precision,
-                                 max_new_tokens=max_new, small_sample=small, logs=logs)
-            rows.append(row(model, name, kind, precision, result))
-            reports.append({"model": model, "build": name, "kind": kind, **result})
-            print(f"[gate] {model} {name}: {rows[-1]['verdict']} ({rows[-1]['failed rules']})",
-                  file=sys.stderr, flush=True)
+                                 max_new_tokens=max_new, small_sample="refuse", logs=logs)
+            r = row(model, name, kind, precision, result)
+            print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
+            return r, {"model": model, "build": name, "kind": kind, **result}
+
+        # Builds are judged --jobs at a time (each its own server and `smoke` process); rows keep plan order.
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for r, rep in pool.map(one, plan):
+                rows.append(r)
+                reports.append(rep)
     print_table(rows)
     healthy_rows = [r for r in rows if r["kind"] == "healthy"]
     broken_rows = [r for r in rows if r["kind"] == "broken"]
