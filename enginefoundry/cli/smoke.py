@@ -55,7 +55,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise InputError(f"smoke: {str(err).splitlines()[0]}") from None
     store = open_store(args.store) if args.store else None
-    say = (lambda m: print(m, file=sys.stderr)) if args.json else (lambda m: console.print(m, markup=False))
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else (lambda m: console.print(m, markup=False, soft_wrap=True))
     try:
         report = run_smoke(spec, prompts, reference_dir=ref, base_url=args.endpoint, model_name=args.served_model,
                            served_tokenizer_dir=Path(args.served_tokenizer) if args.served_tokenizer else None,
@@ -69,8 +69,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.model_dump(mode="json"), indent=2))
     else:
-        console.print(report.markdown(), markup=False)
+        console.print(report.markdown(), markup=False, soft_wrap=True)
         console.print(f"{'PASS' if report.passed else 'REJECTED'} (judged against {report.reference.label()}, "
                       f"{report.verdict.policy.family.value if report.verdict.policy else ''} policy): "
-                      f"{report.verdict.reason}", markup=False)
+                      f"{report.verdict.reason}", markup=False, soft_wrap=True)
     return EXIT_OK if report.passed else EXIT_PIPELINE

@@ -154,3 +154,9 @@ def test_logprob_distance_is_judged_only_where_the_endpoint_returns_logprobs():
     assert [r.name for r in far.failed] == ["log-prob distance"]
     assert "mean |Δ log-prob| 0.4000 over 500 tokens > limit 0.15" in far.reason
     assert _judge(good, precision="int4_awq", logprob_mean_abs_diff=0.4, logprob_tokens=500).passed
+
+
+def test_the_documented_table_is_the_code_table():
+    from tests.conftest import REPO
+
+    assert policy_table_markdown() in (REPO / "docs" / "smoke-gate.md").read_text()
