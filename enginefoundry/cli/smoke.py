@@ -55,7 +55,12 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise InputError(f"smoke: {str(err).splitlines()[0]}") from None
     store = open_store(args.store) if args.store else None
-    say = (lambda m: print(m, file=sys.stderr)) if args.json else (lambda m: console.print(m, markup=False, soft_wrap=True))
+    def say(message: str) -> None:
+        if args.json:
+            print(message, file=sys.stderr)
+        else:
+            console.print(message, markup=False, soft_wrap=True)
+
     try:
         report = run_smoke(spec, prompts, reference_dir=ref, base_url=args.endpoint, model_name=args.served_model,
                            served_tokenizer_dir=Path(args.served_tokenizer) if args.served_tokenizer else None,

@@ -18,7 +18,8 @@ from tests.conftest import REPO
 def test_reduced_gate_benchmark_has_no_false_rejects_and_no_false_accepts(tmp_path: Path):
     out = tmp_path / "gate.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gate.py"), "--reduced", "--json-out", str(out)],
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gate.py"), "--reduced", "--jobs", "2",
+                           "--json-out", str(out)],
                           capture_output=True, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
