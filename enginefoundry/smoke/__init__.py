@@ -181,7 +181,7 @@ def run_smoke(
         try:
             answer = client.answer(case)
         except ToolError as err:
-            if server_alive is not None and not _dies_soon(server_alive):
+            if server_alive is not None and _dies_soon(server_alive):
                 raise ToolError(f"smoke: the server died during the smoke test: {i - 1}/{len(cases)} prompts "
                                 f"answered, no answer for '{case.id}'") from None
             raise ToolError(f"{str(err).splitlines()[0]} ({i - 1}/{len(cases)} prompts answered)") from None
