@@ -62,3 +62,14 @@ CHAMPION_HISTORY = "enginefoundry.champions.{stem}"  # comma-separated champion 
 
 def version_tag(tool: str) -> str:
     return f"{VERSION_PREFIX}{tool}"
+
+# The smoke gate: which reference answers and which policy judged a unit.
+SMOKE_REFERENCE_KEY = "enginefoundry.smoke_reference_key"
+SMOKE_REFERENCE = "enginefoundry.smoke_reference"
+SMOKE_POLICY = "enginefoundry.smoke_policy"
+
+# Runs that a run of this host started and that never ended (kill -9): who owned them, and why they ended.
+OWNER_HOST = "enginefoundry.host"
+OWNER_PID = "enginefoundry.pid"
+OWNER_PID_START = "enginefoundry.pid_start"
+END_REASON = "enginefoundry.end_reason"

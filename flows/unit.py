@@ -75,7 +75,8 @@ def run_unit_stages(
         stages["serve"] = time.monotonic() - t
         try:
             t = time.monotonic()
-            smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir))
+            smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir),
+                               precision=unit.variant.precision.value, weights_digest=snapshot.weights_digest)
             stages["smoke"] = time.monotonic() - t
             if spec.benchmark.enabled:
                 t = time.monotonic()
@@ -133,7 +134,8 @@ def run_unit_stages(
     ]
     record_unit(spec, run_id, ok=status == "candidate",
                 tags={mltags.STATUS: status, mltags.MANIFEST_URI: published_result.uri,
-                      mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", ""))},
+                      mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
+                      **(smoke.tags() if smoke else {})},
                 metrics=metrics, sweep=sweep, artifacts=artifacts)
     register_published_unit(spec, unit, published_result.manifest, published_result.uri, run_id)
     stages["track"] = time.monotonic() - t

@@ -28,6 +28,7 @@ COMMANDS = (
     "enginefoundry.cli.store",
     "enginefoundry.cli.completion",
     "enginefoundry.cli.automations",
+    "enginefoundry.cli.smoke",
 )
 
 
