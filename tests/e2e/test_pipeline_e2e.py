@@ -95,6 +95,8 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     assert child.data.params["variant.precision"] == "fp32"
     assert child.data.params["profile.max_seq_len"] == "256"
     assert child.data.metrics["smoke_agreement"] == 1.0
+    ref_key = child.data.tags["enginefoundry.smoke_reference_key"]  # the reference answers the unit was judged by
+    assert len(ref_key) == 64 and ref_key[:12] in child.data.tags["enginefoundry.smoke_reference"]
     assert child.data.metrics["build_s"] > 0
     history = client.get_metric_history(child.info.run_id, "bench.short.output_tokens_per_s")
     assert [m.step for m in history] == [2] and history[0].value > 0
