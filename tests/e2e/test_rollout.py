@@ -1,6 +1,7 @@
 """The rollout flow end to end on the tiny spec, against the loopback hub, SeaweedFS, an MLflow server and a
-Prefect server: first build → promoted; nothing new → no build, quick; a new commit → built and promoted;
-a candidate worse than the champion → held; `rollback` restores; the promoted unit's serving files serve it.
+Prefect server: `run` then `rollout` → the run's candidate promoted without a build; nothing new → no build, quick,
+no promotion; a new commit → built and promoted; a candidate worse than the champion → held; `rollback` restores;
+the promoted unit's serving files serve it.
 """
 
 from __future__ import annotations
@@ -54,9 +55,14 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
                       mlflow_uri=stack["MLFLOW_TRACKING_URI"], experiment=f"rollout-{unique}", registered_model=model)
     client = MlflowClient(stack["MLFLOW_TRACKING_URI"])
 
-    # 1. No champion: the first build promotes when its own gates pass.
+    # 1. `run` registers `cpu-candidate` and no champion; the rollout that follows finds the same source, does
+    # not build, and still promotes that candidate on its own gates (there is no champion to compare with).
+    built = cli(prefect_server, "run", str(spec))
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert champion(client, model) is None and champion(client, model, "cpu-candidate") == "1"
     first = cli(prefect_server, "rollout", str(spec), *LENIENT)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "source unchanged: no build" in first.stdout
     assert champion(client, model) == "1"
     v1 = client.get_model_version(model, "1")
     assert v1.tags["enginefoundry.source_revision"] == first_sha
@@ -72,6 +78,9 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
     noop_s = time.monotonic() - started
     assert noop.returncode == 0, noop.stdout[-3000:] + noop.stderr[-3000:]
     assert "nothing new: no build" in noop.stdout
+    assert champion(client, model) == "1"  # held as "nothing new": not promoted again
+    promoted_at = client.get_model_version(model, "1").tags["enginefoundry.promoted_at"]
+    assert promoted_at == v1.tags["enginefoundry.promoted_at"]
     assert "same source as cpu-champion v1" in noop.stdout
     assert len(client.search_runs([client.get_experiment_by_name(f"rollout-{unique}").experiment_id])) == runs_before
     assert noop_s < 30, f"a no-op rollout took {noop_s:.1f} s"
