@@ -359,7 +359,8 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
     from enginefoundry.serving_outputs import SERVE_SH
 
     if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
-        serving = manifest_uri_of(candidate).rsplit("/", 1)[0] + "/serving/"
+        # The build to pull (`enginefoundry pull URI DEST`): the store keeps blobs by digest, not the unit folder.
+        serving = manifest_uri_of(candidate)
         registry.tag_version(model, number, {mltags.SERVING_URI: serving})
     return held.model_copy(update={"action": "promoted", "serving_uri": serving, "move": move,
                                    "reasons": [*notes, move.detail, *(g.detail for g in verdict.gates)]})

@@ -6,6 +6,7 @@ the promoted unit's serving files serve it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,7 +45,7 @@ def champion(client: MlflowClient, model: str, alias: str = "cpu-champion") -> s
         return None
 
 
-def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectServer, stack, s3, tmp_path: Path,
+def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectServer, stack, tmp_path: Path,
                                                       unique: str) -> None:
     hub = Path(stack["EF_HUB_ROOT"])
     repo_id = f"tiny-org/rollout-{unique}"
@@ -68,8 +69,8 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
     assert v1.tags["enginefoundry.source_revision"] == first_sha
     assert v1.tags["enginefoundry.promoted_at"]
     serving = v1.tags["enginefoundry.serving_uri"]
-    assert serving.endswith("/serving/")
-    serve_the_unit(s3, serving, tmp_path / "served")
+    assert serving == v1.tags["enginefoundry.manifest_uri"]  # the build to pull, with serving/serve.sh in it
+    serve_the_unit(prefect_server, serving, tmp_path / "served")
 
     # 2. Nothing new: no build, no new MLflow run, a quick finish.
     runs_before = len(client.search_runs([client.get_experiment_by_name(f"rollout-{unique}").experiment_id]))
@@ -121,15 +122,10 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
     assert champion(client, model) == "3" and champion(client, model, "cpu-previous-champion") == "1"
 
 
-def serve_the_unit(s3, serving_uri: str, dest: Path) -> None:
-    """What a serving team does: download the unit folder, run serving/serve.sh, get an answer."""
-    bucket, _, prefix = serving_uri.removeprefix("s3://").partition("/")
-    unit_prefix = prefix.rstrip("/").rsplit("/", 1)[0]
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=unit_prefix + "/"):
-        for obj in page["Contents"]:
-            local = dest / obj["Key"][len(unit_prefix) + 1:]
-            local.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, obj["Key"], str(local))
+def serve_the_unit(server: PrefectServer, serving_uri: str, dest: Path) -> None:
+    """What a serving team does: pull the unit folder, run serving/serve.sh, get an answer."""
+    pulled = cli(server, "pull", serving_uri, str(dest))
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     port = free_port()
     env = {**os.environ, "EF_UNIT_DIR": str(dest), "PORT": str(port), "HOST": "127.0.0.1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -156,5 +152,6 @@ def serve_the_unit(s3, serving_uri: str, dest: Path) -> None:
             answer = json.loads(response.read())
         assert answer["choices"][0]["message"]["content"]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # serve.sh that exited already: its assertion says why
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
