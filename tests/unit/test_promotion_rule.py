@@ -88,6 +88,14 @@ def test_run_then_rollout_with_the_same_source_promotes_the_candidate(tmp_path: 
     assert any("output tok/s" in r for r in second.reasons)  # compared with the champion, gate by gate
     assert str(registry.version_by_alias("tiny", f"{stem}-previous-champion").version) == version
 
+    # After a rollback the candidate is newer than the champion again, but a version rolled back from only
+    # returns by hand: the next scheduled rollout must not undo the rollback.
+    registry.rollback("tiny", stem)
+    (after,) = decide_promotions(spec, registry, PromotionPolicy())
+    assert (after.action, after.candidate_version, after.champion_before) == ("held", newer, version)
+    assert "rolled back from" in after.reasons[0] and after.move is None
+    assert _champion(registry, stem) == version
+
 
 def test_a_champion_that_is_the_newest_candidate_is_held_as_nothing_new(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
