@@ -163,11 +163,15 @@ def du(*paths: Path) -> int:
     return total
 
 
+class StageFailed(Exception):
+    pass
+
+
 def stage(name: str, args: dict, env: dict[str, str]) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, name, json.dumps(args)], env=env, capture_output=True,
                          text=True, cwd=REPO)
     if out.returncode != 0:
-        raise SystemExit(f"stage {name} failed:\n{out.stderr[-3000:]}")
+        raise StageFailed(f"stage {name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -201,9 +205,11 @@ def main() -> int:
             print(f"[{shape}] generating random bf16 weights …", flush=True)
             size = write_shards(src, shape)
             free = shutil.disk_usage(tmp).free
-            if free < 6 * size:
-                print(f"[{shape}] skipped: {size / 2**30:.1f} GiB model needs ~{6 * size / 2**30:.0f} GiB free, "
+            # source, hub worktree + objects, hub cache, fp32 cast (2×) and its raw copy (2×)
+            if free < 9 * size:
+                print(f"[{shape}] skipped: {size / 2**30:.1f} GiB model needs ~{9 * size / 2**30:.0f} GiB free, "
                       f"{free / 2**30:.0f} GiB free")
+                shutil.rmtree(src)
                 continue
             print(f"[{shape}] {size / 2**30:.2f} GiB; seeding the loopback hub …", flush=True)
             sys.path.insert(0, str(REPO))
@@ -251,7 +257,12 @@ def main() -> int:
             print(f"[{shape}] bytes written by fetch+convert: {written / 2**30:.2f} GiB for "
                   f"{unique / 2**30:.2f} GiB unique ({written / unique:.2f}×, goal ≤ 1.1×); "
                   f"bf16→bf16 conversion wrote {r_none['bytes_cast'] / 2**20:.1f} MiB (goal: ~0)", flush=True)
-            shutil.rmtree(src)
+            # Each shape's folders go before the next one: the larger shapes need the disk.
+            for leftover in (src, tmp / f"work-{shape}", tmp / "hf", tmp / "cache",
+                             Path(env["EF_HUB_ROOT"]) / "bench" / f"llama-{shape}"):
+                shutil.rmtree(leftover, ignore_errors=True)
+    except StageFailed as err:
+        print(err)
     finally:
         subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "down", "--state-dir", str(state)],
                        capture_output=True)
