@@ -26,6 +26,7 @@ from enginefoundry.store import link_or_copy
 # safetensors dtype names of the floating types a cast may change; integer and bool tensors are kept.
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 TORCH_TO_SAFETENSORS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+CHUNK_BYTES = 64 * 2**20  # rows of a tensor cast and written at a time
 ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
@@ -58,8 +59,8 @@ def needs_cast(header: dict[str, dict], target: str) -> bool:
 
 
 def cast_file(src: Path, dest: Path, target: str) -> int:
-    """Write `src` with every floating tensor cast to `target` (a safetensors dtype name); return the
-    largest tensor's size in bytes (the peak memory this needed beyond the interpreter)."""
+    """Write `src` with every floating tensor cast to `target` (a safetensors dtype name); return the largest
+    chunk written in bytes (the peak memory this needed beyond the interpreter: rows of one tensor)."""
     import torch
     from safetensors import safe_open
 
@@ -88,13 +89,25 @@ def cast_file(src: Path, dest: Path, target: str) -> int:
             out.write(struct.pack("<Q", len(blob)))
             out.write(blob)
             for name in names:
-                tensor = f.get_tensor(name)
-                if header[name]["dtype"] in FLOAT_DTYPES:
-                    tensor = tensor.to(torch_dtype)
-                data = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-                largest = max(largest, len(data))
-                out.write(data)
-                del tensor, data
+                entry = header[name]
+                shape = entry["shape"]
+                cast = entry["dtype"] in FLOAT_DTYPES
+                # Rows at a time (get_slice reads only them): memory stays at CHUNK_BYTES even for a 128k×8k
+                # embedding, whatever the model size.
+                row_bytes = ITEM_SIZE[target if cast else entry["dtype"]]
+                for dim in shape[1:]:
+                    row_bytes *= dim
+                rows = max(1, CHUNK_BYTES // max(1, row_bytes)) if shape else 1
+                part = f.get_slice(name)
+                for start in range(0, shape[0] if shape else 1, rows):
+                    chunk = part[start:start + rows] if shape else f.get_tensor(name)
+                    if cast:
+                        chunk = chunk.to(torch_dtype)
+                    if chunk.numel():
+                        view = chunk.contiguous().view(torch.uint8).numpy()
+                        largest = max(largest, view.nbytes)
+                        out.write(memoryview(view))
+                    del chunk
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
