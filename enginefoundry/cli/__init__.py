@@ -23,6 +23,7 @@ COMMANDS = (
     "enginefoundry.cli.build",
     "enginefoundry.cli.registry",
     "enginefoundry.cli.lengths",
+    "enginefoundry.cli.leases",
 )
 
 
