@@ -1,4 +1,4 @@
-"""A published unit in the MLflow registry, idempotently; and a cache hit recorded in MLflow.
+"""A published unit in the MLflow registry, idempotently.
 
 Registration is keyed by the unit's manifest URI (one registered-model version per published build): a
 second call finds the version instead of adding one. A cache hit calls it too, so a unit published while
@@ -13,13 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from enginefoundry.cache_plan import PublishedUnit
 from enginefoundry.manifest import Manifest
-from enginefoundry.outcomes import hit_outcome, hit_run_tags, unit_params
-from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
-from enginefoundry.spec import BuildSpec
-from enginefoundry.tracking import Tracker, project_git_commit, register_unit
+from enginefoundry.tracking import Tracker, register_unit
 
 MANIFEST_URI_TAG = "enginefoundry.manifest_uri"
 
@@ -90,22 +86,3 @@ def ensure_registered(
         return Registration(version=version, created=created, alias=None, alias_set=False)
     client.set_registered_model_alias(registered_model, alias, version)
     return Registration(version=version, created=created, alias=alias, alias_set=True)
-
-
-def record_hit(
-    tracker: Tracker, spec: BuildSpec, unit: Unit, key: str, hit: PublishedUnit, parent_run_id: str | None,
-    extra_tags: dict[str, str] | None = None,
-) -> UnitOutcome:
-    """A unit run for a cache hit (which run built it, where it lies), and a repaired registration."""
-    run_id = tracker.start_run(unit.name, {**hit_run_tags(key, hit), **(extra_tags or {}),
-                                           "enginefoundry.git_commit": project_git_commit()}, parent_run_id)
-    tracker.log_params(run_id, unit_params(spec, unit))
-    ok = hit.manifest.status == "candidate"
-    tracker.log_metrics(run_id, {"cache_hit": 1.0})
-    reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=hit.manifest,
-                            manifest_uri=hit.uri, run_id=run_id, move_alias=False)
-    if reg.created or reg.alias_set:
-        tracker.set_tags(run_id, {"enginefoundry.registry_repaired": f"version {reg.version}"
-                                  + (f", alias {reg.alias}" if reg.alias_set else "")})
-    tracker.end_run(run_id, ok)
-    return hit_outcome(unit, key, hit, run_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +13,10 @@ from enginefoundry.cache_plan import PublishedUnit
 from enginefoundry.manifest import Manifest
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
-from enginefoundry.registration import ensure_registered, record_hit
+from enginefoundry.registration import ensure_registered
+from enginefoundry.run_records import finish_parent, record_hit, start_parent, tracker_for
 from enginefoundry.spec import BuildSpec
-from enginefoundry.tracking import Tracker, project_git_commit
-
-
-def tracker_for(spec: BuildSpec) -> Tracker:
-    return Tracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
+from enginefoundry.tracking import project_git_commit
 
 
 def prefect_context() -> dict[str, str]:
@@ -41,15 +37,7 @@ def prefect_context() -> dict[str, str]:
 
 @task(name="start MLflow run", cache_policy=NO_CACHE)
 def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
-    tracker = tracker_for(spec)
-    tags = {"enginefoundry.spec": spec.name, "enginefoundry.lane": spec.lane,
-            "enginefoundry.git_commit": project_git_commit(), "source.uri": source["uri"],
-            "source.revision": source.get("revision") or "", **prefect_context()}
-    run_id = tracker.start_run(f"{spec.name}", tags)
-    tracker.log_params(run_id, {"spec": spec.model_dump(mode="json", exclude={"base_dir"}),
-                                "source.weights_digest": source["weights_digest"],
-                                "source.tokenizer_digest": source["tokenizer_digest"]})
-    return run_id
+    return start_parent(tracker_for(spec), spec, source, prefect_context())
 
 
 @task(name="start unit MLflow run", cache_policy=NO_CACHE)
@@ -84,13 +72,7 @@ def record_unit(
 @task(name="finish MLflow run", cache_policy=NO_CACHE)
 def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str, Any],
                       metrics: dict[str, float], report_dir: str) -> None:
-    tracker = tracker_for(spec)
-    tracker.log_metrics(run_id, metrics)
-    out = Path(report_dir) / "summary.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2))
-    tracker.log_artifact(run_id, out)
-    tracker.end_run(run_id, ok)
+    finish_parent(tracker_for(spec), run_id, ok, summary, metrics, Path(report_dir))
 
 
 @task(name="register unit in MLflow", cache_policy=NO_CACHE)

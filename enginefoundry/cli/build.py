@@ -62,12 +62,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     resolved = probe(spec.model.parsed_source(spec.base_path))
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
-    quiet_prefect_defaults()
-    from enginefoundry.flows.build_engines import build_engines
+    summary = None
+    if not args.force:
+        # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
+        from enginefoundry.console import say
+        from enginefoundry.noop_run import run_if_all_hits
 
-    payload = spec.model_dump(mode="json")
-    payload["base_dir"] = spec.base_dir
-    summary = build_engines(spec_path=None, spec=payload, targets=args.targets, force=args.force, mode=args.mode)
+        summary = run_if_all_hits(spec, args.targets, progress=say)
+    if summary is None:
+        quiet_prefect_defaults()
+        from enginefoundry.flows.build_engines import build_engines, spec_payload
+
+        summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
+                                mode=args.mode, validated=True)
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
