@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
     run.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
                      help="cluster: each unit on its target's Prefect work pool (needs PREFECT_API_URL)")
+    run.add_argument("--wait-for-tracking", action="store_true",
+                     help="when every unit is a cache hit, record the hits in MLflow before exiting "
+                          "(default: a background process records them)")
     run.set_defaults(handler=cmd_run)
 
     val = sub.add_parser("validate", help="check a spec and its inputs; nothing runs")
@@ -62,14 +65,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     resolved = probe(spec.model.parsed_source(spec.base_path))
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
-    summary = None
+    summary, tracking_note = None, ""
     if not args.force:
         # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
+        from enginefoundry import noop_run
         from enginefoundry.console import say
-        from enginefoundry.noop_run import run_if_all_hits
 
-        summary = run_if_all_hits(spec, args.targets, progress=say)
+        hits = noop_run.decide_all_hits(spec, args.targets, progress=say)
+        if hits is not None and args.wait_for_tracking:
+            summary = noop_run.record_all_hits(spec, hits)
+        elif hits is not None:
+            pid, log = noop_run.record_in_background(spec, hits)
+            summary = noop_run.summary_of(spec, hits)
+            tracking_note = (f"MLflow: {len(hits.units)} cache hit(s) being recorded in {spec.tracking.mlflow_uri} "
+                             f"by a background process (pid {pid}, log {log})")
     if summary is None:
+        from enginefoundry.noop_run import flush_pending
+
+        flush_pending()  # hits an earlier recorder could not record
         quiet_prefect_defaults()
         from enginefoundry.flows.build_engines import build_engines, spec_payload
 
@@ -85,7 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for o in summary.outcomes:
         if o.manifest_uri:
             console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)
-    console.print(f"MLflow parent run {summary.parent_run_id} in {spec.tracking.mlflow_uri}", markup=False)
+    console.print(tracking_note or f"MLflow parent run {summary.parent_run_id} in {spec.tracking.mlflow_uri}",
+                  markup=False)
     return EXIT_OK if summary.ok else EXIT_PIPELINE
 
 
