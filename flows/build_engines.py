@@ -18,7 +18,6 @@ from typing import Any, Literal
 from prefect import flow
 
 from enginefoundry.cache_plan import CachePlan, find_current, plan_cache, unit_keys
-from enginefoundry.console import say
 from enginefoundry.errors import InputError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_matrix
@@ -28,6 +27,7 @@ from enginefoundry.pipeline import RunSummary, UnitOutcome, work_root
 from enginefoundry.plan import Unit, expand_units
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import open_store
+from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.tasks.track import finish_parent_run, prefect_context, record_cache_hit, start_parent_run
@@ -92,7 +92,8 @@ def build_engines(
     # Cache check first, so a converted checkpoint is made only for variants that some miss needs. A miss is
     # built under a lease: a concurrent run of the same key waits for our build instead of rebuilding it.
     store = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
-    plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, progress=say)
+    log = progress_logger()  # Prefect's run logger: waiting for another run's lease shows in the UI
+    plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, progress=log)
     report_matrix(build_spec, units, keyed.keys, {u.name: plan.is_hit(u) for u in units},
                   {u.name: deployment_name(u) if mode == "cluster" else "in-process" for u in units})
     convert_s = 0.0
@@ -115,7 +116,7 @@ def build_engines(
                 built[unit.name] = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
                                             converted[unit.variant.name], parent)
     finally:
-        plan.release()
+        plan.release(progress=log)
     outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, store, parent) for unit in units]
     summary = RunSummary(spec=build_spec.name, source_uri=snapshot.uri, source_revision=snapshot.revision,
                          parent_run_id=parent, outcomes=outcomes,

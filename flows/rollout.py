@@ -72,7 +72,7 @@ def rollout(
                              duration_s=round(time.monotonic() - t0, 2))
 
     summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
-        spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode)
+        spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode, validated=True)
     decisions = promote_units(build_spec, summary.outcomes, policy)
     report_table("promotion", build_spec, [d.row() for d in decisions],
                  f"{build_spec.name}: promote or hold, per unit (policy: {policy.model_dump()})")

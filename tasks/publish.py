@@ -12,20 +12,11 @@ from enginefoundry.publish import (
     PublishResult,
     artifact_prefix,
     publish_manifest,
-    read_manifest,
     upload_folders,
 )
-from enginefoundry.publish import manifest_key as manifest_key_of
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
-
-
-@task(name="check cache", cache_policy=NO_CACHE)
-def find_published(spec: BuildSpec, key: str) -> Manifest | None:
-    store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    mkey = manifest_key_of(spec.model.name, key)
-    return read_manifest(store, mkey) if store.exists(mkey) else None
 
 
 @task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)

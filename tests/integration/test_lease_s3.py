@@ -85,3 +85,31 @@ def test_heartbeat_renews_and_release_is_conditional(store: S3Store):
     assert read_lease(store, lk).owner == "b"
     other.release()
     assert not store.exists(lk)
+
+
+def test_seaweedfs_conditional_puts_have_one_winner_under_contention(s3, unique: str):
+    """The server checks If-Match before it writes (weed/s3api/s3api_object_handlers_put.go, PutObjectHandler
+    → checkConditionalHeaders); this checks that racing writers still get exactly one success per version."""
+    for rnd in range(10):
+        key = f"lease-{unique}/contended-{rnd}.json"
+        etag = s3.put_object(Bucket="enginefoundry", Key=key, Body=b"base")["ETag"]
+        winners: list[int] = []
+        refusals: list[str] = []
+        barrier = threading.Barrier(8)
+
+        def write(i: int, key: str = key, etag: str = etag, barrier: threading.Barrier = barrier,
+                  winners: list[int] = winners, refusals: list[str] = refusals) -> None:
+            barrier.wait()
+            try:
+                s3.put_object(Bucket="enginefoundry", Key=key, Body=f"writer {i}".encode(), IfMatch=etag)
+                winners.append(i)
+            except ClientError as err:
+                refusals.append(_code(err))
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1 and refusals == ["PreconditionFailed"] * 7, f"round {rnd}: {winners} {refusals}"
+        assert s3.get_object(Bucket="enginefoundry", Key=key)["Body"].read() == f"writer {winners[0]}".encode()
