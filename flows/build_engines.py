@@ -25,6 +25,7 @@ from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.pipeline import RunSummary, UnitOutcome, work_root
 from enginefoundry.plan import Unit, expand_units
+from enginefoundry.run_records import run_metrics
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -94,11 +95,11 @@ def build_engines(
     store = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
     log = progress_logger()  # Prefect's run logger: waiting for another run's lease shows in the UI
     plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, progress=log)
-    report_matrix(build_spec, units, keyed.keys, {u.name: plan.is_hit(u) for u in units},
-                  {u.name: deployment_name(u) if mode == "cluster" else "in-process" for u in units})
     convert_s = 0.0
+    built: dict[str, UnitOutcome] = {}
     try:
-        built: dict[str, UnitOutcome] = {}
+        report_matrix(build_spec, units, keyed.keys, {u.name: plan.is_hit(u) for u in units},
+                      {u.name: deployment_name(u) if mode == "cluster" else "in-process" for u in units})
         if mode == "cluster":
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
@@ -123,8 +124,7 @@ def build_engines(
                          stage_seconds={"fetch": round(fetch_s, 2), "convert": round(convert_s, 2),
                                         "total": round(time.monotonic() - t0, 2)})
     finish_parent_run(build_spec, parent, summary.ok, summary.model_dump(mode="json"),
-                      {"units": len(outcomes), "units_ok": sum(o.ok for o in outcomes),
-                       "duration_s": time.monotonic() - t0, "fetch_s": fetch_s, "convert_s": convert_s},
+                      run_metrics(summary, time.monotonic() - t0, fetch_s, convert_s),
                       str(work_root() / "runs" / parent))
     report_build(build_spec, summary)
     return summary
