@@ -8,8 +8,8 @@ A miss is built under a lease (enginefoundry/lease.py): a concurrent run of the 
 build and records a hit. With `force` the run builds a new build whatever is published, and never adopts
 another run's build: it waits for a live holder to finish, then takes the lease itself.
 
-The store layout is read only through `find_current` (the one function to swap for the content-addressed
-store's own lookup).
+The store is read only through `find_hit`: the content-addressed store's current build of a key
+(enginefoundry/publish.py `find_current`), trusted only when `publish.check_hit` finds nothing wrong.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginefoundry.errors import PipelineError
+from enginefoundry.errors import PipelineError, StoreError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lease import DEFAULT_TTL_S, HeldLease, lease_key, new_owner, try_acquire, wait_for
-from enginefoundry.manifest import Manifest
 from enginefoundry.plan import Unit, key_of, toolchain_identity, unit_key_components
-from enginefoundry.publish import manifest_key, read_manifest
+from enginefoundry.publish import PublishedBuild, check_hit, find_current
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import Store
 
@@ -36,19 +35,24 @@ WAIT_FOR_OTHER_RUN_S = float(os.environ.get("EF_LEASE_WAIT_S", 6 * 3600))
 Progress = Callable[[str], None]
 
 
-class PublishedUnit(BaseModel):
-    """The current build of a key in the store: its manifest and where it lies."""
-
-    manifest: Manifest
-    uri: str
-
-
-def find_current(store: Store, model: str, key: str) -> PublishedUnit | None:
-    """The current published build of a key, or None. The store layout is known here only."""
-    mkey = manifest_key(model, key)
-    if not store.exists(mkey):
+def find_hit(store: Store, model: str, key: str, rehash: bool = False,
+             progress: Progress = lambda _: None) -> PublishedBuild | None:
+    """The current build of a key when it can be trusted as a cache hit (`publish.check_hit`: schema, key
+    recomputed from its key components and matching its location, every blob present with its size; with
+    `rehash` every sha256 too); None for a miss or a refused build (which the run then rebuilds)."""
+    try:
+        build = find_current(store, model, key)
+    except StoreError as err:
+        progress(f"cache: {key[:12]}: refused ({err}); rebuilding")
         return None
-    return PublishedUnit(manifest=read_manifest(store, mkey), uri=store.url(mkey))
+    if build is None:
+        return None
+    problems = check_hit(store, build, rehash=rehash)
+    if problems:
+        progress(f"cache: {key[:12]}: build {build.build_id} refused: " + "; ".join(p.line() for p in problems[:5])
+                 + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") + "; rebuilding")
+        return None
+    return build
 
 
 class CachePlan(BaseModel):
@@ -56,7 +60,7 @@ class CachePlan(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    hits: dict[str, PublishedUnit] = Field(default_factory=dict)
+    hits: dict[str, PublishedBuild] = Field(default_factory=dict)
     misses: list[Unit] = Field(default_factory=list, description="units this run builds, in spec order")
     duplicates: dict[str, str] = Field(default_factory=dict, description="unit → the unit of its key built here")
     leases: dict[str, HeldLease] = Field(default_factory=dict, description="unit key → the lease this run holds")
@@ -64,7 +68,7 @@ class CachePlan(BaseModel):
     def is_hit(self, unit: Unit) -> bool:
         return unit.name in self.hits or self.duplicates.get(unit.name) in self.hits
 
-    def hit_of(self, unit: Unit) -> PublishedUnit | None:
+    def hit_of(self, unit: Unit) -> PublishedBuild | None:
         return self.hits.get(unit.name) or self.hits.get(self.duplicates.get(unit.name, ""))
 
     def release(self, progress: Progress = print) -> None:
@@ -78,11 +82,12 @@ class CachePlan(BaseModel):
 
 def plan_cache(
     model: str, units: list[Unit], keys: dict[str, str], store: Store, *, force: bool = False,
-    owner: str | None = None, progress: Progress = print, lease_ttl_s: float = DEFAULT_TTL_S,
+    rehash: bool = False, owner: str | None = None, progress: Progress = print, lease_ttl_s: float = DEFAULT_TTL_S,
     wait_timeout_s: float = WAIT_FOR_OTHER_RUN_S,
 ) -> CachePlan:
     """Decide hits, misses and duplicates; take the build lease of every miss (waiting for a live run that
-    builds the same key). The caller releases the leases with `plan.release()` when its builds are done."""
+    builds the same key). `rehash`: a hit's files are re-hashed too (`--verify-hits`). The caller releases
+    the leases with `plan.release()` when its builds are done."""
     owner = owner or new_owner()
     plan = CachePlan()
     first_with_key: dict[str, str] = {}
@@ -93,7 +98,7 @@ def plan_cache(
                 plan.duplicates[unit.name] = first_with_key[key]
                 continue
             first_with_key[key] = unit.name
-            hit = None if force else find_current(store, model, key)
+            hit = None if force else find_hit(store, model, key, rehash, progress)
             if hit is None:
                 held, hit = _lease_or_wait(store, model, key, owner, force=force, progress=progress,
                                            ttl_s=lease_ttl_s, timeout_s=wait_timeout_s)
@@ -112,7 +117,7 @@ def plan_cache(
 def _lease_or_wait(
     store: Store, model: str, key: str, owner: str, *, force: bool, progress: Progress, ttl_s: float,
     timeout_s: float,
-) -> tuple[HeldLease | None, PublishedUnit | None]:
+) -> tuple[HeldLease | None, PublishedBuild | None]:
     """Take the build lease for a key, or wait for the live run that holds it: without `force` until its
     build is published (a hit), with `force` until its lease is gone (then build our own)."""
     lkey = lease_key(model, key)
@@ -128,10 +133,12 @@ def _lease_or_wait(
                 f"building it, clear it with `enginefoundry leases --break {key[:12]}`")
 
         def published() -> bool:
-            return not force and find_current(store, model, key) is not None
+            return not force and find_hit(store, model, key) is not None
 
         if wait_for(store, published, lkey, timeout_s=left, progress=progress):
-            return None, find_current(store, model, key)
+            hit = find_hit(store, model, key, progress=progress)
+            if hit is not None:
+                return None, hit
         # The holder finished without publishing (it failed), or died, or we force a build: take it over.
 
 

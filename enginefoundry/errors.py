@@ -52,7 +52,3 @@ class ToolError(PipelineError):
 
 class StoreError(PipelineError):
     """The artifact store refused or corrupted an operation."""
-
-
-class GateError(PipelineError):
-    """A quality gate (smoke, benchmark validity) rejected the unit."""

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from enginefoundry.lanes import get_lane
 from enginefoundry.plan import expand_units, key_of, toolchain_identity, unit_key_components
-from enginefoundry.publish import manifest_key
+from enginefoundry.publish import find_current, is_published
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import Store
@@ -40,8 +40,18 @@ def diff_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def published_manifests(store: Store, model: str) -> list[dict[str, Any]]:
-    keys = [k for k in store.list(f"artifacts/{model}/") if k.endswith("/manifest.json")]
-    return [json.loads(store.read_bytes(k)) for k in keys]
+    """The current build's manifest of every unit key of the model, in either layout."""
+    keys = {k.split("/")[2] for k in store.list(f"manifests/{model}/") if k.endswith("/current.json")}
+    keys |= {k.split("/")[2] for k in store.list(f"artifacts/{model}/") if k.endswith("/manifest.json")}
+    out = []
+    for key in sorted(keys):
+        try:
+            build = find_current(store, model, key)
+        except Exception:  # unreadable or tampered: not a unit to compare against
+            continue
+        if build is not None and build.manifest is not None:
+            out.append(build.manifest.model_dump(mode="json"))
+    return out
 
 
 def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
@@ -53,7 +63,7 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
         comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest, toolchain,
                                     spec.lane_options)
         key = key_of(comps)
-        if store.exists(manifest_key(spec.model.name, key)):
+        if is_published(store, spec.model.name, key):
             out.append(UnitExplanation(unit=unit.name, key=key, hit=True))
             continue
         same_target = [m for m in published if m.get("target", {}).get("name") == unit.target.name] or [

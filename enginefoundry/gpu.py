@@ -222,16 +222,18 @@ def describe_gpus(gpus: Sequence[GPUInfo]) -> str:
     return ", ".join(f"{n}× {k}" for k, n in counts.items())
 
 
-def match_target(target: Target, gpus: Sequence[GPUInfo]) -> list[GPUInfo]:
+def match_target(target: Target, gpus: Sequence[GPUInfo], count: int | None = None) -> list[GPUInfo]:
     """The GPUs of this host that a unit for `target` runs on; PreflightError saying what differs otherwise.
 
-    The GPUs returned are all one model: an engine built on one SKU is not meant for another of the same SM
-    (facts §2), so a mixed host must have `gpu_count` GPUs of a single matching model.
+    `count` is how many the unit uses (its tp × pp, which is what its cluster job asks for); by default the
+    target's `gpu_count`. The GPUs returned are all one model: an engine built on one SKU is not meant for
+    another of the same SM (facts §2), so a mixed host must have that many GPUs of a single matching model.
     """
     if target.arch is Arch.CPU:
         return []
+    needed = count if count is not None else target.gpu_count
     where = f"run this unit on a worker of pool {target.pool}"
-    wanted = f"{target.gpu_count}× {target.arch.value}" + (f" ({'/'.join(target.sku)})" if target.sku else "")
+    wanted = f"{needed}× {target.arch.value}" + (f" ({'/'.join(target.sku)})" if target.sku else "")
     if not gpus:
         raise PreflightError(f"target {target.name} needs {wanted} and this host has no visible GPU; {where}")
     same_arch = [g for g in gpus if g.arch == target.arch.value]
@@ -250,9 +252,9 @@ def match_target(target: Target, gpus: Sequence[GPUInfo]) -> list[GPUInfo]:
     for g in matching:
         by_model.setdefault(g.name, []).append(g)
     for group in sorted(by_model.values(), key=len, reverse=True):
-        if len(group) >= target.gpu_count:
-            return sorted(group, key=lambda g: g.index)[: target.gpu_count]
-    if len(matching) >= target.gpu_count:
+        if len(group) >= needed:
+            return sorted(group, key=lambda g: g.index)[:needed]
+    if len(matching) >= needed:
         raise PreflightError(f"target {target.name} needs {wanted} of one GPU model; this host mixes "
                              f"{describe_gpus(matching)}; build and serve on one GPU model (TensorRT-LLM #1807)")
     raise PreflightError(f"target {target.name} needs {wanted}; this host has {len(matching)} matching "

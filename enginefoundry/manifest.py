@@ -1,6 +1,8 @@
-"""`manifest.json`: what a published unit is, how it was made, and every file with its size and sha256.
+"""The unit manifest: what a published build is, how it was made, and every file with its size and sha256.
 
-A unit without a manifest does not exist to readers; the manifest is written last.
+A build without a manifest does not exist to readers; the manifest is written last, once, and never changed
+(`manifests/<model>/<key>/<build-id>.json`). File paths are relative POSIX paths confined to the unit folder;
+anything else is refused when the manifest is parsed.
 """
 
 from __future__ import annotations
@@ -11,17 +13,28 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MANIFEST_SCHEMA_VERSION = 1
+from enginefoundry.store import relative_posix
+
+# 2: content-addressed layout (build_id, FileEntry.executable). Version 1 manifests (artifacts/<model>/<key>/
+# manifest.json) are still read.
+MANIFEST_SCHEMA_VERSION = 2
+SHA256_HEX = r"^[0-9a-f]{64}$"
 
 
 class FileEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str
-    size: int
-    sha256: str
+    path: str = Field(description="relative POSIX path inside the unit: no '..', no absolute, no backslash")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256_HEX, description="the file's content digest; also its blob name")
+    executable: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _confined(cls, path: str) -> str:
+        return relative_posix(path, "files[].path")
 
 
 class Manifest(BaseModel):
@@ -29,6 +42,7 @@ class Manifest(BaseModel):
 
     schema_version: int = MANIFEST_SCHEMA_VERSION
     key: str
+    build_id: str | None = Field(default=None, description="this build of the key (None: a version 1 manifest)")
     key_components: dict[str, Any]
     checkpoint_key: str | None = None
     checkpoint_uri: str | None = None

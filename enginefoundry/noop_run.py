@@ -11,7 +11,8 @@ the work folder, and the recorder deletes it only once MLflow has them; a pendin
 killed recorder leaves behind is recorded by the next run (`flush_pending`).
 
 Anything else (a miss, `--force`) returns None and the caller runs the flow, which plans again under
-leases. The store is read only through `check_hit` (the function to swap for the verifying store's own).
+leases. The store is read only through `cache_plan.find_hit`, the same check the flow makes
+(`publish.check_hit`): a build it refuses is not a hit here either, and the flow rebuilds it.
 """
 
 from __future__ import annotations
@@ -27,20 +28,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from enginefoundry.cache_plan import PublishedUnit, find_current, unit_keys
+from enginefoundry.cache_plan import find_hit, unit_keys
 from enginefoundry.pipeline import RunSummary, work_root
 from enginefoundry.plan import Unit, expand_units
+from enginefoundry.publish import PublishedBuild
 from enginefoundry.sources import SourceSnapshot, fetch
 from enginefoundry.spec import BuildSpec, parse_spec
-from enginefoundry.store import Store, open_store
-
-
-def check_hit(store: Store, model: str, key: str) -> PublishedUnit | None:
-    """The current build of a key when its manifest is consistent with where it lies (its own key)."""
-    hit = find_current(store, model, key)
-    if hit is None or hit.manifest.key != key or hit.manifest.model != model:
-        return None
-    return hit
+from enginefoundry.store import open_store
 
 
 class AllHits(BaseModel):
@@ -49,23 +43,25 @@ class AllHits(BaseModel):
     source: SourceSnapshot
     units: list[Unit]
     keys: dict[str, str]
-    hits: dict[str, PublishedUnit]
+    hits: dict[str, PublishedBuild]
     fetch_s: float
 
 
 def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
-                    progress: Callable[[str], None] = lambda _: None) -> AllHits | None:
-    """The run's hits when every unit is published already, else None."""
+                    progress: Callable[[str], None] = lambda _: None, rehash: bool = False) -> AllHits | None:
+    """The run's hits when every unit has a current build that `publish.check_hit` trusts (with `rehash`:
+    every file re-hashed too), else None: the flow then plans again and rebuilds what is refused."""
     t0 = time.monotonic()
     units = expand_units(spec, targets or None)
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=progress)
     fetch_s = time.monotonic() - t0
     keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    hits: dict[str, PublishedUnit] = {}
+    hits: dict[str, PublishedBuild] = {}
     for unit in units:
         key = keyed.keys[unit.name]
-        found = next((hits[u] for u in hits if keyed.keys[u] == key), None) or check_hit(store, spec.model.name, key)
+        found = (next((hits[u] for u in hits if keyed.keys[u] == key), None)
+                 or find_hit(store, spec.model.name, key, rehash, progress))
         if found is None:
             return None
         hits[unit.name] = found

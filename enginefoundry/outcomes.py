@@ -10,10 +10,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from enginefoundry.bench import SweepReport
-from enginefoundry.cache_plan import PublishedUnit
 from enginefoundry.manifest import Manifest
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
+from enginefoundry.publish import PublishedBuild
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
@@ -51,7 +51,7 @@ def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
     """The MLflow parameters of a unit's run."""
     return {"unit": unit.name, "lane": spec.lane, "variant": unit.variant.model_dump(mode="json"),
             "profile": unit.profile.model_dump(mode="json"), "target": unit.target.model_dump(mode="json"),
-            "lane_options": spec.lane_options, "toolchain": spec.toolchain.model_dump(mode="json")}
+            "lane_options": spec.lane_options.given(), "toolchain": spec.toolchain.model_dump(mode="json")}
 
 
 def build_run_tags(spec: BuildSpec, unit: Unit, key: str) -> dict[str, str]:
@@ -61,7 +61,7 @@ def build_run_tags(spec: BuildSpec, unit: Unit, key: str) -> dict[str, str]:
             "enginefoundry.work_pool": unit.target.pool, "enginefoundry.cache_hit": "false"}
 
 
-def hit_run_tags(key: str, hit: PublishedUnit) -> dict[str, str]:
+def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
     """The tags of a cache hit's MLflow run: which run built the unit, and where it lies."""
     return {"enginefoundry.key": key, "enginefoundry.cache_hit": "true",
             "enginefoundry.built_by_run": hit.manifest.mlflow_run_id or "",
@@ -114,7 +114,7 @@ def failed_outcome(unit: Unit, key: str, err: BaseException, run_id: str, stages
                        stage_seconds=stages)
 
 
-def hit_outcome(unit: Unit, key: str, hit: PublishedUnit, run_id: str | None) -> UnitOutcome:
+def hit_outcome(unit: Unit, key: str, hit: PublishedBuild, run_id: str | None) -> UnitOutcome:
     manifest = hit.manifest
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=hit.uri,

@@ -61,15 +61,6 @@ class RunSummary(BaseModel):
             })
         return rows
 
-    def markdown(self) -> str:
-        rows = self.rows()
-        if not rows:
-            return "no units\n"
-        head = list(rows[0])
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
-        return "\n".join(lines) + "\n"
-
 
 def best_profiles(outcomes: list[UnitOutcome]) -> list[dict[str, str]]:
     """Per variant and target: the profile whose highest SLO-meeting concurrency gives the most output

@@ -11,8 +11,9 @@ from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.spec import Arch, Target
 
 
-def check_placement(target: Target, work_pool: str | None) -> str:
-    """A one-line description of what this machine offers the target; PreflightError saying why not."""
+def check_placement(target: Target, work_pool: str | None, gpus_needed: int | None = None) -> str:
+    """A one-line description of what this machine offers the target; PreflightError saying why not.
+    `gpus_needed` is the unit's tp × pp: its cluster job asks for that many GPUs, not the target's count."""
     if work_pool and work_pool != target.pool:
         raise PreflightError(f"target {target.name} belongs to work pool {target.pool}, but this run came from "
                              f"pool {work_pool}: dispatch it to build-unit/{target.pool}")
@@ -26,8 +27,9 @@ def check_placement(target: Target, work_pool: str | None) -> str:
     try:
         gpus = detect_gpus()
     except ToolError as err:
-        raise PreflightError(f"target {target.name} needs {target.gpu_count}× {target.arch.value} and this machine "
+        raise PreflightError(f"target {target.name} needs {gpus_needed or target.gpu_count}× {target.arch.value} "
+                             f"and this machine "
                              f"has no usable GPU ({str(err).splitlines()[0]}); run this unit on a worker of pool "
                              f"{target.pool}") from None
-    chosen = match_target(target, gpus)
+    chosen = match_target(target, gpus, gpus_needed)
     return f"target {target.name} matches {describe_gpus(chosen)}"

@@ -1,4 +1,4 @@
-"""The unit matrix: variant × profile × target, and the cache keys of DESIGN.md §4."""
+"""The unit matrix: variant × profile × target, and the cache keys of docs/architecture.md#units-and-cache-keys."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from enginefoundry.identity import sha256_json
 from enginefoundry.spec import BuildSpec, Profile, Target, Variant
 
 # Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
-FORMAT_VERSION = 1
+# 2: the weights digest of an hf source covers only the files the build reads (duplicate formats such as
+#    original/*.pth are no longer fetched or hashed; enginefoundry.sources.DEFAULT_IGNORE_PATTERNS).
+FORMAT_VERSION = 2
 
 
 class Unit(BaseModel):

@@ -1,10 +1,9 @@
 """Preflight: can this unit succeed on its target? Every problem at once, before any download or GPU time.
 
-Rules (facts/trtllm.md §2, §4, §12):
-- precision vs architecture: FP8 needs sm89+, NVFP4 sm100+; INT8/INT4 weight-only (and INT8 KV) are refused on
-  sm100+ ("INT8/INT4 quantization is not supported on SM>=100.");
-- plugin dtype (trtllm-engine lane options) = the model's dtype;
-- max_input_len < max_seq_len ≤ the model's context; chunked prefill when max_input_len > max_num_tokens;
+Preflight knows no lane by name: the unit's lane adds its own checks (precision × architecture, plugins, chunked
+prefill: `Lane.preflight_checks`) and answers for its memory model (`needs_gpu`, `embedding_sharded`,
+`sizes_kv_pool`, `build_footprint`). The rules here hold for every lane (facts/trtllm.md §2, §12):
+- max_input_len < max_seq_len ≤ the model's context;
 - tp × pp ≤ the target's GPU count; attention heads divisible by tp, KV heads divisible by tp (or tp by them);
 - VRAM: weights per GPU, then the KV pool TensorRT-LLM sizes from what is left (see `estimate_memory`);
 - host memory and disk for the build, measured where the build runs.
@@ -27,8 +26,10 @@ from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu import GPUInfo, match_target
+from enginefoundry.lanes.registry import get_lane
 from enginefoundry.plan import Unit
-from enginefoundry.spec import Arch, BuildSpec, KVCacheDtype, Precision, Target
+from enginefoundry.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
+from enginefoundry.spec import Arch, BuildSpec, Precision, Target
 
 GIB = 1024**3
 
@@ -41,7 +42,6 @@ RUNTIME_MARGIN = 0.12
 # means ≈ 8× oversubscription, where max_batch_size is fiction and its buffers are waste.
 OVERSUBSCRIPTION_LIMIT = 16.0
 
-_TORCH_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 # Bytes per weight of the quantized linear layers, scales included: int4 AWQ/weight-only keep a 16-bit scale per
 # group of 128; NVFP4 an FP8 scale per block of 16. Embeddings, lm_head and norms stay in the activation dtype
 # (ModelOpt and convert_checkpoint leave lm_head unquantized by default).
@@ -49,13 +49,6 @@ LINEAR_BYTES = {
     Precision.FP32: 4.0, Precision.FP16: 2.0, Precision.BF16: 2.0, Precision.FP8: 1.0, Precision.INT8_WO: 1.0,
     Precision.INT4_WO: 0.5 + 2 / 128, Precision.INT4_AWQ: 0.5 + 2 / 128, Precision.NVFP4: 0.5 + 1 / 16,
 }
-TORCH_DTYPE = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
-TRT_LANES = ("trtllm", "trtllm-engine")
-
-# facts §2. Values: the lowest (major, minor) compute capability that has the feature.
-MIN_CC = {Precision.FP8: (8, 9), Precision.NVFP4: (10, 0)}
-NOT_ON_SM100_PLUS = (Precision.INT8_WO, Precision.INT4_WO, Precision.INT4_AWQ)
-
 
 # --- the model's shape ---------------------------------------------------------------------------------------
 
@@ -107,7 +100,7 @@ class ModelShape(BaseModel):
 
     @property
     def dtype_bytes(self) -> int:
-        return _TORCH_BYTES.get(str(self.dtype), 2)
+        return TORCH_BYTES.get(str(self.dtype), 2)
 
     @property
     def context_limit(self) -> int | None:
@@ -145,19 +138,6 @@ def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:
         raise InputError(f"{path} does not exist: the checkpoint folder needs a Hugging Face config.json") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{path} is not valid JSON ({err})") from None
-
-
-def activation_dtype(precision: Precision, shape: ModelShape | None, override: str | None = None) -> str | None:
-    """torch dtype name the model computes in: the variant's for fp16/bf16/fp32, else the checkpoint's."""
-    if precision in TORCH_DTYPE:
-        return TORCH_DTYPE[precision]
-    if override:
-        return override
-    if shape and shape.dtype in ("float16", "bfloat16"):
-        return shape.dtype
-    if shape and shape.dtype == "float32":
-        return "float16"  # convert_checkpoint turns fp32 sources into fp16 (facts §3)
-    return None
 
 
 # --- report --------------------------------------------------------------------------------------------------
@@ -251,69 +231,6 @@ def _cc(arch: Arch) -> tuple[int, int] | None:
     return arch.compute_capability
 
 
-def _precision_checks(unit: Unit, lane: str) -> list[Check]:
-    v, arch = unit.variant, unit.target.arch
-    cc = _cc(arch)
-    out = []
-    if lane not in TRT_LANES or cc is None:
-        return out
-    p = v.precision
-    need = MIN_CC.get(p)
-    if need and cc < need:
-        where = {Precision.FP8: "L4/L40S (sm89), H100/H200 (sm90), B200 (sm100)",
-                 Precision.NVFP4: "B200/GB200 (sm100) or sm120"}[p]
-        out.append(Check(name="precision_arch", ok=False,
-                         message=f"{p.value} needs sm{need[0]}{need[1]}+ and target {unit.target.name} is "
-                                 f"{arch.value}",
-                         fix=f"restrict the variant to targets on {where} (variants[].targets), or use "
-                             f"{'bf16/fp16, or int8_wo/int4_awq' if cc < (10, 0) else 'fp8'} on {arch.value}"))
-    elif p in NOT_ON_SM100_PLUS and cc >= (10, 0):
-        out.append(Check(name="precision_arch", ok=False,
-                         message=f"{p.value} on {arch.value}: \"INT8/INT4 quantization is not supported on "
-                                 "SM>=100.\"",
-                         fix="use nvfp4 or fp8 on Blackwell, or restrict this variant to sm80–sm90 targets"))
-    else:
-        out.append(Check(name="precision_arch", ok=True, message=f"{p.value} runs on {arch.value}"))
-    kv = v.kv_cache_dtype
-    if kv is KVCacheDtype.FP8 and cc < (8, 9):
-        out.append(Check(name="kv_dtype_arch", ok=False,
-                         message=f"an FP8 KV cache needs sm89+ and target {unit.target.name} is {arch.value}",
-                         fix="kv_cache_dtype: auto on this target, or restrict the variant to sm89+ targets"))
-    elif kv is KVCacheDtype.INT8 and cc >= (10, 0):
-        out.append(Check(name="kv_dtype_arch", ok=False,
-                         message=f"an INT8 KV cache on {arch.value}: INT8 quantization is not supported on SM>=100",
-                         fix="kv_cache_dtype: fp8 on Blackwell"))
-    return out
-
-
-def _plugin_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
-    if spec.lane != "trtllm-engine":
-        return []
-    opts = spec.lane_options
-    model_dtype = activation_dtype(unit.variant.precision, shape, opts.get("dtype"))
-    out = []
-    for name in ("gemm_plugin", "gpt_attention_plugin"):
-        value = opts.get(name, "auto")
-        if value in ("auto", "disable", "int32") or not isinstance(value, str):
-            continue
-        if value in ("fp8", "nvfp4"):
-            ok = unit.variant.precision.value == value
-            out.append(Check(name="plugin_dtype", ok=ok,
-                             message=f"{name}={value} " + ("matches" if ok else "needs a variant of precision "
-                                                            f"{value}; this one is {unit.variant.precision.value}"),
-                             fix=None if ok else f"{name}: auto"))
-        elif model_dtype is None:
-            out.append(Check(name="plugin_dtype", ok=True,
-                             message=f"{name}={value}; the model dtype is unknown until config.json is read"))
-        else:
-            ok = value == model_dtype
-            out.append(Check(name="plugin_dtype", ok=ok,
-                             message=f"{name}={value} " + ("matches the model dtype" if ok else
-                                                            f"differs from the model dtype {model_dtype}"),
-                             fix=None if ok else f"{name}: {model_dtype} (or auto)"))
-    return out
-
-
 def _length_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
     p = unit.profile
     out = []
@@ -328,16 +245,6 @@ def _length_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> lis
         out.append(Check(name="context_window", ok=False,
                          message=f"max_seq_len {p.max_seq_len} exceeds the model's context of {limit} tokens",
                          fix=f"max_seq_len ≤ {limit}"))
-    if spec.lane in TRT_LANES and p.max_input_len > p.max_num_tokens:
-        if spec.lane == "trtllm-engine" and spec.lane_options.get("use_paged_context_fmha") is False:
-            out.append(Check(name="chunked_prefill", ok=False,
-                             message=f"max_input_len {p.max_input_len} > max_num_tokens {p.max_num_tokens} needs "
-                                     "chunked context, which needs the paged context FMHA",
-                             fix="drop lane option use_paged_context_fmha: false, or max_num_tokens ≥ max_input_len"))
-        else:
-            out.append(Check(name="chunked_prefill", ok=True,
-                             message=f"max_input_len {p.max_input_len} > max_num_tokens {p.max_num_tokens}: "
-                                     "chunked prefill is enabled for long prompts"))
     return out
 
 
@@ -346,10 +253,10 @@ def _parallel_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> l
     world = v.tp * v.pp
     out = []
     if t.arch is Arch.CPU:
-        if spec.lane in TRT_LANES:
+        if get_lane(spec.lane).needs_gpu:
             out.append(Check(name="device", ok=False, message=f"lane {spec.lane} needs an NVIDIA GPU; target "
                                                                f"{t.name} is cpu",
-                             fix="use lane reference for cpu targets, or a GPU target (sm80+)"))
+                             fix="use a lane that runs on cpu targets, or a GPU target (sm80+)"))
         return out
     if world > t.gpu_count:
         out.append(Check(name="parallelism", ok=False,
@@ -406,17 +313,17 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
     """
     v, p = unit.variant, unit.profile
     act = activation_dtype(v.precision, shape) or "bfloat16"
-    act_bytes = _TORCH_BYTES.get(act, 2)
+    act_bytes = TORCH_BYTES.get(act, 2)
     parts = shape.params()
     linear_bytes = parts["linear"] * LINEAR_BYTES[v.precision]
     other_bytes = (parts["lm_head"] + parts["norms"]) * act_bytes
     embed_bytes = parts["embedding"] * act_bytes
     world = v.tp * v.pp
     total = int(linear_bytes + other_bytes + embed_bytes)
-    embed_per_gpu = embed_bytes / v.pp if spec.lane == "trtllm-engine" else embed_bytes / world
+    embed_per_gpu = embed_bytes / world if get_lane(spec.lane).embedding_sharded else embed_bytes / v.pp
     per_gpu = int((linear_bytes + other_bytes) / world + embed_per_gpu)
 
-    kv_bytes = {KVCacheDtype.FP8: 1, KVCacheDtype.INT8: 1, KVCacheDtype.FP16: 2, KVCacheDtype.BF16: 2}.get(
+    kv_bytes = KV_BYTES.get(
         v.kv_cache_dtype, act_bytes)
     layers_per_stage = math.ceil(shape.num_hidden_layers / v.pp)
     kv_heads_per_gpu = math.ceil(shape.num_key_value_heads / v.tp)
@@ -460,7 +367,7 @@ def _vram_checks(spec: BuildSpec, unit: Unit, shape: ModelShape, est: MemoryEsti
         return out
     out.append(Check(name="weights_fit", ok=True,
                      message=f"weights {_gib(est.weights_bytes_per_gpu)} per GPU of {_gib(mem)}"))
-    if spec.lane == "reference":
+    if not get_lane(spec.lane).sizes_kv_pool:
         return out
     tokens = est.kv_tokens_fit or 0
     if tokens < p.max_seq_len:
@@ -493,20 +400,7 @@ def _host_checks(spec: BuildSpec, unit: Unit, shape: ModelShape, est: MemoryEsti
     world = v.tp * v.pp
     source_bytes = shape.param_count() * shape.dtype_bytes
     per_rank = est.weights_bytes_total // world
-    opts = spec.lane_options
-    if spec.lane == "trtllm-engine":
-        # convert_checkpoint loads the whole HF model unless --load_by_shard; each trtllm-build worker holds one
-        # rank's weights and the serialized engine (facts §12: #538, #1543, #2690).
-        convert = (2 * per_rank) if opts.get("load_by_shard") else source_bytes + per_rank
-        workers = min(world, unit.target.gpu_count or 1, int(opts.get("build_workers") or world))
-        host = max(convert, 2 * per_rank * workers)
-        disk = source_bytes + 2 * est.weights_bytes_total  # HF checkpoint + converted checkpoint + engines
-    elif spec.lane == "trtllm":
-        host = source_bytes if v.precision.is_quantized else per_rank
-        disk = source_bytes + (est.weights_bytes_total if v.precision.is_quantized else 0)
-    else:
-        host = source_bytes + est.weights_bytes_total
-        disk = source_bytes + est.weights_bytes_total
+    host, disk = get_lane(spec.lane).build_footprint(spec, unit, est, source_bytes, per_rank)
     host = int(host * 1.1)
     est.host_needed_bytes, est.host_available_bytes = host, host_memory
     free = free_disk_bytes(workdir)
@@ -539,9 +433,10 @@ def preflight(spec: BuildSpec, unit: Unit, model_config: dict[str, Any] | None, 
     GPU match, host memory and disk checks can refuse; without them they only inform."""
     report = PreflightReport(unit=unit.name, lane=spec.lane, target=unit.target.name)
     t = unit.target
-    if t.arch is Arch.CPU and spec.lane not in TRT_LANES:
+    lane = get_lane(spec.lane)
+    if t.arch is Arch.CPU and not lane.needs_gpu:
         report.checks.append(Check(name="device", ok=True, message="cpu target: no GPU checks apply"))
-        report.notes.append("cpu target on the reference lane: precision, VRAM and parallelism checks do not apply")
+        report.notes.append(f"cpu target on lane {spec.lane}: precision, VRAM and parallelism checks do not apply")
         return report
     shape = ModelShape.from_config(model_config) if model_config else None
     if gpus is not None and t.arch is not Arch.CPU:
@@ -552,8 +447,7 @@ def preflight(spec: BuildSpec, unit: Unit, model_config: dict[str, Any] | None, 
         except PreflightError as err:
             report.checks.append(Check(name="gpu_match", ok=False, message=str(err),
                                        fix=f"run on a worker of pool {t.pool}"))
-    report.checks += _precision_checks(unit, spec.lane)
-    report.checks += _plugin_checks(spec, unit, shape)
+    report.checks += lane.preflight_checks(spec, unit, shape)  # precision × arch, plugins, chunked prefill
     report.checks += _length_checks(spec, unit, shape)
     report.checks += _parallel_checks(spec, unit, shape)
     if t.arch is Arch.CPU:

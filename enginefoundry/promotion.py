@@ -1,5 +1,5 @@
 """Promotion: is a candidate unit at least as good as the current champion, and the registry moves that
-promote and roll back (DESIGN.md §6: aliases `<target>-candidate`, `<target>-champion`).
+promote and roll back (docs/architecture.md#mlflow-schema: aliases `<target>-candidate`, `<target>-champion`).
 
 The gates read only what every published manifest carries (smoke summary, benchmark points), so a
 decision can be re-derived from the store alone. The registry keeps a per-target champion history as a

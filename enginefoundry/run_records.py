@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from enginefoundry.cache_plan import PublishedUnit
 from enginefoundry.outcomes import hit_outcome, hit_run_tags, unit_params
 from enginefoundry.pipeline import RunSummary, UnitOutcome
 from enginefoundry.plan import Unit
+from enginefoundry.publish import PublishedBuild
 from enginefoundry.registration import ensure_registered
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tracking import Tracker, project_git_commit
@@ -24,6 +24,8 @@ def tracker_for(spec: BuildSpec) -> Tracker:
 
 
 def start_parent(tracker: Tracker, spec: BuildSpec, source: dict[str, Any], extra_tags: dict[str, str]) -> str:
+    # Runs a kill -9-ed run of this host left RUNNING end KILLED now: no run stays RUNNING for ever.
+    tracker.end_dead_runs()
     tags = {"enginefoundry.spec": spec.name, "enginefoundry.lane": spec.lane,
             "enginefoundry.git_commit": project_git_commit(), "source.uri": source["uri"],
             "source.revision": source.get("revision") or "", **extra_tags}
@@ -35,7 +37,7 @@ def start_parent(tracker: Tracker, spec: BuildSpec, source: dict[str, Any], extr
 
 
 def record_hit(
-    tracker: Tracker, spec: BuildSpec, unit: Unit, key: str, hit: PublishedUnit, parent_run_id: str | None,
+    tracker: Tracker, spec: BuildSpec, unit: Unit, key: str, hit: PublishedBuild, parent_run_id: str | None,
     extra_tags: dict[str, str] | None = None,
 ) -> UnitOutcome:
     """A unit run for a cache hit (which run built it, where it lies), and a repaired registration."""

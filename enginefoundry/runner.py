@@ -1,12 +1,23 @@
-"""Run external tools: log streamed to a file, live progress, timeout, process-group kill, log tail in errors."""
+"""Run external tools: log streamed to a file, live progress, timeout, process-group kill, log tail in errors.
+
+No child outlives this process, even under `kill -9`: every tool and server runs in its own process group,
+its leader gets a parent-death signal where the starting thread also waits for it (PR_SET_PDEATHSIG, prctl(2):
+"the signal is sent when the parent thread terminates"), and every group is registered with a reaper — a
+tiny process that holds the read end of a pipe whose only write end is ours. When this process dies in any
+way the kernel closes that end; the reaper reads EOF and SIGKILLs every group still registered, grandchildren
+included (AIPerf's workers, a server's workers), which a parent-death signal alone cannot reach.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,9 +48,113 @@ def tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def exited_after_error(alive: Callable[[], bool], *, grace_s: float = 5.0, poll_s: float = 0.05) -> bool:
+    """After a connection error to a server: has its process exited, or does it exit within `grace_s`?
+
+    A killed server closes its sockets before its process can be reaped, so a client sees "connection
+    refused/reset" while `poll()` still says running. Asking once would race; asking until the grace period
+    ends does not. A server that is alive but not answering costs the grace period, once, on the error path.
+    """
+    deadline = time.monotonic() + grace_s
+    while alive():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+except OSError:  # pragma: no cover - no libc to load
+    _LIBC = None
+
+
+def die_with_parent(parent_pid: int | None = None) -> Callable[[], None]:
+    """A preexec_fn: the child gets SIGKILL when the thread that started it ends (Linux; a no-op elsewhere).
+    Checks the parent is still the one that forked, closing the race where the parent died before prctl."""
+    parent = parent_pid or os.getpid()
+
+    def preexec() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+# The reaper: reads "+G pgid" / "+P pid" / "-G pgid" / "-P pid" lines; on EOF kills what is registered.
+_REAPER_CODE = r"""
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+live = set()
+for line in sys.stdin:
+    parts = line.split()
+    if len(parts) == 2 and parts[0][0] in "+-" and parts[1].isdigit():
+        item = (parts[0][1:], int(parts[1]))
+        (live.add if parts[0][0] == "+" else live.discard)(item)
+for kind, num in live:
+    try:
+        (os.killpg if kind == "G" else os.kill)(num, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class _Reaper:
+    """One reaper process per process that starts children; started on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._owner_pid = 0
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None or self._owner_pid != os.getpid() or self._proc.poll() is not None:
+                if line.startswith("-"):
+                    return
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", "-c", _REAPER_CODE], stdin=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                )
+                self._owner_pid = os.getpid()
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(line.encode() + b"\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass
+
+    def add(self, pid: int, *, group: bool) -> None:
+        self._send(f"+{'G' if group else 'P'} {pid}")
+
+    def discard(self, pid: int, *, group: bool) -> None:
+        self._send(f"-{'G' if group else 'P'} {pid}")
+
+
+_REAPER = _Reaper()
+
+
+def reap_with_this_process(pid: int, *, group: bool = True) -> None:
+    """Kill this process group (or single process) when the current process dies, however it dies."""
+    _REAPER.add(pid, group=group)
+
+
+def forget_reaped(pid: int, *, group: bool = True) -> None:
+    """The group is gone (we killed and reaped it): its id may be reused, so the reaper must forget it."""
+    _REAPER.discard(pid, group=group)
+
+
 def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     """TERM the whole group, then KILL what is left. The tool's children (workers, servers) die with it."""
     if proc.poll() is not None:
+        # The leader is gone; members it left (AIPerf workers) may not be.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        forget_reaped(proc.pid)
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
@@ -52,6 +167,25 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> N
     # Reap any group member that outlived the leader.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    forget_reaped(proc.pid)
+
+
+def install_sigterm_as_exit() -> None:
+    """SIGTERM (a cancelled run, `kill`) raises SystemExit(143) in the main thread, so `finally` blocks stop
+    servers and tools and runs end; a handler installed before keeps running first. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "_enginefoundry_exit", False):
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    handler._enginefoundry_exit = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _children_peak_rss_mb() -> float:
@@ -80,10 +214,12 @@ def run_tool(
         try:
             proc = subprocess.Popen(
                 list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, cwd=cwd, start_new_session=True,
+                env=full_env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent(),
             )
         except FileNotFoundError:
             raise ToolError(f"{what}: command '{argv[0]}' not found; install it or put it on PATH") from None
+        reap_with_this_process(proc.pid)
+        install_sigterm_as_exit()
         try:
             next_note = start + progress_every_s
             while True:
@@ -104,6 +240,8 @@ def run_tool(
             # Ctrl-C or any error in this process: never leave the tool's process group behind.
             kill_process_group(proc)
             raise
+    # Members of the group may outlive a leader that exited (daemonised workers): none is left behind.
+    kill_process_group(proc)
     wall = time.monotonic() - start
     run = ToolRun(argv=list(argv), returncode=proc.returncode, wall_s=wall,
                   peak_rss_mb=_children_peak_rss_mb(), log_path=str(log_path))

@@ -16,7 +16,11 @@ def s3_endpoint(explicit: str | None = None) -> str | None:
 def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16):  # -> S3Client (boto3 stubs not installed)
     config = Config(
         s3={"addressing_style": "path"},  # SeaweedFS/MinIO on loopback have no virtual-host DNS
-        retries={"max_attempts": 5, "mode": "standard"},
+        # botocore's "standard" mode retries transient errors only (connection errors, 5xx, throttling codes
+        # such as SlowDown) with truncated exponential backoff and full jitter: rand(0,1)·min(scale·2^i, 20 s),
+        # scale 1 s when throttled, 0.05 s otherwise (botocore/retries/standard.py ExponentialBackoff,
+        # botocore 1.44.8). max_attempts counts the first call.
+        retries={"max_attempts": int(os.environ.get("EF_S3_MAX_ATTEMPTS", "5")), "mode": "standard"},
         max_pool_connections=max_pool,
         connect_timeout=5,
         read_timeout=60,

@@ -1,7 +1,8 @@
 """Run a model server for the smoke and benchmark stages, and never leave one behind.
 
 The server runs in its own process group; stop() kills the whole group. Every live server is also
-registered so that an interpreter exit or SIGTERM (a cancelled Prefect run, Ctrl-C) stops it.
+registered so that an interpreter exit or SIGTERM (a cancelled Prefect run, Ctrl-C) stops it, and with the
+runner's reaper so that a `kill -9` of this process kills the group too (enginefoundry.runner).
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from pydantic import BaseModel
 
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import ServeCommand
-from enginefoundry.runner import kill_process_group, tail
+from enginefoundry.runner import (
+    die_with_parent,
+    install_sigterm_as_exit,
+    kill_process_group,
+    reap_with_this_process,
+    tail,
+)
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _LOCK = threading.Lock()
@@ -81,18 +88,24 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
     host, port = _host_port(cmd)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _install_sigterm_handler()
+    install_sigterm_as_exit()
     t0 = time.monotonic()
+    # The parent-death signal fires when the starting *thread* ends, so it is only set from the main thread;
+    # the reaper covers servers started from other threads.
+    main = threading.current_thread() is threading.main_thread()
     with log_path.open("wb") as log:
         try:
             proc = subprocess.Popen(
                 cmd.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **cmd.command.env}, start_new_session=True,
+                preexec_fn=die_with_parent() if main else None,
             )
         except FileNotFoundError:
             raise ToolError(
                 f"serve: '{cmd.command.argv[0]}' not found; install the lane's server (for the reference lane: "
                 "pip install -e '.[reference]')"
             ) from None
+    reap_with_this_process(proc.pid)
     with _LOCK:
         _LIVE[proc.pid] = proc
     base = f"http://{host}:{port}"

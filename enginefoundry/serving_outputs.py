@@ -10,6 +10,7 @@ and then made relocatable: the bundle path becomes `${EF_UNIT_DIR}/bundle`, a ch
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from enginefoundry.lanes import Lane
+from enginefoundry.permissions import write_file_atomic
 
 UNIT_DIR_VAR = "EF_UNIT_DIR"
 CHECKPOINT_VAR = "EF_CHECKPOINT_DIR"
@@ -79,36 +81,55 @@ def serving_plan(lane: Lane, bundle_dir: Path, *, unit: str, model: str, key: st
                        needs=needs, triton=triton)
 
 
-def _sh_word(arg: str) -> str:
-    """Quote one argument; ${VAR} references stay expandable."""
-    if "${" not in arg:
-        return shlex.quote(arg)
-    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
-    return f'"{escaped}"'
+# The only expansions serve.sh makes: the variables that relocation put in. Everything else is literal.
+_EXPANDED = re.compile(r"\$\{(" + "|".join((UNIT_DIR_VAR, CHECKPOINT_VAR, "HOST", "PORT")) + r")\}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def sh_word(arg: str) -> str:
+    """One shell word for `arg`: `${EF_UNIT_DIR}`-style references stay expandable (in double quotes), every
+    other character is single-quoted by shlex.quote, so `$(…)`, backticks, quotes, `;` and newlines are inert."""
+    pieces, pos = [], 0
+    for m in _EXPANDED.finditer(arg):
+        if m.start() > pos:
+            pieces.append(shlex.quote(arg[pos : m.start()]))
+        pieces.append(f'"${{{m.group(1)}}}"')
+        pos = m.end()
+    if pos < len(arg) or not pieces:
+        pieces.append(shlex.quote(arg[pos:]))
+    return "".join(pieces)
+
+
+def _comment(text: str) -> str:
+    """Text for a `#` comment line: a newline in a value must not end the comment."""
+    return _CONTROL.sub("?", text)
 
 
 def serve_script(plan: ServingPlan) -> str:
-    checks = [f': "${{{var}:?set {var}: {why}}}"' for var, why in plan.needs.items()]
-    env = " ".join(f"{k}={_sh_word(v)}" for k, v in plan.env.items())
-    command = " ".join(_sh_word(a) for a in plan.argv)
+    for name in [*plan.env, *plan.needs]:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"serve.sh: {name!r} is not an environment variable name")
+    checks = [f'if [ -z "${{{var}:-}}" ]; then printf \'%s\\n\' {shlex.quote(f"set {var}: {why}")} >&2; exit 2; fi'
+              for var, why in plan.needs.items()]
+    env = " ".join(sh_word(f"{k}={v}") for k, v in plan.env.items())
+    command = " ".join(sh_word(a) for a in plan.argv)
     lines = [
         "#!/bin/sh",
-        f"# Serve {plan.model} unit {plan.unit} ({plan.lane} lane, key {plan.key[:12]}) on an OpenAI-compatible",
-        f"# endpoint; health at {plan.health_path}; requests carry model={plan.openai_model_name}.",
+        _comment(f"# Serve {plan.model} unit {plan.unit} ({plan.lane} lane, key {plan.key[:12]}) on an "
+                 "OpenAI-compatible"),
+        _comment(f"# endpoint; health at {plan.health_path}; requests carry model={plan.openai_model_name}."),
         "set -eu",
         *checks,
         'HOST="${HOST:-0.0.0.0}"',
-        f'PORT="${{PORT:-{plan.default_port}}}"',
-        f"exec env {env} {command} \"$@\"" if env else f'exec {command} "$@"',
+        f'PORT="${{PORT:-{int(plan.default_port)}}}"',
+        f'exec env {env} {command} "$@"' if env else f'exec {command} "$@"',
     ]
     return "\n".join(lines) + "\n"
 
 
 def write_serving_files(plan: ServingPlan, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    script = out / SERVE_SH
-    script.write_text(serve_script(plan))
-    script.chmod(0o755)
-    config = out / SERVE_YAML
-    config.write_text(yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False))
+    script = write_file_atomic(out / SERVE_SH, serve_script(plan).encode(), executable=True)
+    config = write_file_atomic(out / SERVE_YAML, yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False).encode())
     return [script, config]

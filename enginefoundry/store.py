@@ -1,16 +1,27 @@
-"""Artifact stores with one contract: streamed writes that hash as they read, atomic create-if-absent for
-manifests, verified downloads. `file://` and `s3://` give the same guarantees (DESIGN.md §5)."""
+"""Artifact stores with one contract: streamed writes that hash as they read, content-addressed blobs written
+once with a conditional create, a compare-and-swap for small pointers, verified downloads. `file://` and
+`s3://` give the same guarantees (docs/architecture.md#store-layout).
+
+Every store key is a relative POSIX path confined under the store root (`store_key`); a `file://` store never
+follows a symlink inside its root: a blob, manifest or folder that is a symlink is reported as corrupt.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
+import stat
 import tempfile
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from enginefoundry.errors import StoreError
 from enginefoundry.identity import CHUNK
@@ -18,27 +29,135 @@ from enginefoundry.s3 import s3_client, split_s3_uri
 
 PART_SIZE = 16 * 1024 * 1024
 MAX_PARALLEL_PARTS = 4  # memory in flight is bounded by PART_SIZE × this, whatever the file size
+BLOB_PREFIX = "blobs/sha256"
+
+
+def relative_posix(path: str, what: str) -> str:
+    """`path` if it is a relative POSIX path that stays under its root; else ValueError naming `what`.
+
+    Refused: empty, absolute, backslashes, NUL, empty or `.` segments, `..` anywhere (stricter than
+    normalising: a path that needs normalising is not one this project wrote)."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{what}: empty path")
+    problems = []
+    if "\x00" in path:
+        problems.append("contains NUL")
+    if "\\" in path:
+        problems.append("contains a backslash")
+    if path.startswith("/"):
+        problems.append("is absolute")
+    parts = path.split("/")
+    if any(p == "" for p in (parts[1:] if path.startswith("/") else parts)):
+        problems.append("has an empty segment")
+    if any(p == "." for p in parts):
+        problems.append("has a '.' segment")
+    if any(p == ".." for p in parts):
+        problems.append("has a '..' segment")
+    if problems:
+        raise ValueError(f"{what}: {path!r} {' and '.join(dict.fromkeys(problems))}: "
+                         "only relative POSIX paths inside the root are allowed")
+    return path
+
+
+def store_key(key: str) -> str:
+    """A store key, confined under the store root; StoreError when it would leave it."""
+    try:
+        return relative_posix(key, "store key")
+    except ValueError as err:
+        raise StoreError(str(err)) from None
+
+
+def blob_key(digest: str) -> str:
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise StoreError(f"{digest!r} is not a sha256 hex digest")
+    return f"{BLOB_PREFIX}/{digest[:2]}/{digest}"
+
+
+def current_umask() -> int:
+    """The process umask without changing it (Linux ≥ 4.7 reports it in /proc/self/status)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
+def file_mode(executable: bool) -> int:
+    """Mode of a file this project writes: 0666 (0777 for executables) less the umask, as `open` would give."""
+    return (0o777 if executable else 0o666) & ~current_umask()
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """Hard-link src to dst (same filesystem), else copy it. Usable as shutil.copytree's copy_function."""
+    try:
+        os.link(os.path.realpath(src), dst)
+    except OSError as err:
+        if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        import shutil
+
+        shutil.copy2(src, dst)
+
+
+class BlobPut(BaseModel):
+    digest: str
+    size: int
+    uploaded: bool  # False when the blob already existed (its size was checked) or was hard-linked
 
 
 class Store(ABC):
     uri: str
 
     def url(self, key: str) -> str:
-        return f"{self.uri}/{key}"
+        return f"{self.uri}/{store_key(key)}"
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 
     @abstractmethod
+    def size(self, key: str) -> int | None:
+        """Size of the object (HEAD / lstat), None when absent; StoreError when it is not a regular object."""
+
+    @abstractmethod
     def read_bytes(self, key: str) -> bytes: ...
+
+    @abstractmethod
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        """The object's bytes in chunks of at most CHUNK: memory stays flat whatever its size."""
 
     @abstractmethod
     def put_file(self, local: Path, key: str) -> tuple[int, str]:
         """Upload a file; return (size, sha256) computed in the same pass that reads it."""
 
+    def put_blob(self, local: Path) -> BlobPut:
+        """Store a file as blobs/sha256/<ab>/<digest>, written once with a conditional create. A blob that
+        exists already is not written again; its size is checked. A blob that is corrupt (wrong size, a
+        symlink) holds bytes that are not its name's: it is removed and written again from `local`, once."""
+        try:
+            return self._put_blob(local)
+        except CorruptObject as err:
+            self.delete(err.key)
+            return self._put_blob(local)
+
+    @abstractmethod
+    def _put_blob(self, local: Path) -> BlobPut: ...
+
     @abstractmethod
     def create_if_absent(self, key: str, data: bytes) -> bool:
         """Write `data` only if `key` does not exist; True when this call created it."""
+
+    @abstractmethod
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """(data, version tag) of a small object, None when absent. The tag feeds `replace_if`."""
+
+    @abstractmethod
+    def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """Compare-and-swap: write `data` only if the object's version tag is still `version` (None: only if
+        absent). The new version tag when this call wrote it (for the next `replace_if`/`delete_if`), else None."""
+
+    @abstractmethod
+    def delete_if(self, key: str, version: str) -> bool:
+        """Delete the object only if its version tag is still `version`; True when this call deleted it."""
 
     @abstractmethod
     def download(self, key: str, local: Path) -> str:
@@ -50,6 +169,20 @@ class Store(ABC):
     @abstractmethod
     def delete(self, key: str) -> None: ...
 
+    def local_path(self, key: str) -> Path | None:
+        """The object as a local regular file (file:// stores), for hard links; None elsewhere."""
+        return None
+
+
+def _sha256_of(path: Path) -> tuple[int, str, os.stat_result]:
+    h, size = hashlib.sha256(), 0
+    with path.open("rb") as src:
+        before = os.fstat(src.fileno())
+        while chunk := src.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest(), before
+
 
 class FileStore(Store):
     def __init__(self, uri: str) -> None:
@@ -58,45 +191,138 @@ class FileStore(Store):
         self.uri = self.root.as_uri()
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        """The key's path; StoreError if the key leaves the root or any folder on the way is a symlink."""
+        parts = store_key(key).split("/")
+        at = self.root
+        for part in parts[:-1]:
+            at = at / part
+            try:
+                if stat.S_ISLNK(os.lstat(at).st_mode):
+                    raise StoreError(f"{self.url(key)} is corrupt: {at} is a symlink (a store never follows one)")
+            except FileNotFoundError:
+                break
+        return self.root.joinpath(*parts)
 
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def read_bytes(self, key: str) -> bytes:
+    def _lstat(self, key: str) -> os.stat_result | None:
+        path = self._path(key)
         try:
-            return self._path(key).read_bytes()
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise CorruptObject(key, f"{self.url(key)} is corrupt: it is {kind} (a store never follows one)")
+        return st
+
+    def _open(self, key: str) -> int:
+        try:
+            return os.open(self._path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             raise StoreError(f"{self.url(key)} does not exist") from None
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise StoreError(f"{self.url(key)} is corrupt: it is a symlink (a store never follows one)") from None
+            raise
 
-    def put_file(self, local: Path, key: str) -> tuple[int, str]:
-        dest = self._path(key)
+    def exists(self, key: str) -> bool:
+        return self._lstat(key) is not None
+
+    def size(self, key: str) -> int | None:
+        st = self._lstat(key)
+        return None if st is None else st.st_size
+
+    def local_path(self, key: str) -> Path | None:
+        return self._path(key) if self._lstat(key) is not None else None
+
+    def read_bytes(self, key: str) -> bytes:
+        return b"".join(self.iter_bytes(key))
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        fd = self._open(key)
+        with os.fdopen(fd, "rb") as src:
+            if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+                raise StoreError(f"{self.url(key)} is corrupt: not a regular file")
+            while chunk := src.read(CHUNK):
+                yield chunk
+
+    def _write_temp(self, dest: Path, chunks: Iterator[bytes], mode: int) -> tuple[str, int, str]:
+        """Write to a hidden temp file beside dest (fsync'd, mode set); return (temp path, size, sha256)."""
         dest.parent.mkdir(parents=True, exist_ok=True)
-        h, size = hashlib.sha256(), 0
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+        h, size = hashlib.sha256(), 0
         try:
-            with os.fdopen(fd, "wb") as out, local.open("rb") as src:
-                while chunk := src.read(CHUNK):
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
                     h.update(chunk)
                     out.write(chunk)
                     size += len(chunk)
                 out.flush()
+                os.fchmod(out.fileno(), mode)
                 os.fsync(out.fileno())
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return tmp, size, h.hexdigest()
+
+    def put_file(self, local: Path, key: str) -> tuple[int, str]:
+        dest = self._path(key)
+        with local.open("rb") as src:
+            tmp, size, digest = self._write_temp(dest, iter(lambda: src.read(CHUNK), b""), file_mode(False))
+        try:
             os.replace(tmp, dest)  # readers see the old file or the whole new one, never a part
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return size, h.hexdigest()
+        return size, digest
+
+    def _put_blob(self, local: Path) -> BlobPut:
+        """Same filesystem: hash the file, then hard-link it as the blob (no bytes written). Else copy it,
+        hashing in the same pass, and link the temp file into place. Either way the final name appears
+        atomically and only if absent (link(2) fails on an existing name)."""
+        size, digest, before = _sha256_of(local)
+        key = blob_key(digest)
+        if (existing := self.size(key)) is not None:
+            return self._existing(key, digest, size, existing)
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        real = os.path.realpath(local)
+        try:
+            os.link(real, dest)
+            after = os.stat(dest)
+            if (after.st_ino, after.st_size, after.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns):
+                os.unlink(dest)  # the file changed after we hashed it: fall back to a hashed copy
+                raise OSError(errno.EXDEV, "changed while hashing")
+            return BlobPut(digest=digest, size=size, uploaded=False)
+        except FileExistsError:
+            return self._existing(key, digest, size, self.size(key))
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+        with local.open("rb") as src:
+            executable = bool(os.fstat(src.fileno()).st_mode & 0o111)
+            tmp, copied, copied_digest = self._write_temp(dest, iter(lambda: src.read(CHUNK), b""),
+                                                          file_mode(executable))
+        try:
+            if copied_digest != digest:
+                raise StoreError(f"{local} changed while it was being published; publish again")
+            try:
+                os.link(tmp, dest)
+            except FileExistsError:
+                return self._existing(key, digest, size, self.size(key))
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return BlobPut(digest=digest, size=copied, uploaded=True)
+
+    def _existing(self, key: str, digest: str, size: int, existing: int | None) -> BlobPut:
+        if existing != size:
+            raise CorruptObject(key, f"{self.url(key)} is corrupt: {existing} bytes, but content with this sha256 "
+                                f"has {size}")
+        return BlobPut(digest=digest, size=size, uploaded=False)
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
         dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+        tmp, _, _ = self._write_temp(dest, iter([data]), file_mode(False))
         try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
             try:
                 os.link(tmp, dest)  # atomic, and fails if dest exists: the file:// If-None-Match
             except FileExistsError:
@@ -105,24 +331,68 @@ class FileStore(Store):
         finally:
             Path(tmp).unlink(missing_ok=True)
 
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        if self._lstat(key) is None:
+            return None
+        data = self.read_bytes(key)
+        return data, hashlib.sha256(data).hexdigest()
+
+    @contextlib.contextmanager
+    def _cas_lock(self, key: str) -> Iterator[Path]:
+        """An exclusive flock on a hidden lock file beside the object: the kernel drops it when its holder
+        dies, so it never goes stale. Every compare-and-swap of a `file://` store runs under it."""
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = dest.with_name(f".{dest.name}.lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield dest
+        finally:
+            os.close(fd)  # releases the lock
+
+    def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """Under the object's lock: compare the content's sha256, then atomic rename."""
+        with self._cas_lock(key) as dest:
+            current = self.read_versioned(key)
+            if (current[1] if current else None) != version:
+                return None
+            tmp, _, _ = self._write_temp(dest, iter([data]), file_mode(False))
+            try:
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            return hashlib.sha256(data).hexdigest()
+
+    def delete_if(self, key: str, version: str) -> bool:
+        with self._cas_lock(key) as dest:
+            current = self.read_versioned(key)
+            if current is None or current[1] != version:
+                return False
+            dest.unlink()
+            return True
+
     def download(self, key: str, local: Path) -> str:
         local.parent.mkdir(parents=True, exist_ok=True)
         h = hashlib.sha256()
-        try:
-            with self._path(key).open("rb") as src, local.open("wb") as out:
-                while chunk := src.read(CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-        except FileNotFoundError:
-            raise StoreError(f"{self.url(key)} does not exist") from None
+        with local.open("wb") as out:
+            for chunk in self.iter_bytes(key):
+                h.update(chunk)
+                out.write(chunk)
         return h.hexdigest()
 
     def list(self, prefix: str) -> list[str]:
-        base = self._path(prefix)
-        if not base.exists():
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        if not base.is_dir() or base.is_symlink():
             return []
-        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
-                      if p.is_file() and not p.name.endswith(".partial"))
+        out = []
+        for dirpath, dirnames, filenames in os.walk(base):  # os.walk does not descend into symlinked folders
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:  # regular files only: a symlinked object is corrupt, reading it says so
+                if not name.startswith(".") and not os.path.islink(os.path.join(dirpath, name)):
+                    out.append((Path(dirpath) / name).relative_to(self.root).as_posix())
+        return sorted(out)
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -131,11 +401,13 @@ class FileStore(Store):
 class S3Store(Store):
     def __init__(self, uri: str, endpoint_url: str | None = None) -> None:
         self.uri = uri.rstrip("/")
-        self.bucket, self.prefix = split_s3_uri(uri)
+        self.bucket, prefix = split_s3_uri(uri)
+        self.prefix = store_key(prefix) if prefix else ""
         self.client = s3_client(endpoint_url)
         self._lock = threading.Lock()
 
     def _key(self, key: str) -> str:
+        key = store_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _call(self, what: str, fn, **kwargs):
@@ -149,33 +421,68 @@ class S3Store(Store):
         except BotoCoreError as err:
             raise StoreError(f"{what} failed on {self.uri}: {type(err).__name__}: {err}") from None
 
-    def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
+    @staticmethod
+    def _precondition_failed(err) -> bool:
+        code = err.response.get("Error", {}).get("Code")
+        status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+    def _head(self, key: str) -> dict | None:
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return None
             raise StoreError(f"cannot check {self.url(key)}: {err.response.get('Error', {}).get('Code')}") from None
+        except BotoCoreError as err:
+            raise StoreError(f"cannot check {self.url(key)}: {type(err).__name__}: {err}") from None
+
+    def exists(self, key: str) -> bool:
+        return self._head(key) is not None
+
+    def size(self, key: str) -> int | None:
+        head = self._head(key)
+        return None if head is None else int(head["ContentLength"])
 
     def read_bytes(self, key: str) -> bytes:
         resp = self._call(f"reading {self.url(key)}", self.client.get_object, Bucket=self.bucket, Key=self._key(key))
         return resp["Body"].read()
 
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        resp = self._call(f"reading {self.url(key)}", self.client.get_object, Bucket=self.bucket, Key=self._key(key))
+        yield from resp["Body"].iter_chunks(CHUNK)
+
     def put_file(self, local: Path, key: str) -> tuple[int, str]:
+        return self._upload(local, key, conditional=False)
+
+    def _upload(self, local: Path, key: str, *, conditional: bool) -> tuple[int, str]:
+        """Upload, hashing in the same pass; with `conditional`, If-None-Match: * (PUT or multipart complete;
+        SeaweedFS 4.48 honours both, checked against the test server). StoreError('exists') when refused."""
         size = local.stat().st_size
+        extra = {"IfNoneMatch": "*"} if conditional else {}
         if size <= PART_SIZE:
             data = local.read_bytes()
-            self._call(f"uploading {self.url(key)}", self.client.put_object, Bucket=self.bucket,
-                       Key=self._key(key), Body=data)
-            return size, hashlib.sha256(data).hexdigest()
-        return self._multipart(local, key)
+            from botocore.exceptions import ClientError
 
-    def _multipart(self, local: Path, key: str) -> tuple[int, str]:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
+            except ClientError as err:
+                if conditional and self._precondition_failed(err):
+                    raise _Exists from None
+                raise StoreError(f"uploading {self.url(key)} failed on {self.uri}: "
+                                 f"{err.response.get('Error', {}).get('Code', '?')}") from None
+            except Exception as err:
+                raise StoreError(f"uploading {self.url(key)} failed on {self.uri}: {type(err).__name__}") from None
+            return len(data), hashlib.sha256(data).hexdigest()
+        return self._multipart(local, key, extra)
+
+    def _multipart(self, local: Path, key: str, extra: dict[str, str]) -> tuple[int, str]:
         """Parts are read (and hashed) in order by this thread and uploaded by a small pool; at most
         MAX_PARALLEL_PARTS parts are in memory. botocore retries each part; a failure aborts the upload."""
+        from botocore.exceptions import ClientError
+
         k = self._key(key)
         up = self._call(f"starting upload of {self.url(key)}", self.client.create_multipart_upload,
                         Bucket=self.bucket, Key=k)
@@ -201,8 +508,14 @@ class S3Store(Store):
                     pending.add(pool.submit(send, number, body))
                 parts.extend(f.result() for f in pending)
             parts.sort(key=lambda p: p["PartNumber"])  # type: ignore[arg-type,return-value]
-            self._call(f"completing upload of {self.url(key)}", self.client.complete_multipart_upload,
-                       Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts})
+            try:
+                self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
+                                                      MultipartUpload={"Parts": parts}, **extra)
+            except ClientError as err:
+                if extra and self._precondition_failed(err):
+                    raise _Exists from None
+                raise StoreError(f"completing upload of {self.url(key)} failed on {self.uri}: "
+                                 f"{err.response.get('Error', {}).get('Code', '?')}") from None
         except BaseException:
             # The server may be gone; the original error is the one to report.
             with contextlib.suppress(Exception):
@@ -210,44 +523,108 @@ class S3Store(Store):
             raise
         return size, h.hexdigest()
 
+    def _put_blob(self, local: Path) -> BlobPut:
+        """The name needs the digest, so a first pass hashes; a blob that exists is then only HEADed. A new
+        one is uploaded with If-None-Match: *, hashing again in the upload pass: bytes that changed in
+        between are refused instead of being stored under the wrong name."""
+        size, digest, _ = _sha256_of(local)
+        key = blob_key(digest)
+        existing = self.size(key)
+        if existing is None:
+            try:
+                sent, sent_digest = self._upload(local, key, conditional=True)
+            except _Exists:
+                existing = self.size(key)
+            else:
+                if sent_digest != digest:
+                    with contextlib.suppress(Exception):
+                        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+                    raise StoreError(f"{local} changed while it was being published; publish again")
+                return BlobPut(digest=digest, size=sent, uploaded=True)
+        if existing != size:
+            raise CorruptObject(key, f"{self.url(key)} is corrupt: {existing} bytes, but content with this sha256 "
+                                f"has {size}")
+        return BlobPut(digest=digest, size=size, uploaded=False)
+
     def create_if_absent(self, key: str, data: bytes) -> bool:
+        return self.replace_if(key, data, None) is not None
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import ClientError
 
         try:
-            # Conditional write: two runs racing on one key publish once (DESIGN.md §5).
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*",
-                                   ContentType="application/json")
-            return True
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError as err:
-            code = err.response.get("Error", {}).get("Code")
-            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise StoreError(f"reading {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        return resp["Body"].read(), resp["ETag"]
+
+    def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """S3 conditional writes: If-Match on the ETag read, or If-None-Match: * for "only if absent"; the new
+        ETag. SeaweedFS 4.48 honours both atomically (8 racing writers, 20 rounds, exactly one winner each;
+        seaweedfs/seaweedfs weed/s3api/s3api_object_handlers_put.go, PutObjectHandler → checkConditionalHeaders).
+        On AWS S3: https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html"""
+        from botocore.exceptions import ClientError
+
+        cond = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+        try:
+            resp = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                          ContentType="application/json", **cond)
+        except ClientError as err:
+            if self._precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise StoreError(f"writing {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        if resp.get("ETag"):
+            return resp["ETag"]
+        found = self.read_versioned(key)  # a server that answers without an ETag: read it back
+        return found[1] if found is not None and found[0] == data else ""
+
+    def delete_if(self, key: str, version: str) -> bool:
+        """DeleteObject with If-Match: SeaweedFS answers 412 on a mismatch (tests/integration/test_lease_s3.py)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=version)
+        except ClientError as err:
+            if self._precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return False
-            raise StoreError(f"writing {self.url(key)} failed: {code}") from None
+            raise StoreError(f"deleting {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        return True
 
     def download(self, key: str, local: Path) -> str:
         local.parent.mkdir(parents=True, exist_ok=True)
-        resp = self._call(f"downloading {self.url(key)}", self.client.get_object,
-                          Bucket=self.bucket, Key=self._key(key))
         h = hashlib.sha256()
         with local.open("wb") as out:
-            for chunk in resp["Body"].iter_chunks(CHUNK):
+            for chunk in self.iter_bytes(key):
                 h.update(chunk)
                 out.write(chunk)
         return h.hexdigest()
 
     def list(self, prefix: str) -> list[str]:
         out = []
-        full = self._key(prefix)
+        full = self._key(prefix.rstrip("/")) + ("/" if prefix.endswith("/") else "") if prefix.strip("/") else (
+            f"{self.prefix}/" if self.prefix else "")
         pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full)
         for page in pages:
             for obj in page.get("Contents", []):
                 out.append(obj["Key"][len(self.prefix) + 1 :] if self.prefix else obj["Key"])
         return sorted(out)
 
-
     def delete(self, key: str) -> None:
         self._call(f"deleting {self.url(key)}", self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
+
+
+class CorruptObject(StoreError):
+    """An object in the store is not what its name says (wrong size for its digest, a symlink)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class _Exists(Exception):
+    """A conditional create found the object already there."""
 
 
 def open_store(uri: str, endpoint_url: str | None = None) -> Store:

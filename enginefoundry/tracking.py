@@ -1,18 +1,33 @@
-"""MLflow tracking: one parent run per pipeline run, one child run per unit (DESIGN.md §6).
+"""MLflow tracking: one parent run per pipeline run, one child run per unit (docs/architecture.md#mlflow-schema).
 
 Uses MlflowClient with explicit run ids (no fluent "active run"), because units run in threads.
 Everything logged passes through `redact`, so no credential reaches a param, tag or artifact.
+
+No run stays RUNNING: every run this process opens is remembered until it ends; at interpreter exit the
+ones still open end FAILED, or KILLED after Ctrl-C or SIGTERM. Runs of a process that was `kill -9`-ed are
+ended KILLED by the next run on the same host (`end_dead_runs`: their pid is gone). LoggedModels end READY
+when their version is registered, FAILED otherwise.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import re
+import signal
+import socket
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from enginefoundry.errors import PipelineError
+from enginefoundry.retry import retry_transient
+
+T = TypeVar("T")
+HOST_TAG, PID_TAG, START_TAG = "enginefoundry.host", "enginefoundry.pid", "enginefoundry.pid_start"
 
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
                "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
@@ -49,6 +64,75 @@ def project_git_commit() -> str:
         return "unknown"
 
 
+def _process_start(pid: int) -> str:
+    """A process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, it names one
+    process even after its pid is reused."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+class _OpenRuns:
+    """The runs this process started and has not ended, with the client that can end them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, Any] = {}
+        self.interrupted = False
+        self._handlers = False
+        atexit.register(self.end_all)
+
+    def add(self, run_id: str, client: Any) -> None:
+        with self._lock:
+            self._runs[run_id] = client
+        self.install_handlers()
+
+    def discard(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
+    def end_all(self, status: str | None = None) -> list[str]:
+        """End every open run: `status`, else KILLED after a signal, else FAILED (an exit without end_run)."""
+        status = status or ("KILLED" if self.interrupted else "FAILED")
+        with self._lock:
+            runs, self._runs = self._runs, {}
+        for run_id, client in runs.items():
+            try:
+                client.set_tag(run_id, "enginefoundry.end_reason", "interrupted" if self.interrupted else "error")
+                client.set_terminated(run_id, status=status)
+            except Exception:  # at exit, an unreachable server must not hide the real error
+                pass
+        return list(runs)
+
+    def install_handlers(self) -> None:
+        """Remember that SIGINT/SIGTERM arrived (then behave as before), so runs end KILLED, not FAILED."""
+        if self._handlers or threading.current_thread() is not threading.main_thread():
+            return
+        self._handlers = True
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
+
+            def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+                self.interrupted = True
+                if callable(previous):
+                    previous(signum, frame)
+                elif signum == signal.SIGINT:
+                    raise KeyboardInterrupt
+                else:
+                    raise SystemExit(128 + signum)
+
+            signal.signal(sig, handler)
+
+
+OPEN_RUNS = _OpenRuns()
+
+
+def end_open_runs(status: str | None = None) -> list[str]:
+    """End the runs this process left open (flows call it when they fail; atexit calls it anyway)."""
+    return OPEN_RUNS.end_all(status)
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str) -> None:
         from mlflow.tracking import MlflowClient
@@ -59,13 +143,14 @@ class Tracker:
             db.parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=tracking_uri)
         try:
-            exp = self.client.get_experiment_by_name(experiment)
+            exp = self._call("get experiment", lambda: self.client.get_experiment_by_name(experiment))
             if exp is None:
                 artifact_location = None
                 if tracking_uri.startswith("sqlite:///"):
                     # Keep local artifacts beside the database, not in ./mlruns of whatever cwd.
                     artifact_location = (db.parent.resolve() / "mlartifacts").as_uri()
-                self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
+                self.experiment_id = self._call("create experiment", lambda: self.client.create_experiment(
+                    experiment, artifact_location=artifact_location))
             else:
                 self.experiment_id = exp.experiment_id
         except Exception as err:
@@ -74,12 +159,36 @@ class Tracker:
                 "start the server or fix tracking.mlflow_uri / --mlflow-uri"
             ) from None
 
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        return retry_transient(fn, what=f"MLflow {what}", attempts=4)
+
     def start_run(self, name: str, tags: dict[str, Any], parent_id: str | None = None) -> str:
         all_tags = {k: redact(v) for k, v in tags.items()}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        pid = os.getpid()
+        all_tags.update({HOST_TAG: socket.gethostname(), PID_TAG: str(pid), START_TAG: _process_start(pid)})
+        run = self._call("create run", lambda: self.client.create_run(self.experiment_id, run_name=name,
+                                                                        tags=all_tags))
+        OPEN_RUNS.add(run.info.run_id, self.client)
         return run.info.run_id
+
+    def end_dead_runs(self) -> list[str]:
+        """Runs left RUNNING by a process of this host that is gone (kill -9, power loss) end KILLED."""
+        host = socket.gethostname()
+        runs = self._call("search runs", lambda: self.client.search_runs(
+            [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'",
+            max_results=1000))
+        ended = []
+        for run in runs:
+            pid, start = run.data.tags.get(PID_TAG, ""), run.data.tags.get(START_TAG, "")
+            if not pid.isdigit() or (_process_start(int(pid)) == start and start):
+                continue  # still alive (same pid, same start time)
+            self._call("end run", lambda r=run: self.client.set_tag(r.info.run_id, "enginefoundry.end_reason",
+                                                                   "process gone"))
+            self._call("end run", lambda r=run: self.client.set_terminated(r.info.run_id, status="KILLED"))
+            ended.append(run.info.run_id)
+        return ended
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -87,11 +196,11 @@ class Tracker:
         flat = flatten("", params)
         items = [Param(k, v) for k, v in flat.items()]
         for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[i : i + 100])
+            self._call("log params", lambda i=i: self.client.log_batch(run_id, params=items[i : i + 100]))
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
-            self.client.set_tag(run_id, k, redact(v))
+            self._call("set tag", lambda k=k, v=v: self.client.set_tag(run_id, k, redact(v)))
 
     def log_metrics(self, run_id: str, metrics: dict[str, float | int | bool], step: int = 0) -> None:
         import time
@@ -101,16 +210,14 @@ class Tracker:
         ts = int(time.time() * 1000)
         items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
         for i in range(0, len(items), 500):
-            self.client.log_batch(run_id, metrics=items[i : i + 500])
+            self._call("log metrics", lambda i=i: self.client.log_batch(run_id, metrics=items[i : i + 500]))
 
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(run_id, str(path), artifact_path)
+        self._call("log artifact", lambda: self.client.log_artifact(run_id, str(path), artifact_path))
 
     def end_run(self, run_id: str, ok: bool) -> None:
-        self.client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
-
-    def run_url(self, run_id: str) -> str:
-        return f"{redact(self.uri)}#/experiments/{self.experiment_id}/runs/{run_id}"
+        self._call("end run", lambda: self.client.set_terminated(run_id, status="FINISHED" if ok else "FAILED"))
+        OPEN_RUNS.discard(run_id)
 
 
 def ensure_registered_model(client: Any, name: str) -> None:
@@ -134,9 +241,27 @@ def register_unit(
     # LoggedModel names may not contain dots; unit names do (variant.profile.target).
     logged = client.create_logged_model(tracker.experiment_id, name=unit_name.replace(".", "-"), source_run_id=run_id,
                                         tags=clean_tags, params=flatten("", params), model_type="enginefoundry-unit")
-    version = client.create_model_version(registered_model, source=artifact_uri, run_id=run_id, tags=clean_tags,
-                                          model_id=logged.model_id,
-                                          description=f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
-    if alias:
-        client.set_registered_model_alias(registered_model, alias, version.version)
+    # A LoggedModel starts PENDING; it ends READY once its version exists, FAILED if registering fails.
+    try:
+        version = client.create_model_version(registered_model, source=artifact_uri, run_id=run_id,
+                                              tags=clean_tags, model_id=logged.model_id,
+                                              description=f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
+        if alias:
+            client.set_registered_model_alias(registered_model, alias, version.version)
+    except BaseException:
+        finalize_logged_model(client, logged.model_id, ok=False)
+        raise
+    finalize_logged_model(client, logged.model_id, ok=True)
     return str(version.version)
+
+
+def finalize_logged_model(client: Any, model_id: str, *, ok: bool) -> None:
+    """READY or FAILED; best effort on failure, so the registration error itself is what the user sees."""
+    from mlflow.entities import LoggedModelStatus
+
+    status = LoggedModelStatus.READY if ok else LoggedModelStatus.FAILED
+    if ok:
+        retry_transient(lambda: client.finalize_logged_model(model_id, status), what="MLflow finalize model")
+        return
+    with contextlib.suppress(Exception):  # the server may be the reason registration failed
+        client.finalize_logged_model(model_id, status)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from enginefoundry.cache_plan import CachePlan, find_current, plan_cache, unit_keys
+from enginefoundry.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
 from enginefoundry.errors import InputError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_matrix
@@ -69,6 +69,7 @@ def build_engines(
     force: bool = False,
     mode: Mode = "embedded",
     validated: bool = False,
+    verify_hits: bool = False,
 ) -> RunSummary:
     """Build, verify, benchmark and publish every unit of a spec.
 
@@ -79,6 +80,7 @@ def build_engines(
         force: build a new build of every unit, even of those published already
         mode: embedded (units in this process) or cluster (each unit on a worker of its target's pool)
         validated: the caller checked the spec's inputs already (the CLI does); skip that check
+        verify_hits: re-hash every file of a cache hit (otherwise: manifest consistency and file sizes)
     """
     t0 = time.monotonic()
     build_spec = resolve_spec(spec_path, spec)
@@ -94,7 +96,8 @@ def build_engines(
     # built under a lease: a concurrent run of the same key waits for our build instead of rebuilding it.
     store = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
     log = progress_logger()  # Prefect's run logger: waiting for another run's lease shows in the UI
-    plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, progress=log)
+    plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, rehash=verify_hits,
+                      progress=log)
     convert_s = 0.0
     built: dict[str, UnitOutcome] = {}
     try:
@@ -104,7 +107,8 @@ def build_engines(
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
             built = dispatch_units(build_spec, spec_payload(build_spec), plan.misses, keyed.components, snapshot,
-                                   parent, store, prefect_context().get("prefect.flow_run_id"))
+                                   parent, store, prefect_context().get("prefect.flow_run_id"),
+                                   replace=force)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
             t_convert = time.monotonic()
@@ -115,7 +119,7 @@ def build_engines(
             for unit in plan.misses:
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 built[unit.name] = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
-                                            converted[unit.variant.name], parent)
+                                            converted[unit.variant.name], parent, replace=force)
     finally:
         plan.release(progress=log)
     outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, store, parent) for unit in units]
@@ -137,8 +141,9 @@ def _outcome(spec: BuildSpec, unit: Unit, key: str, plan: CachePlan, built: dict
     if unit.name in built:
         return built[unit.name]
     hit = plan.hit_of(unit)
-    if hit is None:  # a duplicate of a unit built in this run
-        hit = find_current(store, spec.model.name, key)
+    if hit is None:  # a duplicate of a unit built in this run: it shares that build, or its failure
+        first = built[plan.duplicates[unit.name]]
+        hit = find_hit(store, spec.model.name, key) if first.manifest_uri else None
         if hit is None:
-            return duplicate_outcome(built[plan.duplicates[unit.name]], unit)
+            return duplicate_outcome(first, unit)
     return record_cache_hit(spec, unit, key, hit, parent)

@@ -37,7 +37,7 @@ def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str) -> 
     ctx = FlowRunContext.get()
     # The pool the run was dispatched through; None when the flow is called outside a worker (tests, CLI).
     pool = getattr(ctx.flow_run, "work_pool_name", None) if ctx and ctx.flow_run else None
-    verdict = check_placement(unit.target, pool)
+    verdict = check_placement(unit.target, pool, unit.variant.tp * unit.variant.pp)
     planned = key_components.get("toolchain", {}).get("versions", {})
     local = get_lane(lane_name).versions()
     if planned and dict(sorted(local.items())) != planned:
@@ -61,6 +61,7 @@ def pinned(spec: BuildSpec, source: SourceIdentity) -> BuildSpec:
 @flow(name="build-unit", flow_run_name="unit {unit}", log_prints=True)
 def build_unit(
     spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity, parent_run_id: str,
+    replace: bool = False,
 ) -> UnitOutcome:
     build_spec = resolve_spec(None, dict(spec))
     matches = [u for u in expand_units(build_spec) if u.name == unit]
@@ -75,7 +76,7 @@ def build_unit(
     # The parent's identity (requested revision, URI as written in the spec) with this machine's folder.
     here = source.at(local.local_dir)
     ckpt = convert_variant(build_spec, the_unit.variant, here)
-    outcome = run_unit_stages(build_spec, the_unit, key_components, here, ckpt, parent_run_id)
+    outcome = run_unit_stages(build_spec, the_unit, key_components, here, ckpt, parent_run_id, replace)
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
     if outcome.status == "failed":

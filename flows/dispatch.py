@@ -18,11 +18,13 @@ from typing import Any
 from uuid import UUID
 
 from prefect import get_run_logger
+from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel, Field
 
+from enginefoundry.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
 from enginefoundry.errors import StoreError
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
@@ -84,25 +86,56 @@ def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -
 
 
 def unit_parameters(spec_payload: dict[str, Any], unit: Unit, key_components: dict[str, Any],
-                    snapshot: SourceSnapshot, parent_run_id: str) -> dict[str, Any]:
+                    snapshot: SourceSnapshot, parent_run_id: str, replace: bool = False) -> dict[str, Any]:
     return {"spec": spec_payload, "unit": unit.name, "key_components": key_components,
-            "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id}
+            "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id,
+            "replace": replace}
+
+
+def existing_secret_blocks(client: SyncPrefectClient, wanted: dict[str, str]) -> dict[str, str]:
+    """The env → Secret block pairs whose block exists on the Prefect server: a reference to a missing block
+    would fail the worker's job preparation, so those are left out."""
+    found: dict[str, str] = {}
+    for name, block in wanted.items():
+        try:
+            client.read_block_document_by_name(block, block_type_slug="secret", include_secrets=False)
+        except ObjectNotFound:
+            continue
+        found[name] = block
+    return found
+
+
+def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str, Any]]:
+    """Per unit: its GPUs (tp × pp), the spec's image and digest, the GPU products, secrets by reference."""
+    from prefect.client.orchestration import get_client
+
+    wanted = secret_env_map(os.environ.get(SECRET_ENV_VARIABLE))
+    with get_client(sync_client=True) as client:
+        secrets = existing_secret_blocks(client, wanted)
+    if secrets:
+        get_run_logger().info(f"dispatch: unit jobs get {', '.join(sorted(secrets))} from Prefect Secret blocks "
+                              f"{', '.join(sorted(secrets.values()))}")
+    return {u.name: unit_job_variables(spec, u, secrets).as_job_variables() for u in units}
 
 
 def dispatch_units(
     spec: BuildSpec, spec_payload: dict[str, Any], units: list[Unit], components: dict[str, dict[str, Any]],
     snapshot: SourceSnapshot, parent_run_id: str, store: Store, parent_flow_run_id: str | None,
+    replace: bool = False,
 ) -> dict[str, UnitOutcome]:
-    """Run every unit on its pool and wait; one outcome per unit, failures included."""
+    """Run every unit on its pool and wait; one outcome per unit, failures included. `replace`: --force (each
+    worker's build becomes the current build of its key)."""
     log = get_run_logger()
     outcomes: dict[str, UnitOutcome] = {}
     started: dict[str, tuple[Unit, FlowRun]] = {}
+    job_variables = job_variables_for(spec, units)
     for unit in units:
         name = deployment_name(unit)
         try:
             run = run_deployment(
-                name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id),
-                timeout=0,
+                name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id,
+                                                 replace),
+                timeout=0, job_variables=job_variables[unit.name],
                 flow_run_name=f"unit {unit.name}", tags=["enginefoundry", "unit", unit.target.pool],
                 # A retried parent re-attaches to the runs it already started instead of building twice.
                 idempotency_key=f"{parent_flow_run_id or parent_run_id}:{unit.name}",
@@ -111,7 +144,8 @@ def dispatch_units(
             outcomes[unit.name] = _failed(unit, f"no deployment {name}: deploy deployment.yaml (prefect deploy "
                                                 f"--all) or set targets[].work_pool to a deployed pool")
             continue
-        log.info(f"dispatch: {unit.name} → {name} (flow run {run.name})")
+        log.info(f"dispatch: {unit.name} → {name} (flow run {run.name}; job variables "
+                 f"{ {k: v for k, v in job_variables[unit.name].items() if k != 'env'} })")
         started[unit.name] = (unit, run)
     finals = _wait(started)
     for unit_name, (unit, run) in started.items():

@@ -42,20 +42,21 @@ from enginefoundry.tasks.track import prefect_context, record_unit, register_pub
 @flow(name="build-unit")
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str,
+    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False,
 ) -> UnitOutcome:
-    """Embedded mode: the unit as a subflow of the parent's process."""
-    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id)
+    """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild."""
+    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace)
 
 
 def run_unit_stages(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str,
+    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False,
 ) -> UnitOutcome:
     key = key_of(key_components)
     stages: dict[str, float] = {}
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit), build_run_tags(spec, unit, key))
     unit_dir = work_root() / "units" / key[:16]
+    shutil.rmtree(unit_dir, ignore_errors=True)  # a clean start: nothing from an earlier run gets published
     report_dir = unit_dir / "reports"
     try:
         t = time.monotonic()
@@ -93,7 +94,7 @@ def run_unit_stages(
         folders["serving"] = write_serving(spec, unit.name, key, build.bundle_dir, ckpt.result.checkpoint_dir,
                                            ckpt.uri, str(serving_dir))
     t = time.monotonic()
-    published = publish_unit(spec, draft, folders)
+    published = publish_unit(spec, draft, folders, replace)
     stages["publish"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -106,7 +107,7 @@ def run_unit_stages(
     record_unit(spec, run_id, ok=draft.status == "candidate",
                 tags={"enginefoundry.status": draft.status, "enginefoundry.manifest_uri": published.uri,
                       "enginefoundry.gpu": build.device.get("gpu_name", build.device.get("cpu", ""))},
-                metrics=unit_metrics(stages, build.metrics, published.bytes_uploaded, smoke, sweep),
+                metrics=unit_metrics(stages, build.metrics, published.bytes_total, smoke, sweep),
                 sweep=sweep, artifacts=artifacts)
     register_published_unit(spec, unit, published.manifest, published.uri, run_id)
     stages["track"] = time.monotonic() - t

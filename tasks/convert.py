@@ -14,14 +14,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from enginefoundry.errors import StoreError
 from enginefoundry.lanes import ConvertResult, get_lane
 from enginefoundry.pipeline import work_root
 from enginefoundry.plan import checkpoint_key_components, key_of, toolchain_identity
-from enginefoundry.publish import checkpoint_prefix, download_files, find_checkpoint, publish_checkpoint
+from enginefoundry.publish import check_hit, find_checkpoint_build, manifests_prefix, publish_checkpoint
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.store import Store, open_store
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.verify import pull
 
 
 class ConvertedCheckpoint(BaseModel):
@@ -39,7 +41,7 @@ def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot)
                                            toolchain_identity(spec, lane.versions()))
     ckey = key_of(components)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    uri = store.url(checkpoint_prefix(spec.model.name, ckey))
+    uri = store.url(manifests_prefix(spec.model.name, ckey))
     workdir = work_root() / "checkpoints" / ckey[:16]
     # Workers that share a host (one per GPU) share this folder: one converts or downloads, the others wait
     # and then reuse its result instead of deleting the folder under it.
@@ -63,14 +65,27 @@ def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot,
     log = progress_logger()
     lane = get_lane(spec.lane)
     done = workdir / "convert-result.json"
-    published = find_checkpoint(store, spec.model.name, ckey)
+    try:
+        published = find_checkpoint_build(store, spec.model.name, ckey)
+        problems = check_hit(store, published) if published is not None else []
+    except StoreError as err:
+        published, problems = None, []
+        log(f"convert: {variant.name}: published checkpoint {ckey[:12]} refused ({err}); converting again")
+    if problems:
+        log(f"convert: {variant.name}: published checkpoint {ckey[:12]} refused: "
+            + "; ".join(p.line() for p in problems[:3]) + "; converting again")
+        published = None
 
-    if published is not None:
+    if published is not None and published.checkpoint is not None:
+        if published.layout == "legacy":
+            uri = published.uri.rsplit("/", 1)[0]
         if not done.is_file():
-            log(f"convert: {variant.name}: downloading published checkpoint {ckey[:12]} (verified)")
+            log(f"convert: {variant.name}: fetching published checkpoint {ckey[:12]} (verified, hard-linked "
+                "where the store is on this filesystem)")
             shutil.rmtree(workdir, ignore_errors=True)
-            download_files(store, checkpoint_prefix(spec.model.name, ckey), published.files, workdir)
-            result = ConvertResult(checkpoint_dir=str(workdir / "checkpoint"), params=published.params)
+            # Entries are checkpoint/<file>: they land in workdir/checkpoint.
+            pull(store, published, workdir, link=True)
+            result = ConvertResult(checkpoint_dir=str(workdir / "checkpoint"), params=published.checkpoint.params)
             done.write_text(result.model_dump_json(indent=2))
         log(f"convert: {variant.name}: reusing published checkpoint {ckey[:12]}")
         return ConvertedCheckpoint(variant=variant.name, key=ckey, reused=True, uri=uri,

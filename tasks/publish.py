@@ -1,4 +1,4 @@
-"""Stage: publish the unit to the store: files first, manifest last."""
+"""Stage: publish the unit to the store: blobs first, an immutable manifest next, the current-build pointer last."""
 
 from __future__ import annotations
 
@@ -8,28 +8,27 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.manifest import Manifest
-from enginefoundry.publish import (
-    PublishResult,
-    artifact_prefix,
-    publish_manifest,
-    upload_folders,
-)
+from enginefoundry.publish import PublishResult, publish_build
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)
-def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str]) -> PublishResult:
-    """`draft` is the manifest without `files`; the file list comes from the upload itself."""
+def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], replace: bool = False) -> PublishResult:
+    """`draft` is the manifest without `files` and `build_id`: the file list comes from the upload itself, the
+    build id from the store. `replace` (a --force rebuild) makes this new build current even when another build
+    of the key is; the earlier build stays in the store, verifiable. Without it a healthy build that another run
+    made current first is adopted."""
     log = progress_logger()
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    prefix = artifact_prefix(spec.model.name, draft.key)
-    entries, total = upload_folders(store, prefix, {k: Path(v) for k, v in folders.items()}, progress=log)
-    manifest = draft.model_copy(update={"files": entries})
-    result = publish_manifest(store, spec.model.name, manifest)
+    fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
+    result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},
+                           progress=log, replace=replace)
     if result.created:
-        log(f"publish: {result.uri} ({len(entries)} files, {total / 2**20:.1f} MiB)")
+        log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "
+            f"{result.bytes_uploaded / 2**20:.1f} MiB new)")
     else:
-        log(f"publish: another run published {manifest.key[:12]} first; adopted its manifest")
-    return result.model_copy(update={"bytes_uploaded": total})
+        log(f"publish: another run made build {result.build_id} of {result.manifest.key[:12]} current first; "
+            "adopted it")
+    return result

@@ -8,7 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.lanes import get_lane
-from enginefoundry.publish import artifact_prefix
+from enginefoundry.publish import manifests_prefix
 from enginefoundry.serving_outputs import serving_plan, write_serving_files
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
@@ -20,7 +20,7 @@ def write_serving(spec: BuildSpec, unit_name: str, key: str, bundle_dir: str, ch
                   checkpoint_uri: str | None, out_dir: str) -> str:
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     plan = serving_plan(get_lane(spec.lane), Path(bundle_dir), unit=unit_name, model=spec.model.name, key=key,
-                        artifact_uri=store.url(artifact_prefix(spec.model.name, key)),
+                        artifact_uri=store.url(manifests_prefix(spec.model.name, key)),
                         checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None, checkpoint_uri=checkpoint_uri)
     write_serving_files(plan, Path(out_dir))
     progress_logger()(f"serving: {' '.join(plan.argv[:3])} … (serving/serve.sh, serving/serve.yaml)")

@@ -9,10 +9,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport
-from enginefoundry.cache_plan import PublishedUnit
 from enginefoundry.manifest import Manifest
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
+from enginefoundry.publish import PublishedBuild
 from enginefoundry.registration import ensure_registered
 from enginefoundry.run_records import finish_parent, record_hit, start_parent, tracker_for
 from enginefoundry.spec import BuildSpec
@@ -84,6 +84,6 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
 
 
 @task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE)
-def record_cache_hit(spec: BuildSpec, unit: Unit, key: str, hit: PublishedUnit, parent_run_id: str) -> UnitOutcome:
+def record_cache_hit(spec: BuildSpec, unit: Unit, key: str, hit: PublishedBuild, parent_run_id: str) -> UnitOutcome:
     """A unit run for the hit; a missing registration or alias of the published unit is repaired."""
     return record_hit(tracker_for(spec), spec, unit, key, hit, parent_run_id, prefect_context())

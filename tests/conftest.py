@@ -1,4 +1,5 @@
-"""Shared fixtures: the real services (SeaweedFS, MLflow server, loopback hub), started once per session.
+"""Shared fixtures: the real services (SeaweedFS, MLflow server, loopback hub), started once per session, and
+the cluster fixtures of tests/support/cluster.py (`prefect_server`, `cluster`).
 
 CI (`.ci/run`) starts them with scripts/stack.py and exports their addresses; a developer who runs
 `make test` without a stack gets one started here, in a temporary state dir, and stopped afterwards.
@@ -16,44 +17,55 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-TINY_MODEL = REPO / "tests" / "fixtures" / "tiny-chat" / "model"
-TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
+from enginefoundry.serving import free_port
+from tests.support.cluster import cluster_fixture, prefect_fixture  # noqa: F401  (session fixtures of the cluster)
+from tests.support.paths import STACK_SCRIPT
+
 NEEDED = ("EF_S3_ENDPOINT", "MLFLOW_TRACKING_URI", "HF_ENDPOINT", "EF_HUB_ROOT", "AWS_ACCESS_KEY_ID")
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a busy host needs more than 20 s
+
+
+TIERS = Path(__file__).resolve().parent
+TIER_MARKS = {"integration": "services", "e2e": "e2e"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of tests/integration is marked `services`, every test of tests/e2e `e2e` (pyproject.toml)."""
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(TIERS) and path.relative_to(TIERS).parts[0] in TIER_MARKS:
+            item.add_marker(TIER_MARKS[path.relative_to(TIERS).parts[0]])
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Addresses and credentials of the running services, as environment variables."""
+    """Addresses and credentials of the running services, as environment variables.
+
+    As in CI, a Prefect server is among them (no worker): the CLI runs of the tests talk to it instead of each
+    starting a temporary API server of its own (20–60 s apiece on a busy host)."""
     if all(os.environ.get(k) for k in NEEDED):
         yield {k: v for k, v in os.environ.items()}
         return
     state = tmp_path_factory.mktemp("stack")
     # Free ports, so a developer's own stack on the default ports is left alone.
-    env = {**os.environ, **{f"EF_{name}_PORT": str(_free_port()) for name in ("S3", "MLFLOW", "HUB")}}
-    up = subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "up", "--state-dir", str(state),
-                         "--services", "s3,mlflow,hub"], env=env, capture_output=True, text=True)
+    env = {**os.environ, **{f"EF_{name}_PORT": str(free_port()) for name in ("S3", "MLFLOW", "PREFECT", "HUB")}}
+    up = subprocess.run([sys.executable, str(STACK_SCRIPT), "up", "--state-dir", str(state),
+                         "--services", "s3,mlflow,prefect,hub", "--worker-pools", "",
+                         "--owner-pid", str(os.getpid())],  # a killed session leaves no service behind
+                        env=env, capture_output=True, text=True)
     if up.returncode != 0:
-        subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "down", "--state-dir", str(state)])
+        subprocess.run([sys.executable, str(STACK_SCRIPT), "down", "--state-dir", str(state)])
         pytest.fail(f"could not start the test services:\n{up.stdout}\n{up.stderr}")
     try:
         yield {**os.environ, **json.loads((state / "env.json").read_text())}
     finally:
-        subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "down", "--state-dir", str(state)],
+        subprocess.run([sys.executable, str(STACK_SCRIPT), "down", "--state-dir", str(state)],
                        capture_output=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -79,3 +91,18 @@ def s3_env(stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, 
         monkeypatch.setenv(k, stack[k])
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return stack
+
+
+FAKE_TRTLLM = Path(__file__).parent / "fixtures" / "fake-trtllm"
+
+
+@pytest.fixture(scope="session")
+def fake_trtllm():
+    """The fake TensorRT-LLM toolchains 1.0/1.1/1.2 (tests/fixtures/fake-trtllm): its `fakehelp` module, with
+    `RELEASES`, `release_dir(release)` and `expected_surface(release)`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fakehelp", FAKE_TRTLLM / "fakehelp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -18,7 +19,7 @@ from enginefoundry.runner import run_tool, tail
 from enginefoundry.spec import BenchmarkSpec, BenchTool, Scenario
 
 INSTALL_HINTS = {
-    "aiperf": "pip install -e '.[bench]' (aiperf==0.13.0)",
+    "aiperf": "make bench-venv (aiperf==0.13.0 in its own .venv-bench), or pip install -e '.[bench]'",
     "genai-perf": "pip install genai-perf, plus perf_analyzer 2.58+ on PATH",
     # perf_analyzer's only real wheels need glibc 2.38+; pip falls back to an empty 0.1.0 placeholder.
     "perf_analyzer": "pip install 'perf-analyzer>=2.58' (its wheels need glibc 2.38+; on older distros put a "
@@ -30,14 +31,39 @@ class ToolMissingError(ToolError):
     """The benchmark client is not installed: every point would fail the same way, so a sweep stops."""
 
 
+# The benchmark clients run as separate processes, so they can live in their own environment: AIPerf pins
+# rich~=14.1, pandas and pyzmq, which must never constrain the TensorRT-LLM environment of a GPU worker.
+TOOL_ENV = {"aiperf": "EF_AIPERF", "genai-perf": "EF_GENAI_PERF"}
+BENCH_VENV = ".venv-bench"  # `make bench-venv` creates it in the project folder
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+
+
+def tool_candidates(name: str) -> list[Path]:
+    """Where a benchmark client is looked for, in order, before PATH: the dedicated bench venv (the project's,
+    then the working directory's), then next to this interpreter (an install with the `bench` extra)."""
+    return [PROJECT_DIR / BENCH_VENV / "bin" / name, Path.cwd() / BENCH_VENV / "bin" / name,
+            Path(sys.executable).with_name(name)]
+
+
 def _tool_path(name: str) -> str:
-    local = Path(sys.executable).with_name(name)
-    if local.exists():
-        return str(local)
+    """The executable of a benchmark client: $EF_AIPERF (or $EF_GENAI_PERF) when set, else the first of
+    `tool_candidates`, else PATH."""
+    variable = TOOL_ENV.get(name)
+    explicit = os.environ.get(variable) if variable else None
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ToolMissingError(f"{variable}={explicit} is not an executable file: point it at the '{name}' "
+                                   f"of its own environment ({INSTALL_HINTS[name]})")
+        return str(path)
+    for candidate in tool_candidates(name):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
     found = shutil.which(name)
     if not found:
-        raise ToolMissingError(f"benchmark tool '{name}' is not installed: {INSTALL_HINTS[name]}; "
-                               "or choose another benchmark.tool")
+        raise ToolMissingError(f"benchmark tool '{name}' is not installed: {INSTALL_HINTS[name]}"
+                               + (f"; or set {variable} to its executable" if variable else "")
+                               + "; or choose another benchmark.tool")
     return found
 
 

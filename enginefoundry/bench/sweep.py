@@ -13,6 +13,7 @@ from enginefoundry.bench.report import SLOResult, SweepReport
 from enginefoundry.bench.result import BenchPoint
 from enginefoundry.bench.telemetry import Backend, detect_backend, no_gpu
 from enginefoundry.errors import ToolError
+from enginefoundry.runner import exited_after_error
 from enginefoundry.spec import BenchmarkSpec
 
 
@@ -98,7 +99,7 @@ def run_sweep(
             break
         except ToolError as err:
             failures.append(f"{label}: {str(err).splitlines()[0]}")
-            if server_alive is not None and not server_alive():
+            if server_alive is not None and exited_after_error(server_alive):
                 failures.append(f"the server died during {label}; remaining points skipped: "
                                 f"{', '.join(rest[1:]) or 'none'}")
                 break

@@ -24,6 +24,7 @@ COMMANDS = (
     "enginefoundry.cli.registry",
     "enginefoundry.cli.lengths",
     "enginefoundry.cli.leases",
+    "enginefoundry.cli.store",
 )
 
 

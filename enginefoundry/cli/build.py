@@ -14,6 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("spec", help="build spec YAML, e.g. configs/tiny-cpu.yaml")
     run.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
     run.add_argument("--force", action="store_true", help="rebuild units whose manifest already exists")
+    run.add_argument("--verify-hits", action="store_true",
+                     help="re-hash every file of a cache hit (default: manifest consistency and file sizes)")
     run.add_argument("--store", help="override publish.store (s3://bucket/prefix or file://path)")
     run.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
     run.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
@@ -71,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from enginefoundry import noop_run
         from enginefoundry.console import say
 
-        hits = noop_run.decide_all_hits(spec, args.targets, progress=say)
+        hits = noop_run.decide_all_hits(spec, args.targets, progress=say, rehash=args.verify_hits)
         if hits is not None and args.wait_for_tracking:
             summary = noop_run.record_all_hits(spec, hits)
         elif hits is not None:
@@ -87,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from enginefoundry.flows.build_engines import build_engines, spec_payload
 
         summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
-                                mode=args.mode, validated=True)
+                                mode=args.mode, validated=True, verify_hits=args.verify_hits)
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())

@@ -55,6 +55,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         ("MLflow run", f"{ml.get('unit_run_id')} (parent {ml.get('parent_run_id')}) in {args.mlflow_uri}"),
         ("Prefect flow run", f"{ml.get('prefect_flow_run_id') or '-'} {ml.get('prefect_flow_run_url') or ''}"),
         ("project commit", str(ml.get("git_commit"))),
+        ("last verified", _verified_line(chain.get("verification") or {})),
     ]
     if ml.get("registry"):
         reg = ml["registry"]
@@ -62,6 +63,15 @@ def cmd_lineage(args: argparse.Namespace) -> int:
                      + (f" @{reg['alias']}" if reg.get("alias") else "")))
     table("lineage", [{"": k, "value": v} for k, v in rows])
     return EXIT_OK
+
+
+def _verified_line(rec: dict) -> str:
+    if not rec:
+        return "never (enginefoundry verify REF)"
+    if "verified_at" not in rec:
+        return rec.get("note", "unknown")
+    verdict = "ok" if rec["ok"] else f"FAILED ({len(rec.get('problems', []))} problem(s))"
+    return f"{rec['verified_at']}: {verdict}, {rec['files']} files"
 
 
 def cmd_registry(args: argparse.Namespace) -> int:

@@ -1,30 +1,25 @@
-"""Lanes: one module per toolchain behind one interface (see base.py)."""
+"""Lanes: one module per toolchain behind one interface (base.py), listed once in registry.py.
+
+Attributes load lazily, so the spec can consult the registry while it is being imported."""
 
 from __future__ import annotations
 
-import functools
+from typing import Any
 
-from enginefoundry.errors import InputError
-from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
-
-
-@functools.cache
-def get_lane(name: str) -> Lane:
-    """One lane instance per name and process: a TensorRT-LLM lane detects its toolchain in a subprocess
-    (importing tensorrt_llm takes tens of seconds) and keeps the result, so every stage reuses it."""
-    if name == "reference":
-        from enginefoundry.lanes.reference import ReferenceLane
-
-        return ReferenceLane()
-    if name == "trtllm":
-        from enginefoundry.lanes.trtllm import TrtllmLane
-
-        return TrtllmLane()
-    if name == "trtllm-engine":
-        from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane
-
-        return TrtllmEngineLane()
-    raise InputError(f"lane '{name}' is unknown: use reference, trtllm or trtllm-engine")
+_LAZY = {
+    "BuildResult": "enginefoundry.lanes.base", "Command": "enginefoundry.lanes.base",
+    "ConvertResult": "enginefoundry.lanes.base", "Lane": "enginefoundry.lanes.base",
+    "ServeCommand": "enginefoundry.lanes.base", "get_lane": "enginefoundry.lanes.registry",
+    "register_lane": "enginefoundry.lanes.registry", "LaneEntry": "enginefoundry.lanes.registry",
+}
 
 
-__all__ = ["BuildResult", "Command", "ConvertResult", "Lane", "ServeCommand", "get_lane"]
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_LAZY)

@@ -23,6 +23,10 @@ class Command(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
     description: str = ""
+    # What the command uses, for the check against the installed release (not part of the command line):
+    tool: str | None = Field(default=None, description="the flag registry's tool name, e.g. trtllm-build")
+    llm_api_keys: list[str] = Field(default_factory=list, description="dotted keys of the LLM API YAML it reads")
+    template_keys: dict[str, list[str]] = Field(default_factory=dict, description="Triton template → keys")
 
     def shell(self) -> str:
         import shlex
@@ -57,11 +61,27 @@ class ServeCommand(BaseModel):
 
 
 class Lane(ABC):
+    """A toolchain. Besides convert/build/serve it answers what preflight asks, so preflight knows no lane by name:
+    its own checks (`preflight_checks`) and its memory model (the attributes below and `build_footprint`)."""
+
     name: str
+    needs_gpu: bool = False  # refuse cpu targets
+    embedding_sharded: bool = True  # the embedding is split over tp ranks (False: replicated on every tp rank)
+    sizes_kv_pool: bool = True  # the runtime gives the free memory to a KV pool (the KV budget check applies)
+
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+        """This lane's own preflight checks (enginefoundry.preflight.Check) for a unit; `shape` may be None."""
+        return []
+
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+                        per_rank_bytes: int) -> tuple[float, float]:
+        """(host memory, disk) the build needs, before the 10 % margin: by default the source plus the output."""
+        return source_bytes + est.weights_bytes_total, source_bytes + est.weights_bytes_total
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
-        """Problems with `lane_options` and lane-specific spec fields, as (field path, message)."""
-        return [(f"lane_options.{k}", f"unknown option for lane '{self.name}'") for k in spec.lane_options]
+        """Problems with lane-specific spec fields, as (field path, message). `lane_options` itself is the lane's
+        typed options model, already checked when the spec was parsed."""
+        return []
 
     @abstractmethod
     def versions(self) -> dict[str, str]:
@@ -79,6 +99,7 @@ class Lane(ABC):
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
         """The command that serves the bundle on an OpenAI-compatible endpoint."""
 
-    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
-        """The commands this lane would run for a unit, without running anything (for `plan`)."""
+    def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
+        """The commands this lane would run for a unit, without running anything (for `plan`). `surface`: what
+        the worker's toolchain accepts (a probe result) when known, else the spec's pinned release decides."""
         return []

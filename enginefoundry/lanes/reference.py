@@ -16,9 +16,11 @@ from enginefoundry.devices import host_facts, torch_device_facts
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
 from enginefoundry.plan import Unit
-from enginefoundry.spec import Arch, BuildSpec, Precision, Variant
+from enginefoundry.precisions import TORCH_DTYPE
+from enginefoundry.spec import Arch, BuildSpec, Variant
+from enginefoundry.store import link_or_copy
 
-TORCH_DTYPES = {Precision.FP32: "float32", Precision.FP16: "float16", Precision.BF16: "bfloat16"}
+TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
 BUNDLE_INFO = "bundle.json"
 
@@ -29,6 +31,7 @@ def _device_for(arch: Arch) -> str:
 
 class ReferenceLane(Lane):
     name = "reference"
+    sizes_kv_pool = False  # transformers allocates the KV cache per request: no pool to size
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
@@ -56,21 +59,16 @@ class ReferenceLane(Lane):
             ) from None
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
-        """Cast to the variant's dtype and write safetensors, with the tokenizer bundled beside it."""
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Cast to the variant's dtype, one tensor at a time (enginefoundry/checkpoint_cast.py): peak memory is
+        one tensor, and shards and tokenizer files that need no cast are hard-linked, not copied. The
+        tokenizer files stay byte-identical to the source (the smoke stage compares tokenizer digests)."""
+        from enginefoundry.checkpoint_cast import cast_checkpoint
 
         dtype = TORCH_DTYPES[variant.precision]
         out = workdir / "checkpoint"
         if out.exists():
             shutil.rmtree(out)
-        model = AutoModelForCausalLM.from_pretrained(source_dir, dtype=getattr(torch, dtype))
-        model.save_pretrained(out, safe_serialization=True)
-        AutoTokenizer.from_pretrained(source_dir).save_pretrained(out)
-        # Keep the tokenizer files byte-identical to the source: the smoke stage compares tokenizer digests.
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-            if (source_dir / name).is_file():
-                shutil.copyfile(source_dir / name, out / name)
+        cast_checkpoint(source_dir, out, dtype)
         return ConvertResult(checkpoint_dir=str(out), params={"dtype": dtype, "format": "safetensors"})
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
@@ -87,7 +85,8 @@ class ReferenceLane(Lane):
         bundle = workdir / "bundle"
         if bundle.exists():
             shutil.rmtree(bundle)
-        shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR)
+        # Hard links, not copies: the bundle's weights are its checkpoint's bytes (one inode, one blob).
+        shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR, copy_function=link_or_copy)
         facts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         model = AutoModelForCausalLM.from_pretrained(bundle / BUNDLE_MODEL_DIR).to(device)
@@ -123,8 +122,8 @@ class ReferenceLane(Lane):
     def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
         return [
-            Command(argv=["(in-process)", "AutoModelForCausalLM.from_pretrained", f"dtype={dtype}",
-                          "save_pretrained(safe_serialization=True)"], description="convert"),
+            Command(argv=["(in-process)", "cast_checkpoint", f"dtype={dtype}", "(streamed, one tensor at a time)"],
+                    description="convert"),
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
             Command(argv=["transformers", "serve", "<bundle>/model", "--host", "127.0.0.1", "--port", "<free>",

@@ -51,7 +51,7 @@ class TritonParams(BaseModel):
 
     @classmethod
     def for_unit(cls, unit: Unit, opts: dict[str, Any], *, engine_dir: str, tokenizer_dir: str,
-                 model_dtype: str) -> TritonParams:
+                 model_dtype: str, chunked_context: bool | None = None) -> TritonParams:
         p = unit.profile
         return cls(
             engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, triton_max_batch_size=p.max_batch_size,
@@ -60,8 +60,10 @@ class TritonParams(BaseModel):
             max_queue_delay_microseconds=opts["triton_max_queue_delay_microseconds"],
             max_beam_width=opts["max_beam_width"], instance_count=opts["triton_instance_count"],
             model_dtype=model_dtype if model_dtype in DATA_TYPES else "float16",
-            # Chunked context needs the paged context FMHA in the engine (lane option, default on).
-            enable_chunked_context=bool(opts["use_paged_context_fmha"]),
+            # Chunked context needs the paged context FMHA in the engine (lane option, default on; off with an
+            # INT8 KV cache, which builder.py turns it off for).
+            enable_chunked_context=bool(opts["use_paged_context_fmha"] if chunked_context is None
+                                        else chunked_context),
             batch_scheduler_policy=opts["triton_batch_scheduler_policy"],
             enable_kv_cache_reuse=opts["triton_enable_kv_cache_reuse"],
         )
@@ -132,7 +134,7 @@ def fill_commands(triton_dir: Path, repo_dir: Path, params: TritonParams, python
     return [
         Command(argv=[python or sys.executable, str(fill), arg(FILL, "in_place"),
                       str(repo_dir / model / "config.pbtxt"), substitution_arg(keys)],
-                description=f"fill Triton template {model}")
+                tool=FILL, template_keys={model: sorted(keys)}, description=f"fill Triton template {model}")
         for model, keys in substitutions(params).items()
     ]
 

@@ -3,12 +3,12 @@
 There is no engine. What makes a unit specific to a GPU is (facts §1 "What replaces the per-arch engine"):
 1. the checkpoint: the Hugging Face one as is, or a ModelOpt-quantized HF checkpoint (hf_quant_config.json);
 2. the runtime config YAML given to `trtllm-serve --extra_llm_api_options` (LLM API args, pydantic
-   extra="forbid" upstream, so every key is registered in trtllm_flags);
-3. the autotuner profiling cache (TLLM_AUTOTUNER_CACHE_PATH, PR #7738), filled by a warm-up on a GPU of the
-   target. TensorRT-LLM records the version and GPU in it but does not check them when loading, so the bundle
-   records them and `serve_command` only uses the cache on the same GPU model and TensorRT-LLM version.
-
-Shared pieces of both TensorRT-LLM lanes (toolchain check, GPU selection, bundle.json) live here too.
+   extra="forbid" upstream, so every key is registered in trtllm_flags and checked against the probed
+   `TorchLlmArgs.model_fields`);
+3. the autotuner profiling cache (TLLM_AUTOTUNER_CACHE_PATH, PR #7738, from 1.1), filled by a warm-up on a GPU of
+   the target. Its first form saves `<stem>.rank{N}.json` beside the given path, later ones the path itself: both
+   are looked for. TensorRT-LLM records the version and GPU in it but does not check them when loading, so the
+   bundle records them and `serve_command` only uses the cache on the same GPU model and TensorRT-LLM version.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,160 +23,111 @@ from typing import Any
 import yaml
 
 from enginefoundry.devices import host_facts
-from enginefoundry.errors import InputError, ToolError
-from enginefoundry.gpu import GPUInfo, detect_gpus, match_target
-from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
+from enginefoundry.errors import ToolError
+from enginefoundry.gpu import GPUInfo, detect_gpus
+from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
+from enginefoundry.lanes.trtllm_base import (
+    BUNDLE_INFO,
+    WORKER_PYTHON,
+    TrtllmLaneBase,
+    chunked_prefill_check,
+    fresh_dir,
+    parse_marker_json,
+    precision_checks,
+    read_bundle_info,
+)
 from enginefoundry.lanes.trtllm_flags import (
     ENV,
     HF_PTQ,
     SERVE,
-    TRTLLM_INSTALL_HINT,
     arg,
+    assumed_modelopt,
     flag,
-    lane_release_problem,
-    resolve_options,
+    has,
+    llm_api_key_paths,
     unknown_llm_api_keys,
-    validate_lane_options,
 )
+from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.plan import Unit
-from enginefoundry.preflight import TORCH_DTYPE, activation_dtype
+from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
-from enginefoundry.toolchain import ToolchainInfo, detect_toolchain, installed_version, require_trtllm
+from enginefoundry.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 
-BUNDLE_INFO = "bundle.json"
-BUNDLE_FORMAT = 1
 RUNTIME_CONFIG = "llm_api_options.yaml"
 AUTOTUNER_CACHE = "autotuner.cache"
 WARMUP_MARKER = "ENGINEFOUNDRY_WARMUP_JSON "
 QUANTIZE_TIMEOUT_S = 6 * 3600.0  # a 70B calibration takes hours (#1331)
 WARMUP_TIMEOUT_S = 2 * 3600.0  # MoE tactic profiling costs "a few minutes each time" (facts §1)
+MODELOPT_ENV = "EF_MODELOPT_DIR"
 
-# variants[].precision → hf_ptq.py --qformat (ModelOpt unified HF export).
-QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.INT4_AWQ: "int4_awq",
-            Precision.INT8_WO: "int8_wo"}
+# variants[].precision → hf_ptq.py --qformat (ModelOpt unified HF export). No int8_wo: W8A16 is not in the PyTorch
+# backend's support matrix (validate_options refuses it).
+QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.INT4_AWQ: "int4_awq"}
 
 # Loads the bundle's YAML exactly as trtllm-serve does (update_llm_args_with_extra_dict turns the nested dicts
 # into KvCacheConfig/CudaGraphConfig), generates a few requests so the autotuner profiles, shuts down (the cache is
-# saved by then), and prints one JSON line behind a marker: tensorrt_llm prints a banner on stdout.
+# saved by then), and prints one JSON line behind a marker: tensorrt_llm prints a banner on stdout. Everything runs
+# under the main guard: the LLM API's MPI workers re-import the script (required since 0.16, facts §0).
 WARMUP_SCRIPT = f'''"""enginefoundry warm-up: load the checkpoint with the runtime YAML, run requests, shut down."""
 import json
 import sys
 import time
 
-import yaml
-from tensorrt_llm import LLM, SamplingParams
 
-checkpoint, config_path, requests = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with open(config_path) as f:
-    options = yaml.safe_load(f) or {{}}
-try:
-    from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
-    options = update_llm_args_with_extra_dict({{}}, options)
-except ImportError:
-    pass
-t0 = time.monotonic()
-llm = LLM(model=checkpoint, **options)
-load_s = time.monotonic() - t0
-prompts = ["Warm-up request number %d: say something short." % i for i in range(requests)]
-t1 = time.monotonic()
-outputs = llm.generate(prompts, SamplingParams(max_tokens=16))
-generate_s = time.monotonic() - t1
-tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-llm.shutdown()
-print({WARMUP_MARKER!r} + json.dumps({{"load_s": load_s, "generate_s": generate_s, "tokens": tokens}}), flush=True)
+def main():
+    import yaml
+    from tensorrt_llm import LLM, SamplingParams
+
+    checkpoint, config_path, requests = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    with open(config_path) as f:
+        options = yaml.safe_load(f) or {{}}
+    try:
+        from tensorrt_llm.llmapi.llm_args import update_llm_args_with_extra_dict
+        options = update_llm_args_with_extra_dict({{}}, options)
+    except ImportError:
+        pass
+    t0 = time.monotonic()
+    llm = LLM(model=checkpoint, **options)
+    load_s = time.monotonic() - t0
+    prompts = ["Warm-up request number %d: say something short." % i for i in range(requests)]
+    t1 = time.monotonic()
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=16))
+    generate_s = time.monotonic() - t1
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    llm.shutdown()
+    result = {{"load_s": load_s, "generate_s": generate_s, "tokens": tokens}}
+    print({WARMUP_MARKER!r} + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
 '''
 
 
-# --- shared by both TensorRT-LLM lanes -----------------------------------------------------------------------
-
-class TrtllmLaneBase(Lane):
-    """Option validation, the toolchain gate, GPU selection and bundle.json for the TensorRT-LLM lanes."""
-
-    name = "trtllm"
-    install_hint = TRTLLM_INSTALL_HINT
-
-    def __init__(self, python: str | None = None) -> None:
-        self.python = python or sys.executable
-        self._toolchain: ToolchainInfo | None = None
-
-    def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
-        pinned = spec.toolchain.trtllm_version
-        problems = validate_lane_options(self.name, spec.lane_options, pinned)
-        if pinned:
-            why = lane_release_problem(self.name, pinned)
-            if why:
-                problems.append(("toolchain.trtllm_version", why))
-        for i, t in enumerate(spec.targets):
-            if t.gpu_count < 1:
-                problems.append((f"targets.{i}.gpu_count", f"lane {self.name} needs at least one NVIDIA GPU"))
-        for i, p in enumerate(spec.profiles):
-            if not p.paged_kv_cache:
-                problems.append((f"profiles.{i}.paged_kv_cache",
-                                 "in-flight batching (trtllm-serve, Triton inflight_fused_batching) needs the paged "
-                                 "KV cache: remove the field or set it to true"))
-            if not p.remove_input_padding:
-                problems.append((f"profiles.{i}.remove_input_padding",
-                                 "in-flight batching needs packed input (remove_input_padding): remove the field or "
-                                 "set it to true"))
-        return problems
-
-    def options(self, spec: BuildSpec) -> dict[str, Any]:
-        return resolve_options(self.name, spec.lane_options)
-
-    def toolchain(self) -> ToolchainInfo:
-        if self._toolchain is None:
-            self._toolchain = detect_toolchain(self.python)
-        return self._toolchain
-
-    def versions(self) -> dict[str, str]:
-        info = self.toolchain()
-        version = require_trtllm(info, self.name, self.install_hint)
-        why = lane_release_problem(self.name, str(version))
-        if why:
-            raise ToolError(why)
-        return info.versions()
-
-    def select_gpus(self, unit: Unit, log_dir: Path) -> tuple[list[GPUInfo], dict[str, str]]:
-        """The target's GPUs on this host and the env that pins the tool to them (PreflightError otherwise)."""
-        used = match_target(unit.target, detect_gpus(log_dir))
-        # CUDA enumerates fastest-first, nvidia-smi by PCI bus: name the GPUs by UUID, or by bus order.
-        if all(g.uuid for g in used):
-            env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g.uuid) for g in used)}
-        else:
-            env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in used)}
-        return used, env
-
-    def write_bundle_info(self, bundle: Path, unit: Unit, params: dict[str, Any], gpus: list[GPUInfo],
-                          versions: dict[str, str], extra: dict[str, Any]) -> dict[str, Any]:
-        # TensorRT-LLM writes no GPU, SM or TensorRT version into its artifacts (facts §5): record them here.
-        info = {"format": BUNDLE_FORMAT, "lane": self.name, "unit": unit.name, "params": params,
-                "versions": versions, "gpus": [g.facts() for g in gpus], "host": host_facts(), **extra}
-        (bundle / BUNDLE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
-        return info
+def autotuner_cache_files(folder: Path, name: str = AUTOTUNER_CACHE) -> list[Path]:
+    """The autotuner cache a run left in `folder`: `<name>` (later releases) and/or `<stem>.rank{N}.json` (the
+    first form of PR #7738, one per rank). Empty files do not count."""
+    folder = Path(folder)
+    stem = Path(name).stem
+    found = sorted(folder.glob(f"{stem}.rank*.json"))
+    if (folder / name).is_file():
+        found.insert(0, folder / name)
+    return [p for p in found if p.stat().st_size > 0]
 
 
-def read_bundle_info(bundle_dir: Path) -> dict[str, Any]:
-    path = Path(bundle_dir) / BUNDLE_INFO
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist: {bundle_dir} is not a bundle built by enginefoundry") from None
-
-
-def fresh_dir(path: Path) -> Path:
-    if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    return path
-
-
-def parse_marker_json(text: str, marker: str, what: str) -> dict[str, Any]:
-    for line in reversed(text.splitlines()):
-        idx = line.find(marker)
-        if idx >= 0:
-            return json.loads(line[idx + len(marker):])
-    raise ToolError(f"{what} printed no result line")
+def hf_ptq_script(modelopt_dir: Path | str, modelopt_version: str | None) -> Path:
+    """hf_ptq.py in a Model-Optimizer checkout: examples/llm_ptq until 0.45, examples/hf_ptq from 0.46.0
+    (facts §0); a folder that holds hf_ptq.py itself is taken as is."""
+    root = Path(modelopt_dir)
+    if (root / "hf_ptq.py").is_file():
+        return root / "hf_ptq.py"
+    if modelopt_version is None:  # on the worker, before the version is known: the one that exists
+        found = [p for p in (root / "examples" / d / "hf_ptq.py" for d in ("hf_ptq", "llm_ptq")) if p.is_file()]
+        if found:
+            return found[0]
+    moved = modelopt_version and parse_version(modelopt_version).release >= (0, 46, 0)
+    return root / "examples" / ("hf_ptq" if moved else "llm_ptq") / "hf_ptq.py"
 
 
 # --- lane trtllm ---------------------------------------------------------------------------------------------
@@ -228,34 +178,42 @@ def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
 
 
 def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, out_dir: Path | str,
-                     python: str | None = None) -> Command:
-    """ModelOpt PTQ to a unified HF checkpoint (hf_quant_config.json), Model-Optimizer examples/llm_ptq/hf_ptq.py."""
+                     python: str | None = None, modelopt: str | None = None) -> Command:
+    """ModelOpt PTQ to a unified HF checkpoint (hf_quant_config.json) with Model-Optimizer's hf_ptq.py.
+
+    `modelopt`: the installed nvidia-modelopt (probed on the worker); flags it lacks are not emitted
+    (--calib_seq from 0.39.0; --export_fmt gone in 0.46.0)."""
     opts = resolve_options("trtllm", spec.lane_options)
-    ptq_dir = opts["modelopt_dir"] or os.environ.get("EF_MODELOPT_LLM_PTQ_DIR") or "$EF_MODELOPT_LLM_PTQ_DIR"
+    root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV) or f"${MODELOPT_ENV}"
     calib = variant.calibration
     assert calib is not None  # Variant fills a default calibration for quantized precisions
     # hf_ptq.py's KV default changed between releases (fp8, later fp8_cast): always say what the variant wants.
     kv = "fp8" if variant.kv_cache_dtype is KVCacheDtype.FP8 else "none"
-    argv = [python or sys.executable, str(Path(ptq_dir) / "hf_ptq.py"),
+    argv = [python or WORKER_PYTHON, str(hf_ptq_script(root, modelopt)),
             arg(HF_PTQ, "pyt_ckpt_path"), str(source_dir),
             arg(HF_PTQ, "qformat"), QFORMATS[variant.precision],
             arg(HF_PTQ, "kv_cache_qformat"), kv,
             arg(HF_PTQ, "dataset"), calib.dataset,
-            arg(HF_PTQ, "calib_size"), str(calib.samples),
-            arg(HF_PTQ, "calib_seq"), str(calib.max_seq_length),
-            arg(HF_PTQ, "export_path"), str(out_dir),
-            arg(HF_PTQ, "export_fmt"), "hf"]
-    return Command(argv=argv, cwd=str(Path(out_dir).parent),
-                   description=f"ModelOpt PTQ {QFORMATS[variant.precision]} → HF checkpoint")
+            arg(HF_PTQ, "calib_size"), str(calib.samples)]
+    if has(HF_PTQ, "calib_seq", modelopt):
+        argv += [arg(HF_PTQ, "calib_seq"), str(calib.max_seq_length)]
+    argv += [arg(HF_PTQ, "export_path"), str(out_dir)]
+    if has(HF_PTQ, "export_fmt", modelopt):
+        argv += [arg(HF_PTQ, "export_fmt"), "hf"]
+    seq = "" if has(HF_PTQ, "calib_seq", modelopt) else f"; ModelOpt {modelopt} has no --calib_seq: its default length"
+    return Command(argv=argv, cwd=str(Path(out_dir).parent), tool=HF_PTQ,
+                   description=f"ModelOpt PTQ {QFORMATS[variant.precision]} → HF checkpoint{seq}")
 
 
 def warmup_command(python: str, script: Path | str, checkpoint: Path | str, config: Path | str,
-                   cache: Path | str | None, requests: int, env: dict[str, str] | None = None) -> Command:
+                   cache: Path | str | None, requests: int, env: dict[str, str] | None = None,
+                   llm_api_keys: list[str] | None = None) -> Command:
     full_env = dict(env or {})
     if cache is not None:
         full_env[flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").name] = str(cache)
     return Command(argv=[python, str(script), str(checkpoint), str(config), str(requests)], env=full_env,
-                   description="warm-up: load, run requests, fill the autotuner cache")
+                   llm_api_keys=list(llm_api_keys or []),
+                   description="warm-up: load, run requests" + (", fill the autotuner cache" if cache else ""))
 
 
 def serve_argv(checkpoint: Path | str, config: Path | str, host: str, port: int) -> list[str]:
@@ -264,8 +222,24 @@ def serve_argv(checkpoint: Path | str, config: Path | str, host: str, port: int)
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
 
 
+def autotuner_supported(version: str | None) -> bool:
+    return has(ENV, "TLLM_AUTOTUNER_CACHE_PATH", version)
+
+
 class TrtllmLane(TrtllmLaneBase):
     name = "trtllm"
+    convert_tools = (HF_PTQ,)
+    fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
+
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+        return precision_checks(unit, self.fp8_kv_on_ampere) + chunked_prefill_check(unit, None)
+
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+                        per_rank_bytes: int) -> tuple[float, float]:
+        # Quantization loads the whole HF model; otherwise each rank loads its shard. No engine on disk.
+        quantized = unit.variant.precision.is_quantized
+        host = source_bytes if quantized else per_rank_bytes
+        return host, source_bytes + (est.weights_bytes_total if quantized else 0)
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
@@ -273,9 +247,14 @@ class TrtllmLane(TrtllmLaneBase):
             if v.precision is Precision.INT4_WO:
                 problems.append((f"variants.{i}.precision",
                                  "int4_wo has no ModelOpt unified-HF export; use int4_awq (or lane trtllm-engine)"))
+            if v.precision is Precision.INT8_WO:
+                problems.append((f"variants.{i}.precision",
+                                 "int8_wo (W8A16) is not in the PyTorch backend's quantization support matrix "
+                                 "(docs/source/features/quantization.md); use fp8 (sm89+), int4_awq, or lane "
+                                 "trtllm-engine"))
             if v.kv_cache_dtype is KVCacheDtype.INT8:
                 problems.append((f"variants.{i}.kv_cache_dtype",
-                                 "the PyTorch backend's kv_cache_config.dtype is auto or fp8; use fp8 (sm89+) or "
+                                 "the PyTorch backend's kv_cache_config.dtype is auto or fp8; use fp8 or "
                                  "lane trtllm-engine (--int8_kv_cache)"))
             if v.kv_cache_dtype in (KVCacheDtype.FP16, KVCacheDtype.BF16):
                 model = TORCH_DTYPE.get(v.precision)
@@ -286,6 +265,14 @@ class TrtllmLane(TrtllmLaneBase):
                                      "use auto, or fp8"))
         return problems
 
+    def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
+        tools = {SERVE: ["trtllm-serve"]}
+        opts = resolve_options("trtllm", spec.lane_options if spec else {})
+        root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV)
+        if root and spec and any(v.precision.is_quantized for v in spec.variants):
+            tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
+        return tools
+
     # convert ------------------------------------------------------------------------------------------------
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
@@ -294,18 +281,21 @@ class TrtllmLane(TrtllmLaneBase):
             return ConvertResult(checkpoint_dir=str(source_dir),
                                  params={"format": "hf", "precision": variant.precision.value, "passthrough": True})
         opts = self.options(spec)
-        ptq_dir = opts["modelopt_dir"] or os.environ.get("EF_MODELOPT_LLM_PTQ_DIR")
-        if not ptq_dir or not (Path(ptq_dir) / "hf_ptq.py").is_file():
+        root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV)
+        surface = self.pinned_surface(spec)
+        script = hf_ptq_script(root, surface.modelopt) if root else None
+        if script is None or not script.is_file():
             raise ToolError(
-                f"quantizing to {variant.precision.value} needs Model-Optimizer's examples/llm_ptq/hf_ptq.py; "
-                f"{'it is not at ' + str(ptq_dir) if ptq_dir else 'none is configured'}: clone NVIDIA/Model-Optimizer "
+                f"quantizing to {variant.precision.value} needs Model-Optimizer's hf_ptq.py; "
+                f"{'it is not at ' + str(script) if script else 'none is configured'}: clone NVIDIA/Model-Optimizer "
                 "at the tag of the installed nvidia-modelopt and set lane option modelopt_dir or "
-                "$EF_MODELOPT_LLM_PTQ_DIR to its examples/llm_ptq"
+                f"${MODELOPT_ENV} to the checkout"
             )
         out = workdir / "checkpoint"
         if out.exists():
             shutil.rmtree(out)
-        cmd = quantize_command(spec, variant, source_dir, out, self.python)
+        cmd = quantize_command(spec, variant, source_dir, out, self.python, surface.modelopt)
+        check_against_surface([cmd], surface)  # before the calibration's GPU time
         run = run_tool(cmd.argv, workdir / "logs" / "quantize.log", timeout_s=QUANTIZE_TIMEOUT_S,
                        cwd=workdir, what="ModelOpt quantization")
         qcfg_path = out / "hf_quant_config.json"
@@ -322,7 +312,7 @@ class TrtllmLane(TrtllmLaneBase):
             "calibration_dataset": calib.dataset if calib else None,
             "calibration_samples": calib.samples if calib else None,
             "calibration_max_seq_length": calib.max_seq_length if calib else None,
-            "modelopt": installed_version("nvidia-modelopt"),
+            "modelopt": surface.modelopt,
         }
         return ConvertResult(checkpoint_dir=str(out), params=params, commands=[cmd])
 
@@ -331,6 +321,7 @@ class TrtllmLane(TrtllmLaneBase):
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
         """Runtime YAML + warm-up on a GPU of the target (autotuner cache) + bundle.json."""
         versions = self.versions()
+        surface = self.refuse_unsupported(spec, unit)
         logs = workdir / "logs"
         gpus, gpu_env = self.select_gpus(unit, logs)
         opts = self.options(spec)
@@ -339,15 +330,18 @@ class TrtllmLane(TrtllmLaneBase):
         (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
         script = workdir / "warmup.py"
         script.write_text(WARMUP_SCRIPT)
-        cache = bundle / AUTOTUNER_CACHE if opts["autotuner_cache"] else None
+        use_cache = opts["autotuner_cache"] and autotuner_supported(surface.tensorrt_llm)
+        cache = bundle / AUTOTUNER_CACHE if use_cache else None
         cmd = warmup_command(self.python, script, checkpoint_dir, bundle / RUNTIME_CONFIG, cache,
-                             opts["warmup_requests"], env=gpu_env)
+                             opts["warmup_requests"], env=gpu_env, llm_api_keys=llm_api_key_paths(cfg))
         run = run_tool(cmd.argv, logs / "warmup.log", timeout_s=WARMUP_TIMEOUT_S, env=cmd.env, cwd=workdir,
                        what="TensorRT-LLM warm-up")
         result = parse_marker_json(Path(run.log_path).read_text(errors="replace"), WARMUP_MARKER, "warm-up")
         cache_info = None
-        if cache is not None and cache.is_file() and cache.stat().st_size > 0:
-            cache_info = {"file": AUTOTUNER_CACHE, "tensorrt_llm": versions.get("tensorrt_llm"),
+        files = autotuner_cache_files(bundle) if cache is not None else []
+        if files:
+            cache_info = {"file": AUTOTUNER_CACHE, "files": [p.name for p in files],
+                          "tensorrt_llm": versions.get("tensorrt_llm"),
                           "gpu_name": gpus[0].name, "compute_capability": gpus[0].compute_capability}
         params = {"runtime_config": cfg, "precision": unit.variant.precision.value,
                   "kv_cache_dtype": unit.variant.kv_cache_dtype.value}
@@ -376,19 +370,22 @@ class TrtllmLane(TrtllmLaneBase):
         return ServeCommand(command=Command(argv=argv, env=env, description="trtllm-serve (PyTorch backend)"),
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint))
 
-    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
+    def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
+        version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version
+        modelopt = surface.modelopt if surface else assumed_modelopt(spec.toolchain.trtllm_version)
         cmds = []
         ckpt = "<source checkpoint>"
         if unit.variant.precision.is_quantized:
             cmds.append(quantize_command(spec, unit.variant, "<source checkpoint>", "<work>/checkpoint",
-                                         self.python))
+                                         WORKER_PYTHON, modelopt))
             ckpt = "<work>/checkpoint"
         opts = self.options(spec)
-        cache = f"<bundle>/{AUTOTUNER_CACHE}" if opts["autotuner_cache"] else None
-        cmds.append(warmup_command(self.python, "<work>/warmup.py", ckpt, f"<bundle>/{RUNTIME_CONFIG}", cache,
-                                   opts["warmup_requests"]))
+        keys = llm_api_key_paths(runtime_config(spec, unit))
+        cache = f"<bundle>/{AUTOTUNER_CACHE}" if opts["autotuner_cache"] and autotuner_supported(version) else None
+        cmds.append(warmup_command(WORKER_PYTHON, "<work>/warmup.py", ckpt, f"<bundle>/{RUNTIME_CONFIG}", cache,
+                                   opts["warmup_requests"], llm_api_keys=keys))
         cmds.append(Command(argv=serve_argv(ckpt, f"<bundle>/{RUNTIME_CONFIG}", "127.0.0.1", 8000),
-                            description="serve"))
+                            tool=SERVE, llm_api_keys=keys, description="serve"))
         return cmds
 
 
@@ -415,8 +412,8 @@ def usable_autotuner_cache(bundle_dir: Path, info: dict[str, Any],
     meta = info.get("autotuner_cache")
     if not meta:
         return None
-    src = bundle_dir / meta["file"]
-    if not src.is_file():
+    files = [bundle_dir / name for name in meta.get("files", [meta["file"]])]
+    if not files or not all(f.is_file() for f in files):
         return None
     version = trtllm_version or installed_version("tensorrt-llm") or installed_version("tensorrt_llm")
     if version != meta.get("tensorrt_llm"):
@@ -428,9 +425,10 @@ def usable_autotuner_cache(bundle_dir: Path, info: dict[str, Any],
             return None
     if not any(g.name == meta.get("gpu_name") for g in gpus):
         return None
-    scratch = Path(tempfile.mkdtemp(prefix="ef-autotuner-")) / AUTOTUNER_CACHE
-    shutil.copyfile(src, scratch)
-    return scratch
+    scratch = Path(tempfile.mkdtemp(prefix="ef-autotuner-"))
+    for f in files:  # the path itself and/or its <stem>.rank{N}.json siblings: the same names, side by side
+        shutil.copyfile(f, scratch / f.name)
+    return scratch / meta["file"]
 
 
 def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, override: str | None) -> str | None:
@@ -444,6 +442,16 @@ def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, overri
 
 
 __all__ = [
-    "TrtllmLane", "TrtllmLaneBase", "bundle_checkpoint", "quantize_command", "runtime_config",
-    "serve_argv", "usable_autotuner_cache", "warmup_command",
+    "BUNDLE_INFO",
+    "TrtllmLane",
+    "TrtllmLaneBase",
+    "autotuner_cache_files",
+    "bundle_checkpoint",
+    "hf_ptq_script",
+    "parse_marker_json",
+    "quantize_command",
+    "runtime_config",
+    "serve_argv",
+    "usable_autotuner_cache",
+    "warmup_command",
 ]

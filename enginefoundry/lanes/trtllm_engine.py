@@ -1,8 +1,12 @@
 """Lane `trtllm-engine`: the legacy TensorRT-engine path, TensorRT-LLM 1.0 – 1.2.x only.
 
-convert: `convert_checkpoint.py` of the model family (parallelism and quantization are fixed here, in the
-checkpoint's `mapping`); build: `trtllm-build` on a GPU of the target → `rank{N}.engine` + `config.json`, plus a
-Triton `inflight_batcher_llm` model repository; serve: `trtllm-serve <engine> --backend tensorrt --tokenizer <hf>`.
+convert: parallelism and quantization are fixed here, in the checkpoint's `mapping`. Plain dtypes, weight-only
+int8/int4 and an INT8 KV cache go through the family's `convert_checkpoint.py`; fp8, nvfp4, int4_awq and an FP8
+KV cache go through `examples/quantization/quantize.py --qformat … --kv_cache_dtype … --calib_size …` (ModelOpt
+PTQ: convert_checkpoint.py says "AWQ is only supported by quantize.py script", facts §0).
+build: `trtllm-build` on a GPU of the target → `rank{N}.engine` + `config.json`, plus a Triton
+`inflight_batcher_llm` model repository; serve: `trtllm-serve <engine> --backend trt|tensorrt --tokenizer <hf>`
+(`trt` in 1.0.x, `tensorrt` after PR #7829; read from the installed `--help`).
 TensorRT-LLM 1.3 removes all of it (#15763, #15907, #15918, #16369): `versions()` refuses 1.3 and its rcs.
 """
 
@@ -18,24 +22,32 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
-from enginefoundry.lanes.trtllm import (
+from enginefoundry.lanes.trtllm import model_activation_dtype
+from enginefoundry.lanes.trtllm_base import (
+    WORKER_PYTHON,
     TrtllmLaneBase,
+    chunked_prefill_check,
     fresh_dir,
-    model_activation_dtype,
+    precision_checks,
     read_bundle_info,
 )
 from enginefoundry.lanes.trtllm_flags import (
     CONVERT,
     ENGINE_INSTALL_HINT,
+    FILL,
+    QUANTIZE,
     SERVE,
     TRTLLM_BUILD,
     arg,
-    resolve_options,
+    serve_backend_value,
 )
+from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.plan import Unit
-from enginefoundry.preflight import read_model_config
+from enginefoundry.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
+from enginefoundry.preflight import Check, read_model_config
 from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
+from enginefoundry.toolchain import ToolHelp, ToolSurface, check_against_surface
 
 CONVERT_TIMEOUT_S = 6 * 3600.0
 BUILD_TIMEOUT_S = 4 * 3600.0  # 30–90 min for 70B (facts §12), with room for a slow host
@@ -48,9 +60,9 @@ TOKENIZER_EXTRA = ("config.json", "generation_config.json")
 # config.json `architectures[0]` / `model_type` → the examples/models/core/<dir> whose convert_checkpoint.py
 # handles it. Llama first; other families need their own script and flags.
 FAMILIES = {"LlamaForCausalLM": "llama", "llama": "llama"}
-TORCH_NAMES = {Precision.FP16: "float16", Precision.BF16: "bfloat16", Precision.FP32: "float32"}
-WEIGHT_ONLY = {Precision.INT8_WO: "int8", Precision.INT4_WO: "int4", Precision.INT4_AWQ: "int4_awq"}
-CALIBRATED = (Precision.FP8, Precision.NVFP4, Precision.INT4_AWQ)
+WEIGHT_ONLY = {Precision.INT8_WO: "int8", Precision.INT4_WO: "int4"}
+# Precisions quantize.py produces (ModelOpt PTQ with calibration), by --qformat.
+QUANTIZE_QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.INT4_AWQ: "int4_awq"}
 # convert_checkpoint.py takes HF dataset ids (default ccdv/cnn_dailymail); ModelOpt's short name differs.
 CALIB_DATASETS = {"cnn_dailymail": "ccdv/cnn_dailymail"}
 
@@ -74,6 +86,43 @@ def convert_script(examples_dir: Path | str, family: str) -> Path:
     return Path(examples_dir) / "models" / "core" / family / "convert_checkpoint.py"
 
 
+def quantize_script(examples_dir: Path | str) -> Path:
+    return Path(examples_dir) / "quantization" / "quantize.py"
+
+
+def uses_quantize(variant: Variant) -> bool:
+    """fp8 / nvfp4 / int4_awq weights or an FP8 KV cache: ModelOpt PTQ through quantize.py (facts §0)."""
+    return variant.precision in QUANTIZE_QFORMATS or variant.kv_cache_dtype is KVCacheDtype.FP8
+
+
+def quantize_argv(spec: BuildSpec, variant: Variant, python: str, script: Path | str, source_dir: Path | str,
+                  out_dir: Path | str, dtype: str) -> list[str]:
+    """examples/quantization/quantize.py → a TensorRT-LLM checkpoint with the variant's mapping, for trtllm-build."""
+    qformat = QUANTIZE_QFORMATS.get(variant.precision, "full_prec")
+    c = variant.calibration
+    argv = [python, str(script),
+            arg(QUANTIZE, "model_dir"), str(source_dir),
+            arg(QUANTIZE, "output_dir"), str(out_dir),
+            arg(QUANTIZE, "dtype"), dtype,
+            arg(QUANTIZE, "qformat"), qformat,
+            arg(QUANTIZE, "tp_size"), str(variant.tp),
+            arg(QUANTIZE, "pp_size"), str(variant.pp)]
+    if variant.kv_cache_dtype in (KVCacheDtype.FP8, KVCacheDtype.INT8):
+        argv += [arg(QUANTIZE, "kv_cache_dtype"), variant.kv_cache_dtype.value]
+    samples = c.samples if c else 512
+    seq = c.max_seq_length if c else 512
+    argv += [arg(QUANTIZE, "calib_dataset"), c.dataset if c else "cnn_dailymail",
+             arg(QUANTIZE, "calib_size"), str(samples), arg(QUANTIZE, "calib_max_seq_length"), str(seq)]
+    return argv
+
+
+def paged_context_fmha(spec: BuildSpec, variant: Variant) -> bool:
+    """What the engine really gets: builder.py turns use_paged_context_fmha off with an INT8 KV cache ("doesn't
+    work with int8 kv cache", facts §0), and with it chunked context and KV reuse."""
+    opts = resolve_options("trtllm-engine", spec.lane_options)
+    return bool(opts["use_paged_context_fmha"]) and variant.kv_cache_dtype is not KVCacheDtype.INT8
+
+
 def convert_argv(spec: BuildSpec, variant: Variant, python: str, script: Path | str, source_dir: Path | str,
                  out_dir: Path | str, dtype: str) -> list[str]:
     opts = resolve_options("trtllm-engine", spec.lane_options)
@@ -85,18 +134,14 @@ def convert_argv(spec: BuildSpec, variant: Variant, python: str, script: Path | 
             arg(CONVERT, "pp_size"), str(variant.pp),
             arg(CONVERT, "workers"), str(min(opts["convert_workers"], variant.tp * variant.pp))]
     p = variant.precision
+    if uses_quantize(variant):  # a programming error: those go through quantize.py
+        raise AssertionError(f"{variant.name} is quantized by quantize.py, not convert_checkpoint.py")
     if p in WEIGHT_ONLY:
         argv += [arg(CONVERT, "use_weight_only"), arg(CONVERT, "weight_only_precision"), WEIGHT_ONLY[p]]
-    elif p is Precision.FP8:
-        argv.append(arg(CONVERT, "use_fp8"))
-    elif p is Precision.NVFP4:
-        argv.append(arg(CONVERT, "use_nvfp4"))
-    if variant.kv_cache_dtype is KVCacheDtype.FP8:
-        argv.append(arg(CONVERT, "fp8_kv_cache"))
-    elif variant.kv_cache_dtype is KVCacheDtype.INT8:
+    # --calib_* are read only with --int8_kv_cache (or --smoothquant) (facts §0).
+    if variant.kv_cache_dtype is KVCacheDtype.INT8:
         argv.append(arg(CONVERT, "int8_kv_cache"))
-    calibrated = p in CALIBRATED or variant.kv_cache_dtype in (KVCacheDtype.FP8, KVCacheDtype.INT8)
-    if calibrated and variant.calibration is not None:
+    if variant.kv_cache_dtype is KVCacheDtype.INT8 and variant.calibration is not None:
         c = variant.calibration
         argv += [arg(CONVERT, "calib_dataset"), CALIB_DATASETS.get(c.dataset, c.dataset),
                  arg(CONVERT, "calib_size"), str(c.samples),
@@ -134,7 +179,7 @@ def build_argv(spec: BuildSpec, unit: Unit, checkpoint_dir: Path | str, engine_d
             # paged_kv_cache: false is refused by validate_options (in-flight batching needs it).
             arg(TRTLLM_BUILD, "kv_cache_type"), "paged" if p.paged_kv_cache else "continuous",
             arg(TRTLLM_BUILD, "remove_input_padding"), _enable(p.remove_input_padding),
-            arg(TRTLLM_BUILD, "use_paged_context_fmha"), _enable(opts["use_paged_context_fmha"]),
+            arg(TRTLLM_BUILD, "use_paged_context_fmha"), _enable(paged_context_fmha(spec, unit.variant)),
             arg(TRTLLM_BUILD, "max_batch_size"), str(p.max_batch_size),
             arg(TRTLLM_BUILD, "max_input_len"), str(p.max_input_len),
             arg(TRTLLM_BUILD, "max_seq_len"), str(p.max_seq_len),
@@ -154,10 +199,11 @@ def build_argv(spec: BuildSpec, unit: Unit, checkpoint_dir: Path | str, engine_d
 
 
 def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str, unit_params: dict[str, Any], host: str,
-                      port: int) -> list[str]:
-    """trtllm-serve of a prebuilt engine: --backend tensorrt (the default is pytorch since 1.0) + --tokenizer."""
+                      port: int, backend: str = "tensorrt") -> list[str]:
+    """trtllm-serve of a prebuilt engine: --backend trt|tensorrt (the default is pytorch since 1.0) + --tokenizer.
+    `backend`: serve_backend_value() of the installed release."""
     return ["trtllm-serve", str(engine_dir),
-            arg(SERVE, "backend"), "tensorrt",
+            arg(SERVE, "backend"), backend,
             arg(SERVE, "tokenizer"), str(tokenizer_dir),
             arg(SERVE, "tp_size"), str(unit_params["tp"]),
             arg(SERVE, "pp_size"), str(unit_params["pp"]),
@@ -165,6 +211,32 @@ def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str, unit_pa
             arg(SERVE, "max_num_tokens"), str(unit_params["max_num_tokens"]),
             arg(SERVE, "kv_cache_free_gpu_memory_fraction"), str(unit_params["kv_cache_free_gpu_memory_fraction"]),
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
+
+
+def plugin_checks(opts: dict[str, Any], unit: Unit, shape: Any) -> list[Check]:
+    """trtllm-build plugin dtypes must be the model's dtype (or the variant's fp8/nvfp4)."""
+    model_dtype = activation_dtype(unit.variant.precision, shape, opts["dtype"])
+    out = []
+    for name in ("gemm_plugin", "gpt_attention_plugin"):
+        value = opts[name]
+        if value in ("auto", "disable", "int32"):
+            continue
+        if value in ("fp8", "nvfp4"):
+            ok = unit.variant.precision.value == value
+            out.append(Check(name="plugin_dtype", ok=ok,
+                             message=f"{name}={value} " + ("matches" if ok else "needs a variant of precision "
+                                                            f"{value}; this one is {unit.variant.precision.value}"),
+                             fix=None if ok else f"{name}: auto"))
+        elif model_dtype is None:
+            out.append(Check(name="plugin_dtype", ok=True,
+                             message=f"{name}={value}; the model dtype is unknown until config.json is read"))
+        else:
+            ok = value == model_dtype
+            out.append(Check(name="plugin_dtype", ok=ok,
+                             message=f"{name}={value} " + ("matches the model dtype" if ok else
+                                                            f"differs from the model dtype {model_dtype}"),
+                             fix=None if ok else f"{name}: {model_dtype} (or auto)"))
+    return out
 
 
 def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:
@@ -205,6 +277,30 @@ def copy_tokenizer(source_dir: Path, dest: Path) -> None:
 class TrtllmEngineLane(TrtllmLaneBase):
     name = "trtllm-engine"
     install_hint = ENGINE_INSTALL_HINT
+    convert_tools = (CONVERT, QUANTIZE)
+    # convert_checkpoint's --use_parallel_embedding is off by default: every tp rank holds the whole embedding.
+    embedding_sharded = False
+
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+        opts = self.options(spec)
+        why = None
+        if unit.variant.kv_cache_dtype is KVCacheDtype.INT8:
+            why = "an INT8 KV cache, with which builder.py turns the paged context FMHA off"
+        elif not opts["use_paged_context_fmha"]:
+            why = "lane option use_paged_context_fmha: false"
+        return (precision_checks(unit, self.fp8_kv_on_ampere) + plugin_checks(opts, unit, shape)
+                + chunked_prefill_check(unit, why))
+
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+                        per_rank_bytes: int) -> tuple[float, float]:
+        # convert_checkpoint loads the whole HF model unless --load_by_shard; each trtllm-build worker holds one
+        # rank's weights and the serialized engine (facts §12: #538, #1543, #2690).
+        opts = self.options(spec)
+        world = unit.variant.tp * unit.variant.pp
+        convert = (2 * per_rank_bytes) if opts["load_by_shard"] else source_bytes + per_rank_bytes
+        workers = min(world, unit.target.gpu_count or 1, int(opts["build_workers"] or world))
+        host = max(convert, 2 * per_rank_bytes * workers)
+        return host, source_bytes + 2 * est.weights_bytes_total  # HF checkpoint + converted checkpoint + engines
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
@@ -212,18 +308,38 @@ class TrtllmEngineLane(TrtllmLaneBase):
             problems.append(("toolchain.trtllm_version",
                              "lane trtllm-engine needs a pinned TensorRT-LLM 1.0 – 1.2.x (e.g. 1.2.1): an unpinned "
                              "or --pre install may be 1.3+, which has no engine path"))
+        load_by_shard = bool(self.options(spec)["load_by_shard"])
         for i, v in enumerate(spec.variants):
             if v.kv_cache_dtype in (KVCacheDtype.FP16, KVCacheDtype.BF16):
-                model = TORCH_NAMES.get(v.precision)
-                same = {"float16": KVCacheDtype.FP16, "bfloat16": KVCacheDtype.BF16}.get(model or "")
+                same = SAME_KV_DTYPE.get(TORCH_DTYPE.get(v.precision, ""))
                 if same is not v.kv_cache_dtype:
                     problems.append((f"variants.{i}.kv_cache_dtype",
                                      f"convert_checkpoint.py has no {v.kv_cache_dtype.value} KV option: the KV "
                                      "cache is the model's dtype unless fp8/int8; use auto, fp8 or int8"))
+            if load_by_shard and v.kv_cache_dtype is KVCacheDtype.INT8:
+                problems.append(("lane_options.load_by_shard",
+                                 f"variant {v.name}: convert_checkpoint.py asserts \"load by shard not supported\" "
+                                 "with --int8_kv_cache (llama convert_checkpoint.py): drop load_by_shard or use "
+                                 "kv_cache_dtype fp8 (sm89+)"))
         return problems
 
-    def _examples_dir(self, spec: BuildSpec) -> str | None:
-        return self.options(spec)["examples_dir"] or os.environ.get("EF_TRTLLM_EXAMPLES_DIR")
+    def _examples_dir(self, spec: BuildSpec | None) -> str | None:
+        opts = resolve_options("trtllm-engine", spec.lane_options if spec else {})
+        return opts["examples_dir"] or os.environ.get("EF_TRTLLM_EXAMPLES_DIR")
+
+    def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
+        tools = {TRTLLM_BUILD: ["trtllm-build"], SERVE: ["trtllm-serve"]}
+        examples = self._examples_dir(spec)
+        if examples:
+            tools[CONVERT] = [self.python, str(convert_script(examples, "llama"))]
+            tools[QUANTIZE] = [self.python, str(quantize_script(examples))]
+        triton_dir = self.triton_dir(spec)
+        if triton_dir is not None:
+            tools[FILL] = [self.python, str(triton_dir / triton.FILL_TEMPLATE)]
+        return tools
+
+    def triton_dir(self, spec: BuildSpec | None) -> Path | None:
+        return Path(resolve_options("trtllm-engine", spec.lane_options if spec else {})["triton_dir"])
 
     # convert ------------------------------------------------------------------------------------------------
 
@@ -232,10 +348,14 @@ class TrtllmEngineLane(TrtllmLaneBase):
         config = read_model_config(source_dir)
         family = model_family(config)
         examples = self._examples_dir(spec)
-        script = convert_script(examples, family) if examples else None
+        quantize = uses_quantize(variant)
+        script = None
+        if examples:
+            script = quantize_script(examples) if quantize else convert_script(examples, family)
         if script is None or not script.is_file():
+            what = "examples/quantization/quantize.py" if quantize else f"convert_checkpoint.py for {family}"
             raise ToolError(
-                f"convert_checkpoint.py for {family} not found{' at ' + str(script) if script else ''}: set lane "
+                f"{what} not found{' at ' + str(script) if script else ''}: set lane "
                 "option examples_dir (or $EF_TRTLLM_EXAMPLES_DIR) to the examples/ folder of the installed "
                 "TensorRT-LLM release (git checkout v<version> of NVIDIA/TensorRT-LLM)"
             )
@@ -243,17 +363,23 @@ class TrtllmEngineLane(TrtllmLaneBase):
         out = workdir / "checkpoint"
         if out.exists():
             shutil.rmtree(out)
-        argv = convert_argv(spec, variant, self.python, script, source_dir, out, dtype)
-        cmd = Command(argv=argv, cwd=str(workdir), description=f"convert_checkpoint.py ({family})")
+        if quantize:
+            argv = quantize_argv(spec, variant, self.python, script, source_dir, out, dtype)
+            cmd = Command(argv=argv, cwd=str(workdir), tool=QUANTIZE, description="quantize.py (ModelOpt PTQ)")
+        else:
+            argv = convert_argv(spec, variant, self.python, script, source_dir, out, dtype)
+            cmd = Command(argv=argv, cwd=str(workdir), tool=CONVERT, description=f"convert_checkpoint.py ({family})")
+        check_against_surface([cmd], self.pinned_surface(spec))  # before the conversion's GPU time
         run_tool(argv, workdir / "logs" / "convert.log", timeout_s=CONVERT_TIMEOUT_S, cwd=workdir,
-                 what="convert_checkpoint.py")
+                 what=cmd.description)
         ckpt_cfg = check_checkpoint_dir(out, variant)
         # The tokenizer travels with the converted checkpoint: build needs it for Triton and trtllm-serve.
         copy_tokenizer(source_dir, out / TOKENIZER_DIR)
         params = {"format": "trtllm-checkpoint", "family": family, "dtype": dtype,
                   "precision": variant.precision.value, "kv_cache_dtype": variant.kv_cache_dtype.value,
-                  "tp": variant.tp, "pp": variant.pp, "quantization": ckpt_cfg.get("quantization")}
-        if variant.precision.is_quantized and variant.calibration:
+                  "tp": variant.tp, "pp": variant.pp, "quantization": ckpt_cfg.get("quantization"),
+                  "route": "quantize.py" if quantize else "convert_checkpoint.py"}
+        if (quantize or variant.kv_cache_dtype is KVCacheDtype.INT8) and variant.calibration:
             params["calibration"] = variant.calibration.model_dump()
         return ConvertResult(checkpoint_dir=str(out), params=params, commands=[cmd])
 
@@ -261,6 +387,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
         versions = self.versions()
+        surface = self.refuse_unsupported(spec, unit)
         opts = self.options(spec)
         logs = workdir / "logs"
         ckpt_cfg = check_checkpoint_dir(checkpoint_dir, unit.variant)
@@ -271,7 +398,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
         timing_cache = (workdir / "timing.cache").resolve()
         previous = timing_cache if timing_cache.is_file() else None
         argv = build_argv(spec, unit, checkpoint_dir.resolve(), engine_dir, timing_cache, previous)
-        cmd = Command(argv=argv, env=gpu_env, cwd=str(scratch), description="trtllm-build")
+        cmd = Command(argv=argv, env=gpu_env, cwd=str(scratch), tool=TRTLLM_BUILD, description="trtllm-build")
         run = run_tool(argv, logs / "trtllm-build.log", timeout_s=BUILD_TIMEOUT_S, env=gpu_env, cwd=scratch,
                        what="trtllm-build")
         world = unit.variant.tp * unit.variant.pp
@@ -285,7 +412,8 @@ class TrtllmEngineLane(TrtllmLaneBase):
         mount = opts["triton_bundle_mount"] or str(bundle.resolve())
         model_dtype = str(ckpt_cfg.get("dtype") or "float16")
         params_t = triton.TritonParams.for_unit(unit, opts, engine_dir=f"{mount}/{ENGINE_DIR}",
-                                                tokenizer_dir=f"{mount}/{TOKENIZER_DIR}", model_dtype=model_dtype)
+                                                tokenizer_dir=f"{mount}/{TOKENIZER_DIR}", model_dtype=model_dtype,
+                                                chunked_context=paged_context_fmha(spec, unit.variant))
         triton_cmds = triton.build_repository(Path(opts["triton_dir"]), bundle / TRITON_REPO, params_t,
                                               python=self.python, log_dir=logs)
         p = unit.profile
@@ -294,6 +422,8 @@ class TrtllmEngineLane(TrtllmLaneBase):
                   "max_seq_len": p.max_seq_len, "max_num_tokens": p.max_num_tokens,
                   "kv_cache_free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction,
                   "gemm_plugin": opts["gemm_plugin"], "gpt_attention_plugin": opts["gpt_attention_plugin"],
+                  "serve_backend": serve_backend_value(surface.tensorrt_llm,
+                                                       (surface.tools.get(SERVE) or _NO_HELP).choices.get("backend")),
                   "build_argv": argv}
         launch = triton.launch_command(Path(opts["triton_dir"]), f"{mount}/{TRITON_REPO}", world)
         self.write_bundle_info(bundle, unit, params, gpus, versions, {
@@ -315,16 +445,25 @@ class TrtllmEngineLane(TrtllmLaneBase):
         info = read_bundle_info(bundle_dir)
         root = Path(bundle_dir).resolve()
         engine, tok = root / info["engine_dir"], root / info["tokenizer_dir"]
-        argv = engine_serve_argv(engine, tok, info["params"], host, port)
-        return ServeCommand(command=Command(argv=argv, description="trtllm-serve --backend tensorrt"),
+        backend = info["params"].get("serve_backend") or serve_backend_value(
+            info.get("versions", {}).get("tensorrt_llm"))
+        argv = engine_serve_argv(engine, tok, info["params"], host, port, backend)
+        return ServeCommand(command=Command(argv=argv, description=f"trtllm-serve --backend {backend}"),
                             model_name=str(engine), health_path="/health", tokenizer_dir=str(tok))
 
-    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
+    def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         opts = self.options(spec)
+        version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version
         examples = self._examples_dir(spec) or "$EF_TRTLLM_EXAMPLES_DIR"
         dtype = model_activation_dtype(unit.variant, None, opts["dtype"]) or "auto"
-        convert = convert_argv(spec, unit.variant, self.python, convert_script(examples, "llama"),
-                               "<source checkpoint>", "<work>/checkpoint", dtype)
+        if uses_quantize(unit.variant):
+            first = Command(argv=quantize_argv(spec, unit.variant, WORKER_PYTHON, quantize_script(examples),
+                                               "<source checkpoint>", "<work>/checkpoint", dtype),
+                            tool=QUANTIZE, description="convert: quantize.py (ModelOpt PTQ)")
+        else:
+            first = Command(argv=convert_argv(spec, unit.variant, WORKER_PYTHON, convert_script(examples, "llama"),
+                                              "<source checkpoint>", "<work>/checkpoint", dtype),
+                            tool=CONVERT, description="convert (dtype auto = the checkpoint's)")
         build = build_argv(spec, unit, "<work>/checkpoint", "<bundle>/engine", "<work>/timing.cache")
         p = unit.profile
         serve_params = {"tp": unit.variant.tp, "pp": unit.variant.pp, "max_batch_size": p.max_batch_size,
@@ -332,12 +471,19 @@ class TrtllmEngineLane(TrtllmLaneBase):
                         "kv_cache_free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}
         triton_params = triton.TritonParams.for_unit(unit, opts, engine_dir="<bundle>/engine",
                                                      tokenizer_dir="<bundle>/tokenizer",
-                                                     model_dtype=dtype if dtype != "auto" else "float16")
+                                                     model_dtype=dtype if dtype != "auto" else "float16",
+                                                     chunked_context=paged_context_fmha(spec, unit.variant))
+        choices = (surface.tools.get(SERVE) or _NO_HELP).choices.get("backend") if surface else None
+        backend = serve_backend_value(version, choices)
         return [
-            Command(argv=convert, description="convert (dtype auto = the checkpoint's)"),
-            Command(argv=build, description="build"),
+            first,
+            Command(argv=build, tool=TRTLLM_BUILD, description="build"),
             *triton.fill_commands(Path(opts["triton_dir"]), Path("<bundle>") / TRITON_REPO, triton_params,
-                                  python=self.python),
-            Command(argv=engine_serve_argv("<bundle>/engine", "<bundle>/tokenizer", serve_params, "127.0.0.1", 8000),
-                    description="serve"),
+                                  python=WORKER_PYTHON),
+            Command(argv=engine_serve_argv("<bundle>/engine", "<bundle>/tokenizer", serve_params, "127.0.0.1", 8000,
+                                           backend),
+                    tool=SERVE, description="serve"),
         ]
+
+
+_NO_HELP = ToolHelp()

@@ -12,9 +12,9 @@ it ("1.2": the engine path is removed in 1.3, #15763/#15907/#15918/#16369).
 
 from __future__ import annotations
 
-import difflib
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from enginefoundry.toolchain import parse_version
@@ -24,77 +24,129 @@ ENGINE_LAST = "1.2"  # last release series with trtllm-build / convert_checkpoin
 
 TRTLLM_BUILD = "trtllm-build"
 CONVERT = "convert_checkpoint.py"  # examples/models/core/llama/convert_checkpoint.py
+QUANTIZE = "quantize.py"  # examples/quantization/quantize.py (engine-lane PTQ through ModelOpt)
 SERVE = "trtllm-serve"
 LLM_API = "LLM API YAML (--extra_llm_api_options)"
-HF_PTQ = "hf_ptq.py"  # Model-Optimizer examples/llm_ptq/hf_ptq.py (versioned with nvidia-modelopt, not TRT-LLM)
+HF_PTQ = "hf_ptq.py"  # Model-Optimizer examples/{llm_ptq,hf_ptq}/hf_ptq.py (versioned with nvidia-modelopt)
 FILL = "fill_template.py"
 LAUNCH_TRITON = "launch_triton_server.py"
 ENV = "environment"
 
+TENSORRT_LLM = "tensorrt_llm"
+MODELOPT = "modelopt"
+
+# Upstream references (file@commit, PR, release note). facts = ../shared/facts/trtllm.md.
+REF_BUILD = "tensorrt_llm/commands/build.py@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc (parse_arguments); facts §4"
+REF_ENGINE_REMOVED = "PR #15918 (trtllm-build and the builder removed on main, 1.3 line)"
+REF_CONVERT = "examples/models/core/llama/convert_checkpoint.py (release/1.2); facts §3"
+REF_CONVERT_REMOVED = "PR #15763 (examples/models/core/* removed, 1.3 line)"
+REF_QUANTIZE = "examples/quantization/quantize.py@059c97c10c12e948e91676c8db3c9f137b0a2389"
+REF_SERVE = "tensorrt_llm/commands/serve.py@00209af149e7774406881a37283dce303571eb11"
+REF_BACKEND_RENAME = "PR #7829 (2025-09-18: --backend choices trt → tensorrt, after the 1.0 branch)"
+REF_AUTOTUNER = "PR #7738 (TLLM_AUTOTUNER_CACHE_PATH; first form saves <stem>.rank{N}.json)"
+REF_LLM_API = "tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, CudaGraphConfig; extra=forbid)"
+REF_TOKENS_PER_BLOCK = "PR #7372 thread (2025-08-30: present at 1.2.0rc2, doubtful for 1.0/1.1)"
+REF_HF_PTQ = "NVIDIA/Model-Optimizer examples/llm_ptq/hf_ptq.py@0.37.0"
+REF_HF_PTQ_039 = "NVIDIA/Model-Optimizer tag 0.39.0 (examples/llm_ptq/hf_ptq.py gains --calib_seq, qformat int8_wo)"
+REF_HF_PTQ_046 = "NVIDIA/Model-Optimizer tag 0.46.0 (examples/llm_ptq → examples/hf_ptq; --export_fmt gone)"
+REF_FILL = "triton_backend/tools/fill_template.py (release/1.2); facts §10"
+REF_LAUNCH = "triton_backend/scripts/launch_triton_server.py (release/1.2); facts §10"
+REF_TEMPLATES = "triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt (release/1.2); facts §10"
+REF_TRITON_REMOVED = "PR #15907 (inflight_batcher_llm and its templates removed, 1.3 line)"
+
 
 @dataclass(frozen=True)
 class Flag:
+    """One flag, YAML key, env var or choice value, with the releases that have it and the evidence.
+
+    `since`/`until` are release series of the package named by `versioned_by` (TensorRT-LLM, or ModelOpt for
+    hf_ptq.py). `value` set: the entry is one choice of flag `name` (e.g. trtllm-serve --backend trt)."""
+
     tool: str
-    name: str  # without leading dashes; for YAML, a dotted key path
+    name: str
     since: str = FLOOR
     until: str | None = None
     refs: tuple[str, ...] = ()
     note: str = ""
+    versioned_by: str = TENSORRT_LLM
+    value: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}={self.value}" if self.value is not None else self.name
 
     def exists_in(self, version: str) -> bool:
         v = parse_version(version).release
         if v < parse_version(self.since).release:
             return False
-        return self.until is None or v[:2] <= parse_version(self.until).release[:2]
+        if self.until is None:
+            return True
+        until = parse_version(self.until).release
+        depth = len(self.until.split("."))
+        return v[:depth] <= until[:depth]
 
 
 def _flags(tool: str, names: str, **kw: Any) -> list[Flag]:
     return [Flag(tool, n, **kw) for n in names.split()]
 
 
+_ENGINE = {"until": ENGINE_LAST}
+
 EMITTED: tuple[Flag, ...] = (
     # trtllm-build [§4]: the tool exists 1.0 – 1.2.x; removed on main by #15918.
     *_flags(TRTLLM_BUILD, "checkpoint_dir output_dir max_batch_size max_input_len max_seq_len max_num_tokens "
             "max_beam_width gemm_plugin gpt_attention_plugin remove_input_padding use_paged_context_fmha "
-            "use_fused_mlp multiple_profiles tokens_per_block input_timing_cache", until=ENGINE_LAST),
+            "use_fused_mlp multiple_profiles tokens_per_block input_timing_cache", **_ENGINE,
+            refs=(REF_BUILD, REF_ENGINE_REMOVED)),
     # 0.13 deprecated --paged_kv_cache in favour of --kv_cache_type (#2201).
-    Flag(TRTLLM_BUILD, "kv_cache_type", since="0.13", until=ENGINE_LAST, refs=("#2201",)),
+    Flag(TRTLLM_BUILD, "kv_cache_type", since="0.13", **_ENGINE, refs=("#2201", REF_BUILD, REF_ENGINE_REMOVED)),
     # Default `model.cache` is relative and written into the CWD by rank 0: always pass an explicit path.
-    Flag(TRTLLM_BUILD, "output_timing_cache", until=ENGINE_LAST, note="default model.cache in the CWD"),
+    Flag(TRTLLM_BUILD, "output_timing_cache", **_ENGINE, refs=(REF_BUILD, "facts §12"),
+         note="default model.cache in the CWD"),
     # Capped at run time: workers = min(torch.cuda.device_count(), --workers).
-    Flag(TRTLLM_BUILD, "workers", until=ENGINE_LAST, note="capped to the visible GPU count"),
-    # convert_checkpoint.py (llama) [§3]; deleted on main by #15763.
+    Flag(TRTLLM_BUILD, "workers", **_ENGINE, refs=(REF_BUILD, "facts §12"), note="capped to the visible GPU count"),
+    # convert_checkpoint.py (llama) [§3]: plain dtypes, weight-only and INT8 KV. Its --calib_* flags are read only
+    # with --smoothquant/--int8_kv_cache, and AWQ/FP8/NVFP4 go through quantize.py (facts §0).
     *_flags(CONVERT, "model_dir output_dir dtype tp_size pp_size workers use_weight_only weight_only_precision "
-            "use_fp8 use_nvfp4 fp8_kv_cache int8_kv_cache calib_dataset calib_size calib_max_seq_length "
-            "load_by_shard", until=ENGINE_LAST, refs=("#15763",)),
-    # trtllm-serve [§7]: 0.15+. --backend tensorrt and --tokenizer (engine only) go with the engine path.
-    *_flags(SERVE, "host port extra_llm_api_options", since="0.15"),
-    # Used by the engine lane; `--backend tensorrt` is accepted only up to 1.2.x (the value, not the flag, goes).
+            "int8_kv_cache calib_dataset calib_size calib_max_seq_length load_by_shard", **_ENGINE,
+            refs=(REF_CONVERT, REF_CONVERT_REMOVED)),
+    # examples/quantization/quantize.py: ModelOpt PTQ to a TensorRT-LLM checkpoint, then trtllm-build (facts §0).
+    *_flags(QUANTIZE, "model_dir output_dir dtype qformat kv_cache_dtype calib_dataset calib_size "
+            "calib_max_seq_length tp_size pp_size", **_ENGINE, refs=(REF_QUANTIZE, "facts §0", REF_CONVERT_REMOVED)),
+    # trtllm-serve [§7]: 0.15+.
+    *_flags(SERVE, "host port extra_llm_api_options", since="0.15", refs=(REF_SERVE, "facts §7")),
+    # Used by the engine lane.
     *_flags(SERVE, "backend tokenizer kv_cache_free_gpu_memory_fraction max_batch_size max_num_tokens tp_size "
-            "pp_size", since="0.15"),
-    # ModelOpt unified HF export (hf_quant_config.json). Flags from Model-Optimizer examples/llm_ptq/hf_ptq.py
-    # (not in the facts; checked against the Model-Optimizer source). --export_fmt hf is what facts §3 names;
-    # newer hf_ptq.py defaults to hf and keeps the flag as deprecated.
-    # since="0.0": versioned with nvidia-modelopt, so no TensorRT-LLM release bounds it.
-    *_flags(HF_PTQ, "pyt_ckpt_path qformat kv_cache_qformat calib_size calib_seq dataset export_path export_fmt",
-            since="0.0"),
+            "pp_size", since="0.15", refs=(REF_SERVE, "facts §7")),
+    # --backend values: click.Choice(["pytorch", "trt", "_autodeploy"]) until PR #7829 renamed trt → tensorrt;
+    # later serve.py accepts trt as an alias that --help does not list. The lane reads the choices from --help.
+    Flag(SERVE, "backend", value="trt", since="0.15", until="1.0", refs=(REF_BACKEND_RENAME, "facts §0")),
+    Flag(SERVE, "backend", value="tensorrt", since="1.1", **_ENGINE,
+         refs=(REF_BACKEND_RENAME, REF_SERVE, "PR #15767 (choice removed with the engine path)")),
+    # ModelOpt unified HF export (hf_quant_config.json), versioned with nvidia-modelopt, not TensorRT-LLM.
+    *_flags(HF_PTQ, "pyt_ckpt_path qformat kv_cache_qformat calib_size dataset export_path", since="0.0",
+            versioned_by=MODELOPT, refs=(REF_HF_PTQ,)),
+    Flag(HF_PTQ, "calib_seq", since="0.39", versioned_by=MODELOPT, refs=(REF_HF_PTQ_039, "facts §0")),
+    Flag(HF_PTQ, "qformat", value="int8_wo", since="0.39", versioned_by=MODELOPT, refs=(REF_HF_PTQ_039,),
+         note="never emitted: the PyTorch backend has no W8A16 (lane trtllm refuses int8_wo)"),
+    # Deprecated from 0.37 (hf is the default), still accepted to 0.45; emitted only where the default may differ.
+    Flag(HF_PTQ, "export_fmt", since="0.0", until="0.45", versioned_by=MODELOPT, refs=(REF_HF_PTQ_046, "facts §0")),
     # Triton fill_template.py takes `-i/--in_place <file> k:v,…` [§10].
-    Flag(FILL, "in_place", until=ENGINE_LAST),
+    Flag(FILL, "in_place", **_ENGINE, refs=(REF_FILL, REF_TRITON_REMOVED)),
     # launch_triton_server.py: --world_size must equal the engine's tp × pp [§10].
-    *_flags(LAUNCH_TRITON, "world_size model_repo", until=ENGINE_LAST),
-    # Autotuner cache (PR #7738). The facts do not name the first release carrying it: a missing cache file
-    # after warm-up is recorded, not fatal.
-    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", refs=("PR #7738",)),
-    # The LLM API YAML is validated upstream with pydantic extra="forbid" [§6]: every key must exist. `dtype` and
-    # the cuda_graph_config fields are not in the facts; they are BaseLlmArgs / CudaGraphConfig fields of
-    # tensorrt_llm/llmapi/llm_args.py (cuda_graph_config: null turns CUDA graphs off).
+    *_flags(LAUNCH_TRITON, "world_size model_repo", **_ENGINE, refs=(REF_LAUNCH, REF_TRITON_REMOVED)),
+    # Autotuner cache: added after the 1.0 branch (PR #7738).
+    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", since="1.1", refs=(REF_AUTOTUNER, "facts §0, §1")),
+    # The LLM API YAML is validated upstream with pydantic extra="forbid" [§6]: every key must exist.
     *_flags(LLM_API, "tensor_parallel_size pipeline_parallel_size max_batch_size max_num_tokens max_seq_len "
             "kv_cache_config kv_cache_config.free_gpu_memory_fraction kv_cache_config.dtype "
-            "kv_cache_config.enable_block_reuse kv_cache_config.tokens_per_block cuda_graph_config "
-            "cuda_graph_config.enable_padding cuda_graph_config.max_batch_size enable_chunked_prefill dtype"),
+            "kv_cache_config.enable_block_reuse cuda_graph_config cuda_graph_config.enable_padding "
+            "cuda_graph_config.max_batch_size enable_chunked_prefill dtype", refs=(REF_LLM_API, "facts §6")),
+    Flag(LLM_API, "kv_cache_config.tokens_per_block", since="1.2", refs=(REF_TOKENS_PER_BLOCK, REF_LLM_API),
+         note="emitted only when lane option tokens_per_block is set; the probe decides on 1.0/1.1"),
 )
 
-_EMITTED_INDEX = {(f.tool, f.name): f for f in EMITTED}
+_EMITTED_INDEX = {(f.tool, f.key): f for f in EMITTED}
 
 
 def flag(tool: str, name: str) -> Flag:
@@ -110,7 +162,7 @@ def arg(tool: str, name: str) -> str:
 
 
 def emitted_names(tool: str) -> frozenset[str]:
-    return frozenset(f.name for f in EMITTED if f.tool == tool)
+    return frozenset(f.name for f in EMITTED if f.tool == tool and f.value is None)
 
 
 # --- removed and renamed flags -------------------------------------------------------------------------------
@@ -146,6 +198,10 @@ def _release_lt(a: str, b: str) -> bool:
     return parse_version(a).release < parse_version(b).release
 
 
+def _notes(release: str) -> str:
+    return f"docs/source/release-notes.md {release} (facts §1 timeline)"
+
+
 _PARALLEL = "parallelism is fixed at conversion time (checkpoint `mapping`): set variants[].tp / variants[].pp"
 
 REMOVED: dict[str, Removed] = {r.name: r for r in (
@@ -164,16 +220,20 @@ REMOVED: dict[str, Removed] = {r.name: r for r in (
     Removed("paged_kv_cache", TRTLLM_BUILD, "0.13",
             "use --kv_cache_type paged, which enginefoundry emits from profiles[].paged_kv_cache",
             ("#2201",), change="deprecated"),
-    Removed("builder_opt", TRTLLM_BUILD, "0.14", "no replacement"),
+    Removed("builder_opt", TRTLLM_BUILD, "0.14", "no replacement", (_notes("0.14"),)),
     Removed("builder_force_num_profiles", TRTLLM_BUILD, "0.15",
-            "it became the environment variable BUILDER_FORCE_NUM_PROFILES; or set lane option multiple_profiles"),
-    Removed("enable_xqa", TRTLLM_BUILD, "0.16", "no replacement: XQA kernels are picked automatically"),
-    Removed("strongly_typed", TRTLLM_BUILD, "0.11", "no replacement: build.py hard-codes strongly_typed=True"),
+            "it became the environment variable BUILDER_FORCE_NUM_PROFILES; or set lane option multiple_profiles",
+            (_notes("0.15"),)),
+    Removed("enable_xqa", TRTLLM_BUILD, "0.16", "no replacement: XQA kernels are picked automatically",
+            (_notes("0.16"),)),
+    Removed("strongly_typed", TRTLLM_BUILD, "0.11", "no replacement: build.py hard-codes strongly_typed=True",
+            (_notes("0.11"),)),
     Removed("weight_only_precision", TRTLLM_BUILD, "0.11",
-            "weight-only quantization happens at conversion: set variants[].precision to int8_wo, int4_wo or "
-            "int4_awq (convert_checkpoint.py --use_weight_only --weight_only_precision)"),
-    Removed("use_context_fmha_for_generation", TRTLLM_BUILD, "0.11", "no replacement"),
-    Removed("attention_qk_half_accumulation", TRTLLM_BUILD, "0.11", "no replacement"),
+            "weight-only quantization happens at conversion: set variants[].precision to int8_wo or int4_wo "
+            "(convert_checkpoint.py --use_weight_only --weight_only_precision) or int4_awq (quantize.py)",
+            (_notes("0.11"),)),
+    Removed("use_context_fmha_for_generation", TRTLLM_BUILD, "0.11", "no replacement", (_notes("0.11"),)),
+    Removed("attention_qk_half_accumulation", TRTLLM_BUILD, "0.11", "no replacement", (_notes("0.11"),)),
     Removed("auto_parallel", TRTLLM_BUILD, "1.2.0", _PARALLEL, ("PR #8329",)),
     Removed("gpus_per_node", TRTLLM_BUILD, "1.2.0", _PARALLEL, ("PR #8329",)),
     Removed("cluster_key", TRTLLM_BUILD, "1.2.0",
@@ -242,144 +302,82 @@ def lane_release_problem(lane: str, version: str) -> str | None:
     return None
 
 
-# --- lane options --------------------------------------------------------------------------------------------
+# --- what a release implies ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class LaneOption:
-    name: str
-    kind: type
-    default: Any
-    help: str
-    emits: str = ""
-    choices: tuple[Any, ...] | None = None
-    minimum: int | None = None
-    refused_values: Mapping[Any, str] = field(default_factory=dict)
+# Images whose bundled TensorRT-LLM is known. The NGC TensorRT-LLM release image's tag is the release itself.
+KNOWN_IMAGES: dict[str, tuple[str, str]] = {
+    "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3":
+        ("1.1.0", "Triton framework support matrix, 25.12 trtllm-python-py3 column (facts §0)"),
+}
+_RELEASE_IMAGE = re.compile(r"^nvcr\.io/nvidia/tensorrt-llm/release:v?(\d+\.\d+\.\d+\S*)$")
 
-    def check(self, value: Any) -> str | None:
-        if self.kind is bool and not isinstance(value, bool):
-            return f"must be true or false, got {value!r}"
-        if self.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            return f"must be an integer, got {value!r}"
-        if self.kind is str and not isinstance(value, str):
-            return f"must be a string, got {value!r}"
-        if value in self.refused_values:
-            return self.refused_values[value]
-        if self.choices is not None and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}; got {value!r}"
-        if self.minimum is not None and value < self.minimum:
-            return f"must be ≥ {self.minimum}, got {value}"
+
+def image_release(image: str | None) -> tuple[str, str] | None:
+    """(TensorRT-LLM release, source) an image is known to ship, or None when this table does not know it."""
+    if not image:
         return None
+    ref = image.split("@", 1)[0]
+    if ref in KNOWN_IMAGES:
+        return KNOWN_IMAGES[ref]
+    m = _RELEASE_IMAGE.match(ref)
+    return (m.group(1), "the NGC tensorrt-llm/release image tag names its release") if m else None
 
 
-# trtllm-build dtype plugins [§4 plugin flags]. `disable` for the attention plugin is refused: in-flight
-# batching with a paged KV cache and packed input needs it, and builds without it leak host memory (#2690).
-GEMM_PLUGIN_VALUES = ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable")
-ATTENTION_PLUGIN_VALUES = ("auto", "float16", "float32", "bfloat16")
-PLUGIN_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "fp8": "fp8", "nvfp4": "nvfp4"}
-
-ENGINE_OPTIONS: dict[str, LaneOption] = {o.name: o for o in (
-    LaneOption("gemm_plugin", str, "auto", "GEMM plugin dtype; auto follows the checkpoint dtype",
-               "trtllm-build --gemm_plugin", choices=GEMM_PLUGIN_VALUES),
-    LaneOption("gpt_attention_plugin", str, "auto", "attention plugin dtype", "trtllm-build --gpt_attention_plugin",
-               choices=ATTENTION_PLUGIN_VALUES,
-               refused_values={"disable": "cannot be disable: in-flight batching, the paged KV cache and packed "
-                                          "input need the GPT attention plugin (and #2690: host OOM without it)"}),
-    LaneOption("use_paged_context_fmha", bool, True, "needed for chunked context and KV-cache reuse",
-               "trtllm-build --use_paged_context_fmha"),
-    LaneOption("use_fused_mlp", bool, None, "fused gated MLP (the 1.x default is enable)",
-               "trtllm-build --use_fused_mlp"),
-    LaneOption("multiple_profiles", bool, None, "several TensorRT optimisation profiles (longer build)",
-               "trtllm-build --multiple_profiles"),
-    LaneOption("tokens_per_block", int, None, "KV-cache block size (1.x default 32)", "trtllm-build --tokens_per_block",
-               choices=(8, 16, 32, 64, 128)),
-    LaneOption("max_beam_width", int, 1, "beam width the engine allows", "trtllm-build --max_beam_width", minimum=1),
-    LaneOption("build_workers", int, None, "cap on parallel rank builds; each holds one rank's weights in host "
-               "RAM (facts §12: start with 1 on small hosts)", "trtllm-build --workers", minimum=1),
-    LaneOption("convert_workers", int, 1, "threads over ranks in convert_checkpoint.py",
-               "convert_checkpoint.py --workers", minimum=1),
-    LaneOption("load_by_shard", bool, False, "load the HF checkpoint shard by shard (less host memory)",
-               "convert_checkpoint.py --load_by_shard"),
-    LaneOption("dtype", str, None, "activation dtype of quantized variants (default: the checkpoint's)",
-               "convert_checkpoint.py --dtype", choices=("float16", "bfloat16")),
-    LaneOption("examples_dir", str, None, "TensorRT-LLM examples/ of the installed release "
-               "(default $EF_TRTLLM_EXAMPLES_DIR)", "python <examples_dir>/models/core/llama/convert_checkpoint.py"),
-    LaneOption("triton_dir", str, "/app", "Triton backend tree with all_models/ and tools/ (the NGC container's "
-               "/app, or a TensorRT-LLM checkout's triton_backend/)", "fill_template.py, templates"),
-    LaneOption("triton_bundle_mount", str, None, "where the serving container mounts the bundle (engine_dir and "
-               "tokenizer_dir are written relative to it); default: the bundle's build-time path", "engine_dir"),
-    LaneOption("triton_decoupled_mode", bool, False, "streaming (decoupled) Triton models", "decoupled_mode"),
-    LaneOption("triton_max_queue_delay_microseconds", int, 0, "Triton dynamic batching delay",
-               "max_queue_delay_microseconds", minimum=0),
-    LaneOption("triton_batch_scheduler_policy", str, None, "Triton batch scheduler policy",
-               "batch_scheduler_policy", choices=("max_utilization", "guaranteed_no_evict")),
-    LaneOption("triton_enable_kv_cache_reuse", bool, None, "KV-cache block reuse in Triton", "enable_kv_cache_reuse"),
-    LaneOption("triton_instance_count", int, 1, "instances of preprocessing, postprocessing and BLS",
-               "*_instance_count", minimum=1),
-)}
-
-TRTLLM_OPTIONS: dict[str, LaneOption] = {o.name: o for o in (
-    LaneOption("cuda_graphs", bool, True, "capture CUDA graphs for decode batches", "cuda_graph_config (null: off)"),
-    LaneOption("cuda_graph_padding", bool, True, "pad batches up to the nearest captured size",
-               "cuda_graph_config.enable_padding"),
-    LaneOption("cuda_graph_max_batch_size", int, None, "largest captured batch (default: the profile's "
-               "max_batch_size)", "cuda_graph_config.max_batch_size", minimum=1),
-    LaneOption("enable_block_reuse", bool, None, "KV-cache block reuse (upstream default true)",
-               "kv_cache_config.enable_block_reuse"),
-    LaneOption("tokens_per_block", int, None, "KV-cache block size (upstream default 32)",
-               "kv_cache_config.tokens_per_block", choices=(8, 16, 32, 64, 128)),
-    LaneOption("enable_chunked_prefill", bool, None, "chunked prefill; default: on when max_input_len > "
-               "max_num_tokens, else off", "enable_chunked_prefill"),
-    LaneOption("modelopt_dir", str, None, "Model-Optimizer examples/llm_ptq folder (default "
-               "$EF_MODELOPT_LLM_PTQ_DIR)", "python <modelopt_dir>/hf_ptq.py"),
-    LaneOption("warmup_requests", int, 8, "requests sent during warm-up (fills the autotuner cache)", "warm-up",
-               minimum=1),
-    LaneOption("autotuner_cache", bool, True, "save the autotuner profiling cache into the bundle",
-               "TLLM_AUTOTUNER_CACHE_PATH"),
-)}
-
-LANE_OPTIONS: dict[str, dict[str, LaneOption]] = {"trtllm": TRTLLM_OPTIONS, "trtllm-engine": ENGINE_OPTIONS}
+def image_release_problem(pinned: str | None, image: str | None) -> str | None:
+    known = image_release(image)
+    if not known or not pinned:
+        return None
+    shipped, source = known
+    if parse_version(shipped).release == parse_version(pinned).release:
+        return None
+    return (f"{image} ships TensorRT-LLM {shipped} ({source}), not the pinned {pinned}: pin "
+            f"trtllm_version: {shipped}, or use an image that ships {pinned} "
+            f"(nvcr.io/nvidia/tensorrt-llm/release:{pinned})")
 
 
-def _engine_path_flag(name: str) -> bool:
-    return (name in ENGINE_OPTIONS and name not in TRTLLM_OPTIONS) or name in emitted_names(TRTLLM_BUILD) \
-        or name in emitted_names(CONVERT)
+# nvidia-modelopt that a TensorRT-LLM release's requirements.txt pins. Used only to render `plan` before the
+# worker's probe reads the installed ModelOpt; a release missing here renders the oldest flag set.
+MODELOPT_PINS: dict[str, tuple[str, str]] = {
+    "1.2": ("0.37.0", "TensorRT-LLM release/1.2 requirements.txt: nvidia-modelopt[torch]~=0.37.0 (facts §0)"),
+}
 
 
-def validate_lane_options(lane: str, options: Mapping[str, Any], pinned: str | None = None) -> list[tuple[str, str]]:
-    """Every problem with `lane_options` for `lane`, as (field path, message)."""
-    valid = LANE_OPTIONS[lane]
-    problems: list[tuple[str, str]] = []
-    for raw_key, value in options.items():
-        key = str(raw_key).lstrip("-").replace("-", "_")
-        path = f"lane_options.{raw_key}"
-        if key in REMOVED:
-            problems.append((path, REMOVED[key].message(pinned)))
-        elif key in valid:
-            why = valid[key].check(value)
-            if why:
-                problems.append((path, why))
-        elif key in SPEC_FIELDS:
-            problems.append((path, f"not a lane option: set it as {SPEC_FIELDS[key]}"))
-        elif lane == "trtllm" and _engine_path_flag(key):
-            problems.append((path, f"{key} belongs to the TensorRT engine path (trtllm-build / convert_checkpoint.py); "
-                                   "lane trtllm runs the PyTorch backend (default since 1.0, PR #5312) and has no "
-                                   "engine build: remove it, or use lane trtllm-engine"))
-        else:
-            close = difflib.get_close_matches(key, list(valid), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            problems.append((path, f"unknown option for lane {lane}{hint}; valid options: {', '.join(sorted(valid))}"))
-    return problems
+def assumed_modelopt(trtllm_version: str | None) -> str:
+    if trtllm_version:
+        v = parse_version(trtllm_version).release
+        pin = MODELOPT_PINS.get(f"{v[0]}.{v[1]}")
+        if pin:
+            return pin[0]
+    return "0.0"
 
 
-def resolve_options(lane: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Lane options with defaults filled in (call after validate_lane_options found nothing)."""
-    valid = LANE_OPTIONS[lane]
-    out = {name: opt.default for name, opt in valid.items()}
-    for k, v in options.items():
-        key = str(k).lstrip("-").replace("-", "_")
-        if key in valid:
-            out[key] = v
-    return out
+def serve_backend_value(version: str | None = None, choices: list[str] | None = None) -> str:
+    """trtllm-serve --backend value for a TensorRT engine: from the probed --help choices when known, else from
+    the release (trt in 1.0.x, tensorrt after PR #7829). Unknown release: tensorrt (every 1.1+ accepts it)."""
+    if choices:
+        for value in ("tensorrt", "trt"):
+            if value in choices:
+                return value
+    if version and flag(SERVE, "backend=trt").exists_in(version):
+        return "trt"
+    return "tensorrt"
+
+
+def has(tool: str, key: str, version: str | None) -> bool:
+    """Whether `version` has a registered entry; an unknown version counts as having it (the probe decides)."""
+    return version is None or flag(tool, key).exists_in(version)
+
+
+def unsupported_env(commands: list[Any], version: str | None) -> list[str]:
+    """Registered environment variables the commands set that `version` does not read (env vars have no --help
+    to probe: the registry's release range decides)."""
+    out = []
+    for cmd in commands:
+        for key in getattr(cmd, "env", {}) or {}:
+            entry = _EMITTED_INDEX.get((ENV, key))
+            if entry is not None and version and not entry.exists_in(version):
+                out.append(key)
+    return sorted(set(out))
 
 
 # --- LLM API YAML keys (pydantic extra="forbid" upstream) -------------------------------------------------------

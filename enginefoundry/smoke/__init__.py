@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from enginefoundry.errors import ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
+from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, TokenLogprob
 from enginefoundry.smoke.gate import GateRule, GateVerdict, judge, wilson_lower_bound
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
@@ -111,7 +112,8 @@ def run_smoke(
     """Every prompt through the reference and the endpoint, then the gate.
 
     Raises ToolError (one line first: which prompt, how many answered) when the endpoint stops
-    answering; `server_alive` lets it say that the server process died rather than "connection refused".
+    answering; `server_alive` lets it say that the server process died rather than "connection refused"
+    (asked until the process has had time to exit: runner.exited_after_error).
     """
     t0 = time.monotonic()
     cases = prompts.cases
@@ -128,7 +130,7 @@ def run_smoke(
         try:
             answer = client.answer(case)
         except ToolError as err:
-            if server_alive is not None and not server_alive():
+            if server_alive is not None and exited_after_error(server_alive):
                 raise ToolError(f"smoke: the server died during the smoke test: {i - 1}/{len(cases)} prompts "
                                 f"answered, no answer for '{case.id}'") from None
             raise ToolError(f"{str(err).splitlines()[0]} ({i - 1}/{len(cases)} prompts answered)") from None

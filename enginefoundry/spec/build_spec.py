@@ -6,15 +6,24 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from enginefoundry.confine import SAFE_NAME
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
+from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.source import ModelSpec
-
-LANES = ("reference", "trtllm", "trtllm-engine")
 
 
 class ToolchainSpec(BaseModel):
@@ -28,16 +37,17 @@ class ToolchainSpec(BaseModel):
 class BuildSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="spec name, shown in runs")
+    name: str = Field(pattern=SAFE_NAME, max_length=100, description="spec name, shown in runs")
     model: ModelSpec
-    lane: str = Field(default="reference", description="reference | trtllm | trtllm-engine")
+    lane: str = Field(default="reference", description="a lane of enginefoundry.lanes.registry")
     toolchain: ToolchainSpec = Field(default_factory=ToolchainSpec)
     variants: list[Variant] = Field(min_length=1)
     profiles: list[Profile] = Field(min_length=1)
     targets: list[Target] = Field(min_length=1)
-    # Lane-specific knobs (plugins, CUDA graphs, …). The lane validates them, so removed TensorRT-LLM
-    # flags are refused with the release that removed them (see enginefoundry.lanes).
-    lane_options: dict[str, Any] = Field(default_factory=dict)
+    # Lane-specific knobs (plugins, CUDA graphs, …): the lane's own options model, chosen by `lane` (a union
+    # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
+    # refused with the release that removed it (the lane's model explains it).
+    lane_options: SerializeAsAny[LaneOptions] = Field(default_factory=NoOptions, validate_default=True)
     smoke: SmokeSpec
     benchmark: BenchmarkSpec
     publish: PublishSpec = Field(default_factory=PublishSpec)
@@ -48,9 +58,26 @@ class BuildSpec(BaseModel):
     @field_validator("lane")
     @classmethod
     def _known_lane(cls, value: str) -> str:
-        if value not in LANES:
-            raise ValueError(f"lane '{value}' is unknown: use one of {', '.join(LANES)}")
+        from enginefoundry.lanes.registry import lane_names
+
+        if value not in lane_names():
+            raise ValueError(f"lane '{value}' is unknown: use one of {', '.join(lane_names())}")
         return value
+
+    @field_validator("lane_options", mode="before")
+    @classmethod
+    def _options_of_the_lane(cls, value: Any, info: ValidationInfo) -> Any:
+        from enginefoundry.lanes.registry import lane_names, options_model
+
+        lane = info.data.get("lane")
+        if lane not in lane_names():
+            return NoOptions()  # the lane itself is reported
+        model = options_model(lane)
+        if isinstance(value, model):
+            return value
+        if isinstance(value, LaneOptions):
+            value = value.given()
+        return model.model_validate(value or {})
 
     @model_validator(mode="after")
     def _consistent(self) -> BuildSpec:
@@ -81,11 +108,14 @@ class BuildSpec(BaseModel):
         return self.tracking.registered_model or self.model.name
 
 
-def _problems(err: ValidationError) -> list[tuple[str, str]]:
+def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
+        if e["loc"][:1] == ("lane_options",) and len(e["loc"]) > 1:
+            out.append((path, _lane_option_message(e, data)))
+            continue
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or check its spelling against the spec reference in README.md"
             # A removed or renamed TensorRT-LLM flag gets its history and replacement (lanes own that table).
@@ -100,6 +130,18 @@ def _problems(err: ValidationError) -> list[tuple[str, str]]:
     return out
 
 
+def _lane_option_message(e: Any, data: dict[str, Any]) -> str:
+    """The lane's own words for a problem in its options (a removed flag, a spec field, the valid choices)."""
+    from enginefoundry.lanes.registry import options_model
+
+    try:
+        model = options_model(str(data.get("lane", "reference")))
+    except Exception:
+        return e["msg"]
+    pinned = (data.get("toolchain") or {}).get("trtllm_version") if isinstance(data.get("toolchain"), dict) else None
+    return option_message(model, {**e, "loc": e["loc"][1:]}, pinned)
+
+
 def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) -> BuildSpec:
     """Validate a spec mapping. Raises SpecError listing every problem with its field path."""
     if not isinstance(data, dict):
@@ -107,7 +149,7 @@ def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) ->
     try:
         spec = BuildSpec.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_problems(err), source) from None
+        raise SpecError(_problems(err, data), source) from None
     if base_dir is not None:
         spec = spec.model_copy(update={"base_dir": str(base_dir)})
     return spec

@@ -51,7 +51,7 @@ class BenchTool(StrEnum):
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
     input_tokens_mean: Annotated[int, Field(ge=1)]
     input_tokens_stddev: Annotated[int, Field(ge=0)] = 0
     output_tokens_mean: Annotated[int, Field(ge=1)]

@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from enginefoundry.gpu_targets import gpu_target
+
 
 class Precision(StrEnum):
     FP32 = "fp32"
@@ -32,7 +34,8 @@ class KVCacheDtype(StrEnum):
 
 
 class Arch(StrEnum):
-    """GPU architecture by SM version; `cpu` for the reference lane without a GPU."""
+    """GPU architecture by SM version; `cpu` for the reference lane without a GPU. Each value has a row in
+    enginefoundry/gpu_targets.py (compute capability, work pool, node labels); tests/unit/test_gpu_targets.py."""
 
     CPU = "cpu"
     SM80 = "sm80"
@@ -44,10 +47,7 @@ class Arch(StrEnum):
 
     @property
     def compute_capability(self) -> tuple[int, int] | None:
-        if self is Arch.CPU:
-            return None
-        digits = self.value[2:]
-        return int(digits[:-1]), int(digits[-1])
+        return gpu_target(self.value).compute_capability
 
 
 class CalibrationSpec(BaseModel):
@@ -92,7 +92,7 @@ class Profile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")] = "default"
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)] = "default"
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
     max_input_len: Annotated[int, Field(ge=1)] = 2048
     max_seq_len: Annotated[int, Field(ge=2)] = 4096
@@ -116,7 +116,7 @@ class Target(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
     arch: Arch
     # Substrings matched case-insensitively against the GPU name, e.g. ["H100", "H200"]. Empty: any SKU of the arch.
     sku: list[str] = Field(default_factory=list)
@@ -124,10 +124,11 @@ class Target(BaseModel):
     memory_gib: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="GPU memory per device, for the VRAM preflight when no GPU is at hand"
     )
-    work_pool: str | None = Field(default=None, description="Prefect work pool; defaults to gpu-<arch> or cpu")
+    work_pool: str | None = Field(
+        default=None, description="Prefect work pool; defaults to the arch's pool (enginefoundry/gpu_targets.py)")
 
     @property
     def pool(self) -> str:
         if self.work_pool:
             return self.work_pool
-        return "cpu" if self.arch is Arch.CPU else f"gpu-{self.arch.value}"
+        return gpu_target(self.arch.value).pool

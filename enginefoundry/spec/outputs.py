@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from enginefoundry.confine import normalise_prefix
+
 
 class PublishSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -23,6 +25,11 @@ class PublishSpec(BaseModel):
             raise ValueError(f"'{value}' is not a store URI: use s3://bucket/prefix or file://path")
         if value.startswith("s3://") and len(value.rstrip("/")) <= len("s3://"):
             raise ValueError(f"'{value}' has no bucket: use s3://bucket/prefix")
+        if value.startswith("s3://"):
+            # The prefix becomes part of every object key: `..` or `.` segments would move the store.
+            bucket, _, prefix = value.removeprefix("s3://").partition("/")
+            prefix = normalise_prefix(prefix, f"the prefix of store '{value}'")
+            return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         return value.rstrip("/")
 
 

@@ -7,7 +7,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from enginefoundry.confine import SAFE_NAME, normalise_prefix
 
 _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _S3 = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/(?P<prefix>.*))?$")
@@ -27,6 +29,10 @@ class SourceURI(BaseModel):
     kind: SourceKind
     location: str  # repo id, "bucket/prefix" or a path
     revision: str | None = None  # hf only; a branch, tag or commit sha
+    # hf only: which repo files to fetch (fnmatch patterns, as huggingface_hub's snapshot_download takes them);
+    # None for ignore_patterns means enginefoundry.sources.DEFAULT_IGNORE_PATTERNS.
+    allow_patterns: tuple[str, ...] | None = None
+    ignore_patterns: tuple[str, ...] | None = None
 
     @property
     def uri(self) -> str:
@@ -53,9 +59,10 @@ def parse_source_uri(raw: str) -> SourceURI:
         return SourceURI(kind=SourceKind.HF, location=repo, revision=rev or "main")
     if raw.startswith("s3://"):
         m = _S3.match(raw)
-        if not m or not m.group("prefix"):
+        prefix = normalise_prefix(m.group("prefix") or "", f"the prefix of '{raw}'") if m else ""
+        if not m or not prefix:
             raise ValueError(f"'{raw}' is not an S3 source: expected s3://bucket/prefix/ (a folder of the checkpoint)")
-        return SourceURI(kind=SourceKind.S3, location=f"{m.group('bucket')}/{m.group('prefix').rstrip('/')}")
+        return SourceURI(kind=SourceKind.S3, location=f"{m.group('bucket')}/{prefix}")
     if raw.startswith("file://"):
         path = raw[len("file://") :]
         if not path:
@@ -73,10 +80,16 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str = Field(description="hf://org/name@revision, s3://bucket/prefix, file:///path or a path")
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)] = Field(
+    name: Annotated[str, Field(pattern=SAFE_NAME, max_length=100)] = Field(
         description="Short model name used in store paths and MLflow names"
     )
     tokenizer: str | None = Field(default=None, description="Tokenizer source when it is not inside the checkpoint")
+    allow_patterns: list[str] | None = Field(
+        default=None, description="hf sources: fetch only repo files matching one of these (fnmatch) patterns")
+    ignore_patterns: list[str] | None = Field(
+        default=None, description="hf sources: skip repo files matching these patterns; default: duplicate weight "
+        "formats (original/*, *.pth, *.gguf, onnx/*, *.msgpack, *.h5, and *.bin when safetensors exist); "
+        "[] fetches every file")
 
     @field_validator("source", "tokenizer")
     @classmethod
@@ -85,9 +98,21 @@ class ModelSpec(BaseModel):
             parse_source_uri(value)
         return value
 
+    @model_validator(mode="after")
+    def _patterns_for_hub_sources(self) -> ModelSpec:
+        if (self.allow_patterns is not None or self.ignore_patterns is not None) \
+                and parse_source_uri(self.source).kind is not SourceKind.HF:
+            raise ValueError("allow_patterns/ignore_patterns select files of a Hugging Face repo (hf:// sources); "
+                             "for an S3 prefix or a folder, point the source at a folder holding only the checkpoint")
+        return self
+
     def parsed_source(self, base_dir: Path | None = None) -> SourceURI:
         """The source URI; a relative local path is taken relative to `base_dir` (the spec's folder)."""
         src = parse_source_uri(self.source)
+        if src.kind is SourceKind.HF and (self.allow_patterns is not None or self.ignore_patterns is not None):
+            src = src.model_copy(update={
+                "allow_patterns": None if self.allow_patterns is None else tuple(self.allow_patterns),
+                "ignore_patterns": None if self.ignore_patterns is None else tuple(self.ignore_patterns)})
         if src.kind is SourceKind.LOCAL and base_dir is not None and not Path(src.location).is_absolute():
             return SourceURI(kind=SourceKind.LOCAL, location=str((base_dir / src.location).resolve()))
         return src

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.cache_plan import PublishedUnit
 from enginefoundry.manifest import Manifest
 from enginefoundry.plan import expand_units
+from enginefoundry.publish import PublishedBuild, build_manifest_key
 from enginefoundry.registration import ensure_registered, find_registered
 from enginefoundry.run_records import record_hit, start_parent, tracker_for
 from enginefoundry.spec import load_spec
@@ -30,12 +30,16 @@ def setup(stack: dict[str, str], unique: str):
     return spec, unit, tracker
 
 
-def _published(unique: str, n: int = 1) -> PublishedUnit:
+def _published(unique: str, n: int = 1) -> PublishedBuild:
     key = f"{unique}{n:054d}"
-    manifest = Manifest(key=key, key_components={}, model="tiny-chat", unit="fp32-tp1.chat.cpu", lane="reference",
-                        target={}, variant={}, profile={}, source={"uri": "local", "revision": None}, files=[],
-                        status="candidate", versions={"torch": "2"})
-    return PublishedUnit(manifest=manifest, uri=f"s3://enginefoundry/repair/artifacts/tiny-chat/{key}/manifest.json")
+    build_id = "20260101T000000000000Z-repair"
+    manifest = Manifest(key=key, build_id=build_id, key_components={}, model="tiny-chat", unit="fp32-tp1.chat.cpu",
+                        lane="reference", target={}, variant={}, profile={}, source={"uri": "local", "revision": None},
+                        files=[], status="candidate", versions={"torch": "2"})
+    return PublishedBuild(model="tiny-chat", key=key, build_id=build_id, layout="cas",
+                          store_uri="s3://enginefoundry/repair",
+                          manifest_key=build_manifest_key("tiny-chat", key, build_id), manifest_sha256="0" * 64,
+                          manifest=manifest)
 
 
 def test_registration_is_idempotent(setup, unique: str):

@@ -25,9 +25,8 @@ from enginefoundry.lease import (
     try_acquire,
     wait_for,
 )
-from enginefoundry.manifest import Manifest
-from enginefoundry.plan import expand_units
-from enginefoundry.publish import manifest_key
+from enginefoundry.plan import expand_units, key_of
+from enginefoundry.publish import build_manifest_key, pointer_key, publish_build
 from enginefoundry.spec import load_spec
 from enginefoundry.store import FileStore
 
@@ -158,30 +157,54 @@ def test_wait_for_sees_the_build_or_a_holder_that_gave_up(store: FileStore):
     assert not wait_for(store, lambda: False, lk, timeout_s=10, poll_s=0.05)
 
 
-def _publish_fake(store: FileStore, model: str, key: str) -> None:
-    manifest = Manifest(key=key, key_components={}, model=model, unit="u", lane="reference", target={}, variant={},
-                        profile={}, source={}, files=[], status="candidate", mlflow_run_id="earlier")
-    store.create_if_absent(manifest_key(model, key), manifest.model_dump_json().encode())
+def _publish_fake(store: FileStore, model: str) -> str:
+    """A build published through the content-addressed store (no files); its key."""
+    components = {"unit": "fake"}
+    key = key_of(components)
+    fields = dict(key=key, key_components=components, model=model, unit="u", lane="reference", target={},
+                  variant={}, profile={}, source={}, status="candidate", mlflow_run_id="earlier")
+    publish_build(store, model, fields, {}, progress=lambda _: None)
+    return key
 
 
 def test_force_never_adopts_a_published_build_and_waits_for_a_live_holder(store: FileStore):
     spec = load_spec(REPO / "configs" / "tiny-cpu.yaml")
     units = expand_units(spec)
-    keys = {u.name: "k8" for u in units}
-    _publish_fake(store, "m", "k8")
+    key = _publish_fake(store, "m")
+    keys = {u.name: key for u in units}
     assert set(plan_cache("m", units, keys, store).hits) == {units[0].name}  # without force: a hit
 
-    other = try_acquire(store, lease_key("m", "k8"), "other run")  # another live run holds the key
+    other = try_acquire(store, lease_key("m", key), "other run")  # another live run holds the key
     threading.Timer(0.5, other.release).start()
     t0 = time.monotonic()
     plan = plan_cache("m", units, keys, store, force=True, progress=lambda _: None)
     try:
         assert plan.hits == {} and [u.name for u in plan.misses] == [units[0].name]
         assert time.monotonic() - t0 >= 0.4  # it waited for the other run instead of adopting its build
-        assert read_lease(store, lease_key("m", "k8")).owner != "other run"
+        assert read_lease(store, lease_key("m", key)).owner != "other run"
     finally:
         plan.release()
-    assert not store.exists(lease_key("m", "k8"))
+    assert not store.exists(lease_key("m", key))
+
+
+def test_a_build_that_fails_its_hit_check_is_a_miss(store: FileStore):
+    spec = load_spec(REPO / "configs" / "tiny-cpu.yaml")
+    units = expand_units(spec)[:1]
+    key = _publish_fake(store, "m")
+    other = key_of({"unit": "other"})
+    # The build of `key` published under another key's pointer: its key does not match its location.
+    pointer = store.read_bytes(pointer_key("m", key))
+    build = json.loads(pointer)["build_id"]
+    store.create_if_absent(build_manifest_key("m", other, build),
+                           store.read_bytes(build_manifest_key("m", key, build)))
+    store.create_if_absent(pointer_key("m", other), pointer)
+    notes: list[str] = []
+    plan = plan_cache("m", units, {units[0].name: other}, store, progress=notes.append)
+    try:
+        assert plan.hits == {} and [u.name for u in plan.misses] == [units[0].name]
+        assert any("refused" in n and "key differs from the key of its location" in n for n in notes)
+    finally:
+        plan.release()
 
 
 def test_units_of_one_key_take_one_lease(store: FileStore):

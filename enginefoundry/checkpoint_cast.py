@@ -1,0 +1,147 @@
+"""Cast a Hugging Face safetensors checkpoint to another dtype, one tensor at a time.
+
+`from_pretrained` + `save_pretrained` holds the whole model in host RAM (280 GB for a 70B model in fp32).
+This writes each output shard by streaming: the safetensors header is computed from the source headers
+(names, shapes, target dtype), then each tensor is read, cast and written, so peak memory is one tensor,
+whatever the model size. Files that need no cast are hard-linked (copied only across filesystems): a
+conversion that casts nothing makes no copy.
+
+Format: https://github.com/huggingface/safetensors#format (8-byte little-endian header length, a JSON header
+with `dtype`, `shape`, `data_offsets` per tensor and an optional `__metadata__`, then the raw bytes,
+row-major, little-endian).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from enginefoundry.errors import InputError
+from enginefoundry.store import link_or_copy
+
+# safetensors dtype names of the floating types a cast may change; integer and bool tensors are kept.
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+TORCH_TO_SAFETENSORS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+class CastReport(BaseModel):
+    """What a cast did: files linked (no copy), files written, and bytes of each."""
+
+    linked: list[str]
+    written: list[str]
+    bytes_linked: int
+    bytes_written: int
+    largest_tensor_bytes: int
+
+
+def read_header(path: Path) -> tuple[dict[str, dict], int]:
+    """The JSON header of a safetensors file and the offset where its data starts."""
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise InputError(f"{path} is not a safetensors file (shorter than 8 bytes)")
+        (length,) = struct.unpack("<Q", raw)
+        if length > 100 * 2**20:
+            raise InputError(f"{path} is not a safetensors file (header length {length})")
+        header = json.loads(f.read(length))
+    return header, 8 + length
+
+
+def needs_cast(header: dict[str, dict], target: str) -> bool:
+    return any(isinstance(v, dict) and v.get("dtype") in FLOAT_DTYPES and v["dtype"] != target
+               for k, v in header.items() if k != "__metadata__")
+
+
+def cast_file(src: Path, dest: Path, target: str) -> int:
+    """Write `src` with every floating tensor cast to `target` (a safetensors dtype name); return the
+    largest tensor's size in bytes (the peak memory this needed beyond the interpreter)."""
+    import torch
+    from safetensors import safe_open
+
+    torch_dtype = {v: getattr(torch, k) for k, v in TORCH_TO_SAFETENSORS.items()}[target]
+    header, _ = read_header(src)
+    out_header: dict[str, dict] = {}
+    if "__metadata__" in header:
+        out_header["__metadata__"] = header["__metadata__"]
+    names = sorted(k for k in header if k != "__metadata__")
+    offset, largest = 0, 0
+    for name in names:
+        entry = header[name]
+        dtype = target if entry["dtype"] in FLOAT_DTYPES else entry["dtype"]
+        count = 1
+        for dim in entry["shape"]:
+            count *= dim
+        size = count * ITEM_SIZE[dtype]
+        out_header[name] = {"dtype": dtype, "shape": entry["shape"], "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(out_header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the reference writer does
+    tmp = dest.with_name(f".{dest.name}.partial")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with tmp.open("wb") as out, safe_open(str(src), framework="pt") as f:
+            out.write(struct.pack("<Q", len(blob)))
+            out.write(blob)
+            for name in names:
+                tensor = f.get_tensor(name)
+                if header[name]["dtype"] in FLOAT_DTYPES:
+                    tensor = tensor.to(torch_dtype)
+                data = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+                largest = max(largest, len(data))
+                out.write(data)
+                del tensor, data
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return largest
+
+
+def cast_checkpoint(source: Path, dest: Path, torch_dtype: str) -> CastReport:
+    """Copy a Hugging Face checkpoint folder to `dest` with its floating weights in `torch_dtype`
+    (`float32`, `float16`, `bfloat16`). Safetensors shards that already hold that dtype, and every other
+    file, are hard-linked; `config.json` gets the new dtype. Refuses checkpoints without safetensors."""
+    target = TORCH_TO_SAFETENSORS.get(torch_dtype)
+    if target is None:
+        raise InputError(f"cannot cast to {torch_dtype}: use one of {', '.join(TORCH_TO_SAFETENSORS)}")
+    shards = sorted(source.glob("*.safetensors"))
+    if not shards:
+        raise InputError(f"{source} has no *.safetensors weights; convert the checkpoint to safetensors first")
+    dest.mkdir(parents=True, exist_ok=True)
+    report = CastReport(linked=[], written=[], bytes_linked=0, bytes_written=0, largest_tensor_bytes=0)
+    for entry in sorted(p for p in source.iterdir() if p.is_file()):
+        # A Hugging Face cache snapshot holds links into its blobs/ folder: link to the bytes, not the link.
+        path, out = entry.resolve(), dest / entry.name
+        if path.suffix == ".safetensors" and needs_cast(read_header(path)[0], target):
+            report.largest_tensor_bytes = max(report.largest_tensor_bytes, cast_file(path, out, target))
+            report.written.append(entry.name)
+            report.bytes_written += out.stat().st_size
+        elif entry.name == "config.json":
+            config = json.loads(path.read_text())
+            config["dtype"] = torch_dtype
+            config.pop("torch_dtype", None)
+            out.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            report.written.append(entry.name)
+            report.bytes_written += out.stat().st_size
+        else:
+            out.unlink(missing_ok=True)
+            link_or_copy(path, out)
+            report.linked.append(entry.name)
+            report.bytes_linked += path.stat().st_size
+    index = dest / "model.safetensors.index.json"
+    if index.is_file() and report.written:
+        # The index's total_size counts bytes of tensor data, which a cast changes.
+        data = json.loads(index.read_text())
+        total = 0
+        for shard in {dest / name for name in data.get("weight_map", {}).values()}:
+            _, start = read_header(shard)
+            total += shard.stat().st_size - start
+        data.setdefault("metadata", {})["total_size"] = total
+        index.unlink()  # it was a link to the source's index: never write through it
+        index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return report

@@ -1,0 +1,96 @@
+"""Commands over published builds in a store: verify, pull."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from enginefoundry.cli.common import DEFAULT_MLFLOW, load
+from enginefoundry.console import console, error
+from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError
+
+REF_HELP = ("a build: its store URI (<store>/manifests/<model>/<key>[/<build-id>.json], or a version 1 "
+            "<store>/artifacts/<model>/<key>), a unit key (with --store or --spec), or models:/name@alias")
+
+
+def _common(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("ref", help=REF_HELP)
+    cmd.add_argument("--store", help="store URI to look a key up in (s3://bucket/prefix or file://path)")
+    cmd.add_argument("--spec", help="build spec whose store (and model) a key is looked up in")
+    cmd.add_argument("--model", help="model name, to narrow a key lookup")
+    cmd.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_MLFLOW),
+                     help=f"MLflow tracking URI for models:/ references (default $MLFLOW_TRACKING_URI or "
+                          f"{DEFAULT_MLFLOW})")
+    cmd.add_argument("--workers", type=int, default=8, help="files checked or downloaded in parallel")
+    cmd.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ver = sub.add_parser("verify", help="re-hash every file of a published build; exit 1 naming each bad file")
+    _common(ver)
+    ver.set_defaults(handler=cmd_verify)
+
+    pul = sub.add_parser("pull", help="download a published build for serving: verified, parallel, resumable")
+    _common(pul)
+    pul.add_argument("dest", help="folder to download into (files already there and verified are kept)")
+    pul.set_defaults(handler=cmd_pull)
+
+
+def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
+    from enginefoundry.store import open_store
+    from enginefoundry.verify import find_by_key, open_build
+
+    ref: str = args.ref
+    if args.workers < 1:
+        raise InputError("--workers must be at least 1")
+    endpoint = None
+    store_uri, model = args.store, args.model
+    if args.spec:
+        spec = load(args.spec)
+        store_uri = store_uri or spec.publish.store
+        model = model or spec.model.name
+        endpoint = spec.publish.s3_endpoint_url
+    if ref.startswith("models:/"):
+        from enginefoundry.lineage import resolve
+
+        _, uri, _ = resolve(ref, args.mlflow_uri)
+        return open_build(uri, endpoint)
+    if ref.startswith(("file://", "s3://")):
+        return open_build(ref, endpoint)
+    if store_uri is None:
+        raise InputError(f"'{ref}' is not a store URI or models:/ reference; to look up a key give --store or --spec")
+    store = open_store(store_uri, endpoint)
+    return store, find_by_key(store, ref, model)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from enginefoundry.verify import verify_build
+
+    store, build = _resolve(args)
+    report = verify_build(store, build, workers=args.workers)
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
+    elif report.ok:
+        console.print(f"ok: {report.uri}: {report.files} files, {report.bytes / 2**20:.1f} MiB verified in "
+                      f"{report.seconds:.1f} s ({report.mib_per_s:.0f} MiB/s)", markup=False, highlight=False)
+    else:
+        error(f"{report.uri}: {len(report.problems)} problem(s) in {report.files} files")
+        for p in report.problems:
+            console.print(f"  {p.line()}", markup=False, highlight=False, soft_wrap=True)
+    return EXIT_OK if report.ok else EXIT_PIPELINE
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from enginefoundry.verify import pull
+
+    store, build = _resolve(args)
+    report = pull(store, build, Path(args.dest), workers=args.workers)
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        console.print(f"pulled {report.uri} → {report.dest}: {report.downloaded} downloaded "
+                      f"({report.bytes_downloaded / 2**20:.1f} MiB), {report.kept} already present and verified, "
+                      f"{report.seconds:.1f} s", markup=False, highlight=False)
+    return EXIT_OK

@@ -1,0 +1,101 @@
+"""Confinement of names and paths that come from outside (S3 keys, URI prefixes, spec names).
+
+Everything from outside is hostile: a relative path is accepted only as plain POSIX segments (no `..`, no
+`.`, no empty segment, no backslash, no control character, not absolute), and a file is written only after
+checking that the joined path stays under its root. The rules follow git's path checks (`verify_path` in
+git's read-cache.c refuses `.`, `..` and `.git` components) and the OCI distribution spec's repository name
+grammar (a safe charset, separators not repeated).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path, PurePosixPath
+
+# A name that becomes one path component (model, variant, profile, target, unit, spec names).
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+_SAFE_NAME = re.compile(SAFE_NAME)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class UnsafePathError(ValueError):
+    """A path or name from outside that would leave its root or is not a plain name."""
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """One path component from outside: letters, digits, `.`, `_`, `-`; not `.`/`..`; at most 100 chars."""
+    if not _SAFE_NAME.match(name) or name in (".", "..") or ".." in name:
+        raise UnsafePathError(
+            f"{what} '{_show(name)}' is not a safe name: use letters, digits, '.', '_' and '-' "
+            "(starting with a letter or digit, no '..', at most 100 characters)"
+        )
+    return name
+
+
+def safe_relpath(rel: str, what: str = "path") -> PurePosixPath:
+    """A relative POSIX path from outside, checked segment by segment; raises UnsafePathError."""
+    reason = _unsafe_reason(rel)
+    if reason:
+        raise UnsafePathError(f"{what} '{_show(rel)}' is refused: {reason}")
+    return PurePosixPath(rel)
+
+
+def _unsafe_reason(rel: str) -> str | None:
+    if not rel:
+        return "it is empty"
+    if _CONTROL.search(rel):
+        return "it contains a control character"
+    if "\\" in rel:
+        return "it contains a backslash"
+    if rel.startswith("/") or re.match(r"^[A-Za-z]:", rel):
+        return "it is absolute"
+    parts = rel.split("/")
+    if any(p == ".." for p in parts):
+        return "it contains a '..' segment"
+    if any(p == "." for p in parts):
+        return "it contains a '.' segment"
+    if any(p == "" for p in parts):
+        return "it contains an empty segment ('//' or a trailing '/')"
+    return None
+
+
+def confined_join(root: Path, rel: str, what: str = "path") -> Path:
+    """root / rel, refused unless rel is a safe relative path and the result (symlinks resolved) stays in root."""
+    target = root / safe_relpath(rel, what)
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(target)
+    if os.path.commonpath([real_root, real]) != real_root:
+        raise UnsafePathError(f"{what} '{_show(rel)}' is refused: it resolves outside {root}")
+    return target
+
+
+def normalise_prefix(prefix: str, what: str = "prefix") -> str:
+    """An S3 prefix or store sub-path: leading/trailing/repeated slashes dropped, `..`/`.`/backslash refused."""
+    if _CONTROL.search(prefix) or "\\" in prefix:
+        raise UnsafePathError(f"{what} '{_show(prefix)}' is refused: it contains a backslash or control character")
+    parts = [p for p in prefix.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise UnsafePathError(f"{what} '{_show(prefix)}' is refused: it contains a '.' or '..' segment")
+    return "/".join(parts)
+
+
+def symlinks_leaving(root: Path, allowed_roots: tuple[Path, ...] = ()) -> list[Path]:
+    """Symlinks under root (not followed while walking) whose target resolves outside root and allowed_roots."""
+    real_roots = [os.path.realpath(r) for r in (root, *allowed_roots)]
+    bad = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in [*dirnames, *filenames]:
+            path = Path(dirpath) / name
+            if not path.is_symlink():
+                continue
+            real = os.path.realpath(path)
+            if not any(os.path.commonpath([r, real]) == r for r in real_roots):
+                bad.append(path)
+    return sorted(bad)
+
+
+def _show(text: str) -> str:
+    """A hostile value shown in a one-line message: control characters escaped, length limited."""
+    shown = text.encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= 200 else shown[:200] + "…"

@@ -1,0 +1,33 @@
+"""The one precision → dtype map: what torch dtype a variant computes in, and how many bytes its KV cache takes."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from enginefoundry.spec import KVCacheDtype, Precision
+
+# variants[].precision → torch dtype name, for the unquantized precisions.
+TORCH_DTYPE: dict[Precision, str] = {Precision.FP32: "float32", Precision.FP16: "float16",
+                                     Precision.BF16: "bfloat16"}
+TORCH_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+# A KV cache of the model's own dtype, by torch dtype name.
+SAME_KV_DTYPE: dict[str, KVCacheDtype] = {"float16": KVCacheDtype.FP16, "bfloat16": KVCacheDtype.BF16}
+KV_BYTES: dict[KVCacheDtype, int] = {KVCacheDtype.FP8: 1, KVCacheDtype.INT8: 1, KVCacheDtype.FP16: 2,
+                                     KVCacheDtype.BF16: 2}
+
+
+class HasDtype(Protocol):
+    dtype: str | None
+
+
+def activation_dtype(precision: Precision, shape: HasDtype | None, override: str | None = None) -> str | None:
+    """torch dtype name the model computes in: the variant's for fp16/bf16/fp32, else the checkpoint's."""
+    if precision in TORCH_DTYPE:
+        return TORCH_DTYPE[precision]
+    if override:
+        return override
+    if shape and shape.dtype in ("float16", "bfloat16"):
+        return shape.dtype
+    if shape and shape.dtype == "float32":
+        return "float16"  # convert_checkpoint turns fp32 sources into fp16 (facts §3)
+    return None

@@ -1,0 +1,253 @@
+"""Verification and pull of published builds.
+
+`verify_build` streams every file of a build and checks its size and sha256 against the manifest, in
+parallel, memory flat whatever the file size; the outcome is recorded as a small immutable object
+(`verifications/<model>/<key>/<build-id>/<time>.json`) that `lineage` reads as "last verified".
+`pull` downloads a build for serving: verified, in parallel, resumable (a file already present with the right
+size and sha256 is kept), each file written to a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.errors import InputError, StoreError
+from enginefoundry.identity import CHUNK
+from enginefoundry.manifest import FileEntry
+from enginefoundry.publish import (
+    Problem,
+    PublishedBuild,
+    check_file,
+    check_hit,
+    find_checkpoint_build,
+    find_current,
+    locate,
+    read_build,
+)
+from enginefoundry.store import Store, file_mode, open_store
+
+DEFAULT_WORKERS = 8
+
+
+class VerifyReport(BaseModel):
+    uri: str
+    build_id: str
+    ok: bool
+    files: int
+    bytes: int
+    seconds: float
+    problems: list[Problem]
+    mode: Literal["full", "cheap"] = "full"
+    record: str | None = None  # store key of the verification record
+
+    @property
+    def mib_per_s(self) -> float:
+        return self.bytes / 2**20 / self.seconds if self.seconds > 0 else 0.0
+
+
+class VerificationRecord(BaseModel):
+    uri: str
+    build_id: str
+    ok: bool
+    mode: str
+    files: int
+    bytes: int
+    problems: list[str] = Field(default_factory=list)
+    verified_at: str
+
+
+class PullReport(BaseModel):
+    uri: str
+    dest: str
+    files: int
+    downloaded: int  # files fetched this time
+    kept: int  # files already present and verified (a resumed pull)
+    bytes_downloaded: int
+    seconds: float
+
+
+# References
+
+
+def open_build(uri: str, endpoint_url: str | None = None) -> tuple[Store, PublishedBuild]:
+    """A store URI of a build (manifest, key folder or pointer; either layout) → (store, build)."""
+    root, folder, model, key, build_id = locate(uri)
+    store = open_store(root, endpoint_url)
+    kind = "checkpoint" if folder == "checkpoints" else "unit"
+    if build_id is None:
+        build = find_current(store, model, key)
+        if build is None:
+            build = find_checkpoint_build(store, model, key)
+        if build is None:
+            raise InputError(f"nothing is published at {uri}")
+        return store, build
+    from enginefoundry.publish import build_manifest_key, legacy_checkpoint_prefix, legacy_unit_prefix
+
+    if build_id == "legacy":
+        prefix = legacy_unit_prefix(model, key) if kind == "unit" else legacy_checkpoint_prefix(model, key)
+        mkey = f"{prefix}/manifest.json"
+    else:
+        mkey = build_manifest_key(model, key, build_id)
+    if not store.exists(mkey):
+        raise InputError(f"nothing is published at {uri}")
+    try:
+        build = read_build(store, model, key, build_id, kind)
+    except StoreError:
+        if folder != "manifests":
+            raise
+        try:  # a converted checkpoint's build
+            build = read_build(store, model, key, build_id, "checkpoint")
+        except StoreError:
+            pass
+        else:
+            return store, build
+        raise
+    return store, build
+
+
+def find_by_key(store: Store, key: str, model: str | None = None) -> PublishedBuild:
+    """A unit (or checkpoint) key, or an unambiguous prefix of ≥ 12 characters, in one store."""
+    if len(key) < 12 or any(c not in "0123456789abcdef" for c in key):
+        raise InputError(f"'{key}' is not a key: give at least 12 hex characters")
+    if model is not None and len(key) == 64:
+        build = find_current(store, model, key) or find_checkpoint_build(store, model, key)
+        if build is None:
+            raise InputError(f"no build of key {key} for model {model} in {store.uri}")
+        return build
+    found: set[tuple[str, str, str]] = set()
+    for folder in ("manifests", "artifacts", "checkpoints"):
+        for name in store.list(f"{folder}/" + (f"{model}/" if model else "")):
+            parts = name.split("/")
+            if (len(parts) == 4 and parts[2].startswith(key) and (model is None or parts[1] == model)
+                    and parts[3] in ("current.json", "manifest.json")):
+                found.add((folder, parts[1], parts[2]))
+    if not found:
+        raise InputError(f"no build with key {key} in {store.uri}")
+    if len({(m, k) for _, m, k in found}) > 1:
+        raise InputError(f"key prefix {key} is ambiguous in {store.uri}; give more characters")
+    folder, model_name, full = sorted(found)[0]  # "manifests" sorts after "artifacts": prefer the new layout
+    if any(f == "manifests" for f, _, _ in found):
+        folder = "manifests"
+    return open_build(f"{store.uri}/{folder}/{model_name}/{full}")[1]
+
+
+# Verification
+
+
+def verify_build(store: Store, build: PublishedBuild, workers: int = DEFAULT_WORKERS,
+                 record: bool = True) -> VerifyReport:
+    """Every file's size and sha256 against the manifest (streamed, in parallel), plus the manifest's own
+    consistency (check_hit's checks). Records the outcome beside the build unless `record` is False."""
+    t0 = time.monotonic()
+    problems = [p for p in check_hit(store, build, rehash=False) if p.path == "manifest"]
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        for found in pool.map(lambda e: check_file(store, build, e, rehash=True), build.files):
+            problems.extend(found)
+    report = VerifyReport(uri=build.uri, build_id=build.build_id, ok=not problems, files=len(build.files),
+                          bytes=sum(f.size for f in build.files), seconds=time.monotonic() - t0, problems=problems)
+    if record:
+        try:
+            report.record = record_verification(store, build, report)
+        except StoreError as err:  # a read-only credential can verify; it just leaves no record
+            report.record = f"not recorded: {err}"
+    return report
+
+
+def verification_prefix(build: PublishedBuild) -> str:
+    return f"verifications/{build.model}/{build.key}/{build.build_id}"
+
+
+def record_verification(store: Store, build: PublishedBuild, report: VerifyReport) -> str:
+    now = datetime.now(UTC)
+    rec = VerificationRecord(uri=report.uri, build_id=report.build_id, ok=report.ok, mode=report.mode,
+                             files=report.files, bytes=report.bytes, problems=[p.line() for p in report.problems],
+                             verified_at=now.isoformat(timespec="seconds"))
+    key = f"{verification_prefix(build)}/{now.strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:6]}.json"
+    store.create_if_absent(key, (rec.model_dump_json(indent=2) + "\n").encode())
+    return key
+
+
+def last_verified(store: Store, build: PublishedBuild) -> VerificationRecord | None:
+    names = store.list(verification_prefix(build) + "/")
+    for name in reversed(names):  # names sort by time
+        try:
+            return VerificationRecord.model_validate_json(store.read_bytes(name))
+        except (ValueError, StoreError):
+            continue
+    return None
+
+
+# Pull
+
+
+def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path, link: bool) -> int | None:
+    """Bytes downloaded; None when the file was already there and verified (a resumed pull)."""
+    local = dest.joinpath(*entry.path.split("/"))
+    mode = file_mode(entry.executable)
+    if (local.is_file() and not local.is_symlink() and local.stat().st_size == entry.size
+            and _sha256(local) == entry.sha256):
+        if local.stat().st_mode & 0o777 != mode:
+            os.chmod(local, mode)
+        return None
+    local.parent.mkdir(parents=True, exist_ok=True)
+    okey = build.object_key(entry)
+    if link and (src := store.local_path(okey)) is not None and _sha256(src) == entry.sha256:
+        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.partial")
+        try:
+            os.link(src, tmp)
+            os.replace(tmp, local)
+            return 0
+        except OSError:
+            tmp.unlink(missing_ok=True)  # another filesystem: download instead
+    fd, tmp_name = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".partial")
+    tmp = Path(tmp_name)
+    try:
+        h, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            for chunk in store.iter_bytes(okey):
+                h.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+            os.fchmod(out.fileno(), mode)
+        if size != entry.size or h.hexdigest() != entry.sha256:
+            raise StoreError(f"{entry.path}: {store.url(okey)} is corrupted: {size} bytes, sha256 "
+                             f"{h.hexdigest()[:12]}… ≠ manifest {entry.size} bytes, {entry.sha256[:12]}…; "
+                             "republish the unit with --force")
+        os.replace(tmp, local)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return size
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pull(store: Store, build: PublishedBuild, dest: Path, workers: int = DEFAULT_WORKERS,
+         link: bool = False) -> PullReport:
+    """Download every file of a build under dest (verified, parallel, resumable). With `link`, a file:// blob
+    on the same filesystem is hard-linked instead of copied (work folders; not for serving copies)."""
+    t0 = time.monotonic()
+    dest.mkdir(parents=True, exist_ok=True)
+    problems = [p for p in check_hit(store, build) if p.path == "manifest"]
+    if problems:
+        raise StoreError(f"{build.uri} is not trustworthy: " + "; ".join(p.line() for p in problems))
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        sizes = list(pool.map(lambda e: _fetch_one(store, build, e, dest, link), build.files))
+    fetched = [s for s in sizes if s is not None]
+    return PullReport(uri=build.uri, dest=str(dest), files=len(build.files), downloaded=len(fetched),
+                      kept=len(sizes) - len(fetched), bytes_downloaded=sum(fetched), seconds=time.monotonic() - t0)

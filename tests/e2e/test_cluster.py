@@ -1,0 +1,123 @@
+"""Cluster mode against a real Prefect server: deployment.yaml deployed as is, process workers on three pools,
+the build deployment triggered through the API. Each unit must run on the worker of its target's pool, the
+parent must see every result, and a worker without the target's GPU must refuse its unit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from enginefoundry.gpu_targets import pools
+from tests.support.cluster import (
+    GPU_POOL,
+    SECOND_POOL,
+    PrefectServer,
+    seed_unique_model,
+    write_spec,
+)
+from tests.support.paths import TINY_MODEL
+
+pytestmark = pytest.mark.services
+
+
+def two_pool_targets() -> list[dict[str, object]]:
+    # The second target differs in its SKU list only so that its unit has its own key (target identity is
+    # arch + SKUs + GPU count): otherwise one build would serve both targets.
+    return [{"name": "cpu", "arch": "cpu", "gpu_count": 0},
+            {"name": "cpu-b", "arch": "cpu", "gpu_count": 0, "sku": ["second-pool"], "work_pool": SECOND_POOL}]
+
+
+def test_deployments_from_deployment_yaml(cluster: PrefectServer) -> None:
+    with cluster.client() as http:
+        deps = {d["name"]: d for d in http.post("/deployments/filter", json={}).json()}
+        flows = {f["id"]: f["name"] for f in http.post("/flows/filter", json={}).json()}
+    names = {f"{flows[d['flow_id']]}/{n}" for n, d in deps.items()}
+    assert {"build-engines/manual", "rollout/scheduled"} | {f"build-unit/{p}" for p in pools()} <= names
+    for pool in pools():
+        unit = deps[pool]
+        assert unit["work_pool_name"] == pool
+        assert unit["global_concurrency_limit"]["limit"] == 1  # one build per GPU
+        assert unit["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+    manual = deps["manual"]
+    assert manual["parameters"]["mode"] == "cluster"
+    form = manual["parameter_openapi_schema"]["properties"]
+    assert {"spec_path", "spec", "targets", "force", "mode"} <= set(form)
+    assert form["mode"]["enum"] == ["embedded", "cluster"]
+    rollout = deps["scheduled"]
+    assert rollout["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+    assert rollout["parameters"]["min_throughput_ratio"] == 0.9
+    assert form_type(rollout, "max_ttft_p95_factor") == "number"
+
+
+def form_type(deployment: dict[str, object], name: str) -> str:
+    schema = deployment["parameter_openapi_schema"]  # type: ignore[index]
+    return schema["properties"][name]["type"]  # type: ignore[index]
+
+
+def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, tmp_path: Path, unique: str) -> None:
+    repo_id = f"tiny-org/cluster-{unique}"
+    sha = seed_unique_model(Path(stack["EF_HUB_ROOT"]), repo_id, tmp_path, f"cluster {unique}")
+    store = f"s3://enginefoundry/cluster-{unique}"
+    spec = write_spec(tmp_path, source=f"hf://{repo_id}@main", store=store, mlflow_uri=stack["MLFLOW_TRACKING_URI"],
+                      experiment=f"cluster-{unique}", targets=two_pool_targets(),
+                      registered_model=f"tiny-chat-{unique}")
+
+    parent_id = cluster.run_deployment("build-engines/manual", {"spec_path": str(spec)})
+    parent = cluster.wait(parent_id, timeout_s=900)
+    assert parent["state_type"] == "COMPLETED", parent["state"]
+
+    children = {c["name"]: c for c in cluster.children(parent_id)}
+    assert set(children) == {"unit fp32-tp1.chat.cpu", "unit fp32-tp1.chat.cpu-b"}
+    for unit_name, pool in (("fp32-tp1.chat.cpu", "cpu"), ("fp32-tp1.chat.cpu-b", SECOND_POOL)):
+        child = children[f"unit {unit_name}"]
+        assert child["state_type"] == "COMPLETED"
+        assert child["work_pool_name"] == pool
+        assert child["labels"]["prefect.worker.name"] == cluster.workers[pool]
+        assert child["parameters"]["source"]["revision"] == sha  # identity travels, weights do not
+        assert set(child["parameters"]) == {"spec", "unit", "key_components", "source", "parent_run_id"}
+        assert len(json.dumps(child["parameters"])) < 64_000
+
+    # The parent saw every result: its summary table lists both units as candidates.
+    artifacts = cluster.artifacts(parent_id)
+    summary = json.loads(artifacts["build-summary-tiny-cpu"]["data"])
+    assert {r["unit"]: r["status"] for r in summary} == {"fp32-tp1.chat.cpu": "candidate",
+                                                         "fp32-tp1.chat.cpu-b": "candidate"}
+    matrix = json.loads(artifacts["matrix-tiny-cpu"]["data"])
+    assert {r["unit"]: r["runs on"] for r in matrix} == {"fp32-tp1.chat.cpu": "build-unit/cpu",
+                                                        "fp32-tp1.chat.cpu-b": f"build-unit/{SECOND_POOL}"}
+    assert "s3://" in artifacts["gates-tiny-cpu"]["data"]  # manifests as URIs, not payloads
+
+    # Each unit was published with its serving files, built on the worker of its pool.
+    listing = s3.list_objects_v2(Bucket="enginefoundry", Prefix=f"cluster-{unique}/manifests/")["Contents"]
+    docs = [json.loads(s3.get_object(Bucket="enginefoundry", Key=o["Key"])["Body"].read()) for o in listing
+            if not o["Key"].endswith("/current.json")]
+    manifests = [d for d in docs if "unit" in d]
+    assert len(manifests) == 2
+    for manifest in manifests:
+        assert manifest["status"] == "candidate"
+        assert manifest["source"]["uri"] == f"hf://{repo_id}@main" and manifest["source"]["revision"] == sha
+        assert {"serving/serve.sh", "serving/serve.yaml"} <= {f["path"] for f in manifest["files"]}
+        assert manifest["prefect_flow_run_id"] in {c["id"] for c in children.values()}
+
+
+def test_worker_without_the_targets_gpu_refuses(cluster: PrefectServer, stack, tmp_path: Path, unique: str) -> None:
+    spec = write_spec(tmp_path, source=str(TINY_MODEL), store=f"s3://enginefoundry/refuse-{unique}",
+                      mlflow_uri=stack["MLFLOW_TRACKING_URI"], experiment=f"refuse-{unique}",
+                      targets=[{"name": "h100", "arch": "sm90", "sku": ["H100"], "gpu_count": 1}])
+    payload = {**yaml.safe_load(spec.read_text()), "base_dir": str(spec.parent)}
+    source = {"uri": str(TINY_MODEL), "kind": "local", "weights_digest": "0" * 64, "tokenizer_digest": "0" * 64}
+    run_id = cluster.run_deployment(f"build-unit/{GPU_POOL}", {
+        "spec": payload, "unit": "fp32-tp1.chat.h100", "key_components": {}, "source": source,
+        "parent_run_id": f"refuse-{unique}"})
+    run = cluster.wait(run_id, timeout_s=180)
+    assert run["state_type"] == "FAILED"
+    assert run["labels"]["prefect.worker.name"] == cluster.workers[GPU_POOL]
+    assert "target h100 needs 1× sm90" in run["state"]["message"]
+    assert "run this unit on a worker of pool gpu-sm90" in run["state"]["message"]
+    # Refused before any work: no fetch, convert or build task ran.
+    with cluster.client() as http:
+        tasks = http.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}).json()
+    assert tasks and all(t["name"].startswith("check placement") for t in tasks)

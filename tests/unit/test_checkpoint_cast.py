@@ -1,0 +1,59 @@
+"""The streamed cast gives the same tensors as transformers' own cast, and links what it does not cast."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from enginefoundry.checkpoint_cast import cast_checkpoint, read_header
+from enginefoundry.errors import InputError
+
+TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-chat" / "model"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cast_equals_transformers_cast(tmp_path: Path, dtype: str) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    report = cast_checkpoint(TINY, tmp_path / "out", dtype)
+    assert "model.safetensors" in report.written
+    ours = load_file(tmp_path / "out" / "model.safetensors")
+    source = load_file(TINY / "model.safetensors")
+    assert ours.keys() == source.keys()
+    for name, tensor in source.items():
+        assert ours[name].dtype == getattr(torch, dtype)
+        assert torch.equal(ours[name], tensor.to(getattr(torch, dtype))), name
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == dtype
+    # The result loads with transformers and keeps the source's tokenizer bytes.
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert next(model.parameters()).dtype == getattr(torch, dtype)
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (TINY / "tokenizer.json").read_bytes()
+
+
+def test_no_cast_makes_no_copy(tmp_path: Path) -> None:
+    report = cast_checkpoint(TINY, tmp_path / "out", "float32")  # the fixture is fp32 already
+    assert report.written == ["config.json"] and report.bytes_written < 4096
+    for name in report.linked:
+        assert (tmp_path / "out" / name).stat().st_ino == (TINY / name).stat().st_ino, name
+
+
+def test_the_header_is_aligned_and_offsets_are_contiguous(tmp_path: Path) -> None:
+    cast_checkpoint(TINY, tmp_path / "out", "bfloat16")
+    header, start = read_header(tmp_path / "out" / "model.safetensors")
+    assert start % 8 == 0
+    spans = sorted(v["data_offsets"] for k, v in header.items() if k != "__metadata__")
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    assert spans[-1][1] == (tmp_path / "out" / "model.safetensors").stat().st_size - start
+
+
+def test_refuses_a_checkpoint_without_safetensors(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(InputError, match="safetensors"):
+        cast_checkpoint(tmp_path / "src", tmp_path / "out", "bfloat16")
