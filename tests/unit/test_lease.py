@@ -59,6 +59,17 @@ def test_one_holder_until_released(store: FileStore):
     second.release()
 
 
+def test_the_stores_compare_and_swap_that_leases_use(store: FileStore):
+    first = store.replace_if("leases/m/x.json", b"a", None)  # create only if absent: its version tag
+    assert first is not None and store.replace_if("leases/m/x.json", b"b", None) is None
+    second = store.replace_if("leases/m/x.json", b"b", first)
+    assert second is not None and second != first and store.read_versioned("leases/m/x.json") == (b"b", second)
+    assert store.replace_if("leases/m/x.json", b"c", first) is None  # a stale version writes nothing
+    assert not store.delete_if("leases/m/x.json", first) and store.exists("leases/m/x.json")
+    assert store.delete_if("leases/m/x.json", second) and not store.exists("leases/m/x.json")
+    assert not store.delete_if("leases/m/x.json", second)
+
+
 def test_heartbeat_keeps_a_short_lease_alive(store: FileStore):
     lk = lease_key("m", "k2")
     held = try_acquire(store, lk, "a", ttl_s=0.4)
