@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test lint plan stack stack-down stack-status deploy targets bench-venv clean
+.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv clean
 
 $(BIN)/enginefoundry: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,7 +35,17 @@ demo: $(BIN)/enginefoundry
 test: $(BIN)/enginefoundry
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -p no:dash
+	$(BIN)/pytest -p no:dash --durations=15
+
+# One tier at a time: unit (no process, no network), integration (real services), e2e (CLI and flows).
+test-unit: $(BIN)/enginefoundry
+	$(BIN)/pytest -p no:dash tests/unit
+
+test-integration: $(BIN)/enginefoundry
+	$(BIN)/pytest -p no:dash tests/integration
+
+test-e2e: $(BIN)/enginefoundry
+	$(BIN)/pytest -p no:dash tests/e2e
 
 lint: $(BIN)/enginefoundry
 	$(BIN)/ruff check .

@@ -14,7 +14,7 @@ and /proc/self/io belong to that stage alone:
   convert (none)  bf16 → bf16: the reference lane's cast, which should link, not copy
   convert (cast)  bf16 → fp32: streamed cast, one tensor in memory
   publish         the converted checkpoint to SeaweedFS through the store (content-addressed blobs)
-  verify          `enginefoundry verify` of what was published (streamed re-hash)
+  verify          what `enginefoundry verify` does: every blob streamed back from S3 and re-hashed
 
 and prints wall time, bytes read and written (rchar/wchar), peak RSS and the ratio to the stage's raw limit,
 with the goals beside them: IO stages within 1.3× of their raw limit, bytes written ≤ 1.1× the unique bytes,
@@ -59,16 +59,21 @@ elif stage == "convert":
     r = cast_checkpoint(Path(args["src"]), Path(args["dest"]), args["dtype"])
     out["bytes_linked"], out["bytes_cast"] = r.bytes_linked, r.bytes_written
 elif stage == "publish":
+    from enginefoundry.plan import key_of
+    from enginefoundry.publish import publish_checkpoint
     from enginefoundry.store import open_store
-    from enginefoundry.publish import upload_folders
     store = open_store(args["store"])
-    entries, total = upload_folders(store, "bench", {"checkpoint": Path(args["src"])}, progress=lambda m: None)
-    out["files"] = [e.model_dump() for e in entries]
+    components = {"benchmark": "scale", "shape": args["shape"]}
+    key = key_of(components)
+    m = publish_checkpoint(store, {"key": key, "key_components": components, "model": "scale", "variant": "fp32",
+                                   "lane": "reference", "params": {}}, Path(args["src"]), progress=lambda m: None)
+    out["ref"] = f"{store.uri}/manifests/scale/{key}"
+    out["files"] = len(m.files)
 elif stage == "verify":
-    import subprocess
-    r = subprocess.run([sys.executable, "-m", "enginefoundry.cli", "verify", args["ref"]],
-                       capture_output=True, text=True)
-    out["rc"], out["tail"] = r.returncode, (r.stdout + r.stderr)[-400:]
+    from enginefoundry.verify import open_build, verify_build
+    store, build = open_build(args["ref"])
+    report = verify_build(store, build)
+    out["rc"], out["tail"] = (0 if report.ok else 1), str([p.model_dump() for p in report.problems][:3])
 elif stage in ("cp", "sha256sum"):
     import subprocess
     cmd = ["cp", "-r", args["src"], args["dest"]] if stage == "cp" else ["sha256sum", *args["files"]]
@@ -213,7 +218,11 @@ def main() -> int:
             cast_dir = tmp / f"work-{shape}" / "fp32"
             r_cp_cast = stage("cp", {"src": str(cast_dir), "dest": str(tmp / f"cp2-{shape}")}, env)
             shutil.rmtree(tmp / f"cp2-{shape}")
-            r_pub = stage("publish", {"src": str(cast_dir), "store": f"s3://enginefoundry/scale-{shape}"}, env)
+            r_pub = stage("publish", {"src": str(cast_dir), "store": f"s3://enginefoundry/scale-{shape}",
+                                      "shape": shape}, env)
+            r_verify = stage("verify", {"ref": r_pub["ref"]}, env)
+            if r_verify["rc"] != 0:
+                raise SystemExit(f"verify failed: {r_verify['tail']}")
             written = du(tmp / "cache", tmp / "hf", tmp / f"work-{shape}") - before
             unique = size + du(cast_dir)  # the source, and the fp32 cast (the bf16 "cast" is links)
             raw_io = r_cp["wall_s"] + r_sha["wall_s"]
@@ -226,6 +235,9 @@ def main() -> int:
                 {"shape": shape, "stage": "convert bf16→fp32", **r_cast, "limit_s": r_cp_cast["wall_s"]},
                 {"shape": shape, "stage": "publish fp32 → S3", **r_pub,
                  "limit_s": r_cp_cast["wall_s"] + r_sha["wall_s"] * cast_bytes / size},
+                # verify streams every blob back from S3 and hashes it: the limit is hashing those bytes.
+                {"shape": shape, "stage": "verify (S3 re-hash)", **r_verify,
+                 "limit_s": r_sha["wall_s"] * cast_bytes / size},
             ]
             print(f"[{shape}] bytes written by fetch+convert: {written / 2**30:.2f} GiB for "
                   f"{unique / 2**30:.2f} GiB unique ({written / unique:.2f}×, goal ≤ 1.1×); "

@@ -52,3 +52,47 @@ class ToolError(PipelineError):
 
 class StoreError(PipelineError):
     """The artifact store refused or corrupted an operation."""
+
+
+# Exception type names that mean "the network hiccuped, the same call may succeed": requests, httpx, urllib3,
+# botocore and the standard library each have their own.
+_TRANSIENT_TYPES = frozenset({
+    "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError",
+    "TimeoutError", "ConnectTimeout", "ReadTimeout", "ConnectError", "ReadError", "WriteError", "RemoteProtocolError",
+    "PoolTimeout", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "ProtocolError", "ChunkedEncodingError", "IncompleteRead",
+})
+_TRANSIENT_S3_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+                                 "ServiceUnavailable", "RequestTimeTooSkewed"})
+
+
+def is_transient(err: BaseException) -> bool:
+    """True for errors worth a retry (a connection refused or reset, a timeout, HTTP 429/5xx, S3 throttling, an
+    unreachable MLflow or hub); False for everything a retry cannot fix (bad input, a failed gate, integrity
+    errors). Looks through the chain, since clients wrap what they caught."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in seen and len(seen) < 10:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for e in seen:
+        name = type(e).__name__
+        if name in _TRANSIENT_TYPES:
+            return True
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):  # botocore ClientError
+            code = response.get("Error", {}).get("Code", "")
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code in _TRANSIENT_S3_CODES or status >= 500:
+                return True
+        status = getattr(response, "status_code", None)
+        if isinstance(status, int) and (status == 429 or status >= 500):
+            return True
+        text = str(e)
+        if name == "MlflowException" and ("API request to" in text or "TEMPORARILY_UNAVAILABLE" in text):
+            return True
+        if isinstance(e, SourceError) and "cannot reach" in text:
+            return True
+        if isinstance(e, StoreError) and any(word in text for word in (*_TRANSIENT_TYPES, *_TRANSIENT_S3_CODES)):
+            return True  # the store names the client error it wrapped
+    return False

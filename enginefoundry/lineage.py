@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError
 from enginefoundry.manifest import Manifest
 
@@ -50,17 +51,17 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
         except (MlflowException, ValueError) as err:
             raise InputError(f"{ref}: not found in the MLflow registry at {mlflow_uri} ({str(err)[:150]})") from None
         registry.update({"registered_model": name, "version": version.version, "source": version.source})
-        uri = version.tags.get("enginefoundry.manifest_uri") or version.source.rstrip("/")
+        uri = version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/")
         return read_manifest_uri(uri), uri, registry
     if ref.startswith(("file://", "s3://")):
         return read_manifest_uri(ref), ref, registry
     if _KEY.match(ref):
         runs = _client(mlflow_uri).search_runs(
             experiment_ids=[e.experiment_id for e in _client(mlflow_uri).search_experiments()],
-            filter_string="tags.`enginefoundry.cache_hit` = 'false'", max_results=5000,
+            filter_string=f"tags.`{mltags.CACHE_HIT}` = 'false'", max_results=5000,
         )
-        matches = {r.data.tags.get("enginefoundry.manifest_uri") for r in runs
-                   if r.data.tags.get("enginefoundry.key", "").startswith(ref)}
+        matches = {r.data.tags.get(mltags.MANIFEST_URI) for r in runs
+                   if r.data.tags.get(mltags.KEY, "").startswith(ref)}
         matches.discard(None)
         if not matches:
             raise InputError(f"no published unit with key {ref} in MLflow at {mlflow_uri}")
@@ -95,10 +96,10 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
             runs = {
                 "unit_run_id": run.info.run_id, "unit_run_name": run.info.run_name,
                 "experiment_id": run.info.experiment_id, "parent_run_id": parent_id,
-                "git_commit": run.data.tags.get("enginefoundry.git_commit"),
-                "prefect_flow_run_id": run.data.tags.get("prefect.flow_run_id") or manifest.prefect_flow_run_id,
-                "prefect_flow_run_url": run.data.tags.get("prefect.flow_run_url"),
-                "parent_prefect_flow_run_url": parent.data.tags.get("prefect.flow_run_url") if parent else None,
+                "git_commit": run.data.tags.get(mltags.GIT_COMMIT),
+                "prefect_flow_run_id": run.data.tags.get(mltags.PREFECT_FLOW_RUN_ID) or manifest.prefect_flow_run_id,
+                "prefect_flow_run_url": run.data.tags.get(mltags.PREFECT_FLOW_RUN_URL),
+                "parent_prefect_flow_run_url": parent.data.tags.get(mltags.PREFECT_FLOW_RUN_URL) if parent else None,
             }
         except Exception as err:  # MLflow unreachable: the manifest alone still answers
             runs = {"unit_run_id": manifest.mlflow_run_id, "note": f"MLflow not reachable ({type(err).__name__})"}

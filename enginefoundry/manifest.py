@@ -59,6 +59,8 @@ class Manifest(BaseModel):
     files: list[FileEntry]
     smoke: dict[str, Any] = Field(default_factory=dict)
     benchmark: dict[str, Any] = Field(default_factory=dict)
+    prompts_digest: str | None = Field(default=None, description="sha256 of the smoke prompt set that gated the unit")
+    gate: dict[str, Any] = Field(default_factory=dict, description="the smoke gate settings the unit was judged by")
     status: str = Field(description="candidate | rejected")
     status_reason: str = ""
     mlflow_run_id: str | None = None

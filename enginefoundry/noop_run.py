@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.cache_plan import find_hit, unit_keys
 from enginefoundry.pipeline import RunSummary, work_root
 from enginefoundry.plan import Unit, expand_units
@@ -84,7 +85,7 @@ def record_all_hits(spec: BuildSpec, run: AllHits) -> RunSummary:
 
     t0 = time.monotonic()
     tracker = tracker_for(spec)
-    parent = start_parent(tracker, spec, run.source.model_dump(mode="json"), {"enginefoundry.fast_path": "true"})
+    parent = start_parent(tracker, spec, run.source.model_dump(mode="json"), {mltags.FAST_PATH: "true"})
     try:
         outcomes = [record_hit(tracker, spec, unit, run.keys[unit.name], run.hits[unit.name], parent)
                     for unit in run.units]

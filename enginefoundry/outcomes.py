@@ -9,12 +9,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.manifest import Manifest
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
 from enginefoundry.publish import PublishedBuild
 from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 
@@ -56,16 +58,14 @@ def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
 
 def build_run_tags(spec: BuildSpec, unit: Unit, key: str) -> dict[str, str]:
     """The tags a unit's MLflow run starts with when the unit is built."""
-    return {"enginefoundry.key": key, "enginefoundry.target": unit.target.name,
-            "enginefoundry.arch": unit.target.arch.value, "enginefoundry.lane": spec.lane,
-            "enginefoundry.work_pool": unit.target.pool, "enginefoundry.cache_hit": "false"}
+    return {mltags.KEY: key, mltags.TARGET: unit.target.name, mltags.ARCH: unit.target.arch.value,
+            mltags.LANE: spec.lane, mltags.WORK_POOL: unit.target.pool, mltags.CACHE_HIT: "false"}
 
 
 def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
     """The tags of a cache hit's MLflow run: which run built the unit, and where it lies."""
-    return {"enginefoundry.key": key, "enginefoundry.cache_hit": "true",
-            "enginefoundry.built_by_run": hit.manifest.mlflow_run_id or "",
-            "enginefoundry.manifest_uri": hit.uri, "enginefoundry.status": hit.manifest.status}
+    return {mltags.KEY: key, mltags.CACHE_HIT: "true", mltags.BUILT_BY_RUN: hit.manifest.mlflow_run_id or "",
+            mltags.MANIFEST_URI: hit.uri, mltags.STATUS: hit.manifest.status}
 
 
 def unit_manifest(
@@ -84,6 +84,8 @@ def unit_manifest(
         source={k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
         versions=key_components["toolchain"]["versions"], device=device, build_params=build_params,
         files=[], smoke=smoke.summary() if smoke else {}, benchmark=bench_summary(sweep),
+        prompts_digest=prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
+        gate=spec.smoke.model_dump(mode="json"),
         status=judged.status, status_reason=judged.reason, mlflow_run_id=mlflow_run_id,
         prefect_flow_run_id=prefect_flow_run_id,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,9 @@ from pydantic import BaseModel, Field
 
 def work_root() -> Path:
     """Scratch space for converted checkpoints, bundles, logs and reports ($EF_WORK_DIR)."""
-    return Path(os.environ.get("EF_WORK_DIR", ".enginefoundry/work")).resolve()
+    from enginefoundry.settings import EnvSettings
+
+    return Path(EnvSettings().work_dir).resolve()
 
 
 class UnitOutcome(BaseModel):
@@ -63,19 +64,17 @@ class RunSummary(BaseModel):
 
 
 def best_profiles(outcomes: list[UnitOutcome]) -> list[dict[str, str]]:
-    """Per variant and target: the profile whose highest SLO-meeting concurrency gives the most output
-    tokens/s. Only candidate units compete; a unit's figure is its best scenario at that concurrency."""
-    groups: dict[tuple[str, str], list[tuple[str, float, int]]] = {}
+    """Per variant and target: the candidate profile with the highest headline throughput (best_throughput:
+    the same figure the summary table, MLflow and the model version show)."""
+    from enginefoundry.bench.report import best_throughput
+
+    groups: dict[tuple[str, str], list[tuple[str, float, int | None]]] = {}
     for o in outcomes:
         variant, profile, target = o.unit.split(".")
         groups.setdefault((variant, target), [])
-        if not o.ok:
-            continue
-        met = [s for s in o.bench.get("slo", []) if s.get("best_concurrency") is not None]
-        if met:
-            best = max(met, key=lambda s: s.get("output_tokens_per_s") or 0.0)
-            groups[(variant, target)].append((profile, best.get("output_tokens_per_s") or 0.0,
-                                              best["best_concurrency"]))
+        best = best_throughput(o.bench) if o.ok else None
+        if best is not None and best.within_slo:
+            groups[(variant, target)].append((profile, best.output_tokens_per_s, best.concurrency))
     rows = []
     for (variant, target), scored in sorted(groups.items()):
         if scored:

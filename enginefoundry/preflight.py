@@ -425,6 +425,30 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+REFERENCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def reference_check(spec: BuildSpec, shape: ModelShape, host_memory: int | None, *, on_worker: bool) -> Check:
+    """The smoke reference loads the whole source in `smoke.reference_precision` on the host (params × bytes,
+    +20% for activations and the tokenizer). It refuses when that exceeds `smoke.reference_host_memory_gib`
+    (the limit the spec allows, checked before any download) or, on the worker, the host's memory."""
+    dtype = spec.smoke.reference_precision
+    need = int(shape.param_count() * REFERENCE_DTYPE_BYTES.get(dtype, 4) * 1.2)
+    allowed = spec.smoke.reference_host_memory_gib
+    limit = int(allowed * GIB) if allowed is not None else host_memory
+    if limit is None:
+        return Check(name="reference_memory", ok=True, message=f"the {dtype} reference needs ≈{_gib(need)} host memory")
+    ok = need <= limit or (allowed is None and not on_worker)
+    where = "smoke.reference_host_memory_gib allows" if allowed is not None else "this host has"
+    half = shape.param_count() * 2 * 1.2
+    fix = None if ok else (
+        (f"smoke.reference_precision: bf16 (≈{_gib(half)})" if dtype == "fp32" and half <= limit else
+         "a larger reference host (smoke.reference_host_memory_gib)")
+        + ", or reference answers already published for this source (computed once on a host where they fit)")
+    return Check(name="reference_memory", ok=ok, fix=fix,
+                 message=f"the {dtype} smoke reference needs ≈{_gib(need)} host memory; {where} {_gib(limit)}")
+
+
 # --- entry points --------------------------------------------------------------------------------------------
 
 def preflight(spec: BuildSpec, unit: Unit, model_config: dict[str, Any] | None, gpus: list[GPUInfo] | None,
@@ -433,12 +457,15 @@ def preflight(spec: BuildSpec, unit: Unit, model_config: dict[str, Any] | None, 
     GPU match, host memory and disk checks can refuse; without them they only inform."""
     report = PreflightReport(unit=unit.name, lane=spec.lane, target=unit.target.name)
     t = unit.target
+    shape = ModelShape.from_config(model_config) if model_config else None
+    if shape is not None:
+        report.checks.append(reference_check(spec, shape, host_memory if host_memory is not None else
+                                             host_memory_bytes(), on_worker=gpus is not None))
     lane = get_lane(spec.lane)
     if t.arch is Arch.CPU and not lane.needs_gpu:
         report.checks.append(Check(name="device", ok=True, message="cpu target: no GPU checks apply"))
         report.notes.append(f"cpu target on lane {spec.lane}: precision, VRAM and parallelism checks do not apply")
         return report
-    shape = ModelShape.from_config(model_config) if model_config else None
     if gpus is not None and t.arch is not Arch.CPU:
         try:
             used = match_target(t, gpus)

@@ -9,15 +9,19 @@ registered-model tag, so `rollback` can step back more than once. No Prefect her
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError
 from enginefoundry.manifest import Manifest
+from enginefoundry.plan import Unit, expand_units
+from enginefoundry.spec import BuildSpec
 
 ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
-HISTORY_TAG = "enginefoundry.champions.{stem}"  # registered-model tag: comma-separated champion versions
+HISTORY_TAG = mltags.CHAMPION_HISTORY  # registered-model tag: comma-separated champion versions
 
 
 class PromotionPolicy(BaseModel):
@@ -145,6 +149,12 @@ class RegistryMove(BaseModel):
     detail: str
 
 
+def _unreachable(err: Exception) -> bool:
+    """MLflow's REST client reports a server it cannot reach as an MlflowException too: never read it as
+    "no such alias"."""
+    return "API request to" in str(err) and "failed" in str(err)
+
+
 class Registry:
     """The champion/candidate aliases of one MLflow registry."""
 
@@ -159,8 +169,21 @@ class Registry:
 
         try:
             return self.client.get_model_version_by_alias(model, alias)
-        except MlflowException:
+        except MlflowException as err:
+            if _unreachable(err):
+                raise
             return None
+
+    def aliases(self, model: str) -> list[str]:
+        """Every alias of the registered model (empty when it does not exist)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return sorted(self.client.get_registered_model(model).aliases)
+        except MlflowException as err:
+            if _unreachable(err):
+                raise
+            return []
 
     def version(self, model: str, number: str) -> Any:
         from mlflow.exceptions import MlflowException
@@ -209,7 +232,7 @@ class Registry:
         """Move `<stem>-champion` to the version; the old champion becomes `<stem>-previous-champion`."""
         version = self.version(model, number)
         number = str(version.version)
-        status = version.tags.get("enginefoundry.status", "")
+        status = version.tags.get(mltags.STATUS, "")
         if status != "candidate":
             raise InputError(f"{model} version {number} is '{status or 'untracked'}', not a candidate: a rejected "
                              "unit is never promoted")
@@ -223,10 +246,10 @@ class Registry:
         self.client.set_registered_model_alias(model, champion_alias(stem), number)
         if current is not None:
             self.client.set_registered_model_alias(model, previous_alias(stem), current)
-            self.client.set_model_version_tag(model, current, "enginefoundry.superseded_by", number)
+            self.client.set_model_version_tag(model, current, mltags.SUPERSEDED_BY, number)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        tags = {"enginefoundry.promoted_at": now, "enginefoundry.promotion_reason": reason[:4000],
-                "enginefoundry.previous_champion": current or ""}
+        tags = {mltags.PROMOTED_AT: now, mltags.PROMOTION_REASON: reason[:4000],
+                mltags.PREVIOUS_CHAMPION: current or ""}
         self.tag_version(model, number, tags)
         if current is not None and (not history or history[-1] != current):
             history.append(current)
@@ -254,7 +277,7 @@ class Registry:
         else:
             self.client.delete_registered_model_alias(model, previous_alias(stem))
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.client.set_model_version_tag(model, dropped, "enginefoundry.rolled_back_at", now)
+        self.client.set_model_version_tag(model, dropped, mltags.ROLLED_BACK_AT, now)
         self._save_history(model, stem, history)
         return RegistryMove(registered_model=model, stem=stem, action="rolled back", champion=restored,
                             previous=history[-2] if len(history) > 1 else None,
@@ -264,7 +287,7 @@ class Registry:
 class Decision(BaseModel):
     """Promote or hold one unit, with every reason."""
 
-    stem: str  # alias prefix: the target name, or target-variant-profile when a target has several units
+    stem: str  # alias prefix (alias_stems): the target name, or target-variant-profile when it has several units
     unit: str
     action: Literal["promoted", "held", "unchanged"]
     candidate_version: str | None = None
@@ -278,18 +301,16 @@ class Decision(BaseModel):
                 "reasons": "; ".join(self.reasons), "serving": self.serving_uri or "-"}
 
 
-def alias_stems(units: list[tuple[str, str]]) -> dict[str, str]:
-    """Alias prefix per unit name, from (unit name, target name) pairs: the target when it has one unit (the
-    `<target>-candidate` convention of tracking), else `<target>-<variant>-<profile>` so units of one target do
-    not take each other's champion alias."""
-    per_target: dict[str, int] = {}
-    for _, target in units:
-        per_target[target] = per_target.get(target, 0) + 1
-    stems = {}
-    for name, target in units:
-        if per_target[target] == 1:
-            stems[name] = target
-        else:
-            variant, profile = name.split(".")[:2]
-            stems[name] = f"{target}-{variant}-{profile}".replace(".", "-")
-    return stems
+def alias_stems(spec: BuildSpec) -> dict[str, str]:
+    """THE alias rule (registration, `promote`, `rollback` and rollout all use it): per unit name, the stem of
+    its aliases `<stem>-candidate` / `<stem>-champion`. The target's name when the spec has one unit for that
+    target, else `<target>-<variant>-<profile>`, so units of one target never take each other's aliases. It
+    depends on the spec only, not on which targets one run builds."""
+    units = expand_units(spec)
+    per_target = Counter(u.target.name for u in units)
+    return {u.name: u.target.name if per_target[u.target.name] == 1
+            else f"{u.target.name}-{u.variant.name}-{u.profile.name}".replace(".", "-") for u in units}
+
+
+def unit_alias_stem(spec: BuildSpec, unit: Unit) -> str:
+    return alias_stems(spec)[unit.name]

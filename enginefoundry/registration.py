@@ -13,11 +13,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.manifest import Manifest
 from enginefoundry.plan import Unit
+from enginefoundry.promotion import candidate_alias, unit_alias_stem
+from enginefoundry.spec import BuildSpec
 from enginefoundry.tracking import Tracker, register_unit
 
-MANIFEST_URI_TAG = "enginefoundry.manifest_uri"
+MANIFEST_URI_TAG = mltags.MANIFEST_URI
 
 
 class Registration(BaseModel):
@@ -27,19 +30,42 @@ class Registration(BaseModel):
     alias_set: bool  # this call (re)pointed the alias
 
 
-def candidate_alias_of(unit: Unit, manifest: Manifest) -> str | None:
-    return f"{unit.target.name}-candidate" if manifest.status == "candidate" else None
+def candidate_alias_of(spec: BuildSpec, unit: Unit, manifest: Manifest) -> str | None:
+    """`<stem>-candidate` (promotion.alias_stems) for a unit that passed its gates, else None."""
+    return candidate_alias(unit_alias_stem(spec, unit)) if manifest.status == "candidate" else None
 
 
-def registration_tags(unit: Unit, manifest: Manifest, manifest_uri: str) -> dict[str, str]:
-    return {
-        "enginefoundry.key": manifest.key, "enginefoundry.target": unit.target.name,
-        "enginefoundry.arch": unit.target.arch.value, "enginefoundry.lane": manifest.lane,
-        "enginefoundry.status": manifest.status, MANIFEST_URI_TAG: manifest_uri,
-        "enginefoundry.source_revision": manifest.source.get("revision") or "",
-        "enginefoundry.source_uri": manifest.source.get("uri", ""),
-        **{f"enginefoundry.version.{k}": v for k, v in manifest.versions.items()},
+def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_url: str,
+                 prefect: dict[str, str]) -> dict[str, str]:
+    """What an auditor asks first, on the model version itself, so `@<stem>-candidate` answers in one hop:
+    source and revision, digests, toolchain, gate verdict, the headline throughput, links to the run, the
+    manifest and the Prefect flow run (`prefect`: the registering flow run's context, if any)."""
+    from enginefoundry.bench.report import best_throughput
+
+    best = best_throughput(manifest.benchmark)
+    agreement = manifest.smoke.get("smoke_agreement")
+    toolchain = manifest.key_components.get("toolchain", {}) if isinstance(manifest.key_components, dict) else {}
+    tags = {
+        mltags.KEY: manifest.key, mltags.TARGET: unit.target.name, mltags.ARCH: unit.target.arch.value,
+        mltags.LANE: manifest.lane, mltags.STATUS: manifest.status, mltags.MANIFEST_URI: manifest_uri,
+        mltags.ALIAS_STEM: unit_alias_stem(spec, unit),
+        mltags.SOURCE_URI: manifest.source.get("uri", ""),
+        mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
+        mltags.WEIGHTS_DIGEST: manifest.source.get("weights_digest", ""),
+        mltags.TOKENIZER_DIGEST: manifest.source.get("tokenizer_digest", ""),
+        mltags.TOOLCHAIN_IMAGE: "@".join(x for x in (toolchain.get("image"), toolchain.get("image_digest")) if x),
+        mltags.GATE_VERDICT: manifest.status + (f": {manifest.status_reason}" if manifest.status_reason else
+                                                 ": smoke and benchmark gates passed"),
+        mltags.SMOKE_AGREEMENT: "" if agreement is None else f"{float(agreement):.4f}",
+        mltags.PROMPTS_DIGEST: manifest.prompts_digest or "",
+        mltags.BEST_OUTPUT_TPS: f"{best.output_tokens_per_s:.1f}" if best else "",
+        mltags.BEST_AT: best.label() if best else "no benchmark point qualifies",
+        mltags.RUN_URL: run_url,
+        mltags.PREFECT_FLOW_RUN_ID: prefect.get(mltags.PREFECT_FLOW_RUN_ID) or manifest.prefect_flow_run_id or "",
+        mltags.PREFECT_FLOW_RUN_URL: prefect.get(mltags.PREFECT_FLOW_RUN_URL, ""),
+        **{mltags.version_tag(k): v for k, v in manifest.versions.items()},
     }
+    return {k: v for k, v in tags.items() if v}
 
 
 def find_registered(client: Any, registered_model: str, manifest_uri: str) -> Any | None:
@@ -57,19 +83,19 @@ def find_registered(client: Any, registered_model: str, manifest_uri: str) -> An
 
 def ensure_registered(
     tracker: Tracker, *, registered_model: str, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str,
-    move_alias: bool,
+    alias: str | None, tags: dict[str, str], move_alias: bool,
 ) -> Registration:
-    """Register the published unit unless a version of it exists; point its candidate alias at it when the
-    unit passed its gates and the alias is missing (or always, with `move_alias`: a fresh build)."""
+    """Register the published unit (with `tags`: `version_tags`) unless a version of it exists; point `alias`
+    (its candidate alias, None when it did not pass its gates) at it when the alias is missing (or always,
+    with `move_alias`: a fresh build)."""
     from mlflow.exceptions import MlflowException
 
     client = tracker.client
-    alias = candidate_alias_of(unit, manifest)
     existing = find_registered(client, registered_model, manifest_uri)
     if existing is None:
         version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,
                                 artifact_uri=manifest_uri.rsplit("/", 1)[0],
-                                tags=registration_tags(unit, manifest, manifest_uri), params=manifest.build_params,
+                                tags={**tags, MANIFEST_URI_TAG: manifest_uri}, params=manifest.build_params,
                                 alias=None)
         created = True
     else:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.identity import checkpoint_digests
 from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.promotion import Decision, Registry, champion_alias
@@ -98,11 +99,11 @@ def baseline_for(registry: Registry, model: str, target: Target) -> Baseline | N
     version = champion
     if version is None:
         alias = None
-        built = registry.versions_with(model, "enginefoundry.target", target.name)
+        built = registry.versions_with(model, mltags.TARGET, target.name)
         version = built[0] if built else None
     if version is None:
         return None
-    uri = version.tags.get("enginefoundry.manifest_uri") or version.source.rstrip("/") + "/manifest.json"
+    uri = version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/") + "/manifest.json"
     manifest = read_manifest_uri(uri)
     return Baseline(target=target.name, version=str(version.version), alias=alias, manifest_uri=uri,
                     source=manifest.source)

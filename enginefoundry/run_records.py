@@ -10,25 +10,54 @@ import json
 from pathlib import Path
 from typing import Any
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.outcomes import hit_outcome, hit_run_tags, unit_params
 from enginefoundry.pipeline import RunSummary, UnitOutcome
 from enginefoundry.plan import Unit
 from enginefoundry.publish import PublishedBuild
-from enginefoundry.registration import ensure_registered
+from enginefoundry.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.spec import BuildSpec
-from enginefoundry.tracking import Tracker, project_git_commit
+from enginefoundry.tracking import Tracker, project_git_commit, redact
 
 
 def tracker_for(spec: BuildSpec) -> Tracker:
     return Tracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
 
 
+def mlflow_run_link(spec: BuildSpec, run_id: str) -> str:
+    """A link a person can open: the run's page on an MLflow server, else `runs:/<id>` in the local store."""
+    uri = spec.tracking.mlflow_uri
+    if not uri.startswith(("http://", "https://")):
+        return f"runs:/{run_id}"
+    try:
+        experiment = tracker_for(spec).client.get_run(run_id).info.experiment_id
+    except Exception:
+        return f"runs:/{run_id}"
+    return f"{redact(uri).rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
+
+
+def context_tags() -> dict[str, str]:
+    """MLflow's standard context tags, from MLflow's own context registry (user, source type), with this
+    project as the source and its git commit, so the UI shows who ran what from which commit."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    tags = {k: v for k, v in resolve_tags().items()
+            if k in (mltags.MLFLOW_USER, mltags.MLFLOW_SOURCE_TYPE, mltags.MLFLOW_GIT_COMMIT)}
+    tags[mltags.MLFLOW_SOURCE_NAME] = "enginefoundry"
+    commit = project_git_commit()
+    if commit != "unknown":
+        tags[mltags.MLFLOW_GIT_COMMIT] = commit
+    return tags
+
+
 def start_parent(tracker: Tracker, spec: BuildSpec, source: dict[str, Any], extra_tags: dict[str, str]) -> str:
     # Runs a kill -9-ed run of this host left RUNNING end KILLED now: no run stays RUNNING for ever.
     tracker.end_dead_runs()
-    tags = {"enginefoundry.spec": spec.name, "enginefoundry.lane": spec.lane,
-            "enginefoundry.git_commit": project_git_commit(), "source.uri": source["uri"],
-            "source.revision": source.get("revision") or "", **extra_tags}
+    tags = {mltags.SPEC: spec.name, mltags.LANE: spec.lane,
+            mltags.GIT_COMMIT: project_git_commit(), mltags.SOURCE_URI: source["uri"],
+            mltags.SOURCE_REVISION: source.get("revision") or "",
+            mltags.WEIGHTS_DIGEST: source["weights_digest"], mltags.TOKENIZER_DIGEST: source["tokenizer_digest"],
+            **context_tags(), **extra_tags}
     run_id = tracker.start_run(f"{spec.name}", tags)
     tracker.log_params(run_id, {"spec": spec.model_dump(mode="json", exclude={"base_dir"}),
                                 "source.weights_digest": source["weights_digest"],
@@ -41,16 +70,22 @@ def record_hit(
     extra_tags: dict[str, str] | None = None,
 ) -> UnitOutcome:
     """A unit run for a cache hit (which run built it, where it lies), and a repaired registration."""
-    run_id = tracker.start_run(unit.name, {**hit_run_tags(key, hit), **(extra_tags or {}),
-                                           "enginefoundry.git_commit": project_git_commit()}, parent_run_id)
+    manifest = hit.manifest
+    assert manifest is not None
+    run_id = tracker.start_run(unit.name, {**hit_run_tags(key, hit), **context_tags(), **(extra_tags or {}),
+                                           mltags.GIT_COMMIT: project_git_commit()}, parent_run_id)
     tracker.log_params(run_id, unit_params(spec, unit))
     tracker.log_metrics(run_id, {"cache_hit": 1.0})
-    reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=hit.manifest,
-                            manifest_uri=hit.uri, run_id=run_id, move_alias=False)
+    built_by = manifest.mlflow_run_id or run_id
+    reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
+                            manifest_uri=hit.uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
+                            tags=version_tags(spec, unit, manifest, hit.uri, mlflow_run_link(spec, built_by),
+                                              extra_tags or {}),
+                            move_alias=False)
     if reg.created or reg.alias_set:
-        tracker.set_tags(run_id, {"enginefoundry.registry_repaired": f"version {reg.version}"
+        tracker.set_tags(run_id, {mltags.REGISTRY_REPAIRED: f"version {reg.version}"
                                   + (f", alias {reg.alias}" if reg.alias_set else "")})
-    tracker.end_run(run_id, hit.manifest.status == "candidate")
+    tracker.end_run(run_id, manifest.status == "candidate")
     return hit_outcome(unit, key, hit, run_id)
 
 

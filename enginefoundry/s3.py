@@ -7,10 +7,13 @@ import os
 import boto3
 from botocore.config import Config
 
+from enginefoundry.settings import EnvSettings
+
 
 def s3_endpoint(explicit: str | None = None) -> str | None:
-    """The S3 endpoint: explicit, else $EF_S3_ENDPOINT, else $AWS_ENDPOINT_URL_S3, else AWS itself."""
-    return explicit or os.environ.get("EF_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL_S3") or None
+    """The S3 endpoint: explicit (a flag or the spec, already ranked by enginefoundry.settings), else
+    $AWS_ENDPOINT_URL_S3 (or the deprecated $EF_S3_ENDPOINT), else AWS itself."""
+    return explicit or EnvSettings().s3_endpoint()[0]
 
 
 def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16):  # -> S3Client (boto3 stubs not installed)
@@ -29,7 +32,7 @@ def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16):  # -> S3C
     # rotated or per-run credentials in the environment would otherwise be ignored.
     return boto3.session.Session().client(
         "s3", endpoint_url=s3_endpoint(endpoint_url), config=config,
-        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        region_name=EnvSettings().aws_region,
     )
 
 

@@ -82,6 +82,7 @@ def _hub_endpoint() -> str:
 
 def _resolve_hf(source: SourceURI) -> str:
     """The commit sha a revision points at; hub errors become one readable SourceError."""
+    import httpx
     from huggingface_hub import HfApi
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -107,10 +108,10 @@ def _resolve_hf(source: SourceURI) -> str:
         raise SourceError(
             f"model.source: repository {repo} not found at {endpoint} (or it is private: set HF_TOKEN)"
         ) from None
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, httpx.HTTPError) as err:
         raise SourceError(
             f"model.source: cannot reach the hub at {endpoint} ({type(err).__name__}); "
-            "check the network or HF_ENDPOINT"
+            "check the network, or set HF_ENDPOINT to a reachable hub or mirror"
         ) from None
     if not sha:
         raise SourceError(f"model.source: the hub at {endpoint} returned no commit sha for {repo}@{rev}")
@@ -131,7 +132,7 @@ def probe(source: SourceURI) -> str:
         except (ClientError, BotoCoreError) as err:
             raise SourceError(
                 f"model.source: cannot list s3://{bucket}/{prefix}/ at {s3_endpoint() or 'AWS'}: {_short(err)}; "
-                "check the bucket, credentials and EF_S3_ENDPOINT"
+                "check the bucket, credentials and AWS_ENDPOINT_URL_S3"
             ) from None
         if not found:
             raise SourceError(f"model.source: s3://{bucket}/{prefix}/ is empty; upload the checkpoint folder there")
@@ -295,7 +296,7 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path,
     except (ClientError, BotoCoreError) as err:
         raise SourceError(
             f"model.source: cannot list s3://{bucket}/{prefix}/ at {s3_endpoint() or 'AWS'}: {_short(err)}; "
-            "check the bucket, credentials and EF_S3_ENDPOINT"
+            "check the bucket, credentials and AWS_ENDPOINT_URL_S3"
         ) from None
     if not objects:
         raise SourceError(f"model.source: s3://{bucket}/{prefix}/ is empty; upload the checkpoint folder there")

@@ -148,7 +148,9 @@ class Store(ABC):
 
     @abstractmethod
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
-        """(data, version tag) of a small object, None when absent. The tag feeds `replace_if`."""
+        """(data, version tag) of a small object, None when absent. The tag feeds `replace_if`. It is a digest of
+        the content (the S3 ETag; sha256 on file://), so writers must never write the same bytes twice: a
+        pointer names a unique build id, which rules out an A-B-A passing for "unchanged"."""
 
     @abstractmethod
     def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:

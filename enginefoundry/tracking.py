@@ -23,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import PipelineError
 from enginefoundry.retry import retry_transient
 
 T = TypeVar("T")
-HOST_TAG, PID_TAG, START_TAG = "enginefoundry.host", "enginefoundry.pid", "enginefoundry.pid_start"
+HOST_TAG, PID_TAG, START_TAG = mltags.OWNER_HOST, mltags.OWNER_PID, mltags.OWNER_PID_START
 
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
                "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
@@ -99,7 +100,7 @@ class _OpenRuns:
             runs, self._runs = self._runs, {}
         for run_id, client in runs.items():
             try:
-                client.set_tag(run_id, "enginefoundry.end_reason", "interrupted" if self.interrupted else "error")
+                client.set_tag(run_id, mltags.END_REASON, "interrupted" if self.interrupted else "error")
                 client.set_terminated(run_id, status=status)
             except Exception:  # at exit, an unreachable server must not hide the real error
                 pass
@@ -155,8 +156,8 @@ class Tracker:
                 self.experiment_id = exp.experiment_id
         except Exception as err:
             raise PipelineError(
-                f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); "
-                "start the server or fix tracking.mlflow_uri / --mlflow-uri"
+                f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); start the server "
+                "or point MLFLOW_TRACKING_URI (or --mlflow-uri, tracking.mlflow_uri) at a reachable one"
             ) from None
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
@@ -184,7 +185,7 @@ class Tracker:
             pid, start = run.data.tags.get(PID_TAG, ""), run.data.tags.get(START_TAG, "")
             if not pid.isdigit() or (_process_start(int(pid)) == start and start):
                 continue  # still alive (same pid, same start time)
-            self._call("end run", lambda r=run: self.client.set_tag(r.info.run_id, "enginefoundry.end_reason",
+            self._call("end run", lambda r=run: self.client.set_tag(r.info.run_id, mltags.END_REASON,
                                                                    "process gone"))
             self._call("end run", lambda r=run: self.client.set_terminated(r.info.run_id, status="KILLED"))
             ended.append(run.info.run_id)

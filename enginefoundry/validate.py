@@ -1,19 +1,94 @@
-"""Everything that can be checked before any download or GPU time, reported at once."""
+"""Everything that can be checked before any download or GPU time, reported at once.
+
+`validate_deep` (used by the flows) checks a parsed spec's lane options and input files. `validate_file`
+(the `validate` command) goes further in one pass: the spec's fields, its input files (even when fields are
+invalid), a local model source, the registered-model name, and every unit's preflight verdict.
+"""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.lanes import get_lane
 from enginefoundry.smoke import load_prompt_set
-from enginefoundry.spec import BuildSpec
+from enginefoundry.spec import BuildSpec, load_spec
+
+# MLflow refuses registered-model names with '/' (models:/<name>/<version> URIs) and ':' .
+_BAD_MODEL_NAME = re.compile(r"[/:%]")
 
 
 def validate_deep(spec: BuildSpec) -> None:
     """Lane options (removed flags …), input files. Raises SpecError listing every problem."""
-    problems = list(get_lane(spec.lane).validate_options(spec))
-    try:
-        load_prompt_set(spec.resolve_path(spec.smoke.prompts))
-    except InputError as err:
-        problems.append(("smoke.prompts", str(err).removeprefix("smoke.prompts: ")))
+    problems = _deep_problems(spec)
     if problems:
         raise SpecError(problems, spec.name)
+
+
+def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    problems = list(get_lane(spec.lane).validate_options(spec))
+    problems += _prompt_problems(spec.resolve_path(spec.smoke.prompts))
+    return problems
+
+
+def _prompt_problems(path: Path) -> list[tuple[str, str]]:
+    try:
+        load_prompt_set(path)
+    except InputError as err:
+        return [("smoke.prompts", str(err).removeprefix("smoke.prompts: "))]
+    return []
+
+
+def validate_file(path: str | Path, only_targets: list[str] | None = None) -> BuildSpec:
+    """Every check that needs no download, all problems in one SpecError. Returns the parsed spec."""
+    try:
+        spec = load_spec(path)
+    except SpecError as err:
+        raise SpecError(err.problems + _raw_input_problems(Path(path)), err.source) from None
+    problems = _deep_problems(spec)
+    problems += _source_problems(spec)
+    if _BAD_MODEL_NAME.search(spec.registered_model_name):
+        field = "tracking.registered_model" if spec.tracking.registered_model else "model.name"
+        problems.append((field, f"'{spec.registered_model_name}' is not a valid MLflow registered-model name "
+                                "(no '/', ':' or '%'); set tracking.registered_model, e.g. "
+                                f"{re.sub(r'[/:%]', '-', spec.registered_model_name)}"))
+    from enginefoundry.planning import plan_report
+
+    report = plan_report(spec, only_targets)
+    for unit_name, verdict in report.preflight.items():
+        for check in verdict.problems:
+            problems.append((f"unit {unit_name}", check.message + (f" (fix: {check.fix})" if check.fix else "")))
+    if problems:
+        raise SpecError(problems, str(path))
+    return spec
+
+
+def _source_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    from enginefoundry.spec import SourceKind
+
+    src = spec.model.parsed_source(spec.base_path)
+    if src.kind is SourceKind.LOCAL:
+        folder = Path(src.location)
+        if not folder.is_dir():
+            return [("model.source", f"local folder {folder} does not exist; check the path in the spec")]
+        if not (folder / "config.json").is_file():
+            return [("model.source", f"{folder} has no config.json; point it at a Hugging Face checkpoint folder")]
+    return []
+
+
+def _raw_input_problems(path: Path) -> list[tuple[str, str]]:
+    """Input files named by a spec whose fields are invalid: checked from the raw YAML, so one pass finds both."""
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    smoke = data.get("smoke") if isinstance(data, dict) else None
+    prompts = smoke.get("prompts") if isinstance(smoke, dict) else None
+    if not isinstance(prompts, str):
+        return []
+    p = Path(prompts)
+    return _prompt_problems(p if p.is_absolute() else (path.resolve().parent / p).resolve())

@@ -85,7 +85,14 @@ def open_build(uri: str, endpoint_url: str | None = None) -> tuple[Store, Publis
     store = open_store(root, endpoint_url)
     kind = "checkpoint" if folder == "checkpoints" else "unit"
     if build_id is None:
-        build = find_current(store, model, key)
+        # Units and converted checkpoints share manifests/<model>/: the key folder alone does not say which.
+        try:
+            build = find_current(store, model, key)
+        except StoreError as as_unit:
+            try:
+                build = find_checkpoint_build(store, model, key)
+            except StoreError:
+                raise as_unit from None
         if build is None:
             build = find_checkpoint_build(store, model, key)
         if build is None:

@@ -15,35 +15,83 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from prefect import flow
+from prefect.client.schemas.objects import State
+from prefect.states import Failed
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
-from enginefoundry.errors import InputError
+from enginefoundry.errors import InputError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
-from enginefoundry.flows.reports import report_build, report_matrix
+from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.pipeline import RunSummary, UnitOutcome, work_root
 from enginefoundry.plan import Unit, expand_units
 from enginefoundry.run_records import run_metrics
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
-from enginefoundry.store import open_store
+from enginefoundry.store import Store, open_store
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
-from enginefoundry.tasks.track import finish_parent_run, prefect_context, record_cache_hit, start_parent_run
+from enginefoundry.tasks.track import (
+    finish_parent_run,
+    mlflow_run_link,
+    prefect_context,
+    record_cache_hit,
+    start_parent_run,
+)
 from enginefoundry.validate import validate_deep
 
 Mode = Literal["embedded", "cluster"]
 
 
-def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None) -> BuildSpec:
+def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None = None) -> BuildSpec:
+    """The spec from one of: an inline mapping, pasted YAML, or a path on this machine. Destinations as written
+    (a unit run uses the parent's effective ones, never its own environment's)."""
     if spec is not None:
         base = spec.pop("base_dir", None) if isinstance(spec, dict) else None
         return parse_spec(dict(spec), source="inline spec", base_dir=Path(base) if base else None)
+    if spec_yaml and spec_yaml.strip():
+        try:
+            data = yaml.safe_load(spec_yaml)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise SpecError([("spec_yaml", f"not valid YAML{where} ({getattr(err, 'problem', None) or 'parse error'})"
+                                           "; paste the spec file's text unchanged")], "spec_yaml") from None
+        # Relative input paths in pasted YAML resolve against the worker's project folder.
+        return parse_spec(data, source="spec_yaml", base_dir=Path.cwd())
     if spec_path:
         return load_spec(spec_path)
-    raise InputError("give spec_path (a YAML file on the worker) or spec (an inline spec)")
+    raise InputError("spec_path, spec and spec_yaml are all empty: give spec_path (a YAML file on the worker), "
+                     "spec_yaml (the spec's text) or spec (a mapping)")
+
+
+def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None, *, store: str | None,
+              mlflow_uri: str | None, s3_endpoint_url: str | None, validated: bool = False) -> BuildSpec:
+    """The spec a parent flow runs: resolved, validated (unless the caller did: `validated`), with its effective
+    destinations (parameter > the worker's environment > spec > default; enginefoundry.settings) logged with
+    where each came from."""
+    from enginefoundry.settings import effective_spec
+
+    build_spec, dest = effective_spec(resolve_spec(spec_path, spec, spec_yaml), store=store, mlflow_uri=mlflow_uri,
+                                      s3_endpoint_url=s3_endpoint_url,
+                                      flag_names=tuple(f"parameter {n}" for n in ("store", "mlflow_uri",
+                                                                                  "s3_endpoint_url")))
+    if not validated:
+        validate_deep(build_spec)
+    log = progress_logger()
+    for row in dest.rows():
+        log(f"{row['setting']}: {row['value']} (from {row['from']})")
+    return build_spec
+
+
+def input_failure(err: InputError) -> State:
+    """A bad input ends the run Failed with one message that names the field and the fix: no traceback in the
+    UI. The exception rides along as the state's data, so a caller in Python (the CLI) gets it raised."""
+    return Failed(message=str(err), data=err)
 
 
 def spec_payload(spec: BuildSpec) -> dict[str, Any]:
@@ -51,14 +99,24 @@ def spec_payload(spec: BuildSpec) -> dict[str, Any]:
     return {**spec.model_dump(mode="json"), "base_dir": spec.base_dir}
 
 
+def spec_label(params: dict[str, Any]) -> str:
+    """The spec's name from whichever parameter carries it, for run names."""
+    inline = params.get("spec") if isinstance(params.get("spec"), dict) else {}
+    if not inline.get("name") and params.get("spec_yaml"):
+        try:
+            pasted = yaml.safe_load(str(params["spec_yaml"]))
+            inline = pasted if isinstance(pasted, dict) else {}
+        except yaml.YAMLError:
+            inline = {"name": "pasted spec"}
+    return str(inline.get("name") or Path(str(params.get("spec_path") or "spec")).stem)
+
+
 def _run_name() -> str:
     """`build tiny-cpu (cluster)`: readable in the UI's run list whether the spec came by path or inline."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
-    inline = params.get("spec") if isinstance(params.get("spec"), dict) else {}
-    label = inline.get("name") or Path(str(params.get("spec_path") or "spec")).stem
-    return f"build {label}" + (" (cluster)" if params.get("mode") == "cluster" else "")
+    return f"build {spec_label(params)}" + (" (cluster)" if params.get("mode") == "cluster" else "")
 
 
 @flow(name="build-engines", flow_run_name=_run_name, log_prints=True)
@@ -70,22 +128,33 @@ def build_engines(
     mode: Mode = "embedded",
     validated: bool = False,
     verify_hits: bool = False,
-) -> RunSummary:
+    spec_yaml: str | None = None,
+    store: str | None = None,
+    mlflow_uri: str | None = None,
+    s3_endpoint_url: str | None = None,
+) -> RunSummary | State:
     """Build, verify, benchmark and publish every unit of a spec.
 
     Args:
-        spec_path: build spec YAML on the worker, relative to the project folder (ignored when `spec` is given)
-        spec: an inline build spec (the same fields as the YAML)
+        spec_path: build spec YAML on the worker, relative to the project folder (ignored when `spec` or
+            `spec_yaml` is given)
+        spec: an inline build spec as a mapping (the same fields as the YAML)
         targets: only these target names (empty: all)
         force: build a new build of every unit, even of those published already
         mode: embedded (units in this process) or cluster (each unit on a worker of its target's pool)
         validated: the caller checked the spec's inputs already (the CLI does); skip that check
         verify_hits: re-hash every file of a cache hit (otherwise: manifest consistency and file sizes)
+        spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given)
+        store: artifact store (s3://bucket/prefix or file://path); empty: $EF_STORE of the worker, else the spec's
+        mlflow_uri: MLflow tracking URI; empty: $MLFLOW_TRACKING_URI of the worker, else the spec's
+        s3_endpoint_url: S3 endpoint; empty: $AWS_ENDPOINT_URL_S3 of the worker, else the spec's
     """
     t0 = time.monotonic()
-    build_spec = resolve_spec(spec_path, spec)
-    if not validated:
-        validate_deep(build_spec)
+    try:
+        build_spec = flow_spec(spec_path, spec, spec_yaml, store=store, mlflow_uri=mlflow_uri,
+                               s3_endpoint_url=s3_endpoint_url, validated=validated)
+    except InputError as err:
+        return input_failure(err)
     units = expand_units(build_spec, targets or None)
 
     snapshot = fetch_source(build_spec)
@@ -107,7 +176,7 @@ def build_engines(
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
             built = dispatch_units(build_spec, spec_payload(build_spec), plan.misses, keyed.components, snapshot,
-                                   parent, store, prefect_context().get("prefect.flow_run_id"),
+                                   parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
                                    replace=force)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
@@ -134,7 +203,7 @@ def build_engines(
     return summary
 
 
-def _outcome(spec: BuildSpec, unit: Unit, key: str, plan: CachePlan, built: dict[str, UnitOutcome], store: Any,
+def _outcome(spec: BuildSpec, unit: Unit, key: str, plan: CachePlan, built: dict[str, UnitOutcome], store: Store,
              parent: str) -> UnitOutcome:
     """Built here, a hit (published before, or by the unit of the same key this run built), or the fate of
     the unit of the same key that this run failed to publish."""
@@ -146,4 +215,11 @@ def _outcome(spec: BuildSpec, unit: Unit, key: str, plan: CachePlan, built: dict
         hit = find_hit(store, spec.model.name, key) if first.manifest_uri else None
         if hit is None:
             return duplicate_outcome(first, unit)
-    return record_cache_hit(spec, unit, key, hit, parent)
+    outcome = record_cache_hit(spec, unit, key, hit, parent)
+    manifest = hit.manifest
+    built_by = mlflow_run_link(spec, manifest.mlflow_run_id) if manifest.mlflow_run_id else hit.uri
+    progress_logger()(f"cache hit: {unit.name} ({manifest.status}) is published at {hit.uri}; built by MLflow run "
+                      f"{built_by}" + (f", Prefect flow run {manifest.prefect_flow_run_id}"
+                                       if manifest.prefect_flow_run_id else ""))
+    report_cache_hit(unit.name, key, built_by, hit.uri)
+    return outcome

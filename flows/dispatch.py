@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.client.orchestration import SyncPrefectClient
@@ -28,15 +26,14 @@ from enginefoundry.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit
 from enginefoundry.errors import StoreError
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
+from enginefoundry.settings import EnvSettings
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store import Store
 
 UNIT_FLOW = "build-unit"
-POLL_S = float(os.environ.get("EF_DISPATCH_POLL_S", 2.0))
-# A unit that no worker picked up, or that runs longer than this, counts as failed (a GPU build of a large
-# model takes hours; a missing worker should not hang a scheduled rollout forever).
-UNIT_TIMEOUT_S = float(os.environ.get("EF_UNIT_TIMEOUT_S", 8 * 3600))
+# A unit that no worker picked up, or that runs longer than EF_UNIT_TIMEOUT_S (enginefoundry.settings), counts
+# as failed (a GPU build of a large model takes hours; a missing worker should not hang a rollout forever).
 NOTE_EVERY_S = 60.0
 
 
@@ -163,38 +160,56 @@ def dispatch_units(
 
 
 def _wait(started: dict[str, tuple[Unit, FlowRun]]) -> dict[str, FlowRun]:
-    from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
+    """Wait for every unit run with Prefect's own wait API (prefect.flow_runs.wait_for_flow_run: the server's
+    event stream, no polling), all at once; every wait is logged through the run logger, so the UI shows what
+    the parent waits for. A unit past EF_UNIT_TIMEOUT_S is cancelled and counts as failed."""
+    from prefect.utilities.asyncutils import run_coro_as_sync
 
     log = get_run_logger()
-    pending = dict(started)
+    timeout = EnvSettings().unit_timeout_s
+    return run_coro_as_sync(_wait_all(started, log, timeout)) or {}
+
+
+async def _wait_all(started: dict[str, tuple[Unit, FlowRun]], log: Any, timeout_s: float) -> dict[str, FlowRun]:
+    import anyio
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import FlowRunWaitTimeout
+    from prefect.flow_runs import wait_for_flow_run
+    from prefect.states import Cancelling
+
     finals: dict[str, FlowRun] = {}
-    t0 = time.monotonic()
-    next_note = t0 + NOTE_EVERY_S
-    with get_client(sync_client=True) as client:
-        while pending:
-            for unit_name, (_unit, run) in list(pending.items()):
-                current = client.read_flow_run(UUID(str(run.id)))
-                if current.state is not None and current.state.is_final():
-                    finals[unit_name] = current
-                    del pending[unit_name]
-                    log.info(f"dispatch: {unit_name} finished {current.state.name}")
-            if not pending:
-                break
-            now = time.monotonic()
-            if now - t0 > UNIT_TIMEOUT_S:
-                for unit_name, (_unit, run) in pending.items():
-                    client.set_flow_run_state(UUID(str(run.id)), Cancelling(message="unit timeout"), force=True)
-                    finals[unit_name] = client.read_flow_run(UUID(str(run.id)))
-                break
-            if now >= next_note:
-                for unit_name, (unit, run) in pending.items():
-                    state = client.read_flow_run(UUID(str(run.id))).state
+    async with get_client() as client:
+
+        async def wait_one(unit_name: str, run: FlowRun) -> None:
+            try:
+                final = await wait_for_flow_run(run.id, timeout=int(timeout_s), client=client)
+            except FlowRunWaitTimeout:
+                log.warning(f"dispatch: {unit_name} not finished after {timeout_s:.0f} s (EF_UNIT_TIMEOUT_S): "
+                            "cancelling it")
+                await client.set_flow_run_state(run.id, Cancelling(message="unit timeout"), force=True)
+                final = await client.read_flow_run(run.id)
+            finals[unit_name] = final
+            log.info(f"dispatch: {unit_name} finished {final.state.name if final.state else '?'}")
+
+        async def note_pending() -> None:
+            while True:
+                await anyio.sleep(NOTE_EVERY_S)
+                for unit_name, (unit, run) in started.items():
+                    if unit_name in finals:
+                        continue
+                    state = (await client.read_flow_run(run.id)).state
                     waiting = state is not None and (state.is_scheduled() or state.is_pending())
-                    log.info(f"dispatch: {unit_name} is {state.name if state else '?'}"
-                             + (f": waiting for a worker of pool {unit.target.pool}" if waiting else ""))
-                next_note = now + NOTE_EVERY_S
-            time.sleep(POLL_S)
+                    log.info(f"dispatch: waiting for {unit_name} ({run.name}): {state.name if state else '?'}"
+                             + (f", no worker of pool {unit.target.pool} has taken it yet" if waiting else ""))
+
+        for unit_name, (unit, run) in started.items():
+            log.info(f"dispatch: waiting for {unit_name} on pool {unit.target.pool} (flow run {run.name})")
+        async with anyio.create_task_group() as waits:
+            waits.start_soon(note_pending)
+            async with anyio.create_task_group() as units:
+                for unit_name, (_unit, run) in started.items():
+                    units.start_soon(wait_one, unit_name, run)
+            waits.cancel_scope.cancel()
     return finals
 
 

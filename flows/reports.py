@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
 from enginefoundry.pipeline import RunSummary, best_profiles
 from enginefoundry.plan import Unit
@@ -49,6 +49,19 @@ def report_build(spec: BuildSpec, summary: RunSummary) -> None:
                              description=f"{spec.name}: gate verdicts and manifest URIs")
     create_table_artifact(key=artifact_key("best-profiles", spec.name), table=best_profiles(summary.outcomes),
                           description=f"{spec.name}: per target, the profile with the most output tok/s within SLOs")
+
+
+def report_unit_links(unit_name: str, key: str, mlflow_run: str, manifest_uri: str | None) -> None:
+    """A link artifact from the unit's flow run to its MLflow run (and the manifest), in the Artifacts tab."""
+    create_link_artifact(key=f"mlflow-run-{key[:12]}", link=mlflow_run, link_text=f"MLflow run of {unit_name}",
+                         description=f"{unit_name}: MLflow run"
+                         + (f"; manifest {manifest_uri}" if manifest_uri else ""))
+
+
+def report_cache_hit(unit_name: str, key: str, built_by: str, manifest_uri: str) -> None:
+    """A cache hit links to the run that built the unit."""
+    create_link_artifact(key=f"cache-hit-{key[:12]}", link=built_by, link_text=f"run that built {unit_name}",
+                         description=f"{unit_name}: cache hit of key {key[:12]}; manifest {manifest_uri}")
 
 
 def report_table(what: str, spec: BuildSpec, rows: list[dict[str, str]], description: str) -> None:

@@ -9,25 +9,24 @@ thresholds below, which are flow parameters so the UI form shows them.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
+from prefect.client.schemas.objects import State
 
-from enginefoundry.flows.build_engines import Mode, build_engines, resolve_spec, spec_payload
+from enginefoundry.errors import InputError
+from enginefoundry.flows.build_engines import Mode, build_engines, flow_spec, input_failure, spec_label, spec_payload
 from enginefoundry.flows.reports import report_markdown, report_table
 from enginefoundry.promotion import PromotionPolicy
 from enginefoundry.rollout import RolloutReport
 from enginefoundry.tasks.promote import detect_source_change, promote_units
-from enginefoundry.validate import validate_deep
 
 
 def _run_name() -> str:
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
-    inline = params.get("spec") if isinstance(params.get("spec"), dict) else {}
-    return f"rollout {inline.get('name') or Path(str(params.get('spec_path') or 'spec')).stem}"
+    return f"rollout {spec_label(params)}"
 
 
 @flow(name="rollout", flow_run_name=_run_name, log_prints=True)
@@ -41,7 +40,11 @@ def rollout(
     max_ttft_p95_factor: float = 1.25,
     reference_concurrency: int | None = None,
     force_build: bool = False,
-) -> RolloutReport:
+    spec_yaml: str | None = None,
+    store: str | None = None,
+    mlflow_uri: str | None = None,
+    s3_endpoint_url: str | None = None,
+) -> RolloutReport | State:
     """Build and promote when the source has something new.
 
     Args:
@@ -54,12 +57,19 @@ def rollout(
         max_ttft_p95_factor: candidate p95 TTFT at the reference concurrency ≤ this × the champion's
         reference_concurrency: concurrency to compare at (empty: the highest both measured)
         force_build: build even when the source has nothing new (promotion still needs the gates)
+        spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given)
+        store: artifact store; empty: $EF_STORE of the worker, else the spec's
+        mlflow_uri: MLflow tracking URI; empty: $MLFLOW_TRACKING_URI of the worker, else the spec's
+        s3_endpoint_url: S3 endpoint; empty: $AWS_ENDPOINT_URL_S3 of the worker, else the spec's
     """
     t0 = time.monotonic()
     policy = PromotionPolicy(max_accuracy_drop=max_accuracy_drop, min_throughput_ratio=min_throughput_ratio,
                              max_ttft_p95_factor=max_ttft_p95_factor, reference_concurrency=reference_concurrency)
-    build_spec = resolve_spec(spec_path, dict(spec) if spec is not None else None)
-    validate_deep(build_spec)
+    try:
+        build_spec = flow_spec(spec_path, dict(spec) if spec is not None else None, spec_yaml, store=store,
+                               mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url)
+    except InputError as err:
+        return input_failure(err)
     change = detect_source_change(build_spec, targets or None)
     report_table("rollout-change", build_spec, change.rows(),
                  f"{build_spec.name}: what is new in {change.source.describe()}")
@@ -72,7 +82,9 @@ def rollout(
                              duration_s=round(time.monotonic() - t0, 2))
 
     summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
-        spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode, validated=True)
+        spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode, validated=True,
+        store=build_spec.publish.store, mlflow_uri=build_spec.tracking.mlflow_uri,
+        s3_endpoint_url=build_spec.publish.s3_endpoint_url)
     decisions = promote_units(build_spec, summary.outcomes, policy)
     report_table("promotion", build_spec, [d.row() for d in decisions],
                  f"{build_spec.name}: promote or hold, per unit (policy: {policy.model_dump()})")

@@ -15,7 +15,9 @@ from typing import Any
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
+from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.outcomes import (
     build_run_tags,
     built_outcome,
@@ -32,11 +34,18 @@ from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint
+from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serving_outputs import write_serving
 from enginefoundry.tasks.smoke import smoke_test
-from enginefoundry.tasks.track import prefect_context, record_unit, register_published_unit, start_unit_run
+from enginefoundry.tasks.track import (
+    mlflow_run_link,
+    prefect_context,
+    record_unit,
+    register_published_unit,
+    start_unit_run,
+)
 
 
 @flow(name="build-unit")
@@ -70,7 +79,8 @@ def run_unit_stages(
         stages["serve"] = time.monotonic() - t
         try:
             t = time.monotonic()
-            smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir))
+            smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir),
+                               precision=unit.variant.precision.value, weights_digest=snapshot.weights_digest)
             stages["smoke"] = time.monotonic() - t
             if spec.benchmark.enabled:
                 t = time.monotonic()
@@ -79,14 +89,17 @@ def run_unit_stages(
         finally:
             stop_unit_server(endpoint)
     except Exception as err:
-        record_unit(spec, run_id, ok=False, tags={"enginefoundry.status": "failed"},
+        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: "failed"},
                     metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
-        return failed_outcome(unit, key, err, run_id, stages)
+        failed = failed_outcome(unit, key, err, run_id, stages)
+        emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=failed.reason,
+                          mlflow_run_id=run_id)
+        return failed
 
     draft = unit_manifest(spec, unit, key, key_components, snapshot, checkpoint_key=ckpt.key,
                           checkpoint_uri=ckpt.uri, device=build.device, build_params=build.params, smoke=smoke,
                           sweep=sweep, mlflow_run_id=run_id,
-                          prefect_flow_run_id=prefect_context().get("prefect.flow_run_id"))
+                          prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID))
     folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
     serving_dir = unit_dir / "serving"
     shutil.rmtree(serving_dir, ignore_errors=True)
@@ -105,12 +118,16 @@ def run_unit_stages(
         if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
     ]
     record_unit(spec, run_id, ok=draft.status == "candidate",
-                tags={"enginefoundry.status": draft.status, "enginefoundry.manifest_uri": published.uri,
-                      "enginefoundry.gpu": build.device.get("gpu_name", build.device.get("cpu", ""))},
+                tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri,
+                      mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
+                      **(smoke.tags() if smoke else {})},
                 metrics=unit_metrics(stages, build.metrics, published.bytes_total, smoke, sweep),
                 sweep=sweep, artifacts=artifacts)
     register_published_unit(spec, unit, published.manifest, published.uri, run_id)
     stages["track"] = time.monotonic() - t
+    report_unit_links(unit.name, key, mlflow_run_link(spec, run_id), published.uri)
+    emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, draft.status, reason=draft.status_reason,
+                      manifest_uri=published.uri, mlflow_run_id=run_id)
     if smoke:
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
                                  description=f"smoke gate of {unit.name}")

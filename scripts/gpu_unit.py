@@ -55,7 +55,8 @@ def main() -> int:
                 smoke = run_smoke(spec.smoke, load_prompt_set(spec.resolve_path(spec.smoke.prompts)),
                                   reference_dir=source_dir,
                                   base_url=endpoint.base_url, model_name=endpoint.model_name,
-                                  served_tokenizer_dir=Path(endpoint.tokenizer_dir), progress=lambda _: None)
+                                  served_tokenizer_dir=Path(endpoint.tokenizer_dir), progress=lambda _: None,
+                                  precision=unit.variant.precision.value)
             t4 = time.monotonic()
             result = {
                 "unit": unit.name, "matched_gpu": matched[0].name, "arch": matched[0].arch,

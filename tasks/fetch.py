@@ -8,10 +8,11 @@ from prefect.cache_policies import NO_CACHE
 from enginefoundry.sources import SourceSnapshot, fetch
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._retry import NETWORK_RETRIES
 
 
 # No task retries: a bad URI or revision is an input error, and huggingface_hub/botocore retry transient faults.
-@task(name="fetch checkpoint", cache_policy=NO_CACHE)
+@task(name="fetch checkpoint", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def fetch_source(spec: BuildSpec) -> SourceSnapshot:
     log = progress_logger()
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=log)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.promotion import Decision, PromotionPolicy, Registry, alias_stems, champion_alias, compare
@@ -12,9 +13,11 @@ from enginefoundry.rollout import ChangeReport, detect_change
 from enginefoundry.serving_outputs import SERVE_SH
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._retry import NETWORK_RETRIES
+from enginefoundry.tasks.events import emit_registry_move
 
 
-@task(name="detect new source", cache_policy=NO_CACHE)
+@task(name="detect new source", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeReport:
     report = detect_change(spec, Registry(spec.tracking.mlflow_uri), targets)
     log = progress_logger()
@@ -24,12 +27,12 @@ def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeRe
     return report
 
 
-@task(name="promote or hold", cache_policy=NO_CACHE)
+@task(name="promote or hold", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def promote_units(spec: BuildSpec, outcomes: list[UnitOutcome], policy: PromotionPolicy) -> list[Decision]:
     log = progress_logger()
     registry = Registry(spec.tracking.mlflow_uri)
     model = spec.registered_model_name
-    stems = alias_stems([(o.unit, o.target) for o in outcomes])
+    stems = alias_stems(spec)
     decisions = []
     for outcome in outcomes:
         decision = _decide(registry, model, stems[outcome.unit], outcome, policy)
@@ -42,7 +45,7 @@ def _decide(registry: Registry, model: str, stem: str, outcome: UnitOutcome, pol
     base = Decision(stem=stem, unit=outcome.unit, action="held")
     if outcome.status == "failed" or not outcome.manifest_uri or not outcome.key:
         return base.model_copy(update={"reasons": [f"unit {outcome.status}: {outcome.reason or 'no manifest'}"]})
-    versions = registry.versions_with(model, "enginefoundry.key", outcome.key)
+    versions = registry.versions_with(model, mltags.KEY, outcome.key)
     if not versions:
         return base.model_copy(update={"reasons": [f"no registered version of {model} has key {outcome.key[:12]}"]})
     candidate = versions[0]
@@ -55,15 +58,16 @@ def _decide(registry: Registry, model: str, stem: str, outcome: UnitOutcome, pol
     cand_manifest = read_manifest_uri(outcome.manifest_uri)
     champ_manifest = None
     if champion is not None:
-        champ_manifest = read_manifest_uri(champion.tags.get("enginefoundry.manifest_uri")
+        champ_manifest = read_manifest_uri(champion.tags.get(mltags.MANIFEST_URI)
                                            or champion.source.rstrip("/") + "/manifest.json")
     verdict = compare(cand_manifest, champ_manifest, policy)
     if not verdict.promote:
         return base.model_copy(update={"reasons": verdict.reasons})
     move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
+    emit_registry_move(model, stem, move.action, move.champion, move.previous, move.detail)
     serving = None
     if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
         serving = outcome.manifest_uri.rsplit("/", 1)[0] + "/serving/"
-        registry.tag_version(model, number, {"enginefoundry.serving_uri": serving})
+        registry.tag_version(model, number, {mltags.SERVING_URI: serving})
     return base.model_copy(update={"action": "promoted", "serving_uri": serving,
                                    "reasons": [move.detail, *(g.detail for g in verdict.gates)]})

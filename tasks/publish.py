@@ -12,9 +12,10 @@ from enginefoundry.publish import PublishResult, publish_build
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._retry import NETWORK_RETRIES
 
 
-@task(name="publish unit", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=3)
+@task(name="publish unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], replace: bool = False) -> PublishResult:
     """`draft` is the manifest without `files` and `build_id`: the file list comes from the upload itself, the
     build id from the store. `replace` (a --force rebuild) makes this new build current even when another build

@@ -8,15 +8,24 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.manifest import Manifest
 from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.plan import Unit
 from enginefoundry.publish import PublishedBuild
-from enginefoundry.registration import ensure_registered
-from enginefoundry.run_records import finish_parent, record_hit, start_parent, tracker_for
+from enginefoundry.registration import candidate_alias_of, ensure_registered, version_tags
+from enginefoundry.run_records import (
+    context_tags,
+    finish_parent,
+    mlflow_run_link,
+    record_hit,
+    start_parent,
+    tracker_for,
+)
 from enginefoundry.spec import BuildSpec
-from enginefoundry.tracking import project_git_commit
+from enginefoundry.tasks._retry import NETWORK_RETRIES
+from enginefoundry.tracking import Tracker, project_git_commit
 
 
 def prefect_context() -> dict[str, str]:
@@ -29,28 +38,51 @@ def prefect_context() -> dict[str, str]:
         if flow_run is None:
             return {}
         ui = PREFECT_UI_URL.value()
-        return {"prefect.flow_run_id": str(flow_run.id),
-                "prefect.flow_run_url": f"{ui}/runs/flow-run/{flow_run.id}" if ui else ""}
+        return {mltags.PREFECT_FLOW_RUN_ID: str(flow_run.id),
+                mltags.PREFECT_FLOW_RUN_URL: f"{ui}/runs/flow-run/{flow_run.id}" if ui else ""}
     except Exception:
         return {}
 
 
-@task(name="start MLflow run", cache_policy=NO_CACHE)
+def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
+    """The smoke prompt set as an MLflow dataset input (source and digest, context "smoke"). Returns its digest."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    from enginefoundry.smoke.prompts import prompt_set_digest
+
+    path = spec.resolve_path(spec.smoke.prompts)
+    digest = prompt_set_digest(path)
+    with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local source
+        warnings.simplefilter("ignore")
+        source = resolve_dataset_source(str(path))
+    dataset = MetaDataset(source, name=path.stem, digest=digest[:36])
+    tracker.client.log_inputs(run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(),
+                                                             tags=[InputTag("mlflow.data.context", "smoke")])])
+    tracker.set_tags(run_id, {mltags.PROMPTS_DIGEST: digest})
+    return digest
+
+
+@task(name="start MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
     return start_parent(tracker_for(spec), spec, source, prefect_context())
 
 
-@task(name="start unit MLflow run", cache_policy=NO_CACHE)
+@task(name="start unit MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict[str, Any],
                    tags: dict[str, Any]) -> str:
     tracker = tracker_for(spec)
-    run_id = tracker.start_run(unit_name, {**tags, **prefect_context(),
-                                           "enginefoundry.git_commit": project_git_commit()}, parent_id)
+    run_id = tracker.start_run(unit_name, {**tags, **context_tags(), **prefect_context(),
+                                           mltags.GIT_COMMIT: project_git_commit()}, parent_id)
     tracker.log_params(run_id, params)
+    log_prompt_set(tracker, run_id, spec)
     return run_id
 
 
-@task(name="record unit", cache_policy=NO_CACHE)
+@task(name="record unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def record_unit(
     spec: BuildSpec, run_id: str, *, ok: bool, tags: dict[str, Any], metrics: dict[str, float],
     sweep: SweepReport | None, artifacts: list[str],
@@ -69,21 +101,24 @@ def record_unit(
     tracker.end_run(run_id, ok)
 
 
-@task(name="finish MLflow run", cache_policy=NO_CACHE)
+@task(name="finish MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str, Any],
                       metrics: dict[str, float], report_dir: str) -> None:
     finish_parent(tracker_for(spec), run_id, ok, summary, metrics, Path(report_dir))
 
 
-@task(name="register unit in MLflow", cache_policy=NO_CACHE)
+@task(name="register unit in MLflow", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str) -> str:
-    """A registered-model version per published unit (idempotent); `<target>-candidate` moves to it when its
-    gates pass."""
-    return ensure_registered(tracker_for(spec), registered_model=spec.registered_model_name, unit=unit,
-                             manifest=manifest, manifest_uri=manifest_uri, run_id=run_id, move_alias=True).version
+    """A registered-model version per published build (idempotent: keyed by its manifest URI);
+    `<stem>-candidate` (promotion.alias_stems) moves to it when its gates pass."""
+    tracker = tracker_for(spec)
+    tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id), prefect_context())
+    return ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
+                             manifest_uri=manifest_uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
+                             tags=tags, move_alias=True).version
 
 
-@task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE)
+@task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def record_cache_hit(spec: BuildSpec, unit: Unit, key: str, hit: PublishedBuild, parent_run_id: str) -> UnitOutcome:
     """A unit run for the hit; a missing registration or alias of the published unit is repaired."""
     return record_hit(tracker_for(spec), spec, unit, key, hit, parent_run_id, prefect_context())

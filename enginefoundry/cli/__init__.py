@@ -4,7 +4,8 @@ back. This package is the Entry layer: it may call flows and the domain; nothing
 Exit codes: 0 success, 1 pipeline failure, 2 invalid input. User mistakes print one message, no
 traceback; `--verbose` shows details. Prefect is imported only by the commands that run flows.
 
-Each command lives in a module of this package with a `register(sub)` function; COMMANDS lists them.
+Each command lives in a module of this package with a `register(sub)` function; COMMANDS lists them. The
+global options (`-v/--verbose`, `--json`) are added to every subcommand here, so they work before or after it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import traceback
 from collections.abc import Sequence
 
 from enginefoundry import __version__
+from enginefoundry.cli.common import emit_json, global_options, json_mode, network_hint
 from enginefoundry.console import error
 from enginefoundry.errors import EXIT_PIPELINE, EngineFoundryError
 
@@ -25,36 +27,58 @@ COMMANDS = (
     "enginefoundry.cli.lengths",
     "enginefoundry.cli.leases",
     "enginefoundry.cli.store",
+    "enginefoundry.cli.completion",
+    "enginefoundry.cli.automations",
+    "enginefoundry.cli.smoke",
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="enginefoundry", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="enginefoundry", description=__doc__.splitlines()[0],
+                                parents=[global_options(suppress=False)])
     p.add_argument("--version", action="version", version=f"enginefoundry {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and details")
     sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         importlib.import_module(module).register(sub)
+    shared = global_options(suppress=True)
+    for subparser in sub.choices.values():
+        for action in shared._actions:
+            if not any(opt in subparser._option_string_actions for opt in action.option_strings):
+                subparser._add_action(action)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
+    with json_mode(args.json):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.handler(args)
     except EngineFoundryError as err:
-        if args.verbose:
-            traceback.print_exc()
-        error(str(err))
-        return err.exit_code
+        return _fail(args, err, str(err), err.exit_code)
     except Exception as err:
-        if args.verbose:
-            traceback.print_exc()
-        error(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} (rerun with --verbose)")
-        return EXIT_PIPELINE
+        hint = network_hint(err)
+        if hint:
+            return _fail(args, err, hint, EXIT_PIPELINE)
+        return _fail(args, err, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} "
+                                "(rerun with --verbose)", EXIT_PIPELINE)
     except KeyboardInterrupt:
         error("interrupted; servers stopped, nothing half-published")
         return 130
+
+
+def _fail(args: argparse.Namespace, err: BaseException, message: str, code: int) -> int:
+    if args.verbose:
+        traceback.print_exception(err)
+    error(message)
+    if args.json:
+        problems = getattr(err, "problems", None)
+        emit_json({"ok": False, "exit_code": code, "error": message,
+                   **({"problems": [{"field": f, "message": m} for f, m in problems]} if problems else {})})
+    return code
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from enginefoundry.cli.common import load, quiet_prefect_defaults
+from enginefoundry.cli.common import destination_flags, emit_json, load, quiet_prefect_defaults, wants_json
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 
@@ -16,8 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--force", action="store_true", help="rebuild units whose manifest already exists")
     run.add_argument("--verify-hits", action="store_true",
                      help="re-hash every file of a cache hit (default: manifest consistency and file sizes)")
-    run.add_argument("--store", help="override publish.store (s3://bucket/prefix or file://path)")
-    run.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
+    destination_flags(run)
     run.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
                      help="cluster: each unit on its target's Prefect work pool (needs PREFECT_API_URL)")
     run.add_argument("--wait-for-tracking", action="store_true",
@@ -25,8 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "(default: a background process records them)")
     run.set_defaults(handler=cmd_run)
 
-    val = sub.add_parser("validate", help="check a spec and its inputs; nothing runs")
+    val = sub.add_parser("validate", help="check a spec, its inputs and every unit's preflight; nothing runs or "
+                                          "downloads; prints the effective store, MLflow URI and S3 endpoint")
     val.add_argument("spec")
+    val.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
+    destination_flags(val)
     val.set_defaults(handler=cmd_validate)
 
     plan = sub.add_parser("plan", help="print the unit matrix, commands and preflight verdicts; nothing runs")
@@ -37,14 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     exp = sub.add_parser("explain", help="for each unit: cache hit or miss, and for a miss what changed")
     exp.add_argument("spec")
     exp.add_argument("--targets", nargs="+", metavar="NAME")
-    exp.add_argument("--store", help="override publish.store")
+    destination_flags(exp, mlflow=False)
     exp.set_defaults(handler=cmd_explain)
 
     roll = sub.add_parser("rollout", help="build when the source has something new, then promote or hold")
     roll.add_argument("spec")
     roll.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
-    roll.add_argument("--store", help="override publish.store")
-    roll.add_argument("--mlflow-uri", help="override tracking.mlflow_uri")
+    destination_flags(roll)
     roll.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
                       help="cluster: each unit on its target's Prefect work pool (needs PREFECT_API_URL)")
     roll.add_argument("--max-accuracy-drop", type=float, default=0.02)
@@ -58,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from enginefoundry.validate import validate_deep
 
-    spec = load(args.spec, {"store": args.store, "mlflow_uri": args.mlflow_uri})
+    spec, dest = load(args.spec, args)
     validate_deep(spec)  # every input problem before Prefect, downloads or servers start
     from enginefoundry.planning import refuse_on_preflight
     from enginefoundry.sources import probe
@@ -67,6 +68,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     resolved = probe(spec.model.parsed_source(spec.base_path))
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
+    for row in dest.rows():
+        console.print(f"{row['setting']}: {row['value']} (from {row['from']})", markup=False)
     summary, tracking_note = None, ""
     if not args.force:
         # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
@@ -88,8 +91,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         quiet_prefect_defaults()
         from enginefoundry.flows.build_engines import build_engines, spec_payload
 
+        # The effective destinations travel as the flow's override parameters: they outrank the environment the
+        # flow reads again (the same one here, a worker's in cluster mode).
         summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
-                                mode=args.mode, validated=True, verify_hits=args.verify_hits)
+                                mode=args.mode, validated=True, verify_hits=args.verify_hits,
+                                store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                                s3_endpoint_url=spec.publish.s3_endpoint_url)
+    if wants_json(args):
+        emit_json({"ok": summary.ok, "destinations": dest, **summary.model_dump(mode="json")})
+        return EXIT_OK if summary.ok else EXIT_PIPELINE
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
@@ -107,20 +117,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from enginefoundry.plan import expand_units
-    from enginefoundry.validate import validate_deep
+    from enginefoundry.settings import effective_spec
+    from enginefoundry.validate import validate_file
 
-    spec = load(args.spec)
-    validate_deep(spec)
-    console.print(f"[green]ok[/green]: {args.spec} is valid: lane {spec.lane}, "
-                  f"{len(expand_units(spec))} unit(s)")
+    spec, dest = effective_spec(validate_file(args.spec, args.targets), store=args.store,
+                                mlflow_uri=args.mlflow_uri, s3_endpoint_url=args.s3_endpoint_url)
+    units = len(expand_units(spec, args.targets))
+    if wants_json(args):
+        emit_json({"ok": True, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest})
+        return EXIT_OK
+    console.print(f"[green]ok[/green]: {args.spec} is valid: lane {spec.lane}, {units} unit(s), preflight passed")
+    table("effective settings (flag > environment > spec > default)", dest.rows())
     return EXIT_OK
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from enginefoundry.planning import plan_report
 
-    spec = load(args.spec)
+    spec, _ = load(args.spec)
     report = plan_report(spec, args.targets)
+    if wants_json(args):
+        emit_json({"ok": not report.refused, "spec": spec.name, "lane": spec.lane, "units": report.rows,
+                   "commands": report.commands, "preflight": report.preflight})
+        return EXIT_INPUT if report.refused else EXIT_OK
     table(f"{spec.name}: {len(report.rows)} unit(s), lane {spec.lane}", report.rows)
     for unit_name, commands in report.commands.items():
         console.print(f"\n[bold]{unit_name}[/bold]")
@@ -138,9 +157,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from enginefoundry.sources import fetch
     from enginefoundry.store import open_store
 
-    spec = load(args.spec, {"store": args.store, "mlflow_uri": None})
+    spec, _ = load(args.spec, args)
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say)
     rows = explain(spec, snapshot, open_store(spec.publish.store, spec.publish.s3_endpoint_url), args.targets)
+    if wants_json(args):
+        emit_json({"spec": spec.name, "store": spec.publish.store, "units": rows})
+        return EXIT_OK
     table(f"{spec.name}: cache against {spec.publish.store}", [
         {"unit": r.unit, "status": "hit" if r.hit else "miss", "key": r.key[:12],
          "nearest published": (r.nearest or "-")[:12], "what differs": "\n".join(r.differences)} for r in rows])
@@ -150,7 +172,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     from enginefoundry.validate import validate_deep
 
-    spec = load(args.spec, {"store": args.store, "mlflow_uri": args.mlflow_uri})
+    spec, _ = load(args.spec, args)
     validate_deep(spec)
     quiet_prefect_defaults()
     from enginefoundry.flows.build_engines import spec_payload
@@ -159,7 +181,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     report = rollout(spec_path=None, spec=spec_payload(spec), targets=args.targets, mode=args.mode,
                      max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
                      max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
-                     force_build=args.force_build)
+                     force_build=args.force_build, store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                     s3_endpoint_url=spec.publish.s3_endpoint_url)
+    if wants_json(args):
+        emit_json(report)
+        return EXIT_OK if (not report.built or report.build_ok) else EXIT_PIPELINE
     console.print()
     table(f"{spec.name}: {report.change.source.describe()}", report.change.rows())
     if not report.built:

@@ -1,23 +1,134 @@
-"""What the commands share: loading a spec with command-line overrides, and quiet Prefect defaults."""
+"""What the commands share: the global options, loading a spec with its effective destinations, `--json`
+output, and quiet Prefect defaults."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+from pydantic import BaseModel
+
+from enginefoundry.settings import Destinations, EnvSettings, absolute_mlflow, effective_spec
 from enginefoundry.spec import BuildSpec, load_spec
 from enginefoundry.spec.outputs import TrackingSpec
 
 DEFAULT_MLFLOW = TrackingSpec().mlflow_uri
 
 
-def load(path: str, overrides: dict[str, str | None] | None = None) -> BuildSpec:
-    spec = load_spec(path)
-    if overrides:
-        publish = spec.publish.model_copy(update={"store": overrides["store"]}) if overrides.get("store") else None
-        tracking = (spec.tracking.model_copy(update={"mlflow_uri": overrides["mlflow_uri"]})
-                    if overrides.get("mlflow_uri") else None)
-        spec = spec.model_copy(update={k: v for k, v in (("publish", publish), ("tracking", tracking)) if v})
-    return spec
+def global_options(*, suppress: bool) -> argparse.ArgumentParser:
+    """`-v/--verbose` and `--json`, accepted before or after the subcommand. The copy added to each subcommand
+    uses SUPPRESS defaults, so a subcommand without the flag does not reset what the top level parsed."""
+    parent = argparse.ArgumentParser(add_help=False)
+    default_false: Any = argparse.SUPPRESS if suppress else False
+    parent.add_argument("-v", "--verbose", action="store_true", default=default_false,
+                        help="show tracebacks and details")
+    parent.add_argument("--json", action="store_true", default=default_false,
+                        help="machine-readable output on stdout (JSON)")
+    return parent
+
+
+def destination_flags(parser: argparse.ArgumentParser, *, mlflow: bool = True) -> None:
+    """--store, --s3-endpoint-url and (optionally) --mlflow-uri: the highest rank of enginefoundry.settings."""
+    parser.add_argument("--store", help="artifact store, overrides $EF_STORE and publish.store "
+                                        "(s3://bucket/prefix or file://path)")
+    parser.add_argument("--s3-endpoint-url", help="S3 endpoint, overrides $AWS_ENDPOINT_URL_S3 and "
+                                                  "publish.s3_endpoint_url")
+    if mlflow:
+        parser.add_argument("--mlflow-uri", help="MLflow tracking URI, overrides $MLFLOW_TRACKING_URI and "
+                                                 "tracking.mlflow_uri")
+
+
+def load(path: str, args: argparse.Namespace | None = None) -> tuple[BuildSpec, Destinations]:
+    """The spec with its effective store, MLflow URI and S3 endpoint (flag > environment > spec > default)."""
+    return effective_spec(load_spec(path), store=getattr(args, "store", None),
+                          mlflow_uri=getattr(args, "mlflow_uri", None),
+                          s3_endpoint_url=getattr(args, "s3_endpoint_url", None))
+
+
+def mlflow_uri_of(args: argparse.Namespace) -> str:
+    """For commands without a spec: --mlflow-uri > $MLFLOW_TRACKING_URI > the default (working directory)."""
+    uri = getattr(args, "mlflow_uri", None) or EnvSettings().mlflow_tracking_uri or DEFAULT_MLFLOW
+    return absolute_mlflow(uri, Path.cwd())
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+_JSON_STREAM: list[Any] = []  # the real stdout while `--json` sends everything else to stderr
+
+
+@contextlib.contextmanager
+def json_mode(enabled: bool) -> Iterator[None]:
+    """With `--json`, stdout carries exactly one JSON document: progress, tables and prints go to stderr."""
+    if not enabled:
+        yield
+        return
+    from enginefoundry.console import console
+
+    # Rich's `console.file` reads as the current sys.stdout when none was set: keep the unset state (None), so a
+    # later command in this process (tests) does not write to a stream that was captured here and closed since.
+    real, previous_file = sys.stdout, console._file
+    _JSON_STREAM.append(real)
+    console.file = sys.stderr
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        console.file = previous_file
+        _JSON_STREAM.pop()
+
+
+def emit_json(data: Any) -> None:
+    """One JSON document on stdout (pydantic models and lists of them included), for `--json`. Other commands'
+    modules (verify, pull, …) use it too."""
+
+    def default(obj: Any) -> Any:
+        if isinstance(obj, BaseModel):
+            return obj.model_dump(mode="json")
+        return str(obj)
+
+    out = _JSON_STREAM[-1] if _JSON_STREAM else sys.stdout
+    out.write(json.dumps(data, indent=2, default=default) + "\n")
+    out.flush()
+
+
+def network_hint(err: BaseException) -> str | None:
+    """An unreachable endpoint, named with the variable that sets it; None when the error is not one. Walks the
+    exception chain: MLflow and boto3 wrap the connection error they got."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in seen and len(seen) < 10:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for e in seen:
+        kind = type(e).__name__
+        if kind in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+            from urllib.parse import urlsplit
+
+            raw = urlsplit(str(getattr(e, "kwargs", {}).get("endpoint_url", "")))
+            url = f"{raw.scheme}://{raw.netloc}" if raw.netloc else "the S3 endpoint"
+            return (f"cannot reach S3 at {url}: set AWS_ENDPOINT_URL_S3 (or --s3-endpoint-url, "
+                    "publish.s3_endpoint_url) to a reachable endpoint")
+        text = str(e)
+        if kind == "MlflowException" and "API request to" in text:
+            url = text.split("API request to", 1)[1].split()[0]
+            return (f"cannot reach MLflow at {url}: set MLFLOW_TRACKING_URI (or --mlflow-uri, "
+                    "tracking.mlflow_uri) to a reachable tracking server")
+        if kind in ("ConnectError", "ConnectTimeout") and getattr(e, "_request", None) is not None:
+            url = str(e.request.url)  # type: ignore[attr-defined]
+            env = EnvSettings()
+            if (env.hf_endpoint and url.startswith(env.hf_endpoint.rstrip("/"))) or "huggingface.co" in url:
+                return f"cannot reach the Hugging Face Hub at {url}: set HF_ENDPOINT to a reachable hub or mirror"
+            if env.prefect_api_url and url.startswith(env.prefect_api_url.rstrip("/")):
+                return f"cannot reach the Prefect API at {url}: set PREFECT_API_URL to a running server"
+    return None
 
 
 def quiet_prefect_defaults() -> None:
@@ -31,3 +142,17 @@ def quiet_prefect_defaults() -> None:
     from enginefoundry.flows.ephemeral import guard_ephemeral_prefect_server
 
     guard_ephemeral_prefect_server()
+    install_exit_handlers()
+
+
+def install_exit_handlers() -> None:
+    """SIGTERM exits through `finally` and atexit (servers stopped, MLflow runs ended KILLED), installed before
+    any flow starts: Prefect 3.9.1's flow engine swaps in its own SIGTERM handler for the run and, on
+    TerminationSignal, restores the handler it found and re-sends the signal to it (`capture_sigterm`,
+    prefect/utilities/engine/__init__.py@3.9.1). Found at that moment, SIG_DFL would end the process with no
+    cleanup at all."""
+    from enginefoundry.runner import install_sigterm_as_exit
+    from enginefoundry.tracking import OPEN_RUNS
+
+    install_sigterm_as_exit()
+    OPEN_RUNS.install_handlers()

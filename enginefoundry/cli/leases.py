@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from enginefoundry.cli.common import destination_flags, emit_json, load, wants_json
 from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK, InputError
 
@@ -12,26 +13,21 @@ from enginefoundry.errors import EXIT_OK, InputError
 def register(sub: argparse._SubParsersAction) -> None:
     cmd = sub.add_parser("leases", help="list the build leases of a store; --break KEY clears one")
     cmd.add_argument("spec", nargs="?", help="build spec YAML whose publish.store to read (or give --store)")
-    cmd.add_argument("--store", help="store URI (s3://bucket/prefix or file://path)")
+    destination_flags(cmd, mlflow=False)
     cmd.add_argument("--break", dest="break_key", metavar="KEY",
                      help="clear this lease: its store key, or (a prefix of) the unit key it guards")
-    cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(handler=cmd_leases)
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
-    import json
-
     from enginefoundry.lease import break_lease, list_leases
     from enginefoundry.store import open_store
 
-    if args.store:
-        store = open_store(args.store)
-    elif args.spec:
-        from enginefoundry.cli.common import load
-
-        spec = load(args.spec)
+    if args.spec:
+        spec, _ = load(args.spec, args)  # --store and --s3-endpoint-url outrank the spec (settings)
         store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    elif args.store:
+        store = open_store(args.store, getattr(args, "s3_endpoint_url", None))
     else:
         raise InputError("give a build spec or --store URI")
     if args.break_key:
@@ -40,8 +36,8 @@ def cmd_leases(args: argparse.Namespace) -> int:
         console.print(f"cleared the lease {args.break_key} in {store.uri}", markup=False)
         return EXIT_OK
     rows = list_leases(store)
-    if args.json:
-        print(json.dumps([r.model_dump() for r in rows], indent=2))
+    if wants_json(args):
+        emit_json(rows)
         return EXIT_OK
     table(f"build leases in {store.uri}", [
         {"key": r.key, "owner": r.owner, "host": r.host, "pid": str(r.pid), "age": f"{r.age_s:.0f} s",

@@ -1,43 +1,46 @@
-"""Commands over published units and the MLflow registry: lineage, promote, rollback."""
+"""Commands over published units and the MLflow registry: lineage, promote, rollback.
+
+The MLflow URI: --mlflow-uri, else $MLFLOW_TRACKING_URI, else the default local database (enginefoundry.settings).
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 
-from enginefoundry.cli.common import DEFAULT_MLFLOW
+from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, mlflow_uri_of, wants_json
 from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK, InputError
+
+MLFLOW_HELP = f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else {DEFAULT_MLFLOW})"
+STEM_HELP = ("alias stem: the target name, or <target>-<variant>-<profile> when the spec has several units for "
+             "that target (the aliases are <stem>-candidate and <stem>-champion)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     lin = sub.add_parser("lineage", help="what produced an artifact: store URI, unit key or models:/name@alias")
     lin.add_argument("ref")
-    lin.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_MLFLOW),
-                     help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_MLFLOW})")
-    lin.add_argument("--json", action="store_true", help="machine-readable output")
+    lin.add_argument("--mlflow-uri", help=MLFLOW_HELP)
     lin.set_defaults(handler=cmd_lineage)
 
-    for name, what in (("promote", "move <target>-champion to a version (default: <target>-candidate)"),
-                       ("rollback", "put the previous <target>-champion back")):
+    for name, what in (("promote", "move <stem>-champion to a version (default: the <stem>-candidate version)"),
+                       ("rollback", "put the previous <stem>-champion back")):
         cmd = sub.add_parser(name, help=what)
         cmd.add_argument("registered_model", help="MLflow registered model, e.g. tiny-chat")
-        cmd.add_argument("--target", required=True, help="target name (the alias prefix)")
+        cmd.add_argument("--target", required=True, metavar="STEM", help=STEM_HELP)
         if name == "promote":
-            cmd.add_argument("--version", help="registered model version (default: the <target>-candidate alias)")
-        cmd.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_MLFLOW),
-                         help=f"MLflow tracking URI (default $MLFLOW_TRACKING_URI or {DEFAULT_MLFLOW})")
+            cmd.add_argument("--version", help="registered model version (default: the <stem>-candidate alias)")
+        cmd.add_argument("--mlflow-uri", help=MLFLOW_HELP)
         cmd.set_defaults(handler=cmd_registry)
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    import json
-
     from enginefoundry.lineage import lineage
 
-    chain = lineage(args.ref, args.mlflow_uri)
-    if args.json:
-        print(json.dumps(chain, indent=2, default=str))
+    mlflow_uri = mlflow_uri_of(args)
+    chain = lineage(args.ref, mlflow_uri)
+    if wants_json(args):
+        emit_json(chain)
         return EXIT_OK
     a, src, ck, ml = chain["artifact"], chain["source"], chain["converted_checkpoint"], chain["mlflow"]
     rows = [
@@ -52,7 +55,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         ("build", json.dumps(chain["build"]["params"], sort_keys=True)),
         ("smoke", ", ".join(f"{k.removeprefix('smoke_')}={v}" for k, v in chain["smoke"].items())),
         ("benchmark", ", ".join(f"{k}={v}" for k, v in chain["benchmark"].items() if not isinstance(v, list))),
-        ("MLflow run", f"{ml.get('unit_run_id')} (parent {ml.get('parent_run_id')}) in {args.mlflow_uri}"),
+        ("MLflow run", f"{ml.get('unit_run_id')} (parent {ml.get('parent_run_id')}) in {mlflow_uri}"),
         ("Prefect flow run", f"{ml.get('prefect_flow_run_id') or '-'} {ml.get('prefect_flow_run_url') or ''}"),
         ("project commit", str(ml.get("git_commit"))),
         ("last verified", _verified_line(chain.get("verification") or {})),
@@ -77,7 +80,7 @@ def _verified_line(rec: dict) -> str:
 def cmd_registry(args: argparse.Namespace) -> int:
     from enginefoundry.promotion import Registry, candidate_alias
 
-    registry = Registry(args.mlflow_uri)
+    registry = Registry(mlflow_uri_of(args))
     model, stem = args.registered_model, args.target
     if args.command == "rollback":
         move = registry.rollback(model, stem)
@@ -86,8 +89,16 @@ def cmd_registry(args: argparse.Namespace) -> int:
         if number is None:
             candidate = registry.version_by_alias(model, candidate_alias(stem))
             if candidate is None:
-                raise InputError(f"{model} has no alias {candidate_alias(stem)}: give --version N")
+                known = registry.aliases(model)
+                raise InputError(f"{model} has no alias {candidate_alias(stem)}: give --version N, or a stem of "
+                                 f"its aliases ({', '.join(known) or 'none'})")
             number = candidate.version
         move = registry.promote(model, stem, number, "promoted by hand (enginefoundry promote)")
+    from enginefoundry.tasks.events import emit_registry_move
+
+    emit_registry_move(model, stem, move.action, move.champion, move.previous, move.detail, outside_flows=True)
+    if wants_json(args):
+        emit_json(move)
+        return EXIT_OK
     console.print(f"{model}: {move.action}: {move.detail}", markup=False)
     return EXIT_OK

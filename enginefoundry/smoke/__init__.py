@@ -1,4 +1,7 @@
-"""The smoke stage: served answers against the local Hugging Face reference, judged by a statistical gate."""
+"""The smoke stage: served answers against the Hugging Face reference, judged by the gate (gate.py, policy.py).
+
+`run_smoke` is the one entry for the pipeline's smoke stage and the `enginefoundry smoke` command.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +12,23 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, TokenLogprob
-from enginefoundry.smoke.gate import GateRule, GateVerdict, judge, wilson_lower_bound
+from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, wilson_lower_bound
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import LogprobComparison, compare_logprobs
+from enginefoundry.smoke.policy import GatePolicy, policy_for, policy_table_markdown
 from enginefoundry.smoke.prompts import PromptSet, load_prompt_set
-from enginefoundry.smoke.reference import reference_answers
+from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
 from enginefoundry.spec import SmokeSpec
+from enginefoundry.store import Store
 
 __all__ = [
-    "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SmokeReport", "load_prompt_set", "run_lm_eval",
+    "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SmokeReport",
+    "load_or_compute_reference", "load_prompt_set", "policy_for", "policy_table_markdown", "run_lm_eval",
     "run_smoke", "tokenizer_digest", "wilson_lower_bound", "write_report",
 ]
 
@@ -32,8 +39,11 @@ class CaseResult(BaseModel):
     reference: str
     agree: bool
     first_n_agree: bool
+    matched_prefix: int
     served_correct: bool | None
     reference_correct: bool | None
+    finish_reason: str | None = None
+    refused: str | None = None
 
 
 class SmokeReport(BaseModel):
@@ -42,11 +52,14 @@ class SmokeReport(BaseModel):
     agreement: float
     agreement_lower_bound: float
     first_n_agreement: float
+    mean_prefix_share: float
     served_accuracy: float | None
     reference_accuracy: float | None
-    tokenizer_match: bool
-    served_tokenizer_digest: str
+    tokenizer_match: bool | None  # None: no served tokenizer folder to compare
+    served_tokenizer_digest: str | None
     reference_tokenizer_digest: str
+    precision: str
+    reference: ReferenceOutcome
     verdict: GateVerdict
     duration_s: float
     cases: list[CaseResult]
@@ -62,9 +75,13 @@ class SmokeReport(BaseModel):
         out: dict[str, float | bool | int] = {
             "smoke_n": self.n, "smoke_agreement": self.agreement,
             "smoke_agreement_lower_bound": self.agreement_lower_bound,
-            "smoke_first_n_agreement": self.first_n_agreement, "smoke_passed": self.passed,
-            "smoke_tokenizer_match": self.tokenizer_match,
+            "smoke_first_n_agreement": self.first_n_agreement, "smoke_prefix_share": self.mean_prefix_share,
+            "smoke_passed": self.passed,
         }
+        if self.policy is not None:
+            out["smoke_min_samples"] = self.policy.min_samples
+        if self.tokenizer_match is not None:
+            out["smoke_tokenizer_match"] = self.tokenizer_match
         if self.served_accuracy is not None:
             out["smoke_accuracy"] = self.served_accuracy
         if self.reference_accuracy is not None:
@@ -76,27 +93,45 @@ class SmokeReport(BaseModel):
             out.update(self.lm_eval.summary())
         return out
 
+    @property
+    def policy(self) -> GatePolicy | None:
+        return self.verdict.policy
+
+    def tags(self) -> dict[str, str]:
+        """Strings for MLflow tags: which reference and which policy judged the unit."""
+        tags = {mltags.SMOKE_REFERENCE_KEY: self.reference.key, mltags.SMOKE_REFERENCE: self.reference.label()}
+        if self.policy is not None:
+            tags[mltags.SMOKE_POLICY] = self.policy.family.value
+        return tags
+
     def markdown(self) -> str:
         rows = [
             "| metric | value |", "|---|---|",
+            f"| judged against | {self.reference.label()} |",
+            f"| policy | {self.policy.family.value if self.policy else 'n/a'} ({self.precision}) |",
             f"| prompts | {self.n} |",
-            f"| greedy agreement | {self.agree}/{self.n} ({self.agreement:.3f}) |",
-            f"| agreement lower bound | {self.agreement_lower_bound:.3f} |",
+            f"| full-answer agreement | {self.agree}/{self.n} ({self.agreement:.3f}) |",
             f"| first-N-token agreement | {self.first_n_agreement:.3f} |",
+            f"| mean matched prefix share | {self.mean_prefix_share:.3f} |",
             f"| accuracy (served / reference) | {_fmt(self.served_accuracy)} / {_fmt(self.reference_accuracy)} |",
-            f"| tokenizer digest match | {'yes' if self.tokenizer_match else 'NO'} |",
+            f"| tokenizer digest match | {_yes(self.tokenizer_match)} |",
             f"| log-probs vs reference | {self.logprobs.detail if self.logprobs else 'not checked'} |",
         ]
         if self.lm_eval is not None:
             rows.append(f"| lm-eval ({self.lm_eval.status}) | {self.lm_eval.detail} |")
         rows.append(f"| verdict | {'PASS' if self.passed else 'FAIL'}: {self.verdict.reason} |")
-        rows += ["", "| rule | ok | detail |", "|---|---|---|"]
-        rows += [f"| {r.name} | {'yes' if r.ok else 'NO'} | {r.detail} |" for r in self.verdict.rules]
+        rows += ["", "| rule | kind | ok | detail |", "|---|---|---|---|"]
+        rows += [f"| {r.name} | {r.kind} | {'warn' if r.warning else 'yes' if r.ok else 'NO'} | {r.detail} |"
+                 for r in self.verdict.rules]
         return "\n".join(rows) + "\n"
 
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
+
+
+def _yes(x: bool | None) -> str:
+    return "not checked" if x is None else "yes" if x else "NO"
 
 
 def tokenizer_digest(folder: Path) -> str:
@@ -106,10 +141,12 @@ def tokenizer_digest(folder: Path) -> str:
 
 def run_smoke(
     spec: SmokeSpec, prompts: PromptSet, *, reference_dir: Path, base_url: str, model_name: str,
-    served_tokenizer_dir: Path, progress: Callable[[str], None] = print,
+    served_tokenizer_dir: Path | None, precision: str = "fp32", progress: Callable[[str], None] = print,
     server_alive: Callable[[], bool] | None = None, max_logprob_diff: float | None = None,
+    store: Store | None = None, weights_digest: str | None = None, reference: ReferenceSet | None = None,
+    reference_outcome: ReferenceOutcome | None = None,
 ) -> SmokeReport:
-    """Every prompt through the reference and the endpoint, then the gate.
+    """Every prompt through the endpoint, compared with the reference answers (computed once per key), then the gate.
 
     Raises ToolError (one line first: which prompt, how many answered) when the endpoint stops
     answering; `server_alive` lets it say that the server process died rather than "connection refused"
@@ -117,14 +154,20 @@ def run_smoke(
     """
     t0 = time.monotonic()
     cases = prompts.cases
-    progress(f"smoke: {len(cases)} prompts through the local reference ({spec.reference_precision})")
-    refs = {r.id: r for r in reference_answers(reference_dir, cases, dtype=spec.reference_precision,
-                                               max_new_tokens=spec.max_new_tokens)}
+    overrides = spec.policy_overrides()
+    if max_logprob_diff is not None:
+        overrides["max_logprob_diff"] = max_logprob_diff
+    policy = policy_for(precision, **overrides)
+    if reference is None or reference_outcome is None:
+        reference, reference_outcome = load_or_compute_reference(
+            reference_dir, cases, dtype=spec.reference_precision, max_new_tokens=spec.max_new_tokens, store=store,
+            weights_digest=weights_digest, progress=progress)
+    refs = reference.by_id
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(reference_dir)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
-    results = []
+    evidence: list[CaseEvidence] = []
     served_logprobs: dict[str, list[TokenLogprob] | None] = {}
     for i, case in enumerate(cases, start=1):
         try:
@@ -134,43 +177,52 @@ def run_smoke(
                 raise ToolError(f"smoke: the server died during the smoke test: {i - 1}/{len(cases)} prompts "
                                 f"answered, no answer for '{case.id}'") from None
             raise ToolError(f"{str(err).splitlines()[0]} ({i - 1}/{len(cases)} prompts answered)") from None
-        served = answer.text
         served_logprobs[case.id] = answer.logprobs
         ref = refs[case.id]
-        served_ids = tok(served, add_special_tokens=False)["input_ids"]
-        n = spec.first_n_tokens
-        results.append(CaseResult(
-            id=case.id, served=served, reference=ref.text, agree=served == ref.text,
-            first_n_agree=served_ids[:n] == ref.token_ids[:n],
-            served_correct=case.is_correct(served), reference_correct=case.is_correct(ref.text),
+        graded = case.expected is not None
+        # Both texts through the same tokenisation path (the reference tokenizer), so that a served answer
+        # equal to the reference's text always agrees token for token.
+        evidence.append(CaseEvidence(
+            id=case.id, served=answer.text, reference=ref.text,
+            served_ids=tok(answer.text, add_special_tokens=False)["input_ids"],
+            reference_ids=tok(ref.text, add_special_tokens=False)["input_ids"],
+            served_correct=case.is_correct(answer.text) if graded and answer.refused is None else
+            (False if graded else None),
+            reference_correct=case.is_correct(ref.text), served_finish=answer.finish_reason,
+            reference_finish=ref.finish, served_completion_tokens=answer.completion_tokens,
+            served_prompt_tokens=answer.prompt_tokens, reference_prompt_tokens=ref.prompt_tokens,
+            refused=answer.refused,
         ))
         if i % 25 == 0:
             progress(f"smoke: {i}/{len(cases)} prompts answered")
-    n = len(results)
-    agree = sum(r.agree for r in results)
-    graded = [r for r in results if r.served_correct is not None]
-    served_acc = sum(bool(r.served_correct) for r in graded) / len(graded) if graded else None
-    ref_acc = sum(bool(r.reference_correct) for r in graded) / len(graded) if graded else None
     logprobs = compare_logprobs(served_logprobs, refs, refused=client.logprobs_refused)
     progress(f"smoke: log-probs: {logprobs.detail}")
-    served_tok = tokenizer_digest(served_tokenizer_dir)
+    served_tok = tokenizer_digest(served_tokenizer_dir) if served_tokenizer_dir is not None else None
     ref_tok = tokenizer_digest(reference_dir)
-    verdict = judge(agree=agree, n=n, min_agreement=spec.min_agreement, confidence=spec.confidence,
-                    min_samples=spec.min_samples, served_accuracy=served_acc, reference_accuracy=ref_acc,
-                    max_accuracy_drop=spec.max_accuracy_drop, logprob_mean_abs_diff=logprobs.mean_abs_diff,
-                    max_logprob_diff=max_logprob_diff, logprob_tokens=logprobs.tokens_compared)
-    # The tokenizer rule: a served tokenizer that differs from the reference's breaks every client that
-    # counts or templates tokens, even when greedy text happens to agree.
-    verdict = verdict.with_rule(GateRule(
-        name="tokenizer", ok=served_tok == ref_tok,
-        detail=(f"served tokenizer digest {served_tok[:12]} = reference" if served_tok == ref_tok else
-                f"served tokenizer digest {served_tok[:12]} ≠ reference {ref_tok[:12]}")))
+    verdict = judge(evidence, policy, max_new_tokens=spec.max_new_tokens, reference_tokenizer_digest=ref_tok,
+                    served_tokenizer_digest=served_tok, logprob_mean_abs_diff=logprobs.mean_abs_diff,
+                    logprob_tokens=logprobs.tokens_compared, small_sample=spec.small_sample,
+                    min_full_agreement=spec.min_agreement, confidence=spec.confidence,
+                    reference=reference_outcome.label())
+    n = len(evidence)
+    agree = sum(c.agree for c in evidence)
+    graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
+    k = policy.first_n_tokens
     return SmokeReport(
         n=n, agree=agree, agreement=agree / n, agreement_lower_bound=wilson_lower_bound(agree, n, spec.confidence),
-        first_n_agreement=sum(r.first_n_agree for r in results) / n, served_accuracy=served_acc,
-        reference_accuracy=ref_acc, tokenizer_match=served_tok == ref_tok, served_tokenizer_digest=served_tok,
-        reference_tokenizer_digest=ref_tok, verdict=verdict, duration_s=round(time.monotonic() - t0, 2),
-        cases=results, logprobs=logprobs,
+        first_n_agreement=sum(c.first_n_agree(k) for c in evidence) / n,
+        mean_prefix_share=round(sum(c.prefix_share for c in evidence) / n, 4),
+        served_accuracy=(sum(bool(c.served_correct) for c in graded_cases) / len(graded_cases)
+                         if graded_cases else None),
+        reference_accuracy=(sum(bool(c.reference_correct) for c in graded_cases) / len(graded_cases)
+                            if graded_cases else None),
+        tokenizer_match=None if served_tok is None else served_tok == ref_tok, served_tokenizer_digest=served_tok,
+        reference_tokenizer_digest=ref_tok, precision=precision, reference=reference_outcome, verdict=verdict,
+        duration_s=round(time.monotonic() - t0, 2), logprobs=logprobs,
+        cases=[CaseResult(id=c.id, served=c.served, reference=c.reference, agree=c.agree,
+                          first_n_agree=c.first_n_agree(k), matched_prefix=c.matched_prefix,
+                          served_correct=c.served_correct, reference_correct=c.reference_correct,
+                          finish_reason=c.served_finish, refused=c.refused) for c in evidence],
     )
 
 

@@ -21,6 +21,10 @@ class TokenLogprob(BaseModel):
 class ServedAnswer(BaseModel):
     text: str
     logprobs: list[TokenLogprob] | None = None  # None: the endpoint returned no log-probs for this answer
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None  # usage.prompt_tokens: the server's count of the templated prompt
+    completion_tokens: int | None = None
+    refused: str | None = None  # the endpoint answered this prompt with an HTTP error (e.g. prompt too long)
 
 
 class _Refused(Exception):
@@ -67,7 +71,12 @@ class ChatClient:
             detail = err.read().decode(errors="replace")[:300]
             if logprobs and err.code in (400, 422) and "logprob" in detail.lower():
                 raise _Refused(f"HTTP {err.code}: {detail}") from None
-            raise ToolError(f"smoke: the endpoint answered HTTP {err.code} for prompt '{case.id}': {detail}") from None
+            if err.code in (401, 403, 404):  # wrong URL, model name or credentials: nothing to judge
+                raise ToolError(f"smoke: the endpoint answered HTTP {err.code} for prompt '{case.id}': "
+                                f"{detail}") from None
+            # A request the server cannot serve (prompt longer than its max_seq_len, an internal error): the gate
+            # judges it as a refused answer instead of stopping.
+            return ServedAnswer(text="", refused=f"HTTP {err.code}: {detail}")
         except (urllib.error.URLError, OSError) as err:
             raise ToolError(f"smoke: the endpoint {self.base_url} stopped answering at prompt '{case.id}': "
                             f"{getattr(err, 'reason', err)}") from None
@@ -78,7 +87,14 @@ class ChatClient:
             text = (choice["message"]["content"] or "").strip()
         except (KeyError, IndexError, TypeError):
             raise ToolError(f"smoke: unexpected response shape for prompt '{case.id}': {str(payload)[:300]}") from None
-        return ServedAnswer(text=text, logprobs=parse_logprobs(choice.get("logprobs")))
+        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        return ServedAnswer(text=text, logprobs=parse_logprobs(choice.get("logprobs")),
+                            finish_reason=choice.get("finish_reason"), prompt_tokens=_int(usage.get("prompt_tokens")),
+                            completion_tokens=_int(usage.get("completion_tokens")))
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def parse_logprobs(block: Any) -> list[TokenLogprob] | None:

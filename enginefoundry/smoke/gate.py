@@ -1,72 +1,235 @@
-"""The statistical gate: a smoke verdict a platform team can trust.
+"""The gate: one verdict from per-prompt evidence, the family's policy (policy.py) and the statistics (stats.py).
 
-Agreement is judged by the lower bound of its Wilson score interval, not the point estimate, so a
-perfect score on 20 prompts does not clear a 0.95 bar (its 95% lower bound is 0.84).
+Every rule carries its numbers; the verdict names the failed rules, the policy and the reference it was judged
+against. Hard rules (tokenizer, chat template, EOS, degenerate, truncation) hold whatever the statistics say.
 """
 
 from __future__ import annotations
 
-import math
-from statistics import NormalDist
+from typing import Literal
 
 from pydantic import BaseModel
 
+from enginefoundry.smoke.policy import GatePolicy
+from enginefoundry.smoke.stats import NonInferiority, paired_noninferiority, wilson_lower_bound
 
-def wilson_lower_bound(successes: int, n: int, confidence: float = 0.95) -> float:
-    """Lower end of the two-sided Wilson score interval for a binomial proportion."""
-    if n == 0:
-        return 0.0
-    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = p + z * z / (2 * n)
-    margin = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - margin) / denom)
+__all__ = ["CaseEvidence", "GateRule", "GateVerdict", "judge", "wilson_lower_bound"]
+
+# Text that only shows up in an answer when the server decodes special tokens or ignores end-of-sequence.
+SPECIAL_MARKERS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>", "<end_of_turn>", "<start_of_turn>", "</s>",
+                   "<|eot_id|>", "<|end|>", "<eos>")
 
 
 class GateRule(BaseModel):
     name: str
     ok: bool
     detail: str
+    kind: Literal["hard", "statistical", "divergence", "info"] = "statistical"
+    warning: bool = False  # passed, but the user should know (e.g. a prompt set smaller than the derived minimum)
 
 
 class GateVerdict(BaseModel):
     passed: bool
     rules: list[GateRule]
+    reference: str = ""  # which reference the unit was judged against
+    policy: GatePolicy | None = None
 
     def with_rule(self, rule: GateRule) -> GateVerdict:
         rules = [*self.rules, rule]
-        return GateVerdict(passed=all(r.ok for r in rules), rules=rules)
+        return self.model_copy(update={"passed": all(r.ok for r in rules), "rules": rules})
+
+    @property
+    def failed(self) -> list[GateRule]:
+        return [r for r in self.rules if not r.ok]
 
     @property
     def reason(self) -> str:
-        failed = [r.detail for r in self.rules if not r.ok]
+        failed = [f"{r.name}: {r.detail}" for r in self.failed]
         return "; ".join(failed) if failed else "all rules passed"
 
 
+class CaseEvidence(BaseModel):
+    """One prompt: what the endpoint and the reference did. Token ids come from the reference tokenizer for both."""
+
+    id: str
+    served: str
+    reference: str
+    served_ids: list[int]
+    reference_ids: list[int]
+    served_correct: bool | None = None
+    reference_correct: bool | None = None
+    served_finish: str | None = None  # "stop", "length", None (not reported)
+    reference_finish: str = "length"
+    served_completion_tokens: int | None = None
+    served_prompt_tokens: int | None = None
+    reference_prompt_tokens: int | None = None
+    refused: str | None = None  # the endpoint's error for this prompt
+
+    @property
+    def agree(self) -> bool:
+        return self.refused is None and self.served == self.reference
+
+    def first_n_agree(self, n: int) -> bool:
+        return self.refused is None and self.served_ids[:n] == self.reference_ids[:n]
+
+    @property
+    def matched_prefix(self) -> int:
+        k = 0
+        for a, b in zip(self.served_ids, self.reference_ids, strict=False):
+            if a != b:
+                break
+            k += 1
+        return k
+
+    @property
+    def prefix_share(self) -> float:
+        return 1.0 if not self.reference_ids else self.matched_prefix / len(self.reference_ids)
+
+
+def is_degenerate(ids: list[int], text: str) -> bool:
+    """Empty, or mostly one repeated 3-gram of tokens (a loop), or one character over and over."""
+    if not text.strip():
+        return True
+    if len(ids) >= 8:
+        grams = [tuple(ids[i:i + 3]) for i in range(len(ids) - 2)]
+        if len(set(grams)) / len(grams) < 0.5:
+            return True
+    stripped = text.replace(" ", "")
+    return len(stripped) >= 12 and len(set(stripped)) <= 2
+
+
+def _rule_answers(cases: list[CaseEvidence], max_new_tokens: int) -> GateRule:
+    refused = [c for c in cases if c.refused is not None]
+    cut = [c for c in cases if c.refused is None and c.served_finish == "length"
+           and c.served_completion_tokens is not None and c.served_completion_tokens < max_new_tokens]
+    ok = not refused and not cut
+    parts = [f"{len(cases) - len(refused)}/{len(cases)} prompts answered"]
+    if refused:
+        parts.append(f"refused '{refused[0].id}': {refused[0].refused[:160]}")
+    if cut:
+        parts.append(f"{len(cut)} answers cut at length before {max_new_tokens} tokens "
+                     f"(e.g. '{cut[0].id}' after {cut[0].served_completion_tokens})")
+    if ok:
+        parts.append("none cut short")
+    return GateRule(name="truncation", ok=ok, kind="hard", detail="; ".join(parts))
+
+
+def _rule_tokenizer(cases: list[CaseEvidence], served_digest: str | None, reference_digest: str) -> GateRule:
+    problems, checked = [], []
+    if served_digest is not None:
+        checked.append("digest")
+        if served_digest != reference_digest:
+            problems.append(f"served tokenizer digest {served_digest[:12]} ≠ reference {reference_digest[:12]}")
+    counted = [c for c in cases if c.served_prompt_tokens is not None and c.reference_prompt_tokens is not None]
+    if counted:
+        checked.append(f"prompt token counts on {len(counted)} prompts")
+        off = [c for c in counted if c.served_prompt_tokens != c.reference_prompt_tokens]
+        if off:
+            problems.append(f"prompt token count differs on {len(off)}/{len(counted)} prompts (e.g. '{off[0].id}': "
+                            f"served {off[0].served_prompt_tokens} vs reference {off[0].reference_prompt_tokens}; "
+                            "another tokenizer or chat template)")
+    if not checked:
+        return GateRule(name="tokenizer and chat template", ok=True, kind="hard", warning=True,
+                        detail="not checked: no served tokenizer folder and no usage.prompt_tokens from the endpoint")
+    return GateRule(name="tokenizer and chat template", ok=not problems, kind="hard",
+                    detail="; ".join(problems) if problems else f"equal to the reference ({', '.join(checked)})")
+
+
+def _rule_eos(cases: list[CaseEvidence]) -> GateRule:
+    leaks = [c for c in cases if c.refused is None and any(m in c.served and m not in c.reference
+                                                           for m in SPECIAL_MARKERS)]
+    stopped = [c for c in cases if c.reference_finish == "stop" and c.refused is None]
+    ran_on = [c for c in stopped if c.served_finish == "length" and c.reference
+              and c.served.startswith(c.reference) and len(c.served) > len(c.reference)]
+    ok = not leaks and not (len(ran_on) >= 2 and len(ran_on) > 0.25 * len(stopped))
+    detail = (f"special-token text in {len(leaks)} answers"
+              + (f" (e.g. '{leaks[0].id}')" if leaks else "")
+              + f"; {len(ran_on)}/{len(stopped)} answers ran past the reference's end of sequence")
+    return GateRule(name="EOS handling", ok=ok, kind="hard", detail=detail)
+
+
+def _rule_degenerate(cases: list[CaseEvidence], policy: GatePolicy) -> GateRule:
+    bad = [c for c in cases if c.refused is None and is_degenerate(c.served_ids, c.served)
+           and not is_degenerate(c.reference_ids, c.reference)]
+    share = len(bad) / len(cases)
+    ok = share <= policy.max_degenerate_share
+    return GateRule(name="degenerate answers", ok=ok, kind="hard",
+                    detail=f"{len(bad)}/{len(cases)} empty or repetitive answers where the reference's are not "
+                           f"({share:.2f} {'≤' if ok else '>'} {policy.max_degenerate_share})"
+                           + (f", e.g. '{bad[0].id}': {bad[0].served[:60]!r}" if bad else ""))
+
+
+def _rule_sample_size(graded: int, policy: GatePolicy, small_sample: str) -> GateRule:
+    need = policy.min_samples
+    enough = graded >= need
+    detail = (f"{graded} graded prompts {'≥' if enough else '<'} {need} needed for margin {policy.accuracy_margin}, "
+              f"α {policy.alpha}, power {policy.power} at discordance {policy.expected_discordance}")
+    if enough:
+        return GateRule(name="sample size", ok=True, kind="statistical", detail=detail)
+    if small_sample == "warn" and graded > 0:
+        return GateRule(name="sample size", ok=True, kind="statistical", warning=True,
+                        detail=detail + " (warning only: smoke.small_sample is 'warn')")
+    return GateRule(name="sample size", ok=False, kind="statistical",
+                    detail=detail + "; add prompts with an expected answer")
+
+
+def _rule_accuracy(test: NonInferiority) -> GateRule:
+    ok = test.non_inferior
+    return GateRule(
+        name="task accuracy", ok=ok, kind="statistical",
+        detail=(f"{test.unit_correct}/{test.n} vs reference {test.reference_correct}/{test.n} "
+                f"(paired: {test.b} only the reference right, {test.c} only the unit right); non-inferiority "
+                f"at margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α {test.alpha}"))
+
+
 def judge(
-    *, agree: int, n: int, min_agreement: float, confidence: float, min_samples: int,
-    served_accuracy: float | None, reference_accuracy: float | None, max_accuracy_drop: float,
-    logprob_mean_abs_diff: float | None = None, max_logprob_diff: float | None = None,
-    logprob_tokens: int = 0,
+    cases: list[CaseEvidence], policy: GatePolicy, *, max_new_tokens: int, reference_tokenizer_digest: str,
+    served_tokenizer_digest: str | None = None, logprob_mean_abs_diff: float | None = None,
+    logprob_tokens: int = 0, small_sample: Literal["refuse", "warn"] = "refuse",
+    min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
 ) -> GateVerdict:
-    """Every rule with its numbers. The log-prob rule applies only with a limit and served log-probs."""
-    lower = wilson_lower_bound(agree, n, confidence)
+    """Every rule with its numbers."""
+    if not cases:
+        raise ValueError("no cases to judge")
     rules = [
-        GateRule(name="sample size", ok=n >= min_samples,
-                 detail=f"{n} prompts {'≥' if n >= min_samples else '<'} minimum {min_samples}"),
-        GateRule(name="agreement", ok=lower >= min_agreement,
-                 detail=f"agreement {agree}/{n}, {confidence:.0%} lower bound {lower:.3f} "
-                        f"{'≥' if lower >= min_agreement else '<'} threshold {min_agreement}"),
+        _rule_answers(cases, max_new_tokens),
+        _rule_tokenizer(cases, served_tokenizer_digest, reference_tokenizer_digest),
+        _rule_eos(cases),
+        _rule_degenerate(cases, policy),
     ]
-    if served_accuracy is not None and reference_accuracy is not None:
-        drop = reference_accuracy - served_accuracy
-        rules.append(GateRule(name="accuracy drop", ok=drop <= max_accuracy_drop,
-                              detail=f"accuracy {served_accuracy:.3f} vs reference {reference_accuracy:.3f} "
-                                     f"(drop {drop:+.3f}, limit {max_accuracy_drop})"))
-    if max_logprob_diff is not None and logprob_mean_abs_diff is not None:
-        ok = logprob_mean_abs_diff <= max_logprob_diff
-        rules.append(GateRule(name="log-prob difference", ok=ok,
+    graded = [c for c in cases if c.served_correct is not None and c.reference_correct is not None]
+    rules.append(_rule_sample_size(len(graded), policy, small_sample))
+    if graded:
+        rules.append(_rule_accuracy(paired_noninferiority(
+            [bool(c.reference_correct) for c in graded], [bool(c.served_correct) for c in graded],
+            margin=policy.accuracy_margin, alpha=policy.alpha)))
+    n = len(cases)
+    k = policy.first_n_tokens
+    first = sum(c.first_n_agree(k) for c in cases)
+    lower = wilson_lower_bound(first, n, confidence)
+    ok = lower >= policy.min_first_n_agreement
+    rules.append(GateRule(name=f"first-{k}-token agreement", ok=ok, kind="divergence",
+                          detail=f"{first}/{n}, {confidence:.0%} lower bound {lower:.3f} "
+                                 f"{'≥' if ok else '<'} {policy.min_first_n_agreement}"))
+    share = sum(c.prefix_share for c in cases) / n
+    mean_tokens = sum(c.matched_prefix for c in cases) / n
+    ok = share >= policy.min_prefix_share
+    rules.append(GateRule(name="matched prefix", ok=ok, kind="divergence",
+                          detail=f"mean matched prefix {mean_tokens:.1f} tokens, {share:.2f} of the reference answer "
+                                 f"{'≥' if ok else '<'} {policy.min_prefix_share}"))
+    if logprob_mean_abs_diff is not None:
+        ok = logprob_mean_abs_diff <= policy.max_logprob_diff
+        rules.append(GateRule(name="log-prob distance", ok=ok, kind="divergence",
                               detail=f"mean |Δ log-prob| {logprob_mean_abs_diff:.4f} over {logprob_tokens} tokens "
-                                     f"{'≤' if ok else '>'} limit {max_logprob_diff}"))
-    return GateVerdict(passed=all(r.ok for r in rules), rules=rules)
+                                     f"{'≤' if ok else '>'} limit {policy.max_logprob_diff}"))
+    agree = sum(c.agree for c in cases)
+    if min_full_agreement is not None:
+        lb = wilson_lower_bound(agree, n, confidence)
+        ok = lb >= min_full_agreement
+        rules.append(GateRule(name="full-answer agreement", ok=ok, kind="divergence",
+                              detail=f"{agree}/{n}, {confidence:.0%} lower bound {lb:.3f} "
+                                     f"{'≥' if ok else '<'} {min_full_agreement}"))
+    else:
+        rules.append(GateRule(name="full-answer agreement", ok=True, kind="info",
+                              detail=f"{agree}/{n} (reported, not judged: late drift is expected below fp32)"))
+    return GateVerdict(passed=all(r.ok for r in rules), rules=rules, reference=reference, policy=policy)

@@ -39,7 +39,10 @@ class PromptCase(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         if self.match is MatchRule.REGEX and self.expected is not None:
-            re.compile(self.expected)
+            try:
+                re.compile(self.expected)
+            except re.error as err:  # not a ValueError: pydantic would let it escape as a crash
+                raise ValueError(f"expected is not a valid regular expression ({err})") from None
         return self
 
     def chat(self) -> list[dict[str, str]]:
@@ -62,6 +65,13 @@ class PromptCase(BaseModel):
 class PromptSet(BaseModel):
     path: str
     cases: list[PromptCase] = Field(min_length=1)
+
+
+def prompt_set_digest(path: Path) -> str:
+    """sha256 of the prompt set file's bytes: what the manifest and the MLflow dataset input record."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load_prompt_set(path: Path) -> PromptSet:

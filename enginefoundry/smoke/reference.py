@@ -1,12 +1,31 @@
-"""Greedy answers of the local Hugging Face reference, the yardstick for every lane."""
+"""Reference answers: greedy answers of the Hugging Face reference, an artifact computed once and reused.
+
+The answers depend only on the reference weights, its tokenizer, the prompts, the dtype and the generation
+settings, so they are keyed by exactly those (ReferenceKey) and stored as one JSON document. Every unit,
+target and later run of the same source finds them by key instead of loading the model again.
+
+Storage sits behind one function, `load_or_compute_reference`: a local cache folder first, then the artifact
+store (published with `create_if_absent`, so the first writer wins and published bytes never change), then
+the computation itself.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.identity import checkpoint_digests, sha256_json
 from enginefoundry.smoke.prompts import PromptCase
+from enginefoundry.store import Store
+
+REFERENCE_FORMAT = 2
+STORE_PREFIX = "references"
 
 
 class ReferenceAnswer(BaseModel):
@@ -17,6 +36,68 @@ class ReferenceAnswer(BaseModel):
     # model's raw logits (what OpenAI-compatible servers return, before any sampling processors).
     token_texts: list[str] = Field(default_factory=list)
     token_logprobs: list[float] = Field(default_factory=list)
+    finish: str = "length"  # "stop": the model ended its answer (EOS) before max_new_tokens
+    prompt_tokens: int | None = None  # the templated prompt's length in tokens
+
+
+class ReferenceKey(BaseModel):
+    """Everything the answers depend on; `digest` names the artifact."""
+
+    weights_digest: str
+    tokenizer_digest: str
+    prompts_digest: str
+    dtype: str
+    max_new_tokens: int
+    generator: str  # transformers and torch versions, greedy decoding
+    format: int = REFERENCE_FORMAT
+
+    @property
+    def digest(self) -> str:
+        return sha256_json(self.model_dump())
+
+
+class ReferenceSet(BaseModel):
+    key: ReferenceKey
+    answers: list[ReferenceAnswer]
+
+    @property
+    def by_id(self) -> dict[str, ReferenceAnswer]:
+        return {a.id: a for a in self.answers}
+
+
+class ReferenceOutcome(BaseModel):
+    """Which reference a verdict was judged against, and where its answers came from."""
+
+    key: str
+    source: str  # "computed", "local cache", "store"
+    dtype: str
+    model_dir: str
+    store_url: str | None = None
+
+    def label(self) -> str:
+        where = f", {self.store_url}" if self.store_url else ""
+        return f"{self.dtype} reference {self.key[:12]} of {self.model_dir} ({self.source}{where})"
+
+
+def prompts_digest(cases: list[PromptCase]) -> str:
+    return sha256_json([c.model_dump(mode="json") for c in cases])
+
+
+def generator_id() -> str:
+    def v(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "absent"
+    return f"transformers {v('transformers')}, torch {v('torch')}, greedy"
+
+
+def reference_key(model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int,
+                  weights_digest: str | None = None) -> ReferenceKey:
+    """The key; pass `weights_digest` when the caller already has it (the pipeline's snapshot does)."""
+    w, t, _ = checkpoint_digests(model_dir)
+    return ReferenceKey(weights_digest=weights_digest or w, tokenizer_digest=t, prompts_digest=prompts_digest(cases),
+                        dtype=dtype, max_new_tokens=max_new_tokens, generator=generator_id())
 
 
 def reference_answers(
@@ -29,6 +110,8 @@ def reference_answers(
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
     special = set(tok.all_special_ids)
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     out = []
     with torch.no_grad():
         for case in cases:
@@ -39,9 +122,79 @@ def reference_answers(
             new = gen.sequences[0, ids["input_ids"].shape[1]:].tolist()
             steps = [(t, torch.log_softmax(gen.logits[i][0].float(), dim=-1)[t].item()) for i, t in enumerate(new)]
             kept = [(t, lp) for t, lp in steps if t not in special]
+            stopped = len(new) < max_new_tokens or (bool(new) and new[-1] in eos_ids)
             out.append(ReferenceAnswer(
                 id=case.id, text=tok.decode(new, skip_special_tokens=True).strip(),
                 token_ids=[t for t, _ in kept], token_texts=[tok.decode([t]) for t, _ in kept],
-                token_logprobs=[round(lp, 6) for _, lp in kept],
+                token_logprobs=[round(lp, 6) for _, lp in kept], finish="stop" if stopped else "length",
+                prompt_tokens=int(ids["input_ids"].shape[1]),
             ))
     return out
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("EF_REFERENCE_CACHE", Path.home() / ".cache" / "enginefoundry" / "references"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def store_key(key: ReferenceKey) -> str:
+    return f"{STORE_PREFIX}/{key.digest}.json"
+
+
+# How many times this process computed reference answers (tests assert reuse through it, not through timing).
+COMPUTE_COUNT = {"n": 0}
+
+
+def load_or_compute_reference(
+    model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int, store: Store | None = None,
+    cache_dir: Path | None = None, weights_digest: str | None = None, progress: Callable[[str], None] = print,
+    compute: Callable[..., list[ReferenceAnswer]] = reference_answers,
+) -> tuple[ReferenceSet, ReferenceOutcome]:
+    """The reference answers for this key: from the local cache, else the store, else computed and published.
+
+    The one place that knows where reference answers live (the store layout may change under it).
+    """
+    key = reference_key(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens, weights_digest=weights_digest)
+    digest = key.digest
+    cache = (cache_dir or default_cache_dir()) / f"{digest}.json"
+    skey = store_key(key)
+    url = store.url(skey) if store is not None else None
+
+    def outcome(source: str) -> ReferenceOutcome:
+        return ReferenceOutcome(key=digest, source=source, dtype=dtype, model_dir=str(model_dir), store_url=url)
+
+    if cache.is_file():
+        try:
+            ref = ReferenceSet.model_validate_json(cache.read_bytes())
+            if ref.key == key:
+                progress(f"smoke: reference answers {digest[:12]} from the local cache")
+                if store is not None:
+                    store.create_if_absent(skey, cache.read_bytes())
+                return ref, outcome("local cache")
+        except ValueError:
+            cache.unlink(missing_ok=True)  # a damaged cache entry is recomputed, never trusted
+    if store is not None and store.exists(skey):
+        data = store.read_bytes(skey)
+        ref = ReferenceSet.model_validate_json(data)
+        _write_atomic(cache, data)
+        progress(f"smoke: reference answers {digest[:12]} from the store ({url})")
+        return ref, outcome("store")
+    progress(f"smoke: computing {len(cases)} reference answers ({dtype}) with {model_dir}")
+    COMPUTE_COUNT["n"] += 1
+    ref = ReferenceSet(key=key, answers=compute(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens))
+    data = json.dumps(ref.model_dump(mode="json"), sort_keys=True).encode()
+    _write_atomic(cache, data)
+    if store is not None and not store.create_if_absent(skey, data):
+        # Someone published the same key first: theirs is the artifact (same inputs, same answers).
+        ref = ReferenceSet.model_validate_json(store.read_bytes(skey))
+    return ref, outcome("computed")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,24 +23,40 @@ class LmEvalSpec(BaseModel):
 
 
 class SmokeSpec(BaseModel):
+    """The smoke gate. Unset numbers take the unit's precision-family defaults (enginefoundry/smoke/policy.py,
+    table in docs/smoke-gate.md); a number set here overrides the default for every family."""
+
     model_config = ConfigDict(extra="forbid")
 
     prompts: str = Field(description="JSONL prompt set; relative paths are taken from the spec's folder")
     reference_precision: str = Field(default="fp32", description="dtype of the local Hugging Face reference")
     max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
-    min_agreement: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
-        default=0.95, description="greedy agreement with the reference the unit must reach"
-    )
-    min_samples: Annotated[int, Field(ge=1)] = Field(
-        default=20, description="a prompt set smaller than this cannot pass the gate"
-    )
-    max_accuracy_drop: Annotated[float, Field(ge=0.0, le=1.0)] = 0.02
-    first_n_tokens: Annotated[int, Field(ge=1)] = 4
+    accuracy_margin: Annotated[float, Field(gt=0.0, lt=1.0)] | None = Field(
+        default=None, description="non-inferiority margin δ on task accuracy (paired against the reference)")
+    alpha: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
+    power: Annotated[float, Field(ge=0.5, lt=1.0)] | None = None
+    expected_discordance: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    first_n_tokens: Annotated[int, Field(ge=1)] | None = None
+    min_first_n_agreement: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    min_prefix_share: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    max_degenerate_share: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    small_sample: Literal["refuse", "warn"] = Field(
+        default="refuse", description="a prompt set smaller than the derived minimum: refuse (fail) or warn")
+    min_agreement: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="optional floor on full-answer agreement (Wilson lower bound); off by default "
+        "because reduced precision drifts late in answers")
     confidence: Annotated[float, Field(gt=0.5, lt=1.0)] = 0.95
     max_logprob_diff: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="limit on the mean |Δ log-prob| per token against the reference; judged only "
         "where the endpoint returns log-probs")
+    reference_host_memory_gib: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, description="host RAM the reference may use; preflight refuses a reference that needs more")
     lm_eval: LmEvalSpec | None = None
+
+    def policy_overrides(self) -> dict[str, float | int | None]:
+        return {k: getattr(self, k) for k in (
+            "accuracy_margin", "alpha", "power", "expected_discordance", "first_n_tokens", "min_first_n_agreement",
+            "min_prefix_share", "max_degenerate_share", "max_logprob_diff")}
 
 
 class BenchTool(StrEnum):

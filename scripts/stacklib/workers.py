@@ -17,13 +17,17 @@ DEFAULT_POOL = "cpu"
 
 
 WORKER_PREFIX = "worker-"
+STACK_STORE = "s3://enginefoundry/store"  # the workers' EF_STORE
 
 
 def start_worker(ctx: Context, pool: str) -> Outcome:
     name = WORKER_PREFIX + pool
     started = time.monotonic()
-    # Flow runs inherit the worker's environment (facts §3.4), so it gets the whole stack env.
-    env = child_env(ctx.state, {**ctx.stack_env, **prefect_env(ctx), "PREFECT_WORKER_QUERY_SECONDS": "2"})
+    # Flow runs inherit the worker's environment (facts §3.4), so it gets the whole stack env, and the stack's
+    # bucket as the store: a run started from the UI with default parameters publishes to SeaweedFS (EF_STORE
+    # outranks the spec's store; enginefoundry.settings). Only workers get it: the CLI and tests keep their own.
+    store = {"EF_STORE": STACK_STORE} if "AWS_ENDPOINT_URL_S3" in ctx.stack_env else {}
+    env = child_env(ctx.state, {**ctx.stack_env, **store, **prefect_env(ctx), "PREFECT_WORKER_QUERY_SECONDS": "2"})
     # A running worker heartbeats every 30 s, so any heartbeat proves it; a new one must show a fresh one
     # (its name is stable per state dir, so rows from earlier runs exist). 2 s of slack for clock rounding.
     since = 0.0 if owned_members(ctx.state, ctx.state.read_pid(name)) else time.time() - 2.0

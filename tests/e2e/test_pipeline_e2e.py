@@ -89,12 +89,14 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(parents) == 1 and len(children) == 1
     parent, child = parents[0], children[0]
-    assert parent.data.tags["source.revision"] == sha
+    assert parent.data.tags["enginefoundry.source_revision"] == sha
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["enginefoundry.key"] == manifest["key"]
     assert child.data.params["variant.precision"] == "fp32"
     assert child.data.params["profile.max_seq_len"] == "256"
     assert child.data.metrics["smoke_agreement"] == 1.0
+    ref_key = child.data.tags["enginefoundry.smoke_reference_key"]  # the reference answers the unit was judged by
+    assert len(ref_key) == 64 and ref_key[:12] in child.data.tags["enginefoundry.smoke_reference"]
     assert child.data.metrics["build_s"] > 0
     history = client.get_metric_history(child.info.run_id, "bench.short.output_tokens_per_s")
     assert [m.step for m in history] == [2] and history[0].value > 0

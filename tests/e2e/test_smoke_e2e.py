@@ -46,8 +46,12 @@ def test_correct_bundle_passes_the_gate(tiny_served: Endpoint, tmp_path: Path):
     assert (report.n, report.agree) == (108, 108)
     assert report.agreement_lower_bound == pytest.approx(0.9657, abs=1e-3)
     assert report.served_accuracy == report.reference_accuracy == 1.0
-    assert report.tokenizer_match and report.first_n_agreement == 1.0
-    assert {r.name for r in report.verdict.rules} == {"sample size", "agreement", "accuracy drop", "tokenizer"}
+    assert report.tokenizer_match and report.first_n_agreement == 1.0 and report.mean_prefix_share == 1.0
+    assert [r.name for r in report.verdict.rules] == [
+        "truncation", "tokenizer and chat template", "EOS handling", "degenerate answers", "sample size",
+        "task accuracy", "first-4-token agreement", "matched prefix", "full-answer agreement"]
+    assert report.verdict.policy is not None and report.verdict.policy.family.value == "full"
+    assert report.verdict.reference.startswith(f"fp32 reference {report.reference.key[:12]} of {TINY_MODEL}")
     # transformers serve 5.24 accepts `logprobs`/`top_logprobs` and ignores them: recorded, not guessed.
     assert report.logprobs is not None and not report.logprobs.available
     assert report.logprobs.detail.startswith("not available: the endpoint returned no log-probs in 108 answers")
@@ -73,12 +77,13 @@ def test_corrupted_weights_are_rejected_with_numbers(tiny_bundle: Path, tmp_path
         report = _smoke(ep)
     assert not report.passed
     failed = {r.name: r.detail for r in report.verdict.rules if not r.ok}
-    assert set(failed) == {"agreement", "accuracy drop"}, report.verdict.reason
-    assert report.agree < 100 and f"agreement {report.agree}/108" in failed["agreement"]
-    assert "< threshold 0.95" in failed["agreement"]
+    assert "task accuracy" in failed, report.verdict.reason
     assert report.served_accuracy is not None and report.served_accuracy < 0.95
-    assert f"accuracy {report.served_accuracy:.3f} vs reference 1.000" in failed["accuracy drop"]
+    served = round(report.served_accuracy * 108)
+    assert failed["task accuracy"].startswith(f"{served}/108 vs reference 108/108 (paired: {108 - served} only")
+    assert "≥ α 0.05" in failed["task accuracy"]
     assert report.tokenizer_match  # only the weights were touched
+    assert not {"truncation", "tokenizer and chat template", "EOS handling"} & set(failed)
 
 
 def test_wrong_tokenizer_is_caught(tiny_bundle: Path, tmp_path: Path):
@@ -97,7 +102,7 @@ def test_wrong_tokenizer_is_caught(tiny_bundle: Path, tmp_path: Path):
     with serving(ReferenceLane().serve_command(broken, "127.0.0.1", free_port()), tmp_path / "log") as ep:
         report = _smoke(ep)
     assert not report.passed and not report.tokenizer_match
-    (rule,) = [r for r in report.verdict.rules if r.name == "tokenizer"]
+    (rule,) = [r for r in report.verdict.rules if r.name == "tokenizer and chat template"]
     assert not rule.ok
     assert rule.detail == (f"served tokenizer digest {report.served_tokenizer_digest[:12]} ≠ reference "
                            f"{report.reference_tokenizer_digest[:12]}")

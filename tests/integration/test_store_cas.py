@@ -313,3 +313,32 @@ def test_publishing_the_right_bytes_again_heals_a_blob_replaced_by_a_symlink(tmp
 
     _heals(store, tmp_path, symlink)
     assert Path("/etc/passwd").read_bytes() != b"W" * 100_000  # nothing was written through the link
+
+
+def _swap(store: Store, barrier, data: str, version: str, winners: list[int], i: int) -> None:
+    barrier.wait()
+    if store.replace_if("manifests/m/k/current.json", data.encode(), version):
+        winners.append(i)
+
+
+def test_the_pointer_moves_by_compare_and_swap_with_exactly_one_winner(store):
+    """S3 If-Match on the ETag (SeaweedFS 4.48 honours it) and the locked rename on file://."""
+    import threading
+
+    assert store.replace_if("manifests/m/k/current.json", b"base", None)
+    assert not store.replace_if("manifests/m/k/current.json", b"again", None)  # exists: If-None-Match refuses
+    # Version tags are content digests (S3 ETags, sha256 on file://): every write here is unique, as every
+    # pointer is (it names a unique build id), so an A-B-A cannot pass for "unchanged".
+    for round_ in range(5):
+        _, version = store.read_versioned("manifests/m/k/current.json")
+        winners: list[int] = []
+        barrier = threading.Barrier(8)
+        threads = [threading.Thread(target=_swap, args=(store, barrier, f"w{i}-{round_}", version, winners, i))
+                   for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(winners) == 1
+        assert store.read_bytes("manifests/m/k/current.json") == f"w{winners[0]}-{round_}".encode()
+    assert not store.replace_if("manifests/m/k/current.json", b"stale", version)  # a stale version is refused

@@ -101,8 +101,7 @@ def prefect_fixture(stack: dict[str, str], tmp_path_factory: pytest.TempPathFact
     port = free_port()
     base = {**stack, "EF_PREFECT_PORT": str(port), "PREFECT_LOGGING_LEVEL": "WARNING",
             "EF_WORK_DIR": str(state / "work"), "EF_CACHE_DIR": str(state / "cache"), "HF_HOME": str(state / "hf"),
-            "HF_HUB_DISABLE_XET": "1", "OMP_NUM_THREADS": "1", "PREFECT_WORKER_QUERY_SECONDS": "2",
-            "EF_DISPATCH_POLL_S": "1"}
+            "HF_HUB_DISABLE_XET": "1", "OMP_NUM_THREADS": "1", "PREFECT_WORKER_QUERY_SECONDS": "2"}
     base.pop("PREFECT_API_URL", None)
     server = PrefectServer(state=state, env=base, api=f"http://127.0.0.1:{port}/api", ui=f"http://127.0.0.1:{port}")
     up = server.stack("up", "--services", "prefect", "--worker-pools", "", "--owner-pid", str(os.getpid()))

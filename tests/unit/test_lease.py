@@ -160,10 +160,13 @@ def test_wait_for_sees_the_build_or_a_holder_that_gave_up(store: FileStore):
     lk = lease_key("m", "k7")
     holder = try_acquire(store, lk, "a")
     notes: list[str] = []
-    threading.Timer(0.3, lambda: (store.create_if_absent("done.json", b"{}"), holder.release())).start()
+    finisher = threading.Timer(0.3, lambda: (store.create_if_absent("done.json", b"{}"), holder.release()))
+    finisher.start()
     assert wait_for(store, lambda: store.exists("done.json"), lk, timeout_s=10, poll_s=0.05, progress=notes.append)
     assert notes and "holds the build lease" in notes[0]
+    finisher.join()  # wait_for may see done.json a moment before the holder releases its lease
     holder = try_acquire(store, lk, "b")
+    assert holder is not None
     threading.Timer(0.3, holder.release).start()
     assert not wait_for(store, lambda: False, lk, timeout_s=10, poll_s=0.05)
 

@@ -14,7 +14,7 @@ from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.lanes import get_lane
 from enginefoundry.manifest import Manifest
 from enginefoundry.placement import check_placement
-from enginefoundry.promotion import PromotionPolicy, Registry, alias_stems, compare
+from enginefoundry.promotion import PromotionPolicy, Registry, compare
 from enginefoundry.rollout import SourceState, differs
 from enginefoundry.serving_outputs import serve_script, serving_plan, write_serving_files
 from enginefoundry.spec import SourceKind, Target
@@ -64,14 +64,6 @@ def test_no_common_benchmark_point_holds() -> None:
     verdict = compare(manifest(concurrency=(8,)), manifest(concurrency=(2,)), PromotionPolicy())
     assert not verdict.promote
     assert "no valid benchmark point in common" in verdict.reasons[0]
-
-
-def test_alias_stems_follow_the_candidate_alias_convention() -> None:
-    assert alias_stems([("fp32-tp1.chat.cpu", "cpu")]) == {"fp32-tp1.chat.cpu": "cpu"}
-    two = alias_stems([("fp16-tp1.short.h100", "h100"), ("fp16-tp1.long.h100", "h100"), ("fp16-tp1.short.a100",
-                                                                                         "a100")])
-    assert two == {"fp16-tp1.short.h100": "h100-fp16-tp1-short", "fp16-tp1.long.h100": "h100-fp16-tp1-long",
-                   "fp16-tp1.short.a100": "a100"}
 
 
 @pytest.fixture

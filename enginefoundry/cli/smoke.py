@@ -1,0 +1,81 @@
+"""`smoke`: judge any OpenAI-compatible endpoint against a Hugging Face reference with the pipeline's gate.
+
+Exit 0: passed; 1: rejected (the verdict names the rule and its numbers); 2: bad input (nothing judged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from enginefoundry.console import console
+from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("smoke", help="judge a running OpenAI-compatible endpoint against a Hugging Face reference")
+    p.add_argument("--endpoint", required=True, help="base URL of the server, e.g. http://gpu-node:8000")
+    p.add_argument("--served-model", required=True, help="the `model` name the server expects in requests")
+    p.add_argument("--reference", required=True, help="Hugging Face model folder: the reference")
+    p.add_argument("--prompts", required=True, help="JSONL prompt set (prompt or messages, optional expected/match)")
+    p.add_argument("--precision", default="fp32",
+                   help="precision of the unit under test; picks the policy family (default fp32)")
+    p.add_argument("--reference-precision", default="fp32", help="dtype the reference answers are computed in")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--served-tokenizer", help="the served unit's tokenizer folder, for the digest check")
+    p.add_argument("--store", help="artifact store URI (s3://… or file://…) to reuse and publish reference answers")
+    p.add_argument("--small-sample", choices=("refuse", "warn"), default="refuse",
+                   help="a prompt set smaller than the policy's derived minimum: fail (default) or warn")
+    p.add_argument("--report-dir", help="write smoke.json and smoke.md here")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
+    p.set_defaults(handler=cmd_smoke)
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    from enginefoundry.smoke import load_prompt_set, run_smoke, write_report
+    from enginefoundry.smoke.policy import FAMILY_OF
+    from enginefoundry.spec import SmokeSpec
+    from enginefoundry.store import open_store
+
+    ref = Path(args.reference)
+    if not (ref / "config.json").is_file():
+        raise InputError(f"smoke: --reference {ref} is not a Hugging Face model folder (no config.json)")
+    if args.precision not in FAMILY_OF:
+        raise InputError(f"smoke: --precision '{args.precision}' is unknown; one of {', '.join(FAMILY_OF)}")
+    if args.served_tokenizer and not Path(args.served_tokenizer).is_dir():
+        raise InputError(f"smoke: --served-tokenizer {args.served_tokenizer} is not a folder")
+    if not args.endpoint.startswith(("http://", "https://")):
+        raise InputError(f"smoke: --endpoint '{args.endpoint}' must start with http:// or https://")
+    prompts = load_prompt_set(Path(args.prompts))
+    try:
+        spec = SmokeSpec(prompts=args.prompts, reference_precision=args.reference_precision,
+                         max_new_tokens=args.max_new_tokens, small_sample=args.small_sample)
+    except ValueError as err:
+        raise InputError(f"smoke: {str(err).splitlines()[0]}") from None
+    store = open_store(args.store) if args.store else None
+    def say(message: str) -> None:
+        if args.json:
+            print(message, file=sys.stderr)
+        else:
+            console.print(message, markup=False, soft_wrap=True)
+
+    try:
+        report = run_smoke(spec, prompts, reference_dir=ref, base_url=args.endpoint, model_name=args.served_model,
+                           served_tokenizer_dir=Path(args.served_tokenizer) if args.served_tokenizer else None,
+                           precision=args.precision, progress=say, store=store)
+    except ToolError as err:
+        if "(0/" in str(err):  # not a single answer: the endpoint or the model name is wrong
+            raise InputError(str(err).splitlines()[0]) from None
+        raise
+    if args.report_dir:
+        write_report(report, Path(args.report_dir))
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        console.print(report.markdown(), markup=False, soft_wrap=True)
+        console.print(f"{'PASS' if report.passed else 'REJECTED'} (judged against {report.reference.label()}, "
+                      f"{report.verdict.policy.family.value if report.verdict.policy else ''} policy): "
+                      f"{report.verdict.reason}", markup=False, soft_wrap=True)
+    return EXIT_OK if report.passed else EXIT_PIPELINE

@@ -1,0 +1,94 @@
+"""`make stack` as a user runs it: a default run of `build-engines/manual` (`prefect deployment run`, no
+parameters) lands in the stack's MLflow server and SeaweedFS, because the worker's environment (EF_STORE,
+MLFLOW_TRACKING_URI) outranks the spec's local paths. Its own stack (scripts/stack.py, temp state dir, free
+ports), deployment.yaml deployed as is."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "scripts" / "stack.py"
+PREFECT = str(Path(sys.executable).parent / "prefect")
+POOLS = ("cpu", "gpu-sm80", "gpu-sm89", "gpu-sm90", "gpu-sm100")
+
+pytestmark = pytest.mark.services
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def user_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
+    state = tmp_path / "stack"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_", "MLFLOW_", "AWS_", "EF_", "HF_ENDPOINT"))}
+    env |= {f"EF_{name}_PORT": str(_free_port()) for name in ("S3", "MLFLOW", "PREFECT", "HUB")}
+    env |= {"EF_WORK_DIR": str(tmp_path / "work"), "OMP_NUM_THREADS": "1", "EF_STACK_READY_TIMEOUT_S": "300"}
+    try:
+        # `make stack` in two steps, so that a busy machine starts the Prefect server within its deadline.
+        for services, pools in (("s3,mlflow,hub", ""), ("prefect", "cpu")):
+            up = subprocess.run([sys.executable, str(STACK), "up", "--state-dir", str(state), "--services", services,
+                                 "--worker-pools", pools], env=env, capture_output=True, text=True, timeout=900)
+            assert up.returncode == 0, up.stdout + up.stderr
+        yield {**env, **json.loads((state / "env.json").read_text()), "PREFECT_HOME": str(state / "prefect"),
+               "PROJECT_DIR": str(REPO)}
+    finally:
+        subprocess.run([sys.executable, str(STACK), "down", "--state-dir", str(state)], capture_output=True,
+                       timeout=300)
+
+
+def _prefect(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PREFECT, "--no-prompt", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_default_ui_run_publishes_to_the_stacks_store_and_mlflow(user_stack: dict[str, str]) -> None:
+    env = user_stack
+    for pool in POOLS[1:]:  # `make deploy`: the pools first (cpu exists: its worker runs)
+        _prefect(env, "work-pool", "create", pool, "--type", "process")
+    deployed = _prefect(env, "deploy", "--prefect-file", "deployment.yaml", "--all")
+    assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
+    started = _prefect(env, "deployment", "run", "build-engines/manual")
+    assert started.returncode == 0, started.stdout + started.stderr
+    flow_run_id = next(line.split()[-1] for line in started.stdout.splitlines() if "UUID" in line)
+
+    api = env["PREFECT_API_URL"]
+    deadline = time.monotonic() + 1200
+    with httpx.Client(base_url=api, timeout=30, trust_env=False) as http:
+        while True:
+            run = http.get(f"/flow_runs/{flow_run_id}").json()
+            if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") or time.monotonic() > deadline:
+                break
+            time.sleep(3)
+        logs = http.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
+    assert run["state_type"] == "COMPLETED", run["state"]
+    messages = "\n".join(entry["message"] for entry in logs)
+    assert "store: s3://enginefoundry/store (from environment EF_STORE)" in messages
+    assert f"mlflow_uri: {env['MLFLOW_TRACKING_URI']} (from environment MLFLOW_TRACKING_URI)" in messages
+
+    import boto3
+    from mlflow.tracking import MlflowClient
+
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="enginefoundry", Prefix="store/").get("Contents", [])]
+    assert any(k.endswith("manifest.json") for k in keys), keys[:20]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("enginefoundry-demo")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert any(r.data.tags.get("enginefoundry.manifest_uri", "").startswith("s3://enginefoundry/store/") for r in runs)
