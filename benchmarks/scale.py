@@ -13,6 +13,7 @@ and /proc/self/io belong to that stage alone:
   fetch           enginefoundry.sources.fetch through the hub (download into the HF cache + digests)
   convert (none)  bf16 → bf16: the reference lane's cast, which should link, not copy
   convert (cast)  bf16 → fp32: streamed cast, one tensor in memory
+  raw boto3       boto3 upload_file of the converted files to SeaweedFS (the physical upload limit)
   publish         the converted checkpoint to SeaweedFS through the store (content-addressed blobs)
   verify          what `enginefoundry verify` does: every blob streamed back from S3 and re-hashed
 
@@ -74,6 +75,11 @@ elif stage == "verify":
     store, build = open_build(args["ref"])
     report = verify_build(store, build)
     out["rc"], out["tail"] = (0 if report.ok else 1), str([p.model_dump() for p in report.problems][:3])
+elif stage == "boto3":
+    from enginefoundry.s3 import s3_client
+    client = s3_client()
+    for f in sorted(Path(args["src"]).iterdir()):
+        client.upload_file(str(f), "enginefoundry", f"raw-{args['shape']}/{f.name}")
 elif stage in ("cp", "sha256sum"):
     import subprocess
     cmd = ["cp", "-r", args["src"], args["dest"]] if stage == "cp" else ["sha256sum", *args["files"]]
@@ -157,11 +163,15 @@ def du(*paths: Path) -> int:
     return total
 
 
+class StageFailed(Exception):
+    pass
+
+
 def stage(name: str, args: dict, env: dict[str, str]) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, name, json.dumps(args)], env=env, capture_output=True,
                          text=True, cwd=REPO)
     if out.returncode != 0:
-        raise SystemExit(f"stage {name} failed:\n{out.stderr[-3000:]}")
+        raise StageFailed(f"stage {name} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -195,9 +205,11 @@ def main() -> int:
             print(f"[{shape}] generating random bf16 weights …", flush=True)
             size = write_shards(src, shape)
             free = shutil.disk_usage(tmp).free
-            if free < 6 * size:
-                print(f"[{shape}] skipped: {size / 2**30:.1f} GiB model needs ~{6 * size / 2**30:.0f} GiB free, "
+            # source, hub worktree + objects, hub cache, fp32 cast (2×) and its raw copy (2×)
+            if free < 9 * size:
+                print(f"[{shape}] skipped: {size / 2**30:.1f} GiB model needs ~{9 * size / 2**30:.0f} GiB free, "
                       f"{free / 2**30:.0f} GiB free")
+                shutil.rmtree(src)
                 continue
             print(f"[{shape}] {size / 2**30:.2f} GiB; seeding the loopback hub …", flush=True)
             sys.path.insert(0, str(REPO))
@@ -218,6 +230,7 @@ def main() -> int:
             cast_dir = tmp / f"work-{shape}" / "fp32"
             r_cp_cast = stage("cp", {"src": str(cast_dir), "dest": str(tmp / f"cp2-{shape}")}, env)
             shutil.rmtree(tmp / f"cp2-{shape}")
+            r_boto = stage("boto3", {"src": str(cast_dir), "shape": shape}, env)
             r_pub = stage("publish", {"src": str(cast_dir), "store": f"s3://enginefoundry/scale-{shape}",
                                       "shape": shape}, env)
             r_verify = stage("verify", {"ref": r_pub["ref"]}, env)
@@ -233,8 +246,10 @@ def main() -> int:
                 {"shape": shape, "stage": "fetch (download+hash)", **r_fetch, "limit_s": raw_io},
                 {"shape": shape, "stage": "convert bf16→bf16", **r_none, "limit_s": None},
                 {"shape": shape, "stage": "convert bf16→fp32", **r_cast, "limit_s": r_cp_cast["wall_s"]},
+                {"shape": shape, "stage": "raw boto3 upload", **r_boto, "limit_s": r_boto["wall_s"]},
+                # publish must hash (for the blob names) and upload: its limit is a plain upload plus a hash.
                 {"shape": shape, "stage": "publish fp32 → S3", **r_pub,
-                 "limit_s": r_cp_cast["wall_s"] + r_sha["wall_s"] * cast_bytes / size},
+                 "limit_s": r_boto["wall_s"] + r_sha["wall_s"] * cast_bytes / size},
                 # verify streams every blob back from S3 and hashes it: the limit is hashing those bytes.
                 {"shape": shape, "stage": "verify (S3 re-hash)", **r_verify,
                  "limit_s": r_sha["wall_s"] * cast_bytes / size},
@@ -242,7 +257,12 @@ def main() -> int:
             print(f"[{shape}] bytes written by fetch+convert: {written / 2**30:.2f} GiB for "
                   f"{unique / 2**30:.2f} GiB unique ({written / unique:.2f}×, goal ≤ 1.1×); "
                   f"bf16→bf16 conversion wrote {r_none['bytes_cast'] / 2**20:.1f} MiB (goal: ~0)", flush=True)
-            shutil.rmtree(src)
+            # Each shape's folders go before the next one: the larger shapes need the disk.
+            for leftover in (src, tmp / f"work-{shape}", tmp / "hf", tmp / "cache",
+                             Path(env["EF_HUB_ROOT"]) / "bench" / f"llama-{shape}"):
+                shutil.rmtree(leftover, ignore_errors=True)
+    except StageFailed as err:
+        print(err)
     finally:
         subprocess.run([sys.executable, str(REPO / "scripts" / "stack.py"), "down", "--state-dir", str(state)],
                        capture_output=True)

@@ -117,7 +117,7 @@ def cast_checkpoint(source: Path, dest: Path, torch_dtype: str) -> CastReport:
     for entry in sorted(p for p in source.iterdir() if p.is_file()):
         # A Hugging Face cache snapshot holds links into its blobs/ folder: link to the bytes, not the link.
         path, out = entry.resolve(), dest / entry.name
-        if path.suffix == ".safetensors" and needs_cast(read_header(path)[0], target):
+        if entry.suffix == ".safetensors" and needs_cast(read_header(path)[0], target):
             report.largest_tensor_bytes = max(report.largest_tensor_bytes, cast_file(path, out, target))
             report.written.append(entry.name)
             report.bytes_written += out.stat().st_size

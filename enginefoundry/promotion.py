@@ -1,5 +1,6 @@
-"""Promotion: is a candidate unit at least as good as the current champion, and the registry moves that
-promote and roll back (docs/architecture.md#mlflow-schema: aliases `<target>-candidate`, `<target>-champion`).
+"""Promotion: is a candidate unit at least as good as the current champion, the registry moves that promote
+and roll back (docs/architecture.md#mlflow-schema: aliases `<stem>-candidate`, `<stem>-champion`), and THE
+promotion rule (`decide_promotions`) that rollout applies to every alias stem, built or not.
 
 The gates read only what every published manifest carries (smoke summary, benchmark points), so a
 decision can be re-derived from the store alone. The registry keeps a per-target champion history as a
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError
+from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.manifest import Manifest
 from enginefoundry.plan import Unit, expand_units
 from enginefoundry.spec import BuildSpec
@@ -289,11 +291,13 @@ class Decision(BaseModel):
 
     stem: str  # alias prefix (alias_stems): the target name, or target-variant-profile when it has several units
     unit: str
-    action: Literal["promoted", "held", "unchanged"]
+    action: Literal["promoted", "held"]
     candidate_version: str | None = None
     champion_before: str | None = None
     reasons: list[str] = Field(default_factory=list)
     serving_uri: str | None = None
+    move: RegistryMove | None = Field(default=None, description="the registry move, when promoted: the flow "
+                                                                   "emits its event")
 
     def row(self) -> dict[str, str]:
         return {"target": self.stem, "unit": self.unit, "decision": self.action,
@@ -314,3 +318,58 @@ def alias_stems(spec: BuildSpec) -> dict[str, str]:
 
 def unit_alias_stem(spec: BuildSpec, unit: Unit) -> str:
     return alias_stems(spec)[unit.name]
+
+
+def manifest_uri_of(version: Any) -> str:
+    """The store URI of a registered version's unit manifest."""
+    return version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/") + "/manifest.json"
+
+
+def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
+           notes: list[str] | None = None) -> Decision:
+    """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
+    passed), if newer than `<stem>-champion` or with no champion, is compared with the champion and promoted or
+    held. Whether this rollout built anything does not matter; `notes` (what this rollout's build did) are
+    reported first. A rejected unit is never promoted, and a version rolled back from is only put back by hand."""
+    notes = list(notes or [])
+    candidate = registry.version_by_alias(model, candidate_alias(stem))
+    champion = registry.version_by_alias(model, champion_alias(stem))
+    held = Decision(stem=stem, unit=unit, action="held",
+                    candidate_version=str(candidate.version) if candidate is not None else None,
+                    champion_before=str(champion.version) if champion is not None else None)
+    if candidate is None:
+        return held.model_copy(update={"reasons": [*notes, f"nothing to promote: no {candidate_alias(stem)}"]})
+    number = str(candidate.version)
+    if champion is not None and int(champion.version) >= int(number):
+        why = "already is the champion" if str(champion.version) == number \
+            else f"is older than champion v{champion.version}"
+        return held.model_copy(update={"reasons": [*notes, f"nothing new: candidate v{number} {why}"]})
+    if candidate.tags.get(mltags.ROLLED_BACK_AT):
+        return held.model_copy(update={"reasons": [*notes, f"candidate v{number} was rolled back from: only "
+                                                           "`enginefoundry promote --version` puts it back"]})
+    cand_manifest = read_manifest_uri(manifest_uri_of(candidate))
+    champ_manifest = read_manifest_uri(manifest_uri_of(champion)) if champion is not None else None
+    verdict = compare(cand_manifest, champ_manifest, policy)
+    if not verdict.promote or candidate.tags.get(mltags.STATUS) != "candidate":
+        reasons = verdict.reasons if not verdict.promote else \
+            [f"version {number} is tagged '{candidate.tags.get(mltags.STATUS) or 'untracked'}', not a candidate"]
+        return held.model_copy(update={"reasons": [*notes, *reasons]})
+    move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
+    serving = None
+    from enginefoundry.serving_outputs import SERVE_SH
+
+    if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
+        # The build to pull (`enginefoundry pull URI DEST`): the store keeps blobs by digest, not the unit folder.
+        serving = manifest_uri_of(candidate)
+        registry.tag_version(model, number, {mltags.SERVING_URI: serving})
+    return held.model_copy(update={"action": "promoted", "serving_uri": serving, "move": move,
+                                   "reasons": [*notes, move.detail, *(g.detail for g in verdict.gates)]})
+
+
+def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPolicy,
+                      targets: list[str] | None = None, notes: dict[str, list[str]] | None = None) -> list[Decision]:
+    """`decide` for every alias stem of the spec (only these targets' units, when given), in unit order. `notes`:
+    per unit name, what this rollout's build did with it."""
+    stems = alias_stems(spec)
+    return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy, (notes or {}).get(u.name))
+            for u in expand_units(spec, targets)]

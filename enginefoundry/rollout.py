@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.identity import checkpoint_digests
 from enginefoundry.lineage import read_manifest_uri
-from enginefoundry.promotion import Decision, Registry, champion_alias
+from enginefoundry.promotion import Decision, Registry, champion_alias, manifest_uri_of
 from enginefoundry.sources import probe
 from enginefoundry.spec import BuildSpec, SourceKind, SourceURI, Target
 
@@ -103,7 +103,7 @@ def baseline_for(registry: Registry, model: str, target: Target) -> Baseline | N
         version = built[0] if built else None
     if version is None:
         return None
-    uri = version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/") + "/manifest.json"
+    uri = manifest_uri_of(version)
     manifest = read_manifest_uri(uri)
     return Baseline(target=target.name, version=str(version.version), alias=alias, manifest_uri=uri,
                     source=manifest.source)
@@ -148,7 +148,8 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
 
 
 class RolloutReport(BaseModel):
-    """What one rollout did: the change it saw, whether it built, and each unit's promotion decision."""
+    """What one rollout did: the change it saw, whether it built, and each alias stem's promotion decision (made
+    whether or not it built: promotion.decide_promotions)."""
 
     spec: str
     change: ChangeReport

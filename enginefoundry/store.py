@@ -13,6 +13,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import socket
 import stat
 import tempfile
 import threading
@@ -186,11 +187,25 @@ def _sha256_of(path: Path) -> tuple[int, str, os.stat_result]:
     return size, h.hexdigest(), before
 
 
+TEMP_DIR = ".tmp"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class FileStore(Store):
     def __init__(self, uri: str) -> None:
         self.root = Path(uri.removeprefix("file://")).expanduser().resolve()
         # Absolute, so URIs recorded in manifests and MLflow mean the same thing from any directory.
         self.uri = self.root.as_uri()
+        self._swept = False
 
     def _path(self, key: str) -> Path:
         """The key's path; StoreError if the key leaves the root or any folder on the way is a symlink."""
@@ -247,10 +262,26 @@ class FileStore(Store):
             while chunk := src.read(CHUNK):
                 yield chunk
 
+    def _temp_dir(self) -> Path:
+        """Where writers stage files: `<root>/.tmp`, on the store's filesystem (so link/rename into place is
+        atomic) but outside every published folder. Temp files are named `<host>.<pid>.<random>.partial`; the
+        first write of each FileStore removes those of dead processes of this host (a kill -9 mid-write)."""
+        tmp_dir = self.root / TEMP_DIR
+        if not self._swept:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            host = socket.gethostname()
+            for leftover in tmp_dir.glob(f"{host}.*.partial"):
+                pid = leftover.name[len(host) + 1:].split(".", 1)[0]
+                if pid.isdigit() and not _pid_alive(int(pid)):
+                    leftover.unlink(missing_ok=True)
+            self._swept = True
+        return tmp_dir
+
     def _write_temp(self, dest: Path, chunks: Iterator[bytes], mode: int) -> tuple[str, int, str]:
-        """Write to a hidden temp file beside dest (fsync'd, mode set); return (temp path, size, sha256)."""
+        """Write to a temp file in the store's temp folder (fsync'd, mode set); return (temp path, size, sha256)."""
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+        fd, tmp = tempfile.mkstemp(dir=self._temp_dir(), prefix=f"{socket.gethostname()}.{os.getpid()}.",
+                                   suffix=".partial")
         h, size = hashlib.sha256(), 0
         try:
             with os.fdopen(fd, "wb") as out:

@@ -1,9 +1,10 @@
-"""The rollout flow: detect a new checkpoint → build → compare with the champion → promote or hold.
+"""The rollout flow: detect a new checkpoint → build (only when new) → promote or hold each candidate.
 
 Scheduled (deployment.yaml: `rollout/scheduled`), it usually finds nothing new and finishes after one
-revision lookup and one registry query, before any download. When the source changed for some targets it
-builds those targets (embedded or cluster mode, as the build flow does) and decides per unit with the
-thresholds below, which are flow parameters so the UI form shows them.
+revision lookup and a few registry queries, before any download. When the source changed for some targets it
+builds those targets (embedded or cluster mode, as the build flow does). Then, built or not, each alias stem's
+gated candidate that is newer than its champion is compared and promoted or held (promotion.decide_promotions),
+with the thresholds below, which are flow parameters so the UI form shows them.
 """
 
 from __future__ import annotations
@@ -74,19 +75,19 @@ def rollout(
     report_table("rollout-change", build_spec, change.rows(),
                  f"{build_spec.name}: what is new in {change.source.describe()}")
     to_build = [t.target for t in change.targets if t.changed or force_build]
-    if not to_build:
-        report_markdown("rollout", build_spec, f"## {build_spec.name}: nothing new\n\nSource "
-                        f"`{change.source.describe()}` is what every target's baseline was built from; no build.\n",
-                        "rollout: nothing new")
-        return RolloutReport(spec=build_spec.name, change=change, built=False,
-                             duration_s=round(time.monotonic() - t0, 2))
-
-    summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
-        spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode, validated=True,
-        store=build_spec.publish.store, mlflow_uri=build_spec.tracking.mlflow_uri,
-        s3_endpoint_url=build_spec.publish.s3_endpoint_url)
-    decisions = promote_units(build_spec, summary.outcomes, policy)
+    summary = None
+    if to_build:
+        summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
+            spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode, validated=True,
+            store=build_spec.publish.store, mlflow_uri=build_spec.tracking.mlflow_uri,
+            s3_endpoint_url=build_spec.publish.s3_endpoint_url)
+    else:
+        report_markdown("rollout", build_spec, f"## {build_spec.name}: no build\n\nSource "
+                        f"`{change.source.describe()}` is what every target's baseline was built from.\n",
+                        "rollout: no build")
+    decisions = promote_units(build_spec, targets or None, policy, summary.outcomes if summary else [])
     report_table("promotion", build_spec, [d.row() for d in decisions],
-                 f"{build_spec.name}: promote or hold, per unit (policy: {policy.model_dump()})")
-    return RolloutReport(spec=build_spec.name, change=change, built=True, build_ok=summary.ok, decisions=decisions,
+                 f"{build_spec.name}: promote or hold, per alias stem (policy: {policy.model_dump()})")
+    return RolloutReport(spec=build_spec.name, change=change, built=summary is not None,
+                         build_ok=summary.ok if summary else None, decisions=decisions,
                          duration_s=round(time.monotonic() - t0, 2))

@@ -1,9 +1,9 @@
 """One unit that is not published yet: build → serve → smoke → bench → serving files → publish → track.
 
-`run_unit_stages` is the composition both modes share: embedded mode calls it inside the `unit_pipeline`
-subflow of the parent's process; cluster mode inside the `build-unit` deployment flow on a worker of the
-target's pool (flows/build_unit.py). Verdicts, the manifest and the outcome are built in the domain
-(enginefoundry/outcomes.py).
+`run_unit_stages` is the composition both modes share: embedded mode calls it inside the `unit-in-process`
+subflow (`unit_pipeline`) of the parent's process; cluster mode inside the `build-unit` deployment flow on a
+worker of the target's pool (flows/build_unit.py). Verdicts, the manifest and the outcome are built in the
+domain (enginefoundry/outcomes.py).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from enginefoundry.tasks.track import (
 )
 
 
-@flow(name="build-unit")
+@flow(name="unit-in-process")
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False,

@@ -1,16 +1,13 @@
-"""Stage: compare each built unit with its target's champion and promote it or hold it."""
+"""Stages of a rollout: is the source new, and promote or hold each alias stem's candidate."""
 
 from __future__ import annotations
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry import tracking_tags as mltags
-from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.pipeline import UnitOutcome
-from enginefoundry.promotion import Decision, PromotionPolicy, Registry, alias_stems, champion_alias, compare
+from enginefoundry.promotion import Decision, PromotionPolicy, Registry, decide_promotions
 from enginefoundry.rollout import ChangeReport, detect_change
-from enginefoundry.serving_outputs import SERVE_SH
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
@@ -28,46 +25,17 @@ def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeRe
 
 
 @task(name="promote or hold", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def promote_units(spec: BuildSpec, outcomes: list[UnitOutcome], policy: PromotionPolicy) -> list[Decision]:
+def promote_units(spec: BuildSpec, targets: list[str] | None, policy: PromotionPolicy,
+                  outcomes: list[UnitOutcome]) -> list[Decision]:
+    """The promotion rule (promotion.decide_promotions) for every alias stem of these targets, built by this
+    rollout or not; one event per registry move."""
     log = progress_logger()
-    registry = Registry(spec.tracking.mlflow_uri)
-    model = spec.registered_model_name
-    stems = alias_stems(spec)
-    decisions = []
-    for outcome in outcomes:
-        decision = _decide(registry, model, stems[outcome.unit], outcome, policy)
-        log(f"rollout: {decision.stem}: {decision.action.upper()} {outcome.unit}: {'; '.join(decision.reasons)}")
-        decisions.append(decision)
+    notes = {o.unit: [f"this build: unit {o.status}: {o.reason or 'no manifest'}"] for o in outcomes if not o.ok}
+    decisions = decide_promotions(spec, Registry(spec.tracking.mlflow_uri), policy, targets, notes)
+    for decision in decisions:
+        log(f"rollout: {decision.stem}: {decision.action.upper()} {decision.unit}: {'; '.join(decision.reasons)}")
+        if decision.move is not None:
+            move = decision.move
+            emit_registry_move(move.registered_model, move.stem, move.action, move.champion, move.previous,
+                               move.detail)
     return decisions
-
-
-def _decide(registry: Registry, model: str, stem: str, outcome: UnitOutcome, policy: PromotionPolicy) -> Decision:
-    base = Decision(stem=stem, unit=outcome.unit, action="held")
-    if outcome.status == "failed" or not outcome.manifest_uri or not outcome.key:
-        return base.model_copy(update={"reasons": [f"unit {outcome.status}: {outcome.reason or 'no manifest'}"]})
-    versions = registry.versions_with(model, mltags.KEY, outcome.key)
-    if not versions:
-        return base.model_copy(update={"reasons": [f"no registered version of {model} has key {outcome.key[:12]}"]})
-    candidate = versions[0]
-    number = str(candidate.version)
-    champion = registry.version_by_alias(model, champion_alias(stem))
-    base = base.model_copy(update={"candidate_version": number,
-                                   "champion_before": str(champion.version) if champion else None})
-    if champion is not None and str(champion.version) == number:
-        return base.model_copy(update={"action": "unchanged", "reasons": ["candidate already is the champion"]})
-    cand_manifest = read_manifest_uri(outcome.manifest_uri)
-    champ_manifest = None
-    if champion is not None:
-        champ_manifest = read_manifest_uri(champion.tags.get(mltags.MANIFEST_URI)
-                                           or champion.source.rstrip("/") + "/manifest.json")
-    verdict = compare(cand_manifest, champ_manifest, policy)
-    if not verdict.promote:
-        return base.model_copy(update={"reasons": verdict.reasons})
-    move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
-    emit_registry_move(model, stem, move.action, move.champion, move.previous, move.detail)
-    serving = None
-    if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
-        serving = outcome.manifest_uri.rsplit("/", 1)[0] + "/serving/"
-        registry.tag_version(model, number, {mltags.SERVING_URI: serving})
-    return base.model_copy(update={"action": "promoted", "serving_uri": serving,
-                                   "reasons": [move.detail, *(g.detail for g in verdict.gates)]})

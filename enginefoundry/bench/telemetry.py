@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.runner import forget_reaped, reap_with_this_process
+
 # The query the nvidia-smi sampler runs, in this column order (noheader output has no names).
 QUERY_FIELDS = ("index", "power.draw", "utilization.gpu", "memory.used")
 _MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]"}
@@ -241,6 +243,8 @@ class GpuSampler:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait(timeout=5)
+        if self._proc is not None:
+            forget_reaped(self._proc.pid, group=False)
         return self.samples
 
     def summary(self, window: tuple[float, float] | None = None) -> TelemetrySummary:
@@ -291,6 +295,9 @@ class GpuSampler:
         except OSError as err:
             self.error = f"nvidia-smi did not start: {err}"
             return
+        # Started from a thread, so no parent-death signal (it fires when the thread ends): the reaper kills it
+        # if this process dies before stop().
+        reap_with_this_process(self._proc.pid, group=False)
         assert self._proc.stdout is not None
         seen: set[int] = set()
         round_no = 0

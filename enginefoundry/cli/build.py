@@ -189,7 +189,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     console.print()
     table(f"{spec.name}: {report.change.source.describe()}", report.change.rows())
     if not report.built:
-        console.print(f"nothing new: no build ({report.duration_s:.1f} s)")
-        return EXIT_OK
-    table(f"{spec.name}: promotion", [d.row() for d in report.decisions])
-    return EXIT_OK if report.build_ok else EXIT_PIPELINE
+        what = "nothing new" if not report.promoted else "source unchanged"
+        console.print(f"{what}: no build ({report.duration_s:.1f} s)")
+    if report.decisions:
+        table(f"{spec.name}: promote or hold", [d.row() for d in report.decisions])
+    return EXIT_OK if (not report.built or report.build_ok) else EXIT_PIPELINE

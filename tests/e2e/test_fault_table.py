@@ -136,8 +136,10 @@ def _assert_no_orphans(marker: str, within_s: float = 20.0) -> None:
     assert not left, f"processes of the killed run still alive after {within_s:.0f}s:\n" + "\n".join(left)
 
 
-def _manifests(store: Path, kind: str = "artifacts") -> list[Path]:
-    return sorted((store / kind).glob("**/manifest.json")) if (store / kind).is_dir() else []
+def _manifests(store: Path) -> list[Path]:
+    """Published unit builds (converted checkpoints share manifests/ and are not units)."""
+    docs = sorted(p for p in store.glob("manifests/*/*/*.json") if p.name != "current.json")
+    return [p for p in docs if "unit" in json.loads(p.read_text())]
 
 
 def _run_to_end(row: Row, *args: str) -> tuple[int, str]:
@@ -163,18 +165,16 @@ def _mlflow_runs(row: Row) -> list[tuple[str, str]]:
 
 
 def _assert_store_complete(row: Row) -> None:
-    """Every published unit manifest lists files that exist with the recorded size and sha256."""
-    import hashlib
+    """Every current build in the store verifies (each blob's size and sha256 against its manifest), and no
+    partial file is left anywhere: not in the store, not in the work folder."""
+    from enginefoundry.verify import open_build, verify_build
 
-    manifests = _manifests(row.store)
-    assert manifests, "the next run published nothing"
-    for path in manifests:
-        manifest = json.loads(path.read_text())
-        for f in manifest.get("files", []):
-            local = path.parent / f["path"]
-            assert local.is_file(), f"{local} listed in {path} is missing"
-            if "sha256" in f:
-                assert hashlib.sha256(local.read_bytes()).hexdigest() == f["sha256"], f"{local} differs"
+    pointers = sorted((row.store / "manifests").glob("*/*/current.json"))
+    assert pointers, "the next run published nothing"
+    for pointer in pointers:
+        store, build = open_build(f"file://{pointer.parent}")
+        report = verify_build(store, build, record=False)
+        assert report.ok, f"{build.uri}: " + "; ".join(p.line() for p in report.problems)
     assert not list(row.tmp.glob("**/*.partial*")), "a partial file was left behind"
 
 
@@ -182,16 +182,7 @@ def _assert_store_complete(row: Row) -> None:
 MAY_HAVE_PUBLISHED = {"publish", "register"}
 
 
-# kill -9 during publish leaves the store writer's `.<name>.<random>.partial` temp file inside the unit's folder
-# (store.py writes it beside the target), and nothing ever removes it: the content-addressed store of issue 9
-# item 1 (store-cas) must write temp files outside published folders or clean those of dead writers.
-PENDING = {"publish": "store.py leaves a .partial temp file in the unit folder after kill -9 (store-cas, item 1)"}
-
-
-@pytest.mark.parametrize("stage", [
-    pytest.param(s, marks=pytest.mark.xfail(reason=PENDING[s], strict=False)) if s in PENDING else s
-    for s in STAGES
-])
+@pytest.mark.parametrize("stage", list(STAGES))
 def test_kill_9_at_stage_boundary(row: Row, stage: str) -> None:
     proc = _start(row)
     _wait_for_stage(row, proc, stage)

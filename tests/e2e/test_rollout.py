@@ -1,10 +1,12 @@
 """The rollout flow end to end on the tiny spec, against the loopback hub, SeaweedFS, an MLflow server and a
-Prefect server: first build → promoted; nothing new → no build, quick; a new commit → built and promoted;
-a candidate worse than the champion → held; `rollback` restores; the promoted unit's serving files serve it.
+Prefect server: `run` then `rollout` → the run's candidate promoted without a build; nothing new → no build, quick,
+no promotion; a new commit → built and promoted; a candidate worse than the champion → held; `rollback` restores;
+the promoted unit's serving files serve it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,7 +45,7 @@ def champion(client: MlflowClient, model: str, alias: str = "cpu-champion") -> s
         return None
 
 
-def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectServer, stack, s3, tmp_path: Path,
+def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectServer, stack, tmp_path: Path,
                                                       unique: str) -> None:
     hub = Path(stack["EF_HUB_ROOT"])
     repo_id = f"tiny-org/rollout-{unique}"
@@ -54,16 +56,21 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
                       mlflow_uri=stack["MLFLOW_TRACKING_URI"], experiment=f"rollout-{unique}", registered_model=model)
     client = MlflowClient(stack["MLFLOW_TRACKING_URI"])
 
-    # 1. No champion: the first build promotes when its own gates pass.
+    # 1. `run` registers `cpu-candidate` and no champion; the rollout that follows finds the same source, does
+    # not build, and still promotes that candidate on its own gates (there is no champion to compare with).
+    built = cli(prefect_server, "run", str(spec))
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert champion(client, model) is None and champion(client, model, "cpu-candidate") == "1"
     first = cli(prefect_server, "rollout", str(spec), *LENIENT)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "source unchanged: no build" in first.stdout
     assert champion(client, model) == "1"
     v1 = client.get_model_version(model, "1")
     assert v1.tags["enginefoundry.source_revision"] == first_sha
     assert v1.tags["enginefoundry.promoted_at"]
     serving = v1.tags["enginefoundry.serving_uri"]
-    assert serving.endswith("/serving/")
-    serve_the_unit(s3, serving, tmp_path / "served")
+    assert serving == v1.tags["enginefoundry.manifest_uri"]  # the build to pull, with serving/serve.sh in it
+    serve_the_unit(prefect_server, serving, tmp_path / "served")
 
     # 2. Nothing new: no build, no new MLflow run, a quick finish.
     runs_before = len(client.search_runs([client.get_experiment_by_name(f"rollout-{unique}").experiment_id]))
@@ -72,6 +79,9 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
     noop_s = time.monotonic() - started
     assert noop.returncode == 0, noop.stdout[-3000:] + noop.stderr[-3000:]
     assert "nothing new: no build" in noop.stdout
+    assert champion(client, model) == "1"  # held as "nothing new": not promoted again
+    promoted_at = client.get_model_version(model, "1").tags["enginefoundry.promoted_at"]
+    assert promoted_at == v1.tags["enginefoundry.promoted_at"]
     assert "same source as cpu-champion v1" in noop.stdout
     assert len(client.search_runs([client.get_experiment_by_name(f"rollout-{unique}").experiment_id])) == runs_before
     assert noop_s < 30, f"a no-op rollout took {noop_s:.1f} s"
@@ -112,15 +122,10 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
     assert champion(client, model) == "3" and champion(client, model, "cpu-previous-champion") == "1"
 
 
-def serve_the_unit(s3, serving_uri: str, dest: Path) -> None:
-    """What a serving team does: download the unit folder, run serving/serve.sh, get an answer."""
-    bucket, _, prefix = serving_uri.removeprefix("s3://").partition("/")
-    unit_prefix = prefix.rstrip("/").rsplit("/", 1)[0]
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=unit_prefix + "/"):
-        for obj in page["Contents"]:
-            local = dest / obj["Key"][len(unit_prefix) + 1:]
-            local.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, obj["Key"], str(local))
+def serve_the_unit(server: PrefectServer, serving_uri: str, dest: Path) -> None:
+    """What a serving team does: pull the unit folder, run serving/serve.sh, get an answer."""
+    pulled = cli(server, "pull", serving_uri, str(dest))
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     port = free_port()
     env = {**os.environ, "EF_UNIT_DIR": str(dest), "PORT": str(port), "HOST": "127.0.0.1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
@@ -147,5 +152,6 @@ def serve_the_unit(s3, serving_uri: str, dest: Path) -> None:
             answer = json.loads(response.read())
         assert answer["choices"][0]["message"]["content"]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # serve.sh that exited already: its assertion says why
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

@@ -57,3 +57,21 @@ def test_refuses_a_checkpoint_without_safetensors(tmp_path: Path) -> None:
     (tmp_path / "src" / "pytorch_model.bin").write_bytes(b"x")
     with pytest.raises(InputError, match="safetensors"):
         cast_checkpoint(tmp_path / "src", tmp_path / "out", "bfloat16")
+
+
+def test_a_hub_cache_snapshot_of_links_is_cast(tmp_path: Path) -> None:
+    """A Hugging Face cache snapshot holds links into blobs/ named by hash, without the .safetensors suffix:
+    the cast must still see the shard (it once linked the bf16 bytes as the 'fp32' checkpoint)."""
+    import torch
+    from safetensors.torch import load_file
+
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
+    blobs.mkdir()
+    snapshot.mkdir(parents=True)
+    for i, src in enumerate(sorted(TINY.iterdir())):
+        blob = blobs / f"{i:040x}"
+        blob.write_bytes(src.read_bytes())
+        (snapshot / src.name).symlink_to(blob)
+    report = cast_checkpoint(snapshot, tmp_path / "out", "bfloat16")
+    assert "model.safetensors" in report.written
+    assert all(t.dtype == torch.bfloat16 for t in load_file(tmp_path / "out" / "model.safetensors").values())
