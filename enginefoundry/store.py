@@ -154,9 +154,13 @@ class Store(ABC):
         pointer names a unique build id, which rules out an A-B-A passing for "unchanged"."""
 
     @abstractmethod
-    def replace_if(self, key: str, data: bytes, version: str | None) -> bool:
+    def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:
         """Compare-and-swap: write `data` only if the object's version tag is still `version` (None: only if
-        absent). True when this call wrote it."""
+        absent). The new version tag when this call wrote it (for the next `replace_if`/`delete_if`), else None."""
+
+    @abstractmethod
+    def delete_if(self, key: str, version: str) -> bool:
+        """Delete the object only if its version tag is still `version`; True when this call deleted it."""
 
     @abstractmethod
     def download(self, key: str, local: Path) -> str:
@@ -366,26 +370,41 @@ class FileStore(Store):
         data = self.read_bytes(key)
         return data, hashlib.sha256(data).hexdigest()
 
-    def replace_if(self, key: str, data: bytes, version: str | None) -> bool:
-        """Under an exclusive lock on a hidden lock file beside the pointer: compare, then atomic rename."""
+    @contextlib.contextmanager
+    def _cas_lock(self, key: str) -> Iterator[Path]:
+        """An exclusive flock on a hidden lock file beside the object: the kernel drops it when its holder
+        dies, so it never goes stale. Every compare-and-swap of a `file://` store runs under it."""
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         lock = dest.with_name(f".{dest.name}.lock")
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            yield dest
+        finally:
+            os.close(fd)  # releases the lock
+
+    def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """Under the object's lock: compare the content's sha256, then atomic rename."""
+        with self._cas_lock(key) as dest:
             current = self.read_versioned(key)
             if (current[1] if current else None) != version:
-                return False
+                return None
             tmp, _, _ = self._write_temp(dest, iter([data]), file_mode(False))
             try:
                 os.replace(tmp, dest)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
+            return hashlib.sha256(data).hexdigest()
+
+    def delete_if(self, key: str, version: str) -> bool:
+        with self._cas_lock(key) as dest:
+            current = self.read_versioned(key)
+            if current is None or current[1] != version:
+                return False
+            dest.unlink()
             return True
-        finally:
-            os.close(fd)  # releases the lock
 
     def download(self, key: str, local: Path) -> str:
         local.parent.mkdir(parents=True, exist_ok=True)
@@ -561,7 +580,7 @@ class S3Store(Store):
         return BlobPut(digest=digest, size=size, uploaded=False)
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
-        return self.replace_if(key, data, None)
+        return self.replace_if(key, data, None) is not None
 
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import ClientError
@@ -574,20 +593,37 @@ class S3Store(Store):
             raise StoreError(f"reading {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
         return resp["Body"].read(), resp["ETag"]
 
-    def replace_if(self, key: str, data: bytes, version: str | None) -> bool:
-        """S3 conditional writes: If-Match on the ETag read, or If-None-Match: * for "only if absent".
-        SeaweedFS 4.48 honours both atomically (8 racing writers, 20 rounds, exactly one winner each)."""
+    def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:
+        """S3 conditional writes: If-Match on the ETag read, or If-None-Match: * for "only if absent"; the new
+        ETag. SeaweedFS 4.48 honours both atomically (8 racing writers, 20 rounds, exactly one winner each;
+        seaweedfs/seaweedfs weed/s3api/s3api_object_handlers_put.go, PutObjectHandler → checkConditionalHeaders).
+        On AWS S3: https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html"""
         from botocore.exceptions import ClientError
 
         cond = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
-                                   ContentType="application/json", **cond)
-            return True
+            resp = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                          ContentType="application/json", **cond)
+        except ClientError as err:
+            if self._precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise StoreError(f"writing {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        if resp.get("ETag"):
+            return resp["ETag"]
+        found = self.read_versioned(key)  # a server that answers without an ETag: read it back
+        return found[1] if found is not None and found[0] == data else ""
+
+    def delete_if(self, key: str, version: str) -> bool:
+        """DeleteObject with If-Match: SeaweedFS answers 412 on a mismatch (tests/integration/test_lease_s3.py)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=version)
         except ClientError as err:
             if self._precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return False
-            raise StoreError(f"writing {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+            raise StoreError(f"deleting {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+        return True
 
     def download(self, key: str, local: Path) -> str:
         local.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,8 @@ MANIFEST_URI = "enginefoundry.manifest_uri"
 STATUS = "enginefoundry.status"
 STATUS_REASON = "enginefoundry.status_reason"
 GPU = "enginefoundry.gpu"
+FAST_PATH = "enginefoundry.fast_path"  # "true" on a parent run that the all-hits fast path recorded
+REGISTRY_REPAIRED = "enginefoundry.registry_repaired"  # on a hit's run: the registration or alias it restored
 
 # Model versions: the above where they apply, plus what an auditor asks first
 VERSION_PREFIX = "enginefoundry.version."  # + tool name: toolchain versions (tensorrt_llm, torch, …)

@@ -78,7 +78,7 @@ def rollout(
     summary = None
     if to_build:
         summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
-            spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode,
+            spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode, validated=True,
             store=build_spec.publish.store, mlflow_uri=build_spec.tracking.mlflow_uri,
             s3_endpoint_url=build_spec.publish.s3_endpoint_url)
     else:

@@ -2,7 +2,8 @@
 
 `run_unit_stages` is the composition both modes share: embedded mode calls it inside the `unit-in-process`
 subflow (`unit_pipeline`) of the parent's process; cluster mode inside the `build-unit` deployment flow on a
-worker of the target's pool (flows/build_unit.py).
+worker of the target's pool (flows/build_unit.py). Verdicts, the manifest and the outcome are built in the
+domain (enginefoundry/outcomes.py).
 """
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ from prefect.artifacts import create_markdown_artifact
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.flows.reports import report_unit_links
+from enginefoundry.outcomes import (
+    build_run_tags,
+    built_outcome,
+    failed_outcome,
+    unit_manifest,
+    unit_metrics,
+    unit_params,
+)
 from enginefoundry.pipeline import UnitOutcome, work_root
 from enginefoundry.plan import Unit, key_of
 from enginefoundry.smoke import SmokeReport
-from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks.bench import benchmark
@@ -55,11 +63,7 @@ def run_unit_stages(
 ) -> UnitOutcome:
     key = key_of(key_components)
     stages: dict[str, float] = {}
-
-    run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit),
-                            {mltags.KEY: key, mltags.TARGET: unit.target.name,
-                             mltags.ARCH: unit.target.arch.value, mltags.LANE: spec.lane,
-                             mltags.WORK_POOL: unit.target.pool, mltags.CACHE_HIT: "false"})
+    run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit), build_run_tags(spec, unit, key))
     unit_dir = work_root() / "units" / key[:16]
     shutil.rmtree(unit_dir, ignore_errors=True)  # a clean start: nothing from an earlier run gets published
     report_dir = unit_dir / "reports"
@@ -87,89 +91,44 @@ def run_unit_stages(
     except Exception as err:
         record_unit(spec, run_id, ok=False, tags={mltags.STATUS: "failed"},
                     metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
-        reason = str(err).splitlines()[0][:300]
-        emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=reason,
+        failed = failed_outcome(unit, key, err, run_id, stages)
+        emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=failed.reason,
                           mlflow_run_id=run_id)
-        return UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
-                           reason=reason, key=key, mlflow_run_id=run_id, stage_seconds=stages)
+        return failed
 
-    status, reason = verdict(smoke, sweep)
+    draft = unit_manifest(spec, unit, key, key_components, snapshot, checkpoint_key=ckpt.key,
+                          checkpoint_uri=ckpt.uri, device=build.device, build_params=build.params, smoke=smoke,
+                          sweep=sweep, mlflow_run_id=run_id,
+                          prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID))
     folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
     serving_dir = unit_dir / "serving"
     shutil.rmtree(serving_dir, ignore_errors=True)
-    if status == "candidate":  # a rejected unit gets nothing a serving team could deploy by mistake
+    if draft.status == "candidate":  # a rejected unit gets nothing a serving team could deploy by mistake
         folders["serving"] = write_serving(spec, unit.name, key, build.bundle_dir, ckpt.result.checkpoint_dir,
                                            ckpt.uri, str(serving_dir))
     t = time.monotonic()
-    manifest_fields = {
-        "key": key,
-        "key_components": key_components, "checkpoint_key": ckpt.key, "checkpoint_uri": ckpt.uri,
-        "model": spec.model.name, "unit": unit.name, "lane": spec.lane,
-        "target": unit.target.model_dump(mode="json"), "variant": unit.variant.model_dump(mode="json"),
-        "profile": unit.profile.model_dump(mode="json"),
-        "source": {k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
-        "versions": key_components["toolchain"]["versions"], "device": build.device, "build_params": build.params,
-        "smoke": smoke.summary() if smoke else {}, "benchmark": bench_summary(sweep),
-        "prompts_digest": prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
-        "gate": spec.smoke.model_dump(mode="json"),
-        "status": status, "status_reason": reason, "mlflow_run_id": run_id,
-        "prefect_flow_run_id": prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-    }
-    published_result = publish_unit(spec, manifest_fields, folders, replace)
+    published = publish_unit(spec, draft, folders, replace)
     stages["publish"] = time.monotonic() - t
 
     t = time.monotonic()
-    metrics: dict[str, float] = {f"{k}_s": v for k, v in stages.items()}
-    metrics.update(build.metrics)
-    metrics["artifact_bytes"] = published_result.bytes_total
-    if smoke:
-        metrics.update({k: float(v) for k, v in smoke.summary().items()})
-    if sweep:
-        metrics.update(sweep.summary())
     manifest_copy = unit_dir / "manifest.json"
-    manifest_copy.write_bytes(published_result.manifest.to_json())
+    manifest_copy.write_bytes(published.manifest.to_json())
     artifacts = [str(manifest_copy)] + [
         str(p) for p in report_dir.rglob("*")
         if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
     ]
-    record_unit(spec, run_id, ok=status == "candidate",
-                tags={mltags.STATUS: status, mltags.MANIFEST_URI: published_result.uri,
+    record_unit(spec, run_id, ok=draft.status == "candidate",
+                tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri,
                       mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
                       **(smoke.tags() if smoke else {})},
-                metrics=metrics, sweep=sweep, artifacts=artifacts)
-    register_published_unit(spec, unit, published_result.manifest, published_result.uri, run_id)
+                metrics=unit_metrics(stages, build.metrics, published.bytes_total, smoke, sweep),
+                sweep=sweep, artifacts=artifacts)
+    register_published_unit(spec, unit, published.manifest, published.uri, run_id)
     stages["track"] = time.monotonic() - t
-    report_unit_links(unit.name, key, mlflow_run_link(spec, run_id), published_result.uri)
-    emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, status, reason=reason,
-                      manifest_uri=published_result.uri, mlflow_run_id=run_id)
+    report_unit_links(unit.name, key, mlflow_run_link(spec, run_id), published.uri)
+    emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, draft.status, reason=draft.status_reason,
+                      manifest_uri=published.uri, mlflow_run_id=run_id)
     if smoke:
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
                                  description=f"smoke gate of {unit.name}")
-    return UnitOutcome(unit=unit.name, target=unit.target.name, status=status, reason=reason, key=key,
-                       manifest_uri=published_result.uri, mlflow_run_id=run_id,
-                       stage_seconds={k: round(v, 2) for k, v in stages.items()},
-                       smoke=smoke.summary() if smoke else {}, bench=bench_summary(sweep))
-
-
-def verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> tuple[str, str]:
-    if smoke is not None and not smoke.passed:
-        return "rejected", f"smoke gate: {smoke.verdict.reason}"
-    if sweep is not None and not sweep.valid:
-        bad = [f"{p.scenario} c={p.concurrency}: {'; '.join(p.problems)}" for p in sweep.points if not p.valid]
-        return "rejected", "benchmark invalid: " + "; ".join(bad + sweep.failures)
-    return "candidate", ""
-
-
-def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
-    if sweep is None:
-        return {}
-    return {**sweep.summary(),
-            "points": [{"scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
-                        **p.metrics()} for p in sweep.points],
-            "slo": [s.model_dump() for s in sweep.slo]}
-
-
-def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
-    return {"unit": unit.name, "lane": spec.lane, "variant": unit.variant.model_dump(mode="json"),
-            "profile": unit.profile.model_dump(mode="json"), "target": unit.target.model_dump(mode="json"),
-            "lane_options": spec.lane_options.given(), "toolchain": spec.toolchain.model_dump(mode="json")}
+    return built_outcome(unit, published.manifest, published.uri, run_id, stages)

@@ -7,44 +7,24 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.errors import StoreError
 from enginefoundry.manifest import Manifest
-from enginefoundry.publish import PublishResult, check_hit, find_current, publish_build
+from enginefoundry.publish import PublishResult, publish_build
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
 
 
-@task(name="check cache", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def find_published(spec: BuildSpec, key: str, rehash: bool = False) -> Manifest | None:
-    """The current build's manifest when it can be trusted as a cache hit (self-consistent, every file present
-    with its size; with `rehash` every sha256 too); None for a miss or a refused hit (it is rebuilt)."""
-    log = progress_logger()
-    store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    try:
-        build = find_current(store, spec.model.name, key)
-    except StoreError as err:
-        log(f"cache: {key[:12]}: refused ({err}); rebuilding")
-        return None
-    if build is None:
-        return None
-    problems = check_hit(store, build, rehash=rehash)
-    if problems:
-        log(f"cache: {key[:12]}: build {build.build_id} refused: " + "; ".join(p.line() for p in problems[:5])
-            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") + "; rebuilding")
-        return None
-    return build.manifest
-
-
 @task(name="publish unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def publish_unit(spec: BuildSpec, manifest_fields: dict, folders: dict[str, str], replace: bool = False
-                 ) -> PublishResult:
-    """`manifest_fields` is everything but `files` and `build_id`; the file list comes from the upload itself.
-    `replace` (a --force rebuild) makes this build current even when another build of the key is."""
+def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], replace: bool = False) -> PublishResult:
+    """`draft` is the manifest without `files` and `build_id`: the file list comes from the upload itself, the
+    build id from the store. `replace` (a --force rebuild) makes this new build current even when another build
+    of the key is; the earlier build stays in the store, verifiable. Without it a healthy build that another run
+    made current first is adopted."""
     log = progress_logger()
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
-    result = publish_build(store, spec.model.name, manifest_fields, {k: Path(v) for k, v in folders.items()},
+    fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
+    result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},
                            progress=log, replace=replace)
     if result.created:
         log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "

@@ -25,6 +25,7 @@ COMMANDS = (
     "enginefoundry.cli.build",
     "enginefoundry.cli.registry",
     "enginefoundry.cli.lengths",
+    "enginefoundry.cli.leases",
     "enginefoundry.cli.store",
     "enginefoundry.cli.completion",
     "enginefoundry.cli.automations",

@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     destination_flags(run)
     run.add_argument("--mode", choices=("embedded", "cluster"), default="embedded",
                      help="cluster: each unit on its target's Prefect work pool (needs PREFECT_API_URL)")
+    run.add_argument("--wait-for-tracking", action="store_true",
+                     help="when every unit is a cache hit, record the hits in MLflow before exiting "
+                          "(default: a background process records them)")
     run.set_defaults(handler=cmd_run)
 
     val = sub.add_parser("validate", help="check a spec, its inputs and every unit's preflight; nothing runs or "
@@ -67,14 +70,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
     for row in dest.rows():
         console.print(f"{row['setting']}: {row['value']} (from {row['from']})", markup=False)
-    quiet_prefect_defaults()
-    from enginefoundry.flows.build_engines import build_engines, spec_payload
+    summary, tracking_note = None, ""
+    if not args.force:
+        # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
+        from enginefoundry import noop_run
+        from enginefoundry.console import say
 
-    # The effective destinations travel as the flow's override parameters: they outrank the environment the
-    # flow reads again (the same one here, a worker's in cluster mode).
-    summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
-                            mode=args.mode, store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                            s3_endpoint_url=spec.publish.s3_endpoint_url, verify_hits=args.verify_hits)
+        hits = noop_run.decide_all_hits(spec, args.targets, progress=say, rehash=args.verify_hits)
+        if hits is not None and args.wait_for_tracking:
+            summary = noop_run.record_all_hits(spec, hits)
+        elif hits is not None:
+            pid, log = noop_run.record_in_background(spec, hits)
+            summary = noop_run.summary_of(spec, hits)
+            tracking_note = (f"MLflow: {len(hits.units)} cache hit(s) being recorded in {spec.tracking.mlflow_uri} "
+                             f"by a background process (pid {pid}, log {log})")
+    if summary is None:
+        from enginefoundry.noop_run import flush_pending
+
+        flush_pending()  # hits an earlier recorder could not record
+        quiet_prefect_defaults()
+        from enginefoundry.flows.build_engines import build_engines, spec_payload
+
+        # The effective destinations travel as the flow's override parameters: they outrank the environment the
+        # flow reads again (the same one here, a worker's in cluster mode).
+        summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
+                                mode=args.mode, validated=True, verify_hits=args.verify_hits,
+                                store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                                s3_endpoint_url=spec.publish.s3_endpoint_url)
     if wants_json(args):
         emit_json({"ok": summary.ok, "destinations": dest, **summary.model_dump(mode="json")})
         return EXIT_OK if summary.ok else EXIT_PIPELINE
@@ -88,7 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for o in summary.outcomes:
         if o.manifest_uri:
             console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)
-    console.print(f"MLflow parent run {summary.parent_run_id} in {spec.tracking.mlflow_uri}", markup=False)
+    console.print(tracking_note or f"MLflow parent run {summary.parent_run_id} in {spec.tracking.mlflow_uri}",
+                  markup=False)
     return EXIT_OK if summary.ok else EXIT_PIPELINE
 
 

@@ -72,7 +72,9 @@ def json_mode(enabled: bool) -> Iterator[None]:
         return
     from enginefoundry.console import console
 
-    real, previous_file = sys.stdout, console.file
+    # Rich's `console.file` reads as the current sys.stdout when none was set: keep the unset state (None), so a
+    # later command in this process (tests) does not write to a stream that was captured here and closed since.
+    real, previous_file = sys.stdout, console._file
     _JSON_STREAM.append(real)
     console.file = sys.stderr
     try:

@@ -45,15 +45,18 @@ class ReferenceLane(Lane):
         return problems
 
     def versions(self) -> dict[str, str]:
+        """From the installed distributions' metadata, without importing torch (seconds): a run whose units
+        are all published decides that before any model tooling loads. The metadata version is the one
+        `torch.__version__` and `transformers.__version__` report (both are generated from it at build)."""
+        from importlib.metadata import PackageNotFoundError, version
+
         try:
-            import torch
-            import transformers
-        except ImportError as err:
+            return {"torch": version("torch").split("+")[0], "transformers": version("transformers")}
+        except PackageNotFoundError as err:
             raise ToolError(
                 f"the reference lane needs torch and transformers ({err.name} is missing): "
                 "pip install -e '.[reference]'"
             ) from None
-        return {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__}
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
         """Cast to the variant's dtype, one tensor at a time (enginefoundry/checkpoint_cast.py): peak memory is

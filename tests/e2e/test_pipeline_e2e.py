@@ -105,7 +105,7 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     assert "reports/manifest.json" in artifacts and "reports/smoke.json" in artifacts
 
     # A second run of the same spec is all cache hits and points at the run that built the unit.
-    second = _run_cli(["run", str(spec)], run_env)
+    second = _run_cli(["run", str(spec), "--wait-for-tracking"], run_env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "cache hit" in second.stdout
     runs = client.search_runs([exp.experiment_id], filter_string="tags.`enginefoundry.cache_hit` = 'true'")

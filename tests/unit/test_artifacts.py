@@ -10,11 +10,9 @@ import pytest
 
 from enginefoundry.explain import diff_components
 from enginefoundry.identity import canonical_json, sha256_file
-from enginefoundry.lease import lease_key, release, try_acquire, wait_for
 from enginefoundry.manifest import SCHEMA_PATH, Manifest, generated_schema, validate_against_schema
 from enginefoundry.plan import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.spec import load_spec
-from enginefoundry.store import FileStore
 from tests.support.paths import REPO
 
 
@@ -65,27 +63,6 @@ def test_sha256_streams_large_files(tmp_path: Path):
     import hashlib
 
     assert sha256_file(f) == hashlib.sha256(f.read_bytes()).hexdigest()
-
-
-def test_lease_one_holder_waiter_sees_manifest_and_stale_lease_is_broken(tmp_path: Path):
-    store = FileStore(f"file://{tmp_path}")
-    lk = lease_key("m", "k")
-    first = try_acquire(store, lk, "a")
-    assert first is not None and try_acquire(store, lk, "b") is None
-
-    notes: list[str] = []
-
-    def holder_publishes_while_waited_for(note: str) -> None:  # the waiter is waiting: the holder finishes now
-        notes.append(note)
-        store.create_if_absent("done.json", b"{}")
-        release(store, first)
-
-    assert wait_for(store, "done.json", lk, timeout_s=10, poll_s=0.01, progress=holder_publishes_while_waited_for)
-    assert notes == ["another run (a) is building this unit; waiting for its manifest"]
-    assert not store.exists(lk)
-    stale = try_acquire(store, lk, "c", ttl_s=-1)  # already expired: its holder "died"
-    assert stale is not None
-    assert try_acquire(store, lk, "d") is not None  # broken and retaken
 
 
 def test_best_profile_per_target_is_chosen_on_slo_throughput():
