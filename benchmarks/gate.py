@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import gate_models  # noqa: E402
 
 from enginefoundry.lanes.base import Command, ServeCommand  # noqa: E402
-from enginefoundry.serving import free_port, serving  # noqa: E402
+from enginefoundry.model_server import free_port, serving  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
 from enginefoundry.smoke.reference import load_or_compute_reference  # noqa: E402
 

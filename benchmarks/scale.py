@@ -60,7 +60,7 @@ elif stage == "convert":
     r = cast_checkpoint(Path(args["src"]), Path(args["dest"]), args["dtype"])
     out["bytes_linked"], out["bytes_cast"] = r.bytes_linked, r.bytes_written
 elif stage == "publish":
-    from enginefoundry.plan import key_of
+    from enginefoundry.units import key_of
     from enginefoundry.publish import publish_checkpoint
     from enginefoundry.store import open_store
     store = open_store(args["store"])

@@ -45,7 +45,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from enginefoundry.identity import sha256_file  # noqa: E402
-from enginefoundry.plan import key_of  # noqa: E402
 from enginefoundry.publish import (  # noqa: E402
     check_hit,
     find_checkpoint_build,
@@ -54,6 +53,7 @@ from enginefoundry.publish import (  # noqa: E402
     publish_checkpoint,
 )
 from enginefoundry.store import blob_key, link_or_copy, open_store  # noqa: E402
+from enginefoundry.units import key_of  # noqa: E402
 
 SHARDS = 4
 QUIET = {"progress": lambda _: None}

@@ -24,10 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from enginefoundry.errors import PipelineError, StoreError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lease import DEFAULT_TTL_S, HeldLease, lease_key, new_owner, try_acquire, wait_for
-from enginefoundry.plan import Unit, key_of, toolchain_identity, unit_key_components
 from enginefoundry.publish import PublishedBuild, check_hit, find_current
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import Store
+from enginefoundry.units import Unit, key_of, toolchain_identity, unit_key_components
 
 # How long a run waits for another live run that builds the same key (its lease is renewed meanwhile).
 WAIT_FOR_OTHER_RUN_S = float(os.environ.get("EF_LEASE_WAIT_S", 6 * 3600))

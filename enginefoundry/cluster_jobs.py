@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from enginefoundry.errors import InputError
 from enginefoundry.gpu_targets import gpu_target
-from enginefoundry.plan import Unit
 from enginefoundry.spec import BuildSpec
+from enginefoundry.units import Unit
 
 # Environment variable → Prefect Secret block holding its value. A unit job gets the ones whose block exists
 # (`prefect block create secret` or `Secret(value=…).save("enginefoundry-hf-token")`); the worker resolves the

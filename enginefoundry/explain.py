@@ -9,11 +9,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from enginefoundry.lanes import get_lane
-from enginefoundry.plan import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.publish import find_current, is_published
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import Store
+from enginefoundry.units import expand_units, key_of, toolchain_identity, unit_key_components
 
 
 class UnitExplanation(BaseModel):

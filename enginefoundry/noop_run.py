@@ -30,12 +30,12 @@ from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.cache_plan import find_hit, unit_keys
-from enginefoundry.pipeline import RunSummary, work_root
-from enginefoundry.plan import Unit, expand_units
 from enginefoundry.publish import PublishedBuild
+from enginefoundry.run_summary import RunSummary, work_root
 from enginefoundry.sources import SourceSnapshot, fetch
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.store import open_store
+from enginefoundry.units import Unit, expand_units
 
 
 class AllHits(BaseModel):

@@ -12,13 +12,13 @@ from pydantic import BaseModel
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.manifest import Manifest
-from enginefoundry.pipeline import UnitOutcome
-from enginefoundry.plan import Unit
 from enginefoundry.publish import PublishedBuild
+from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
+from enginefoundry.units import Unit
 
 
 class UnitVerdict(BaseModel):

@@ -27,9 +27,9 @@ from pydantic import BaseModel, Field
 from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu import GPUInfo, match_target
 from enginefoundry.lanes.registry import get_lane
-from enginefoundry.plan import Unit
 from enginefoundry.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
 from enginefoundry.spec import Arch, BuildSpec, Precision, Target
+from enginefoundry.units import Unit
 
 GIB = 1024**3
 

@@ -19,8 +19,8 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError
 from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.manifest import Manifest
-from enginefoundry.plan import Unit, expand_units
 from enginefoundry.spec import BuildSpec
+from enginefoundry.units import Unit, expand_units
 
 ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
 HISTORY_TAG = mltags.CHAMPION_HISTORY  # registered-model tag: comma-separated champion versions
@@ -356,7 +356,7 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
         return held.model_copy(update={"reasons": [*notes, *reasons]})
     move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
     serving = None
-    from enginefoundry.serving_outputs import SERVE_SH
+    from enginefoundry.serve_files import SERVE_SH
 
     if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
         # The build to pull (`enginefoundry pull URI DEST`): the store keeps blobs by digest, not the unit folder.

@@ -30,8 +30,8 @@ from pydantic import BaseModel, Field, ValidationError
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.identity import list_files
 from enginefoundry.manifest import FileEntry, Manifest, validate_against_schema
-from enginefoundry.plan import key_of
 from enginefoundry.store import Store, blob_key, relative_posix, store_key
+from enginefoundry.units import key_of
 
 LEGACY_BUILD = "legacy"
 Layout = Literal["cas", "legacy"]

@@ -15,10 +15,10 @@ from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.manifest import Manifest
-from enginefoundry.plan import Unit
 from enginefoundry.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tracking import Tracker, register_unit
+from enginefoundry.units import Unit
 
 MANIFEST_URI_TAG = mltags.MANIFEST_URI
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.outcomes import hit_outcome, hit_run_tags, unit_params
-from enginefoundry.pipeline import RunSummary, UnitOutcome
-from enginefoundry.plan import Unit
 from enginefoundry.publish import PublishedBuild
 from enginefoundry.registration import candidate_alias_of, ensure_registered, version_tags
+from enginefoundry.run_summary import RunSummary, UnitOutcome
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tracking import Tracker, project_git_commit, redact
+from enginefoundry.units import Unit
 
 
 def tracker_for(spec: BuildSpec) -> Tracker:

@@ -56,7 +56,7 @@ def validate_file(path: str | Path, only_targets: list[str] | None = None) -> Bu
         problems.append((field, f"'{spec.registered_model_name}' is not a valid MLflow registered-model name "
                                 "(no '/', ':' or '%'); set tracking.registered_model, e.g. "
                                 f"{re.sub(r'[/:%]', '-', spec.registered_model_name)}"))
-    from enginefoundry.planning import plan_report
+    from enginefoundry.plan_report import plan_report
 
     report = plan_report(spec, only_targets)
     for unit_name, verdict in report.preflight.items():

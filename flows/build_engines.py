@@ -27,9 +27,8 @@ from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.outcomes import duplicate_outcome
-from enginefoundry.pipeline import RunSummary, UnitOutcome, work_root
-from enginefoundry.plan import Unit, expand_units
 from enginefoundry.run_records import run_metrics
+from enginefoundry.run_summary import RunSummary, UnitOutcome, work_root
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
 from enginefoundry.tasks._log import progress_logger
@@ -42,6 +41,7 @@ from enginefoundry.tasks.track import (
     record_cache_hit,
     start_parent_run,
 )
+from enginefoundry.units import Unit, expand_units
 from enginefoundry.validate import validate_deep
 
 Mode = Literal["embedded", "cluster"]

@@ -19,14 +19,14 @@ from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.dispatch import SourceIdentity, save_outcome
 from enginefoundry.flows.unit import run_unit_stages
 from enginefoundry.lanes import get_lane
-from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.placement import check_placement
-from enginefoundry.plan import Unit, expand_units
+from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.convert import convert_variant
 from enginefoundry.tasks.fetch import fetch_source
+from enginefoundry.units import Unit, expand_units
 
 
 @task(name="check placement", task_run_name="check placement of {unit.name}", cache_policy=NO_CACHE)

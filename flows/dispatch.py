@@ -24,12 +24,12 @@ from pydantic import BaseModel, Field
 
 from enginefoundry.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
 from enginefoundry.errors import StoreError
-from enginefoundry.pipeline import UnitOutcome
-from enginefoundry.plan import Unit
+from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.settings import EnvSettings
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store import Store
+from enginefoundry.units import Unit
 
 UNIT_FLOW = "build-unit"
 # A unit that no worker picked up, or that runs longer than EF_UNIT_TIMEOUT_S (enginefoundry.settings), counts

@@ -10,9 +10,9 @@ import re
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from enginefoundry.pipeline import RunSummary, best_profiles
-from enginefoundry.plan import Unit
+from enginefoundry.run_summary import RunSummary, best_profiles
 from enginefoundry.spec import BuildSpec
+from enginefoundry.units import Unit
 
 
 def artifact_key(what: str, spec_name: str) -> str:

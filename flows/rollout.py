@@ -19,7 +19,7 @@ from enginefoundry.errors import InputError
 from enginefoundry.flows.build_engines import Mode, build_engines, flow_spec, input_failure, spec_label, spec_payload
 from enginefoundry.flows.reports import report_markdown, report_table
 from enginefoundry.promotion import PromotionPolicy
-from enginefoundry.rollout import RolloutReport
+from enginefoundry.source_change import RolloutReport
 from enginefoundry.tasks.promote import detect_source_change, promote_units
 
 

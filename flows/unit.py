@@ -26,8 +26,7 @@ from enginefoundry.outcomes import (
     unit_metrics,
     unit_params,
 )
-from enginefoundry.pipeline import UnitOutcome, work_root
-from enginefoundry.plan import Unit, key_of
+from enginefoundry.run_summary import UnitOutcome, work_root
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
@@ -37,7 +36,7 @@ from enginefoundry.tasks.convert import ConvertedCheckpoint
 from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
-from enginefoundry.tasks.serving_outputs import write_serving
+from enginefoundry.tasks.serve_files import write_serving
 from enginefoundry.tasks.smoke import smoke_test
 from enginefoundry.tasks.track import (
     mlflow_run_link,
@@ -46,6 +45,7 @@ from enginefoundry.tasks.track import (
     register_published_unit,
     start_unit_run,
 )
+from enginefoundry.units import Unit, key_of
 
 
 @flow(name="unit-in-process")

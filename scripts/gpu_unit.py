@@ -18,12 +18,12 @@ from pathlib import Path
 
 from enginefoundry.gpu import detect_gpus, match_target
 from enginefoundry.lanes.reference import ReferenceLane
-from enginefoundry.plan import expand_units
-from enginefoundry.planning import model_config_for
+from enginefoundry.model_server import free_port, serving
+from enginefoundry.plan_report import model_config_for
 from enginefoundry.preflight import preflight
-from enginefoundry.serving import free_port, serving
 from enginefoundry.smoke import load_prompt_set, run_smoke
 from enginefoundry.spec import load_spec
+from enginefoundry.units import expand_units
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
-from enginefoundry.serving import Endpoint, is_alive
+from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 

@@ -9,10 +9,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.lanes import BuildResult, get_lane
-from enginefoundry.pipeline import work_root
-from enginefoundry.plan import Unit
+from enginefoundry.run_summary import work_root
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.units import Unit
 
 
 @task(name="build unit", task_run_name="build {unit.name}", cache_policy=NO_CACHE)

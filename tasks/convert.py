@@ -16,13 +16,13 @@ from pydantic import BaseModel
 
 from enginefoundry.errors import StoreError
 from enginefoundry.lanes import ConvertResult, get_lane
-from enginefoundry.pipeline import work_root
-from enginefoundry.plan import checkpoint_key_components, key_of, toolchain_identity
 from enginefoundry.publish import check_hit, find_checkpoint_build, manifests_prefix, publish_checkpoint
+from enginefoundry.run_summary import work_root
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.store import Store, open_store
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.units import checkpoint_key_components, key_of, toolchain_identity
 from enginefoundry.verify import pull
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.pipeline import UnitOutcome
 from enginefoundry.promotion import Decision, PromotionPolicy, Registry, decide_promotions
-from enginefoundry.rollout import ChangeReport, detect_change
+from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.source_change import ChangeReport, detect_change
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES

@@ -8,7 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.lanes import get_lane
-from enginefoundry.serving import Endpoint, free_port, start_server, stop_server
+from enginefoundry.model_server import Endpoint, free_port, start_server, stop_server
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 

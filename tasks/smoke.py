@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.serving import Endpoint, is_alive
+from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store

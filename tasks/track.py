@@ -11,8 +11,6 @@ from prefect.cache_policies import NO_CACHE
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.manifest import Manifest
-from enginefoundry.pipeline import UnitOutcome
-from enginefoundry.plan import Unit
 from enginefoundry.publish import PublishedBuild
 from enginefoundry.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.run_records import (
@@ -23,9 +21,11 @@ from enginefoundry.run_records import (
     start_parent,
     tracker_for,
 )
+from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._retry import NETWORK_RETRIES
 from enginefoundry.tracking import Tracker, project_git_commit
+from enginefoundry.units import Unit
 
 
 def prefect_context() -> dict[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.serving import free_port
+from enginefoundry.model_server import free_port
 from tests.support.cluster import cluster_fixture, prefect_fixture  # noqa: F401  (session fixtures of the cluster)
 from tests.support.paths import STACK_SCRIPT
 

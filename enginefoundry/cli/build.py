@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec, dest = load(args.spec, args)
     validate_deep(spec)  # every input problem before Prefect, downloads or servers start
-    from enginefoundry.planning import refuse_on_preflight
+    from enginefoundry.plan_report import refuse_on_preflight
     from enginefoundry.sources import probe
 
     refuse_on_preflight(spec, args.targets)
@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
     if any(o.bench.get("slo") for o in summary.outcomes):
-        from enginefoundry.pipeline import best_profiles
+        from enginefoundry.run_summary import best_profiles
 
         table("best profile per target (within the benchmark SLOs)", best_profiles(summary.outcomes))
     for o in summary.outcomes:
@@ -116,8 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from enginefoundry.plan import expand_units
     from enginefoundry.settings import effective_spec
+    from enginefoundry.units import expand_units
     from enginefoundry.validate import validate_file
 
     spec, dest = effective_spec(validate_file(args.spec, args.targets), store=args.store,
@@ -132,7 +132,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from enginefoundry.planning import plan_report
+    from enginefoundry.plan_report import plan_report
 
     spec, _ = load(args.spec)
     report = plan_report(spec, args.targets)

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.plan import Unit
 from enginefoundry.spec import BuildSpec, Variant
+from enginefoundry.units import Unit
 
 
 class Command(BaseModel):

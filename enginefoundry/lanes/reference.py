@@ -15,10 +15,10 @@ from pathlib import Path
 from enginefoundry.devices import host_facts, torch_device_facts
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
-from enginefoundry.plan import Unit
 from enginefoundry.precisions import TORCH_DTYPE
 from enginefoundry.spec import Arch, BuildSpec, Variant
 from enginefoundry.store import link_or_copy
+from enginefoundry.units import Unit
 
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"

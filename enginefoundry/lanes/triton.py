@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import FILL, LAUNCH_TRITON, TRITON_TEMPLATE_KEYS, arg
-from enginefoundry.plan import Unit
 from enginefoundry.runner import run_tool
+from enginefoundry.units import Unit
 
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 TEMPLATES = Path("all_models") / "inflight_batcher_llm"

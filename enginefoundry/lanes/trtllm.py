@@ -48,11 +48,11 @@ from enginefoundry.lanes.trtllm_flags import (
     unknown_llm_api_keys,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.plan import Unit
 from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
 from enginefoundry.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
+from enginefoundry.units import Unit
 
 RUNTIME_CONFIG = "llm_api_options.yaml"
 AUTOTUNER_CACHE = "autotuner.cache"

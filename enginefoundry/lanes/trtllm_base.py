@@ -20,7 +20,6 @@ from enginefoundry.lanes.trtllm_flags import (
     unsupported_env,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.plan import Unit
 from enginefoundry.preflight import Check
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
 from enginefoundry.toolchain import (
@@ -33,6 +32,7 @@ from enginefoundry.toolchain import (
     probe_surface,
     require_trtllm,
 )
+from enginefoundry.units import Unit
 
 BUNDLE_INFO = "bundle.json"
 BUNDLE_FORMAT = 1

@@ -42,12 +42,12 @@ from enginefoundry.lanes.trtllm_flags import (
     serve_backend_value,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.plan import Unit
 from enginefoundry.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
 from enginefoundry.preflight import Check, read_model_config
 from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
 from enginefoundry.toolchain import ToolHelp, ToolSurface, check_against_surface
+from enginefoundry.units import Unit
 
 CONVERT_TIMEOUT_S = 6 * 3600.0
 BUILD_TIMEOUT_S = 4 * 3600.0  # 30–90 min for 70B (facts §12), with room for a slow host

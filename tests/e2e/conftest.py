@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from enginefoundry.lanes.reference import ReferenceLane
-from enginefoundry.serving import Endpoint, free_port, serving
+from enginefoundry.model_server import Endpoint, free_port, serving
 from tests.support.bundle import build_tiny_bundle
 
 

@@ -18,7 +18,7 @@ from enginefoundry.bench import SweepReport, compare_with_baselines, discover_mo
 from enginefoundry.bench.aiperf import aiperf_benchmark_ids
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.reference import ReferenceLane
-from enginefoundry.serving import Endpoint, free_port, is_alive, serving
+from enginefoundry.model_server import Endpoint, free_port, is_alive, serving
 from enginefoundry.spec import BenchmarkSpec
 
 SPEC = BenchmarkSpec(

@@ -77,7 +77,7 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
         assert child["work_pool_name"] == pool
         assert child["labels"]["prefect.worker.name"] == cluster.workers[pool]
         assert child["parameters"]["source"]["revision"] == sha  # identity travels, weights do not
-        assert set(child["parameters"]) == {"spec", "unit", "key_components", "source", "parent_run_id"}
+        assert set(child["parameters"]) == {"spec", "unit", "key_components", "source", "parent_run_id", "replace"}
         assert len(json.dumps(child["parameters"])) < 64_000
 
     # The parent saw every result: its summary table lists both units as candidates.

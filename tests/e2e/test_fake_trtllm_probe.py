@@ -13,9 +13,9 @@ import yaml
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.trtllm import TrtllmLane
 from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane
-from enginefoundry.plan import expand_units
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.toolchain import ToolSurface, UnsupportedByRelease
+from enginefoundry.units import expand_units
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

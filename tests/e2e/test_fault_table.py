@@ -76,9 +76,7 @@ def row(tmp_path: Path, unique: str) -> Row:
            "EF_CACHE_DIR": str(tmp_path / "cache"), "PREFECT_HOME": str(tmp_path / "prefect"),
            "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
            # A loaded CI host starts the temporary Prefect server slowly; its default wait is 20 s.
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
-           # Leases that expire in seconds stand in for the heartbeat leases of issue 9 item 4.
-           "EF_LEASE_TTL_S": os.environ.get("EF_FAULT_LEASE_TTL_S", "30")}
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
     return Row(tmp=tmp_path, marker=marker, spec=_write_spec(tmp_path), env=env)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.reference import BUNDLE_MODEL_DIR, ReferenceLane
-from enginefoundry.serving import Endpoint, free_port, is_alive, serving
+from enginefoundry.model_server import Endpoint, free_port, is_alive, serving
 from enginefoundry.smoke import SmokeReport, load_prompt_set, run_smoke, write_report
 from enginefoundry.smoke.lm_eval import LmEvalConfig, lm_eval_version, run_lm_eval
 from enginefoundry.spec import load_spec

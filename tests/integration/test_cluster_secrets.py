@@ -12,8 +12,8 @@ import pytest
 
 from enginefoundry.cluster_jobs import secret_env_map, unit_job_variables
 from enginefoundry.flows.dispatch import existing_secret_blocks
-from enginefoundry.plan import expand_units
 from enginefoundry.spec import parse_spec
+from enginefoundry.units import expand_units
 from tests.support.paths import REPO
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ SERVER = """
 import sys
 from pathlib import Path
 from enginefoundry.lanes.base import Command, ServeCommand
-from enginefoundry.serving import free_port, start_server
+from enginefoundry.model_server import free_port, start_server
 port = free_port()
 code = (
     "import subprocess, sys, http.server as h\\n"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from enginefoundry.errors import StoreError
-from enginefoundry.plan import key_of
+from enginefoundry.model_server import free_port
 from enginefoundry.publish import find_current, pointer_key, publish_build
-from enginefoundry.serving import free_port
 from enginefoundry.store import S3Store
+from enginefoundry.units import key_of
 from tests.support.paths import REPO
 
 STACK = [sys.executable, str(REPO / "scripts" / "stack.py")]

@@ -9,11 +9,11 @@ import pytest
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.manifest import Manifest
-from enginefoundry.plan import expand_units
 from enginefoundry.publish import PublishedBuild, build_manifest_key
 from enginefoundry.registration import candidate_alias_of, ensure_registered, find_registered, version_tags
 from enginefoundry.run_records import record_hit, start_parent, tracker_for
 from enginefoundry.spec import load_spec
+from enginefoundry.units import expand_units
 
 pytestmark = pytest.mark.services
 REPO = Path(__file__).resolve().parents[2]

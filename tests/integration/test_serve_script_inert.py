@@ -17,7 +17,7 @@ import pytest
 
 from enginefoundry.lanes import get_lane
 from enginefoundry.permissions import current_umask
-from enginefoundry.serving_outputs import SERVE_SH, SERVE_YAML, ServingPlan, serving_plan, write_serving_files
+from enginefoundry.serve_files import SERVE_SH, SERVE_YAML, ServingPlan, serving_plan, write_serving_files
 
 # Each would create PWNED (or print) if a shell ever evaluated it.
 HOSTILE = [

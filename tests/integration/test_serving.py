@@ -11,8 +11,8 @@ import pytest
 
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command, ServeCommand
+from enginefoundry.model_server import free_port, serving, start_server
 from enginefoundry.runner import run_tool
-from enginefoundry.serving import free_port, serving, start_server
 
 # A server that answers /health and spawns a grandchild, so a process-group kill can be checked.
 SERVER = r"""

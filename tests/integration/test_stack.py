@@ -17,7 +17,7 @@ boto3 = pytest.importorskip("boto3")
 from botocore.config import Config  # noqa: E402  (after the importorskip on purpose)
 from botocore.exceptions import ClientError  # noqa: E402
 
-from enginefoundry.serving import free_port  # noqa: E402
+from enginefoundry.model_server import free_port  # noqa: E402
 from tests.support.paths import STACK_SCRIPT  # noqa: E402
 
 STACK = STACK_SCRIPT

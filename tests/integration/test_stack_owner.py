@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from enginefoundry.serving import free_port
+from enginefoundry.model_server import free_port
 from tests.support.paths import STACK_SCRIPT
 
 

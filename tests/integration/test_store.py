@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from enginefoundry.errors import StoreError
-from enginefoundry.plan import key_of
 from enginefoundry.publish import find_current, publish_build, upload_folders
 from enginefoundry.store import PART_SIZE, FileStore, S3Store, blob_key, current_umask, open_store
+from enginefoundry.units import key_of
 from enginefoundry.verify import pull
 
 

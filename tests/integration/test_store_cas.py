@@ -14,7 +14,6 @@ from enginefoundry.cli import main
 from enginefoundry.errors import StoreError
 from enginefoundry.lineage import lineage
 from enginefoundry.manifest import FileEntry, Manifest
-from enginefoundry.plan import key_of
 from enginefoundry.publish import (
     check_hit,
     find_checkpoint_build,
@@ -24,6 +23,7 @@ from enginefoundry.publish import (
     publish_checkpoint,
 )
 from enginefoundry.store import FileStore, S3Store, Store, blob_key, current_umask
+from enginefoundry.units import key_of
 from enginefoundry.verify import last_verified, pull, verify_build
 
 QUIET = {"progress": lambda _: None}

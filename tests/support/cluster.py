@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from enginefoundry.gpu_targets import pools
-from enginefoundry.serving import free_port
+from enginefoundry.model_server import free_port
 from tests.support.paths import REPO, STACK_SCRIPT, TINY_MODEL, TINY_PROMPTS
 
 STACK = STACK_SCRIPT

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from enginefoundry.lanes import get_lane
-from enginefoundry.plan import Unit, expand_units
 from enginefoundry.preflight import preflight
 from enginefoundry.spec import BuildSpec, parse_spec
+from enginefoundry.units import Unit, expand_units
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -25,10 +25,10 @@ from enginefoundry.lease import (
     try_acquire,
     wait_for,
 )
-from enginefoundry.plan import expand_units, key_of
 from enginefoundry.publish import build_manifest_key, pointer_key, publish_build
 from enginefoundry.spec import load_spec
 from enginefoundry.store import FileStore
+from enginefoundry.units import expand_units, key_of
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,10 +13,10 @@ import yaml
 
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm_flags import unsupported_env
-from enginefoundry.plan import expand_units
 from enginefoundry.preflight import preflight
 from enginefoundry.spec import KVCacheDtype, Precision, parse_spec
 from enginefoundry.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
+from enginefoundry.units import expand_units
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -8,7 +8,6 @@ import pytest
 
 from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu import parse_nvml_json, parse_smi_csv
-from enginefoundry.plan import Unit, expand_units
 from enginefoundry.preflight import (
     GIB,
     OVERSUBSCRIPTION_LIMIT,
@@ -19,6 +18,7 @@ from enginefoundry.preflight import (
     preflight,
 )
 from enginefoundry.spec import BuildSpec, Profile, Target, Variant, load_spec
+from enginefoundry.units import Unit, expand_units
 from tests.support.paths import CONFIGS, FIXTURES, REPO
 
 ROOT = REPO

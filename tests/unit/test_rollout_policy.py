@@ -15,8 +15,8 @@ from enginefoundry.lanes import get_lane
 from enginefoundry.manifest import Manifest
 from enginefoundry.placement import check_placement
 from enginefoundry.promotion import PromotionPolicy, Registry, compare
-from enginefoundry.rollout import SourceState, differs
-from enginefoundry.serving_outputs import serve_script, serving_plan, write_serving_files
+from enginefoundry.serve_files import serve_script, serving_plan, write_serving_files
+from enginefoundry.source_change import SourceState, differs
 from enginefoundry.spec import SourceKind, Target
 
 

@@ -48,9 +48,9 @@ from enginefoundry.lanes.trtllm_flags import (
     flag,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.plan import Unit, expand_units
 from enginefoundry.spec import BuildSpec, Variant, load_spec
 from enginefoundry.toolchain import ToolchainInfo
+from enginefoundry.units import Unit, expand_units
 from tests.support.paths import CONFIGS, REPO, TINY_MODEL
 from tests.support.trtllm_facts import FACTS_BUILD_FLAGS, FACTS_CONVERT_FLAGS, FACTS_SERVE_FLAGS
 

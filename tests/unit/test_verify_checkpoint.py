@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginefoundry.plan import key_of
 from enginefoundry.publish import publish_checkpoint
 from enginefoundry.store import open_store
+from enginefoundry.units import key_of
 from enginefoundry.verify import open_build, verify_build
 from tests.support.paths import TINY_MODEL
 

@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from enginefoundry.lanes import get_lane
-from enginefoundry.plan import expand_units
 from enginefoundry.preflight import PreflightReport, format_estimates, preflight
 from enginefoundry.spec import BuildSpec, SourceKind
+from enginefoundry.units import expand_units
 
 # Known model configs, so the VRAM estimates work before anything is downloaded.
 KNOWN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "model-configs"

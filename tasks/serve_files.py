@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.lanes import get_lane
 from enginefoundry.publish import manifests_prefix
-from enginefoundry.serving_outputs import serving_plan, write_serving_files
+from enginefoundry.serve_files import serving_plan, write_serving_files
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
