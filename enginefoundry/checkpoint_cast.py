@@ -60,12 +60,16 @@ def needs_cast(header: dict[str, dict], target: str) -> bool:
 
 def cast_file(src: Path, dest: Path, target: str) -> int:
     """Write `src` with every floating tensor cast to `target` (a safetensors dtype name); return the largest
-    chunk written in bytes (the peak memory this needed beyond the interpreter: rows of one tensor)."""
-    import torch
-    from safetensors import safe_open
+    chunk written in bytes (the peak memory this needed beyond the interpreter: rows of one tensor).
 
-    torch_dtype = {v: getattr(torch, k) for k, v in TORCH_TO_SAFETENSORS.items()}[target]
-    header, _ = read_header(src)
+    Bytes are read with plain reads at the header's offsets, not through a memory map: mapped pages of a
+    multi-GB shard would count as resident memory of this process however little it holds at once."""
+    import torch
+
+    torch_dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                    "U8": torch.uint8, "BOOL": torch.bool}
+    header, data_start = read_header(src)
     out_header: dict[str, dict] = {}
     if "__metadata__" in header:
         out_header["__metadata__"] = header["__metadata__"]
@@ -85,29 +89,37 @@ def cast_file(src: Path, dest: Path, target: str) -> int:
     tmp = dest.with_name(f".{dest.name}.partial")
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with tmp.open("wb") as out, safe_open(str(src), framework="pt") as f:
+        with tmp.open("wb") as out, src.open("rb") as f:
             out.write(struct.pack("<Q", len(blob)))
             out.write(blob)
             for name in names:
                 entry = header[name]
                 shape = entry["shape"]
                 cast = entry["dtype"] in FLOAT_DTYPES
-                # Rows at a time (get_slice reads only them): memory stays at CHUNK_BYTES even for a 128k×8k
-                # embedding, whatever the model size.
-                row_bytes = ITEM_SIZE[target if cast else entry["dtype"]]
+                # Rows at a time: memory stays at CHUNK_BYTES even for a 128k × 8k embedding.
+                row_items = 1
                 for dim in shape[1:]:
-                    row_bytes *= dim
-                rows = max(1, CHUNK_BYTES // max(1, row_bytes)) if shape else 1
-                part = f.get_slice(name)
-                for start in range(0, shape[0] if shape else 1, rows):
-                    chunk = part[start:start + rows] if shape else f.get_tensor(name)
+                    row_items *= dim
+                in_row = row_items * ITEM_SIZE[entry["dtype"]]
+                out_row = row_items * ITEM_SIZE[target if cast else entry["dtype"]]
+                n_rows = shape[0] if shape else 1
+                step = max(1, CHUNK_BYTES // max(1, out_row, in_row))
+                begin = data_start + entry["data_offsets"][0]
+                for first in range(0, n_rows, step):
+                    rows = min(step, n_rows - first)
+                    f.seek(begin + first * in_row)
+                    raw = f.read(rows * in_row)
+                    if len(raw) != rows * in_row:
+                        raise InputError(f"{src} is truncated: tensor {name} ends past the file")
+                    if not raw:
+                        continue
+                    chunk = torch.frombuffer(bytearray(raw), dtype=torch_dtypes[entry["dtype"]])
                     if cast:
-                        chunk = chunk.to(torch_dtype)
-                    if chunk.numel():
-                        view = chunk.contiguous().view(torch.uint8).numpy()
-                        largest = max(largest, view.nbytes)
-                        out.write(memoryview(view))
-                    del chunk
+                        chunk = chunk.to(torch_dtypes[target])
+                    view = chunk.view(torch.uint8).numpy()
+                    largest = max(largest, view.nbytes + len(raw))
+                    out.write(memoryview(view))
+                    del raw, chunk, view
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)

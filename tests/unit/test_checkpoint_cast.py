@@ -86,6 +86,6 @@ def test_rows_are_cast_a_chunk_at_a_time(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(cc, "CHUNK_BYTES", 1000)
     report = cast_checkpoint(TINY, tmp_path / "out", "bfloat16")
-    assert report.largest_tensor_bytes <= 1000 + 2 * 64  # one row may exceed a tiny chunk
+    assert report.largest_tensor_bytes <= 2 * 1000  # the rows read plus their cast, one chunk at a time
     ours, source = load_file(tmp_path / "out" / "model.safetensors"), load_file(TINY / "model.safetensors")
     assert all(torch.equal(ours[k], v.to(torch.bfloat16)) for k, v in source.items())
