@@ -70,12 +70,7 @@ def is_transient(err: BaseException) -> bool:
     """True for errors worth a retry (a connection refused or reset, a timeout, HTTP 429/5xx, S3 throttling, an
     unreachable MLflow or hub); False for everything a retry cannot fix (bad input, a failed gate, integrity
     errors). Looks through the chain, since clients wrap what they caught."""
-    seen: list[BaseException] = []
-    cur: BaseException | None = err
-    while cur is not None and cur not in seen and len(seen) < 10:
-        seen.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    for e in seen:
+    for e in exception_chain(err):
         name = type(e).__name__
         if name in _TRANSIENT_TYPES:
             return True
@@ -96,3 +91,13 @@ def is_transient(err: BaseException) -> bool:
         if isinstance(e, StoreError) and any(word in text for word in (*_TRANSIENT_TYPES, *_TRANSIENT_S3_CODES)):
             return True  # the store names the client error it wrapped
     return False
+
+
+def exception_chain(err: BaseException, limit: int = 10) -> list[BaseException]:
+    """The error and what it wraps (`__cause__`, else `__context__`): clients wrap the error they caught."""
+    seen: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in seen and len(seen) < limit:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen

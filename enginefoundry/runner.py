@@ -248,3 +248,14 @@ def run_tool(
     if proc.returncode != 0:
         raise ToolError(f"{what} failed with exit code {proc.returncode}; log {log_path}:\n{tail(log_path)}")
     return run
+
+
+def pid_alive(pid: int) -> bool:
+    """Is a process with this id alive on this host? (A process we may not signal is alive.)"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath, symlinks_leaving
 from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
+from enginefoundry.runner import pid_alive
 from enginefoundry.s3 import s3_client, s3_endpoint
 from enginefoundry.spec import SourceKind, SourceURI
 
@@ -358,21 +359,11 @@ def remove_stale_partials(dest: Path) -> list[Path]:
     removed = []
     for path in dest.parent.glob(f"{dest.name}.partial*"):
         pid = path.name.rpartition("-")[2]
-        if pid.isdigit() and _pid_alive(int(pid)):
+        if pid.isdigit() and pid_alive(int(pid)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from enginefoundry.errors import StoreError
 from enginefoundry.identity import CHUNK
+from enginefoundry.runner import pid_alive
 from enginefoundry.s3 import s3_client, split_s3_uri
 
 PART_SIZE = 16 * 1024 * 1024
@@ -190,16 +191,6 @@ def _sha256_of(path: Path) -> tuple[int, str, os.stat_result]:
 TEMP_DIR = ".tmp"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class FileStore(Store):
     def __init__(self, uri: str) -> None:
         self.root = Path(uri.removeprefix("file://")).expanduser().resolve()
@@ -272,7 +263,7 @@ class FileStore(Store):
             host = socket.gethostname()
             for leftover in tmp_dir.glob(f"{host}.*.partial"):
                 pid = leftover.name[len(host) + 1:].split(".", 1)[0]
-                if pid.isdigit() and not _pid_alive(int(pid)):
+                if pid.isdigit() and not pid_alive(int(pid)):
                     leftover.unlink(missing_ok=True)
             self._swept = True
         return tmp_dir

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError, StoreError
-from enginefoundry.identity import CHUNK
+from enginefoundry.identity import sha256_file
 from enginefoundry.manifest import FileEntry
 from enginefoundry.publish import (
     Problem,
@@ -202,13 +202,13 @@ def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path
     local = dest.joinpath(*entry.path.split("/"))
     mode = file_mode(entry.executable)
     if (local.is_file() and not local.is_symlink() and local.stat().st_size == entry.size
-            and _sha256(local) == entry.sha256):
+            and sha256_file(local) == entry.sha256):
         if local.stat().st_mode & 0o777 != mode:
             os.chmod(local, mode)
         return None
     local.parent.mkdir(parents=True, exist_ok=True)
     okey = build.object_key(entry)
-    if link and (src := store.local_path(okey)) is not None and _sha256(src) == entry.sha256:
+    if link and (src := store.local_path(okey)) is not None and sha256_file(src) == entry.sha256:
         tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.partial")
         try:
             os.link(src, tmp)
@@ -234,14 +234,6 @@ def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path
     finally:
         tmp.unlink(missing_ok=True)
     return size
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pull(store: Store, build: PublishedBuild, dest: Path, workers: int = DEFAULT_WORKERS,

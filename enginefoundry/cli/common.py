@@ -102,12 +102,9 @@ def emit_json(data: Any) -> None:
 def network_hint(err: BaseException) -> str | None:
     """An unreachable endpoint, named with the variable that sets it; None when the error is not one. Walks the
     exception chain: MLflow and boto3 wrap the connection error they got."""
-    seen: list[BaseException] = []
-    cur: BaseException | None = err
-    while cur is not None and cur not in seen and len(seen) < 10:
-        seen.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    for e in seen:
+    from enginefoundry.errors import exception_chain
+
+    for e in exception_chain(err):
         kind = type(e).__name__
         if kind in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
             from urllib.parse import urlsplit
