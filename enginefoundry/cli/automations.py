@@ -37,41 +37,11 @@ def load_automations(path: Path) -> list[dict[str, Any]]:
     return items
 
 
-def create_automations(items: list[dict[str, Any]], block_slug: str) -> list[str]:
-    """Resolve the block, replace automations of the same names; returns the created automation ids."""
-    from prefect.client.orchestration import get_client
-    from prefect.events.schemas.automations import AutomationCore
-    from prefect.exceptions import ObjectNotFound
-    from prefect.utilities.asyncutils import run_coro_as_sync
-
-    block_type, _, block_name = block_slug.partition("/")
-    if not block_type or not block_name:
-        raise InputError(f"--notify {block_slug!r}: give <block-type-slug>/<block-name>, e.g. slack-webhook/ops")
-
-    async def run() -> list[str]:
-        async with get_client() as client:
-            try:
-                block = await client.read_block_document_by_name(block_name, block_type)
-            except ObjectNotFound:
-                raise InputError(f"--notify: no block {block_slug} on {client.api_url}; create it "
-                                 f"(`prefect block create {block_type}`) or pick one of `prefect block ls`") from None
-            created = []
-            for item in items:
-                for action in item.get("actions", []):
-                    if action.get("block_document_id") == PLACEHOLDER:
-                        action["block_document_id"] = str(block.id)
-                automation = AutomationCore.model_validate(item)
-                for old in await client.read_automations_by_name(automation.name):
-                    await client.delete_automation(old.id)
-                created.append(str(await client.create_automation(automation)))
-            return created
-
-    return run_coro_as_sync(run()) or []
-
-
 def cmd_automations(args: argparse.Namespace) -> int:
+    from enginefoundry.flows.automations import create_automations
+
     items = load_automations(Path(args.file))
-    ids = create_automations(items, args.notify)
+    ids = create_automations(items, args.notify, PLACEHOLDER)
     if wants_json(args):
         emit_json({"created": [{"name": i["name"], "id": a} for i, a in zip(items, ids, strict=True)]})
         return EXIT_OK
