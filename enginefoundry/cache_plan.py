@@ -14,7 +14,6 @@ The store is read only through `find_hit`: the content-addressed store's current
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,12 +24,13 @@ from enginefoundry.errors import PipelineError, StoreError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lease import DEFAULT_TTL_S, HeldLease, lease_key, new_owner, try_acquire, wait_for
 from enginefoundry.publish import PublishedBuild, check_hit, find_current
+from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import Store
 from enginefoundry.units import Unit, key_of, toolchain_identity, unit_key_components
 
 # How long a run waits for another live run that builds the same key (its lease is renewed meanwhile).
-WAIT_FOR_OTHER_RUN_S = float(os.environ.get("EF_LEASE_WAIT_S", 6 * 3600))
+WAIT_FOR_OTHER_RUN_S = EnvSettings().lease_wait_s
 
 Progress = Callable[[str], None]
 

@@ -35,9 +35,10 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from enginefoundry.errors import StoreError
+from enginefoundry.settings import EnvSettings
 from enginefoundry.store import Store
 
-DEFAULT_TTL_S = float(os.environ.get("EF_LEASE_TTL_S", 120))
+DEFAULT_TTL_S = EnvSettings().lease_ttl_s
 LEASE_PREFIX = "leases"
 
 Progress = Callable[[str], None]

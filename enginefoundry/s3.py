@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import boto3
 from botocore.config import Config
 
@@ -23,7 +21,7 @@ def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16):  # -> S3C
         # such as SlowDown) with truncated exponential backoff and full jitter: rand(0,1)·min(scale·2^i, 20 s),
         # scale 1 s when throttled, 0.05 s otherwise (botocore/retries/standard.py ExponentialBackoff,
         # botocore 1.44.8). max_attempts counts the first call.
-        retries={"max_attempts": int(os.environ.get("EF_S3_MAX_ATTEMPTS", "5")), "mode": "standard"},
+        retries={"max_attempts": EnvSettings().s3_max_attempts, "mode": "standard"},
         max_pool_connections=max_pool,
         connect_timeout=5,
         read_timeout=60,

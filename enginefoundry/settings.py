@@ -59,17 +59,28 @@ class EnvSettings(BaseSettings):
         default=None, validation_alias="EF_CACHE_DIR",
         description="download cache for S3 and local sources (default ~/.cache/enginefoundry)")
     lease_ttl_s: float = Field(
-        default=4 * 3600, validation_alias="EF_LEASE_TTL_S",
-        description="seconds after which a build lease of a crashed run may be broken")
+        default=120.0, validation_alias="EF_LEASE_TTL_S",
+        description="seconds a build lease lives without its holder's heartbeat (renewed every quarter of it); "
+                    "a holder that died on this host loses it at once")
+    lease_wait_s: float = Field(
+        default=6 * 3600.0, validation_alias="EF_LEASE_WAIT_S",
+        description="longest wait for another run that holds a unit's lease before giving up")
+    s3_max_attempts: int = Field(
+        default=5, validation_alias="EF_S3_MAX_ATTEMPTS",
+        description="S3 calls per request, the first included (botocore's standard retry mode)")
+    reference_cache: str | None = Field(
+        default=None, validation_alias="EF_REFERENCE_CACHE",
+        description="local cache of smoke reference answers (default ~/.cache/enginefoundry/references)")
     unit_timeout_s: float = Field(
         default=8 * 3600, validation_alias="EF_UNIT_TIMEOUT_S",
         description="cluster mode: a unit run not finished after this long is cancelled and counts as failed")
     trtllm_examples_dir: str | None = Field(
         default=None, validation_alias="EF_TRTLLM_EXAMPLES_DIR",
         description="trtllm-engine lane: the examples/ folder of the installed TensorRT-LLM")
-    modelopt_ptq_dir: str | None = Field(
-        default=None, validation_alias="EF_MODELOPT_LLM_PTQ_DIR",
-        description="ModelOpt's examples/llm_ptq folder, for quantized conversions")
+    modelopt_dir: str | None = Field(
+        default=None, validation_alias="EF_MODELOPT_DIR",
+        description="Model-Optimizer checkout (its examples/llm_ptq or examples/hf_ptq), for quantized "
+                    "conversions")
     hf_endpoint: str | None = Field(
         default=None, validation_alias="HF_ENDPOINT",
         description="Hugging Face Hub endpoint (read by huggingface_hub; a mirror or the test hub)")

@@ -15,6 +15,7 @@ from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.runner import pid_alive
 from enginefoundry.s3 import s3_client, s3_endpoint
+from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import SourceKind, SourceURI
 
 
@@ -33,7 +34,7 @@ class SourceSnapshot(BaseModel):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("EF_CACHE_DIR", Path.home() / ".cache" / "enginefoundry"))
+    return Path(EnvSettings().cache_dir or Path.home() / ".cache" / "enginefoundry")
 
 
 def fetch(source: SourceURI, progress: Callable[[str], None] = print) -> SourceSnapshot:

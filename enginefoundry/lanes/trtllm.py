@@ -14,7 +14,6 @@ There is no engine. What makes a unit specific to a GPU is (facts §1 "What repl
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -50,6 +49,7 @@ from enginefoundry.lanes.trtllm_flags import (
 from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.runner import run_tool
+from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
 from enginefoundry.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.units import Unit
@@ -184,7 +184,7 @@ def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, 
     `modelopt`: the installed nvidia-modelopt (probed on the worker); flags it lacks are not emitted
     (--calib_seq from 0.39.0; --export_fmt gone in 0.46.0)."""
     opts = resolve_options("trtllm", spec.lane_options)
-    root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV) or f"${MODELOPT_ENV}"
+    root = opts["modelopt_dir"] or EnvSettings().modelopt_dir or f"${MODELOPT_ENV}"
     calib = variant.calibration
     assert calib is not None  # Variant fills a default calibration for quantized precisions
     # hf_ptq.py's KV default changed between releases (fp8, later fp8_cast): always say what the variant wants.
@@ -268,7 +268,7 @@ class TrtllmLane(TrtllmLaneBase):
     def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
         tools = {SERVE: ["trtllm-serve"]}
         opts = resolve_options("trtllm", spec.lane_options if spec else {})
-        root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV)
+        root = opts["modelopt_dir"] or EnvSettings().modelopt_dir
         if root and spec and any(v.precision.is_quantized for v in spec.variants):
             tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
         return tools
@@ -281,7 +281,7 @@ class TrtllmLane(TrtllmLaneBase):
             return ConvertResult(checkpoint_dir=str(source_dir),
                                  params={"format": "hf", "precision": variant.precision.value, "passthrough": True})
         opts = self.options(spec)
-        root = opts["modelopt_dir"] or os.environ.get(MODELOPT_ENV)
+        root = opts["modelopt_dir"] or EnvSettings().modelopt_dir
         surface = self.pinned_surface(spec)
         script = hf_ptq_script(root, surface.modelopt) if root else None
         if script is None or not script.is_file():

@@ -13,7 +13,6 @@ TensorRT-LLM 1.3 removes all of it (#15763, #15907, #15918, #16369): `versions()
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
 from enginefoundry.preflight import Check, read_model_config
 from enginefoundry.runner import run_tool
+from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
 from enginefoundry.toolchain import ToolHelp, ToolSurface, check_against_surface
 from enginefoundry.units import Unit
@@ -325,7 +325,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
 
     def _examples_dir(self, spec: BuildSpec | None) -> str | None:
         opts = resolve_options("trtllm-engine", spec.lane_options if spec else {})
-        return opts["examples_dir"] or os.environ.get("EF_TRTLLM_EXAMPLES_DIR")
+        return opts["examples_dir"] or EnvSettings().trtllm_examples_dir
 
     def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
         tools = {TRTLLM_BUILD: ["trtllm-build"], SERVE: ["trtllm-serve"]}

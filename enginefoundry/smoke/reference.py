@@ -21,6 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from enginefoundry.identity import checkpoint_digests, sha256_json
+from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.store import Store
 
@@ -133,7 +134,7 @@ def reference_answers(
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("EF_REFERENCE_CACHE", Path.home() / ".cache" / "enginefoundry" / "references"))
+    return Path(EnvSettings().reference_cache or Path.home() / ".cache" / "enginefoundry" / "references")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
