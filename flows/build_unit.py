@@ -13,8 +13,10 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
+from prefect.states import Failed
 
-from enginefoundry.errors import InputError, PipelineError, PreflightError
+from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError
 from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.dispatch import SourceIdentity, save_outcome
 from enginefoundry.flows.unit import run_unit_stages
@@ -62,7 +64,17 @@ def pinned(spec: BuildSpec, source: SourceIdentity) -> BuildSpec:
 def build_unit(
     spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity, parent_run_id: str,
     replace: bool = False,
-) -> UnitOutcome:
+) -> UnitOutcome | State:
+    """A refusal (wrong pool, GPU or toolchain; a unit not in the spec; a source that moved) or a failed unit
+    ends the run Failed with one message and no traceback; the parent reads the outcome from the store."""
+    try:
+        return _build_unit(spec, unit, key_components, source, parent_run_id, replace)
+    except EngineFoundryError as err:
+        return Failed(message=str(err), data=err)
+
+
+def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity,
+                parent_run_id: str, replace: bool) -> UnitOutcome | State:
     build_spec = resolve_spec(None, dict(spec))
     matches = [u for u in expand_units(build_spec) if u.name == unit]
     if not matches:
@@ -81,5 +93,5 @@ def build_unit(
                  parent_run_id, outcome)
     if outcome.status == "failed":
         # The flow run shows Failed in the UI; the parent still reads the outcome with its reason.
-        raise PipelineError(f"unit {unit} failed: {outcome.reason}")
+        return Failed(message=f"unit {unit} failed: {outcome.reason}", data=outcome)
     return outcome
