@@ -60,8 +60,17 @@ def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
         warnings.simplefilter("ignore")
         source = resolve_dataset_source(str(path))
     dataset = MetaDataset(source, name=path.stem, digest=digest[:36])
-    tracker.client.log_inputs(run_id, datasets=[DatasetInput(dataset=dataset._to_mlflow_entity(),
-                                                             tags=[InputTag("mlflow.data.context", "smoke")])])
+    inputs = [DatasetInput(dataset=dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "smoke")])]
+    for attempt in range(3):
+        try:
+            tracker.client.log_inputs(run_id, datasets=inputs)
+            break
+        except Exception as err:
+            # Units of one run on two workers log the same dataset at once: the server inserts it for one and
+            # refuses the other on its unique (experiment, name, digest) index. The dataset exists then, and
+            # the next call only links it to this run.
+            if ("UNIQUE constraint" not in str(err) and "Duplicate entry" not in str(err)) or attempt == 2:
+                raise
     tracker.set_tags(run_id, {mltags.PROMPTS_DIGEST: digest})
     return digest
 
