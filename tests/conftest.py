@@ -22,6 +22,12 @@ from tests.support.cluster import cluster_fixture, prefect_fixture  # noqa: F401
 from tests.support.paths import STACK_SCRIPT
 
 NEEDED = ("EF_S3_ENDPOINT", "MLFLOW_TRACKING_URI", "HF_ENDPOINT", "EF_HUB_ROOT", "AWS_ACCESS_KEY_ID")
+# The services CI started and exported (`source .stack/env`), as the `stack` fixture hands them out.
+CI_STACK = dict(os.environ) if all(os.environ.get(k) for k in NEEDED) else None
+# The destinations outrank a spec's (flag > env > spec, enginefoundry.settings): left in the environment, CI's
+# exported MLflow server would replace every test spec's own sqlite database. Tests pass them explicitly.
+for _destination in ("MLFLOW_TRACKING_URI", "EF_STORE"):
+    os.environ.pop(_destination, None)
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
@@ -48,8 +54,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 
     As in CI, a Prefect server is among them (no worker): the CLI runs of the tests talk to it instead of each
     starting a temporary API server of its own (20–60 s apiece on a busy host)."""
-    if all(os.environ.get(k) for k in NEEDED):
-        yield {k: v for k, v in os.environ.items()}
+    if CI_STACK is not None:
+        yield {**os.environ, **CI_STACK}
         return
     state = tmp_path_factory.mktemp("stack")
     # Free ports, so a developer's own stack on the default ports is left alone.
