@@ -37,7 +37,7 @@ STAGES = {
     "convert": r"convert: \S+ with lane",
     "build": r"build: \S+ on \S+$",
     "serve": r"serve: .* starting",
-    "smoke": r"smoke: \d+ prompts through",
+    "smoke": r"smoke: (reference answers \S+ from|computing \d+ reference answers)",
     "bench": r"aiperf c=\d+: running for",
     "publish": r"publish: (?!checkpoint)",
     "register": r"Task run 'record unit",  # the unit's run is recorded right before registration
