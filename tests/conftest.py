@@ -93,7 +93,7 @@ def s3(stack: dict[str, str]):  # boto3 client on the test SeaweedFS
 @pytest.fixture
 def s3_env(stack: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Point in-process boto3 clients at the test SeaweedFS."""
-    for k in ("EF_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+    for k in ("EF_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(k, stack[k])
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return stack

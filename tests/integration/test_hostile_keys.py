@@ -89,7 +89,7 @@ def test_hostile_key_is_refused_and_nothing_leaves_the_cache(
     else:
         monkeypatch.undo()
         monkeypatch.setenv("EF_CACHE_DIR", str(cache))
-        for k in ("EF_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        for k in ("EF_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             monkeypatch.setenv(k, s3_env[k])
     snap = fetch(parse_source_uri(f"s3://{bucket}/{prefix}"), progress=lambda _: None)
     assert Path(snap.local_dir).is_relative_to(cache)

@@ -88,7 +88,9 @@ def _poll(predicate, timeout_s: float) -> bool:
                          ids=["tool-group", "model-server", "prefect-server"])
 def test_kill_9_leaves_no_child(tmp_path: Path, script: str, expected_children: int) -> None:
     marker = uuid.uuid4().hex
-    env = {**os.environ, "PYTHONPATH": str(REPO), "EF_ORPHAN_MARK": marker, "PREFECT_HOME": str(tmp_path / "p"),
+    # Without PREFECT_API_URL (CI exports the stack's), as in embedded mode: the temporary server is the subject.
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env = {**env, "PYTHONPATH": str(REPO), "EF_ORPHAN_MARK": marker, "PREFECT_HOME": str(tmp_path / "p"),
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -34,7 +34,7 @@ def test_s3_killed_mid_upload_leaves_no_manifest_and_the_retry_publishes_once(tm
     env = {**os.environ, "EF_S3_PORT": str(free_port())}
     s3env = _up(state, env)
     try:
-        for k in ("EF_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        for k in ("EF_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
             monkeypatch.setenv(k, s3env[k])
         monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # fail fast once the server is gone
         folder = tmp_path / "bundle"

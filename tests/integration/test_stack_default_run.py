@@ -17,10 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from enginefoundry.gpu_targets import pools
+
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.py"
 PREFECT = str(Path(sys.executable).parent / "prefect")
-POOLS = ("cpu", "gpu-sm80", "gpu-sm89", "gpu-sm90", "gpu-sm100")
+POOLS = tuple(pools())  # the GPU target table's pools, cpu first, as deployment.yaml declares them
 
 pytestmark = pytest.mark.services
 
