@@ -6,10 +6,10 @@ Exit 0: passed; 1: rejected (the verdict names the rule and its numbers); 2: bad
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from enginefoundry.cli.common import emit_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
 
@@ -29,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--small-sample", choices=("refuse", "warn"), default="refuse",
                    help="a prompt set smaller than the policy's derived minimum: fail (default) or warn")
     p.add_argument("--report-dir", help="write smoke.json and smoke.md here")
-    p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
     p.set_defaults(handler=cmd_smoke)
 
 
@@ -72,7 +71,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     if args.report_dir:
         write_report(report, Path(args.report_dir))
     if args.json:
-        print(json.dumps(report.model_dump(mode="json"), indent=2))
+        emit_json(report)  # stdout carries only the report (json_mode sends everything else to stderr)
     else:
         console.print(report.markdown(), markup=False, soft_wrap=True)
         console.print(f"{'PASS' if report.passed else 'REJECTED'} (judged against {report.reference.label()}, "

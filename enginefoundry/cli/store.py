@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
-from enginefoundry.cli.common import DEFAULT_MLFLOW, load
+from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, load
 from enginefoundry.console import console, error
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError
 
@@ -24,7 +23,6 @@ def _common(cmd: argparse.ArgumentParser) -> None:
                      help=f"MLflow tracking URI for models:/ references (default $MLFLOW_TRACKING_URI or "
                           f"{DEFAULT_MLFLOW})")
     cmd.add_argument("--workers", type=int, default=8, help="files checked or downloaded in parallel")
-    cmd.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,7 +69,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store, build = _resolve(args)
     report = verify_build(store, build, workers=args.workers)
     if args.json:
-        print(json.dumps(report.model_dump(mode="json"), indent=2))
+        emit_json(report)
     elif report.ok:
         console.print(f"ok: {report.uri}: {report.files} files, {report.bytes / 2**20:.1f} MiB verified in "
                       f"{report.seconds:.1f} s ({report.mib_per_s:.0f} MiB/s)", markup=False, highlight=False)
@@ -88,7 +86,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     store, build = _resolve(args)
     report = pull(store, build, Path(args.dest), workers=args.workers)
     if args.json:
-        print(json.dumps(report.model_dump(mode="json"), indent=2))
+        emit_json(report)
     else:
         console.print(f"pulled {report.uri} → {report.dest}: {report.downloaded} downloaded "
                       f"({report.bytes_downloaded / 2**20:.1f} MiB), {report.kept} already present and verified, "
