@@ -211,11 +211,11 @@ def test_sigterm_ends_runs_killed_and_leaves_nothing(row: Row) -> None:
 
 
 def test_work_disk_full(row: Row) -> None:
-    """EF_WORK_DIR on a 1 MiB tmpfs: the run fails naming the disk, publishes nothing, leaves no process; on a
-    disk with room the next run completes."""
+    """EF_WORK_DIR on a 256 KiB tmpfs (smaller than the model): the run fails naming the disk, publishes
+    nothing, leaves no process; on a disk with room the next run completes."""
     work = row.tmp / "work"
     work.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(work)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(work)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
     try:

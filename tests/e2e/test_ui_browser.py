@@ -58,7 +58,8 @@ def test_custom_run_from_the_deployment_form(cluster: PrefectServer, stack, tmp_
             page.wait_for_url("**/run?**")
             # The form is rendered from the flow's typed signature and docstring.
             sync_api.expect(page.get_by_text("spec_path (Optional)")).to_be_visible()
-            sync_api.expect(page.get_by_text("rebuild units whose manifest already exists")).to_be_visible()
+            force_help = "build a new build of every unit, even of those published already"
+            sync_api.expect(page.get_by_text(force_help)).to_be_visible()
             # Store and MLflow overrides, and a field that takes the spec's YAML pasted as text.
             for field in ("store (Optional)", "mlflow_uri (Optional)", "spec_yaml (Optional)"):
                 sync_api.expect(page.get_by_text(field)).to_be_visible()
