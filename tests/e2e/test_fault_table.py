@@ -38,7 +38,7 @@ STAGES = {
     "build": r"build: \S+ on \S+$",
     "serve": r"serve: .* starting",
     "smoke": r"smoke: (reference answers \S+ from|computing \d+ reference answers)",
-    "bench": r"aiperf c=\d+: running for",
+    "bench": r"bench: \S+ \(\d+ requests",  # the sweep's first point starts (aiperf may finish within 10 s)
     "publish": r"publish: (?!checkpoint)",
     "register": r"Task run 'record unit",  # the unit's run is recorded right before registration
 }
