@@ -87,8 +87,13 @@ def test_a_default_ui_run_publishes_to_the_stacks_store_and_mlflow(user_stack: d
 
     s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
                       aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="enginefoundry", Prefix="store/").get("Contents", [])]
-    assert any(k.endswith("manifest.json") for k in keys), keys[:20]
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="enginefoundry", Prefix="store/manifests/")
+    keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    pointers = [k for k in keys if k.endswith("/current.json")]  # publish.pointer_key: one per published unit
+    assert pointers, keys[:20]
+    for pointer in pointers:  # each pointer names a build manifest that exists in the same store
+        target = json.loads(s3.get_object(Bucket="enginefoundry", Key=pointer)["Body"].read())
+        assert f"{pointer.rsplit('/', 1)[0]}/{target['build_id']}.json" in keys, target
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("enginefoundry-demo")
     assert experiment is not None
