@@ -60,7 +60,7 @@ _TRANSIENT_TYPES = frozenset({
     "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError",
     "TimeoutError", "ConnectTimeout", "ReadTimeout", "ConnectError", "ReadError", "WriteError", "RemoteProtocolError",
     "PoolTimeout", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-    "ProtocolError", "ChunkedEncodingError", "IncompleteRead",
+    "ProtocolError", "ChunkedEncodingError", "IncompleteRead", "IncompleteReadError", "ResponseStreamingError",
 })
 _TRANSIENT_S3_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
                                  "ServiceUnavailable", "RequestTimeTooSkewed"})

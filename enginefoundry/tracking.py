@@ -242,9 +242,14 @@ def register_unit(
     # LoggedModel names may not contain dots; unit names do (variant.profile.target).
     logged = client.create_logged_model(tracker.experiment_id, name=unit_name.replace(".", "-"), source_run_id=run_id,
                                         tags=clean_tags, params=flatten("", params), model_type="enginefoundry-unit")
+    # A tracking server refuses a local path as a version's source unless it lies inside the run's or the
+    # model's artifact folder (mlflow/server/handlers.py@3.17.2, _validate_source_run/_validate_source_model):
+    # a file:// store's unit is registered through its LoggedModel (`models:/<model_id>`, MLflow 3's own form),
+    # the store location staying in the version's manifest_uri tag. An s3:// store is the source itself.
+    source = f"models:/{logged.model_id}" if artifact_uri.startswith("file:") else artifact_uri
     # A LoggedModel starts PENDING; it ends READY once its version exists, FAILED if registering fails.
     try:
-        version = client.create_model_version(registered_model, source=artifact_uri, run_id=run_id,
+        version = client.create_model_version(registered_model, source=source, run_id=run_id,
                                               tags=clean_tags, model_id=logged.model_id,
                                               description=f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
         if alias:

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.errors import InputError, StoreError
+from enginefoundry.errors import InputError, StoreError, is_transient
 from enginefoundry.identity import sha256_file
 from enginefoundry.manifest import FileEntry
 from enginefoundry.publish import (
@@ -34,9 +34,11 @@ from enginefoundry.publish import (
     locate,
     read_build,
 )
+from enginefoundry.retry import retry_transient
 from enginefoundry.store import Store, file_mode, open_store
 
 DEFAULT_WORKERS = 8
+PULL_ATTEMPTS = 8  # per file: backoff ceilings 0.5, 1, 2, 4, 8, 8, 8 s ride through a store restart
 
 
 class VerifyReport(BaseModel):
@@ -216,6 +218,13 @@ def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path
             return 0
         except OSError:
             tmp.unlink(missing_ok=True)  # another filesystem: download instead
+    # A broken stream or a server restarting (connection refused, 500 while its volumes come back) restarts
+    # this file's download after a backoff; a wrong digest is not transient and fails at once.
+    return retry_transient(lambda: _download_verified(store, okey, entry, local, mode), what=f"pulling {entry.path}",
+                           attempts=PULL_ATTEMPTS, base_s=0.5, cap_s=8.0, transient=is_transient)
+
+
+def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, mode: int) -> int:
     fd, tmp_name = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".partial")
     tmp = Path(tmp_name)
     try:

@@ -132,3 +132,16 @@ def create_buckets(ctx: Context) -> None:
                 if time.monotonic() > deadline:
                     raise StackError(f"s3: cannot create bucket {bucket}: {err}") from err
             time.sleep(0.3)
+    # Buckets that exist already (a restart on the same folder) prove nothing about the volume servers, which
+    # answer 500 InternalError for a few seconds after the S3 port opens: ready means a write reads back.
+    while True:
+        try:
+            for bucket in BUCKETS:
+                client.put_object(Bucket=bucket, Key=".stack-ready", Body=b"ok")
+                if client.get_object(Bucket=bucket, Key=".stack-ready")["Body"].read() != b"ok":
+                    raise StackError(f"s3: bucket {bucket} returned other bytes than were written")
+            return
+        except (ClientError, EndpointConnectionError) as err:
+            if time.monotonic() > deadline:
+                raise StackError(f"s3: written objects do not read back: {err}") from err
+        time.sleep(0.3)
