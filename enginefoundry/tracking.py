@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import re
 import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -134,31 +135,61 @@ def end_open_runs(status: str | None = None) -> list[str]:
     return OPEN_RUNS.end_all(status)
 
 
+@contextlib.contextmanager
+def _exclusive(lock: Path | None) -> Iterator[None]:
+    """An advisory lock on `lock` (none when None); the kernel drops it when the holder dies."""
+    if lock is None:
+        yield
+        return
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str) -> None:
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri
-        if tracking_uri.startswith("sqlite:///"):
-            db = Path(tracking_uri.removeprefix("sqlite:///"))
+        db = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
+        if db is not None:
             db.parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=tracking_uri)
         try:
-            exp = self._call("get experiment", lambda: self.client.get_experiment_by_name(experiment))
-            if exp is None:
-                artifact_location = None
-                if tracking_uri.startswith("sqlite:///"):
-                    # Keep local artifacts beside the database, not in ./mlruns of whatever cwd.
-                    artifact_location = (db.parent.resolve() / "mlartifacts").as_uri()
-                self.experiment_id = self._call("create experiment", lambda: self.client.create_experiment(
-                    experiment, artifact_location=artifact_location))
-            else:
-                self.experiment_id = exp.experiment_id
+            # Runs started together on one new SQLite file would each create its schema (alembic then fails:
+            # "expected to match one row … in 'alembic_version'"): the first to open it does, the others wait.
+            # MlflowClient opens its tracking store (and migrates the file) in its constructor.
+            with _exclusive(db.with_name(db.name + ".init-lock") if db is not None else None):
+                self.client = MlflowClient(tracking_uri=tracking_uri)
+                self.experiment_id = self._experiment_id(experiment, db)
+                if db is not None:  # the model registry opens (and would migrate) the file through its own store
+                    self._call("open registry", lambda: self.client.search_registered_models(max_results=1))
         except Exception as err:
             raise PipelineError(
                 f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); start the server "
                 "or point MLFLOW_TRACKING_URI (or --mlflow-uri, tracking.mlflow_uri) at a reachable one"
             ) from None
+
+    def _experiment_id(self, experiment: str, db: Path | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self._call("get experiment", lambda: self.client.get_experiment_by_name(experiment))
+        if exp is not None:
+            return exp.experiment_id
+        # Keep local artifacts beside the database, not in ./mlruns of whatever cwd.
+        artifact_location = (db.parent.resolve() / "mlartifacts").as_uri() if db is not None else None
+        try:
+            return self._call("create experiment", lambda: self.client.create_experiment(
+                experiment, artifact_location=artifact_location))
+        except MlflowException as err:
+            if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            exp = self._call("get experiment", lambda: self.client.get_experiment_by_name(experiment))
+            if exp is None:
+                raise
+            return exp.experiment_id  # another run created it between our read and our create
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         return retry_transient(fn, what=f"MLflow {what}", attempts=4)
@@ -244,9 +275,12 @@ def register_unit(
                                         tags=clean_tags, params=flatten("", params), model_type="enginefoundry-unit")
     # A tracking server refuses a local path as a version's source unless it lies inside the run's or the
     # model's artifact folder (mlflow/server/handlers.py@3.17.2, _validate_source_run/_validate_source_model):
-    # a file:// store's unit is registered through its LoggedModel (`models:/<model_id>`, MLflow 3's own form),
-    # the store location staying in the version's manifest_uri tag. An s3:// store is the source itself.
-    source = f"models:/{logged.model_id}" if artifact_uri.startswith("file:") else artifact_uri
+    # a file:// store's unit is registered on a server through its LoggedModel (`models:/<model_id>`, MLflow 3's
+    # own form), the store location staying in the version's manifest_uri tag. Without a server (a database URI)
+    # nothing validates the source, and the registry resolves `models:/` through the global tracking URI, not
+    # this client's: there, and for an s3:// store, the store location is the source itself.
+    on_server = tracker.uri.startswith(("http://", "https://", "databricks"))
+    source = f"models:/{logged.model_id}" if on_server and artifact_uri.startswith("file:") else artifact_uri
     # A LoggedModel starts PENDING; it ends READY once its version exists, FAILED if registering fails.
     try:
         version = client.create_model_version(registered_model, source=source, run_id=run_id,

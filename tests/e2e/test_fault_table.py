@@ -315,6 +315,8 @@ def test_three_concurrent_runs_of_one_spec_build_each_unit_once(row: Row) -> Non
     _assert_no_orphans(row.marker, within_s=5)
     builds = _builds_by_key(row.store)
     assert builds and all(len(ids) == 1 for ids in builds.values()), builds
+    hits = [any("cache hit" in line for line in lines) for lines in outputs]  # the summary table's status
+    assert sum(hits) == 2, "\n\n".join("\n".join(lines[-30:]) for lines in outputs)
     _assert_store_complete(row)
     statuses = _mlflow_runs(row)
     assert "RUNNING" not in {s for _, s in statuses}, statuses
