@@ -170,6 +170,23 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> N
     forget_reaped(proc.pid)
 
 
+_TERMINATING = threading.Event()
+
+
+def terminating() -> bool:
+    """SIGTERM arrived in this process (whether or not its handler's exception survived)."""
+    return _TERMINATING.is_set()
+
+
+def exit_if_terminating() -> None:
+    """Raise SystemExit(143) when SIGTERM arrived. The handler raises too, but Python swallows an exception
+    raised where the signal happened to land in an at-fork hook or a finalizer ("Exception ignored in
+    <function _releaseLock>": logging's after-fork hook, as a subprocess starts); the flag it set first still
+    stops the run here, at a checkpoint before anything is published."""
+    if _TERMINATING.is_set():
+        raise SystemExit(128 + signal.SIGTERM)
+
+
 def install_sigterm_as_exit() -> None:
     """SIGTERM (a cancelled run, `kill`) raises SystemExit(143) in the main thread, so `finally` blocks stop
     servers and tools and runs end; a handler installed before keeps running first. Main thread only."""
@@ -180,6 +197,7 @@ def install_sigterm_as_exit() -> None:
         return
 
     def handler(signum: int, frame: object) -> None:
+        _TERMINATING.set()
         if callable(previous):
             previous(signum, frame)
         raise SystemExit(128 + signum)

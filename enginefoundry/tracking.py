@@ -96,6 +96,9 @@ class _OpenRuns:
 
     def end_all(self, status: str | None = None) -> list[str]:
         """End every open run: `status`, else KILLED after a signal, else FAILED (an exit without end_run)."""
+        from enginefoundry.runner import terminating
+
+        self.interrupted = self.interrupted or terminating()  # a SIGTERM that reached only runner's handler
         status = status or ("KILLED" if self.interrupted else "FAILED")
         with self._lock:
             runs, self._runs = self._runs, {}

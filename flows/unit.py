@@ -27,6 +27,7 @@ from enginefoundry.outcomes import (
     unit_params,
 )
 from enginefoundry.run_summary import UnitOutcome, work_root
+from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
@@ -89,12 +90,14 @@ def run_unit_stages(
         finally:
             stop_unit_server(endpoint)
     except Exception as err:
+        exit_if_terminating()  # a cancel that surfaced as a stage error (its server stopped) is a cancel
         record_unit(spec, run_id, ok=False, tags={mltags.STATUS: "failed"},
                     metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
         failed = failed_outcome(unit, key, err, run_id, stages)
         emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=failed.reason,
                           mlflow_run_id=run_id)
         return failed
+    exit_if_terminating()  # cancelled during a stage whose outcome looked like a verdict (a dead server)
 
     draft = unit_manifest(spec, unit, key, key_components, snapshot, checkpoint_key=ckpt.key,
                           checkpoint_uri=ckpt.uri, device=build.device, build_params=build.params, smoke=smoke,

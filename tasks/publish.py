@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.manifest import Manifest
 from enginefoundry.publish import PublishResult, publish_build
+from enginefoundry.runner import exit_if_terminating
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -21,6 +22,7 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     build id from the store. `replace` (a --force rebuild) makes this new build current even when another build
     of the key is; the earlier build stays in the store, verifiable. Without it a healthy build that another run
     made current first is adopted."""
+    exit_if_terminating()  # a cancelled run publishes nothing, whatever its stages made of the cancel
     log = progress_logger()
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
