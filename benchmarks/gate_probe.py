@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Why a broken build passed the gate: two in-process probes of one build against its model's fp32 source.
+
+    .venv/bin/python benchmarks/gate_probe.py MODEL BUILD [BUILD ...] [--context-tokens 600] [--every 4]
+
+Run after benchmarks/gate.py (it reuses the cached builds and the fp32 reference answers of gate_prompts.jsonl).
+  * log-probs: each reference answer teacher-forced through the build; mean |Δ log-prob| on the prefix where the
+    build's argmax equals the reference token. That is what the gate's log-prob rule would measure if the
+    endpoint returned log-probs (`transformers serve` ignores them; enginefoundry/smoke/logprobs.py).
+  * long prompts: greedy answers (16 new tokens) of every `--every`-th gate question asked after the first
+    `--context-tokens` tokens of docs/smoke-gate.md and docs/facts/hf-hub-and-test-model.md; first-4-token and
+    full agreement with the fp32 source. The gate's own prompts are short (median about 40 tokens).
+Builds are loaded in bf16 (fp16 for the fp16 build), on one CPU thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gate_models  # noqa: E402
+
+from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
+from enginefoundry.smoke.reference import load_or_compute_reference  # noqa: E402
+
+PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
+DOCUMENT = (REPO / "docs" / "smoke-gate.md", REPO / "docs" / "facts" / "hf-hub-and-test-model.md")
+
+
+def main() -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("builds", nargs="+", help="healthy dtypes (bf16, fp16) or breakages (rope-theta, …)")
+    ap.add_argument("--context-tokens", type=int, default=600)
+    ap.add_argument("--every", type=int, default=4, help="use every N-th gate prompt for the long-prompt probe")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    src = gate_models.source_dir(args.model)
+    cases = load_prompt_set(PROMPTS).cases
+    ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=16)
+    answers = {a.id: a for a in ref.answers}
+    tok = AutoTokenizer.from_pretrained(src)
+    text = "\n\n".join(p.read_text() for p in DOCUMENT)
+    doc = tok.decode(tok(text).input_ids[:args.context_tokens])
+    long_cases = cases[::args.every]
+
+    def prompt_ids(messages: list[dict]) -> list[int]:
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+    def long_answers(model) -> tuple[list[list[int]], int]:
+        out, n = [], 0
+        for c in long_cases:
+            ids = prompt_ids([{"role": "user", "content": f"{doc}\n\n---\n\n{c.messages[-1].content}"}])
+            n = max(n, len(ids))
+            with torch.no_grad():
+                g = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+            out.append(g[0, len(ids):].tolist())
+        return out, n
+
+    source = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    ref_long, n_long = long_answers(source)
+    del source
+    for name in args.builds:
+        healthy = name in ("fp32", "bf16", "fp16")
+        build = gate_models.dtype_build(args.model, name) if healthy else gate_models.broken_build(args.model, name)
+        dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(name, torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(build, dtype=dtype)
+        diffs: list[float] = []
+        for c in cases:
+            a = answers[c.id]
+            p = prompt_ids([m.model_dump() for m in c.messages])
+            with torch.no_grad():
+                lp = torch.log_softmax(model(torch.tensor([p + a.token_ids])).logits[0].float(), -1)
+            for i, (tid, ref_lp) in enumerate(zip(a.token_ids, a.token_logprobs, strict=False)):
+                row = lp[len(p) - 1 + i]
+                if int(row.argmax()) != tid:
+                    break
+                diffs.append(abs(float(row[tid]) - ref_lp))
+        got, _ = long_answers(model)
+        first4 = sum(x[:4] == y[:4] for x, y in zip(got, ref_long, strict=True))
+        full = sum(x == y for x, y in zip(got, ref_long, strict=True))
+        print(f"{args.model} {name}: short prompts: mean |Δ log-prob| {sum(diffs) / max(len(diffs), 1):.4f} over "
+              f"{len(diffs)} agreeing tokens (max {max(diffs, default=0):.3f}); prompts of up to {n_long} tokens: "
+              f"first-4 agreement {first4}/{len(got)}, full {full}/{len(got)}", flush=True)
+        del model
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
