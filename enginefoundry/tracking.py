@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import os
 import re
 import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import PipelineError
+from enginefoundry.locks import host_lock
 from enginefoundry.retry import retry_transient
 
 T = TypeVar("T")
@@ -138,20 +138,6 @@ def end_open_runs(status: str | None = None) -> list[str]:
     return OPEN_RUNS.end_all(status)
 
 
-@contextlib.contextmanager
-def _exclusive(lock: Path | None) -> Iterator[None]:
-    """An advisory lock on `lock` (none when None); the kernel drops it when the holder dies."""
-    if lock is None:
-        yield
-        return
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str) -> None:
         from mlflow.tracking import MlflowClient
@@ -164,7 +150,7 @@ class Tracker:
             # Runs started together on one new SQLite file would each create its schema (alembic then fails:
             # "expected to match one row … in 'alembic_version'"): the first to open it does, the others wait.
             # MlflowClient opens its tracking store (and migrates the file) in its constructor.
-            with _exclusive(db.with_name(db.name + ".init-lock") if db is not None else None):
+            with host_lock(db.with_name(db.name + ".init-lock")) if db is not None else contextlib.nullcontext():
                 self.client = MlflowClient(tracking_uri=tracking_uri)
                 self.experiment_id = self._experiment_id(experiment, db)
                 if db is not None:  # the model registry opens (and would migrate) the file through its own store

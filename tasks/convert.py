@@ -3,10 +3,7 @@ key and reused by every target (and every later run) that needs it."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +13,7 @@ from pydantic import BaseModel
 
 from enginefoundry.errors import StoreError
 from enginefoundry.lanes import ConvertResult, get_lane
+from enginefoundry.locks import host_lock
 from enginefoundry.publish import check_hit, find_checkpoint_build, manifests_prefix, publish_checkpoint
 from enginefoundry.run_summary import work_root
 from enginefoundry.sources import SourceSnapshot
@@ -47,17 +45,6 @@ def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot)
     # and then reuse its result instead of deleting the folder under it.
     with host_lock(workdir.with_name(workdir.name + ".lock")):
         return _convert_locked(spec, variant, snapshot, components, ckey, store, uri, workdir)
-
-
-@contextlib.contextmanager
-def host_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot, components: dict[str, Any],

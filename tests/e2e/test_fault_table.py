@@ -357,11 +357,9 @@ def test_force_while_another_run_publishes_makes_a_second_build(row: Row) -> Non
 def mlflow_server(row: Row) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
     """A real MLflow tracking server (SQLite backend, local artifacts) that the test can kill and restart on
     the same port and database."""
-    import socket
+    from enginefoundry.model_server import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
             "--backend-store-uri", f"sqlite:///{row.tmp}/server.db",

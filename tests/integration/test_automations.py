@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,22 +18,19 @@ from typing import ClassVar
 
 import pytest
 
+from enginefoundry.model_server import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.py"
 
 pytestmark = pytest.mark.services
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture
 def prefect_api(tmp_path: Path) -> Iterator[dict[str, str]]:
     state = tmp_path / "stack"
-    env = {**os.environ, "EF_PREFECT_PORT": str(_free_port())}
+    env = {**os.environ, "EF_PREFECT_PORT": str(free_port())}
     env.pop("PREFECT_API_URL", None)
     up = subprocess.run([sys.executable, str(STACK), "up", "--state-dir", str(state), "--services", "prefect",
                          "--worker-pools", ""], env=env, capture_output=True, text=True, timeout=600)

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,17 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from enginefoundry.model_server import free_port
 from tests.support.paths import REPO, STACK_SCRIPT
 
 pytestmark = pytest.mark.services
 
 FILES, FILE_MIB = 48, 4  # 192 MiB: long enough on loopback that the kill lands mid-transfer
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -70,7 +65,7 @@ class PrivateS3:
 @pytest.fixture
 def private_s3(tmp_path: Path) -> Iterator[PrivateS3]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "EF_", "MLFLOW_", "PREFECT_"))}
-    env |= {"EF_S3_PORT": str(_free_port()), "EF_STACK_READY_TIMEOUT_S": "300", "PYTHONPATH": str(REPO)}
+    env |= {"EF_S3_PORT": str(free_port()), "EF_STACK_READY_TIMEOUT_S": "300", "PYTHONPATH": str(REPO)}
     s3 = PrivateS3(tmp_path / "stack", env)
     s3.up()
     try:
@@ -118,11 +113,15 @@ except EngineFoundryError as err:  # as the CLI reports it: one line, exit 1
 """
 
 
-def _store_objects(env: dict[str, str]) -> dict[str, bytes]:
+def _s3(env: dict[str, str]):
     import boto3
 
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
+                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+
+
+def _store_objects(env: dict[str, str]) -> dict[str, bytes]:
+    s3 = _s3(env)
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket="enginefoundry", Prefix="store/")
     return {o["Key"]: s3.get_object(Bucket="enginefoundry", Key=o["Key"])["Body"].read()
             for page in pages for o in page.get("Contents", [])}
@@ -161,12 +160,8 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 
 def _blob_count(env: dict[str, str]) -> int:
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL_S3"], region_name="us-east-1",
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
     try:
-        return s3.list_objects_v2(Bucket="enginefoundry", Prefix="store/blobs/").get("KeyCount", 0)
+        return _s3(env).list_objects_v2(Bucket="enginefoundry", Prefix="store/blobs/").get("KeyCount", 0)
     except Exception:
         return 0
 

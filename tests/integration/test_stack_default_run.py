@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import httpx
 import pytest
 
 from enginefoundry.gpu_targets import pools
+from enginefoundry.model_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "scripts" / "stack.py"
@@ -27,18 +27,13 @@ POOLS = tuple(pools())  # the GPU target table's pools, cpu first, as deployment
 pytestmark = pytest.mark.services
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture
 def user_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
     state = tmp_path / "stack"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PREFECT_", "MLFLOW_", "AWS_", "EF_", "HF_ENDPOINT"))}
-    env |= {f"EF_{name}_PORT": str(_free_port()) for name in ("S3", "MLFLOW", "PREFECT", "HUB")}
+    env |= {f"EF_{name}_PORT": str(free_port()) for name in ("S3", "MLFLOW", "PREFECT", "HUB")}
     env |= {"EF_WORK_DIR": str(tmp_path / "work"), "OMP_NUM_THREADS": "1", "EF_STACK_READY_TIMEOUT_S": "300"}
     try:
         # `make stack` in two steps, so that a busy machine starts the Prefect server within its deadline.
