@@ -29,6 +29,7 @@ from enginefoundry.runner import (
     install_sigterm_as_exit,
     kill_process_group,
     reap_with_this_process,
+    signals_held,
     tail,
 )
 
@@ -95,11 +96,12 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
     main = threading.current_thread() is threading.main_thread()
     with log_path.open("wb") as log:
         try:
-            proc = subprocess.Popen(
-                cmd.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **cmd.command.env}, start_new_session=True,
-                preexec_fn=die_with_parent() if main else None,
-            )
+            with signals_held():
+                proc = subprocess.Popen(
+                    cmd.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env={**os.environ, **cmd.command.env}, start_new_session=True,
+                    preexec_fn=die_with_parent() if main else None,
+                )
         except FileNotFoundError:
             raise ToolError(
                 f"serve: '{cmd.command.argv[0]}' not found; install the lane's server (for the reference lane: "

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -70,12 +70,33 @@ except OSError:  # pragma: no cover - no libc to load
     _LIBC = None
 
 
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Block SIGINT/SIGTERM in the main thread while it forks a child; they are delivered when the block ends.
+    A fork with a preexec_fn runs Python's at-fork hooks (logging's _acquireLock/_releaseLock), and an
+    exception that a signal handler raises inside them is swallowed ("Exception ignored in _releaseLock") and
+    can leave logging's lock held: a run cancelled as AIPerf started went on with a dead server, and with the
+    lock held hung at exit. The child unblocks them in its preexec_fn (die_with_parent)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def die_with_parent(parent_pid: int | None = None) -> Callable[[], None]:
     """A preexec_fn: the child gets SIGKILL when the thread that started it ends (Linux; a no-op elsewhere).
     Checks the parent is still the one that forked, closing the race where the parent died before prctl."""
     parent = parent_pid or os.getpid()
 
     def preexec() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_SIGNALS)  # the fork inherited signals_held's mask
         if _LIBC is not None:
             _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
@@ -230,10 +251,11 @@ def run_tool(
     start = time.monotonic()
     with log_path.open("wb") as log:
         try:
-            proc = subprocess.Popen(
-                list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent(),
-            )
+            with signals_held():
+                proc = subprocess.Popen(
+                    list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=full_env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent(),
+                )
         except FileNotFoundError:
             raise ToolError(f"{what}: command '{argv[0]}' not found; install it or put it on PATH") from None
         reap_with_this_process(proc.pid)

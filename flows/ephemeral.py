@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -20,12 +21,15 @@ class _GuardedSubprocess:
     def Popen(self, *args: Any, **kwargs: Any) -> Any:  # the name Prefect calls
         import threading
 
-        from enginefoundry.runner import die_with_parent, reap_with_this_process
+        from enginefoundry.runner import die_with_parent, reap_with_this_process, signals_held
 
         kwargs.setdefault("start_new_session", True)
+        held = contextlib.nullcontext()
         if threading.current_thread() is threading.main_thread() and "preexec_fn" not in kwargs:
-            kwargs["preexec_fn"] = die_with_parent()
-        proc = self._real.Popen(*args, **kwargs)
+            kwargs["preexec_fn"] = die_with_parent()  # it unblocks what signals_held blocks, in the child
+            held = signals_held()
+        with held:
+            proc = self._real.Popen(*args, **kwargs)
         reap_with_this_process(proc.pid)
         return proc
 
