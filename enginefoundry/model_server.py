@@ -102,12 +102,12 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
                     env={**os.environ, **cmd.command.env}, start_new_session=True,
                     preexec_fn=die_with_parent() if main else None,
                 )
+                reap_with_this_process(proc.pid)  # registered before a held signal can end this process
         except FileNotFoundError:
             raise ToolError(
                 f"serve: '{cmd.command.argv[0]}' not found; install the lane's server (for the reference lane: "
                 "pip install -e '.[reference]')"
             ) from None
-    reap_with_this_process(proc.pid)
     with _LOCK:
         _LIVE[proc.pid] = proc
     base = f"http://{host}:{port}"

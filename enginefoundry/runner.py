@@ -256,9 +256,9 @@ def run_tool(
                     list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env=full_env, cwd=cwd, start_new_session=True, preexec_fn=die_with_parent(),
                 )
+                reap_with_this_process(proc.pid)  # registered before a held signal can end this process
         except FileNotFoundError:
             raise ToolError(f"{what}: command '{argv[0]}' not found; install it or put it on PATH") from None
-        reap_with_this_process(proc.pid)
         install_sigterm_as_exit()
         try:
             next_note = start + progress_every_s

@@ -30,7 +30,7 @@ class _GuardedSubprocess:
             held = signals_held()
         with held:
             proc = self._real.Popen(*args, **kwargs)
-        reap_with_this_process(proc.pid)
+            reap_with_this_process(proc.pid)
         return proc
 
 
