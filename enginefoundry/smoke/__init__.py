@@ -17,7 +17,7 @@ from enginefoundry.errors import ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, TokenLogprob
-from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, wilson_lower_bound
+from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import LogprobComparison, compare_logprobs
 from enginefoundry.smoke.policy import GatePolicy, policy_for, policy_table_markdown
@@ -27,7 +27,8 @@ from enginefoundry.spec import SmokeSpec
 from enginefoundry.store import Store
 
 __all__ = [
-    "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SmokeReport",
+    "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SliceSummary",
+    "SmokeReport",
     "load_or_compute_reference", "load_prompt_set", "policy_for", "policy_table_markdown", "run_lm_eval",
     "run_smoke", "tokenizer_digest", "wilson_lower_bound", "write_report",
 ]
@@ -44,6 +45,36 @@ class CaseResult(BaseModel):
     reference_correct: bool | None
     finish_reason: str | None = None
     refused: str | None = None
+    slice: str | None = None
+
+
+class SliceSummary(BaseModel):
+    """One named slice of the prompt set (PromptCase.slice), measured on its own as the gate judges it."""
+
+    name: str
+    n: int
+    agree: int
+    first_n_agree: int
+    first_n_agreement: float
+    first_n_lower_bound: float
+    mean_prefix_share: float
+    served_accuracy: float | None
+    reference_accuracy: float | None
+
+    @classmethod
+    def of(cls, name: str, cases: list[CaseEvidence], first_n: int, confidence: float) -> SliceSummary:
+        n = len(cases)
+        first = sum(c.first_n_agree(first_n) for c in cases)
+        graded = [c for c in cases if c.served_correct is not None and c.reference_correct is not None]
+        return cls(
+            name=name, n=n, agree=sum(c.agree for c in cases), first_n_agree=first, first_n_agreement=first / n,
+            first_n_lower_bound=round(wilson_lower_bound(first, n, confidence), 4),
+            mean_prefix_share=round(sum(c.prefix_share for c in cases) / n, 4),
+            served_accuracy=sum(bool(c.served_correct) for c in graded) / len(graded) if graded else None,
+            reference_accuracy=sum(bool(c.reference_correct) for c in graded) / len(graded) if graded else None)
+
+    def metric_prefix(self) -> str:
+        return "smoke_slice_" + self.name.replace("-", "_")
 
 
 class SmokeReport(BaseModel):
@@ -65,6 +96,7 @@ class SmokeReport(BaseModel):
     cases: list[CaseResult]
     logprobs: LogprobComparison | None = None
     lm_eval: LmEvalResult | None = None
+    slices: list[SliceSummary] = []  # one per named slice of the prompt set; empty when it has none
 
     @property
     def passed(self) -> bool:
@@ -89,6 +121,13 @@ class SmokeReport(BaseModel):
         if self.logprobs is not None and self.logprobs.mean_abs_diff is not None:
             out["smoke_logprob_mean_abs_diff"] = self.logprobs.mean_abs_diff
             out["smoke_logprob_max_abs_diff"] = self.logprobs.max_abs_diff or 0.0
+        for sl in self.slices:
+            key = sl.metric_prefix()
+            out[f"{key}_n"] = sl.n
+            out[f"{key}_first_n_agreement"] = sl.first_n_agreement
+            out[f"{key}_prefix_share"] = sl.mean_prefix_share
+            if sl.served_accuracy is not None:
+                out[f"{key}_accuracy"] = sl.served_accuracy
         if self.lm_eval is not None:
             out.update(self.lm_eval.summary())
         return out
@@ -117,6 +156,11 @@ class SmokeReport(BaseModel):
             f"| tokenizer digest match | {_yes(self.tokenizer_match)} |",
             f"| log-probs vs reference | {self.logprobs.detail if self.logprobs else 'not checked'} |",
         ]
+        for sl in self.slices:
+            rows.append(f"| slice {sl.name} | {sl.n} prompts; first-N {sl.first_n_agree}/{sl.n} "
+                        f"({sl.first_n_agreement:.3f}, lower bound {sl.first_n_lower_bound:.3f}); "
+                        f"prefix share {sl.mean_prefix_share:.3f}; full "
+                        f"{sl.agree}/{sl.n}; accuracy {_fmt(sl.served_accuracy)} / {_fmt(sl.reference_accuracy)} |")
         if self.lm_eval is not None:
             rows.append(f"| lm-eval ({self.lm_eval.status}) | {self.lm_eval.detail} |")
         rows.append(f"| verdict | {'PASS' if self.passed else 'FAIL'}: {self.verdict.reason} |")
@@ -191,7 +235,7 @@ def run_smoke(
             reference_correct=case.is_correct(ref.text), served_finish=answer.finish_reason,
             reference_finish=ref.finish, served_completion_tokens=answer.completion_tokens,
             served_prompt_tokens=answer.prompt_tokens, reference_prompt_tokens=ref.prompt_tokens,
-            refused=answer.refused,
+            refused=answer.refused, slice=case.slice,
         ))
         if i % 25 == 0:
             progress(f"smoke: {i}/{len(cases)} prompts answered")
@@ -222,7 +266,9 @@ def run_smoke(
         cases=[CaseResult(id=c.id, served=c.served, reference=c.reference, agree=c.agree,
                           first_n_agree=c.first_n_agree(k), matched_prefix=c.matched_prefix,
                           served_correct=c.served_correct, reference_correct=c.reference_correct,
-                          finish_reason=c.served_finish, refused=c.refused) for c in evidence],
+                          finish_reason=c.served_finish, refused=c.refused, slice=c.slice) for c in evidence],
+        slices=[SliceSummary.of(name, [c for c in evidence if c.slice == name], k, spec.confidence)
+                for name in slice_names(evidence)],
     )
 
 

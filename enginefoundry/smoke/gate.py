@@ -64,6 +64,7 @@ class CaseEvidence(BaseModel):
     served_prompt_tokens: int | None = None
     reference_prompt_tokens: int | None = None
     refused: str | None = None  # the endpoint's error for this prompt
+    slice: str | None = None  # the prompt's slice (PromptCase.slice): judged on its own as well as in the whole set
 
     @property
     def agree(self) -> bool:
@@ -182,13 +183,54 @@ def _rule_accuracy(test: NonInferiority) -> GateRule:
                 f"at margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α {test.alpha}"))
 
 
+def slice_names(cases: list[CaseEvidence]) -> list[str]:
+    """The named slices among the cases, in the order they first appear."""
+    return list(dict.fromkeys(c.slice for c in cases if c.slice is not None))
+
+
+def first_n_count_needed(bound: float, confidence: float = 0.95) -> int:
+    """The fewest prompts whose Wilson lower bound reaches `bound` when every one agrees (n / (n + z²) ≥ bound):
+    a slice smaller than this fails its first-N rule whatever the build does."""
+    n = 1
+    while wilson_lower_bound(n, n, confidence) < bound and n < 10_000:
+        n += 1
+    return n
+
+
+def _divergence_rules(cases: list[CaseEvidence], policy: GatePolicy, confidence: float,
+                      slice_name: str | None = None) -> list[GateRule]:
+    """First-N-token agreement (Wilson lower bound) and matched prefix, on the whole set or on one named slice."""
+    n = len(cases)
+    k = policy.first_n_tokens
+    tag = f" [{slice_name}]" if slice_name else ""
+    where = f"slice '{slice_name}': " if slice_name else ""
+    first = sum(c.first_n_agree(k) for c in cases)
+    lower = wilson_lower_bound(first, n, confidence)
+    ok = lower >= policy.min_first_n_agreement
+    detail = (f"{where}{first}/{n}, {confidence:.0%} lower bound {lower:.3f} "
+              f"{'≥' if ok else '<'} {policy.min_first_n_agreement}")
+    need = first_n_count_needed(policy.min_first_n_agreement, confidence)
+    if n < need:
+        detail += f" (too few prompts: even {n}/{n} stays below the bound; it needs at least {need})"
+    rules = [GateRule(name=f"first-{k}-token agreement{tag}", ok=ok, kind="divergence", detail=detail)]
+    share = sum(c.prefix_share for c in cases) / n
+    mean_tokens = sum(c.matched_prefix for c in cases) / n
+    ok = share >= policy.min_prefix_share
+    rules.append(GateRule(name=f"matched prefix{tag}", ok=ok, kind="divergence",
+                          detail=f"{where}mean matched prefix {mean_tokens:.1f} tokens, {share:.2f} of the reference "
+                                 f"answer {'≥' if ok else '<'} {policy.min_prefix_share}"))
+    return rules
+
+
 def judge(
     cases: list[CaseEvidence], policy: GatePolicy, *, max_new_tokens: int, reference_tokenizer_digest: str,
     served_tokenizer_digest: str | None = None, logprob_mean_abs_diff: float | None = None,
     logprob_tokens: int = 0, small_sample: Literal["refuse", "warn"] = "refuse",
     min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
 ) -> GateVerdict:
-    """Every rule with its numbers."""
+    """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
+    the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
+    the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`."""
     if not cases:
         raise ValueError("no cases to judge")
     rules = [
@@ -203,25 +245,15 @@ def judge(
         rules.append(_rule_accuracy(paired_noninferiority(
             [bool(c.reference_correct) for c in graded], [bool(c.served_correct) for c in graded],
             margin=policy.accuracy_margin, alpha=policy.alpha)))
-    n = len(cases)
-    k = policy.first_n_tokens
-    first = sum(c.first_n_agree(k) for c in cases)
-    lower = wilson_lower_bound(first, n, confidence)
-    ok = lower >= policy.min_first_n_agreement
-    rules.append(GateRule(name=f"first-{k}-token agreement", ok=ok, kind="divergence",
-                          detail=f"{first}/{n}, {confidence:.0%} lower bound {lower:.3f} "
-                                 f"{'≥' if ok else '<'} {policy.min_first_n_agreement}"))
-    share = sum(c.prefix_share for c in cases) / n
-    mean_tokens = sum(c.matched_prefix for c in cases) / n
-    ok = share >= policy.min_prefix_share
-    rules.append(GateRule(name="matched prefix", ok=ok, kind="divergence",
-                          detail=f"mean matched prefix {mean_tokens:.1f} tokens, {share:.2f} of the reference answer "
-                                 f"{'≥' if ok else '<'} {policy.min_prefix_share}"))
+    rules += _divergence_rules(cases, policy, confidence)
+    for name in slice_names(cases):
+        rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name)
     if logprob_mean_abs_diff is not None:
         ok = logprob_mean_abs_diff <= policy.max_logprob_diff
         rules.append(GateRule(name="log-prob distance", ok=ok, kind="divergence",
                               detail=f"mean |Δ log-prob| {logprob_mean_abs_diff:.4f} over {logprob_tokens} tokens "
                                      f"{'≤' if ok else '>'} limit {policy.max_logprob_diff}"))
+    n = len(cases)
     agree = sum(c.agree for c in cases)
     if min_full_agreement is not None:
         lb = wilson_lower_bound(agree, n, confidence)

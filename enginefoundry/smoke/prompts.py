@@ -7,9 +7,13 @@ import re
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from enginefoundry.errors import InputError
+
+# A slice name: short, lowercase, words joined by hyphens ("long-context"); it appears in rule names and metric keys.
+SLICE_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+SLICE_NAME_MAX = 32
 
 
 class MatchRule(StrEnum):
@@ -33,6 +37,19 @@ class PromptCase(BaseModel):
     messages: list[ChatMessage] | None = None
     expected: str | None = None
     match: MatchRule = MatchRule.EXACT
+    # Optional slice: the gate judges its divergence rules on the whole set and again on each named slice
+    # (e.g. "long-context": rope and position breakages only show at a distance; docs/smoke-gate.md).
+    # Excluded from model_dump: it groups prompts for the gate and is no input to the model, so the reference
+    # answers' key (reference.prompts_digest) does not move with it and sets without slices keep their key.
+    slice: str | None = Field(default=None, exclude=True)
+
+    @field_validator("slice")
+    @classmethod
+    def _slice_name(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > SLICE_NAME_MAX or not SLICE_NAME.match(v)):
+            raise ValueError(f"slice {v!r} is not a short lowercase name (letters, digits and hyphens, "
+                             f"at most {SLICE_NAME_MAX} characters, e.g. 'long-context')")
+        return v
 
     @model_validator(mode="after")
     def _one_input(self) -> PromptCase:
@@ -65,6 +82,11 @@ class PromptCase(BaseModel):
 class PromptSet(BaseModel):
     path: str
     cases: list[PromptCase] = Field(min_length=1)
+
+    @property
+    def slices(self) -> list[str]:
+        """The named slices, in the order they first appear."""
+        return list(dict.fromkeys(c.slice for c in self.cases if c.slice is not None))
 
 
 def prompt_set_digest(path: Path) -> str:
