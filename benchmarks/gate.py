@@ -10,7 +10,9 @@ For each model (benchmarks/gate_models.py builds them on demand from PyPI packag
     lm_head rows permuted.
 Each build is served by `transformers serve` (OMP_NUM_THREADS=1) and judged by `enginefoundry smoke` at its
 default settings against the model's fp32 source (the reference answers are computed once, then reused).
-Prints one row per build, then false-reject and false-accept rates and the sample sizes.
+Prints one row per build, then false-reject and false-accept rates and the sample sizes. gate_prompts.jsonl ends
+with a long-context slice (benchmarks/make_long_prompts.py) that the gate also judges on its own; the
+`slice first-N` column shows its first-N-token agreement.
 
 --reduced (what CI runs, tests/e2e/test_gate_benchmark.py): one model, the first 48 prompts (the 16-bit policy
 needs 47), bf16 plus three breakages.
@@ -89,7 +91,9 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
             "verdict": "pass" if result["rc"] == 0 else "reject", "failed rules": ", ".join(failed) or "-",
             "prompts": r["n"], "min n": graded.split(" needed")[0].split()[-1] if graded else "?",
             "acc unit/ref": acc, "first-N": f"{r['first_n_agreement']:.2f}", "prefix": f"{r['mean_prefix_share']:.2f}",
-            "full agree": f"{r['agree']}/{r['n']}", "s": result["seconds"]}
+            "full agree": f"{r['agree']}/{r['n']}",
+            "slice first-N": ", ".join(f"{x['name']} {x['first_n_agree']}/{x['n']}" for x in r.get("slices", []))
+            or "-", "s": result["seconds"]}
 
 
 def print_table(rows: list[dict]) -> None:

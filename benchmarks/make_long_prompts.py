@@ -93,11 +93,6 @@ FILLER = [
     "Wednesdays, and there is a film club that shows an old film on the last Friday of every month.",
 ]
 
-# Other buildings of the town, one mentioned in some everyday paragraphs: the question's fact must be told apart
-# from facts of the same kind further on.
-OTHERS = [("old mill", "built"), ("chapel", "built"), ("village hall", "opened"), ("boathouse", "built"),
-          ("post office", "opened"), ("fire station", "opened")]
-
 QUESTIONS = {
     "person": "According to the passage, who {verb} the {what} in {town}? Answer in one short sentence.",
     "year": "According to the passage, in which year was the {what} in {town} {verb}? Answer in one short sentence.",
@@ -108,15 +103,7 @@ QUESTIONS = {
 }
 
 
-FREE = {
-    "person": "Who {verb} the {what} in {town}?",
-    "year": "When was the {what} in {town} {verb}?",
-    "count": "How many {count} does the {what} in {town} have?",
-    "colour": "What colour is the door of the {what} in {town}?",
-}
-
-
-def case(i: int, paragraphs: int, style: str = "sentence", distractors: bool = False) -> dict:
+def case(i: int, paragraphs: int, *, question_first: bool = True) -> dict:
     rng = random.Random(1000 + i)
     town, person = TOWNS[i % len(TOWNS)], PEOPLE[(i * 7) % len(PEOPLE)]
     what, verb, count, unit = THINGS[i % len(THINGS)]
@@ -127,18 +114,17 @@ def case(i: int, paragraphs: int, style: str = "sentence", distractors: bool = F
              f"of {town} still repaint it every spring. {person} lived next to the {what} until the end of a long "
              "life and is buried in the churchyard on the hill.")
     body = rng.sample(FILLER, paragraphs)
-    body = [p.format(town=town, river=river) for p in body]
-    if distractors:
-        others = rng.sample(OTHERS, len(body))
-        for j, (other, overb) in enumerate(others):
-            body[j] += (f" The {other} nearby was {overb} in {rng.randint(1782, 1938)} by "
-                        f"{rng.choice([p for p in PEOPLE if p != person])}, and its door is painted "
-                        f"{rng.choice([c for c in COLOURS if c != colour])}.")
-    passage = "\n\n".join([facts, *body])
+    passage = "\n\n".join([facts, *(p.format(town=town, river=river) for p in body)])
     kind = list(QUESTIONS)[i % len(QUESTIONS)]
     expected = {"person": person.split()[-1], "year": str(year), "count": str(number), "colour": colour}[kind]
-    question = (QUESTIONS if style == "sentence" else FREE)[kind].format(what=what, verb=verb, town=town, count=count)
-    content = f"Read the passage and answer the question.\n\n{passage}\n\nQuestion: {question}"
+    question = QUESTIONS[kind].format(what=what, verb=verb, town=town, count=count)
+    # Question first: the answer's wording then hangs on a question ~500 tokens back, not only its fact on a
+    # paragraph as far. Asked after the passage, the model copies its wording from the adjacent question and
+    # Qwen2.5's rope base ÷ 100 changed the first four tokens of only 2 of 16 answers (question first: 6 of 11).
+    if question_first:
+        content = f"Read the passage below, then answer this question about it: {question}\n\n{passage}"
+    else:
+        content = f"Read the passage and answer the question.\n\n{passage}\n\nQuestion: {question}"
     return {"id": f"long-{i + 1:02d}-{kind}", "slice": "long-context",
             "messages": [{"role": "user", "content": content}], "expected": expected, "match": "contains"}
 
@@ -147,15 +133,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--count", type=int, default=16)
     ap.add_argument("--paragraphs", type=int, default=5, help="everyday paragraphs after the facts")
-    ap.add_argument("--style", choices=("sentence", "free"), default="sentence",
-                    help="'sentence': 'Answer in one short sentence.'; 'free': the bare question")
-    ap.add_argument("--distractors", action="store_true",
-                    help="everyday paragraphs also name other buildings with their own year, builder and door colour")
-    ap.add_argument("--id-prefix", default="long")
+    ap.add_argument("--question-last", action="store_true",
+                    help="ask after the passage instead (measured: too easy to tell a rope breakage)")
     args = ap.parse_args()
     for i in range(args.count):
-        c = case(i, args.paragraphs, args.style, args.distractors)
-        c["id"] = c["id"].replace("long-", f"{args.id_prefix}-", 1)
+        c = case(i, args.paragraphs, question_first=not args.question_last)
         sys.stdout.write(json.dumps(c, ensure_ascii=False) + "\n")
     return 0
 
