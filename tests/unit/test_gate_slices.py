@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,8 @@ def test_the_report_carries_per_slice_numbers_next_to_the_top_level_ones():
     assert summary["smoke_slice_long_context_n"] == 16
     assert summary["smoke_slice_long_context_first_n_agreement"] == 0.5
     assert summary["smoke_slice_long_context_prefix_share"] == 0.5
+    # what outcomes.unit_metrics logs to MLflow: numbers under plain metric names (letters, digits, underscores)
+    assert all(re.fullmatch(r"[a-z0-9_]+", k) and float(v) == float(v) for k, v in summary.items())
     dumped = report.model_dump(mode="json")
     assert {"first_n_agreement", "mean_prefix_share", "agree", "n", "served_accuracy"} <= set(dumped)
     assert dumped["slices"][0]["name"] == "long-context"
