@@ -29,6 +29,7 @@ from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.run_records import run_metrics
 from enginefoundry.run_summary import RunSummary, UnitOutcome, work_root
+from enginefoundry.smoke.sibling import reference_waves, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
 from enginefoundry.tasks._log import progress_logger
@@ -167,6 +168,9 @@ def build_engines(
     log = progress_logger()  # Prefect's run logger: waiting for another run's lease shows in the UI
     plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, rehash=verify_hits,
                       progress=log)
+    # smoke.reference: sibling: a unit judged by its sibling's served answers runs in a later wave than it.
+    siblings = sibling_refs(build_spec, units, keyed.keys)
+    waves = reference_waves(plan.misses, siblings)
     convert_s = 0.0
     built: dict[str, UnitOutcome] = {}
     try:
@@ -175,9 +179,10 @@ def build_engines(
         if mode == "cluster":
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
-            built = dispatch_units(build_spec, spec_payload(build_spec), plan.misses, keyed.components, snapshot,
-                                   parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-                                   replace=force)
+            for wave in waves:
+                built |= dispatch_units(build_spec, spec_payload(build_spec), wave, keyed.components, snapshot,
+                                        parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
+                                        replace=force, siblings=siblings)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
             t_convert = time.monotonic()
@@ -185,10 +190,11 @@ def build_engines(
                 if unit.variant.name not in converted:
                     converted[unit.variant.name] = convert_variant(build_spec, unit.variant, snapshot)
             convert_s = time.monotonic() - t_convert
-            for unit in plan.misses:
+            for unit in (u for wave in waves for u in wave):
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 built[unit.name] = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
-                                            converted[unit.variant.name], parent, replace=force)
+                                            converted[unit.variant.name], parent, replace=force,
+                                            sibling=siblings.get(unit.name))
     finally:
         plan.release(progress=log)
     outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, store, parent) for unit in units]
