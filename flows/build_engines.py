@@ -1,5 +1,6 @@
-"""The build flow: fetch → plan the cache → convert → (per missing unit) build → serve → smoke → bench →
-publish → track; hits are recorded, not rebuilt.
+"""The build flow: fetch → plan the cache → convert → (per missing unit) reference → build → serve → smoke →
+bench → publish → track; hits are recorded, not rebuilt. With `smoke.reference: sibling` the units run in
+waves: a sibling before the units its served answers judge.
 
 Two modes (the `mode` parameter). Embedded: every unit runs in this process as a subflow. Cluster: each
 unit that is not published yet goes to the `build-unit/<pool>` deployment of its target's work pool
