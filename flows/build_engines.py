@@ -30,7 +30,7 @@ from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.run_records import run_metrics
 from enginefoundry.run_summary import RunSummary, UnitOutcome, work_root
-from enginefoundry.smoke.sibling import reference_waves, sibling_refs
+from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
 from enginefoundry.tasks._log import progress_logger
@@ -181,9 +181,12 @@ def build_engines(
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
             for wave in waves:
-                built |= dispatch_units(build_spec, spec_payload(build_spec), wave, keyed.components, snapshot,
-                                        parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-                                        replace=force, siblings=siblings)
+                built |= refused_by_sibling(wave, siblings, built)  # its sibling failed or was rejected
+                todo = [u for u in wave if u.name not in built]
+                if todo:
+                    built |= dispatch_units(build_spec, spec_payload(build_spec), todo, keyed.components, snapshot,
+                                            parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
+                                            replace=force, siblings=siblings)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
             t_convert = time.monotonic()
@@ -192,6 +195,9 @@ def build_engines(
                     converted[unit.variant.name] = convert_variant(build_spec, unit.variant, snapshot)
             convert_s = time.monotonic() - t_convert
             for unit in (u for wave in waves for u in wave):
+                built |= refused_by_sibling([unit], siblings, built)
+                if unit.name in built:
+                    continue
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 built[unit.name] = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
                                             converted[unit.variant.name], parent, replace=force,

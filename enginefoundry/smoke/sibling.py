@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.errors import ReferenceRefused
 from enginefoundry.publish import find_current
+from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_sibling_reference
 from enginefoundry.spec import BuildSpec
@@ -62,6 +63,28 @@ def reference_waves(units: list[Unit], siblings: dict[str, SiblingRef]) -> list[
     return [waves[d] for d in sorted(waves)]
 
 
+def _refusal(label: str, status: str, reason: str) -> str:
+    said = {"rejected": "was rejected by its own gate", "failed": "failed"}.get(status, f"is {status}")
+    return (f"refused: its reference, {label}, {said} ({reason or 'no reason recorded'}); a sibling that did not "
+            f"pass its own gate judges no other unit: fix the sibling, {FIX}")
+
+
+def refused_by_sibling(units: list[Unit], siblings: dict[str, SiblingRef],
+                       outcomes: dict[str, UnitOutcome]) -> dict[str, UnitOutcome]:
+    """Units of a later wave whose sibling this run built, or failed to build, without passing its gate: refused
+    before anything of theirs runs (no fetch, conversion or build on a worker)."""
+    refused = {}
+    for unit in units:
+        ref = siblings.get(unit.name)
+        sib = outcomes.get(ref.unit) if ref is not None else None
+        if ref is None or sib is None or sib.ok:
+            continue
+        label = f"sibling unit {ref.unit} (key {ref.key[:12]})"
+        refused[unit.name] = UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
+                                         reason=_refusal(label, sib.status, sib.reason)[:300])
+    return refused
+
+
 def sibling_reference(
     ref: SiblingRef, spec: BuildSpec, cases: list[PromptCase], *, store: Store, model_dir: Path,
     cache_dir: Path | None = None,
@@ -75,9 +98,7 @@ def sibling_reference(
         raise ReferenceRefused(f"refused: its reference, {label}, is not published (it failed or was not built); "
                                f"fix the sibling's own failure first, {FIX}")
     if manifest.status != "candidate":
-        raise ReferenceRefused(f"refused: its reference, {label}, was {manifest.status} by its own gate "
-                               f"({manifest.status_reason or 'no reason recorded'}); a sibling that failed its gate "
-                               f"judges no other unit: fix the sibling, {FIX}")
+        raise ReferenceRefused(_refusal(label, manifest.status, manifest.status_reason))
     found = load_sibling_reference(ref.unit, ref.key, cases, max_new_tokens=spec.smoke.max_new_tokens,
                                    dtype=ref.precision, model_dir=model_dir, store=store, cache_dir=cache_dir)
     if found is None:

@@ -11,6 +11,7 @@ import yaml
 
 from enginefoundry.errors import ReferenceRefused
 from enginefoundry.publish import publish_build
+from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.smoke.prompts import load_prompt_set
 from enginefoundry.smoke.reference import (
     ReferenceAnswer,
@@ -22,7 +23,14 @@ from enginefoundry.smoke.reference import (
     sibling_reference_key,
     store_key,
 )
-from enginefoundry.smoke.sibling import SiblingRef, reference_waves, serves_as_sibling, sibling_reference, sibling_refs
+from enginefoundry.smoke.sibling import (
+    SiblingRef,
+    reference_waves,
+    refused_by_sibling,
+    serves_as_sibling,
+    sibling_reference,
+    sibling_refs,
+)
 from enginefoundry.spec import parse_spec
 from enginefoundry.store import open_store
 from enginefoundry.units import expand_units, key_of
@@ -139,3 +147,24 @@ def test_a_rejected_unpublished_or_silent_sibling_refuses_its_dependents_with_th
     answers, outcome = sibling_reference(good, spec, CASES, store=store, model_dir=TINY_MODEL,
                                          cache_dir=tmp_path / "c")
     assert answers.answers == ANSWERS and outcome.sibling_unit == good.unit and outcome.sibling_key == good_key
+
+
+def test_units_whose_sibling_this_run_rejected_or_failed_are_refused_before_they_run():
+    spec = _spec([{"precision": "fp8"}, {"precision": "fp32"}], reference="sibling", reference_sibling="fp32")
+    units = expand_units(spec)
+    refs = sibling_refs(spec, units, _keys(units))
+    built = {
+        "fp32-tp1.chat.cpu": UnitOutcome(unit="fp32-tp1.chat.cpu", target="cpu", status="rejected",
+                                         reason="smoke gate: task accuracy 3/20 vs reference 18/20"),
+        "fp32-tp1.long.cpu": UnitOutcome(unit="fp32-tp1.long.cpu", target="cpu", status="candidate"),
+    }
+    refused = refused_by_sibling(units, refs, built)
+    assert list(refused) == ["fp8-tp1.chat.cpu"]  # the long profile's sibling passed; the siblings judge nothing
+    out = refused["fp8-tp1.chat.cpu"]
+    assert out.status == "failed" and out.reason.startswith(
+        "refused: its reference, sibling unit fp32-tp1.chat.cpu (key ")
+    assert "was rejected by its own gate (smoke gate: task accuracy 3/20 vs reference 18/20)" in out.reason
+    failed = {"fp32-tp1.chat.cpu": built["fp32-tp1.chat.cpu"].model_copy(update={"status": "failed",
+                                                                                   "reason": "build: exit 1"})}
+    assert "fp32-tp1.chat.cpu (key " in refused_by_sibling(units, refs, failed)["fp8-tp1.chat.cpu"].reason
+    assert "failed (build: exit 1)" in refused_by_sibling(units, refs, failed)["fp8-tp1.chat.cpu"].reason
