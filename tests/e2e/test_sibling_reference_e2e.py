@@ -17,12 +17,13 @@ from enginefoundry.smoke.reference import SiblingReferenceKey
 from tests.support.paths import CONFIGS, TINY_MODEL, TINY_PROMPTS
 
 
-def _spec(tmp: Path) -> Path:
+def _spec(tmp: Path, **smoke: object) -> Path:
     doc = yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text())
     doc["name"] = "tiny-sibling"
     doc["model"]["source"] = str(TINY_MODEL)
     doc["variants"] = [{"precision": "bf16"}, {"precision": "fp32"}]  # spec order puts the judged unit first
-    doc["smoke"].update({"prompts": str(TINY_PROMPTS), "reference": "sibling", "reference_sibling": "fp32"})
+    doc["smoke"].update({"prompts": str(TINY_PROMPTS), "reference": "sibling", "reference_sibling": "fp32",
+                         **smoke})
     doc["benchmark"]["enabled"] = False
     doc["publish"]["store"] = f"file://{tmp / 'store'}"
     doc["tracking"]["mlflow_uri"] = f"sqlite:///{tmp / 'mlflow.db'}"
@@ -31,12 +32,16 @@ def _spec(tmp: Path) -> Path:
     return path
 
 
-def test_the_bf16_unit_is_judged_against_its_fp32_sibling_and_loads_no_reference_model(tmp_path: Path):
-    env = {**os.environ, "EF_WORK_DIR": str(tmp_path / "work"), "EF_CACHE_DIR": str(tmp_path / "cache"),
-           "EF_REFERENCE_CACHE": str(tmp_path / "references"), "PREFECT_HOME": str(tmp_path / "prefect"),
+def _run(tmp: Path, spec: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EF_WORK_DIR": str(tmp / "work"), "EF_CACHE_DIR": str(tmp / "cache"),
+           "EF_REFERENCE_CACHE": str(tmp / "references"), "PREFECT_HOME": str(tmp / "prefect"),
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
-    run = subprocess.run([sys.executable, "-m", "enginefoundry.cli", "run", str(_spec(tmp_path))], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-m", "enginefoundry.cli", "run", str(spec)], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_the_bf16_unit_is_judged_against_its_fp32_sibling_and_loads_no_reference_model(tmp_path: Path):
+    run = _run(tmp_path, _spec(tmp_path))
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
     # The source reference is computed once (for fp32), before the bf16 unit that comes first in the spec.
@@ -66,3 +71,16 @@ def test_the_bf16_unit_is_judged_against_its_fp32_sibling_and_loads_no_reference
     bf16_tags = next(t for name, t in tags.items() if "bf16" in name)
     assert bf16_tags[mltags.SMOKE_REFERENCE].startswith("sibling unit fp32-tp1.chat.cpu (key ")
     assert bf16_tags[mltags.SMOKE_REFERENCE_KEY] == SiblingReferenceKey.model_validate(sibling_doc["key"]).digest
+
+
+def test_a_sibling_rejected_by_its_gate_judges_nothing_and_its_dependent_is_refused_unbuilt(tmp_path: Path):
+    # A floor no finite prompt set clears (the Wilson lower bound of 108/108 is 0.966): the fp32 unit is
+    # rejected by its own gate, for real.
+    run = _run(tmp_path, _spec(tmp_path, min_agreement=1.0))
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-4000:]
+    assert "refused: its reference, sibling unit fp32-tp1.chat.cpu (key " in out, out[-4000:]
+    assert "was rejected by its own gate (smoke gate: " in out
+    assert "judged against sibling unit" not in out  # the bf16 unit never ran
+    units = {p.parent.parent.name for p in (tmp_path / "work").rglob("reports/smoke.json")}
+    assert len(units) == 1
