@@ -124,3 +124,7 @@ def exception_chain(err: BaseException, limit: int = 10) -> list[BaseException]:
         seen.append(cur)
         cur = cur.__cause__ or cur.__context__
     return seen
+
+
+class ReferenceRefused(PipelineError):
+    """A unit cannot be judged: its sibling reference is rejected, unpublished or has no answers for its prompts."""

@@ -35,9 +35,10 @@ RUN_TIMEOUT_S = 900
 STAGES = {
     "fetch": r"Beginning flow run 'build ",
     "convert": r"convert: \S+ with lane",
+    "reference": r"smoke: (reference answers \S+ from|computing \d+ reference answers)",  # before the build
     "build": r"build: \S+ on \S+$",
     "serve": r"serve: .* starting",
-    "smoke": r"smoke: (reference answers \S+ from|computing \d+ reference answers)",
+    "smoke": r"smoke: \d+/\d+ prompts answered",  # the server up, the gate asking it
     "bench": r"bench: \S+ \(\d+ requests",  # the sweep's first point starts (aiperf may finish within 10 s)
     "publish": r"publish: (?!checkpoint)",
     "register": r"Task run 'record unit",  # the unit's run is recorded right before registration
