@@ -184,6 +184,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1b,3b", help="comma-separated: 1b, 3b, 8b")
     ap.add_argument("--keep", help="work in this folder and keep it (default: a temporary one)")
+    ap.add_argument("--no-cast", action="store_true",
+                    help="skip the bf16→fp32 cast and publish the bf16 conversion (a 3b shape then fits in ~6× "
+                         "its size of free disk instead of ~9×)")
     args = ap.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="ef-scale-"))
@@ -205,9 +208,10 @@ def main() -> int:
             print(f"[{shape}] generating random bf16 weights …", flush=True)
             size = write_shards(src, shape)
             free = shutil.disk_usage(tmp).free
-            # source, hub worktree + objects, hub cache, fp32 cast (2×) and its raw copy (2×)
-            if free < 9 * size:
-                print(f"[{shape}] skipped: {size / 2**30:.1f} GiB model needs ~{9 * size / 2**30:.0f} GiB free, "
+            # source, hub worktree + objects, hub cache, fp32 cast (2×) and its raw copy (2×); S3 holds the upload
+            need = (6 if args.no_cast else 9) * size
+            if free < need:
+                print(f"[{shape}] skipped: {size / 2**30:.1f} GiB model needs ~{need / 2**30:.0f} GiB free, "
                       f"{free / 2**30:.0f} GiB free")
                 shutil.rmtree(src)
                 continue
@@ -225,11 +229,16 @@ def main() -> int:
             local = r_fetch["local_dir"]
             r_none = stage("convert", {"src": local, "dest": str(tmp / f"work-{shape}" / "bf16"),
                                        "dtype": "bfloat16"}, env)
-            r_cast = stage("convert", {"src": local, "dest": str(tmp / f"work-{shape}" / "fp32"),
-                                       "dtype": "float32"}, env)
-            cast_dir = tmp / f"work-{shape}" / "fp32"
-            r_cp_cast = stage("cp", {"src": str(cast_dir), "dest": str(tmp / f"cp2-{shape}")}, env)
-            shutil.rmtree(tmp / f"cp2-{shape}")
+            if args.no_cast:
+                r_cast = None
+                cast_dir = tmp / f"work-{shape}" / "bf16"  # what gets published: the linked bf16 conversion
+                r_cp_cast = r_cp
+            else:
+                r_cast = stage("convert", {"src": local, "dest": str(tmp / f"work-{shape}" / "fp32"),
+                                           "dtype": "float32"}, env)
+                cast_dir = tmp / f"work-{shape}" / "fp32"
+                r_cp_cast = stage("cp", {"src": str(cast_dir), "dest": str(tmp / f"cp2-{shape}")}, env)
+                shutil.rmtree(tmp / f"cp2-{shape}")
             r_boto = stage("boto3", {"src": str(cast_dir), "shape": shape}, env)
             r_pub = stage("publish", {"src": str(cast_dir), "store": f"s3://enginefoundry/scale-{shape}",
                                       "shape": shape}, env)
@@ -237,7 +246,9 @@ def main() -> int:
             if r_verify["rc"] != 0:
                 raise SystemExit(f"verify failed: {r_verify['tail']}")
             written = du(tmp / "cache", tmp / "hf", tmp / f"work-{shape}") - before
-            unique = size + du(cast_dir)  # the source, and the fp32 cast (the bf16 "cast" is links)
+            # the source, and the fp32 cast (the bf16 "cast" is links to the source's files)
+            unique = size + (0 if args.no_cast else du(cast_dir))
+            published = "bf16" if args.no_cast else "fp32"
             raw_io = r_cp["wall_s"] + r_sha["wall_s"]
             cast_bytes = du(cast_dir)
             rows += [
@@ -245,10 +256,11 @@ def main() -> int:
                 {"shape": shape, "stage": "raw sha256sum", **r_sha, "limit_s": r_sha["wall_s"]},
                 {"shape": shape, "stage": "fetch (download+hash)", **r_fetch, "limit_s": raw_io},
                 {"shape": shape, "stage": "convert bf16→bf16", **r_none, "limit_s": None},
-                {"shape": shape, "stage": "convert bf16→fp32", **r_cast, "limit_s": r_cp_cast["wall_s"]},
+                *([] if r_cast is None else [
+                    {"shape": shape, "stage": "convert bf16→fp32", **r_cast, "limit_s": r_cp_cast["wall_s"]}]),
                 {"shape": shape, "stage": "raw boto3 upload", **r_boto, "limit_s": r_boto["wall_s"]},
                 # publish must hash (for the blob names) and upload: its limit is a plain upload plus a hash.
-                {"shape": shape, "stage": "publish fp32 → S3", **r_pub,
+                {"shape": shape, "stage": f"publish {published} → S3", **r_pub,
                  "limit_s": r_boto["wall_s"] + r_sha["wall_s"] * cast_bytes / size},
                 # verify streams every blob back from S3 and hashes it: the limit is hashing those bytes.
                 {"shape": shape, "stage": "verify (S3 re-hash)", **r_verify,

@@ -58,39 +58,62 @@ class StoreError(PipelineError):
 # botocore and the standard library each have their own.
 _TRANSIENT_TYPES = frozenset({
     "ConnectionError", "ConnectionResetError", "ConnectionRefusedError", "ConnectionAbortedError", "BrokenPipeError",
-    "TimeoutError", "ConnectTimeout", "ReadTimeout", "ConnectError", "ReadError", "WriteError", "RemoteProtocolError",
-    "PoolTimeout", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-    "ProtocolError", "ChunkedEncodingError", "IncompleteRead", "IncompleteReadError", "ResponseStreamingError",
+    "TimeoutError", "ConnectTimeout", "ReadTimeout", "Timeout", "ConnectError", "ReadError", "WriteError",
+    "RemoteProtocolError", "PoolTimeout", "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+    "ConnectionClosedError", "ProtocolError", "ChunkedEncodingError", "IncompleteRead", "IncompleteReadError",
+    "ResponseStreamingError",
 })
-_TRANSIENT_S3_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                                 "ServiceUnavailable", "RequestTimeTooSkewed"})
+# Error codes that mean "slow down" or "try later": S3 (botocore), AWS APIs in general, MLflow's REST errors.
+_TRANSIENT_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError", "ServiceUnavailable",
+    "RequestTimeTooSkewed", "RequestLimitExceeded", "TooManyRequests", "RequestThrottled",
+    "ProvisionedThroughputExceededException", "RESOURCE_EXHAUSTED", "REQUEST_LIMIT_EXCEEDED",
+    "TEMPORARILY_UNAVAILABLE",
+})
+# What an MlflowException's text says when the server or its database was briefly unavailable; a locked SQLite
+# file is MLflow's local backend under concurrent runs.
+_TRANSIENT_MLFLOW_TEXT = ("api request to", "database is locked", "connection refused", "connection reset",
+                          "connection aborted", "max retries exceeded", "timed out", "temporarily unavailable",
+                          "remote end closed")
 
 
 def is_transient(err: BaseException) -> bool:
-    """True for errors worth a retry (a connection refused or reset, a timeout, HTTP 429/5xx, S3 throttling, an
-    unreachable MLflow or hub); False for everything a retry cannot fix (bad input, a failed gate, integrity
-    errors). Looks through the chain, since clients wrap what they caught."""
-    for e in exception_chain(err):
-        name = type(e).__name__
-        if name in _TRANSIENT_TYPES:
+    """True for errors worth a retry (a connection refused or reset, a timeout, HTTP 429/5xx, S3 or API
+    throttling, an unreachable MLflow or hub, a locked SQLite tracking file); False for everything a retry
+    cannot fix (bad input, a missing object, a permission error, a failed gate, integrity errors). Looks
+    through the chain, since clients wrap what they caught. The one classifier for Prefect task retries
+    (tasks/_retry.py), `retry.retry_transient` and `pull`."""
+    return any(_transient_one(e) for e in exception_chain(err))
+
+
+def _transient_one(e: BaseException) -> bool:
+    name = type(e).__name__
+    if name in _TRANSIENT_TYPES or isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    if name == "OperationalError":  # sqlite3 / SQLAlchemy: only a lock is worth waiting for
+        return "locked" in str(e).lower()
+    response = getattr(e, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        code = response.get("Error", {}).get("Code", "")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return code in _TRANSIENT_CODES or status >= 500 or status == 429
+    status = getattr(response, "status_code", None)
+    if isinstance(status, int) and (status == 429 or status >= 500):
+        return True
+    error_code = getattr(e, "error_code", None)
+    if name == "MlflowException" or isinstance(error_code, str):
+        if error_code in _TRANSIENT_CODES:
             return True
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):  # botocore ClientError
-            code = response.get("Error", {}).get("Code", "")
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            if code in _TRANSIENT_S3_CODES or status >= 500:
-                return True
-        status = getattr(response, "status_code", None)
-        if isinstance(status, int) and (status == 429 or status >= 500):
+        text = str(e).lower()
+        if any(t in text for t in _TRANSIENT_MLFLOW_TEXT):
             return True
-        text = str(e)
-        if name == "MlflowException" and ("API request to" in text or "TEMPORARILY_UNAVAILABLE" in text):
-            return True
-        if isinstance(e, SourceError) and "cannot reach" in text:
-            return True
-        if isinstance(e, StoreError) and any(word in text for word in (*_TRANSIENT_TYPES, *_TRANSIENT_S3_CODES)):
-            return True  # the store names the client error it wrapped
-    return False
+        http_status = getattr(e, "get_http_status_code", lambda: 0)()
+        return isinstance(http_status, int) and (http_status >= 500 or http_status == 429)
+    text = str(e)
+    if isinstance(e, SourceError) and "cannot reach" in text:
+        return True
+    # The store names the client error it wrapped.
+    return isinstance(e, StoreError) and any(word in text for word in (*_TRANSIENT_TYPES, *_TRANSIENT_CODES))
 
 
 def exception_chain(err: BaseException, limit: int = 10) -> list[BaseException]:
@@ -101,3 +124,7 @@ def exception_chain(err: BaseException, limit: int = 10) -> list[BaseException]:
         seen.append(cur)
         cur = cur.__cause__ or cur.__context__
     return seen
+
+
+class ReferenceRefused(PipelineError):
+    """A unit cannot be judged: its sibling reference is rejected, unpublished or has no answers for its prompts."""

@@ -94,6 +94,7 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
     # The parent-death signal fires when the starting *thread* ends, so it is only set from the main thread;
     # the reaper covers servers started from other threads.
     main = threading.current_thread() is threading.main_thread()
+    proc: subprocess.Popen[bytes] | None = None
     with log_path.open("wb") as log:
         try:
             with signals_held():
@@ -103,13 +104,17 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
                     preexec_fn=die_with_parent() if main else None,
                 )
                 reap_with_this_process(proc.pid)  # registered before a held signal can end this process
+                with _LOCK:  # and known to _stop_all, which the SIGTERM handler runs as the block ends
+                    _LIVE[proc.pid] = proc
         except FileNotFoundError:
             raise ToolError(
                 f"serve: '{cmd.command.argv[0]}' not found; install the lane's server (for the reference lane: "
                 "pip install -e '.[reference]')"
             ) from None
-    with _LOCK:
-        _LIVE[proc.pid] = proc
+        except BaseException:  # a signal held during the fork, delivered as the block ends
+            if proc is not None:
+                stop_server(proc.pid)
+            raise
     base = f"http://{host}:{port}"
     try:
         _wait_healthy(proc, base + cmd.health_path, timeout_s, log_path)

@@ -14,6 +14,7 @@ with a note (configs/model-configs/ has the Llama 3 configs, so `plan` can estim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu import GPUInfo, match_target
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
-from enginefoundry.spec import Arch, BuildSpec, Precision, Target
+from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
 from enginefoundry.units import Unit
 
 GIB = 1024**3
@@ -428,25 +429,113 @@ def _gib(n: float) -> str:
 REFERENCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def reference_check(spec: BuildSpec, shape: ModelShape, host_memory: int | None, *, on_worker: bool) -> Check:
-    """The smoke reference loads the whole source in `smoke.reference_precision` on the host (params × bytes,
-    +20% for activations and the tokenizer). It refuses when that exceeds `smoke.reference_host_memory_gib`
-    (the limit the spec allows, checked before any download) or, on the worker, the host's memory."""
-    dtype = spec.smoke.reference_precision
-    need = int(shape.param_count() * REFERENCE_DTYPE_BYTES.get(dtype, 4) * 1.2)
-    allowed = spec.smoke.reference_host_memory_gib
-    limit = int(allowed * GIB) if allowed is not None else host_memory
-    if limit is None:
-        return Check(name="reference_memory", ok=True, message=f"the {dtype} reference needs ≈{_gib(need)} host memory")
-    ok = need <= limit or (allowed is None and not on_worker)
-    where = "smoke.reference_host_memory_gib allows" if allowed is not None else "this host has"
-    half = shape.param_count() * 2 * 1.2
-    fix = None if ok else (
-        (f"smoke.reference_precision: bf16 (≈{_gib(half)})" if dtype == "fp32" and half <= limit else
-         "a larger reference host (smoke.reference_host_memory_gib)")
-        + ", or reference answers already published for this source (computed once on a host where they fit)")
-    return Check(name="reference_memory", ok=ok, fix=fix,
-                 message=f"the {dtype} smoke reference needs ≈{_gib(need)} host memory; {where} {_gib(limit)}")
+class ReferenceFit(BaseModel):
+    """Where a source reference of one dtype would run, what it needs and what that place allows."""
+
+    dtype: str
+    device: ReferenceDevice
+    need: int
+    limit: int | None  # None: unknown here (no spec limit, no detected host or GPUs, no memory_gib)
+    where: str  # what sets the limit, e.g. "smoke.reference_host_memory_gib allows"
+    place: str = "the host CPU"
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.limit is None else self.need <= self.limit
+
+
+def reference_need(shape: ModelShape, dtype: str) -> int:
+    """The whole source in `dtype` (params × bytes), +20% for activations, the KV of greedy decoding and the
+    tokenizer."""
+    return int(shape.param_count() * REFERENCE_DTYPE_BYTES.get(dtype, 4) * 1.2)
+
+
+def reference_fit(spec: BuildSpec, unit: Unit, shape: ModelShape, dtype: str, device: ReferenceDevice,
+                  host_memory: int | None, gpus: Sequence[GPUInfo] | None) -> ReferenceFit:
+    """cpu: host RAM (`smoke.reference_host_memory_gib`, else this host's). gpu: the unit's GPUs on its worker
+    (the model sharded by device_map="auto"): the detected GPUs of the target, else tp × pp GPUs of the
+    target's memory_gib, less the runtime margin; a cpu target has none."""
+    need = reference_need(shape, dtype)
+    if device is ReferenceDevice.CPU:
+        allowed = spec.smoke.reference_host_memory_gib
+        if allowed is not None:
+            return ReferenceFit(dtype=dtype, device=device, need=need, limit=int(allowed * GIB),
+                                where="smoke.reference_host_memory_gib allows")
+        return ReferenceFit(dtype=dtype, device=device, need=need, limit=host_memory, where="this host has")
+    t = unit.target
+    if t.arch is Arch.CPU or t.gpu_count == 0:
+        return ReferenceFit(dtype=dtype, device=device, need=need, limit=0, where=f"target {t.name} has no GPU:")
+    mem, source = _gpu_memory(t, gpus)
+    if mem is None:
+        return ReferenceFit(dtype=dtype, device=device, need=need, limit=None,
+                            where=f"target {t.name}'s GPU memory is unknown (no detected GPU, no memory_gib)")
+    count = unit.variant.tp * unit.variant.pp
+    if gpus:
+        with contextlib.suppress(PreflightError):  # GPUs that do not match: gpu_match refuses them
+            count = max(count, len(match_target(t, gpus)))
+    usable = int(count * mem * (1 - RUNTIME_MARGIN))
+    place = f"{count}× {_gib(mem)} GPUs of target {t.name} ({source})"
+    return ReferenceFit(dtype=dtype, device=device, need=need, limit=usable, where=f"{place} leave", place=place)
+
+
+def _fit_text(fit: ReferenceFit) -> str:
+    where = fit.where if fit.limit is None else f"{fit.where} {_gib(fit.limit)}"
+    what = "host memory" if fit.device is ReferenceDevice.CPU else "on GPUs"
+    return f"the {fit.dtype} smoke reference needs ≈{_gib(fit.need)} {what}; {where}"
+
+
+def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None, *, on_worker: bool,
+                    gpus: Sequence[GPUInfo] | None = None) -> Check:
+    """The smoke reference of one unit, before any download. A unit judged against its sibling loads no model.
+    A source reference loads the whole source in `smoke.reference_precision` on `smoke.reference_device`
+    (reference_fit). It is refused when it exceeds what the spec allows (reference_host_memory_gib, the
+    target's GPUs) or, on the worker, the host's memory; the fix lists every option that fits in this spec."""
+    from enginefoundry.spec.siblings import sibling_variant
+
+    sibling = sibling_variant(spec, unit.variant)
+    if sibling is not None:
+        return Check(name="reference_memory", ok=True,
+                     message=f"judged against sibling unit {sibling.name}.{unit.profile.name}.{unit.target.name}'s "
+                             "served answers: no reference model is loaded")
+    dtype, device = spec.smoke.reference_precision, spec.smoke.reference_device
+    fit = reference_fit(spec, unit, shape, dtype, device, host_memory, gpus)
+    host_unchecked = device is ReferenceDevice.CPU and spec.smoke.reference_host_memory_gib is None and not on_worker
+    ok = fit.fits is not False or host_unchecked
+    if fit.limit is None or ok:
+        return Check(name="reference_memory", ok=True, message=_fit_text(fit))
+    return Check(name="reference_memory", ok=False, message=_fit_text(fit),
+                 fix="; or ".join(reference_fixes(spec, unit, shape, host_memory, gpus, fit)))
+
+
+def reference_fixes(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None,
+                    gpus: Sequence[GPUInfo] | None, failed: ReferenceFit) -> list[str]:
+    """Every way to a reference that fits in this spec: another precision, another device, a sibling unit whose
+    own reference fits, a larger host or GPUs, or answers already published."""
+    from enginefoundry.spec.siblings import higher_precision_variants
+
+    fixes = []
+    for dtype in ("bf16",) if failed.dtype == "fp32" else ():
+        alt = reference_fit(spec, unit, shape, dtype, failed.device, host_memory, gpus)
+        if alt.fits:
+            fixes.append(f"smoke.reference_precision: {dtype} (≈{_gib(alt.need)} on {alt.device.value})")
+    other = ReferenceDevice.GPU if failed.device is ReferenceDevice.CPU else ReferenceDevice.CPU
+    for dtype in dict.fromkeys((failed.dtype, "bf16") if failed.dtype == "fp32" else (failed.dtype,)):
+        alt = reference_fit(spec, unit, shape, dtype, other, host_memory, gpus)
+        if alt.fits:
+            extra = f" with smoke.reference_precision: {dtype}" if dtype != failed.dtype else ""
+            fixes.append(f"smoke.reference_device: {other.value}{extra} (≈{_gib(alt.need)} on {alt.place})")
+            break
+    for variant in higher_precision_variants(spec, unit.variant, unit.target.name):
+        sib = Unit(variant=variant, profile=unit.profile, target=unit.target)
+        if reference_fit(spec, sib, shape, failed.dtype, failed.device, host_memory, gpus).fits:
+            fixes.append(f"smoke.reference: sibling with smoke.reference_sibling: {variant.name} (unit {sib.name}, "
+                         f"whose own {failed.dtype} reference fits, judges this unit by its served answers)")
+            break
+    fixes.append("a larger reference host (smoke.reference_host_memory_gib ≥ "
+                 f"{math.ceil(failed.need / GIB)})" if failed.device is ReferenceDevice.CPU else
+                 f"GPUs with more memory for target {unit.target.name} (≥ {_gib(failed.need)} in all)")
+    fixes.append("reference answers already published for this source (computed once where they fit)")
+    return fixes
 
 
 # --- entry points --------------------------------------------------------------------------------------------
@@ -459,8 +548,8 @@ def preflight(spec: BuildSpec, unit: Unit, model_config: dict[str, Any] | None, 
     t = unit.target
     shape = ModelShape.from_config(model_config) if model_config else None
     if shape is not None:
-        report.checks.append(reference_check(spec, shape, host_memory if host_memory is not None else
-                                             host_memory_bytes(), on_worker=gpus is not None))
+        report.checks.append(reference_check(spec, unit, shape, host_memory if host_memory is not None else
+                                             host_memory_bytes(), on_worker=gpus is not None, gpus=gpus))
     lane = get_lane(spec.lane)
     if t.arch is Arch.CPU and not lane.needs_gpu:
         report.checks.append(Check(name="device", ok=True, message="cpu target: no GPU checks apply"))

@@ -18,38 +18,11 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from enginefoundry.errors import is_transient
+
+__all__ = ["backoff_delays", "is_transient", "retry_transient"]
+
 T = TypeVar("T")
-
-_THROTTLING = {"Throttling", "ThrottlingException", "SlowDown", "RequestLimitExceeded", "TooManyRequests",
-               "RequestThrottled", "ProvisionedThroughputExceededException", "RESOURCE_EXHAUSTED",
-               "REQUEST_LIMIT_EXCEEDED", "TEMPORARILY_UNAVAILABLE"}
-_TRANSIENT_TEXT = ("database is locked", "connection refused", "connection reset", "connection aborted",
-                   "max retries exceeded", "timed out", "temporarily unavailable", "remote end closed")
-
-
-def is_transient(err: BaseException) -> bool:
-    """True for errors a later attempt may not see: connection, timeout, 5xx, throttling, a locked database."""
-    if isinstance(err, (ConnectionError, TimeoutError)):
-        return True
-    response = getattr(err, "response", None)
-    if isinstance(response, dict):  # botocore ClientError
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-        code = response.get("Error", {}).get("Code", "")
-        return status >= 500 or status == 429 or code in _THROTTLING
-    name = type(err).__name__
-    if name in ("EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
-                "ConnectionError", "Timeout", "ReadTimeout", "ConnectTimeout", "OperationalError"):
-        return name != "OperationalError" or "locked" in str(err).lower()
-    error_code = getattr(err, "error_code", None)  # MlflowException
-    if isinstance(error_code, str):
-        if error_code in _THROTTLING:
-            return True
-        text = str(err).lower()
-        if any(t in text for t in _TRANSIENT_TEXT):
-            return True
-        status = getattr(err, "get_http_status_code", lambda: 0)()
-        return status >= 500 or status == 429
-    return False
 
 
 def backoff_delays(attempts: int, base_s: float, cap_s: float, rng: random.Random | None = None) -> list[float]:

@@ -73,21 +73,60 @@ except OSError:  # pragma: no cover - no libc to load
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
+_held_depth = 0  # signals_held blocks entered by the main thread and not yet left
+
+
+def _deferring(previous: Callable[[int, object], object], pending: list[int]) -> Callable[[int, object], None]:
+    """A handler that, while signals are held, only notes the signal (and the SIGTERM flag); otherwise it is
+    `previous`. It never raises while held, so nothing can be swallowed inside an at-fork hook."""
+
+    def handler(signum: int, frame: object) -> None:
+        if _held_depth > 0:
+            if signum == signal.SIGTERM:
+                _TERMINATING.set()
+            pending.append(signum)
+            return
+        previous(signum, frame)
+
+    return handler
+
+
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Block SIGINT/SIGTERM in the main thread while it forks a child; they are delivered when the block ends.
-    A fork with a preexec_fn runs Python's at-fork hooks (logging's _acquireLock/_releaseLock), and an
-    exception that a signal handler raises inside them is swallowed ("Exception ignored in _releaseLock") and
-    can leave logging's lock held: a run cancelled as AIPerf started went on with a dead server, and with the
-    lock held hung at exit. The child unblocks them in its preexec_fn (die_with_parent)."""
+    """Hold SIGINT/SIGTERM while the main thread forks a child; they are delivered when the block ends.
+
+    A fork with a preexec_fn runs Python's at-fork hooks (logging's _acquireLock/_releaseLock). An exception a
+    signal handler raises inside them is swallowed ("Exception ignored in _releaseLock") and leaves logging's
+    lock held: a run cancelled as AIPerf started went on with a dead server, and hung at exit in Prefect's log
+    drain, whose thread waited for that lock. Blocking the signals in the main thread is not enough: the kernel
+    then hands a process-directed signal to another thread, and CPython still runs the Python handler in the
+    main thread at its next bytecode, which can be inside the hook. So the Python handlers are swapped for ones
+    that only note the signal, and the noted signals are raised again once the fork is done. The mask stays
+    (the child unblocks it in its preexec_fn, die_with_parent)."""
+    global _held_depth
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    pending: list[int] = []
+    swapped: dict[int, Callable[[int, object], object]] = {}
+    for sig in _HELD_SIGNALS:
+        previous = signal.getsignal(sig)
+        if callable(previous):  # SIG_DFL and SIG_IGN keep their meaning: nothing Python runs for them
+            swapped[sig] = previous
+            signal.signal(sig, _deferring(previous, pending))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    _held_depth += 1
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        # Unmask while still holding (a signal that runs its handler now is only noted), then put the
+        # handlers back, stop holding and deliver what was noted, outside any fork.
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, previous in swapped.items():
+            signal.signal(sig, previous)
+        _held_depth -= 1
+        for sig in dict.fromkeys(pending):
+            signal.raise_signal(sig)
 
 
 def die_with_parent(parent_pid: int | None = None) -> Callable[[], None]:
@@ -250,6 +289,7 @@ def run_tool(
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset_env}
     start = time.monotonic()
     with log_path.open("wb") as log:
+        proc: subprocess.Popen[bytes] | None = None
         try:
             with signals_held():
                 proc = subprocess.Popen(
@@ -259,6 +299,10 @@ def run_tool(
                 reap_with_this_process(proc.pid)  # registered before a held signal can end this process
         except FileNotFoundError:
             raise ToolError(f"{what}: command '{argv[0]}' not found; install it or put it on PATH") from None
+        except BaseException:  # a signal held during the fork, delivered as the block ends
+            if proc is not None:
+                kill_process_group(proc)
+            raise
         install_sigterm_as_exit()
         try:
             next_note = start + progress_every_s

@@ -1,5 +1,6 @@
-"""The build flow: fetch → plan the cache → convert → (per missing unit) build → serve → smoke → bench →
-publish → track; hits are recorded, not rebuilt.
+"""The build flow: fetch → plan the cache → convert → (per missing unit) reference → build → serve → smoke →
+bench → publish → track; hits are recorded, not rebuilt. With `smoke.reference: sibling` the units run in
+waves: a sibling before the units its served answers judge.
 
 Two modes (the `mode` parameter). Embedded: every unit runs in this process as a subflow. Cluster: each
 unit that is not published yet goes to the `build-unit/<pool>` deployment of its target's work pool
@@ -29,6 +30,7 @@ from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.run_records import run_metrics
 from enginefoundry.run_summary import RunSummary, UnitOutcome, work_root
+from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
 from enginefoundry.tasks._log import progress_logger
@@ -167,6 +169,9 @@ def build_engines(
     log = progress_logger()  # Prefect's run logger: waiting for another run's lease shows in the UI
     plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, rehash=verify_hits,
                       progress=log)
+    # smoke.reference: sibling: a unit judged by its sibling's served answers runs in a later wave than it.
+    siblings = sibling_refs(build_spec, units, keyed.keys)
+    waves = reference_waves(plan.misses, siblings)
     convert_s = 0.0
     built: dict[str, UnitOutcome] = {}
     try:
@@ -175,9 +180,13 @@ def build_engines(
         if mode == "cluster":
             # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
             # checkpoint is published once per key and fetched by the others.
-            built = dispatch_units(build_spec, spec_payload(build_spec), plan.misses, keyed.components, snapshot,
-                                   parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-                                   replace=force)
+            for wave in waves:
+                built |= refused_by_sibling(wave, siblings, built)  # its sibling failed or was rejected
+                todo = [u for u in wave if u.name not in built]
+                if todo:
+                    built |= dispatch_units(build_spec, spec_payload(build_spec), todo, keyed.components, snapshot,
+                                            parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
+                                            replace=force, siblings=siblings)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
             t_convert = time.monotonic()
@@ -185,10 +194,14 @@ def build_engines(
                 if unit.variant.name not in converted:
                     converted[unit.variant.name] = convert_variant(build_spec, unit.variant, snapshot)
             convert_s = time.monotonic() - t_convert
-            for unit in plan.misses:
+            for unit in (u for wave in waves for u in wave):
+                built |= refused_by_sibling([unit], siblings, built)
+                if unit.name in built:
+                    continue
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 built[unit.name] = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
-                                            converted[unit.variant.name], parent, replace=force)
+                                            converted[unit.variant.name], parent, replace=force,
+                                            sibling=siblings.get(unit.name))
     finally:
         plan.release(progress=log)
     outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, store, parent) for unit in units]

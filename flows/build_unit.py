@@ -23,6 +23,7 @@ from enginefoundry.flows.unit import run_unit_stages
 from enginefoundry.lanes import get_lane
 from enginefoundry.placement import check_placement
 from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -63,18 +64,19 @@ def pinned(spec: BuildSpec, source: SourceIdentity) -> BuildSpec:
 @flow(name="build-unit", flow_run_name="unit {unit}", log_prints=True)
 def build_unit(
     spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity, parent_run_id: str,
-    replace: bool = False,
+    replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome | State:
     """A refusal (wrong pool, GPU or toolchain; a unit not in the spec; a source that moved) or a failed unit
-    ends the run Failed with one message and no traceback; the parent reads the outcome from the store."""
+    ends the run Failed with one message and no traceback; the parent reads the outcome from the store.
+    `sibling`: the unit whose served answers judge this one (smoke.reference: sibling)."""
     try:
-        return _build_unit(spec, unit, key_components, source, parent_run_id, replace)
+        return _build_unit(spec, unit, key_components, source, parent_run_id, replace, sibling)
     except EngineFoundryError as err:
         return Failed(message=str(err), data=err)
 
 
 def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity,
-                parent_run_id: str, replace: bool) -> UnitOutcome | State:
+                parent_run_id: str, replace: bool, sibling: SiblingRef | None = None) -> UnitOutcome | State:
     build_spec = resolve_spec(None, dict(spec))
     matches = [u for u in expand_units(build_spec) if u.name == unit]
     if not matches:
@@ -88,7 +90,7 @@ def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any],
     # The parent's identity (requested revision, URI as written in the spec) with this machine's folder.
     here = source.at(local.local_dir)
     ckpt = convert_variant(build_spec, the_unit.variant, here)
-    outcome = run_unit_stages(build_spec, the_unit, key_components, here, ckpt, parent_run_id, replace)
+    outcome = run_unit_stages(build_spec, the_unit, key_components, here, ckpt, parent_run_id, replace, sibling)
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
     if outcome.status == "failed":

@@ -26,6 +26,7 @@ from enginefoundry.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit
 from enginefoundry.errors import StoreError
 from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.settings import EnvSettings
+from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store import Store
@@ -83,10 +84,14 @@ def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -
 
 
 def unit_parameters(spec_payload: dict[str, Any], unit: Unit, key_components: dict[str, Any],
-                    snapshot: SourceSnapshot, parent_run_id: str, replace: bool = False) -> dict[str, Any]:
-    return {"spec": spec_payload, "unit": unit.name, "key_components": key_components,
-            "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id,
-            "replace": replace}
+                    snapshot: SourceSnapshot, parent_run_id: str, replace: bool = False,
+                    sibling: SiblingRef | None = None) -> dict[str, Any]:
+    params = {"spec": spec_payload, "unit": unit.name, "key_components": key_components,
+              "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id,
+              "replace": replace}
+    if sibling is not None:  # only then: deployments registered before sibling references keep working
+        params["sibling"] = sibling.model_dump(mode="json")
+    return params
 
 
 def existing_secret_blocks(client: SyncPrefectClient, wanted: dict[str, str]) -> dict[str, str]:
@@ -118,10 +123,11 @@ def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str,
 def dispatch_units(
     spec: BuildSpec, spec_payload: dict[str, Any], units: list[Unit], components: dict[str, dict[str, Any]],
     snapshot: SourceSnapshot, parent_run_id: str, store: Store, parent_flow_run_id: str | None,
-    replace: bool = False,
+    replace: bool = False, siblings: dict[str, SiblingRef] | None = None,
 ) -> dict[str, UnitOutcome]:
     """Run every unit on its pool and wait; one outcome per unit, failures included. `replace`: --force (each
-    worker's build becomes the current build of its key)."""
+    worker's build becomes the current build of its key). `siblings`: judged unit → the sibling unit whose
+    served answers judge it (the caller dispatches siblings in an earlier wave)."""
     log = get_run_logger()
     outcomes: dict[str, UnitOutcome] = {}
     started: dict[str, tuple[Unit, FlowRun]] = {}
@@ -131,7 +137,7 @@ def dispatch_units(
         try:
             run = run_deployment(
                 name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id,
-                                                 replace),
+                                                 replace, (siblings or {}).get(unit.name)),
                 timeout=0, job_variables=job_variables[unit.name],
                 flow_run_name=f"unit {unit.name}", tags=["enginefoundry", "unit", unit.target.pool],
                 # A retried parent re-attaches to the runs it already started instead of building twice.

@@ -1,4 +1,5 @@
-"""One unit that is not published yet: build → serve → smoke → bench → serving files → publish → track.
+"""One unit that is not published yet: reference → build → serve → smoke → bench → serving files → publish →
+track.
 
 `run_unit_stages` is the composition both modes share: embedded mode calls it inside the `unit-in-process`
 subflow (`unit_pipeline`) of the parent's process; cluster mode inside the `build-unit` deployment flow on a
@@ -29,6 +30,7 @@ from enginefoundry.outcomes import (
 from enginefoundry.run_summary import UnitOutcome, work_root
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks.bench import benchmark
@@ -38,7 +40,7 @@ from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serve_files import write_serving
-from enginefoundry.tasks.smoke import smoke_test
+from enginefoundry.tasks.smoke import smoke_reference, smoke_test
 from enginefoundry.tasks.track import (
     mlflow_run_link,
     prefect_context,
@@ -52,15 +54,16 @@ from enginefoundry.units import Unit, key_of
 @flow(name="unit-in-process")
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False,
+    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome:
-    """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild."""
-    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace)
+    """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
+    the unit whose served answers judge this one (run before it)."""
+    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling)
 
 
 def run_unit_stages(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False,
+    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome:
     key = key_of(key_components)
     stages: dict[str, float] = {}
@@ -69,6 +72,12 @@ def run_unit_stages(
     shutil.rmtree(unit_dir, ignore_errors=True)  # a clean start: nothing from an earlier run gets published
     report_dir = unit_dir / "reports"
     try:
+        # The reference first: a refused one (a rejected sibling) costs no build, and a GPU reference needs
+        # the unit's GPUs before its server takes them.
+        t = time.monotonic()
+        reference = smoke_reference(spec, snapshot.local_dir, snapshot.weights_digest, sibling)
+        stages["reference"] = time.monotonic() - t
+
         t = time.monotonic()
         build = build_unit(spec, unit, ckpt.result.checkpoint_dir, key)
         stages["build"] = time.monotonic() - t
@@ -81,7 +90,9 @@ def run_unit_stages(
         try:
             t = time.monotonic()
             smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir),
-                               precision=unit.variant.precision.value, weights_digest=snapshot.weights_digest)
+                               precision=unit.variant.precision.value, weights_digest=snapshot.weights_digest,
+                               reference=reference,
+                               serves_unit=(unit.name, key) if serves_as_sibling(spec, unit) else None)
             stages["smoke"] = time.monotonic() - t
             if spec.benchmark.enabled:
                 t = time.monotonic()

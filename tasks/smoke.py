@@ -1,4 +1,5 @@
-"""Stage: the smoke gate of the served unit against the Hugging Face reference (the code of `enginefoundry smoke`)."""
+"""Stages: the unit's reference answers, then the smoke gate of the served unit against them (the code of
+`enginefoundry smoke`)."""
 
 from __future__ import annotations
 
@@ -9,25 +10,63 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
+from enginefoundry.smoke.reference import (
+    ReferenceOutcome,
+    ReferenceSet,
+    load_or_compute_reference,
+    publish_sibling_reference,
+)
+from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
 
 
+@task(name="smoke reference", cache_policy=NO_CACHE)
+def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | None = None,
+                    sibling: SiblingRef | None = None) -> tuple[ReferenceSet, ReferenceOutcome]:
+    """The answers the unit is judged against, found by key in the artifact store: its sibling unit's served
+    answers (refused when the sibling was rejected or never served these prompts), else the source's greedy
+    answers, computed and published on a miss (on the host CPU, or on the unit's GPUs before its server
+    takes them)."""
+    log = progress_logger()
+    cases = load_prompt_set(spec.resolve_path(spec.smoke.prompts)).cases
+    store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    if sibling is not None:
+        ref, outcome = sibling_reference(sibling, spec, cases, store=store, model_dir=Path(reference_dir))
+        log(f"smoke: judged against {outcome.label()}")
+        return ref, outcome
+    return load_or_compute_reference(Path(reference_dir), cases, dtype=spec.smoke.reference_precision,
+                                     max_new_tokens=spec.smoke.max_new_tokens, store=store,
+                                     weights_digest=weights_digest, progress=log,
+                                     device=spec.smoke.reference_device.value)
+
+
 @task(name="smoke test", cache_policy=NO_CACHE)
 def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_dir: str,
                lm_eval: LmEvalConfig | None = None, max_logprob_diff: float | None = None,
-               precision: str = "fp32", weights_digest: str | None = None) -> SmokeReport:
-    """The gate on the spec's prompt set, with the unit's precision-family policy; reference answers are
-    looked up by key in the artifact store (computed and published on a miss). Optional lm-eval tasks are
-    reported beside it, not gated."""
+               precision: str = "fp32", weights_digest: str | None = None,
+               reference: tuple[ReferenceSet, ReferenceOutcome] | None = None,
+               serves_unit: tuple[str, str] | None = None) -> SmokeReport:
+    """The gate on the spec's prompt set, with the unit's precision-family policy, against `reference` (from
+    `smoke_reference`; without it the source reference is looked up by key, computed and published on a miss).
+    `serves_unit` (name, key): this unit is a sibling reference, its served answers are published for the units
+    it judges. Optional lm-eval tasks are reported beside it, not gated."""
     log = progress_logger()
     prompts = load_prompt_set(spec.resolve_path(spec.smoke.prompts))
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    ref, outcome = reference if reference is not None else (None, None)
     report = run_smoke(spec.smoke, prompts, reference_dir=Path(reference_dir), base_url=endpoint.base_url,
                        model_name=endpoint.model_name, served_tokenizer_dir=Path(endpoint.tokenizer_dir),
                        precision=precision, progress=log, server_alive=lambda: is_alive(endpoint.pid),
-                       max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest)
+                       max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
+                       reference=ref, reference_outcome=outcome)
+    if serves_unit is not None:
+        name, key = serves_unit
+        published = publish_sibling_reference(report.served_answers, unit=name, unit_key=key, cases=prompts.cases,
+                                              max_new_tokens=spec.smoke.max_new_tokens, store=store)
+        log(f"smoke: {len(published.answers)} served answers of {name} published as the sibling reference "
+            f"{published.key.digest[:12]}")
     if lm_eval is not None:
         report.lm_eval = run_lm_eval(lm_eval, base_url=endpoint.base_url, model=endpoint.model_name,
                                      tokenizer=endpoint.tokenizer_dir, out=Path(report_dir) / "lm_eval", progress=log)

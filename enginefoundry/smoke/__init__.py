@@ -9,20 +9,26 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
-from enginefoundry.smoke.client import ChatClient, TokenLogprob
+from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
 from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import LogprobComparison, compare_logprobs
 from enginefoundry.smoke.policy import GatePolicy, policy_for, policy_table_markdown
 from enginefoundry.smoke.prompts import PromptSet, load_prompt_set
-from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
+from enginefoundry.smoke.reference import (
+    ReferenceAnswer,
+    ReferenceOutcome,
+    ReferenceSet,
+    load_or_compute_reference,
+)
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.store import Store
 
@@ -97,6 +103,9 @@ class SmokeReport(BaseModel):
     logprobs: LogprobComparison | None = None
     lm_eval: LmEvalResult | None = None
     slices: list[SliceSummary] = []  # one per named slice of the prompt set; empty when it has none
+    # What the endpoint answered, in the reference's form: a sibling unit's answers judge lower precisions
+    # (reference.publish_sibling_reference). Not written to smoke.json (reports stay as they were).
+    served_answers: list[ReferenceAnswer] = Field(default_factory=list, exclude=True)
 
     @property
     def passed(self) -> bool:
@@ -212,6 +221,7 @@ def run_smoke(
     tok = AutoTokenizer.from_pretrained(reference_dir)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     evidence: list[CaseEvidence] = []
+    served_answers: list[ReferenceAnswer] = []
     served_logprobs: dict[str, list[TokenLogprob] | None] = {}
     for i, case in enumerate(cases, start=1):
         try:
@@ -222,6 +232,7 @@ def run_smoke(
                                 f"answered, no answer for '{case.id}'") from None
             raise ToolError(f"{str(err).splitlines()[0]} ({i - 1}/{len(cases)} prompts answered)") from None
         served_logprobs[case.id] = answer.logprobs
+        served_answers.append(served_as_reference(case.id, answer, tok))
         ref = refs[case.id]
         graded = case.expected is not None
         # Both texts through the same tokenisation path (the reference tokenizer), so that a served answer
@@ -269,7 +280,17 @@ def run_smoke(
                           finish_reason=c.served_finish, refused=c.refused, slice=c.slice) for c in evidence],
         slices=[SliceSummary.of(name, [c for c in evidence if c.slice == name], k, spec.confidence)
                 for name in slice_names(evidence)],
+        served_answers=served_answers,
     )
+
+
+def served_as_reference(case_id: str, answer: ServedAnswer, tok: Any) -> ReferenceAnswer:
+    """One served answer in the reference's form (ids from the reference tokenizer, the server's token texts and
+    log-probs where it returned them), so that a sibling's answers judge other units like a reference's."""
+    lps = answer.logprobs or []
+    return ReferenceAnswer(id=case_id, text=answer.text, token_ids=tok(answer.text, add_special_tokens=False)[
+        "input_ids"], token_texts=[t.token for t in lps], token_logprobs=[t.logprob for t in lps],
+        finish="stop" if answer.finish_reason == "stop" else "length", prompt_tokens=answer.prompt_tokens)
 
 
 def write_report(report: SmokeReport, folder: Path) -> list[Path]:

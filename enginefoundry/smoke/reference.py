@@ -6,7 +6,13 @@ target and later run of the same source finds them by key instead of loading the
 
 Storage sits behind one function, `load_or_compute_reference`: a local cache folder first, then the artifact
 store (published with `create_if_absent`, so the first writer wins and published bytes never change), then
-the computation itself.
+the computation itself: on the host CPU, or on the unit's GPUs (`device="gpu"`: the model sharded by
+accelerate's device_map="auto", before the unit's server takes the GPUs).
+
+A sibling reference (`smoke.reference: sibling`) is the same document with a `SiblingReferenceKey`: the greedy
+answers a higher-precision sibling unit served on the same prompts and generation settings, published by the
+sibling's smoke stage (`publish_sibling_reference`) and found by key by the units it judges
+(`load_sibling_reference`), in this run, a later one or on another worker.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -51,6 +58,22 @@ class ReferenceKey(BaseModel):
     max_new_tokens: int
     generator: str  # transformers and torch versions, greedy decoding
     format: int = REFERENCE_FORMAT
+    device: str | None = None  # None: the host CPU; "gpu": CUDA kernels give other low bits than the CPU's
+
+    @property
+    def digest(self) -> str:
+        return sha256_json(self.model_dump(exclude_none=True))  # a cpu key keeps the digest it had before `device`
+
+
+class SiblingReferenceKey(BaseModel):
+    """A sibling unit's served answers: the unit key says which build served them (weights, precision, target,
+    profile, toolchain), the rest what it was asked."""
+
+    kind: Literal["sibling"] = "sibling"
+    sibling_key: str
+    prompts_digest: str
+    max_new_tokens: int
+    format: int = REFERENCE_FORMAT
 
     @property
     def digest(self) -> str:
@@ -58,8 +81,9 @@ class ReferenceKey(BaseModel):
 
 
 class ReferenceSet(BaseModel):
-    key: ReferenceKey
+    key: ReferenceKey | SiblingReferenceKey
     answers: list[ReferenceAnswer]
+    served_by: str | None = None  # a sibling reference: the name of the unit that served the answers
 
     @property
     def by_id(self) -> dict[str, ReferenceAnswer]:
@@ -74,10 +98,17 @@ class ReferenceOutcome(BaseModel):
     dtype: str
     model_dir: str
     store_url: str | None = None
+    device: str = "cpu"
+    sibling_unit: str | None = None  # judged against this sibling unit's served answers
+    sibling_key: str | None = None
 
     def label(self) -> str:
         where = f", {self.store_url}" if self.store_url else ""
-        return f"{self.dtype} reference {self.key[:12]} of {self.model_dir} ({self.source}{where})"
+        if self.sibling_unit:
+            return (f"sibling unit {self.sibling_unit} (key {(self.sibling_key or '')[:12]}; {self.dtype} served "
+                    f"answers {self.key[:12]}, {self.source}{where})")
+        on = " on gpu" if self.device != "cpu" else ""
+        return f"{self.dtype} reference {self.key[:12]} of {self.model_dir}{on} ({self.source}{where})"
 
 
 def prompts_digest(cases: list[PromptCase]) -> str:
@@ -94,22 +125,48 @@ def generator_id() -> str:
 
 
 def reference_key(model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int,
-                  weights_digest: str | None = None) -> ReferenceKey:
+                  weights_digest: str | None = None, device: str = "cpu") -> ReferenceKey:
     """The key; pass `weights_digest` when the caller already has it (the pipeline's snapshot does)."""
     w, t, _ = checkpoint_digests(model_dir)
     return ReferenceKey(weights_digest=weights_digest or w, tokenizer_digest=t, prompts_digest=prompts_digest(cases),
-                        dtype=dtype, max_new_tokens=max_new_tokens, generator=generator_id())
+                        dtype=dtype, max_new_tokens=max_new_tokens, generator=generator_id(),
+                        device=None if device == "cpu" else device)
+
+
+def sibling_reference_key(sibling_key: str, cases: list[PromptCase], *, max_new_tokens: int) -> SiblingReferenceKey:
+    return SiblingReferenceKey(sibling_key=sibling_key, prompts_digest=prompts_digest(cases),
+                               max_new_tokens=max_new_tokens)
+
+
+def load_options(device: str) -> dict[str, str]:
+    """from_pretrained's placement: the host CPU, or every visible GPU (accelerate shards the layers over them;
+    transformers' device_map needs accelerate, a pin of the `reference` extra)."""
+    return {"device_map": "auto"} if device == "gpu" else {}
 
 
 def reference_answers(
-    model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int
+    model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int, device: str = "cpu",
 ) -> list[ReferenceAnswer]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(dtype, torch.float32)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device)).eval()
+    try:
+        return _generate(model, tok, cases, max_new_tokens)
+    finally:
+        del model
+        if device == "gpu":  # the unit's server takes these GPUs next
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
+
+
+def _generate(model: Any, tok: Any, cases: list[PromptCase], max_new_tokens: int) -> list[ReferenceAnswer]:
+    import torch
+
     special = set(tok.all_special_ids)
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -117,7 +174,7 @@ def reference_answers(
     with torch.no_grad():
         for case in cases:
             ids = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_tensors="pt",
-                                          return_dict=True)
+                                          return_dict=True).to(model.device)
             gen = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tok.pad_token_id, output_logits=True, return_dict_in_generate=True)
             new = gen.sequences[0, ids["input_ids"].shape[1]:].tolist()
@@ -148,7 +205,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def store_key(key: ReferenceKey) -> str:
+def store_key(key: ReferenceKey | SiblingReferenceKey) -> str:
     return f"{STORE_PREFIX}/{key.digest}.json"
 
 
@@ -156,46 +213,92 @@ def store_key(key: ReferenceKey) -> str:
 COMPUTE_COUNT = {"n": 0}
 
 
-def load_or_compute_reference(
-    model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int, store: Store | None = None,
-    cache_dir: Path | None = None, weights_digest: str | None = None, progress: Callable[[str], None] = print,
-    compute: Callable[..., list[ReferenceAnswer]] = reference_answers,
-) -> tuple[ReferenceSet, ReferenceOutcome]:
-    """The reference answers for this key: from the local cache, else the store, else computed and published.
-
-    The one place that knows where reference answers live (the store layout may change under it).
-    """
-    key = reference_key(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens, weights_digest=weights_digest)
-    digest = key.digest
-    cache = (cache_dir or default_cache_dir()) / f"{digest}.json"
+def _lookup(key: ReferenceKey | SiblingReferenceKey, cache: Path,
+            store: Store | None) -> tuple[ReferenceSet, str] | None:
+    """The document of `key` from the local cache (re-published to the store if it lacks it), else the store."""
     skey = store_key(key)
-    url = store.url(skey) if store is not None else None
-
-    def outcome(source: str) -> ReferenceOutcome:
-        return ReferenceOutcome(key=digest, source=source, dtype=dtype, model_dir=str(model_dir), store_url=url)
-
     if cache.is_file():
         try:
             ref = ReferenceSet.model_validate_json(cache.read_bytes())
             if ref.key == key:
-                progress(f"smoke: reference answers {digest[:12]} from the local cache")
                 if store is not None:
                     store.create_if_absent(skey, cache.read_bytes())
-                return ref, outcome("local cache")
+                return ref, "local cache"
         except ValueError:
             cache.unlink(missing_ok=True)  # a damaged cache entry is recomputed, never trusted
     if store is not None and store.exists(skey):
         data = store.read_bytes(skey)
         ref = ReferenceSet.model_validate_json(data)
         _write_atomic(cache, data)
-        progress(f"smoke: reference answers {digest[:12]} from the store ({url})")
-        return ref, outcome("store")
-    progress(f"smoke: computing {len(cases)} reference answers ({dtype}) with {model_dir}")
-    COMPUTE_COUNT["n"] += 1
-    ref = ReferenceSet(key=key, answers=compute(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens))
+        return ref, "store"
+    return None
+
+
+def _publish(ref: ReferenceSet, cache: Path, store: Store | None) -> ReferenceSet:
+    """Cache and publish; when someone published the same key first, theirs is the artifact."""
     data = json.dumps(ref.model_dump(mode="json"), sort_keys=True).encode()
     _write_atomic(cache, data)
-    if store is not None and not store.create_if_absent(skey, data):
-        # Someone published the same key first: theirs is the artifact (same inputs, same answers).
-        ref = ReferenceSet.model_validate_json(store.read_bytes(skey))
-    return ref, outcome("computed")
+    if store is not None and not store.create_if_absent(store_key(ref.key), data):
+        published = ReferenceSet.model_validate_json(store.read_bytes(store_key(ref.key)))
+        _write_atomic(cache, store.read_bytes(store_key(ref.key)))
+        return published
+    return ref
+
+
+def load_or_compute_reference(
+    model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int, store: Store | None = None,
+    cache_dir: Path | None = None, weights_digest: str | None = None, progress: Callable[[str], None] = print,
+    compute: Callable[..., list[ReferenceAnswer]] = reference_answers, device: str = "cpu",
+) -> tuple[ReferenceSet, ReferenceOutcome]:
+    """The reference answers for this key: from the local cache, else the store, else computed and published.
+
+    The one place that knows where reference answers live (the store layout may change under it).
+    """
+    key = reference_key(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens, weights_digest=weights_digest,
+                        device=device)
+    digest = key.digest
+    cache = (cache_dir or default_cache_dir()) / f"{digest}.json"
+    url = store.url(store_key(key)) if store is not None else None
+
+    def outcome(source: str) -> ReferenceOutcome:
+        return ReferenceOutcome(key=digest, source=source, dtype=dtype, model_dir=str(model_dir), store_url=url,
+                                device=device)
+
+    found = _lookup(key, cache, store)
+    if found is not None:
+        ref, source = found
+        progress(f"smoke: reference answers {digest[:12]} from the {source}" + (f" ({url})" if source == "store"
+                                                                                 else ""))
+        return ref, outcome(source)
+    progress(f"smoke: computing {len(cases)} reference answers ({dtype} on {device}) with {model_dir}")
+    COMPUTE_COUNT["n"] += 1
+    answers = compute(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens,
+                      **({"device": device} if device != "cpu" else {}))
+    return _publish(ReferenceSet(key=key, answers=answers), cache, store), outcome("computed")
+
+
+def publish_sibling_reference(
+    answers: list[ReferenceAnswer], *, unit: str, unit_key: str, cases: list[PromptCase], max_new_tokens: int,
+    store: Store | None, cache_dir: Path | None = None,
+) -> ReferenceSet:
+    """A unit's served answers as the reference of the lower-precision units it judges (its smoke stage calls
+    this). The first publication of a key stays: a --force rebuild of the sibling keeps the answers units were
+    already judged against."""
+    key = sibling_reference_key(unit_key, cases, max_new_tokens=max_new_tokens)
+    ref = ReferenceSet(key=key, answers=answers, served_by=unit)
+    return _publish(ref, (cache_dir or default_cache_dir()) / f"{key.digest}.json", store)
+
+
+def load_sibling_reference(
+    sibling_unit: str, sibling_key: str, cases: list[PromptCase], *, max_new_tokens: int, dtype: str,
+    model_dir: Path, store: Store | None, cache_dir: Path | None = None,
+) -> tuple[ReferenceSet, ReferenceOutcome] | None:
+    """The served answers of the sibling unit of key `sibling_key` on these prompts, None when never published."""
+    key = sibling_reference_key(sibling_key, cases, max_new_tokens=max_new_tokens)
+    found = _lookup(key, (cache_dir or default_cache_dir()) / f"{key.digest}.json", store)
+    if found is None:
+        return None
+    ref, source = found
+    return ref, ReferenceOutcome(key=key.digest, source=source, dtype=dtype, model_dir=str(model_dir),
+                                 store_url=store.url(store_key(key)) if store is not None else None,
+                                 sibling_unit=sibling_unit, sibling_key=sibling_key)

@@ -1,14 +1,23 @@
 """The build spec, split by concern: source, matrix (variants/profiles/targets), checks, outputs."""
 
 from enginefoundry.spec.build_spec import BuildSpec, ToolchainSpec, load_spec, parse_spec
-from enginefoundry.spec.checks import BenchmarkSpec, BenchTool, Scenario, SLOs, SmokeSpec
+from enginefoundry.spec.checks import (
+    BenchmarkSpec,
+    BenchTool,
+    ReferenceDevice,
+    ReferenceSource,
+    Scenario,
+    SLOs,
+    SmokeSpec,
+)
 from enginefoundry.spec.matrix import Arch, CalibrationSpec, KVCacheDtype, Precision, Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.source import ModelSpec, SourceKind, SourceURI, parse_source_uri
 
 __all__ = [
     "Arch", "BenchTool", "BenchmarkSpec", "BuildSpec", "CalibrationSpec", "KVCacheDtype",
-    "ModelSpec", "Precision", "Profile", "PublishSpec", "SLOs", "Scenario", "SmokeSpec", "SourceKind",
+    "ModelSpec", "Precision", "Profile", "PublishSpec",
+    "ReferenceDevice", "ReferenceSource", "SLOs", "Scenario", "SmokeSpec", "SourceKind",
     "SourceURI", "Target", "ToolchainSpec", "TrackingSpec", "Variant", "load_spec", "parse_source_uri",
     "parse_spec",
 ]

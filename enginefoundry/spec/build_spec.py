@@ -23,6 +23,7 @@ from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
 from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
+from enginefoundry.spec.siblings import sibling_problems
 from enginefoundry.spec.source import ModelSpec
 
 
@@ -150,6 +151,9 @@ def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) ->
         spec = BuildSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(_problems(err, data), source) from None
+    problems = sibling_problems(spec)
+    if problems:
+        raise SpecError(problems, source)
     if base_dir is not None:
         spec = spec.model_copy(update={"base_dir": str(base_dir)})
     return spec

@@ -22,6 +22,20 @@ class LmEvalSpec(BaseModel):
     timeout_s: float = Field(default=3600.0, gt=0)
 
 
+class ReferenceSource(StrEnum):
+    """What a unit is judged against: the Hugging Face source, or its higher-precision sibling unit's answers."""
+
+    SOURCE = "source"
+    SIBLING = "sibling"
+
+
+class ReferenceDevice(StrEnum):
+    """Where a source reference is computed: the host CPU, or the unit's GPUs (device_map="auto")."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+
+
 class SmokeSpec(BaseModel):
     """The smoke gate. Unset numbers take the unit's precision-family defaults (enginefoundry/smoke/policy.py,
     table in docs/smoke-gate.md); a number set here overrides the default for every family."""
@@ -51,7 +65,27 @@ class SmokeSpec(BaseModel):
         "where the endpoint returns log-probs")
     reference_host_memory_gib: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="host RAM the reference may use; preflight refuses a reference that needs more")
+    reference: ReferenceSource = Field(
+        default=ReferenceSource.SOURCE, description="source: the Hugging Face source (computed in "
+        "reference_precision on reference_device); sibling: units of lower precision than reference_sibling are "
+        "judged against the served answers of their reference_sibling unit (same target and profile)")
+    reference_sibling: str | None = Field(
+        default=None, description="with reference: sibling, the variant whose served answers judge the "
+        "lower-precision units: a variant name (bf16-tp1) or a precision that names one variant (bf16)")
+    reference_device: ReferenceDevice = Field(
+        default=ReferenceDevice.CPU, description="where the source reference runs: cpu (host RAM) or gpu (the "
+        "unit's GPUs on its worker, the model sharded with device_map=auto)")
     lm_eval: LmEvalSpec | None = None
+
+    @model_validator(mode="after")
+    def _sibling_named(self) -> SmokeSpec:
+        if self.reference is ReferenceSource.SIBLING and not self.reference_sibling:
+            raise ValueError("smoke.reference: sibling needs smoke.reference_sibling, the variant whose served "
+                             "answers judge the lower-precision units (e.g. reference_sibling: bf16)")
+        if self.reference_sibling and self.reference is not ReferenceSource.SIBLING:
+            raise ValueError("smoke.reference_sibling is set but smoke.reference is source: set reference: sibling, "
+                             "or remove reference_sibling")
+        return self
 
     def policy_overrides(self) -> dict[str, float | int | None]:
         return {k: getattr(self, k) for k in (

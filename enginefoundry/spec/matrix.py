@@ -24,6 +24,16 @@ class Precision(StrEnum):
     def is_quantized(self) -> bool:
         return self not in (Precision.FP32, Precision.FP16, Precision.BF16)
 
+    @property
+    def rank(self) -> int:
+        """Higher is more precise, by the gate's precision families (enginefoundry/smoke/policy.py FAMILY_OF):
+        fp32 3 > bf16, fp16 2 > fp8, int8_wo 1 > int4_awq, int4_wo, nvfp4 0. A sibling reference must rank higher."""
+        return PRECISION_RANK[self]
+
+
+PRECISION_RANK = {Precision.FP32: 3, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1, Precision.INT8_WO: 1,
+                  Precision.INT4_AWQ: 0, Precision.INT4_WO: 0, Precision.NVFP4: 0}
+
 
 class KVCacheDtype(StrEnum):
     AUTO = "auto"

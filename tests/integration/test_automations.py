@@ -19,29 +19,17 @@ from typing import ClassVar
 import pytest
 
 from enginefoundry.model_server import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-STACK = REPO / "scripts" / "stack.py"
+from tests.support.private_stack import private_stack
 
 pytestmark = pytest.mark.services
 
 
-
 @pytest.fixture
 def prefect_api(tmp_path: Path) -> Iterator[dict[str, str]]:
-    state = tmp_path / "stack"
     env = {**os.environ, "EF_PREFECT_PORT": str(free_port())}
     env.pop("PREFECT_API_URL", None)
-    up = subprocess.run([sys.executable, str(STACK), "up", "--state-dir", str(state), "--services", "prefect",
-                         "--worker-pools", ""], env=env, capture_output=True, text=True, timeout=600)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        written = json.loads((state / "env.json").read_text())
-        yield {**env, **written, "PREFECT_HOME": str(state / "prefect"), "NO_PROXY": "127.0.0.1",
-               "no_proxy": "127.0.0.1"}
-    finally:
-        subprocess.run([sys.executable, str(STACK), "down", "--state-dir", str(state)], capture_output=True,
-                       timeout=300)
+    with private_stack(tmp_path / "stack", env, [("prefect", "")], timeout_s=600) as stack_env:
+        yield {**stack_env, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1"}
 
 
 class _Receiver(BaseHTTPRequestHandler):

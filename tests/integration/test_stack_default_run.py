@@ -18,34 +18,24 @@ import pytest
 
 from enginefoundry.gpu_targets import pools
 from enginefoundry.model_server import free_port
+from tests.support.paths import REPO
+from tests.support.private_stack import private_stack
 
-REPO = Path(__file__).resolve().parents[2]
-STACK = REPO / "scripts" / "stack.py"
 PREFECT = str(Path(sys.executable).parent / "prefect")
 POOLS = tuple(pools())  # the GPU target table's pools, cpu first, as deployment.yaml declares them
 
 pytestmark = pytest.mark.services
 
 
-
 @pytest.fixture
 def user_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
-    state = tmp_path / "stack"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PREFECT_", "MLFLOW_", "AWS_", "EF_", "HF_ENDPOINT"))}
     env |= {f"EF_{name}_PORT": str(free_port()) for name in ("S3", "MLFLOW", "PREFECT", "HUB")}
     env |= {"EF_WORK_DIR": str(tmp_path / "work"), "OMP_NUM_THREADS": "1", "EF_STACK_READY_TIMEOUT_S": "300"}
-    try:
-        # `make stack` in two steps, so that a busy machine starts the Prefect server within its deadline.
-        for services, pools in (("s3,mlflow,hub", ""), ("prefect", "cpu")):
-            up = subprocess.run([sys.executable, str(STACK), "up", "--state-dir", str(state), "--services", services,
-                                 "--worker-pools", pools], env=env, capture_output=True, text=True, timeout=900)
-            assert up.returncode == 0, up.stdout + up.stderr
-        yield {**env, **json.loads((state / "env.json").read_text()), "PREFECT_HOME": str(state / "prefect"),
-               "PROJECT_DIR": str(REPO)}
-    finally:
-        subprocess.run([sys.executable, str(STACK), "down", "--state-dir", str(state)], capture_output=True,
-                       timeout=300)
+    # `make stack` in two steps, so that a busy machine starts the Prefect server within its deadline.
+    with private_stack(tmp_path / "stack", env, [("s3,mlflow,hub", ""), ("prefect", "cpu")]) as stack_env:
+        yield {**stack_env, "PROJECT_DIR": str(REPO)}
 
 
 def _prefect(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,108 @@
+"""Sibling references in a run: which unit judges which (`sibling_refs`), the order that follows
+(`reference_waves`: a sibling is built, served and gated before the units it judges), and the judged unit's
+reference (`sibling_reference`): the sibling's served answers, or a refusal that says why there are none.
+
+A sibling rejected by its own gate cannot judge others: its dependents are refused with its reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from enginefoundry.errors import ReferenceRefused
+from enginefoundry.publish import find_current
+from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.smoke.prompts import PromptCase
+from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_sibling_reference
+from enginefoundry.spec import BuildSpec
+from enginefoundry.spec.siblings import named_sibling, sibling_variant
+from enginefoundry.store import Store
+from enginefoundry.units import Unit
+
+FIX = "or set smoke.reference: source"
+
+
+class SiblingRef(BaseModel):
+    """The unit whose served answers judge another: its name, unit key and precision."""
+
+    model_config = ConfigDict(frozen=True)
+
+    unit: str
+    key: str
+    precision: str
+
+
+def serves_as_sibling(spec: BuildSpec, unit: Unit) -> bool:
+    """This unit's served answers judge lower-precision units of the spec (its smoke stage publishes them)."""
+    sibling = named_sibling(spec)
+    return sibling is not None and sibling.name == unit.variant.name
+
+
+def sibling_refs(spec: BuildSpec, units: list[Unit], keys: dict[str, str]) -> dict[str, SiblingRef]:
+    """Judged unit name → its sibling (same profile and target, the spec's reference_sibling variant)."""
+    out = {}
+    for unit in units:
+        variant = sibling_variant(spec, unit.variant)
+        if variant is None:
+            continue
+        name = Unit(variant=variant, profile=unit.profile, target=unit.target).name
+        out[unit.name] = SiblingRef(unit=name, key=keys[name], precision=variant.precision.value)
+    return out
+
+
+def reference_waves(units: list[Unit], siblings: dict[str, SiblingRef]) -> list[list[Unit]]:
+    """`units` in waves, spec order within each: a unit comes after the sibling that judges it."""
+    def depth(name: str) -> int:
+        return 0 if name not in siblings else 1 + depth(siblings[name].unit)
+
+    waves: dict[int, list[Unit]] = {}
+    for unit in units:
+        waves.setdefault(depth(unit.name), []).append(unit)
+    return [waves[d] for d in sorted(waves)]
+
+
+def _refusal(label: str, status: str, reason: str) -> str:
+    said = {"rejected": "was rejected by its own gate", "failed": "failed"}.get(status, f"is {status}")
+    return (f"refused: its reference, {label}, {said} ({reason or 'no reason recorded'}); a sibling that did not "
+            f"pass its own gate judges no other unit: fix the sibling, {FIX}")
+
+
+def refused_by_sibling(units: list[Unit], siblings: dict[str, SiblingRef],
+                       outcomes: dict[str, UnitOutcome]) -> dict[str, UnitOutcome]:
+    """Units of a later wave whose sibling this run built, or failed to build, without passing its gate: refused
+    before anything of theirs runs (no fetch, conversion or build on a worker)."""
+    refused = {}
+    for unit in units:
+        ref = siblings.get(unit.name)
+        sib = outcomes.get(ref.unit) if ref is not None else None
+        if ref is None or sib is None or sib.ok:
+            continue
+        label = f"sibling unit {ref.unit} (key {ref.key[:12]})"
+        refused[unit.name] = UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
+                                         reason=_refusal(label, sib.status, sib.reason)[:300])
+    return refused
+
+
+def sibling_reference(
+    ref: SiblingRef, spec: BuildSpec, cases: list[PromptCase], *, store: Store, model_dir: Path,
+    cache_dir: Path | None = None,
+) -> tuple[ReferenceSet, ReferenceOutcome]:
+    """The sibling's served answers on these prompts. Raises ReferenceRefused (one line, with the fix) when the
+    sibling is not published, was rejected by its own gate, or never served these prompts."""
+    label = f"sibling unit {ref.unit} (key {ref.key[:12]})"
+    build = find_current(store, spec.model.name, ref.key)
+    manifest = build.manifest if build is not None else None
+    if manifest is None:
+        raise ReferenceRefused(f"refused: its reference, {label}, is not published (it failed or was not built); "
+                               f"fix the sibling's own failure first, {FIX}")
+    if manifest.status != "candidate":
+        raise ReferenceRefused(_refusal(label, manifest.status, manifest.status_reason))
+    found = load_sibling_reference(ref.unit, ref.key, cases, max_new_tokens=spec.smoke.max_new_tokens,
+                                   dtype=ref.precision, model_dir=model_dir, store=store, cache_dir=cache_dir)
+    if found is None:
+        raise ReferenceRefused(f"refused: its reference, {label}, published no served answers for this prompt set "
+                               f"and max_new_tokens {spec.smoke.max_new_tokens} (built before with other smoke "
+                               f"settings, or before sibling references); rebuild it with --force, {FIX}")
+    return found
