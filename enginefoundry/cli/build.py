@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from enginefoundry.cli.common import destination_flags, emit_json, load, quiet_prefect_defaults, wants_json
+from enginefoundry.cli.common import (
+    destination_flags,
+    emit_json,
+    load,
+    quiet_prefect_defaults,
+    start_prefect_early,
+    wants_json,
+)
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 
@@ -88,8 +96,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         from enginefoundry.noop_run import flush_pending
 
         flush_pending()  # hits an earlier recorder could not record
-        quiet_prefect_defaults()
+        server = start_prefect_early()
         from enginefoundry.flows.build_engines import build_engines, spec_payload
+        from enginefoundry.run_records import prepare_tracking
+
+        prepare_tracking(spec)  # a new SQLite MLflow file is created while the Prefect server starts
+        if server is not None:
+            server.adopt(float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
 
         # The effective destinations travel as the flow's override parameters: they outrank the environment the
         # flow reads again (the same one here, a worker's in cluster mode).

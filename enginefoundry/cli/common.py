@@ -10,13 +10,16 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from enginefoundry.settings import Destinations, EnvSettings, absolute_mlflow, effective_spec
 from enginefoundry.spec import BuildSpec, load_spec
 from enginefoundry.spec.outputs import TrackingSpec
+
+if TYPE_CHECKING:
+    from enginefoundry.flows.ephemeral import EarlyServer
 
 DEFAULT_MLFLOW = TrackingSpec().mlflow_uri
 
@@ -133,13 +136,32 @@ def quiet_prefect_defaults() -> None:
     ephemeral API server gets 120 s to start instead of Prefect's 20 s: on a busy 2-core host it took longer
     (measured: a plain flow failed with "Timed out while attempting to connect to ephemeral Prefect API server"
     after 20 s at load average 10)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    quiet_prefect_environment()
     from enginefoundry.flows.ephemeral import guard_ephemeral_prefect_server
 
     guard_ephemeral_prefect_server()
     install_exit_handlers()
+
+
+def quiet_prefect_environment() -> None:
+    """quiet_prefect_defaults' settings, as environment variables only (Prefect and its servers read them)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def start_prefect_early() -> EarlyServer | None:
+    """quiet_prefect_defaults, with the temporary Prefect API server started first (when no PREFECT_API_URL is
+    set), before anything imports Prefect: its start-up (~10 s on a fresh PREFECT_HOME: Prefect's server
+    imports and database migrations) overlaps the caller's imports and preparation. The caller hands it to
+    Prefect with `EarlyServer.adopt` before the first flow; a server that cannot be adopted is stopped and
+    Prefect starts its own as before."""
+    quiet_prefect_environment()
+    from enginefoundry.flows.ephemeral import start_early_server
+
+    server = start_early_server()
+    quiet_prefect_defaults()
+    return server
 
 
 def install_exit_handlers() -> None:
