@@ -40,6 +40,7 @@ LOG_LINE = re.compile(r"^(\d\d:\d\d:\d\d\.\d{3}) \| \w+\s+\| (.*)$")
 POINT_START = re.compile(r" - bench: (\S+) \(\d+ requests")
 POINT_END = re.compile(r" - bench: (\S+): ")
 MARKS = {"temporary Prefect server starting": "Starting temporary server",
+         "temporary Prefect server ready": "Prefect: temporary API server on",
          "flow begins": "Beginning flow run",
          "first unit task": "Task run 'build "}
 

@@ -62,6 +62,7 @@ class EarlyServer:
     def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
         self.proc = proc
         self.port = port
+        self.started = time.monotonic()
 
     @property
     def api_url(self) -> str:
@@ -76,6 +77,8 @@ class EarlyServer:
 
         import httpx
         from prefect.server.api.server import SubprocessASGIServer
+
+        from enginefoundry.console import say
 
         deadline = time.monotonic() + timeout_s
         with httpx.Client() as client:
@@ -100,6 +103,8 @@ class EarlyServer:
             return False
         server.port, server.server_process, server.running = self.port, self.proc, True
         atexit.register(server.stop)  # what SubprocessASGIServer.start registers for a server it starts
+        say(f"Prefect: temporary API server on {server.address} (no PREFECT_API_URL), ready "
+            f"{time.monotonic() - self.started:.1f} s after it started")
         return True
 
     def stop(self) -> None:
