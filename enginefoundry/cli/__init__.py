@@ -54,12 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. Called without `argv` (the `enginefoundry` script, `python -m enginefoundry.cli`), this
-    is the process's own command line: it ends the process itself (`exit_now`) instead of returning."""
+    """Run one command. Called without `argv` (the `enginefoundry` script, `python -m enginefoundry.cli`) after a
+    command that loaded Prefect (a flow ran), this is the process's own command line: it ends the process itself
+    (`exit_now`) instead of returning. Light commands (an all-hits run, validate, plan) return as before: their
+    finalization costs little."""
     args = build_parser().parse_args(argv)
     with json_mode(args.json):
         code = _run(args)
-    if argv is None:
+    if argv is None and "prefect" in sys.modules:  # a run that loaded the heavy modules: see exit_now
         exit_now(code)
     return code
 

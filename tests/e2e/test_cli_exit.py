@@ -1,5 +1,6 @@
-"""The command line ends its process itself (enginefoundry.cli.exit_now): the exit code is the command's, what
-it printed is all there (stdout and stderr flushed), and the atexit handlers and non-daemon threads ran first."""
+"""After a command that loaded Prefect, the command line ends its process itself (enginefoundry.cli.exit_now): the
+exit code is the command's, what it printed is all there (stdout and stderr flushed), and the atexit handlers and
+non-daemon threads ran first."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def late():
     (out / "thread").write_text("ran")
 threading.Thread(target=late).start()
 sys.argv = ["enginefoundry", *sys.argv[2:]]
+import prefect  # noqa: F401  (as after a flow: main() then ends the process itself)
 from enginefoundry.cli import main
 main()
 (out / "after-main").write_text("main returned")
