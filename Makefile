@@ -32,20 +32,25 @@ targets: $(BIN)/enginefoundry
 demo: $(BIN)/enginefoundry
 	$(BIN)/enginefoundry run configs/tiny-cpu.yaml
 
+# Two pytest-xdist workers (this machine has 2 cores; most of a test's time is a real process starting or a model
+# answering): each worker runs its share; the tests of the session's Prefect server stay on one (tests/conftest.py).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/pytest -p no:dash -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(BIN)/enginefoundry
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -p no:dash --durations=15
+	$(PYTEST) --durations=15
 
 # One tier at a time: unit (no process, no network), integration (real services), e2e (CLI and flows).
 test-unit: $(BIN)/enginefoundry
-	$(BIN)/pytest -p no:dash tests/unit
+	$(PYTEST) tests/unit
 
 test-integration: $(BIN)/enginefoundry
-	$(BIN)/pytest -p no:dash tests/integration
+	$(PYTEST) tests/integration
 
 test-e2e: $(BIN)/enginefoundry
-	$(BIN)/pytest -p no:dash tests/e2e
+	$(PYTEST) tests/e2e
 
 lint: $(BIN)/enginefoundry
 	$(BIN)/ruff check .

@@ -11,11 +11,12 @@ import json
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from enginefoundry.store import relative_posix
+from enginefoundry.unit_status import UnitStatus
 
 # 2: content-addressed layout (build_id, FileEntry.executable). Version 1 manifests (artifacts/<model>/<key>/
 # manifest.json) are still read.
@@ -61,7 +62,8 @@ class Manifest(BaseModel):
     benchmark: dict[str, Any] = Field(default_factory=dict)
     prompts_digest: str | None = Field(default=None, description="sha256 of the smoke prompt set that gated the unit")
     gate: dict[str, Any] = Field(default_factory=dict, description="the smoke gate settings the unit was judged by")
-    status: str = Field(description="candidate | rejected")
+    status: Literal[UnitStatus.CANDIDATE, UnitStatus.REJECTED] = Field(
+        description="candidate | rejected (a failed unit is never published)")
     status_reason: str = ""
     mlflow_run_id: str | None = None
     prefect_flow_run_id: str | None = None

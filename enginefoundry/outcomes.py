@@ -5,7 +5,7 @@ so the flows only compose stages; no Prefect here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -18,26 +18,27 @@ from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
+from enginefoundry.unit_status import UnitStatus
 from enginefoundry.units import Unit
 
 
 class UnitVerdict(BaseModel):
-    status: str  # candidate | rejected
+    status: Literal[UnitStatus.CANDIDATE, UnitStatus.REJECTED]  # a verdict is on a unit that ran to its end
     reason: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.status == "candidate"
+        return self.status == UnitStatus.CANDIDATE
 
 
 def verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> UnitVerdict:
     """A unit is a candidate when its smoke gate passed and its benchmark is valid."""
     if smoke is not None and not smoke.passed:
-        return UnitVerdict(status="rejected", reason=f"smoke gate: {smoke.verdict.reason}")
+        return UnitVerdict(status=UnitStatus.REJECTED, reason=f"smoke gate: {smoke.verdict.reason}")
     if sweep is not None and not sweep.valid:
         bad = [f"{p.scenario} c={p.concurrency}: {'; '.join(p.problems)}" for p in sweep.points if not p.valid]
-        return UnitVerdict(status="rejected", reason="benchmark invalid: " + "; ".join(bad + sweep.failures))
-    return UnitVerdict(status="candidate")
+        return UnitVerdict(status=UnitStatus.REJECTED, reason="benchmark invalid: " + "; ".join(bad + sweep.failures))
+    return UnitVerdict(status=UnitStatus.CANDIDATE)
 
 
 def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
@@ -111,7 +112,7 @@ def built_outcome(unit: Unit, manifest: Manifest, uri: str, run_id: str, stages:
 
 
 def failed_outcome(unit: Unit, key: str, err: BaseException, run_id: str, stages: dict[str, float]) -> UnitOutcome:
-    return UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
+    return UnitOutcome(unit=unit.name, target=unit.target.name, status=UnitStatus.FAILED,
                        reason=(str(err).splitlines() or [type(err).__name__])[0][:300], key=key, mlflow_run_id=run_id,
                        stage_seconds=stages)
 

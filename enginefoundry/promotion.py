@@ -20,6 +20,7 @@ from enginefoundry.errors import InputError
 from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.manifest import Manifest
 from enginefoundry.spec import BuildSpec
+from enginefoundry.unit_status import UnitStatus
 from enginefoundry.units import Unit, expand_units
 
 ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
@@ -65,8 +66,8 @@ def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:
 def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPolicy) -> Verdict:
     """Every gate with its numbers. A rejected candidate never passes; with no champion the candidate's own
     gates (smoke, benchmark validity: its status) decide."""
-    gates = [Gate(name="own gates", passed=candidate.status == "candidate",
-                  detail="smoke and benchmark gates passed" if candidate.status == "candidate"
+    gates = [Gate(name="own gates", passed=candidate.status == UnitStatus.CANDIDATE,
+                  detail="smoke and benchmark gates passed" if candidate.status == UnitStatus.CANDIDATE
                   else f"unit is {candidate.status}: {candidate.status_reason or 'gates failed'}")]
     if champion is None:
         gates.append(Gate(name="champion", passed=True, detail="no champion yet: first promotion"))
@@ -235,7 +236,7 @@ class Registry:
         version = self.version(model, number)
         number = str(version.version)
         status = version.tags.get(mltags.STATUS, "")
-        if status != "candidate":
+        if status != UnitStatus.CANDIDATE:
             raise InputError(f"{model} version {number} is '{status or 'untracked'}', not a candidate: a rejected "
                              "unit is never promoted")
         found = self.version_by_alias(model, champion_alias(stem))
@@ -350,7 +351,7 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
     cand_manifest = read_manifest_uri(manifest_uri_of(candidate))
     champ_manifest = read_manifest_uri(manifest_uri_of(champion)) if champion is not None else None
     verdict = compare(cand_manifest, champ_manifest, policy)
-    if not verdict.promote or candidate.tags.get(mltags.STATUS) != "candidate":
+    if not verdict.promote or candidate.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
         reasons = verdict.reasons if not verdict.promote else \
             [f"version {number} is tagged '{candidate.tags.get(mltags.STATUS) or 'untracked'}', not a candidate"]
         return held.model_copy(update={"reasons": [*notes, *reasons]})

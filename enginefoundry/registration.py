@@ -18,6 +18,7 @@ from enginefoundry.manifest import Manifest
 from enginefoundry.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tracking import Tracker, register_unit
+from enginefoundry.unit_status import UnitStatus
 from enginefoundry.units import Unit
 
 MANIFEST_URI_TAG = mltags.MANIFEST_URI
@@ -32,7 +33,7 @@ class Registration(BaseModel):
 
 def candidate_alias_of(spec: BuildSpec, unit: Unit, manifest: Manifest) -> str | None:
     """`<stem>-candidate` (promotion.alias_stems) for a unit that passed its gates, else None."""
-    return candidate_alias(unit_alias_stem(spec, unit)) if manifest.status == "candidate" else None
+    return candidate_alias(unit_alias_stem(spec, unit)) if manifest.status == UnitStatus.CANDIDATE else None
 
 
 def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_url: str,

@@ -18,6 +18,7 @@ from enginefoundry.registration import candidate_alias_of, ensure_registered, ve
 from enginefoundry.run_summary import RunSummary, UnitOutcome
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tracking import Tracker, project_git_commit, redact
+from enginefoundry.unit_status import UnitStatus
 from enginefoundry.units import Unit
 
 
@@ -99,7 +100,7 @@ def record_hit(
     if reg.created or reg.alias_set:
         tracker.set_tags(run_id, {mltags.REGISTRY_REPAIRED: f"version {reg.version}"
                                   + (f", alias {reg.alias}" if reg.alias_set else "")})
-    tracker.end_run(run_id, manifest.status == "candidate")
+    tracker.end_run(run_id, manifest.status == UnitStatus.CANDIDATE)
     return hit_outcome(unit, key, hit, run_id)
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.unit_status import UnitStatus
+
 
 def work_root() -> Path:
     """Scratch space for converted checkpoints, bundles, logs and reports ($EF_WORK_DIR)."""
@@ -18,7 +20,7 @@ def work_root() -> Path:
 class UnitOutcome(BaseModel):
     unit: str
     target: str
-    status: str  # candidate | rejected | failed
+    status: UnitStatus
     cache_hit: bool = False
     reason: str = ""
     key: str | None = None
@@ -31,7 +33,7 @@ class UnitOutcome(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return self.status == "candidate"
+        return self.status == UnitStatus.CANDIDATE
 
 
 class RunSummary(BaseModel):

@@ -30,6 +30,7 @@ from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store import Store
+from enginefoundry.unit_status import UnitStatus
 from enginefoundry.units import Unit
 
 UNIT_FLOW = "build-unit"
@@ -220,4 +221,4 @@ async def _wait_all(started: dict[str, tuple[Unit, FlowRun]], log: Any, timeout_
 
 
 def _failed(unit: Unit, reason: str) -> UnitOutcome:
-    return UnitOutcome(unit=unit.name, target=unit.target.name, status="failed", reason=reason[:300])
+    return UnitOutcome(unit=unit.name, target=unit.target.name, status=UnitStatus.FAILED, reason=reason[:300])

@@ -48,6 +48,7 @@ from enginefoundry.tasks.track import (
     register_published_unit,
     start_unit_run,
 )
+from enginefoundry.unit_status import UnitStatus
 from enginefoundry.units import Unit, key_of
 
 
@@ -102,7 +103,7 @@ def run_unit_stages(
             stop_unit_server(endpoint)
     except Exception as err:
         exit_if_terminating()  # a cancel that surfaced as a stage error (its server stopped) is a cancel
-        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: "failed"},
+        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: UnitStatus.FAILED},
                     metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
         failed = failed_outcome(unit, key, err, run_id, stages)
         emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=failed.reason,
@@ -131,7 +132,7 @@ def run_unit_stages(
         str(p) for p in report_dir.rglob("*")
         if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
     ]
-    record_unit(spec, run_id, ok=draft.status == "candidate",
+    record_unit(spec, run_id, ok=draft.status == UnitStatus.CANDIDATE,
                 tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri,
                       mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
                       **(smoke.tags() if smoke else {})},

@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from enginefoundry.unit_status import UnitStatus
+
 UNIT_PUBLISHED = "enginefoundry.unit.published"
 UNIT_REJECTED = "enginefoundry.unit.rejected"
 UNIT_FAILED = "enginefoundry.unit.failed"
 MODEL_PROMOTED = "enginefoundry.model.promoted"
 MODEL_ROLLED_BACK = "enginefoundry.model.rolled-back"
 
-UNIT_EVENT_BY_STATUS = {"candidate": UNIT_PUBLISHED, "rejected": UNIT_REJECTED, "failed": UNIT_FAILED}
+UNIT_EVENT_BY_STATUS = {UnitStatus.CANDIDATE: UNIT_PUBLISHED, UnitStatus.REJECTED: UNIT_REJECTED,
+                        UnitStatus.FAILED: UNIT_FAILED}
 
 
 def unit_resource(model: str, unit: str, target: str, key: str | None) -> dict[str, str]:

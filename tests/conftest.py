@@ -40,12 +40,20 @@ TIERS = Path(__file__).resolve().parent
 TIER_MARKS = {"integration": "services", "e2e": "e2e"}
 
 
+# Fixtures that start a Prefect server and its workers (tests/support/cluster.py): under `pytest -n` (`make test`
+# runs two pytest-xdist workers, `--dist loadgroup`), their tests go to one worker, so one session starts them once.
+PREFECT_CLUSTER_FIXTURES = {"prefect_server", "cluster"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test of tests/integration is marked `services`, every test of tests/e2e `e2e` (pyproject.toml)."""
+    """Every test of tests/integration is marked `services`, every test of tests/e2e `e2e` (pyproject.toml);
+    every test that uses the session's Prefect server is grouped onto one xdist worker."""
     for item in items:
         path = Path(item.path).resolve()
         if path.is_relative_to(TIERS) and path.relative_to(TIERS).parts[0] in TIER_MARKS:
             item.add_marker(TIER_MARKS[path.relative_to(TIERS).parts[0]])
+        if PREFECT_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("prefect-cluster"))
 
 
 @pytest.fixture(scope="session")

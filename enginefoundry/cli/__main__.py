@@ -1,7 +1,5 @@
 """`python -m enginefoundry.cli`."""
 
-import sys
+from enginefoundry.cli import entry
 
-from enginefoundry.cli import main
-
-sys.exit(main())
+entry()

@@ -19,6 +19,7 @@ from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_s
 from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.siblings import named_sibling, sibling_variant
 from enginefoundry.store import Store
+from enginefoundry.unit_status import UnitStatus
 from enginefoundry.units import Unit
 
 FIX = "or set smoke.reference: source"
@@ -63,8 +64,9 @@ def reference_waves(units: list[Unit], siblings: dict[str, SiblingRef]) -> list[
     return [waves[d] for d in sorted(waves)]
 
 
-def _refusal(label: str, status: str, reason: str) -> str:
-    said = {"rejected": "was rejected by its own gate", "failed": "failed"}.get(status, f"is {status}")
+def _refusal(label: str, status: UnitStatus, reason: str) -> str:
+    said = {UnitStatus.REJECTED: "was rejected by its own gate",
+            UnitStatus.FAILED: "failed"}.get(status, f"is {status}")
     return (f"refused: its reference, {label}, {said} ({reason or 'no reason recorded'}); a sibling that did not "
             f"pass its own gate judges no other unit: fix the sibling, {FIX}")
 
@@ -80,7 +82,7 @@ def refused_by_sibling(units: list[Unit], siblings: dict[str, SiblingRef],
         if ref is None or sib is None or sib.ok:
             continue
         label = f"sibling unit {ref.unit} (key {ref.key[:12]})"
-        refused[unit.name] = UnitOutcome(unit=unit.name, target=unit.target.name, status="failed",
+        refused[unit.name] = UnitOutcome(unit=unit.name, target=unit.target.name, status=UnitStatus.FAILED,
                                          reason=_refusal(label, sib.status, sib.reason)[:300])
     return refused
 
@@ -97,7 +99,7 @@ def sibling_reference(
     if manifest is None:
         raise ReferenceRefused(f"refused: its reference, {label}, is not published (it failed or was not built); "
                                f"fix the sibling's own failure first, {FIX}")
-    if manifest.status != "candidate":
+    if manifest.status != UnitStatus.CANDIDATE:
         raise ReferenceRefused(_refusal(label, manifest.status, manifest.status_reason))
     found = load_sibling_reference(ref.unit, ref.key, cases, max_new_tokens=spec.smoke.max_new_tokens,
                                    dtype=ref.precision, model_dir=model_dir, store=store, cache_dir=cache_dir)

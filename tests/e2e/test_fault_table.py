@@ -59,15 +59,25 @@ class Row:
 
 
 def _write_spec(tmp: Path) -> Path:
+    """The tiny spec with its benchmark off: a benchmark point costs a fresh AIPerf (~15 s of CPU), and only the
+    rows that fault the benchmark need one (`_with_benchmark`)."""
     spec = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
     spec["model"]["source"] = str(TINY_MODEL)
     spec["smoke"]["prompts"] = str(TINY_PROMPTS)
-    spec["benchmark"].update({"concurrency": [1], "request_count": 8, "warmup_request_count": 1})
+    spec["benchmark"].update({"enabled": False, "concurrency": [1], "request_count": 8, "warmup_request_count": 1})
     spec["publish"] = {"store": f"file://{tmp}/store"}
     spec["tracking"] = {"mlflow_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": "faults"}
     path = tmp / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def _with_benchmark(row: Row) -> Row:
+    """The row's spec with its one-point benchmark on."""
+    spec = yaml.safe_load(row.spec.read_text())
+    spec["benchmark"]["enabled"] = True
+    row.spec.write_text(yaml.safe_dump(spec))
+    return row
 
 
 @pytest.fixture
@@ -187,6 +197,8 @@ MAY_HAVE_PUBLISHED = {"publish", "register"}
 
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_kill_9_at_stage_boundary(row: Row, stage: str) -> None:
+    if stage == "bench":
+        _with_benchmark(row)
     proc = _start(row)
     _wait_for_stage(row, proc, stage)
     os.kill(proc.pid, signal.SIGKILL)  # the CLI only: its children must follow by themselves
@@ -196,7 +208,9 @@ def test_kill_9_at_stage_boundary(row: Row, stage: str) -> None:
         assert _manifests(row.store) == [], f"a unit was published although the run died at {stage}"
     rc, out = _run_to_end(row)
     assert rc == 0, out[-4000:]
-    _assert_no_orphans(row.marker, within_s=5)
+    # Where the killed run had published, the next run is all hits: it records them in MLflow from a background
+    # process of its own (noop_run.py) that outlives the CLI until it is done, seconds on a loaded host.
+    _assert_no_orphans(row.marker, within_s=60 if stage in MAY_HAVE_PUBLISHED else 5)
     _assert_store_complete(row)
     statuses = _mlflow_runs(row)
     assert ("RUNNING" not in {s for _, s in statuses}), f"runs left RUNNING after the next run: {statuses}"
@@ -208,7 +222,7 @@ def test_sigterm_ends_runs_killed_and_leaves_nothing(row: Row, moment: str) -> N
     stage forks AIPerf: the signal then used to land inside Python's at-fork hooks, where its exception was
     swallowed and left logging's lock held (the run went on with a dead server, or hung at exit; row 25,
     runner.signals_held)."""
-    proc = _start(row)
+    proc = _start(_with_benchmark(row))
     _wait_for_stage(row, proc, "bench")
     if moment == "aiperf-measuring":
         deadline = time.monotonic() + 60  # AIPerf itself is running: the cancel lands mid-measurement

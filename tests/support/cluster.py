@@ -174,12 +174,14 @@ def seed_unique_model(hub_root: Path, repo_id: str, tmp: Path, note: str) -> str
 
 
 def write_spec(tmp: Path, *, source: str, store: str, mlflow_uri: str, experiment: str,
-               targets: list[dict[str, Any]] | None = None, registered_model: str | None = None) -> Path:
-    """The tiny spec, cut down for tests (as in test_pipeline_e2e.py), against the test services."""
+               targets: list[dict[str, Any]] | None = None, registered_model: str | None = None,
+               benchmark: bool = True) -> Path:
+    """The tiny spec, cut down for tests (as in test_pipeline_e2e.py), against the test services. `benchmark=False`
+    turns its one-point benchmark off for tests about something else (each point is a fresh AIPerf: ~15 s of CPU)."""
     spec = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
     spec["model"]["source"] = source
     spec["smoke"]["prompts"] = str(TINY_PROMPTS)
-    spec["benchmark"].update({"concurrency": [2], "request_count": 8, "warmup_request_count": 1})
+    spec["benchmark"].update({"enabled": benchmark, "concurrency": [2], "request_count": 8, "warmup_request_count": 1})
     spec["publish"] = {"store": store}
     spec["tracking"] = {"mlflow_uri": mlflow_uri, "experiment": experiment}
     if registered_model:
