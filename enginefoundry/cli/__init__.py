@@ -76,33 +76,9 @@ def entry() -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command. Called without `argv` (the `enginefoundry` script, `python -m enginefoundry.cli`) after a
-    command that loaded Prefect (a flow ran), this is the process's own command line: it ends the process itself
-    (`exit_now`) instead of returning. Light commands (an all-hits run, validate, plan) return as before: their
-    finalization costs little."""
     args = build_parser().parse_args(argv)
     with json_mode(args.json):
-        code = _run(args)
-    if argv is None and "prefect" in sys.modules:  # a run that loaded the heavy modules: see exit_now
-        exit_now(code)
-    return code
-
-
-def exit_now(code: int) -> NoReturn:
-    """End the process as a normal exit does, minus the interpreter's finalization: non-daemon threads are joined
-    (with the hooks concurrent.futures registers for that: `threading._shutdown`, what CPython 3.11's
-    Py_FinalizeEx calls first) and the atexit handlers run (servers stopped, MLflow runs ended, Prefect's log and
-    event drains, logging flushed, temporary folders removed), then stdout and stderr are flushed and the process
-    exits. Finalization only frees memory, and after a run that loaded torch, transformers, MLflow and Prefect it
-    took 1.5–8 s on this 2-core host (measured after the last atexit handler: benchmarks/cold_run.py, "exit")."""
-    shutdown = getattr(threading, "_shutdown", None)
-    if callable(shutdown):
-        shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+        return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
