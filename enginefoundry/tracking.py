@@ -242,12 +242,23 @@ class Tracker:
 
 
 def ensure_registered_model(client: Any, name: str) -> None:
+    """The registered model exists afterwards. Units of one run register at the same time (cluster mode: one
+    worker each), so another unit may create it between our lookup and our create: MLflow then answers
+    RESOURCE_ALREADY_EXISTS (mlflow/store/model_registry/sqlalchemy_store.py@3.17.2, create_registered_model),
+    which is the state we wanted. Any other error (the server unreachable, refused credentials) is raised."""
     from mlflow.exceptions import MlflowException
 
     try:
         client.get_registered_model(name)
-    except MlflowException:
+        return
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    try:
         client.create_registered_model(name, description="enginefoundry serving artifacts, one version per unit")
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
 
 
 def register_unit(
