@@ -66,16 +66,10 @@ def entry() -> NoReturn:
     the usual way."""
     code = main()
     # CPython's own first step (threading._shutdown, 3.11): the hooks of threading._register_atexit run
-    # (concurrent.futures' executors shut down, Prefect's event loop threads told to stop), then the other
-    # non-daemon threads are joined. Joining them without those hooks left the temporary Prefect server
-    # ignoring its SIGTERM until Prefect's 5 s wait ran out (benchmarks/cold_run.py: exit 5.4 s after the
-    # last output, 0.3–0.4 s with this).
-    shutdown = getattr(threading, "_shutdown", None)
-    if callable(shutdown):
-        shutdown()
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # (concurrent.futures' executors shut down, Prefect's event loop threads told to stop), then it joins the other
+    # non-daemon threads. Joining them without those hooks left the temporary Prefect server ignoring its SIGTERM
+    # until Prefect's 5 s wait ran out (benchmarks/cold_run.py: exit 5.4 s after the last output, 0.3–0.4 s with it).
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to tell anyone

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
+from tests.support.processes import marked_processes as processes_with
 
 pytestmark = pytest.mark.e2e
 
@@ -122,22 +123,7 @@ def _wait_for_stage(row: Row, proc: subprocess.Popen[str], stage: str, timeout_s
 
 
 def marked_processes(marker: str) -> list[str]:
-    """Live (not zombie) processes whose environment carries the marker: 'pid cmdline' each."""
-    needle = f"EF_FAULT_MARK={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            found.append(f"{entry.name} {cmd}")
-    return found
+    return processes_with("EF_FAULT_MARK", marker)
 
 
 def _assert_no_orphans(marker: str, within_s: float = 20.0) -> None:

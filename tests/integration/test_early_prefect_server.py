@@ -9,11 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.support.processes import marked_processes, poll
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,29 +50,9 @@ if sys.argv[2] == "kill":
 """
 
 
+
 def marked(marker: str) -> list[str]:
-    needle = f"EF_ORPHAN_MARK={marker}".encode()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
-                    out.append(f"{entry.name} {(entry / 'cmdline').read_bytes()[:120]!r}")
-        except (OSError, IndexError):
-            continue
-    return out
-
-
-def _poll(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
+    return marked_processes("EF_ORPHAN_MARK", marker)
 
 
 def _start(tmp_path: Path, script: str, marker: str, mode: str) -> subprocess.Popen[str]:
@@ -96,10 +77,10 @@ def test_kill_9_leaves_no_prefect_server(tmp_path: Path, script: str) -> None:
         else:
             pytest.fail(f"the script ended before it was ready (rc {proc.wait()}): {''.join(seen[-20:])}")
         # The parent, its reaper and the temporary server.
-        assert _poll(lambda: len(marked(marker)) >= 3, 60), marked(marker)
+        assert poll(lambda: len(marked(marker)) >= 3, 60), marked(marker)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        assert _poll(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
+        assert poll(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
     finally:
         for line in marked(marker):
             os.kill(int(line.split()[0]), signal.SIGKILL)
@@ -114,7 +95,7 @@ def test_prefect_runs_flows_on_the_early_server_and_stops_it(tmp_path: Path) -> 
         assert "Starting temporary server" not in out, "Prefect started a second server"
         pids = next(line.split() for line in out.splitlines() if line.startswith("server-pid"))
         assert pids[1] == pids[3], f"Prefect's server is not the early one: {pids}"
-        assert _poll(lambda: not marked(marker), 15), f"left running after a normal exit: {marked(marker)}"
+        assert poll(lambda: not marked(marker), 15), f"left running after a normal exit: {marked(marker)}"
     finally:
         proc.kill()
         for line in marked(marker):

@@ -8,11 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.support.processes import marked_processes, poll
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,29 +60,9 @@ sleeper()
 """
 
 
+
 def marked(marker: str) -> list[str]:
-    needle = f"EF_ORPHAN_MARK={marker}".encode()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
-                    out.append(f"{entry.name} {(entry / 'cmdline').read_bytes()[:120]!r}")
-        except (OSError, IndexError):
-            continue
-    return out
-
-
-def _poll(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
+    return marked_processes("EF_ORPHAN_MARK", marker)
 
 
 @pytest.mark.parametrize(("script", "expected_children"), [(TOOL, 3), (SERVER, 2), (PREFECT, 1)],
@@ -102,10 +83,10 @@ def test_kill_9_leaves_no_child(tmp_path: Path, script: str, expected_children: 
         else:
             pytest.fail(f"the script ended before it was ready (rc {proc.wait()})")
         # The parent, its reaper, and the children the script started.
-        assert _poll(lambda: len(marked(marker)) >= 2 + expected_children, 60), marked(marker)
+        assert poll(lambda: len(marked(marker)) >= 2 + expected_children, 60), marked(marker)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        assert _poll(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
+        assert poll(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
     finally:
         for line in marked(marker):
             os.kill(int(line.split()[0]), signal.SIGKILL)
