@@ -2,12 +2,14 @@
 """A cold run of a spec (default configs/tiny-cpu.yaml): how much of its wall time is the tools' own work and how
 much is orchestration. A benchmark, not a test.
 
-    .venv/bin/python benchmarks/cold_run.py [--runs 2] [--repo DIR] [--keep-prefect-home] [--json]
+    .venv/bin/python benchmarks/cold_run.py [--runs 2] [--repo DIR] [--keep-prefect-home | --prefect-api URL] [--json]
 
 Cold: a fresh store, a fresh SQLite MLflow file, a fresh work folder and a fresh PREFECT_HOME (so the temporary
 Prefect API server creates and migrates its database), no PREFECT_API_URL. `--keep-prefect-home` keeps one
 PREFECT_HOME for all runs and warms it first (what a second `make demo` on a fresh store meets: ~/.prefect
-stays). `--repo` runs another checkout's code (its `enginefoundry` on PYTHONPATH, its spec), e.g. main's, to
+stays). `--prefect-api URL` runs against a Prefect API server that is already up (how Prefect runs in
+production and under `make stack`: PREFECT_API_URL set, no temporary server). `--repo` runs another
+checkout's code (its `enginefoundry` on PYTHONPATH, its spec), e.g. main's, to
 compare before and after a change.
 
 Each tool's own time comes from the run's own records: the unit's stage seconds in the run's summary.json
@@ -45,15 +47,17 @@ MARKS = {"temporary Prefect server starting": "Starting temporary server",
          "first unit task": "Task run 'build "}
 
 
-def cold_env(root: Path, repo: Path, prefect_home: Path) -> dict[str, str]:
+def cold_env(root: Path, repo: Path, prefect_home: Path, prefect_api: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "EF_"))}
+    if prefect_api:
+        env["PREFECT_API_URL"] = prefect_api
     env.update(PYTHONPATH=str(repo), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"), PREFECT_HOME=str(prefect_home),
                EF_WORK_DIR=str(root / "work"), EF_STORE=(root / "store").as_uri(),
                MLFLOW_TRACKING_URI=f"sqlite:///{root / 'mlflow.db'}")
     return env
 
 
-def run_once(python: str, repo: Path, spec: str, prefect_home: Path | None) -> dict:
+def run_once(python: str, repo: Path, spec: str, prefect_home: Path | None, prefect_api: str | None = None) -> dict:
     root = Path(tempfile.mkdtemp(prefix="ef-cold-"))
     home = prefect_home or root / "prefect"
     lines: list[tuple[float, str]] = []
@@ -61,8 +65,8 @@ def run_once(python: str, repo: Path, spec: str, prefect_home: Path | None) -> d
         t0 = time.monotonic()
         wall_clock0 = datetime.now()
         proc = subprocess.Popen([python, "-m", "enginefoundry.cli", "run", spec], cwd=repo,
-                                env=cold_env(root, repo, home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+                                env=cold_env(root, repo, home, prefect_api), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append((time.monotonic() - t0, line.rstrip("\n")))
@@ -146,6 +150,8 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--keep-prefect-home", action="store_true",
                     help="one warmed PREFECT_HOME for all runs instead of a fresh one per run")
+    ap.add_argument("--prefect-api", metavar="URL",
+                    help="PREFECT_API_URL of a Prefect server already up (no temporary server), e.g. make stack's")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     repo = args.repo.resolve()
@@ -157,9 +163,9 @@ def main() -> int:
     try:
         for i in range(args.runs):
             before = load()
-            result = run_once(args.python, repo, args.spec, home)
+            result = run_once(args.python, repo, args.spec, home, args.prefect_api)
             result.update(load_before=before, load_after=load(), repo=str(repo),
-                          prefect_home="kept" if home else "fresh")
+                          prefect_home="kept" if home else "fresh", prefect_api=args.prefect_api)
             results.append(result)
             if not args.json:
                 print_table(result, i + 1)
