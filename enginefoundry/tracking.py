@@ -83,7 +83,7 @@ class _OpenRuns:
         self._runs: dict[str, Any] = {}
         self.interrupted = False
         self._handlers = False
-        atexit.register(self.end_all)
+        atexit.register(self._end_all_at_exit)
 
     def add(self, run_id: str, client: Any) -> None:
         with self._lock:
@@ -109,6 +109,20 @@ class _OpenRuns:
             except Exception:  # at exit, an unreachable server must not hide the real error
                 pass
         return list(runs)
+
+    def _end_all_at_exit(self) -> None:
+        """At exit, end what is still open asking the MLflow server once (no retries, a 10 s timeout) instead of
+        MLflow's default 7 retries with backoff factor 2, minutes against a server that is down
+        (MLFLOW_HTTP_REQUEST_MAX_RETRIES, _TIMEOUT: mlflow/environment_variables.py@3.17.2, read per request by
+        mlflow/utils/rest_utils.py). A run left open is ended KILLED by the next run on this host
+        (`end_dead_runs`)."""
+        with self._lock:
+            if not self._runs:
+                return
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # the process is exiting: nothing else reads it
+        if float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")) > 10:
+            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
+        self.end_all()
 
     def install_handlers(self) -> None:
         """Remember that SIGINT/SIGTERM arrived (then behave as before), so runs end KILLED, not FAILED."""

@@ -86,3 +86,25 @@ def test_logged_models_end_ready_or_failed(tmp_path: Path) -> None:
     tracker.end_run(run_id, ok=True)
     models = tracker.client.search_logged_models(experiment_ids=[tracker.experiment_id])
     assert sorted(m.status for m in models) == sorted([LoggedModelStatus.READY, LoggedModelStatus.FAILED])
+
+
+EXIT_WITH_SERVER_GONE = """
+from mlflow.tracking import MlflowClient
+from enginefoundry.tracking import OPEN_RUNS
+OPEN_RUNS.add("0" * 32, MlflowClient(tracking_uri="http://127.0.0.1:" + __import__("sys").argv[1]))
+"""
+
+
+def test_exit_with_the_server_gone_asks_once_instead_of_retrying_for_minutes() -> None:
+    """A run still open at exit whose MLflow server is down (killed, or a test's server already stopped): the exit
+    tries once and goes. With MLflow's default retries (7, backoff factor 2) it took minutes and printed a
+    "Retrying" warning per attempt."""
+    from enginefoundry.model_server import free_port
+
+    port = free_port()  # nothing listens on it: connection refused, as with a killed server
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    done = subprocess.run([sys.executable, "-c", EXIT_WITH_SERVER_GONE, str(port)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Retrying" not in done.stderr, done.stderr[-2000:]
+
