@@ -28,6 +28,7 @@ import yaml
 
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 from tests.support.processes import marked_processes as processes_with
+from tests.support.processes import poll
 
 pytestmark = pytest.mark.e2e
 
@@ -127,12 +128,9 @@ def marked_processes(marker: str) -> list[str]:
 
 
 def _assert_no_orphans(marker: str, within_s: float = 20.0) -> None:
-    deadline = time.monotonic() + within_s
-    left = marked_processes(marker)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
+    if not poll(lambda: not marked_processes(marker), within_s, interval_s=0.2):
         left = marked_processes(marker)
-    assert not left, f"processes of the killed run still alive after {within_s:.0f}s:\n" + "\n".join(left)
+        assert not left, f"processes of the killed run still alive after {within_s:.0f}s:\n" + "\n".join(left)
 
 
 def _manifests(store: Path) -> list[Path]:

@@ -26,11 +26,11 @@ def marked_processes(variable: str, marker: str) -> list[str]:
     return found
 
 
-def poll(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    """True once `predicate()` holds, polled every 0.1 s for up to `timeout_s`."""
+def poll(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.1) -> bool:
+    """True once `predicate()` holds, polled every `interval_s` for up to `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(0.1)
+        time.sleep(interval_s)
     return predicate()

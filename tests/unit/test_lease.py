@@ -29,17 +29,9 @@ from enginefoundry.publish import build_manifest_key, pointer_key, publish_build
 from enginefoundry.spec import load_spec
 from enginefoundry.store import FileStore
 from enginefoundry.units import expand_units, key_of
+from tests.support.processes import poll
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _poll(cond, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.fixture
@@ -76,7 +68,7 @@ def test_heartbeat_keeps_a_short_lease_alive(store: FileStore):
     assert held is not None
     acquired = read_lease(store, lk).acquired_at
     # Renewed for longer than its TTL: without the heartbeat it would have been stale by now.
-    assert _poll(lambda: read_lease(store, lk).renewed_at > acquired + 0.8)
+    assert poll(lambda: read_lease(store, lk).renewed_at > acquired + 0.8, 10.0, interval_s=0.02)
     assert not read_lease(store, lk).stale()
     assert try_acquire(store, lk, "b", ttl_s=0.4) is None
     held.release()
