@@ -57,7 +57,8 @@ class EnvSettings(BaseSettings):
                     "working directory)")
     cache_dir: str | None = Field(
         default=None, validation_alias="EF_CACHE_DIR",
-        description="download cache for S3 and local sources (default ~/.cache/enginefoundry)")
+        description="download cache for S3 and local sources, and the migrated empty MLflow and Prefect "
+                    "databases new SQLite files start from (default ~/.cache/enginefoundry)")
     lease_ttl_s: float = Field(
         default=120.0, validation_alias="EF_LEASE_TTL_S",
         description="seconds a build lease lives without its holder's heartbeat (renewed every quarter of it); "
@@ -212,3 +213,8 @@ def effective_spec(spec: BuildSpec, *, store: str | None = None, mlflow_uri: str
     dest = resolve_destinations(spec, store=store, mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url,
                                 flag_names=flag_names)
     return apply_destinations(spec, dest), dest
+
+
+def cache_root() -> Path:
+    """EF_CACHE_DIR, else ~/.cache/enginefoundry."""
+    return Path(EnvSettings().cache_dir or Path.home() / ".cache" / "enginefoundry")

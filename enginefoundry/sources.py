@@ -15,7 +15,7 @@ from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.runner import pid_alive
 from enginefoundry.s3 import s3_client, s3_endpoint
-from enginefoundry.settings import EnvSettings
+from enginefoundry.settings import cache_root
 from enginefoundry.spec import SourceKind, SourceURI
 
 
@@ -31,10 +31,6 @@ class SourceSnapshot(BaseModel):
     weights_digest: str
     tokenizer_digest: str
     files: dict[str, str] = Field(default_factory=dict, description="relative path → sha256")
-
-
-def cache_root() -> Path:
-    return Path(EnvSettings().cache_dir or Path.home() / ".cache" / "enginefoundry")
 
 
 def fetch(source: SourceURI, progress: Callable[[str], None] = print) -> SourceSnapshot:

@@ -138,7 +138,8 @@ def start_early_server() -> EarlyServer | None:
     port = free_port()
     env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
            "PREFECT_API_BLOCKS_REGISTER_ON_START": os.environ.get("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")}
-    argv = [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
+    # Prefect's `python -m uvicorn …`, through ephemeral_server: a fresh SQLite database starts as a migrated copy.
+    argv = [sys.executable, "-m", "enginefoundry.flows.ephemeral_server", "--app-dir", str(app_dir), "--factory",
             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "error", "--lifespan", "on"]
     with signals_held():

@@ -1,0 +1,98 @@
+"""The migrated-template start of new SQLite files against the real tools (enginefoundry/db_templates.py):
+MLflow's tracking file through `Tracker`, and the temporary Prefect server's database through
+`flows.ephemeral_server.prepare_database` (Prefect's own migrations, in this process: no server)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from enginefoundry import db_templates
+from tests.support.paths import REPO
+
+
+def _experiments(db: Path) -> list[tuple[int, str, str]]:
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return conn.execute("SELECT experiment_id, name, artifact_location FROM experiments ORDER BY 1").fetchall()
+
+
+def test_a_second_new_mlflow_file_is_a_copy_with_its_own_experiments(monkeypatch, tmp_path: Path) -> None:
+    import mlflow
+
+    from enginefoundry.tracking import Tracker
+
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    template = db_templates.template_path("mlflow", mlflow.__version__)
+    first = Tracker(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}", "demo")
+    assert template.is_file(), "the first new file was not kept as the template"
+    assert _experiments(template) == [], "the template keeps the first file's experiments"
+
+    second = Tracker(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "demo")
+    for tracker, folder in ((first, "a"), (second, "b")):
+        assert _experiments(tmp_path / folder / "mlflow.db") == [
+            (0, "Default", str(tmp_path / "mlruns" / "0")),
+            (1, "demo", (tmp_path / folder / "mlartifacts").as_uri()),
+        ]
+        run = tracker.client.create_run(tracker.experiment_id)
+        tracker.client.log_metric(run.info.run_id, "m", 1.0)
+        assert tracker.client.get_run(run.info.run_id).data.metrics == {"m": 1.0}
+    with contextlib.closing(sqlite3.connect(tmp_path / "b" / "mlflow.db")) as b, \
+            contextlib.closing(sqlite3.connect(tmp_path / "a" / "mlflow.db")) as a:
+        head = "SELECT version_num FROM alembic_version"
+        assert b.execute(head).fetchall() == a.execute(head).fetchall()
+
+
+def _prepare(home: Path, cache: Path) -> Path:
+    """What the temporary server's process does first, on PREFECT_HOME `home` (a child: Prefect's database
+    interface is configured once per process)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), EF_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    code = ("from enginefoundry.flows.ephemeral_server import prepare_database, sqlite_database_path\n"
+            "db = sqlite_database_path(); prepare_database(db); print(db)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_temporary_prefect_servers_new_database_starts_migrated(monkeypatch, tmp_path: Path) -> None:
+    import prefect
+
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    template = db_templates.template_path("prefect", prefect.__version__)
+    first = _prepare(tmp_path / "home-a", tmp_path / "cache")  # Prefect's migrations, then kept
+    assert first == tmp_path / "home-a" / "prefect.db"
+    assert template.is_file()
+    with contextlib.closing(sqlite3.connect(template)) as db:
+        head = db.execute("SELECT version_num FROM alembic_version").fetchall()
+        assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    with contextlib.closing(sqlite3.connect(first)) as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == head
+
+    second = _prepare(tmp_path / "home-b", tmp_path / "cache")
+    assert second.read_bytes() == template.read_bytes()
+
+    second.write_bytes(b"someone's database")  # an existing file is Prefect's business
+    _prepare(tmp_path / "home-b", tmp_path / "cache")
+    assert second.read_bytes() == b"someone's database"
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("sqlite+aiosqlite:///{home}/other.db", "{home}/other.db"),
+    ("sqlite+aiosqlite:///:memory:", None),
+    ("postgresql+asyncpg://u:p@127.0.0.1:5432/prefect", None),
+])
+def test_only_a_sqlite_file_is_prepared(monkeypatch, tmp_path: Path, url: str, expected: str | None) -> None:
+    from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
+
+    from enginefoundry.flows.ephemeral_server import sqlite_database_path
+
+    with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: url.format(home=tmp_path)}):
+        found = sqlite_database_path()
+    assert found == (Path(expected.format(home=tmp_path)) if expected else None)
