@@ -28,16 +28,21 @@ def test_a_second_new_mlflow_file_is_a_copy_with_its_own_experiments(monkeypatch
     from enginefoundry.tracking import Tracker
 
     monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
     template = db_templates.template_path("mlflow", mlflow.__version__)
+    # MLflow puts a SQLite file's Default experiment under ./mlruns of the directory it was created from: each
+    # file is created from another one, so a Default experiment copied from the template would show.
+    for folder in ("a", "b"):
+        (tmp_path / f"cwd-{folder}").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd-a")
     first = Tracker(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}", "demo")
     assert template.is_file(), "the first new file was not kept as the template"
     assert _experiments(template) == [], "the template keeps the first file's experiments"
 
+    monkeypatch.chdir(tmp_path / "cwd-b")
     second = Tracker(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "demo")
     for tracker, folder in ((first, "a"), (second, "b")):
         assert _experiments(tmp_path / folder / "mlflow.db") == [
-            (0, "Default", str(tmp_path / "mlruns" / "0")),
+            (0, "Default", str(tmp_path / f"cwd-{folder}" / "mlruns" / "0")),
             (1, "demo", (tmp_path / folder / "mlartifacts").as_uri()),
         ]
         run = tracker.client.create_run(tracker.experiment_id)
