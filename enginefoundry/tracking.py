@@ -192,8 +192,8 @@ class Tracker:
             with host_lock(db.with_name(db.name + ".init-lock")) if db is not None else contextlib.nullcontext():
                 template = _seed_sqlite_file(db) if db is not None else None
                 self.client = MlflowClient(tracking_uri=tracking_uri)
-                if template is not None:
-                    _keep_sqlite_template(db, template)  # type: ignore[arg-type]
+                if db is not None and template is not None:
+                    _keep_sqlite_template(db, template)
                 self.experiment_id = self._experiment_id(experiment, db)
                 if db is not None:  # the model registry opens (and would migrate) the file through its own store
                     self._call("open registry", lambda: self.client.search_registered_models(max_results=1))
