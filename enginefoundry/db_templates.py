@@ -6,7 +6,8 @@ by running the tool's Alembic migrations: ≈ 1.5 s of CPU for MLflow 3.17 and �
 docs/scale.md). The first new file of a release is migrated by the tool itself as before and then kept, with
 its per-file rows removed (`keep_as_template`); later new files start as a copy of it (`seed`), and the tool,
 opening a file whose schema is at its head revision, only checks it and adds its per-file rows (MLflow's
-Default experiment, with this file's artifact root).
+Default experiment, with this file's artifact root). `started_from_template` is that protocol, used by
+`tracking.Tracker` and `flows/ephemeral_server.py`.
 
 Only files that do not exist yet are seeded, by linking a complete copy into place: a file that appears
 meanwhile is kept, and a kill leaves at most a dot-named temporary file that the next seed of that folder
@@ -21,11 +22,32 @@ import os
 import re
 import shutil
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from enginefoundry.runner import pid_alive
 from enginefoundry.settings import cache_root
+
+
+@contextlib.contextmanager
+def started_from_template(database: Path, tool: str, release: str, scrub: Sequence[str] = ()) -> Iterator[bool]:
+    """The protocol both tools share, around the code that opens `database` with the tool: a file that does not
+    exist yet is seeded from the release's template first; when there is no template (or seeding fails), the
+    block yields True — the tool must create and migrate the file itself — and the migrated file is then kept
+    as the template (`scrub`: see `keep_as_template`). An existing file yields False and is left alone. Seeding
+    and keeping only save time: their errors leave the tool to do what it does without a template."""
+    if database.exists():
+        yield False
+        return
+    template = template_path(tool, release)
+    try:
+        migrate = not seed(database, template) and not database.exists()
+    except OSError:
+        migrate = True
+    yield migrate
+    if migrate and database.exists():
+        with contextlib.suppress(OSError, sqlite3.Error):
+            keep_as_template(database, template, scrub)
 
 
 def template_path(tool: str, release: str) -> Path:

@@ -33,15 +33,14 @@ def sqlite_database_path() -> Path | None:
 
 
 def prepare_database(database: Path) -> None:
-    """`database` is the server's (`sqlite_database_path`): the migrations run on the configured database."""
+    """`database` is the server's (`sqlite_database_path`): the migrations run on the configured database.
+    Prefect's migrations add no per-database rows: the template needs no scrub."""
     import prefect
 
-    template = db_templates.template_path("prefect", prefect.__version__)
-    if database.exists() or db_templates.seed(database, template):
-        return
-    database.parent.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_migrate())
-    db_templates.keep_as_template(database, template)  # Prefect's migrations add no per-database rows
+    with db_templates.started_from_template(database, "prefect", prefect.__version__) as migrate:
+        if migrate:
+            database.parent.mkdir(parents=True, exist_ok=True)
+            asyncio.run(_migrate())
 
 
 async def _migrate() -> None:

@@ -97,3 +97,21 @@ def test_temporaries_without_a_pid_are_left(tmp_path: Path, bad: str) -> None:
     stray.write_bytes(b"x")
     assert db_templates.seed(tmp_path / "new.db", _db(tmp_path / "template.db", []))
     assert stray.exists()
+
+
+def test_the_protocol_migrates_and_keeps_once_then_seeds(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    first, second = tmp_path / "a" / "x.db", tmp_path / "b" / "x.db"
+    with db_templates.started_from_template(first, "tool", "1", scrub=("DELETE FROM experiments",)) as migrate:
+        assert migrate  # no template yet: the tool creates the file
+        first.parent.mkdir()
+        _db(first, [(0, "per-file")])
+    template = db_templates.template_path("tool", "1")
+    assert _rows(template, "experiments") == []
+    with db_templates.started_from_template(second, "tool", "1") as migrate:
+        assert not migrate
+    assert second.read_bytes() == template.read_bytes()
+    before = first.read_bytes()
+    with db_templates.started_from_template(first, "tool", "1") as migrate:
+        assert not migrate
+    assert first.read_bytes() == before
