@@ -15,6 +15,8 @@ from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from prefect.client.schemas.objects import State
+from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
@@ -56,10 +58,16 @@ from enginefoundry.units import Unit, key_of
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
-) -> UnitOutcome:
+) -> UnitOutcome | State:
     """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
-    the unit whose served answers judge this one (run before it)."""
-    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling)
+    the unit whose served answers judge this one (run before it). A rejected or failed unit ends Failed, with
+    the unit, its status and reason as the message and its outcome as the state's data."""
+    outcome = run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling)
+    return outcome if outcome.ok else unit_failed_state(outcome)
+
+
+def unit_failed_state(outcome: UnitOutcome) -> State:
+    return Failed(message=f"unit {outcome.unit} {outcome.status}: {outcome.reason}", data=outcome)
 
 
 def run_unit_stages(

@@ -106,10 +106,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         # The effective destinations travel as the flow's override parameters: they outrank the environment the
         # flow reads again (the same one here, a worker's in cluster mode).
-        summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
-                                mode=args.mode, validated=True, verify_hits=args.verify_hits,
-                                store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                                s3_endpoint_url=spec.publish.s3_endpoint_url)
+        from enginefoundry.run_summary import UnitsNotPassed
+
+        try:
+            summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
+                                    mode=args.mode, validated=True, verify_hits=args.verify_hits,
+                                    store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                                    s3_endpoint_url=spec.publish.s3_endpoint_url)
+        except UnitsNotPassed as err:  # the run ended Failed; its summary is printed as any other (exit 1)
+            summary = err.summary
     if wants_json(args):
         emit_json({"ok": summary.ok, "destinations": dest, **summary.model_dump(mode="json")})
         return EXIT_OK if summary.ok else EXIT_PIPELINE
