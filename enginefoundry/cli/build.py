@@ -15,6 +15,7 @@ from enginefoundry.cli.common import (
 )
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
+from enginefoundry.spec import load_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -109,7 +110,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from enginefoundry.run_summary import UnitsNotPassed
 
         try:
-            summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
+            # The spec as written: the flow resolves the destinations again and, where a parameter only repeats
+            # the environment or the spec, logs where the value really came from (settings.true_origins).
+            summary = build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets,
+                                    force=args.force,
                                     mode=args.mode, validated=True, verify_hits=args.verify_hits,
                                     store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
                                     s3_endpoint_url=spec.publish.s3_endpoint_url)
@@ -196,7 +200,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from enginefoundry.flows.build_engines import spec_payload
     from enginefoundry.flows.rollout import rollout
 
-    report = rollout(spec_path=None, spec=spec_payload(spec), targets=args.targets, mode=args.mode,
+    report = rollout(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets, mode=args.mode,
                      max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
                      max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
                      force_build=args.force_build, store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,

@@ -112,8 +112,8 @@ def test_custom_run_from_the_deployment_form(cluster: PrefectServer, stack, tmp_
     flow_run_id = new[0]["id"]
 
     run = cluster.wait(flow_run_id, timeout_s=600)
-    # The flow names its runs after the spec (readable in the run list), over the name typed in the form.
-    assert run["name"] == f"build {spec.stem} (cluster)"
+    # The name typed in the form stays (an unnamed run would be called `build <spec> (cluster)`).
+    assert run["name"] == run_name
     assert run["deployment_id"] == deployment["id"]
     assert run["parameters"]["spec_path"] == str(spec)
     assert run["parameters"]["mode"] == "cluster"  # untouched fields keep the deployment's defaults
