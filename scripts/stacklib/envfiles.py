@@ -10,7 +10,6 @@ from stacklib.net import HOST
 from stacklib.s3 import REGION
 from stacklib.state import State, write_private
 
-
 # The stack's artifact store, in its SeaweedFS: the workers' EF_STORE and the sourced env's, so the CLI after
 # `source .stack/env` and a run started from the UI publish to the same place (EF_STORE outranks a spec's store;
 # enginefoundry.settings).
