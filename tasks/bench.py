@@ -21,12 +21,13 @@ def _artifact_key(prefix: str, title: str) -> str:
 
 
 @task(name="benchmark", cache_policy=NO_CACHE)
-def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str) -> SweepReport:
+def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, gpu: bool = True) -> SweepReport:
+    """`gpu`: the unit's target has GPUs to sample; a cpu target's sweep reports no GPU telemetry at all."""
     log = progress_logger()
     out = Path(report_dir)
     report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
-                       server_alive=lambda: is_alive(endpoint.pid), plot_title=title)
+                       server_alive=lambda: is_alive(endpoint.pid), plot_title=title, telemetry=gpu)
     if spec.benchmark.baseline_endpoints:
         report.comparison = compare_with_baselines(
             spec.benchmark, report, unit_label=title, unit_url=endpoint.base_url, unit_model=endpoint.model_name,

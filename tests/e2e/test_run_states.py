@@ -128,3 +128,10 @@ def test_a_rejected_unit_fails_the_unit_and_the_parent_run(tmp_path: Path, uniqu
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert sorted(r.info.status for r in runs) == ["FAILED", "FAILED"]
+    # The exact commands the unit ran are on its run: a tag, and reports/commands.json.
+    unit_run = next(r for r in runs if "enginefoundry.commands" in r.data.tags)
+    commands = unit_run.data.tags["enginefoundry.commands"].splitlines()
+    assert commands[0].startswith("convert: '(in-process)' cast_checkpoint dtype=float32"), commands
+    assert any(c.startswith("serve: ") and " serve " in c and "--port" in c for c in commands), commands
+    assert "commands.json" in [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(unit_run.info.run_id,
+                                                                                        "reports")]
