@@ -31,16 +31,41 @@ def validate_deep(spec: BuildSpec) -> None:
 
 def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     problems = list(get_lane(spec.lane).validate_options(spec))
-    problems += _prompt_problems(spec.resolve_path(spec.smoke.prompts))
+    problems += _prompt_problems(spec, spec.resolve_path(spec.smoke.prompts))
     return problems
 
 
-def _prompt_problems(path: Path) -> list[tuple[str, str]]:
+def _prompt_problems(spec: BuildSpec, path: Path) -> list[tuple[str, str]]:
     try:
-        load_prompt_set(path)
+        prompts = load_prompt_set(path)
     except InputError as err:
         return [("smoke.prompts", str(err).removeprefix("smoke.prompts: "))]
-    return []
+    return _sample_size_problems(spec, sum(c.expected is not None for c in prompts.cases), path)
+
+
+def _sample_size_problems(spec: BuildSpec, graded: int, path: Path) -> list[tuple[str, str]]:
+    """The gate's "sample size" rule (smoke/gate.py), said before anything runs: a prompt set too small for the
+    margin asked for would reject every unit after its build (unless smoke.small_sample is 'warn')."""
+    from enginefoundry.smoke.policy import policy_for
+
+    if spec.smoke.small_sample == "warn":
+        return []
+    overrides = spec.smoke.policy_overrides()
+    problems = []
+    for precision in dict.fromkeys(v.precision.value for v in spec.variants):
+        policy = policy_for(precision, **overrides)
+        if graded >= policy.min_samples:
+            continue
+        margin = next((m / 100 for m in range(int(policy.accuracy_margin * 100) + 1, 100)
+                       if policy_for(precision, **{**overrides, "accuracy_margin": m / 100}).min_samples <= graded),
+                      None)
+        fix = (f"set smoke.accuracy_margin to {margin:.2f} or more, " if margin is not None else "") + \
+            "add prompts with an expected answer, or set smoke.small_sample: warn"
+        field = "smoke.accuracy_margin" if spec.smoke.accuracy_margin is not None else "smoke.prompts"
+        problems.append((field, f"{precision}: margin {policy.accuracy_margin} needs {policy.min_samples} graded "
+                                f"prompts (α {policy.alpha}, power {policy.power}, discordance "
+                                f"{policy.expected_discordance}), {path.name} has {graded}; {fix}"))
+    return problems
 
 
 def validate_file(path: str | Path, only_targets: list[str] | None = None) -> BuildSpec:
