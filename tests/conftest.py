@@ -20,6 +20,7 @@ import pytest
 from enginefoundry.model_server import free_port
 from tests.support.cluster import cluster_fixture, prefect_fixture  # noqa: F401  (session fixtures of the cluster)
 from tests.support.paths import STACK_SCRIPT
+from tests.support.private_stack import stack_down
 
 NEEDED = ("EF_S3_ENDPOINT", "MLFLOW_TRACKING_URI", "HF_ENDPOINT", "EF_HUB_ROOT", "AWS_ACCESS_KEY_ID")
 # The services CI started and exported (`source .stack/env`), as the `stack` fixture hands them out.
@@ -82,8 +83,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         exported.pop("EF_STORE", None)  # each test names its own store
         yield {**os.environ, **exported}
     finally:
-        subprocess.run([sys.executable, str(STACK_SCRIPT), "down", "--state-dir", str(state)],
-                       capture_output=True)
+        stack_down(state)  # detached: a second Ctrl-C cannot cut it halfway
 
 
 @pytest.fixture
