@@ -229,7 +229,10 @@ def build_engines(
                 state = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
                                  converted[unit.variant.name], parent, replace=force,
                                  sibling=siblings.get(unit.name), return_state=True)
-                built[unit.name] = state.result(raise_on_failure=False)
+                result = state.result(raise_on_failure=False)
+                if isinstance(result, BaseException):  # not an outcome: the subflow itself broke, as before
+                    raise result
+                built[unit.name] = result
     finally:
         plan.release(progress=log)
     outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, store, parent) for unit in units]
