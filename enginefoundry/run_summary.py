@@ -99,6 +99,15 @@ def best_profiles(outcomes: list[UnitOutcome]) -> list[dict[str, str]]:
     return rows
 
 
+class UnitNotPassed(PipelineError):
+    """One unit rejected or failed: its run (a unit subflow, a `build-unit` deployment run) ends Failed with this
+    as the state's data; `outcome` is what the parent reads (embedded) or finds in the store (cluster)."""
+
+    def __init__(self, outcome: UnitOutcome) -> None:
+        self.outcome = outcome
+        super().__init__(f"unit {outcome.unit} {outcome.status}: {outcome.reason}")
+
+
 class UnitsNotPassed(PipelineError):
     """A build that ran to its end with a rejected or failed unit: the run ends Failed (Prefect state, MLflow
     parent run, exit code 1) with the units and their reasons; `summary` keeps the whole outcome for the CLI."""

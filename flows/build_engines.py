@@ -30,7 +30,7 @@ from enginefoundry.flows.reports import report_build, report_cache_hit, report_m
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.run_records import run_metrics
-from enginefoundry.run_summary import RunSummary, UnitOutcome, UnitsNotPassed, work_root
+from enginefoundry.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed, work_root
 from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
@@ -230,7 +230,9 @@ def build_engines(
                                  converted[unit.variant.name], parent, replace=force,
                                  sibling=siblings.get(unit.name), return_state=True)
                 result = state.result(raise_on_failure=False)
-                if isinstance(result, BaseException):  # not an outcome: the subflow itself broke, as before
+                if isinstance(result, UnitNotPassed):
+                    result = result.outcome
+                elif isinstance(result, BaseException):  # not an outcome: the subflow itself broke, as before
                     raise result
                 built[unit.name] = result
     finally:

@@ -33,7 +33,7 @@ from enginefoundry.outcomes import (
     unit_metrics,
     unit_params,
 )
-from enginefoundry.run_summary import UnitOutcome, work_root
+from enginefoundry.run_summary import UnitNotPassed, UnitOutcome, work_root
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
@@ -71,7 +71,9 @@ def unit_pipeline(
 
 
 def unit_failed_state(outcome: UnitOutcome) -> State:
-    return Failed(message=f"unit {outcome.unit} {outcome.status}: {outcome.reason}", data=outcome)
+    """Failed, with our own error as the data: Prefect's engine logs no traceback for it (tasks/_log.py)."""
+    err = UnitNotPassed(outcome)
+    return Failed(message=str(err), data=err)
 
 
 def run_unit_stages(

@@ -8,6 +8,7 @@ Needs `apt-get install chromium` and `pip install playwright` (Playwright's own 
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def run_logs(cluster: PrefectServer, flow_run_id: str) -> str:
     with cluster.client() as http:
         found = http.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}})
         found.raise_for_status()
-        return "\n".join(f"{log['level']} {log['message']}" for log in found.json())
+        return "\n".join(f"{logging.getLevelName(log['level'])} {log['message']}" for log in found.json())
 
 
 def shows_failed(page, cluster: PrefectServer, flow_run_id: str, logged: str | None = None) -> str:
