@@ -116,4 +116,8 @@ def _raw_input_problems(path: Path) -> list[tuple[str, str]]:
     if not isinstance(prompts, str):
         return []
     p = Path(prompts)
-    return _prompt_problems(p if p.is_absolute() else (path.resolve().parent / p).resolve())
+    try:
+        load_prompt_set(p if p.is_absolute() else (path.resolve().parent / p).resolve())
+    except InputError as err:
+        return [("smoke.prompts", str(err).removeprefix("smoke.prompts: "))]
+    return []
