@@ -49,7 +49,7 @@ DEFAULT_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "tiny-chat")
 TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
 
 
-def serve_command(model_dir: Path, port: int) -> ServeCommand:
+def serve_command(model_dir: Path, port: int, *, batching: bool = True) -> ServeCommand:
     exe = Path(sys.executable).with_name("transformers")
     argv = [str(exe) if exe.exists() else "transformers", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(port), "--device", "cpu"]
@@ -57,14 +57,16 @@ def serve_command(model_dir: Path, port: int) -> ServeCommand:
     cap = json.loads((model_dir / "config.json").read_text()).get("ef_max_seq_len")
     if cap is not None:  # the short-max_seq_len build: the limit is enforced inside the server process
         env.update({"EF_MAX_SEQ_LEN": str(cap), "PYTHONPATH": str(REPO / "benchmarks" / "seqcap")})
+    elif batching:  # requests in flight answered together (seqcap wraps generate(), which batching skips)
+        argv.append("--continuous-batching")
     return ServeCommand(command=Command(argv=argv, env=env, description="transformers serve"),
                         model_name=str(model_dir), tokenizer_dir=str(model_dir))
 
 
 def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, max_new_tokens: int,
-                small_sample: str, logs: Path) -> dict:
+                small_sample: str, logs: Path, batching: bool = True) -> dict:
     """Serve one build and run the `smoke` command against it; the command's JSON report and exit code."""
-    cmd = serve_command(build, free_port())
+    cmd = serve_command(build, free_port(), batching=batching)
     t0 = time.monotonic()
     with serving(cmd, logs / f"{build.name}.server.log", timeout_s=600) as ep:
         argv = [sys.executable, "-m", "enginefoundry.cli", "smoke", "--endpoint", ep.base_url,
@@ -72,12 +74,14 @@ def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, 
                 "--precision", precision, "--max-new-tokens", str(max_new_tokens), "--small-sample", small_sample,
                 "--json"]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        t_judge = time.monotonic()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
+        judge_s = round(time.monotonic() - t_judge, 1)  # one judgement: the `smoke` command, server already up
     (logs / f"{build.name}.smoke.log").write_text(proc.stderr)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"smoke exited {proc.returncode} on {build.name}: {proc.stderr.strip()[-400:]}")
     report = json.loads(proc.stdout)
-    return {"rc": proc.returncode, "report": report, "seconds": round(time.monotonic() - t0, 1)}
+    return {"rc": proc.returncode, "report": report, "seconds": round(time.monotonic() - t0, 1), "judge_s": judge_s}
 
 
 def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict:
@@ -93,7 +97,7 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
             "acc unit/ref": acc, "first-N": f"{r['first_n_agreement']:.2f}", "prefix": f"{r['mean_prefix_share']:.2f}",
             "full agree": f"{r['agree']}/{r['n']}",
             "slice first-N": ", ".join(f"{x['name']} {x['first_n_agree']}/{x['n']}" for x in r.get("slices", []))
-            or "-", "s": result["seconds"]}
+            or "-", "s": result["seconds"], "judge s": result["judge_s"]}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -142,8 +146,11 @@ def main() -> int:
             name, kind, build = item
             precision = name if kind == "healthy" else "bf16"
             print(f"[gate] {model} {name}: serving {build}", file=sys.stderr, flush=True)
+            # transformers serve 5.24's continuous batching kills the server on the tiny fixture model's first
+            # request (no message in its log; seen 2026-12-01): that model is served one request at a time.
             result = judge_build(build, reference=src, prompts=prompts, precision=precision,
-                                 max_new_tokens=max_new, small_sample="refuse", logs=logs)
+                                 max_new_tokens=max_new, small_sample="refuse", logs=logs,
+                                 batching=model != "tiny-chat")
             r = row(model, name, kind, precision, result)
             print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
             return r, {"model": model, "build": name, "kind": kind, **result}
@@ -160,6 +167,9 @@ def main() -> int:
     fa = sum(r["verdict"] == "pass" for r in broken_rows)
     print(f"\nfalse rejects: {fr}/{len(healthy_rows)} healthy builds ({fr / max(len(healthy_rows), 1):.0%}); "
           f"false accepts: {fa}/{len(broken_rows)} broken builds ({fa / max(len(broken_rows), 1):.0%})")
+    judged = sorted(r["judge s"] for r in rows)
+    print(f"time per judgement (the `smoke` command, server up, reference cached): median "
+          f"{statistics.median(judged):.1f} s, range {judged[0]:.1f}-{judged[-1]:.1f} s over {len(judged)} builds")
     print("sample sizes: " + "; ".join(
         f"{m}: {next(r['prompts'] for r in rows if r['model'] == m)} prompts "
         f"(policy minimum {next(r['min n'] for r in rows if r['model'] == m and r['precision'] == 'bf16')} "
