@@ -93,9 +93,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             tracking_note = (f"MLflow: {len(hits.units)} cache hit(s) being recorded in {spec.tracking.mlflow_uri} "
                              f"by a background process (pid {pid}, log {log})")
     if summary is None:
-        from enginefoundry.noop_run import flush_pending
+        from enginefoundry.noop_run import flush_in_background
 
-        flush_pending()  # hits an earlier recorder could not record
+        flush_in_background(spec)  # hits an earlier recorder could not record, in this run's destinations
         server = start_prefect_early()
         from enginefoundry.flows.build_engines import build_engines, spec_payload
         from enginefoundry.run_records import prepare_tracking

@@ -46,7 +46,7 @@ def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
     endpoint = None
     store_uri, model = args.store, args.model
     if args.spec:
-        spec = load(args.spec)
+        spec, _ = load(args.spec)
         store_uri = store_uri or spec.publish.store
         model = model or spec.model.name
         endpoint = spec.publish.s3_endpoint_url
@@ -73,6 +73,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     elif report.ok:
         console.print(f"ok: {report.uri}: {report.files} files, {report.bytes / 2**20:.1f} MiB verified in "
                       f"{report.seconds:.1f} s ({report.mib_per_s:.0f} MiB/s)", markup=False, highlight=False)
+        if report.record and report.record.startswith("not recorded"):
+            console.print(f"  note: {report.record}", markup=False, highlight=False, soft_wrap=True)
     else:
         error(f"{report.uri}: {len(report.problems)} problem(s) in {report.files} files")
         for p in report.problems:
