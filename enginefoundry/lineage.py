@@ -60,16 +60,33 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
             experiment_ids=[e.experiment_id for e in _client(mlflow_uri).search_experiments()],
             filter_string=f"tags.`{mltags.CACHE_HIT}` = 'false'", max_results=5000,
         )
-        matches = {r.data.tags.get(mltags.MANIFEST_URI) for r in runs
-                   if r.data.tags.get(mltags.KEY, "").startswith(ref)}
-        matches.discard(None)
-        if not matches:
+        # Builds of one key (a `--force` makes another) are one unit: keyed by the full key, each with its builds.
+        units: dict[str, set[str]] = {}
+        for r in runs:
+            key, uri = r.data.tags.get(mltags.KEY, ""), r.data.tags.get(mltags.MANIFEST_URI)
+            if key.startswith(ref) and uri:
+                units.setdefault(key, set()).add(uri)
+        if not units:
             raise InputError(f"no published unit with key {ref} in MLflow at {mlflow_uri}")
-        if len(matches) > 1:
-            raise InputError(f"key prefix {ref} is ambiguous ({len(matches)} units); give more characters")
-        uri = matches.pop()
+        if len(units) > 1:
+            raise InputError(f"key prefix {ref} is ambiguous ({len(units)} units); give more characters")
+        builds = sorted(units.popitem()[1])
+        registry["builds"] = builds
+        uri = builds[-1] if len(builds) == 1 else _current_of(builds)
         return read_manifest_uri(uri), uri, registry
     raise InputError(f"'{ref}' is not a store URI, a unit key or models:/name@alias")
+
+
+def _current_of(builds: list[str]) -> str:
+    """The key's current build (its pointer) among several build URIs of one key; the latest when the pointer
+    cannot be read. Build ids sort by time."""
+    from enginefoundry.verify import open_build
+
+    folder = builds[-1].rsplit("/", 1)[0]
+    try:
+        return open_build(folder)[1].uri
+    except Exception:  # the store is unreachable or the pointer refused: the newest build MLflow knows
+        return builds[-1]
 
 
 def _last_verified(uri: str) -> dict[str, Any]:
@@ -120,5 +137,6 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
         "smoke": manifest.smoke,
         "benchmark": {k: v for k, v in manifest.benchmark.items() if k != "points"},
         "benchmark_points": manifest.benchmark.get("points", []),
+        "builds": registry.pop("builds", [uri]),
         "mlflow": {**runs, **({"registry": registry} if registry else {})},
     }

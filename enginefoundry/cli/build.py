@@ -178,7 +178,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_OK
     table(f"{spec.name}: cache against {spec.publish.store}", [
         {"unit": r.unit, "status": "hit" if r.hit else "miss", "key": r.key[:12],
-         "nearest published": (r.nearest or "-")[:12], "what differs": "\n".join(r.differences)} for r in rows])
+         "nearest published": (r.nearest or "-")[:12],
+         "what differs": "\n".join([*([r.refused] if r.refused else []), *r.differences])} for r in rows])
     return EXIT_OK
 
 

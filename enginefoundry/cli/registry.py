@@ -60,6 +60,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         ("project commit", str(ml.get("git_commit"))),
         ("last verified", _verified_line(chain.get("verification") or {})),
     ]
+    if len(chain["builds"]) > 1:
+        rows.append(("builds of this key", "\n".join(chain["builds"])))
     if ml.get("registry"):
         reg = ml["registry"]
         rows.append(("registry", f"{reg['registered_model']} v{reg['version']}"
