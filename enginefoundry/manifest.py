@@ -39,7 +39,7 @@ class FileEntry(BaseModel):
         relative_posix(path, "files[].path")
         reason = _path_refusal(path)
         if reason:
-            raise ValueError(f"files[].path: {path!r} {reason}")
+            raise ValueError(f"files[].path {reason}: {_shown(path)}")
         return path
 
 
@@ -68,16 +68,21 @@ def _path_refusal(path: str) -> str | None:
     return None
 
 
+def _shown(path: str) -> str:
+    """A hostile path in a one-line message: escaped (repr), at most 100 characters of it."""
+    return repr(path[:100]) + ("…" if len(path) > 100 else "")
+
+
 def file_list_problems(files: list[FileEntry]) -> list[str]:
     """A build's file list as a folder tree: no path twice, no path that is both a file and a folder
     (`a` and `a/b`). Empty when the list can be written as it is."""
     problems, seen = [], set()
     for entry in files:
         if entry.path in seen:
-            problems.append(f"{entry.path!r} is listed twice")
+            problems.append(f"{_shown(entry.path)} is listed twice")
         seen.add(entry.path)
     folders = {"/".join(e.path.split("/")[:i]) for e in files for i in range(1, e.path.count("/") + 1)}
-    problems += [f"{p!r} is both a file and a folder" for p in sorted(seen & folders)]
+    problems += [f"{_shown(p)} is both a file and a folder" for p in sorted(seen & folders)]
     return problems
 
 

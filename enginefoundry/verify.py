@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.errors import InputError, StoreError, is_transient
+from enginefoundry.errors import InputError, StoreError, is_transient, naming_full_disk
 from enginefoundry.identity import sha256_file
 from enginefoundry.manifest import FileEntry, file_list_problems
 from enginefoundry.publish import (
@@ -231,7 +231,7 @@ def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, m
     tmp = Path(tmp_name)
     try:
         h, size = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as out:
+        with naming_full_disk(local, "free space there or pull into another folder"), os.fdopen(fd, "wb") as out:
             for chunk in store.iter_bytes(okey):
                 if size + len(chunk) > entry.size:  # never more than the manifest says, whatever the server sends
                     raise StoreError(f"{entry.path}: {store.url(okey)} sent more than the manifest's {entry.size} "
@@ -265,7 +265,7 @@ def _make_folders(dest: Path, parts: list[str]) -> None:
                                  "link inside DEST; remove it or pull into an empty folder") from None
 
 
-_PARTIAL = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)\.)?[A-Za-z0-9_]{8}\.partial$")
+_PARTIAL = re.compile(r"^\.(?P<name>.+?)\.(?:(?P<pid>\d+)\.)?[A-Za-z0-9_]{8}\.partial$")
 LEGACY_PARTIAL_AGE_S = 600.0  # a partial without a pid (an older pull's): removed once unchanged this long
 
 
