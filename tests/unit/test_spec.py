@@ -113,8 +113,8 @@ def test_a_scenario_longer_than_a_profile_is_refused_naming_the_field():
     data["benchmark"]["scenarios"][0]["input_tokens_mean"] = 5000
     with pytest.raises(SpecError) as err:
         parse_spec(data)
-    assert ("benchmark.scenarios.0.input_tokens_mean",
-            "5000 exceeds profile chat's max_input_len (128); lower it or raise the profile's limit") in err.value.problems
+    expected = "5000 exceeds profile chat's max_input_len (128); lower it or raise the profile's limit"
+    assert ("benchmark.scenarios.0.input_tokens_mean", expected) in err.value.problems
     data["benchmark"]["scenarios"][0].update(input_tokens_mean=100, output_tokens_mean=200)
     with pytest.raises(SpecError, match=r"benchmark.scenarios.0.output_tokens_mean: input 100 \+ output 200"):
         parse_spec(data)
