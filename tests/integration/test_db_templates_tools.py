@@ -145,3 +145,24 @@ def test_a_hostile_or_corrupt_mlflow_template_never_reaches_a_new_file(monkeypat
 
     # Rebuilt from MLflow's own migrations, and it passes the checks (its one trigger is MLflow's).
     assert db_templates.template_problem(template, db_templates.digest_path(template), _mlflow_template_rules()) is None
+
+
+def test_a_corrupt_prefect_template_is_replaced_not_served(monkeypatch, tmp_path: Path) -> None:
+    """The finding: a corrupt template made every later temporary server time out ("Timed out … ephemeral Prefect
+    API server"), even after the template was repaired. Now the copy is checked first, the template removed with a
+    message, and the new database migrated by Prefect."""
+    import prefect
+
+    template = db_templates.template_path("prefect", prefect.__version__).relative_to(db_templates.cache_root())
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EF_CACHE_DIR", str(cache))
+    _prepare(tmp_path / "home-a", cache)
+    with (cache / template).open("r+b") as f:
+        f.seek(8192)
+        f.write(b"\xff" * 8192)
+    db = _prepare(tmp_path / "home-b", cache)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    assert db_templates.template_problem(cache / template, db_templates.digest_path(cache / template),
+                                         db_templates.TemplateRules()) is None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.cache_plan import plan_cache
+from enginefoundry.cache_plan import CachePlan, plan_cache
 from enginefoundry.cli import main
 from enginefoundry.lease import (
     Lease,
@@ -255,7 +255,12 @@ def test_breaking_a_live_lease_asks_for_force_and_its_holder_is_told(store: File
         assert main(["leases", "--store", store.uri, "--break", "feedface", "--force"]) == 0
         assert read_lease(store, held.key) is None
         assert not held.renew() and held.lost
-        assert held.lost_reason().startswith("broken by hand")
+        plan = CachePlan(leases={"feedface0123": held})
+        said: list[str] = []
+        plan.release(said.append)  # what the run that lost it prints
+        told = "the build lease of feedface0123 was broken by hand (`enginefoundry leases --break --force`, by "
+        assert len(said) == 1 and said[0].startswith(told)
+        assert "renewals" not in said[0]
     finally:
         held.release()
     assert [k for k in store.list("leases/")] == []  # the note was read and removed
