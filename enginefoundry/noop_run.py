@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.cache_plan import find_hit, unit_keys
-from enginefoundry.errors import InputError, SpecError, StoreError
+from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
 from enginefoundry.publish import PublishedBuild, read_build
 from enginefoundry.run_summary import RunSummary, work_root
 from enginefoundry.sources import SourceSnapshot, fetch
@@ -226,6 +226,8 @@ def read_pending(path: Path, dest: RecorderDestinations) -> tuple[BuildSpec, All
         try:
             stored = read_build(store, build.model, build.key, build.build_id, "unit")
         except (StoreError, InputError) as err:
+            if is_transient(err):  # the store is unreachable now: the record is given back for a later recorder
+                raise
             raise RefusedRecord(f"unit {unit}: build {build.build_id} is not in {dest.store} ({err})") from None
         if stored.manifest_sha256 != build.manifest_sha256:
             raise RefusedRecord(f"unit {unit}: build {build.build_id} has another manifest digest in {dest.store}")

@@ -17,8 +17,26 @@ import pytest
 from enginefoundry.cli import main
 from enginefoundry.publish import build_manifest_key, find_current, publish_build
 from enginefoundry.store import FileStore, blob_key
-from tests.integration.test_store_cas import QUIET, _bundle, _fields
+from enginefoundry.units import key_of
 from tests.support.paths import CONFIGS, FIXTURES, REPO
+
+QUIET = {"progress": lambda _: None}
+
+
+def _bundle(tmp: Path, name: str = "bundle", seed: bytes = b"") -> Path:
+    root = tmp / name
+    (root / "model").mkdir(parents=True)
+    (root / "model" / "weights.safetensors").write_bytes(b"W" * 100_000 + seed)
+    (root / "model" / "config.json").write_text('{"a": 1}')
+    (root / "serve.sh").write_text("#!/bin/sh\necho serve\n")
+    os.chmod(root / "serve.sh", 0o755)
+    return root
+
+
+def _fields(tag: str = "u", run: str = "r1") -> dict:
+    comps = {"unit": tag}
+    return dict(key=key_of(comps), key_components=comps, model="m", unit=tag, lane="reference", target={},
+                variant={}, profile={}, source={}, status="candidate", mlflow_run_id=run)
 
 
 @pytest.fixture
