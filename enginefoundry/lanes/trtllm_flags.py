@@ -38,6 +38,10 @@ MODELOPT = "modelopt"
 
 # Upstream references (file@commit, PR, release note). facts = ../shared/facts/trtllm.md.
 REF_BUILD = "tensorrt_llm/commands/build.py@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc (parse_arguments); facts §4"
+# The plugin/feature flags are not in build.py's parse_arguments: it calls add_plugin_argument, which turns each
+# PluginConfig field into a flag (tensorrt_llm/plugin/plugin.py).
+REF_PLUGIN = ("tensorrt_llm/plugin/plugin.py@c20322ffd3dc0740ca530c9fad989b22e64f6e06 (PluginConfig fields, "
+              "made flags by add_plugin_argument)")
 REF_ENGINE_REMOVED = "PR #15918 (trtllm-build and the builder removed on main, 1.3 line)"
 REF_CONVERT = "examples/models/core/llama/convert_checkpoint.py (release/1.2); facts §3"
 REF_CONVERT_REMOVED = "PR #15763 (examples/models/core/* removed, 1.3 line)"
@@ -133,9 +137,10 @@ _ENGINE = {"until": ENGINE_LAST}
 EMITTED: tuple[Flag, ...] = (
     # trtllm-build [§4]: the tool exists 1.0 – 1.2.x; removed on main by #15918.
     *_flags(TRTLLM_BUILD, "checkpoint_dir output_dir max_batch_size max_input_len max_seq_len max_num_tokens "
-            "max_beam_width gemm_plugin gpt_attention_plugin remove_input_padding use_paged_context_fmha "
-            "use_fused_mlp multiple_profiles tokens_per_block input_timing_cache", **_ENGINE,
-            refs=(REF_BUILD, REF_ENGINE_REMOVED)),
+            "max_beam_width input_timing_cache", **_ENGINE, refs=(REF_BUILD, REF_ENGINE_REMOVED)),
+    *_flags(TRTLLM_BUILD, "gemm_plugin gpt_attention_plugin remove_input_padding use_paged_context_fmha "
+            "use_fused_mlp multiple_profiles tokens_per_block", **_ENGINE,
+            refs=(REF_PLUGIN, REF_BUILD, REF_ENGINE_REMOVED)),
     # 0.13 deprecated --paged_kv_cache in favour of --kv_cache_type (#2201).
     Flag(TRTLLM_BUILD, "kv_cache_type", since="0.13", **_ENGINE, refs=("#2201", REF_BUILD, REF_ENGINE_REMOVED)),
     # Default `model.cache` is relative and written into the CWD by rank 0: always pass an explicit path.

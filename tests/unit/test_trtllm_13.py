@@ -159,3 +159,31 @@ def test_llmapi_template_keys_read_the_real_shape(tmp_path):
     data = json.loads((FAKE / "1.3" / "surface.json").read_text())
     assert keys == data["triton_templates"]["keys"][LLMAPI_TEMPLATE]
     assert {"triton_config.max_batch_size", "triton_config.decoupled"} <= set(keys)
+
+
+def test_plugin_flags_cite_the_file_that_defines_them():
+    from enginefoundry.lanes.trtllm_flags import TRTLLM_BUILD
+
+    # build.py's parse_arguments has none of these: add_plugin_argument makes them from PluginConfig (plugin.py).
+    for name in ("gemm_plugin", "gpt_attention_plugin", "remove_input_padding", "use_paged_context_fmha",
+                 "use_fused_mlp", "multiple_profiles", "tokens_per_block"):
+        assert "tensorrt_llm/plugin/plugin.py@" in flag(TRTLLM_BUILD, name).refs[0], name
+    assert "plugin.py" not in " ".join(flag(TRTLLM_BUILD, "checkpoint_dir").refs)
+
+
+def test_the_bundle_gets_the_repository_and_its_launch_command(tmp_path):
+    lane = get_lane("trtllm")
+    tree = FAKE / "1.3" / "triton"
+    spec = spec_for("llama-3.1-8b-multiarch.yaml", triton=True, triton_dir=str(tree), triton_bundle_mount="/models/b")
+    unit = expand_units(spec)[0]
+    from enginefoundry.lanes.trtllm import runtime_config
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    info, cmds = lane._triton_repository(lane.options(spec), bundle, tmp_path / "ckpt", runtime_config(spec, unit))
+    assert info["model_repo"] == "triton_model_repo" and info["checkpoint"] == "/models/b/checkpoint"
+    assert cmds[0].argv[-2:] == ["--model_repo", "/models/b/triton_model_repo"] and info["launch"] == cmds[0].argv
+    written = yaml.safe_load((bundle / "triton_model_repo/tensorrt_llm/1/model.yaml").read_text())
+    assert written["max_batch_size"] == unit.profile.max_batch_size  # the LLM API option, not Triton batching
+    off = spec_for("llama-3.1-8b-multiarch.yaml")
+    assert lane._triton_repository(lane.options(off), bundle, tmp_path, {}) == (None, [])
