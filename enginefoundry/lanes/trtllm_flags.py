@@ -192,7 +192,9 @@ EMITTED: tuple[Flag, ...] = (
             refs=(REF_LLMAPI_TRITON, REF_LLMAPI_YAML, "facts §1 (1.0: llmapi + TRT backend in Triton removed, "
                   "PR #5312)")),
     # Autotuner cache: added after the 1.0 branch (PR #7738).
-    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", since="1.1", refs=(REF_AUTOTUNER, "facts §0, §1")),
+    # Still read on the 1.3 line: seen saving and loading on tensorrt-llm/release:1.3.0rc24 (sparkrun#256, facts §1).
+    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", since="1.1",
+         refs=(REF_AUTOTUNER, "facts §0, §1", "spark-arena/sparkrun#256 (1.3.0rc24)")),
     # The LLM API YAML is validated upstream with pydantic extra="forbid" [§6]: every key must exist.
     *_flags(LLM_API, "tensor_parallel_size pipeline_parallel_size max_batch_size max_num_tokens max_seq_len "
             "kv_cache_config kv_cache_config.free_gpu_memory_fraction kv_cache_config.dtype "
@@ -396,11 +398,16 @@ def image_release_problem(pinned: str | None, image: str | None) -> str | None:
 
 
 # nvidia-modelopt that a TensorRT-LLM release's requirements.txt pins. Used only to render `plan` before the
-# worker's probe reads the installed ModelOpt. A release missing here (1.3: its requirements.txt could not be read at
-# a 1.3 tag for this table) renders with the ModelOpt version unknown: every registered hf_ptq.py flag that no
-# ModelOpt release removed, and the worker's probe of the installed nvidia-modelopt decides (never "ModelOpt 0.0").
+# worker's probe reads the installed ModelOpt. A release missing here (1.4+) renders with the ModelOpt version
+# unknown: only the hf_ptq.py flags every ModelOpt has, and the worker's probe of the installed nvidia-modelopt
+# decides (never "ModelOpt 0.0"). The 1.3 pin was read from copies of the tree, not at a tag (the TensorRT-LLM
+# snapshot is too large to fetch here): requirements.txt of main at 1.3.0rc11 (README badge release-1.3.0rc11;
+# torch 2.10 / NGC 26.02) and NeMo-RL's build notes for 1.3.0rc15 both say nvidia-modelopt[torch]~=0.37.0.
 MODELOPT_PINS: dict[str, tuple[str, str]] = {
     "1.2": ("0.37.0", "TensorRT-LLM release/1.2 requirements.txt: nvidia-modelopt[torch]~=0.37.0 (facts §0)"),
+    "1.3": ("0.37.0", "TensorRT-LLM requirements.txt at 1.3.0rc11 (a copy of main, README badge release-1.3.0rc11) "
+                      "and NeMo-RL's notes on 1.3.0rc15: nvidia-modelopt[torch]~=0.37.0; later 1.3 rcs not read, "
+                      "the worker's probe decides"),
 }
 
 

@@ -52,11 +52,20 @@ def test_a_13_spec_plans_on_the_trtllm_lane_with_no_invented_modelopt(fake_trtll
     assert report.rows and not report.refused
     text = "\n".join(line for cmds in report.commands.values() for line in cmds)
     assert "ModelOpt 0.0" not in text  # main printed a ModelOpt version no release has
-    assert "ModelOpt version unknown until the worker's probe" in text
+    assert "ModelOpt 0.37.0 has no --calib_seq" in text  # the 1.3 pin (MODELOPT_PINS, with its source)
+    assert "--export_fmt" not in text  # deprecated from 0.37
     surface = surface_13(fake_trtllm)
     for unit in expand_units(spec):  # what `plan` renders and what the worker renders: both accepted by 1.3
         for rendered in (get_lane("trtllm").describe(spec, unit), get_lane("trtllm").describe(spec, unit, surface)):
             check_against_surface(rendered, surface)
+
+
+def test_a_release_whose_pin_is_not_recorded_renders_the_common_flags_and_says_so():
+    spec = spec_for("llama-3.1-8b-multiarch.yaml", version="1.4.0rc1")
+    fp8 = next(u for u in expand_units(spec) if u.variant.precision.value == "fp8")
+    ptq = get_lane("trtllm").describe(spec, fp8)[0]
+    assert "ModelOpt version unknown until the worker's probe" in ptq.description
+    assert "--calib_seq" not in ptq.argv and "ModelOpt 0.0" not in ptq.description
 
 
 def test_the_worker_renders_the_installed_modelopt_flags_on_13(fake_trtllm):
