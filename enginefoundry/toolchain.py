@@ -351,7 +351,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
                                                          "release that has it"))
         for template, keys in (getattr(cmd, "template_keys", {}) or {}).items():
             if surface.triton_templates is None:
-                missing.append(("the Triton templates (all_models/inflight_batcher_llm)", "set lane option "
+                missing.append((f"the Triton template {template} (under all_models/)", "set lane option "
                                 "triton_dir to the release's Triton backend tree"))
                 break
             have = set(surface.triton_templates.get(template, []))

@@ -133,6 +133,9 @@ def test_a_trtllm_unit_gets_a_triton_launch_checked_against_the_template(fake_tr
     trimmed.triton_templates[LLMAPI_TEMPLATE].remove("triton_config.decoupled")
     with pytest.raises(UnsupportedByRelease, match=r"Triton template llmapi/tensorrt_llm key \$\{triton_config"):
         check_against_surface([launch], trimmed)
+    trimmed.triton_templates = None  # triton_dir is not a backend tree: name the template, not inflight_batcher_llm
+    with pytest.raises(UnsupportedByRelease, match=r"Triton template llmapi/tensorrt_llm \(under all_models/\)"):
+        check_against_surface([launch], trimmed)
 
 
 def test_the_repository_is_the_installed_model_with_the_bundle_model_yaml(tmp_path, fake_trtllm):
