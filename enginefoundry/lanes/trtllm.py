@@ -232,6 +232,9 @@ def serve_argv(checkpoint: Path | str, config: Path | str, host: str, port: int,
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
 
 
+YAML_FLAGS = ("extra_llm_api_options", "config")  # the trtllm-serve flags that take the runtime YAML
+
+
 def serve_yaml_flag(surface: ToolSurface | None) -> str:
     """The trtllm-serve flag that takes the runtime YAML: --extra_llm_api_options, or --config when the probed
     --help has only that (a release that dropped the old name). Unknown surface: the old name (every 1.x)."""
@@ -418,6 +421,9 @@ class TrtllmLane(TrtllmLaneBase):
         if cache is not None:
             env[flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").name] = str(cache)
         yaml_flag = (info.get("serve") or {}).get("yaml_flag") or "extra_llm_api_options"
+        if yaml_flag not in YAML_FLAGS:  # bundle.json is outside input: never turn it into an arbitrary flag
+            raise ToolError(f"{Path(bundle_dir) / BUNDLE_INFO}: serve.yaml_flag {yaml_flag!r} is not one of "
+                            f"{', '.join(YAML_FLAGS)}: rebuild the bundle")
         argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info["runtime_config"], host, port, yaml_flag)
         return ServeCommand(command=Command(argv=argv, env=env, description="trtllm-serve (PyTorch backend)"),
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint))

@@ -199,3 +199,24 @@ def test_the_bundle_gets_the_repository_and_its_launch_command(tmp_path):
     assert written["max_batch_size"] == unit.profile.max_batch_size  # the LLM API option, not Triton batching
     off = spec_for("llama-3.1-8b-multiarch.yaml")
     assert lane._triton_repository(lane.options(off), bundle, tmp_path, {}) == (None, [])
+
+
+def test_serve_takes_the_yaml_flag_the_probe_found_and_refuses_a_tampered_one(tmp_path, fake_trtllm):
+    from enginefoundry.errors import ToolError
+    from enginefoundry.lanes.trtllm import serve_yaml_flag
+
+    surface = surface_13(fake_trtllm)
+    assert serve_yaml_flag(surface) == "extra_llm_api_options" and serve_yaml_flag(None) == "extra_llm_api_options"
+    renamed = surface.model_copy(deep=True)
+    renamed.tools["trtllm-serve"].flags.remove("extra_llm_api_options")  # a release that kept only --config
+    assert serve_yaml_flag(renamed) == "config"
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    info = {"checkpoint": {"path": str(ckpt)}, "runtime_config": "llm_api_options.yaml", "autotuner_cache": None}
+    for flag_name, ok in (("config", True), ("--max_batch_size 1 --host", False)):
+        (tmp_path / "bundle.json").write_text(json.dumps({**info, "serve": {"yaml_flag": flag_name}}))
+        if ok:
+            assert "--config" in get_lane("trtllm").serve_command(tmp_path, "127.0.0.1", 8000).command.argv
+        else:
+            with pytest.raises(ToolError, match=r"serve\.yaml_flag"):
+                get_lane("trtllm").serve_command(tmp_path, "127.0.0.1", 8000)
