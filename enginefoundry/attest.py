@@ -370,13 +370,15 @@ def tags_for(manifest_uri: str, endpoint_url: str | None = None) -> dict[str, st
 
 
 def promotion_refusal(manifest_uri: str, policy: TrustPolicy | None = None) -> str | None:
-    """Why a candidate must not be promoted on signature grounds (None: it may). Signatures that fail always
-    refuse; an unsigned or unchecked candidate only when signatures are required (--require-signature,
-    $ENGINEFOUNDRY_REQUIRE_SIGNATURE, the trust policy)."""
+    """Why a candidate must not be promoted on signature grounds (None: it may). Checked when signatures are
+    required (--require-signature, $ENGINEFOUNDRY_REQUIRE_SIGNATURE, the trust policy) or trusted keys are
+    given: then signatures that fail refuse, and an unsigned candidate refuses when signatures are required."""
     from enginefoundry.signing import consumer_policy
     from enginefoundry.verify import open_build
 
     policy = policy or consumer_policy()
+    if not policy.require_signature and not policy.keys:
+        return None
     store, build = open_build(manifest_uri)
     verdict = verify_attestations(store, build, policy)
     return None if verdict.ok else f"signature: {verdict.line()}"
