@@ -362,11 +362,16 @@ def sign_published(store: Store, model: str, key: str, build_id: str, signer: Si
 
 
 def tags_for(manifest_uri: str, endpoint_url: str | None = None) -> dict[str, str]:
-    """MLflow tags for a published build, read from its attestation index in the store."""
+    """MLflow tags for a published build, read from its attestation index in the store ("unknown" when the
+    store cannot be read now: registration does not fail for it)."""
+    from enginefoundry.errors import EngineFoundryError
     from enginefoundry.verify import open_build
 
-    store, build = open_build(manifest_uri, endpoint_url)
-    return mlflow_tags(read_index(store, build), store, build)
+    try:
+        store, build = open_build(manifest_uri, endpoint_url)
+        return mlflow_tags(read_index(store, build), store, build)
+    except EngineFoundryError as err:
+        return {TAG_SIGNATURE: f"unknown: {' '.join(str(err).split())[:200]}"}
 
 
 def promotion_refusal(manifest_uri: str, policy: TrustPolicy | None = None) -> str | None:

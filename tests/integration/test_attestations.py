@@ -113,7 +113,7 @@ def test_round_trip_verifies_with_the_trusted_key_and_with_openssl(store, tmp_pa
 
 
 def test_tampered_manifest_fails_naming_it(store, tmp_path, keys, capsys):
-    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    uri, _ = _publish(store, tmp_path, "a", _signer(keys, "old"))
     mkey = uri.removeprefix(store.uri + "/")
     doc = json.loads(store.read_bytes(mkey))
     doc["smoke"]["smoke_agreement"] = 0.999  # a better figure than the one measured and signed

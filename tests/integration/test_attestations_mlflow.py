@@ -40,7 +40,8 @@ def _publish_and_register(spec, unit, tracker, store, tmp_path: Path, tag: str, 
     (root / "weights.bin").write_bytes(tag.encode() * 1000)
     comps = {"unit": unit.name, "tag": tag}
     fields = dict(key=key_of(comps), key_components=comps, model=spec.model.name, unit=unit.name, lane="reference",
-                  target={}, variant={}, profile={}, source={"uri": "hf://org/tiny@abc", "weights_digest": "1" * 64, "tokenizer_digest": "2" * 64},
+                  target={}, variant={}, profile={},
+                  source={"uri": "hf://org/tiny@abc", "weights_digest": "1" * 64, "tokenizer_digest": "2" * 64},
                   status="candidate",
                   smoke={"smoke_agreement": 0.98})
     result = publish_build(store, spec.model.name, fields, {"bundle": root}, progress=lambda _: None)
