@@ -13,7 +13,7 @@ from enginefoundry.cli.common import (
     start_prefect_early,
     wants_json,
 )
-from enginefoundry.cli.signing import export_trust, trust_options
+from enginefoundry.cli.signing import export_trust, signing_line, trust_options
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 
@@ -80,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
     for row in dest.rows():
         console.print(f"{row['setting']}: {row['value']} (from {row['from']})", markup=False)
+    console.print(signing_line(), markup=False)  # a bad key fails here, before any download
     summary, tracking_note = None, ""
     if not args.force:
         # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.

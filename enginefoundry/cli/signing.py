@@ -76,3 +76,13 @@ def export_trust(args: argparse.Namespace) -> None:
         os.environ[ENV_TRUST_POLICY] = str(Path(args.trust_policy).resolve())
     if args.trusted_key:
         os.environ[ENV_TRUSTED_KEYS] = os.pathsep.join(str(Path(k).resolve()) for k in args.trusted_key)
+
+
+def signing_line() -> str:
+    """What a run will do about signatures; loads the signer so a bad key fails before any work."""
+    from enginefoundry.attest import UNSIGNED_HINT
+    from enginefoundry.signing import signer_from_env
+
+    signer = signer_from_env()
+    return f"signing: new builds signed by {signer.identity}" if signer else \
+        f"signing: none: new builds are published UNSIGNED ({UNSIGNED_HINT})"
