@@ -30,6 +30,7 @@ from enginefoundry.signing import (
     STATEMENT_TYPE,
     SignatureError,
     Signer,
+    TrustedKey,
     TrustPolicy,
     check_signature,
     open_bundle,
@@ -51,6 +52,7 @@ TAG_SIGNER_KEY_ID = "enginefoundry.signer_key_id"
 TAG_INDEX = "enginefoundry.attestations"
 TAG_DIGEST = "enginefoundry.attestation.{kind}"
 
+MAX_BUNDLE_BYTES = 4 << 20  # a signed statement is a few KiB; an index naming a model blob is refused unread
 UNSIGNED_HINT = f"set ${ENV_KEY_FILE} to a key from `enginefoundry keygen` to sign builds"
 
 
@@ -273,15 +275,56 @@ def _parse_time(text: Any) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
+def _verifies(bundle, public_pem: str) -> bool:
+    """A signature check that treats an unreadable or unsupported public key as a failed check."""
+    from enginefoundry.errors import InputError
+
+    try:
+        return check_signature(bundle, public_pem)
+    except (ValueError, TypeError, InputError):
+        return False
+
+
+def _time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | None:
+    """The key must have been valid when it signed (predicate.signedAt, the signer's clock)."""
+    signed_at = _parse_time(predicate.get("signedAt") if isinstance(predicate, dict) else None)
+    if signed_at is None:
+        return "the statement carries no signing time (predicate.signedAt)"
+    if trusted.expires_at and signed_at > trusted.expires_at.astimezone(UTC):
+        return f"key {signer} expired at {trusted.expires_at.isoformat()} but signed at {signed_at.isoformat()}"
+    if trusted.not_before and signed_at < trusted.not_before.astimezone(UTC):
+        return f"key {signer} is valid from {trusted.not_before.isoformat()} but signed at {signed_at.isoformat()}"
+    return None
+
+
+def _subject_problem(build: PublishedBuild, subject: Any) -> str | None:
+    """The statement's subject must be this build's manifest, with the sha256 the store holds now."""
+    subjects = [x for x in subject if isinstance(x, dict)] if isinstance(subject, list) else []
+    digests = sorted(str(x["digest"].get("sha256")) for x in subjects if isinstance(x.get("digest"), dict))
+    if build.manifest_sha256 in digests:
+        return None
+    names = [str(x.get("name")) for x in subjects]
+    if build.manifest_key in names:
+        return (f"manifest changed after signing: {build.manifest_key} has sha256 {build.manifest_sha256[:16]}…, "
+                f"the signed subject is {(digests or ['(none)'])[0][:16]}…")
+    return (f"statement belongs to another build: its subject is {', '.join(names) or '(none)'}, "
+            f"not {build.manifest_key}")
+
+
 def _check_entry(store: Store, build: PublishedBuild, entry: IndexEntry, index: AttestationIndex,
                  policy: TrustPolicy) -> Check:
     kind = entry.kind
     fail = lambda cause, signer="": Check(kind=kind, ok=False, cause=f"{kind}: {cause}", signer=signer,  # noqa: E731
                                           sha256=entry.sha256)
     try:
+        size = store.size(blob_key(entry.sha256))
+        if size is None:
+            return fail(f"attestation missing: {store.url(blob_key(entry.sha256))} does not exist")
+        if size > MAX_BUNDLE_BYTES:
+            return fail(f"attestation object is {size} bytes: not a signed statement (at most {MAX_BUNDLE_BYTES})")
         data = store.read_bytes(blob_key(entry.sha256))
     except StoreError as err:
-        return fail(f"attestation missing ({err})")
+        return fail(f"attestation unreadable ({err})")
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         return fail("attestation object replaced: its bytes differ from the digest in the index")
     try:
@@ -292,33 +335,19 @@ def _check_entry(store: Store, build: PublishedBuild, entry: IndexEntry, index: 
         return fail(f"predicate type is {bundle.statement.get('predicateType')!r}, not {KINDS[kind]}")
     kids = [k for k, _ in bundle.signatures]
     trusted = next((t for k in kids if (t := policy.find(k)) is not None), None)
+    if trusted is None:  # a bundle without key ids (model_signing leaves keyid empty): try each trusted key
+        trusted = next((t for t in policy.keys if _verifies(bundle, t.public_key)), None)
     if trusted is None and policy.keys:
-        return fail(f"signed by unknown key {', '.join(k[:16] for k in kids) or '(none)'} "
+        return fail(f"signed by unknown key {', '.join(k[:16] for k in kids if k) or '(no key id)'} "
                     f"({index.signer.identity}): not among the trusted keys")
     public = trusted.public_key if trusted else index.signer.public_key
     signer = trusted.label() if trusted else index.signer.identity
-    if not public or not check_signature(bundle, public):
+    if not public or not _verifies(bundle, public):
         return fail(f"signature does not verify with {signer}: the statement was altered after signing", signer)
-    if trusted is not None:
-        signed_at = _parse_time((bundle.statement.get("predicate") or {}).get("signedAt"))
-        if signed_at is None:
-            return fail("the statement carries no signing time (predicate.signedAt)", signer)
-        if trusted.expires_at and signed_at > trusted.expires_at.astimezone(UTC):
-            return fail(f"key {signer} expired at {trusted.expires_at.isoformat()} but signed at "
-                        f"{signed_at.isoformat()}", signer)
-        if trusted.not_before and signed_at < trusted.not_before.astimezone(UTC):
-            return fail(f"key {signer} is valid from {trusted.not_before.isoformat()} but signed at "
-                        f"{signed_at.isoformat()}", signer)
-    subjects = bundle.statement.get("subject") or []
-    digests = {(s.get("digest") or {}).get("sha256") for s in subjects if isinstance(s, dict)}
-    if build.manifest_sha256 not in digests:
-        names = [str(s.get("name")) for s in subjects if isinstance(s, dict)]
-        if build.manifest_key in names:
-            return fail(f"manifest changed after signing: {build.manifest_key} has sha256 "
-                        f"{build.manifest_sha256[:16]}…, the signed subject is {sorted(map(str, digests))[0][:16]}…",
-                        signer)
-        return fail(f"statement belongs to another build: its subject is {', '.join(names) or '(none)'}, "
-                    f"not {build.manifest_key}", signer)
+    problem = (_time_problem(trusted, bundle.statement.get("predicate"), signer) if trusted else None) or \
+        _subject_problem(build, bundle.statement.get("subject"))
+    if problem:
+        return fail(problem, signer)
     return Check(kind=kind, ok=True, signer=signer, sha256=entry.sha256)
 
 
