@@ -108,7 +108,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     verdict = check_signatures(args, store, build, "pull")  # before any byte is downloaded
     report = pull(store, build, Path(args.dest), workers=args.workers)
     if args.json:
-        emit_json(report)
+        emit_json({**report.model_dump(mode="json"), "signature": verdict.model_dump(mode="json")})
     else:
         console.print(f"pulled {report.uri} → {report.dest}: {report.downloaded} downloaded "
                       f"({report.bytes_downloaded / 2**20:.1f} MiB), {report.kept} already present and verified, "
