@@ -131,7 +131,7 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any
         "buildDefinition": {
             "buildType": BUILD_TYPE,
             "externalParameters": {"model": m.model, "unit": m.unit, "key": m.key, "key_components": comps,
-                                   "spec_sha256": src.get("spec_sha256") or _canonical_digest(
+                                   "unit_settings_sha256": _canonical_digest(
                                        {"variant": m.variant, "profile": m.profile, "target": m.target})},
             "internalParameters": {"lane": m.lane, "build_params": m.build_params,
                                    "checkpoint_key": m.checkpoint_key},

@@ -63,3 +63,24 @@ def test_trust_policy_file_names_the_bad_entry(tmp_path):
     (tmp_path / "bad.yaml").write_text("keys:\n  - name: oops\n    public_key_file: k.key\n")
     with pytest.raises(InputError, match=r"keys\[0\].*private key"):
         load_trust_policy(tmp_path / "bad.yaml")
+
+
+_PLUGIN_KEY: list[str] = []
+
+
+def plugin_signer():
+    """A Signer factory as ENGINEFOUNDRY_SIGNER=module:factory names it (a PKI or Sigstore signer in practice)."""
+    from enginefoundry.signing import KeyPairSigner
+
+    return KeyPairSigner(_PLUGIN_KEY[0].encode(), name="plugged")
+
+
+def test_a_signer_can_be_plugged_in(tmp_path):
+    key, pub = keygen(tmp_path / "k")
+    _PLUGIN_KEY[:] = [key.read_text()]
+    signer = signer_from_env({"ENGINEFOUNDRY_SIGNER": "tests.unit.test_signing:plugin_signer"})
+    assert signer.identity.startswith("plugged")
+    data = sign_statement({"_type": STATEMENT_TYPE, "subject": [], "predicateType": "x", "predicate": {}}, signer)
+    assert check_signature(open_bundle(data), pub.read_text())
+    with pytest.raises(InputError, match="module:factory"):
+        signer_from_env({"ENGINEFOUNDRY_SIGNER": "no.such.module:f"})
