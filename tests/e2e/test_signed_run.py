@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from enginefoundry import tracking_tags as mltags
 from enginefoundry.attest import TAG_SIGNATURE, TAG_SIGNER
 from enginefoundry.signing import keygen
 from tests.support.cluster import write_spec
@@ -21,13 +20,18 @@ def _cli(args: list[str], env: dict[str, str], timeout: int = 900) -> subprocess
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _prefect_logs(api_url: str, flow_run_ids: list[str]) -> str:
+def _prefect_logs(api_url: str, unit_flow_run_id: str) -> str:
+    """The logs of the unit's flow run (where it was published) and of its parent run."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=flow_run_ids)))
+        ids = [unit_flow_run_id]
+        parent_task = client.read_flow_run(unit_flow_run_id).parent_task_run_id
+        if parent_task is not None:
+            ids.append(str(client.read_task_run(parent_task).flow_run_id))
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
     return "\n".join(log.message for log in logs)
 
 
@@ -64,8 +68,9 @@ def test_signed_run_verifies_and_the_key_leaks_nowhere(stack, s3, tmp_path: Path
     assert any(r.data.tags.get(TAG_SIGNATURE) == "signed" for r in runs)
 
     # Prefect: the runs' logs say the build was signed …
-    flow_runs = [r.data.tags[mltags.PREFECT_FLOW_RUN_ID] for r in runs if r.data.tags.get(mltags.PREFECT_FLOW_RUN_ID)]
-    logs = _prefect_logs(stack["PREFECT_API_URL"], flow_runs)
+    manifest = json.loads(s3.get_object(Bucket="enginefoundry", Key=uri.removeprefix("s3://enginefoundry/"))["Body"]
+                          .read())
+    logs = _prefect_logs(stack["PREFECT_API_URL"], manifest["prefect_flow_run_id"])
     assert "signed by e2e-ci" in logs
 
     # … and the private key is nowhere: output, store objects, MLflow records, Prefect logs.
