@@ -93,13 +93,30 @@ def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPo
     return gates
 
 
+def _common_points(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[tuple[str, int]]:
+    common = sorted(set(_points(candidate)) & set(_points(champion)))
+    if policy.reference_concurrency is not None:
+        common = [k for k in common if k[1] == policy.reference_concurrency]
+    return common
+
+
+def operating_point(candidate: Manifest, champion: Manifest,
+                    policy: PromotionPolicy) -> tuple[tuple[str, int], dict[str, Any], dict[str, Any]] | None:
+    """The first (scenario, concurrency) the performance gates compare at, with the candidate's and the
+    champion's benchmark points there; None when they share none."""
+    common = _common_points(candidate, champion, policy)
+    if not common:
+        return None
+    concurrency = max(c for _, c in common)
+    key = next(k for k in common if k[1] == concurrency)
+    return key, _points(candidate)[key], _points(champion)[key]
+
+
 def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
     new_pts, old_pts = _points(candidate), _points(champion)
     if not old_pts:
         return [Gate(name="benchmark", passed=True, detail="champion has no benchmark: performance not compared")]
-    common = sorted(set(new_pts) & set(old_pts))
-    if policy.reference_concurrency is not None:
-        common = [k for k in common if k[1] == policy.reference_concurrency]
+    common = _common_points(candidate, champion, policy)
     if not common:
         at = f" at concurrency {policy.reference_concurrency}" if policy.reference_concurrency else ""
         return [Gate(name="benchmark", passed=False,

@@ -1,8 +1,11 @@
-"""The rollout flow: detect a new checkpoint → build (only when new) → promote or hold each candidate.
+"""The rollout flow: detect a new checkpoint or toolchain → build (only when new) → promote or hold each candidate.
 
 Scheduled (deployment.yaml: `rollout/scheduled`), it usually finds nothing new and finishes after one
-revision lookup and a few registry queries, before any download. When the source changed for some targets it
-builds those targets (embedded or cluster mode, as the build flow does). Then, built or not, each alias stem's
+revision lookup and a few registry queries, before any download. When the source or the toolchain (a new
+TensorRT-LLM release or image digest in the spec, other lane versions on this host) changed for some targets, it
+builds those targets with the spec's toolchain (embedded or cluster mode, as the build flow does), and reports old
+vs new per rebuilt target (Prefect artifact `rollout-comparison`, and the build's MLflow parent run: artifacts
+rollout/comparison.json and .md). Then, built or not, each alias stem's
 gated candidate that is newer than its champion is compared and promoted or held (promotion.decide_promotions),
 with the thresholds below, which are flow parameters so the UI form shows them.
 """
@@ -18,9 +21,10 @@ from prefect.client.schemas.objects import State
 from enginefoundry.errors import InputError
 from enginefoundry.flows.build_engines import Mode, build_engines, flow_spec, input_failure, spec_label, spec_payload
 from enginefoundry.flows.reports import report_markdown, report_table
-from enginefoundry.promotion import PromotionPolicy
+from enginefoundry.promotion import PromotionPolicy, alias_stems
 from enginefoundry.source_change import RolloutReport
-from enginefoundry.tasks.promote import detect_source_change, promote_units
+from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, promote_units
+from enginefoundry.units import expand_units
 
 
 def _run_name() -> str:
@@ -88,6 +92,13 @@ def rollout(
     decisions = promote_units(build_spec, targets or None, policy, summary.outcomes if summary else [])
     report_table("promotion", build_spec, [d.row() for d in decisions],
                  f"{build_spec.name}: promote or hold, per alias stem (policy: {policy.model_dump()})")
+    comparison = []
+    if summary is not None:
+        stems = alias_stems(build_spec)
+        rebuilt = {stems[u.name] for u in expand_units(build_spec, to_build)}
+        comparison = compare_rebuilt(build_spec, decisions, policy, rebuilt, summary.parent_run_id)
+        report_table("rollout-comparison", build_spec, [r.row() for r in comparison],
+                     f"{build_spec.name}: old vs new per rebuilt target (champion before vs this build)")
     return RolloutReport(spec=build_spec.name, change=change, built=summary is not None,
-                         build_ok=summary.ok if summary else None, decisions=decisions,
+                         build_ok=summary.ok if summary else None, decisions=decisions, comparison=comparison,
                          duration_s=round(time.monotonic() - t0, 2))

@@ -206,4 +206,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         console.print(f"{what}: no build ({report.duration_s:.1f} s)")
     if report.decisions:
         table(f"{spec.name}: promote or hold", [d.row() for d in report.decisions])
+    if report.comparison:
+        table(f"{spec.name}: old vs new per rebuilt target", [r.row() for r in report.comparison])
     return EXIT_OK if (not report.built or report.build_ok) else EXIT_PIPELINE
