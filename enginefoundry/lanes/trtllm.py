@@ -250,9 +250,9 @@ class TrtllmLane(TrtllmLaneBase):
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
-        checks = precision_checks(unit, self.fp8_kv_on_ampere)
-        return [awq_check(unit) or c if c.name == "precision_arch" else c for c in checks] + chunked_prefill_check(
-            unit, None)
+        checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c
+                  for c in precision_checks(unit, self.fp8_kv_on_ampere)]
+        return checks + chunked_prefill_check(unit, None)
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
