@@ -58,7 +58,7 @@ if stage == "fetch":
 elif stage == "convert":
     from enginefoundry.checkpoint_cast import cast_checkpoint
     r = cast_checkpoint(Path(args["src"]), Path(args["dest"]), args["dtype"])
-    out["bytes_linked"], out["bytes_cast"] = r.bytes_linked, r.bytes_written
+    out["bytes_cloned"], out["bytes_cast"] = r.bytes_cloned, r.bytes_written
 elif stage == "publish":
     from enginefoundry.units import key_of
     from enginefoundry.publish import publish_checkpoint
