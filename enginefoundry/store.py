@@ -386,7 +386,9 @@ class FileStore(Store):
         size, digest, before = _sha256_of(local)
         key = blob_key(digest)
         if (existing := self.size(key)) is not None:
-            return self._existing(key, digest, size, existing)
+            put = self._existing(key, digest, size, existing)
+            self._own(key, digest)
+            return put
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._clone_temp(local, before)
@@ -404,6 +406,22 @@ class FileStore(Store):
         finally:
             Path(tmp).unlink(missing_ok=True)
         return BlobPut(digest=digest, size=size, uploaded=True)
+
+    def _own(self, key: str, digest: str) -> None:
+        """A blob with other names (hard-linked into work folders by releases before issue 21) becomes a private
+        read-only copy: copied, hashed, renamed over the shared name (same bytes, so readers see no change)."""
+        dest = self._path(key)
+        st = os.lstat(dest)
+        if st.st_nlink == 1:
+            if stat.S_IMODE(st.st_mode) != BLOB_MODE:
+                os.chmod(dest, BLOB_MODE)
+            return
+        tmp = self._clone_temp(dest, st)
+        if tmp is None or _sha256_of(Path(tmp))[1] != digest:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            return  # changed under us: the next check of the blob reports it
+        os.replace(tmp, dest)
 
     def _clone_temp(self, local: Path, before: os.stat_result) -> str | None:
         """A read-only, fsync'd copy of `local` in the temp folder, or None when `local` is not the file that was

@@ -267,3 +267,17 @@ def test_registry_versions_anchor_their_manifest_for_verify_pull_and_rollback(st
     code, out = _cli(capsys, "rollback", model, "--target", "cpu", "--mlflow-uri", uri)
     assert code == 1 and "not rolled back" in out
     assert str(client.get_model_version_by_alias(model, champion_alias("cpu")).version) == "2"
+
+
+def test_a_blob_that_an_earlier_release_hard_linked_becomes_private_when_published_again(tmp_path):
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    source = _bundle(tmp_path)
+    weights = source / "model" / "weights.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    blob = store.root / blob_key(digest)
+    blob.parent.mkdir(parents=True)
+    os.link(weights, blob)  # what releases before issue 21 did
+    publish_build(store, "m", _fields(), {"bundle": source}, **QUIET)
+    assert blob.stat().st_nlink == 1 and weights.stat().st_nlink == 1
+    assert blob.stat().st_ino != weights.stat().st_ino and stat.S_IMODE(blob.stat().st_mode) == 0o444
+    assert blob.read_bytes() == weights.read_bytes()
