@@ -135,10 +135,11 @@ def clone_fd(src: int, dst: int) -> None:
 
 def clone_or_copy(src: str | Path, dst: str | Path) -> None:
     """A new file `dst` with `src`'s bytes and permission bits, never a hard link (`clone_fd`): what a work folder
-    takes from a user's checkpoint. Usable as shutil.copytree's copy_function."""
+    takes from a user's checkpoint. `dst` must not exist (O_EXCL: never written through an existing name).
+    Usable as shutil.copytree's copy_function."""
     with open(os.path.realpath(src), "rb") as fin:
         mode = os.fstat(fin.fileno()).st_mode & 0o777
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode | 0o200)
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode | 0o200)
         try:
             clone_fd(fin.fileno(), fd)
             os.fchmod(fd, mode)
