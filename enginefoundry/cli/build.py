@@ -135,6 +135,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     spec, dest = effective_spec(validate_file(args.spec, args.targets), store=args.store,
                                 mlflow_uri=args.mlflow_uri, s3_endpoint_url=args.s3_endpoint_url)
+    if spec.search is not None:
+        from enginefoundry.console import say
+        from enginefoundry.search_plan import materialise
+
+        spec, _ = materialise(spec, args.targets, progress=say)
     units = len(expand_units(spec, args.targets))
     if wants_json(args):
         emit_json({"ok": True, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest})
@@ -145,14 +150,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from enginefoundry.cli.common import load_searched
     from enginefoundry.plan_report import plan_report
 
-    spec, _ = load(args.spec)
+    spec, _, searched = load_searched(args.spec, args)
     report = plan_report(spec, args.targets)
     if wants_json(args):
         emit_json({"ok": not report.refused, "spec": spec.name, "lane": spec.lane, "units": report.rows,
-                   "commands": report.commands, "preflight": report.preflight})
+                   "commands": report.commands, "preflight": report.preflight,
+                   "search": searched.model_dump(mode="json") if searched else None})
         return EXIT_INPUT if report.refused else EXIT_OK
+    if searched is not None:
+        from enginefoundry.search_plan import rows
+
+        table(f"{spec.name}: search (predicted, ranked by {searched.objective.value}; 'unit' = became a unit)",
+              rows(searched))
+        for ts in searched.targets:
+            console.print(f"  {ts.target}: " + (f"{ts.predictor}; {ts.note}" if ts.covered else
+                                                 f"not predicted ({ts.reason}): measured search"), markup=False)
     table(f"{spec.name}: {len(report.rows)} unit(s), lane {spec.lane}", report.rows)
     for unit_name, commands in report.commands.items():
         console.print(f"\n[bold]{unit_name}[/bold]")

@@ -1,0 +1,138 @@
+"""The search section, the searched units (ordinary units, same keys), the SKU and database mapping, the costs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from enginefoundry.costs import unit_cost
+from enginefoundry.errors import SpecError
+from enginefoundry.predictor import AIConfigurator, choose_db_version, system_of
+from enginefoundry.search_plan import materialise, profile_for, searched_units
+from enginefoundry.spec import Precision, SearchedUnit, Target, Variant, load_spec, parse_spec
+from enginefoundry.units import expand_units, key_of, toolchain_identity, unit_key_components
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _tiny(**changes) -> dict:
+    data = yaml.safe_load((CONFIGS / "tiny-search.yaml").read_text())
+    data.update(changes)
+    return data
+
+
+def test_a_search_section_replaces_variants_and_profiles():
+    spec = parse_spec(_tiny(), base_dir=CONFIGS)
+    assert spec.variants == [] and spec.search is not None and spec.search.top_k == 1
+    with pytest.raises(SpecError) as err:
+        parse_spec({k: v for k, v in _tiny().items() if k != "search"}, base_dir=CONFIGS)
+    assert "add a `search` section" in str(err.value)
+
+
+def test_search_targets_must_exist():
+    data = _tiny()
+    data["search"]["targets"] = ["h200"]
+    with pytest.raises(SpecError, match=r"search\.targets names unknown targets"):
+        parse_spec(data, base_dir=CONFIGS)
+
+
+def test_cpu_target_falls_back_to_a_measured_search_with_the_reason():
+    spec, report = materialise(load_spec(CONFIGS / "tiny-search.yaml"), progress=lambda _: None)
+    assert report is not None
+    (ts,) = report.targets
+    assert not ts.covered and "cpu target" in ts.reason
+    (unit,) = expand_units(spec)
+    assert unit.name == "fp32-tp1.search-measured.cpu"
+    assert unit.searched is not None and unit.searched.predicted is None
+    assert unit.searched.note.startswith("measured search: cpu target")
+    # Materialising again (a flow payload that carries the decision) changes nothing.
+    assert materialise(spec)[0] is spec
+
+
+def test_searched_units_mix_with_hand_written_ones_and_keep_their_keys():
+    """A searched unit is keyed like the same hand-written unit, and one the spec already names is not doubled."""
+    data = _tiny(variants=[{"precision": "fp32"}], profiles=[{"name": "chat", "max_batch_size": 4,
+                                                               "max_input_len": 128, "max_seq_len": 256}])
+    base = parse_spec(data, base_dir=CONFIGS)
+    spec, _ = materialise(base, progress=lambda _: None)
+    names = [u.name for u in expand_units(spec)]
+    assert names == ["fp32-tp1.chat.cpu", "fp32-tp1.search-measured.cpu"]
+    searched = expand_units(spec)[1]
+    by_hand = base.model_copy(update={"search": None, "profiles": [*base.profiles, searched.profile]})
+    twin = next(u for u in expand_units(by_hand) if u.name == searched.name)
+    tool = toolchain_identity(spec, {})
+    assert key_of(unit_key_components(spec, searched, "w", "t", tool)) == \
+        key_of(unit_key_components(by_hand, twin, "w", "t", tool))
+    # The same configuration written by hand: one unit, which gains the search's annotation.
+    doubled = spec.model_copy(update={"profiles": [*spec.profiles, searched.profile]})
+    units = expand_units(doubled)
+    assert [u.name for u in units] == ["fp32-tp1.chat.cpu", "fp32-tp1.search-measured.cpu"]
+    assert units[1].searched is not None
+
+
+def test_sku_maps_to_the_predictor_system():
+    assert system_of(Target(name="a", arch="sm90", sku=["H200"])) == "h200_sxm"
+    assert system_of(Target(name="a", arch="sm90", sku=["NVIDIA H100 PCIe"])) == "h100_pcie"
+    assert system_of(Target(name="a", arch="sm90", sku=["H100"])) == "h100_sxm"
+    assert system_of(Target(name="a", arch="sm90")) is None
+
+
+def test_unknown_sku_and_cpu_are_not_covered_with_a_reason():
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    predictor = AIConfigurator(tool=Path("/nonexistent/aiconfigurator"))
+    assert "GPUs only" in predictor.coverage(spec, spec.targets[0], {}).reason
+    cov = predictor.coverage(spec, Target(name="x", arch="sm90"), {})
+    assert not cov.covered and "set targets[].sku" in cov.reason
+
+
+def test_database_version_disagreement_is_stated():
+    assert choose_db_version("1.0.0", ["1.0.0"]) == ("1.0.0", "")
+    version, note = choose_db_version("1.2.1", ["1.3.0rc20", "1.3.0rc23"], current="1.3.0rc20")
+    assert version == "1.3.0rc20" and "pins TensorRT-LLM 1.2.1" in note and "predicted with 1.3.0rc20" in note
+    assert choose_db_version(None, ["1.3.0rc20", "1.3.0rc23"])[0] == "1.3.0rc23"
+
+
+def test_cost_per_mtok_and_energy():
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    cpu = unit_cost(spec, spec.targets[0], output_tokens_per_s=100.0)
+    # 2 cores × $0.04/core-hour = $0.08/hour; 100 tok/s = 360,000 tok/hour → $0.2222 per 1M tokens.
+    assert cpu.usd_per_mtok == pytest.approx(0.08 / 0.36)
+    assert cpu.tokens_per_joule is None and "energy unavailable" in cpu.why  # never zero
+    assert cpu.summary()["energy"] == "unavailable"
+    h200 = Target(name="h", arch="sm90", sku=["H200"], gpu_count=2)
+    gpu = unit_cost(spec, h200, 1000.0, energy_j=5000.0, window_s=10.0, output_tokens=10_000)
+    assert gpu.usd_per_hour == 8.0 and gpu.usd_per_mtok == pytest.approx(8.0 / 3.6)
+    assert gpu.tokens_per_joule == 2.0 and gpu.avg_watts_per_gpu == 250.0
+    assert "mercatus" in gpu.price_source
+    data = _tiny()
+    data["search"]["prices"] = {"gpu_hour": {"H200": 2.5}}
+    assert unit_cost(parse_spec(data, base_dir=CONFIGS), h200, 1000.0).usd_per_hour == 5.0
+
+
+def test_price_file_is_read_and_a_bad_one_is_refused(tmp_path):
+    data = _tiny()
+    data["search"]["prices"] = {"file": str(tmp_path / "prices.yaml")}
+    (tmp_path / "prices.yaml").write_text("H200: 3.25\n")
+    spec = parse_spec(data, base_dir=CONFIGS)
+    h200 = Target(name="h", arch="sm90", sku=["H200"])
+    assert unit_cost(spec, h200, 1.0).usd_per_hour == 3.25
+    (tmp_path / "prices.yaml").write_text("H200: free\n")
+    with pytest.raises(SpecError, match=r"search\.prices\.file"):
+        unit_cost(spec, h200, 1.0)
+
+
+def test_profile_covers_the_workload_spread():
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    p = profile_for(spec.search, 64, "search-b64")
+    assert (p.max_batch_size, p.max_input_len, p.max_seq_len) == (64, 36, 52)
+
+
+def test_searched_unit_round_trips_through_a_payload():
+    spec, report = materialise(load_spec(CONFIGS / "tiny-search.yaml"), progress=lambda _: None)
+    again = parse_spec(spec.model_dump(mode="json"), base_dir=CONFIGS)
+    assert [u.name for u in expand_units(again)] == [u.name for u in expand_units(spec)]
+    assert searched_units(spec, report)[0] == SearchedUnit(
+        target="cpu", variant=Variant(precision=Precision.FP32), profile=spec.searched[0].profile, rank=1,
+        note=spec.searched[0].note)
