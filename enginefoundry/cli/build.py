@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     roll.add_argument("--min-throughput-ratio", type=float, default=0.9)
     roll.add_argument("--max-ttft-p95-factor", type=float, default=1.25)
     roll.add_argument("--reference-concurrency", type=int)
+    roll.add_argument("--max-cost-increase", type=float, metavar="FRACTION",
+                      help="hold a candidate whose $/1M output tokens at the SLO exceeds the champion's by more "
+                           "than this (0.1 = 10%%; searched units, docs/search.md)")
     roll.add_argument("--force-build", action="store_true", help="build even when nothing is new")
     roll.set_defaults(handler=cmd_rollout)
 
@@ -120,6 +123,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         from enginefoundry.run_summary import best_profiles
 
         table("best profile per target (within the benchmark SLOs)", best_profiles(summary.outcomes))
+    if any("search" in o.bench for o in summary.outcomes):
+        from enginefoundry.run_summary import search_rows
+
+        objective = spec.search.objective.value if spec.search else "tokens_per_gpu"
+        table("searched units: goodput at the SLO, predicted vs measured, cost and energy",
+              search_rows(summary.outcomes, objective))
     for o in summary.outcomes:
         if o.manifest_uri:
             console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)
@@ -209,6 +218,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     report = rollout(spec_path=None, spec=spec_payload(spec), targets=args.targets, mode=args.mode,
                      max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
                      max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
+                     max_cost_increase=args.max_cost_increase,
                      force_build=args.force_build, store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
                      s3_endpoint_url=spec.publish.s3_endpoint_url)
     if wants_json(args):

@@ -60,6 +60,9 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         ("project commit", str(ml.get("git_commit"))),
         ("last verified", _verified_line(chain.get("verification") or {})),
     ]
+    if chain.get("serving_cost"):
+        rows.append(("cost at the SLO", ", ".join(f"{k}={v}" for k, v in chain["serving_cost"].items()
+                                                   if v is not None)))
     if ml.get("registry"):
         reg = ml["registry"]
         rows.append(("registry", f"{reg['registered_model']} v{reg['version']}"

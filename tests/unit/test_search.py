@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.bench.result import BenchPoint, Percentiles
 from enginefoundry.costs import unit_cost
 from enginefoundry.errors import SpecError
+from enginefoundry.manifest import Manifest
 from enginefoundry.predictor import AIConfigurator, choose_db_version, system_of
 from enginefoundry.search_plan import materialise, profile_for, searched_units
 from enginefoundry.spec import Precision, SearchedUnit, Target, Variant, load_spec, parse_spec
@@ -136,3 +138,64 @@ def test_searched_unit_round_trips_through_a_payload():
     assert searched_units(spec, report)[0] == SearchedUnit(
         target="cpu", variant=Variant(precision=Precision.FP32), profile=spec.searched[0].profile, rank=1,
         note=spec.searched[0].note)
+
+
+def _point(c: int, ttft: float) -> BenchPoint:
+    return BenchPoint(tool="t", scenario="search", concurrency=c, requested=8, completed=8, errors=0,
+                      error_rate=0.0, complete=True, output_tokens_per_s=10.0 * c, requests_per_s=1.0,
+                      ttft_ms=Percentiles(p95=ttft), itl_ms=Percentiles(p95=10.0), latency_ms=Percentiles(p95=1.0),
+                      input_len_avg=24, output_len_avg=16)
+
+
+def test_goodput_doubles_then_bisects_to_the_highest_load_that_meets_the_slo():
+    from enginefoundry.bench.goodput import find_goodput
+
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    search = spec.search.model_copy(update={"goodput": spec.search.goodput.model_copy(
+        update={"max_concurrency": 64, "max_points": 10})})
+    seen = []
+
+    def run_at(c):  # the SLO (TTFT p95 ≤ 2000 ms) holds up to c = 11
+        seen.append(c)
+        return _point(c, 100.0 * c + 900), None
+
+    best, probes, bounded = find_goodput(search, run_at, 1, progress=lambda _: None)
+    assert best.concurrency == 11 and bounded == "range"
+    assert seen == [1, 2, 4, 8, 16, 12, 10, 11]
+    # Bounded: with 3 points it stops at what it found so far, and says so.
+    small = search.model_copy(update={"goodput": search.goodput.model_copy(update={"max_points": 3})})
+    best, probes, bounded = find_goodput(small, run_at, 1, progress=lambda _: None)
+    assert (best.concurrency, len(probes), bounded) == (4, 3, "points")
+
+
+def _searched_manifest(usd: float | None, slo: dict | None = None) -> Manifest:
+    search = {"goodput_concurrency": 4, "slo": slo or {"ttft_p95_ms": 2000.0, "itl_p95_ms": 500.0},
+              "cost": {"usd_per_mtok": usd, "energy": "unavailable"}, "prediction_error": None}
+    return Manifest(key="a" * 64, key_components={}, model="m", unit="fp32-tp1.search-measured.cpu",
+                    lane="reference", target={}, variant={}, profile={}, source={}, files=[], status="candidate",
+                    smoke={"smoke_agreement": 1.0}, benchmark={"points": [], "search": search})
+
+
+def test_promotion_holds_a_candidate_that_costs_more_at_the_same_slo():
+    from enginefoundry.promotion import PromotionPolicy, compare
+
+    policy = PromotionPolicy(max_cost_increase=0.1)
+    held = compare(_searched_manifest(1.2), _searched_manifest(1.0), policy)
+    assert not held.promote and any("×1.20, needs ≤ ×1.10" in r for r in held.reasons)
+    assert compare(_searched_manifest(1.05), _searched_manifest(1.0), policy).promote
+    other_slo = compare(_searched_manifest(9.0, {"ttft_p95_ms": 1.0}), _searched_manifest(1.0), policy)
+    assert other_slo.promote and "SLOs differ" in other_slo.gates[-1].detail
+    assert compare(_searched_manifest(9.0), _searched_manifest(1.0), PromotionPolicy()).promote  # off by default
+
+
+def test_run_summary_and_lineage_show_cost_and_unavailable_energy():
+    from enginefoundry.lineage import serving_cost
+    from enginefoundry.run_summary import UnitOutcome, search_rows
+
+    m = _searched_manifest(0.5)
+    outcome = UnitOutcome(unit=m.unit, target="cpu", status="candidate", bench=m.benchmark)
+    (row,) = search_rows([outcome], "cost_per_mtok")
+    assert row["$/1M tok"] == "0.5000" and row["tok/J"] == "unavailable" and row["winner"] == "best cost_per_mtok"
+    cost = serving_cost(m.benchmark["search"])
+    assert cost["usd_per_mtok"] == 0.5 and cost["tokens_per_joule"] == "unavailable"
+    assert serving_cost(None) is None
