@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv predict-venv clean
+.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv predict-venv gpu-wheels clean
 
 $(BIN)/enginefoundry: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,11 @@ $(PREDICT_VENV)/bin/aiconfigurator:
 	touch $@
 
 predict-venv: $(PREDICT_VENV)/bin/aiconfigurator
+
+# pydantic wheels (CPython 3.12, manylinux x86_64) for benchmarks/search_gpu.py on a GPU host without a package index.
+gpu-wheels: $(BIN)/enginefoundry
+	$(BIN)/pip download -q -d .gpu-wheels --only-binary=:all: --python-version 3.12 \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 pydantic
 
 # Regenerate what lists the GPU pools (deployment.yaml, POOLS below, k8s/) from enginefoundry/gpu_targets.py.
 targets: $(BIN)/enginefoundry

@@ -1,12 +1,20 @@
 """On a GPU host (the lent H200): measured tokens/joule and $/1M output tokens for the reference lane's tiny model at
-two batch settings, with the pipeline's own energy code (enginefoundry.bench.goodput.energy_mj: NVML's energy
+two batch settings, with the pipeline's own energy code (enginefoundry.costs.energy_mj: NVML's energy
 counter) and cost code (enginefoundry.costs.unit_cost). Prints what it finds first (torch, CUDA, NVML, transformers,
 AIPerf) and says what it cannot do; writes JSON to --out.
 
-    PYTHONPATH=. python benchmarks/search_gpu.py --out search-gpu.json [--batches 1 32] [--new-tokens 256]
+    PYTHONPATH=. python benchmarks/search_gpu.py --out search-gpu.json [--batches 1 32] [--new-tokens 200]
 
-Where transformers serve and AIPerf are installed it also runs the whole pipeline on configs/tiny-search.yaml with an
-H200 target (`--pipeline`): goodput at the SLO, predicted (TensorRT-LLM's figure) beside measured.
+It needs torch with CUDA, transformers, PyYAML and pydantic (enginefoundry.spec). The lent H200 image has all but
+pydantic (seen 2026-12-01: /opt/torch/.venv Python 3.12.3, torch 2.11.0+cu130, CUDA available, transformers, yaml,
+pynvml; no pydantic, no AIPerf, pip without an index). Carry the wheels: `make gpu-wheels` here (→ .gpu-wheels/,
+5 MB, for CPython 3.12), then on the GPU host:
+
+    pip install -q --no-index --find-links .gpu-wheels --target /tmp/pydeps pydantic
+    PYTHONPATH=.:/tmp/pydeps python3 benchmarks/search_gpu.py --out search-gpu.json --batches 1 32
+
+This measures generation in-process (transformers `generate`, greedy, fixed output length) rather than through
+`transformers serve` + AIPerf, because the GPU host has no AIPerf; cost and energy use the pipeline's own code.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ def inventory() -> dict:
         found["torch_version"] = torch.__version__
         found["cuda"] = torch.cuda.is_available()
         found["gpu"] = torch.cuda.get_device_name(0) if found["cuda"] else None
-    from enginefoundry.bench.goodput import energy_mj
+    from enginefoundry.costs import energy_mj
 
     found["nvml_energy_mj"] = energy_mj([0])
     return found
@@ -46,7 +54,7 @@ def measure(batch: int, new_tokens: int, rounds: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from enginefoundry.bench.goodput import energy_mj
+    from enginefoundry.costs import energy_mj
 
     tok = AutoTokenizer.from_pretrained(MODEL)
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).to("cuda:0").eval()
@@ -70,7 +78,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="search-gpu.json")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=200, help="the tiny model has 256 positions")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
     found = inventory()

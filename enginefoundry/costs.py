@@ -121,3 +121,19 @@ def cost_per_mtok(spec: BuildSpec, target: Target, tokens_per_s_gpu: float) -> f
     if hourly is None or tokens_per_s_gpu <= 0:
         return None
     return hourly / max(target.gpu_count, 1) / (tokens_per_s_gpu * 3600) * 1e6
+
+
+def energy_mj(gpus: list[int]) -> float | None:
+    """NVML's energy counter summed over the GPUs (mJ since the driver loaded; nvmlDeviceGetTotalEnergyConsumption,
+    Volta and later); None without NVML or a counter, so energy is reported unavailable, never zero."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return float(sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i))
+                             for i in gpus))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None

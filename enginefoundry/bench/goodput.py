@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from enginefoundry.bench.result import BenchPoint
+from enginefoundry.costs import energy_mj
 from enginefoundry.spec import SearchSpec
 
 
@@ -150,22 +151,6 @@ def write(verdict: SearchVerdict, out: Path) -> Path:
     path = out / "search.json"
     path.write_text(verdict.model_dump_json(indent=2))
     return path
-
-
-def energy_mj(gpus: list[int]) -> float | None:
-    """NVML's energy counter summed over the GPUs (mJ since the driver loaded; nvmlDeviceGetTotalEnergyConsumption,
-    Volta and later); None without NVML or a counter, so energy is reported unavailable, never zero."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return float(sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i))
-                             for i in gpus))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
 
 
 def verify_unit(spec, unit, *, url: str, model: str, tokenizer: str, out: Path,

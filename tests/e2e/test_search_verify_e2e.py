@@ -36,3 +36,40 @@ def test_goodput_search_on_cpu_is_bounded_and_recorded(tiny_served: Endpoint, tm
     assert json.loads((tmp_path / "search.json").read_text())["goodput_concurrency"] == verdict.goodput_concurrency
     assert (tmp_path / "search.png").stat().st_size > 0
     assert "goodput_concurrency" in verdict.metrics() and "usd_per_mtok" in verdict.metrics()
+
+
+def test_run_of_a_search_spec_records_goodput_cost_and_energy(tmp_path: Path):
+    """`run` on a spec whose only units come from `search` (cpu: a measured search): the unit is built, gated and
+    verified; the manifest, MLflow and the summary hold goodput, $/1M tokens and energy "unavailable"."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    data = yaml.safe_load((CONFIGS / "tiny-search.yaml").read_text())
+    data["model"]["source"] = str((CONFIGS / data["model"]["source"]).resolve())
+    data["smoke"]["prompts"] = str((CONFIGS / data["smoke"]["prompts"]).resolve())
+    data["publish"]["store"] = f"file://{tmp_path / 'store'}"
+    data["tracking"]["mlflow_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = tmp_path / "search.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    env = {k: v for k, v in os.environ.items() if k not in ("EF_STORE", "MLFLOW_TRACKING_URI")}
+    env.update(EF_CACHE_DIR=str(tmp_path / "cache"), EF_WORK_DIR=str(tmp_path / "work"),
+               PREFECT_HOME=str(tmp_path / "prefect"))
+    done = subprocess.run([sys.executable, "-m", "enginefoundry.cli", "run", str(spec), "--json"],
+                          cwd=CONFIGS.parent, env=env, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    (outcome,) = summary["outcomes"]
+    assert outcome["unit"] == "fp32-tp1.search-measured.cpu" and outcome["status"] == "candidate"
+    search = outcome["bench"]["search"]
+    assert search["goodput_concurrency"] >= 1 and search["cost"]["energy"] == "unavailable"
+    manifest = json.loads(Path(outcome["manifest_uri"].removeprefix("file://")).read_text())
+    assert manifest["benchmark"]["search"]["cost"]["usd_per_mtok"] == search["cost"]["usd_per_mtok"] > 0
+    assert "tokens_per_joule" not in manifest["benchmark"]["search"]["cost"]
+    metrics = MlflowClient(data["tracking"]["mlflow_uri"]).get_run(outcome["mlflow_run_id"]).data.metrics
+    assert metrics["goodput_concurrency"] == search["goodput_concurrency"]
+    assert metrics["measured_tokens_per_s_gpu"] > 0 and metrics["usd_per_mtok"] > 0
+    assert "tokens_per_joule" not in metrics  # unavailable on a cpu, never zero
