@@ -108,7 +108,15 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list, t
         pool += p.ranked
         if p.pareto:
             ts.pareto[p.precision.value] = p.pareto
-    scored = sorted(pool, key=lambda p: -(objective_value(search.objective, spec, target, p) or float("-inf")))
+    objective = search.objective
+    if objective is not Objective.TOKENS_PER_GPU and all(objective_value(objective, spec, target, p) is None
+                                                          for p in pool) and pool:
+        # tokens_per_joule without a predicted power (AIConfigurator 0.12.0 writes power_w 0.0 for these systems), or
+        # cost_per_mtok without a price: rank by tokens/s/GPU, and say so.
+        ts.note = "; ".join(filter(None, [ts.note, f"no predicted figure for {objective.value}: ranked by "
+                                                   "tokens_per_gpu (the measured verify step gives the real one)"]))
+        objective = Objective.TOKENS_PER_GPU
+    scored = sorted(pool, key=lambda p: -(objective_value(objective, spec, target, p) or float("-inf")))
     seen: set[str] = set()
     config = model_config_for(spec)
     for p in scored:
@@ -118,7 +126,7 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list, t
         if unit.name in seen:
             continue
         seen.add(unit.name)
-        value = objective_value(search.objective, spec, target, p)
+        value = objective_value(objective, spec, target, p)
         cand = Candidate(rank=len(ts.candidates) + 1, predicted=p, objective_value=value, unit=unit.name,
                          usd_per_mtok=cost_per_mtok(spec, target, p.tokens_per_s_gpu))
         if len(ts.units) >= search.top_k:

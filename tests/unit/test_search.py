@@ -199,3 +199,22 @@ def test_run_summary_and_lineage_show_cost_and_unavailable_energy():
     cost = serving_cost(m.benchmark["search"])
     assert cost["usd_per_mtok"] == 0.5 and cost["tokens_per_joule"] == "unavailable"
     assert serving_cost(None) is None
+
+
+def test_ranking_without_a_predicted_power_falls_back_to_tokens_per_gpu_and_says_so():
+    from enginefoundry.predictor import Coverage, Predicted, Prediction
+    from enginefoundry.search_plan import _choose
+
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
+    data["search"]["objective"] = "tokens_per_joule"
+    spec = parse_spec(data, base_dir=CONFIGS)
+    h200 = spec.targets[1]
+
+    def cfg(tp, bs, tok):
+        return Predicted(precision="fp8", tp=tp, pp=1, batch_size=bs, concurrency=bs, tokens_per_s_gpu=tok,
+                         tokens_per_s_user=50.0, ttft_ms=200.0, tpot_ms=19.0)
+
+    pred = Prediction(key="k", precision="fp8", ranked=[cfg(2, 256, 6675.0), cfg(1, 160, 8022.0)], pareto=[])
+    ts = _choose(spec, h200, Coverage(True, system="h200_sxm", backend="trtllm", db_version="1.3.0rc20"), [pred],
+                 "aiconfigurator")
+    assert ts.units[0] == "fp8-tp1.search-b160.h200" and "ranked by tokens_per_gpu" in ts.note
