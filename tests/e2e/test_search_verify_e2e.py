@@ -53,6 +53,7 @@ def test_run_of_a_search_spec_records_goodput_cost_and_energy(tmp_path: Path):
     data["smoke"]["prompts"] = str((CONFIGS / data["smoke"]["prompts"]).resolve())
     data["publish"]["store"] = f"file://{tmp_path / 'store'}"
     data["tracking"]["mlflow_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    data["benchmark"].update(concurrency=[1], request_count=8)  # the hand-written sweep; the goodput search is ours
     spec = tmp_path / "search.yaml"
     spec.write_text(yaml.safe_dump(data))
     env = {k: v for k, v in os.environ.items() if k not in ("EF_STORE", "MLFLOW_TRACKING_URI")}
