@@ -7,12 +7,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from enginefoundry.bench.result import BenchPoint
 from enginefoundry.costs import energy_mj
 from enginefoundry.spec import SearchSpec
+
+if TYPE_CHECKING:
+    from enginefoundry.spec import BuildSpec
+    from enginefoundry.units import Unit
 
 
 class Probe(BaseModel):
@@ -153,7 +158,7 @@ def write(verdict: SearchVerdict, out: Path) -> Path:
     return path
 
 
-def verify_unit(spec, unit, *, url: str, model: str, tokenizer: str, out: Path,
+def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer: str, out: Path,
                 progress: Callable[[str], None] = print, gpus: list[int] | None = None) -> SearchVerdict:
     """Goodput at the SLO for a searched unit, predicted beside measured, $/1M output tokens and tokens/joule."""
     from enginefoundry.bench.aiperf import run_point
@@ -161,13 +166,14 @@ def verify_unit(spec, unit, *, url: str, model: str, tokenizer: str, out: Path,
     from enginefoundry.spec import Scenario
 
     search = spec.search
+    assert search is not None, "verify_unit is for specs with a search section"
     w = search.workload
     scenario = Scenario(name="search", input_tokens_mean=w.isl, input_tokens_stddev=w.isl_stddev,
                         output_tokens_mean=w.osl, output_tokens_stddev=w.osl_stddev)
     bench = spec.benchmark.model_copy(update={"request_count": search.goodput.request_count
                                               or spec.benchmark.request_count})
     n_gpus = unit.target.gpu_count if unit.target.arch.value != "cpu" else 1
-    gpu_ids = gpus if gpus is not None else list(range(unit.target.gpu_count))
+    gpu_ids = gpus if gpus is not None else unit_gpus(unit.target.gpu_count)
 
     def run_at(c: int) -> tuple[BenchPoint, float | None]:
         before = energy_mj(gpu_ids) if gpu_ids else None
@@ -198,6 +204,16 @@ def verify_unit(spec, unit, *, url: str, model: str, tokenizer: str, out: Path,
     write(verdict, out)
     plot(verdict, unit.searched.predictor if unit.searched else None, out / "search.png", unit.name)
     return verdict
+
+
+def unit_gpus(count: int) -> list[int]:
+    """The NVML indices the unit's server uses: CUDA_VISIBLE_DEVICES when it lists indices, else 0 … count-1."""
+    import os
+
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and all(v.isdigit() for v in visible):
+        return [int(v) for v in visible][:count]
+    return list(range(count))
 
 
 def plot(verdict: SearchVerdict, predictor: str | None, path: Path, title: str) -> Path | None:
