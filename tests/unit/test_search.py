@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,13 @@ def test_ranking_without_a_predicted_power_falls_back_to_tokens_per_gpu_and_says
     ts = _choose(spec, h200, Coverage(True, system="h200_sxm", backend="trtllm", db_version="1.3.0rc20"), [pred],
                  "aiconfigurator")
     assert ts.units[0] == "fp8-tp1.search-b160.h200" and "ranked by tokens_per_gpu" in ts.note
+
+
+def test_search_command_refuses_a_spec_without_a_search_section_and_plans_the_fallback(capsys):
+    from enginefoundry.cli import main
+
+    assert main(["search", str(CONFIGS / "tiny-cpu.yaml")]) == 2
+    assert "the spec has no search section" in capsys.readouterr().err
+    assert main(["search", str(CONFIGS / "tiny-search.yaml"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["targets"][0]["covered"] is False and report["units"][0]["target"] == "cpu"
