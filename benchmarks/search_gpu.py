@@ -59,7 +59,7 @@ def measure(batch: int, new_tokens: int, rounds: int) -> dict:
     tok = AutoTokenizer.from_pretrained(MODEL)
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).to("cuda:0").eval()
     prompts = ["Tell me about the weather today."] * batch
-    enc = tok(prompts, return_tensors="pt", padding=True).to("cuda:0")
+    enc = tok(prompts, return_tensors="pt").to("cuda:0")  # one prompt repeated: no padding
     with torch.inference_mode():
         model.generate(**enc, max_new_tokens=8, min_new_tokens=8, do_sample=False)  # warm-up
         torch.cuda.synchronize()
