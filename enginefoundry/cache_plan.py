@@ -75,8 +75,8 @@ class CachePlan(BaseModel):
         for key, held in self.leases.items():
             held.release()
             if held.lost:
-                progress(f"the build lease of {key[:12]} was taken over while this run held it (its renewals "
-                         "did not reach the store in time): another run may have built the same key")
+                progress(f"the build lease of {key[:12]} was {held.lost_reason()}: another run may have built "
+                         "the same key")
         self.leases.clear()
 
 

@@ -60,16 +60,33 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
             experiment_ids=[e.experiment_id for e in _client(mlflow_uri).search_experiments()],
             filter_string=f"tags.`{mltags.CACHE_HIT}` = 'false'", max_results=5000,
         )
-        matches = {r.data.tags.get(mltags.MANIFEST_URI) for r in runs
-                   if r.data.tags.get(mltags.KEY, "").startswith(ref)}
-        matches.discard(None)
-        if not matches:
+        # Builds of one key (a `--force` makes another) are one unit: keyed by the full key, each with its builds.
+        units: dict[str, set[str]] = {}
+        for r in runs:
+            key, uri = r.data.tags.get(mltags.KEY, ""), r.data.tags.get(mltags.MANIFEST_URI)
+            if key.startswith(ref) and uri:
+                units.setdefault(key, set()).add(uri)
+        if not units:
             raise InputError(f"no published unit with key {ref} in MLflow at {mlflow_uri}")
-        if len(matches) > 1:
-            raise InputError(f"key prefix {ref} is ambiguous ({len(matches)} units); give more characters")
-        uri = matches.pop()
+        if len(units) > 1:
+            raise InputError(f"key prefix {ref} is ambiguous ({len(units)} units); give more characters")
+        builds = sorted(units.popitem()[1])
+        registry["builds"] = builds
+        uri = builds[-1] if len(builds) == 1 else _current_of(builds)
         return read_manifest_uri(uri), uri, registry
     raise InputError(f"'{ref}' is not a store URI, a unit key or models:/name@alias")
+
+
+def _current_of(builds: list[str]) -> str:
+    """The key's current build (its pointer) among several build URIs of one key; the latest when the pointer
+    cannot be read. Build ids sort by time."""
+    from enginefoundry.verify import open_build
+
+    folder = builds[-1].rsplit("/", 1)[0]
+    try:
+        return open_build(folder)[1].uri
+    except Exception:  # the store is unreachable or the pointer refused: the newest build MLflow knows
+        return builds[-1]
 
 
 def _last_verified(uri: str) -> dict[str, Any]:
@@ -82,6 +99,21 @@ def _last_verified(uri: str) -> dict[str, Any]:
     except Exception as err:  # the store is unreachable: lineage still answers from the manifest
         return {"note": f"cannot read verification records ({type(err).__name__})"}
     return record.model_dump() if record else {}
+
+
+def _signature(uri: str) -> dict[str, Any]:
+    """Who signed this build and whether its attestations verify (against $ENGINEFOUNDRY_TRUST_POLICY /
+    $ENGINEFOUNDRY_TRUSTED_KEYS when set)."""
+    from enginefoundry.attest import verify_attestations
+    from enginefoundry.signing import consumer_policy
+    from enginefoundry.verify import open_build
+
+    try:
+        store, build = open_build(uri)
+        verdict = verify_attestations(store, build, consumer_policy())
+    except Exception as err:  # the store is unreachable: lineage still answers from the manifest
+        return {"state": "unknown", "line": f"cannot read attestations ({type(err).__name__})"}
+    return {**verdict.model_dump(mode="json"), "line": verdict.line()}
 
 
 def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
@@ -106,6 +138,7 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
     src = manifest.source
     return {
         "verification": _last_verified(uri),
+        "signature": _signature(uri),
         "artifact": {"manifest_uri": uri, "key": manifest.key, "unit": manifest.unit, "status": manifest.status,
                      "status_reason": manifest.status_reason, "created_at": manifest.created_at,
                      "files": len(manifest.files), "bytes": sum(f.size for f in manifest.files)},
@@ -122,6 +155,7 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
         "serving_cost": serving_cost(manifest.benchmark.get("search")),
         "search": manifest.benchmark.get("search"),
         "benchmark_points": manifest.benchmark.get("points", []),
+        "builds": registry.pop("builds", [uri]),
         "mlflow": {**runs, **({"registry": registry} if registry else {})},
     }
 

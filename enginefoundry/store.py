@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from enginefoundry.errors import StoreError
+from enginefoundry.errors import StoreError, naming_full_disk
 from enginefoundry.identity import CHUNK
 from enginefoundry.runner import pid_alive
 from enginefoundry.s3 import s3_client, split_s3_uri
@@ -275,7 +275,7 @@ class FileStore(Store):
                                    suffix=".partial")
         h, size = hashlib.sha256(), 0
         try:
-            with os.fdopen(fd, "wb") as out:
+            with naming_full_disk(dest, f"free space in {self.root}'s filesystem"), os.fdopen(fd, "wb") as out:
                 for chunk in chunks:
                     h.update(chunk)
                     out.write(chunk)

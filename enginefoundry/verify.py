@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -21,9 +22,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.errors import InputError, StoreError, is_transient
+from enginefoundry.errors import InputError, StoreError, is_transient, naming_full_disk
 from enginefoundry.identity import sha256_file
-from enginefoundry.manifest import FileEntry
+from enginefoundry.manifest import FileEntry, file_list_problems
 from enginefoundry.publish import (
     Problem,
     PublishedBuild,
@@ -35,6 +36,7 @@ from enginefoundry.publish import (
     read_build,
 )
 from enginefoundry.retry import retry_transient
+from enginefoundry.runner import pid_alive
 from enginefoundry.store import Store, file_mode, open_store
 
 DEFAULT_WORKERS = 8
@@ -167,8 +169,8 @@ def verify_build(store: Store, build: PublishedBuild, workers: int = DEFAULT_WOR
     if record:
         try:
             report.record = record_verification(store, build, report)
-        except StoreError as err:  # a read-only credential can verify; it just leaves no record
-            report.record = f"not recorded: {err}"
+        except (StoreError, OSError) as err:  # a read-only credential or store can verify; it leaves no record
+            report.record = f"not recorded ({type(err).__name__}: {err}); the verdict stands"
     return report
 
 
@@ -203,15 +205,15 @@ def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path
     """Bytes downloaded; None when the file was already there and verified (a resumed pull)."""
     local = dest.joinpath(*entry.path.split("/"))
     mode = file_mode(entry.executable)
+    _make_folders(dest, entry.path.split("/")[:-1])
     if (local.is_file() and not local.is_symlink() and local.stat().st_size == entry.size
             and sha256_file(local) == entry.sha256):
         if local.stat().st_mode & 0o777 != mode:
             os.chmod(local, mode)
         return None
-    local.parent.mkdir(parents=True, exist_ok=True)
     okey = build.object_key(entry)
     if link and (src := store.local_path(okey)) is not None and sha256_file(src) == entry.sha256:
-        tmp = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.partial")
+        tmp = local.with_name(f".{local.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
         try:
             os.link(src, tmp)
             os.replace(tmp, local)
@@ -225,12 +227,16 @@ def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path
 
 
 def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, mode: int) -> int:
-    fd, tmp_name = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.", suffix=".partial")
+    fd, tmp_name = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.{os.getpid()}.", suffix=".partial")
     tmp = Path(tmp_name)
     try:
         h, size = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as out:
+        with naming_full_disk(local, "free space there or pull into another folder"), os.fdopen(fd, "wb") as out:
             for chunk in store.iter_bytes(okey):
+                if size + len(chunk) > entry.size:  # never more than the manifest says, whatever the server sends
+                    raise StoreError(f"{entry.path}: {store.url(okey)} sent more than the manifest's {entry.size} "
+                                     "bytes; refused. The store holds other bytes under this name: run "
+                                     "`enginefoundry verify` on the build")
                 h.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
@@ -245,15 +251,57 @@ def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, m
     return size
 
 
+def _make_folders(dest: Path, parts: list[str]) -> None:
+    """dest/parts…, created one level at a time (no recursion, whatever the depth), never through a symlink: a
+    link inside DEST would send the files somewhere DEST's owner never named."""
+    folder = dest
+    for part in parts:
+        folder = folder / part
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            if folder.is_symlink() or not folder.is_dir():
+                raise StoreError(f"{folder} is a symlink or a file, not a folder: pull never writes through a "
+                                 "link inside DEST; remove it or pull into an empty folder") from None
+
+
+_PARTIAL = re.compile(r"^\.(?P<name>.+?)\.(?:(?P<pid>\d+)\.)?[A-Za-z0-9_]{8}\.partial$")
+LEGACY_PARTIAL_AGE_S = 600.0  # a partial without a pid (an older pull's): removed once unchanged this long
+
+
+def _remove_dead_partials(dest: Path, files: list[FileEntry]) -> list[Path]:
+    """The hidden `.<name>.<pid>.<random>.partial` files that a killed pull left beside this build's files (a pid
+    that is gone; or no pid and unchanged for LEGACY_PARTIAL_AGE_S). A live pull's are left alone."""
+    names: dict[Path, set[str]] = {}
+    for entry in files:
+        *parent, name = entry.path.split("/")
+        names.setdefault(dest.joinpath(*parent), set()).add(name)
+    removed = []
+    for folder, listed in names.items():
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        for path in folder.glob(".*.partial"):
+            m = _PARTIAL.match(path.name)
+            if m is None or m["name"] not in listed or path.is_symlink():
+                continue
+            dead = (not pid_alive(int(m["pid"])) if m["pid"]
+                    else time.time() - path.stat().st_mtime > LEGACY_PARTIAL_AGE_S)
+            if dead:
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
 def pull(store: Store, build: PublishedBuild, dest: Path, workers: int = DEFAULT_WORKERS,
          link: bool = False) -> PullReport:
     """Download every file of a build under dest (verified, parallel, resumable). With `link`, a file:// blob
     on the same filesystem is hard-linked instead of copied (work folders; not for serving copies)."""
     t0 = time.monotonic()
-    dest.mkdir(parents=True, exist_ok=True)
-    problems = [p for p in check_hit(store, build) if p.path == "manifest"]
+    problems = [p.line() for p in check_hit(store, build) if p.path == "manifest"] + file_list_problems(build.files)
     if problems:
-        raise StoreError(f"{build.uri} is not trustworthy: " + "; ".join(p.line() for p in problems))
+        raise StoreError(f"{build.uri} is not trustworthy: " + "; ".join(problems[:10]))
+    dest.mkdir(parents=True, exist_ok=True)
+    _remove_dead_partials(dest, build.files)
     with ThreadPoolExecutor(max(1, workers)) as pool:
         sizes = list(pool.map(lambda e: _fetch_one(store, build, e, dest, link), build.files))
     fetched = [s for s in sizes if s is not None]

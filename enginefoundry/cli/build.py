@@ -13,6 +13,7 @@ from enginefoundry.cli.common import (
     start_prefect_early,
     wants_json,
 )
+from enginefoundry.cli.signing import export_trust, signing_line, trust_options
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 
@@ -64,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="hold a candidate whose $/1M output tokens at the SLO exceeds the champion's by more "
                            "than this (0.1 = 10%%; searched units, docs/search.md)")
     roll.add_argument("--force-build", action="store_true", help="build even when nothing is new")
+    trust_options(roll)
     roll.set_defaults(handler=cmd_rollout)
 
 
@@ -81,6 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
     for row in dest.rows():
         console.print(f"{row['setting']}: {row['value']} (from {row['from']})", markup=False)
+    console.print(signing_line(), markup=False)  # a bad key fails here, before any download
     summary, tracking_note = None, ""
     if not args.force:
         # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
@@ -96,9 +99,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             tracking_note = (f"MLflow: {len(hits.units)} cache hit(s) being recorded in {spec.tracking.mlflow_uri} "
                              f"by a background process (pid {pid}, log {log})")
     if summary is None:
-        from enginefoundry.noop_run import flush_pending
+        from enginefoundry.noop_run import flush_in_background
 
-        flush_pending()  # hits an earlier recorder could not record
+        flush_in_background(spec)  # hits an earlier recorder could not record, in this run's destinations
         server = start_prefect_early()
         from enginefoundry.flows.build_engines import build_engines, spec_payload
         from enginefoundry.run_records import prepare_tracking
@@ -202,7 +205,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_OK
     table(f"{spec.name}: cache against {spec.publish.store}", [
         {"unit": r.unit, "status": "hit" if r.hit else "miss", "key": r.key[:12],
-         "nearest published": (r.nearest or "-")[:12], "what differs": "\n".join(r.differences)} for r in rows])
+         "nearest published": (r.nearest or "-")[:12],
+         "what differs": "\n".join([*([r.refused] if r.refused else []), *r.differences])} for r in rows])
     return EXIT_OK
 
 
@@ -212,6 +216,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     spec, _ = load(args.spec, args)
     validate_deep(spec)
     quiet_prefect_defaults()
+    export_trust(args)  # the promotion step reads the trust policy from the environment
     from enginefoundry.flows.build_engines import spec_payload
     from enginefoundry.flows.rollout import rollout
 

@@ -38,6 +38,7 @@ from enginefoundry.lanes.trtllm_flags import (
     SERVE,
     TRTLLM_BUILD,
     arg,
+    lane_release_problem,
     serve_backend_value,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
@@ -454,6 +455,9 @@ class TrtllmEngineLane(TrtllmLaneBase):
     def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         opts = self.options(spec)
         version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version
+        why = lane_release_problem(self.name, version) if version else None
+        if why:  # 1.3+ has no trtllm-build to describe: `plan` refuses with the reason, not a command list
+            raise InputError(f"toolchain.trtllm_version: {why}")
         examples = self._examples_dir(spec) or "$EF_TRTLLM_EXAMPLES_DIR"
         dtype = model_activation_dtype(unit.variant, None, opts["dtype"]) or "auto"
         if uses_quantize(unit.variant):

@@ -165,12 +165,32 @@ def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) ->
         spec = BuildSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(_problems(err, data), source) from None
-    problems = sibling_problems(spec)
+    problems = sibling_problems(spec) + scenario_problems(spec)
     if problems:
         raise SpecError(problems, source)
     if base_dir is not None:
         spec = spec.model_copy(update={"base_dir": str(base_dir)})
     return spec
+
+
+def scenario_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """Every benchmark scenario runs on every unit: its mean input must fit each profile's max_input_len and its
+    mean input plus output each profile's max_seq_len (a 5000-token scenario on a 128-token profile is refused
+    here, not by the server after the build)."""
+    if not spec.benchmark.enabled:
+        return []
+    out = []
+    for i, sc in enumerate(spec.benchmark.scenarios):
+        for prof in spec.profiles:
+            if sc.input_tokens_mean > prof.max_input_len:
+                out.append((f"benchmark.scenarios.{i}.input_tokens_mean",
+                            f"{sc.input_tokens_mean} exceeds profile {prof.name}'s max_input_len "
+                            f"({prof.max_input_len}); lower it or raise the profile's limit"))
+            elif sc.input_tokens_mean + sc.output_tokens_mean > prof.max_seq_len:
+                out.append((f"benchmark.scenarios.{i}.output_tokens_mean",
+                            f"input {sc.input_tokens_mean} + output {sc.output_tokens_mean} exceeds profile "
+                            f"{prof.name}'s max_seq_len ({prof.max_seq_len}); lower them or raise the limit"))
+    return out
 
 
 def load_spec(path: str | Path) -> BuildSpec:
