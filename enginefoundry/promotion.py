@@ -286,6 +286,22 @@ class Registry:
                             detail=f"{champion_alias(stem)} → version {number}"
                                    + (f" (was {current})" if current is not None else " (first champion)"))
 
+    def _check_restorable(self, model: str, number: str) -> None:
+        """The version's manifest must be the one that was published (its digest on the version, in the key's
+        pointer history): a build edited in the store is never put back into service. StoreError (exit 1) when it
+        cannot be read or differs."""
+        from enginefoundry.errors import StoreError
+
+        version = self.version(model, number)
+        if not version.tags.get(mltags.MANIFEST_URI):
+            return  # registered outside this project (by hand): no published build to hold it to
+        try:
+            read_version_manifest(model, version)
+        except StoreError as err:
+            raise StoreError(f"not rolled back: {model} version {number}: {err}; the aliases are unchanged. "
+                             f"Check it with `enginefoundry verify models:/{model}/{number}`, or promote a build "
+                             "that verifies (`enginefoundry promote --version N`)") from None
+
     def rollback(self, model: str, stem: str) -> RegistryMove:
         """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
         so that a second rollback goes one step further back."""
@@ -298,6 +314,7 @@ class Registry:
                              f"(history: {', '.join(history) or 'empty'})")
         dropped = history.pop()
         restored = history[-1]
+        self._check_restorable(model, restored)
         self.client.set_registered_model_alias(model, champion_alias(stem), restored)
         if len(history) > 1:
             self.client.set_registered_model_alias(model, previous_alias(stem), history[-2])
@@ -350,6 +367,17 @@ def manifest_uri_of(version: Any) -> str:
     return version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/") + "/manifest.json"
 
 
+def anchor_of(model: str, version: Any) -> tuple[str, str]:
+    """(where, sha256): the manifest digest a registered version recorded ("" when it predates the tag)."""
+    return f"models:/{model}/{version.version}", version.tags.get(mltags.MANIFEST_SHA256, "")
+
+
+def read_version_manifest(model: str, version: Any) -> Manifest:
+    """A registered version's manifest, held to every digest recorded for it (the version's tag, the key's
+    pointer history): StoreError when its bytes changed after it was published."""
+    return read_manifest_uri(manifest_uri_of(version), anchor_of(model, version))
+
+
 def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
            notes: list[str] | None = None) -> Decision:
     """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
@@ -372,8 +400,8 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
     if candidate.tags.get(mltags.ROLLED_BACK_AT):
         return held.model_copy(update={"reasons": [*notes, f"candidate v{number} was rolled back from: only "
                                                            "`enginefoundry promote --version` puts it back"]})
-    cand_manifest = read_manifest_uri(manifest_uri_of(candidate))
-    champ_manifest = read_manifest_uri(manifest_uri_of(champion)) if champion is not None else None
+    cand_manifest = read_version_manifest(model, candidate)
+    champ_manifest = read_version_manifest(model, champion) if champion is not None else None
     verdict = compare(cand_manifest, champ_manifest, policy)
     if not verdict.promote or candidate.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
         reasons = verdict.reasons if not verdict.promote else \
