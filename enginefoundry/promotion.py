@@ -41,6 +41,10 @@ class PromotionPolicy(BaseModel):
     reference_concurrency: int | None = Field(default=None, ge=1,
                                               description="concurrency to compare at; default: the highest both "
                                                           "measured")
+    max_cost_increase: float | None = Field(default=None, ge=0.0,
+                                            description="$/1M output tokens at the SLO point may exceed the "
+                                                        "champion's by at most this fraction (0.1 = 10%); off when "
+                                                        "unset; compared only at the same SLO")
 
 
 class Gate(BaseModel):
@@ -74,7 +78,27 @@ def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPol
         return Verdict(promote=all(g.passed for g in gates), gates=gates)
     gates += _accuracy_gates(candidate, champion, policy)
     gates += _performance_gates(candidate, champion, policy)
+    if policy.max_cost_increase is not None:
+        gates.append(cost_gate(candidate, champion, policy.max_cost_increase))
     return Verdict(promote=all(g.passed for g in gates), gates=gates)
+
+
+def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> Gate:
+    """$/1M output tokens at the SLO point (a searched unit's verification), same SLO only. A champion without a
+    measured cost is not compared (said so); a candidate without one when the champion has one is held."""
+    new, old = candidate.benchmark.get("search") or {}, champion.benchmark.get("search") or {}
+    new_cost, old_cost = (new.get("cost") or {}).get("usd_per_mtok"), (old.get("cost") or {}).get("usd_per_mtok")
+    if old_cost is None:
+        return Gate(name="cost", passed=True, detail="champion has no $/1M tokens at an SLO: cost not compared")
+    if new.get("slo") != old.get("slo"):
+        return Gate(name="cost", passed=True, detail=f"SLOs differ ({new.get('slo')} vs {old.get('slo')}): cost "
+                                                     "not compared")
+    if new_cost is None:
+        return Gate(name="cost", passed=False, detail="candidate has no $/1M tokens at the SLO; the champion has")
+    ratio = float(new_cost) / float(old_cost)
+    return Gate(name="cost", passed=ratio <= 1 + max_increase + 1e-12,
+                detail=f"$/1M output tokens {new_cost:.4g} vs champion {old_cost:.4g} (×{ratio:.2f}, needs ≤ "
+                       f"×{1 + max_increase:.2f})")
 
 
 def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:

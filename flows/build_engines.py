@@ -86,6 +86,11 @@ def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str
     if not validated:
         validate_deep(build_spec)
     log = progress_logger()
+    # A spec with a `search` section and no decision yet (a path or pasted YAML): decide here, once; a spec from the
+    # CLI carries the decision in `searched` already.
+    from enginefoundry.search_plan import materialise
+
+    build_spec, _ = materialise(build_spec, progress=log)
     for row in dest.rows():
         log(f"{row['setting']}: {row['value']} (from {row['from']})")
     return build_spec

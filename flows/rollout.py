@@ -44,6 +44,7 @@ def rollout(
     min_throughput_ratio: float = 0.9,
     max_ttft_p95_factor: float = 1.25,
     reference_concurrency: int | None = None,
+    max_cost_increase: float | None = None,
     force_build: bool = False,
     spec_yaml: str | None = None,
     store: str | None = None,
@@ -61,6 +62,8 @@ def rollout(
         min_throughput_ratio: candidate output tok/s at the reference concurrency ≥ this × the champion's
         max_ttft_p95_factor: candidate p95 TTFT at the reference concurrency ≤ this × the champion's
         reference_concurrency: concurrency to compare at (empty: the highest both measured)
+        max_cost_increase: $/1M output tokens at the SLO may exceed the champion's by at most this fraction
+            (searched units; empty: not compared)
         force_build: build even when the source has nothing new (promotion still needs the gates)
         spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given)
         store: artifact store; empty: $EF_STORE of the worker, else the spec's
@@ -69,7 +72,8 @@ def rollout(
     """
     t0 = time.monotonic()
     policy = PromotionPolicy(max_accuracy_drop=max_accuracy_drop, min_throughput_ratio=min_throughput_ratio,
-                             max_ttft_p95_factor=max_ttft_p95_factor, reference_concurrency=reference_concurrency)
+                             max_ttft_p95_factor=max_ttft_p95_factor, reference_concurrency=reference_concurrency,
+                             max_cost_increase=max_cost_increase)
     try:
         build_spec = flow_spec(spec_path, dict(spec) if spec is not None else None, spec_yaml, store=store,
                                mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url)
