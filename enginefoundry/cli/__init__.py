@@ -35,6 +35,7 @@ COMMANDS = (
     "enginefoundry.cli.completion",
     "enginefoundry.cli.automations",
     "enginefoundry.cli.smoke",
+    "enginefoundry.cli.search",
     "enginefoundry.cli.signing",
 )
 
