@@ -80,11 +80,17 @@ def normalise_prefix(prefix: str, what: str = "prefix") -> str:
     return "/".join(parts)
 
 
-def symlinks_leaving(root: Path, allowed_roots: tuple[Path, ...] = ()) -> list[Path]:
-    """Symlinks under root (not followed while walking) whose target resolves outside root and allowed_roots."""
+def symlinks_leaving(root: Path, allowed_roots: tuple[Path, ...] = (), max_entries: int | None = None) -> list[Path]:
+    """Symlinks under root (not followed while walking) whose target resolves outside root and allowed_roots.
+    With `max_entries`, UnsafePathError as soon as the walk meets more entries than that (a folder that is not
+    what it claims to be is refused before it is walked)."""
     real_roots = [os.path.realpath(r) for r in (root, *allowed_roots)]
     bad = []
+    seen = 0
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        seen += len(dirnames) + len(filenames)
+        if max_entries is not None and seen > max_entries:
+            raise UnsafePathError(f"{root} holds more than {max_entries} files and folders")
         for name in [*dirnames, *filenames]:
             path = Path(dirpath) / name
             if not path.is_symlink():

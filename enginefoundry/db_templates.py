@@ -9,6 +9,14 @@ opening a file whose schema is at its head revision, only checks it and adds its
 Default experiment, with this file's artifact root). `started_from_template` is that protocol, used by
 `tracking.Tracker` and `flows/ephemeral_server.py`.
 
+A template is local state, and local state is untrusted input: `keep_as_template` writes its sha256 beside it
+(`<template>.sha256`), and `seed` copies the template, then checks the copy before it becomes a database: the
+digest this tool wrote, SQLite's `quick_check`, no trigger or view but those the tool's own migrations create
+(`TemplateRules`), and no row but the few the migrations add (so no registered model, version or alias can ride
+in). A template that fails any check is removed with a message naming it and the reason; the tool then migrates
+the new file itself and a fresh template is kept. A template cannot make a run fail: it is used only when every
+check passes.
+
 Only files that do not exist yet are seeded, by linking a complete copy into place: a file that appears
 meanwhile is kept, and a kill leaves at most a dot-named temporary file that the next seed of that folder
 removes. Templates live in the download cache (EF_CACHE_DIR, default ~/.cache/enginefoundry) under
@@ -22,15 +30,32 @@ import os
 import re
 import shutil
 import sqlite3
+import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from enginefoundry.identity import sha256_file
 from enginefoundry.runner import pid_alive
 from enginefoundry.settings import cache_root
 
 
+@dataclass(frozen=True)
+class TemplateRules:
+    """What a tool's freshly migrated database holds: rows only in `rows` (table → count), and triggers or views
+    only with SQL text that appears verbatim in one of `schema_sources` (the tool's installed migration files)."""
+
+    rows: dict[str, int] = field(default_factory=lambda: {"alembic_version": 1})
+    schema_sources: tuple[Path, ...] = ()
+
+
+def notify(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
-def started_from_template(database: Path, tool: str, release: str, scrub: Sequence[str] = ()) -> Iterator[bool]:
+def started_from_template(database: Path, tool: str, release: str, scrub: Sequence[str] = (),
+                          rules: TemplateRules | None = None) -> Iterator[bool]:
     """The protocol both tools share, around the code that opens `database` with the tool: a file that does not
     exist yet is seeded from the release's template first; when there is no template (or seeding fails), the
     block yields True — the tool must create and migrate the file itself — and the migrated file is then kept
@@ -41,7 +66,7 @@ def started_from_template(database: Path, tool: str, release: str, scrub: Sequen
         return
     template = template_path(tool, release)
     try:
-        migrate = not seed(database, template) and not database.exists()
+        migrate = not seed(database, template, rules or TemplateRules()) and not database.exists()
     except OSError:
         migrate = True
     yield migrate
@@ -56,9 +81,14 @@ def template_path(tool: str, release: str) -> Path:
     return cache_root() / "db-templates" / f"{tool}-{safe}.db"
 
 
-def seed(database: Path, template: Path) -> bool:
+def digest_path(template: Path) -> Path:
+    return template.with_name(template.name + ".sha256")
+
+
+def seed(database: Path, template: Path, rules: TemplateRules | None = None) -> bool:
     """Give a database file that does not exist yet the template's content. True when it was seeded; False when
-    there is no template yet or the file exists (also when another process created it meanwhile)."""
+    there is no template yet, the file exists (also when another process created it meanwhile), or the template
+    failed its checks (then it is removed, with a message)."""
     if database.exists() or not template.is_file():
         return False
     database.parent.mkdir(parents=True, exist_ok=True)
@@ -66,6 +96,12 @@ def seed(database: Path, template: Path) -> bool:
     tmp = database.with_name(f".{database.name}.seed-{os.getpid()}")
     try:
         shutil.copyfile(template, tmp)
+        problem = template_problem(tmp, digest_path(template), rules or TemplateRules())
+        if problem is not None:  # the copy is what would become the database: it is what is checked
+            notify(f"database template {template}: {problem}; removed it: this new database is migrated by the "
+                   "tool itself and kept as a fresh template")
+            discard(template)
+            return False
         try:
             os.link(tmp, database)  # fails when the name exists: never replaces a database someone opened
         except FileExistsError:
@@ -73,6 +109,50 @@ def seed(database: Path, template: Path) -> bool:
     finally:
         tmp.unlink(missing_ok=True)
     return True
+
+
+def discard(template: Path) -> None:
+    for path in (template, digest_path(template)):
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+
+
+def template_problem(copy: Path, digest_file: Path, rules: TemplateRules) -> str | None:
+    """Why a copy of a template must not become a database; None when it may."""
+    try:
+        expected = digest_file.read_text().strip()
+    except OSError:
+        return f"no digest beside it ({digest_file.name}): it was not kept by this tool"
+    if sha256_file(copy) != expected:
+        return f"its sha256 is not the one {digest_file.name} records (changed or damaged since it was kept)"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{copy}?mode=ro", uri=True)) as db:
+            return _content_problem(db, rules)
+    except sqlite3.Error as err:
+        return f"SQLite cannot read it ({err})"
+
+
+def _content_problem(db: sqlite3.Connection, rules: TemplateRules) -> str | None:
+    check = db.execute("PRAGMA quick_check").fetchall()
+    if check != [("ok",)]:
+        return f"SQLite's quick_check fails ({str(check[0][0])[:120]})"
+    code = db.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
+    sources = "\n".join(_read(p) for p in rules.schema_sources) if code else ""
+    for kind, name, sql in code:
+        if not sql or sql not in sources:
+            return f"it holds a {kind} ({name}) that the tool's migrations do not create"
+    for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
+        rows = db.execute(f'SELECT count(*) FROM "{table.replace(chr(34), chr(34) * 2)}"').fetchone()[0]
+        if rows > rules.rows.get(table, 0):
+            return f"table {table} holds {rows} row(s) (a freshly migrated database holds {rules.rows.get(table, 0)})"
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def keep_as_template(database: Path, template: Path, scrub: Sequence[str] = ()) -> None:
@@ -89,9 +169,14 @@ def keep_as_template(database: Path, template: Path, scrub: Sequence[str] = ()) 
             for statement in scrub:
                 db.execute(statement)
             db.commit()
+        digest = tmp.with_name(f"{tmp.name}.sha256")
+        digest.write_text(sha256_file(tmp) + "\n")
+        # The digest moves in after the template: a kill in between leaves a mismatch, which `seed` discards.
         os.replace(tmp, template)
+        os.replace(digest, digest_path(template))
     finally:
         tmp.unlink(missing_ok=True)
+        tmp.with_name(f"{tmp.name}.sha256").unlink(missing_ok=True)
 
 
 def _remove_dead_temporaries(folder: Path, prefix: str) -> None:
@@ -99,6 +184,6 @@ def _remove_dead_temporaries(folder: Path, prefix: str) -> None:
     left; nothing else in the folder is touched."""
     with contextlib.suppress(OSError):
         for path in folder.glob(f"{glob.escape(prefix)}*"):
-            pid = path.name.removeprefix(prefix)
+            pid = path.name.removeprefix(prefix).split(".")[0]  # `<pid>` or `<pid>.sha256`
             if pid.isdigit() and not pid_alive(int(pid)):
                 path.unlink(missing_ok=True)

@@ -7,6 +7,12 @@ and prints a traceback only with `--verbose`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 EXIT_OK = 0
 EXIT_PIPELINE = 1
 EXIT_INPUT = 2
@@ -134,3 +140,27 @@ def exception_chain(err: BaseException, limit: int = 10) -> list[BaseException]:
 
 class ReferenceRefused(PipelineError):
     """A unit cannot be judged: its sibling reference is rejected, unpublished or has no answers for its prompts."""
+
+
+class DiskFull(PipelineError):
+    """A write failed for lack of space (or quota): the message names the file and its filesystem's free space."""
+
+
+def disk_full_message(path: str | Path, fix: str) -> str:
+    try:
+        st = os.statvfs(Path(path).parent if not Path(path).is_dir() else path)
+        free = f"{st.f_bavail * st.f_frsize / 2**20:.1f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    return f"no space left on device writing {path} ({free}); {fix}"
+
+
+@contextlib.contextmanager
+def naming_full_disk(path: str | Path, fix: str) -> Iterator[None]:
+    """An ENOSPC/EDQUOT inside the block becomes DiskFull naming `path` (the OSError alone names no file)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(disk_full_message(path, fix)) from err
+        raise

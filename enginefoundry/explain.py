@@ -8,8 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from enginefoundry.cache_plan import find_hit
 from enginefoundry.lanes import get_lane
-from enginefoundry.publish import find_current, is_published
+from enginefoundry.publish import find_current
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import Store
@@ -22,6 +23,7 @@ class UnitExplanation(BaseModel):
     hit: bool
     nearest: str | None = None  # key of the nearest published unit of the same target
     differences: list[str] = []
+    refused: str | None = None  # a published build that `run` would refuse as a hit, and why
 
 
 def _flatten(prefix: str, value: Any) -> dict[str, str]:
@@ -63,15 +65,18 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
         comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest, toolchain,
                                     spec.lane_options)
         key = key_of(comps)
-        if is_published(store, spec.model.name, key):
+        # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
+        said: list[str] = []
+        if find_hit(store, spec.model.name, key, progress=said.append, quarantine=False) is not None:
             out.append(UnitExplanation(unit=unit.name, key=key, hit=True))
             continue
+        refused = said[0] if said else None
         same_target = [m for m in published if m.get("target", {}).get("name") == unit.target.name] or [
             m for m in published if m.get("target", {}).get("arch") == unit.target.arch.value]
         best = min(same_target, key=lambda m: len(diff_components(m["key_components"], comps)), default=None)
         out.append(UnitExplanation(
             unit=unit.name, key=key, hit=False, nearest=best["key"] if best else None,
             differences=diff_components(best["key_components"], comps) if best else
-            ["no published unit of this model and target yet"],
+            ["no published unit of this model and target yet"], refused=refused,
         ))
     return out

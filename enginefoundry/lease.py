@@ -23,6 +23,7 @@ and the run says so.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError
 
-from enginefoundry.errors import StoreError
+from enginefoundry.errors import InputError, StoreError
 from enginefoundry.settings import EnvSettings
 from enginefoundry.store import Store
 
@@ -161,6 +162,21 @@ class HeldLease:
             self.lease, self.token = fresh, token
             return True
 
+    def lost_reason(self) -> str:
+        """Why this run lost its lease: broken by hand (`leases --break --force`, the note it left is read and
+        removed) or taken over after renewals that did not reach the store in time."""
+        note_key = _broken_note_key(self.lease)
+        try:
+            note = json.loads(self.store.read_bytes(note_key)) if self.store.exists(note_key) else None
+            if note is not None:
+                self.store.delete(note_key)
+        except (ValueError, StoreError, OSError):
+            note = None
+        if isinstance(note, dict):
+            return (f"broken by hand (`enginefoundry leases --break --force`, by {str(note.get('by'))[:80]}) "
+                    "while this run held it")
+        return "taken over while this run held it (its renewals did not reach the store in time)"
+
     def _beat(self) -> None:
         while not self._stop.wait(max(self.lease.ttl_s / 4, 0.05)):
             try:
@@ -267,14 +283,45 @@ def list_leases(store: Store) -> list[LeaseRow]:
     return rows
 
 
-def break_lease(store: Store, key: str) -> bool:
-    """Remove a lease by its store key or by the unit key it guards. True when one was removed."""
+class LeaseHeld(InputError):
+    """`leases --break` on a lease whose holder is alive (or on another host and not expired), without --force."""
+
+
+def break_lease(store: Store, key: str, force: bool = False, by: str | None = None) -> bool:
+    """Remove a lease by its store key or by the unit key it guards. True when one was removed. A lease whose
+    holder still works is removed only with `force`: the holder is then told, when its renewal fails, that the
+    lease was broken by hand (`HeldLease.lost_reason`), not that it renewed too late."""
     candidates = [key] if key.startswith(LEASE_PREFIX + "/") else [
         k for k in store.list(LEASE_PREFIX + "/") if k.endswith(".json") and Path(k).stem.startswith(key)]
     if len(candidates) > 1:
         raise StoreError(f"'{key}' matches {len(candidates)} leases; give more of the key")
     for k in candidates:
         found = store.read_versioned(k)
-        if found is not None and store.delete_if(k, found[1]):
+        if found is None:
+            continue
+        lease = _decode(found[0])
+        if lease is not None and not lease.stale():
+            if not force:
+                raise LeaseHeld(f"the lease {k} is held by a run that is still working: {holder_line(lease)}; "
+                                "breaking it lets another run build in the same work folder. Stop that run, "
+                                "or wait for it; to break it anyway add --force")
+            _note_broken(store, lease, by or new_owner())
+        if store.delete_if(k, found[1]):
             return True
     return False
+
+
+def holder_line(lease: Lease) -> str:
+    alive = {True: "alive", False: "gone", None: "on another host"}[lease.owner_alive()]
+    return (f"owner {lease.owner} (host {lease.host or '?'}, pid {lease.pid}, {alive}), renewed "
+            f"{time.time() - lease.renewed_at:.0f} s ago, expires in {lease.expires_at - time.time():.0f} s")
+
+
+def _broken_note_key(lease: Lease) -> str:
+    """Beside the lease, named by its holder (not listed as a lease: no `.json` suffix)."""
+    return f"{lease.key}.broken-{hashlib.sha256(lease.owner.encode()).hexdigest()[:16]}"
+
+
+def _note_broken(store: Store, lease: Lease, by: str) -> None:
+    note = {"by": by, "at": time.time()}
+    store.create_if_absent(_broken_note_key(lease), json.dumps(note).encode())

@@ -8,6 +8,7 @@ anything else is refused when the manifest is parsed.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -35,7 +36,54 @@ class FileEntry(BaseModel):
     @field_validator("path")
     @classmethod
     def _confined(cls, path: str) -> str:
-        return relative_posix(path, "files[].path")
+        relative_posix(path, "files[].path")
+        reason = _path_refusal(path)
+        if reason:
+            raise ValueError(f"files[].path {reason}: {_shown(path)}")
+        return path
+
+
+# What a manifest path may not hold beyond `store.relative_posix`'s rules, checked before anything is written:
+# C0/C1 control characters and Unicode bidirectional overrides (a newline or a terminal escape shown or written
+# literally), VCS folders (a `.git/hooks/…` file runs on the next git command there: git's `verify_path`,
+# read-cache.c, refuses `.git` components for the same reason), and depths and lengths no unit has (a 1000-level
+# path made `Path.mkdir(parents=True)` recurse past Python's limit).
+_DISPLAY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_VCS_FOLDERS = frozenset({".git", ".hg", ".svn"})
+MAX_PATH_DEPTH = 64
+MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux filesystems
+MAX_PATH_BYTES = 4000  # below PATH_MAX (4096) with room for the destination folder
+
+
+def _path_refusal(path: str) -> str | None:
+    parts = path.split("/")
+    if _DISPLAY_CONTROL.search(path):
+        return "contains a control character or a bidirectional override"
+    if any(p.lower() in _VCS_FOLDERS for p in parts):
+        return "is inside a version-control folder (.git, .hg, .svn)"
+    if len(parts) > MAX_PATH_DEPTH:
+        return f"has {len(parts)} components (at most {MAX_PATH_DEPTH})"
+    if len(path.encode()) > MAX_PATH_BYTES or any(len(p.encode()) > MAX_COMPONENT_BYTES for p in parts):
+        return f"is longer than {MAX_PATH_BYTES} bytes or has a component longer than {MAX_COMPONENT_BYTES}"
+    return None
+
+
+def _shown(path: str) -> str:
+    """A hostile path in a one-line message: escaped (repr), at most 100 characters of it."""
+    return repr(path[:100]) + ("…" if len(path) > 100 else "")
+
+
+def file_list_problems(files: list[FileEntry]) -> list[str]:
+    """A build's file list as a folder tree: no path twice, no path that is both a file and a folder
+    (`a` and `a/b`). Empty when the list can be written as it is."""
+    problems, seen = [], set()
+    for entry in files:
+        if entry.path in seen:
+            problems.append(f"{_shown(entry.path)} is listed twice")
+        seen.add(entry.path)
+    folders = {"/".join(e.path.split("/")[:i]) for e in files for i in range(1, e.path.count("/") + 1)}
+    problems += [f"{_shown(p)} is both a file and a folder" for p in sorted(seen & folders)]
+    return problems
 
 
 class Manifest(BaseModel):
@@ -68,6 +116,14 @@ class Manifest(BaseModel):
     mlflow_run_id: str | None = None
     prefect_flow_run_id: str | None = None
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+    @field_validator("files")
+    @classmethod
+    def _a_tree(cls, files: list[FileEntry]) -> list[FileEntry]:
+        problems = file_list_problems(files)
+        if problems:
+            raise ValueError("files: " + "; ".join(problems[:5]))
+        return files
 
     def to_json(self) -> bytes:
         """Serialized and checked against the committed JSON Schema: a manifest that readers in other

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -200,12 +200,26 @@ def resolve_destinations(spec: BuildSpec, *, store: str | None = None, mlflow_ur
 
 def apply_destinations(spec: BuildSpec, dest: Destinations) -> BuildSpec:
     """The spec with its effective destinations written in (what flows, units and manifests then use)."""
+    from pydantic import ValidationError
+
+    from enginefoundry.errors import SpecError
     from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 
-    publish = PublishSpec.model_validate({**spec.publish.model_dump(), "store": dest.store.value,
-                                          "s3_endpoint_url": dest.s3_endpoint_url.value})
-    tracking = TrackingSpec.model_validate({**spec.tracking.model_dump(), "mlflow_uri": dest.mlflow_uri.value})
+    try:
+        publish = PublishSpec.model_validate({**spec.publish.model_dump(), "store": dest.store.value,
+                                              "s3_endpoint_url": dest.s3_endpoint_url.value})
+        tracking = TrackingSpec.model_validate({**spec.tracking.model_dump(), "mlflow_uri": dest.mlflow_uri.value})
+    except ValidationError as err:  # a flag or variable the spec's own validation never saw (`--store ftp://x`)
+        settings = {"store": dest.store, "s3_endpoint_url": dest.s3_endpoint_url, "mlflow_uri": dest.mlflow_uri}
+        raise SpecError([(_origin_of(settings, e["loc"]), e["msg"].removeprefix("Value error, "))
+                         for e in err.errors()], "destinations") from None
     return spec.model_copy(update={"publish": publish, "tracking": tracking})
+
+
+def _origin_of(settings: dict[str, Effective], loc: tuple[Any, ...]) -> str:
+    """The flag, variable or spec field a destination came from, for a message naming what to fix."""
+    setting = settings.get(str(loc[0])) if loc else None
+    return setting.detail or setting.name if setting is not None else ".".join(map(str, loc))
 
 
 def effective_spec(spec: BuildSpec, *, store: str | None = None, mlflow_uri: str | None = None,

@@ -260,6 +260,31 @@ def template_keys(triton_dir: Path) -> dict[str, list[str]]:
     return out
 
 
+LLMAPI_TEMPLATE = "llmapi/tensorrt_llm"  # the LLM API (PyTorch backend) Triton model under all_models/
+LLMAPI_FILES = ("config.pbtxt", "1/model.py", "1/model.yaml")
+
+
+def llmapi_template_keys(triton_dir: Path) -> dict[str, list[str]]:
+    """{LLMAPI_TEMPLATE: dotted keys of its model.yaml (top level and triton_config.*)} when the tree has the LLM API
+    Triton model (config.pbtxt, 1/model.py, 1/model.yaml), else {}. An unreadable model.yaml counts as absent."""
+    import yaml
+
+    root = Path(triton_dir) / "all_models" / LLMAPI_TEMPLATE
+    if not all((root / name).is_file() for name in LLMAPI_FILES):
+        return {}
+    try:
+        data = yaml.safe_load((root / "1" / "model.yaml").read_text(errors="replace"))
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    keys = [str(k) for k in data]
+    triton = data.get("triton_config")
+    if isinstance(triton, dict):
+        keys += [f"triton_config.{k}" for k in triton]
+    return {LLMAPI_TEMPLATE: sorted(keys)}
+
+
 def probe_surface(python: str, tools: dict[str, list[str]], triton_dir: Path | None = None, *,
                   timeout_s: float = 300.0) -> ToolSurface:
     """Run the version/LLM-API probe in `python` and `<tool> --help` for each tool; read the templates."""
@@ -279,7 +304,7 @@ def probe_surface(python: str, tools: dict[str, list[str]], triton_dir: Path | N
             except ToolError as err:
                 surface.tools[name] = ToolHelp(error=str(err).splitlines()[0][:300])
     if triton_dir is not None and Path(triton_dir).is_dir():
-        surface.triton_templates = template_keys(Path(triton_dir))
+        surface.triton_templates = {**template_keys(Path(triton_dir)), **llmapi_template_keys(Path(triton_dir))}
     return surface
 
 
@@ -326,7 +351,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
                                                          "release that has it"))
         for template, keys in (getattr(cmd, "template_keys", {}) or {}).items():
             if surface.triton_templates is None:
-                missing.append(("the Triton templates (all_models/inflight_batcher_llm)", "set lane option "
+                missing.append((f"the Triton template {template} (under all_models/)", "set lane option "
                                 "triton_dir to the release's Triton backend tree"))
                 break
             have = set(surface.triton_templates.get(template, []))

@@ -35,6 +35,8 @@ COMMANDS = (
     "enginefoundry.cli.completion",
     "enginefoundry.cli.automations",
     "enginefoundry.cli.smoke",
+    "enginefoundry.cli.search",
+    "enginefoundry.cli.signing",
 )
 
 
@@ -89,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
     except EngineFoundryError as err:
         return _fail(args, err, str(err), err.exit_code)
     except Exception as err:
-        hint = network_hint(err)
+        hint = network_hint(err) or _disk_full_hint(err)
         if hint:
             return _fail(args, err, hint, EXIT_PIPELINE)
         return _fail(args, err, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} "
@@ -97,6 +99,24 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         error("interrupted; servers stopped, nothing half-published")
         return 130
+
+
+def _disk_full_hint(err: BaseException) -> str | None:
+    """A full disk that no write site named: the file when the error has one, else the folders a run writes."""
+    import errno
+
+    from enginefoundry.errors import disk_full_message, exception_chain
+
+    for e in exception_chain(err):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            if e.filename:
+                return disk_full_message(e.filename, "free space there")
+            from enginefoundry.run_summary import work_root
+            from enginefoundry.settings import cache_root
+
+            return (f"no space left on device (the work folder {work_root()} or the download cache {cache_root()}): "
+                    "free space, or point EF_WORK_DIR / EF_CACHE_DIR at a larger disk")
+    return None
 
 
 def _fail(args: argparse.Namespace, err: BaseException, message: str, code: int) -> int:

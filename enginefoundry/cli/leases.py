@@ -16,6 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     destination_flags(cmd, mlflow=False)
     cmd.add_argument("--break", dest="break_key", metavar="KEY",
                      help="clear this lease: its store key, or (a prefix of) the unit key it guards")
+    cmd.add_argument("--force", action="store_true",
+                     help="with --break: clear it even when its holder is alive (that run is told it was broken)")
     cmd.set_defaults(handler=cmd_leases)
 
 
@@ -31,7 +33,7 @@ def cmd_leases(args: argparse.Namespace) -> int:
     else:
         raise InputError("give a build spec or --store URI")
     if args.break_key:
-        if not break_lease(store, args.break_key):
+        if not break_lease(store, args.break_key, force=args.force):
             raise InputError(f"no lease matches '{args.break_key}' in {store.uri}")
         console.print(f"cleared the lease {args.break_key} in {store.uri}", markup=False)
         return EXIT_OK

@@ -14,8 +14,11 @@ from pathlib import Path
 from enginefoundry.lanes.trtllm_flags import (
     EMITTED,
     KNOWN_IMAGES,
+    LLMAPI_TRITON,
     MODELOPT,
     MODELOPT_PINS,
+    REF_LLMAPI_DOCS,
+    REF_LLMAPI_PBTXT,
     REF_TEMPLATES,
     REF_TRITON_REMOVED,
     REMOVED,
@@ -29,7 +32,7 @@ TRTLLM_RELEASES = ("1.0", "1.1", "1.2", "1.3")  # 1.3: the line that removed the
 MODELOPT_RELEASES = ("0.37", "0.39", "0.46")
 # An upstream reference: file@commit, a PR or issue number, a release note, a tag, or a facts section that cites them.
 _REF = re.compile(r"(@[0-9a-f]{7,40}|#\d+|release[-/ ]notes?|release/\d|tag \d|facts §|requirements\.txt|\.py|\.md|"
-                  r"\.pbtxt|support matrix)", re.IGNORECASE)
+                  r"\.pbtxt|\.html|support matrix)", re.IGNORECASE)
 
 
 def entry_problems(entry: Flag) -> list[str]:
@@ -67,7 +70,7 @@ def _range(entry: Flag) -> str:
 def _item(entry: Flag) -> str:
     if entry.value is not None:
         return f"`--{entry.name} {entry.value}`"
-    if entry.tool.startswith("LLM API") or entry.tool == "environment":
+    if "LLM API" in entry.tool or entry.tool == "environment":
         return f"`{entry.name}`"
     return f"`--{entry.name}`"
 
@@ -101,6 +104,8 @@ def render() -> str:
               "| template | keys | 1.0 | 1.1 | 1.2 | 1.3 | evidence |", "|---|---|---|---|---|---|---|"]
     for model, keys in TRITON_TEMPLATE_KEYS.items():
         lines.append(f"| {model} | {len(keys)} keys | ✓ | ✓ | ✓ | — | {REF_TEMPLATES}; {REF_TRITON_REMOVED} |")
+    lines.append(f"| llmapi/tensorrt_llm (lane trtllm, `model.yaml`; no `${{}}` keys) | the {LLMAPI_TRITON} rows "
+                 f"above | ✓ | ✓ | ✓ | ✓ | {REF_LLMAPI_PBTXT}; {REF_LLMAPI_DOCS} |")
     lines += ["", "## Refused: removed or renamed flags", "", "| flag | tool | change | in | replacement | evidence |",
               "|---|---|---|---|---|---|"]
     for r in REMOVED.values():

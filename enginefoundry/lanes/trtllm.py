@@ -24,6 +24,7 @@ import yaml
 from enginefoundry.devices import host_facts
 from enginefoundry.errors import ToolError
 from enginefoundry.gpu import GPUInfo, detect_gpus
+from enginefoundry.lanes import triton_llmapi
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
 from enginefoundry.lanes.trtllm_base import (
     BUNDLE_INFO,
@@ -37,7 +38,9 @@ from enginefoundry.lanes.trtllm_base import (
 )
 from enginefoundry.lanes.trtllm_flags import (
     ENV,
+    EXPORT_FMT_DEPRECATED,
     HF_PTQ,
+    LAUNCH_TRITON,
     SERVE,
     arg,
     assumed_modelopt,
@@ -48,6 +51,7 @@ from enginefoundry.lanes.trtllm_flags import (
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
+from enginefoundry.preflight import Check
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
@@ -182,7 +186,8 @@ def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, 
     """ModelOpt PTQ to a unified HF checkpoint (hf_quant_config.json) with Model-Optimizer's hf_ptq.py.
 
     `modelopt`: the installed nvidia-modelopt (probed on the worker); flags it lacks are not emitted
-    (--calib_seq from 0.39.0; --export_fmt gone in 0.46.0)."""
+    (--calib_seq from 0.39.0); --export_fmt only below 0.37.0, where the export format's default may differ (from 0.37
+    it is deprecated and forced to hf, and still parsed at 0.46.0). `None`: the worker's probe decides."""
     opts = resolve_options("trtllm", spec.lane_options)
     root = opts["modelopt_dir"] or EnvSettings().modelopt_dir or f"${MODELOPT_ENV}"
     calib = variant.calibration
@@ -195,12 +200,17 @@ def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, 
             arg(HF_PTQ, "kv_cache_qformat"), kv,
             arg(HF_PTQ, "dataset"), calib.dataset,
             arg(HF_PTQ, "calib_size"), str(calib.samples)]
-    if has(HF_PTQ, "calib_seq", modelopt):
+    # Unknown ModelOpt (`plan` for a release whose pin is not recorded): only the flags every ModelOpt has.
+    calib_seq = modelopt is not None and has(HF_PTQ, "calib_seq", modelopt)
+    if calib_seq:
         argv += [arg(HF_PTQ, "calib_seq"), str(calib.max_seq_length)]
     argv += [arg(HF_PTQ, "export_path"), str(out_dir)]
-    if has(HF_PTQ, "export_fmt", modelopt):
-        argv += [arg(HF_PTQ, "export_fmt"), "hf"]
-    seq = "" if has(HF_PTQ, "calib_seq", modelopt) else f"; ModelOpt {modelopt} has no --calib_seq: its default length"
+    if has(HF_PTQ, "export_fmt", modelopt) and not at_least(modelopt, EXPORT_FMT_DEPRECATED):
+        argv += [arg(HF_PTQ, "export_fmt"), "hf"]  # deprecated and forced to hf from 0.37 (REF_EXPORT_FMT)
+    seq = "" if calib_seq else f"; ModelOpt {modelopt} has no --calib_seq: its default length"
+    if modelopt is None:
+        seq = ("; ModelOpt version unknown until the worker's probe: rendered with the flags every ModelOpt has "
+               "(the worker adds --calib_seq where the installed one has it)")
     return Command(argv=argv, cwd=str(Path(out_dir).parent), tool=HF_PTQ,
                    description=f"ModelOpt PTQ {QFORMATS[variant.precision]} → HF checkpoint{seq}")
 
@@ -216,14 +226,49 @@ def warmup_command(python: str, script: Path | str, checkpoint: Path | str, conf
                    description="warm-up: load, run requests" + (", fill the autotuner cache" if cache else ""))
 
 
-def serve_argv(checkpoint: Path | str, config: Path | str, host: str, port: int) -> list[str]:
+def serve_argv(checkpoint: Path | str, config: Path | str, host: str, port: int,
+               yaml_flag: str = "extra_llm_api_options") -> list[str]:
     # --extra_llm_api_options exists in every 1.x; its alias --config only since Nov 2025 (PR #9104).
-    return ["trtllm-serve", str(checkpoint), arg(SERVE, "extra_llm_api_options"), str(config),
+    return ["trtllm-serve", str(checkpoint), arg(SERVE, yaml_flag), str(config),
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
+
+
+YAML_FLAGS = ("extra_llm_api_options", "config")  # the trtllm-serve flags that take the runtime YAML
+
+
+def serve_yaml_flag(surface: ToolSurface | None) -> str:
+    """The trtllm-serve flag that takes the runtime YAML: --extra_llm_api_options, or --config when the probed
+    --help has only that (a release that dropped the old name). Unknown surface: the old name (every 1.x)."""
+    help_ = surface.tools.get(SERVE) if surface else None
+    if help_ and not help_.error and "extra_llm_api_options" not in help_.flags and "config" in help_.flags:
+        return "config"
+    return "extra_llm_api_options"
+
+
+def at_least(version: str | None, release: str) -> bool:
+    """Whether a known `version` is `release` or later (an unknown one is not)."""
+    return version is not None and parse_version(version).release >= parse_version(release).release
 
 
 def autotuner_supported(version: str | None) -> bool:
     return has(ENV, "TLLM_AUTOTUNER_CACHE_PATH", version)
+
+
+# The PyTorch backend's hardware support matrix (docs/source/features/quantization.md@09d4c79b, "Hardware Support
+# Matrix"): W4A16 AWQ is Y on Ampere, Ada Lovelace and Hopper, "." on Blackwell sm100/103 and sm120.
+AWQ_MAX_CC = (10, 0)
+
+
+def awq_check(unit: Unit) -> Check | None:
+    """int4_awq (W4A16 AWQ) on a Blackwell target: refused, with the matrix as the reason."""
+    cc = unit.target.arch.compute_capability
+    if unit.variant.precision is not Precision.INT4_AWQ or cc is None or cc < AWQ_MAX_CC:
+        return None
+    return Check(name="precision_arch", ok=False,
+                 message=f"int4_awq (W4A16 AWQ) on {unit.target.arch.value}: the PyTorch backend's hardware support "
+                         "matrix has it on Ampere, Ada and Hopper only (docs/source/features/quantization.md)",
+                 fix="use nvfp4 or fp8 on Blackwell, or restrict this variant to sm80–sm90 targets "
+                     "(variants[].targets)")
 
 
 class TrtllmLane(TrtllmLaneBase):
@@ -232,7 +277,9 @@ class TrtllmLane(TrtllmLaneBase):
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
-        return precision_checks(unit, self.fp8_kv_on_ampere) + chunked_prefill_check(unit, None)
+        checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c
+                  for c in precision_checks(unit, self.fp8_kv_on_ampere)]
+        return checks + chunked_prefill_check(unit, None)
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
@@ -271,7 +318,15 @@ class TrtllmLane(TrtllmLaneBase):
         root = opts["modelopt_dir"] or EnvSettings().modelopt_dir
         if root and spec and any(v.precision.is_quantized for v in spec.variants):
             tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
+        triton = self.triton_dir(spec)
+        if triton is not None:
+            tools[LAUNCH_TRITON] = [self.python, str(triton / triton_llmapi.LAUNCH)]
         return tools
+
+    def triton_dir(self, spec: BuildSpec | None) -> Path | None:
+        """The Triton backend tree, when the spec asks for a Triton repository (lane option triton)."""
+        opts = resolve_options("trtllm", spec.lane_options if spec else {})
+        return Path(opts["triton_dir"]) if opts["triton"] else None
 
     # convert ------------------------------------------------------------------------------------------------
 
@@ -345,17 +400,36 @@ class TrtllmLane(TrtllmLaneBase):
                           "gpu_name": gpus[0].name, "compute_capability": gpus[0].compute_capability}
         params = {"runtime_config": cfg, "precision": unit.variant.precision.value,
                   "kv_cache_dtype": unit.variant.kv_cache_dtype.value}
+        triton_info, triton_cmds = self._triton_repository(opts, bundle, checkpoint_dir, cfg)
         self.write_bundle_info(bundle, unit, params, gpus, versions, {
             "checkpoint": {"path": str(Path(checkpoint_dir).resolve())},
             "runtime_config": RUNTIME_CONFIG,
             "autotuner_cache": cache_info,
-            "serve": {"health": "/health"},
+            "serve": {"health": "/health", "yaml_flag": serve_yaml_flag(surface)},
+            **({"triton": triton_info} if triton_info else {}),
         })
         metrics = {"warmup_load_s": round(float(result.get("load_s", 0.0)), 3),
                    "warmup_generate_s": round(float(result.get("generate_s", 0.0)), 3),
                    "warmup_wall_s": round(run.wall_s, 3), "peak_host_rss_mb": round(run.peak_rss_mb, 1)}
         device = {"gpus": [g.facts() for g in gpus], "autotuner_cache": bool(cache_info), **host_facts()}
-        return BuildResult(bundle_dir=str(bundle), params=params, device=device, commands=[cmd], metrics=metrics)
+        return BuildResult(bundle_dir=str(bundle), params=params, device=device, commands=[cmd, *triton_cmds],
+                           metrics=metrics)
+
+    def _triton_repository(self, opts: dict[str, Any], bundle: Path, checkpoint_dir: Path,
+                           cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Command]]:
+        """With lane option triton: the LLM API Triton model under <bundle>/triton_model_repo (its model.yaml names
+        the checkpoint as the serving container sees it) and the launch command, for bundle.json."""
+        if not opts["triton"]:
+            return None, []
+        mount = opts["triton_bundle_mount"]
+        model = f"{mount}/checkpoint" if mount else str(Path(checkpoint_dir).resolve())
+        body = triton_llmapi.model_yaml(cfg, model, opts["triton_decoupled_mode"])
+        triton_llmapi.build_repository(opts["triton_dir"], bundle / triton_llmapi.REPO, body)
+        repo = f"{mount or bundle.resolve()}/{triton_llmapi.REPO}"
+        launch = triton_llmapi.launch_command(opts["triton_dir"], repo, llm_api_key_paths(cfg))
+        info = {"model_repo": triton_llmapi.REPO, "model": triton_llmapi.MODEL, "checkpoint": model,
+                "bundle_mount": mount, "launch": launch.argv}
+        return info, [launch]
 
     # serve --------------------------------------------------------------------------------------------------
 
@@ -366,7 +440,11 @@ class TrtllmLane(TrtllmLaneBase):
         cache = usable_autotuner_cache(Path(bundle_dir), info)
         if cache is not None:
             env[flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").name] = str(cache)
-        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info["runtime_config"], host, port)
+        yaml_flag = (info.get("serve") or {}).get("yaml_flag") or "extra_llm_api_options"
+        if yaml_flag not in YAML_FLAGS:  # bundle.json is outside input: never turn it into an arbitrary flag
+            raise ToolError(f"{Path(bundle_dir) / BUNDLE_INFO}: serve.yaml_flag {yaml_flag!r} is not one of "
+                            f"{', '.join(YAML_FLAGS)}: rebuild the bundle")
+        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info["runtime_config"], host, port, yaml_flag)
         return ServeCommand(command=Command(argv=argv, env=env, description="trtllm-serve (PyTorch backend)"),
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint))
 
@@ -384,8 +462,12 @@ class TrtllmLane(TrtllmLaneBase):
         cache = f"<bundle>/{AUTOTUNER_CACHE}" if opts["autotuner_cache"] and autotuner_supported(version) else None
         cmds.append(warmup_command(WORKER_PYTHON, "<work>/warmup.py", ckpt, f"<bundle>/{RUNTIME_CONFIG}", cache,
                                    opts["warmup_requests"], llm_api_keys=keys))
-        cmds.append(Command(argv=serve_argv(ckpt, f"<bundle>/{RUNTIME_CONFIG}", "127.0.0.1", 8000),
+        cmds.append(Command(argv=serve_argv(ckpt, f"<bundle>/{RUNTIME_CONFIG}", "127.0.0.1", 8000,
+                                             serve_yaml_flag(surface)),
                             tool=SERVE, llm_api_keys=keys, description="serve"))
+        if opts["triton"]:
+            cmds.append(triton_llmapi.launch_command(opts["triton_dir"], f"<bundle>/{triton_llmapi.REPO}", keys,
+                                                     WORKER_PYTHON))
         return cmds
 
 

@@ -38,6 +38,7 @@ from enginefoundry.lanes.trtllm_flags import (
     SERVE,
     TRTLLM_BUILD,
     arg,
+    lane_release_problem,
     serve_backend_value,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
@@ -454,6 +455,9 @@ class TrtllmEngineLane(TrtllmLaneBase):
     def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         opts = self.options(spec)
         version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version
+        why = lane_release_problem(self.name, version) if version else None
+        if why:  # 1.3+ has no trtllm-build to describe: `plan` refuses with the reason, not a command list
+            raise InputError(f"toolchain.trtllm_version: {why}")
         examples = self._examples_dir(spec) or "$EF_TRTLLM_EXAMPLES_DIR"
         dtype = model_activation_dtype(unit.variant, None, opts["dtype"]) or "auto"
         if uses_quantize(unit.variant):
@@ -472,7 +476,9 @@ class TrtllmEngineLane(TrtllmLaneBase):
         triton_params = triton.TritonParams.for_unit(unit, opts, engine_dir="<bundle>/engine",
                                                      tokenizer_dir="<bundle>/tokenizer",
                                                      model_dtype=dtype if dtype != "auto" else "float16",
-                                                     chunked_context=paged_context_fmha(spec, unit.variant))
+                                                     chunked_context=paged_context_fmha(spec, unit.variant)
+                                                     ).for_templates(surface.triton_templates if surface else None,
+                                                                     version)
         choices = (surface.tools.get(SERVE) or _NO_HELP).choices.get("backend") if surface else None
         backend = serve_backend_value(version, choices)
         return [

@@ -30,6 +30,7 @@ LLM_API = "LLM API YAML (--extra_llm_api_options)"
 HF_PTQ = "hf_ptq.py"  # Model-Optimizer examples/{llm_ptq,hf_ptq}/hf_ptq.py (versioned with nvidia-modelopt)
 FILL = "fill_template.py"
 LAUNCH_TRITON = "launch_triton_server.py"
+LLMAPI_TRITON = "Triton LLM API model.yaml (all_models/llmapi/tensorrt_llm/1)"  # the PyTorch-backend Triton model
 ENV = "environment"
 
 TENSORRT_LLM = "tensorrt_llm"
@@ -37,22 +38,63 @@ MODELOPT = "modelopt"
 
 # Upstream references (file@commit, PR, release note). facts = ../shared/facts/trtllm.md.
 REF_BUILD = "tensorrt_llm/commands/build.py@008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc (parse_arguments); facts §4"
+# The plugin/feature flags are not in build.py's parse_arguments: it calls add_plugin_argument, which turns each
+# PluginConfig field into a flag (tensorrt_llm/plugin/plugin.py).
+REF_PLUGIN = ("tensorrt_llm/plugin/plugin.py@c20322ffd3dc0740ca530c9fad989b22e64f6e06 (PluginConfig fields, "
+              "made flags by add_plugin_argument)")
 REF_ENGINE_REMOVED = "PR #15918 (trtllm-build and the builder removed on main, 1.3 line)"
 REF_CONVERT = "examples/models/core/llama/convert_checkpoint.py (release/1.2); facts §3"
 REF_CONVERT_REMOVED = "PR #15763 (examples/models/core/* removed, 1.3 line)"
 REF_QUANTIZE = "examples/quantization/quantize.py@059c97c10c12e948e91676c8db3c9f137b0a2389"
-REF_SERVE = "tensorrt_llm/commands/serve.py@00209af149e7774406881a37283dce303571eb11"
+# serve.py@4c05a748 is a main commit between PR #7829 (2025-09-18: ChoiceWithAlias([pytorch, tensorrt, _autodeploy],
+# {trt: tensorrt})) and PR #9104 (Nov 2025: the --config alias), so of the 1.1/1.2 line: it has --tokenizer, --host,
+# --port, --backend, --max_batch_size, --max_num_tokens, --tp_size, --pp_size, --kv_cache_free_gpu_memory_fraction
+# and --extra_llm_api_options. The 0.18.2 CLI had --backend pytorch only and no --extra_llm_api_options
+# (https://nvidia.github.io/TensorRT-LLM/0.18.2/commands/trtllm-serve.html), so those rows start at 1.0 (FLOOR).
+REF_SERVE = "tensorrt_llm/commands/serve.py@4c05a74891e4df8066f08ed4ce14b0972abe4e25 (between #7829 and #9104)"
+REF_SERVE_0182 = "docs 0.18.2/commands/trtllm-serve.html (--backend: pytorch only; no --extra_llm_api_options)"
+REF_SERVE_CONFIG = "PR #9104 (Nov 2025: --config, an alias of --extra_llm_api_options)"
+REF_LAUNCH_KEPT = "PR #15907 (keeps all_models/llmapi and the shared launcher scripts/launch_triton_server.py)"
 REF_BACKEND_RENAME = "PR #7829 (2025-09-18: --backend choices trt → tensorrt, after the 1.0 branch)"
 REF_AUTOTUNER = "PR #7738 (TLLM_AUTOTUNER_CACHE_PATH; first form saves <stem>.rank{N}.json)"
 REF_LLM_API = "tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, CudaGraphConfig; extra=forbid)"
 REF_TOKENS_PER_BLOCK = "PR #7372 thread (2025-08-30: present at 1.2.0rc2, doubtful for 1.0/1.1)"
 REF_HF_PTQ = "NVIDIA/Model-Optimizer examples/llm_ptq/hf_ptq.py@0.37.0"
 REF_HF_PTQ_039 = "NVIDIA/Model-Optimizer tag 0.39.0 (examples/llm_ptq/hf_ptq.py gains --calib_seq, qformat int8_wo)"
-REF_HF_PTQ_046 = "NVIDIA/Model-Optimizer tag 0.46.0 (examples/llm_ptq → examples/hf_ptq; --export_fmt gone)"
+REF_HF_PTQ_046 = "NVIDIA/Model-Optimizer tag 0.46.0 (examples/llm_ptq → examples/hf_ptq)"
+# --export_fmt: argparse choices [tensorrt_llm, hf], default hf, help "Deprecated", and `!= "hf"` only warns
+# ("--export_fmt forced to hf"), from 0.37.0 (examples/llm_ptq/hf_ptq.py@df0882a63c39a001a1be384b680166a41259045c)
+# through 0.46.0 (examples/hf_ptq/hf_ptq.py@43fd41a58d52c4e6e5dec1d1ff5989ecc737ae1a) and main
+# (a2fbac7ba, 2026-08-21): deprecated, never removed.
+EXPORT_FMT_DEPRECATED = "0.37"  # from here hf is the default and --export_fmt only warns: the lane drops it
+REF_EXPORT_FMT = ("NVIDIA/Model-Optimizer examples/hf_ptq/hf_ptq.py@43fd41a58d52c4e6e5dec1d1ff5989ecc737ae1a (0.46.0: "
+                  "still parsed, deprecated, forced to hf); examples/llm_ptq/hf_ptq.py@"
+                  "df0882a63c39a001a1be384b680166a41259045c (0.37.0: the same)")
 REF_FILL = "triton_backend/tools/fill_template.py (release/1.2); facts §10"
 REF_LAUNCH = "triton_backend/scripts/launch_triton_server.py (release/1.2); facts §10"
 REF_TEMPLATES = "triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt (release/1.2); facts §10"
 REF_TRITON_REMOVED = "PR #15907 (inflight_batcher_llm and its templates removed, 1.3 line)"
+# The removal, in the order it landed on main (all in the 1.3 line): #15760 (the first, all-in-one PR, closed unmerged
+# and split into the four "step 1.x" PRs), #15763 (step 1.1: examples/models/core/*), #15767 (step 1.2: docs and the
+# migration guide), #15810 (step 1.3, TRTLLM-13783: the engine tests), #15907 (step 1.4: Triton C++ backend and the
+# TRT-engine templates, "keeping only the PyTorch/LLM API Triton backend (all_models/llmapi) and the shared
+# launcher"), #15918 (python modules: builder, commands/build.py, _tensorrt_engine), #16369 (C++, the tensorrt pip
+# dependency).
+REF_REMOVAL_PRS = "PRs #15760 (closed, split into) #15763, #15767, #15810, #15907, #15918, #16369"
+REF_REMOVAL_GUIDE = ("docs/source/legacy/tensorrt-backend-removal.md (PR #15767; "
+                     "https://nvidia.github.io/TensorRT-LLM/legacy/tensorrt-backend-removal.html)")
+# The LLM API Triton model (PyTorch backend): `triton_backend/all_models/llmapi/tensorrt_llm/{config.pbtxt,1/model.py,
+# 1/model.yaml}`. model.py passes every model.yaml key but `triton_config` to LLM() through
+# update_llm_args_with_extra_dict, and reads triton_config["decoupled"], ["max_batch_size"] (required) and
+# ["cancellation_check_period_ms"] (optional). Kept by #15907; tensorrtllm_backend #858 (f526fc5, 2026-07-07) makes it
+# the only documented Triton path.
+REF_LLMAPI_TRITON = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.py@"
+                     "044a90d209e380c95e23e8ae42f3583fa05ada78 (get_model_config, auto_complete_config, initialize)")
+REF_LLMAPI_YAML = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml@"
+                   "0ebb1536ac12bbe27201185de960df3ab00bcecc")
+REF_LLMAPI_PBTXT = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt@"
+                    "0a71057313ec0626527e164a8fc0205c5822e2f5 (backend \"python\", no ${} keys)")
+REF_LLMAPI_DOCS = "tensorrtllm_backend docs/llmapi.md@7777c28; README.md@f526fc5 (#858)"
 
 
 @dataclass(frozen=True)
@@ -95,9 +137,10 @@ _ENGINE = {"until": ENGINE_LAST}
 EMITTED: tuple[Flag, ...] = (
     # trtllm-build [§4]: the tool exists 1.0 – 1.2.x; removed on main by #15918.
     *_flags(TRTLLM_BUILD, "checkpoint_dir output_dir max_batch_size max_input_len max_seq_len max_num_tokens "
-            "max_beam_width gemm_plugin gpt_attention_plugin remove_input_padding use_paged_context_fmha "
-            "use_fused_mlp multiple_profiles tokens_per_block input_timing_cache", **_ENGINE,
-            refs=(REF_BUILD, REF_ENGINE_REMOVED)),
+            "max_beam_width input_timing_cache", **_ENGINE, refs=(REF_BUILD, REF_ENGINE_REMOVED)),
+    *_flags(TRTLLM_BUILD, "gemm_plugin gpt_attention_plugin remove_input_padding use_paged_context_fmha "
+            "use_fused_mlp multiple_profiles tokens_per_block", **_ENGINE,
+            refs=(REF_PLUGIN, REF_BUILD, REF_ENGINE_REMOVED)),
     # 0.13 deprecated --paged_kv_cache in favour of --kv_cache_type (#2201).
     Flag(TRTLLM_BUILD, "kv_cache_type", since="0.13", **_ENGINE, refs=("#2201", REF_BUILD, REF_ENGINE_REMOVED)),
     # Default `model.cache` is relative and written into the CWD by rank 0: always pass an explicit path.
@@ -113,14 +156,19 @@ EMITTED: tuple[Flag, ...] = (
     # examples/quantization/quantize.py: ModelOpt PTQ to a TensorRT-LLM checkpoint, then trtllm-build (facts §0).
     *_flags(QUANTIZE, "model_dir output_dir dtype qformat kv_cache_dtype calib_dataset calib_size "
             "calib_max_seq_length tp_size pp_size", **_ENGINE, refs=(REF_QUANTIZE, "facts §0", REF_CONVERT_REMOVED)),
-    # trtllm-serve [§7]: 0.15+.
-    *_flags(SERVE, "host port extra_llm_api_options", since="0.15", refs=(REF_SERVE, "facts §7")),
+    # trtllm-serve [§7]: the command is 0.15+, but 0.18.2 still lacked --extra_llm_api_options: every row starts at
+    # the 1.0 floor, where the facts establish it (§7), and the probe of --help decides on the worker.
+    *_flags(SERVE, "host port extra_llm_api_options", refs=(REF_SERVE, REF_SERVE_0182, "facts §7")),
+    # Used by the lane trtllm only when the probed --help lacks --extra_llm_api_options (a later rename).
+    Flag(SERVE, "config", since="1.2", refs=(REF_SERVE_CONFIG, "facts §1 timeline"),
+         note="emitted only when the installed --help has --config and not --extra_llm_api_options"),
     # Used by the engine lane.
     *_flags(SERVE, "backend tokenizer kv_cache_free_gpu_memory_fraction max_batch_size max_num_tokens tp_size "
-            "pp_size", since="0.15", refs=(REF_SERVE, "facts §7")),
+            "pp_size", refs=(REF_SERVE, REF_SERVE_0182, "facts §7")),
     # --backend values: click.Choice(["pytorch", "trt", "_autodeploy"]) until PR #7829 renamed trt → tensorrt;
     # later serve.py accepts trt as an alias that --help does not list. The lane reads the choices from --help.
-    Flag(SERVE, "backend", value="trt", since="0.15", until="1.0", refs=(REF_BACKEND_RENAME, "facts §0")),
+    # 0.18.2's only choice was pytorch (the default was the C++ engine path), so `trt` starts at 1.0 too.
+    Flag(SERVE, "backend", value="trt", until="1.0", refs=(REF_BACKEND_RENAME, REF_SERVE_0182, "facts §0")),
     Flag(SERVE, "backend", value="tensorrt", since="1.1", **_ENGINE,
          refs=(REF_BACKEND_RENAME, REF_SERVE, "PR #15767 (choice removed with the engine path)")),
     # ModelOpt unified HF export (hf_quant_config.json), versioned with nvidia-modelopt, not TensorRT-LLM.
@@ -129,14 +177,24 @@ EMITTED: tuple[Flag, ...] = (
     Flag(HF_PTQ, "calib_seq", since="0.39", versioned_by=MODELOPT, refs=(REF_HF_PTQ_039, "facts §0")),
     Flag(HF_PTQ, "qformat", value="int8_wo", since="0.39", versioned_by=MODELOPT, refs=(REF_HF_PTQ_039,),
          note="never emitted: the PyTorch backend has no W8A16 (lane trtllm refuses int8_wo)"),
-    # Deprecated from 0.37 (hf is the default), still accepted to 0.45; emitted only where the default may differ.
-    Flag(HF_PTQ, "export_fmt", since="0.0", until="0.45", versioned_by=MODELOPT, refs=(REF_HF_PTQ_046, "facts §0")),
+    # Deprecated from 0.37 (hf is the default and forced), still parsed at 0.46.0 and on main: no `until`.
+    Flag(HF_PTQ, "export_fmt", since="0.0", versioned_by=MODELOPT, refs=(REF_EXPORT_FMT,),
+         note=f"deprecated from {EXPORT_FMT_DEPRECATED} (forced to hf): emitted only for an older or unknown ModelOpt"),
     # Triton fill_template.py takes `-i/--in_place <file> k:v,…` [§10].
     Flag(FILL, "in_place", **_ENGINE, refs=(REF_FILL, REF_TRITON_REMOVED)),
-    # launch_triton_server.py: --world_size must equal the engine's tp × pp [§10].
-    *_flags(LAUNCH_TRITON, "world_size model_repo", **_ENGINE, refs=(REF_LAUNCH, REF_TRITON_REMOVED)),
+    # launch_triton_server.py: --world_size must equal the engine's tp × pp [§10]. The launcher itself stays in 1.3
+    # (#15907) for the LLM API model, started with --model_repo alone (tensorrtllm_backend docs/llmapi.md).
+    Flag(LAUNCH_TRITON, "world_size", **_ENGINE, refs=(REF_LAUNCH, REF_TRITON_REMOVED)),
+    Flag(LAUNCH_TRITON, "model_repo", refs=(REF_LAUNCH, REF_LAUNCH_KEPT, REF_LLMAPI_DOCS)),
+    # The LLM API Triton model's model.yaml: every key but triton_config goes to LLM() (checked as LLM API keys);
+    # these are the ones model.py itself reads. The probe reads the installed template's keys.
+    *_flags(LLMAPI_TRITON, "model backend triton_config triton_config.max_batch_size triton_config.decoupled",
+            refs=(REF_LLMAPI_TRITON, REF_LLMAPI_YAML, "facts §1 (1.0: llmapi + TRT backend in Triton removed, "
+                  "PR #5312)")),
     # Autotuner cache: added after the 1.0 branch (PR #7738).
-    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", since="1.1", refs=(REF_AUTOTUNER, "facts §0, §1")),
+    # Still read on the 1.3 line: seen saving and loading on tensorrt-llm/release:1.3.0rc24 (sparkrun#256, facts §1).
+    Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", since="1.1",
+         refs=(REF_AUTOTUNER, "facts §0, §1", "spark-arena/sparkrun#256 (1.3.0rc24)")),
     # The LLM API YAML is validated upstream with pydantic extra="forbid" [§6]: every key must exist.
     *_flags(LLM_API, "tensor_parallel_size pipeline_parallel_size max_batch_size max_num_tokens max_seq_len "
             "kv_cache_config kv_cache_config.free_gpu_memory_fraction kv_cache_config.dtype "
@@ -296,18 +354,50 @@ def lane_release_problem(lane: str, version: str) -> str | None:
     if lane == "trtllm-engine" and v.release[:2] >= (1, 3):
         pre = " (a release candidate of 1.3+ counts as 1.3)" if v.is_prerelease else ""
         return (f"lane trtllm-engine needs TensorRT-LLM 1.0 – 1.2.x, not {version}{pre}: the 1.3 line removes the "
-                "TensorRT engine path (convert_checkpoint.py #15763, Triton inflight_batcher_llm #15907, trtllm-build "
-                "and the builder #15918, C++ engine runtime #16369; migration guide #15767), and which 1.3 rc first "
-                "dropped it is not pinned down. " + ENGINE_INSTALL_HINT)
+                "TensorRT engine backend (\"PyTorch is now the sole execution backend\", " + REF_REMOVAL_GUIDE + "; "
+                "convert_checkpoint.py #15763, Triton inflight_batcher_llm #15907, trtllm-build and the builder "
+                "#15918, C++ engine runtime #16369, engine tests #15810; first proposed as #15760), and which 1.3 "
+                "rc first dropped it is not pinned down. Use `lane: trtllm` (the PyTorch backend: a HF or "
+                "ModelOpt-quantized checkpoint, the LLM API YAML and the autotuner cache; lane option triton: true "
+                "for a Triton model repository), or keep this lane and pin toolchain.trtllm_version to 1.2.x. "
+                + ENGINE_INSTALL_HINT)
     return None
 
 
 # --- what a release implies ---------------------------------------------------------------------------------
 
 # Images whose bundled TensorRT-LLM is known. The NGC TensorRT-LLM release image's tag is the release itself.
+# The NGC Triton TRT-LLM image of a month ships the wheel its tensorrtllm_backend release branch (r<yy.mm>) pins:
+# `ARG TENSORRTLLM_VER` in dockerfile/Dockerfile.triton.trt_llm_backend at the branch tip, `pip install
+# tensorrt_llm==${TENSORRTLLM_VER}`.
+_BACKEND_DOCKERFILE = "tensorrtllm_backend dockerfile/Dockerfile.triton.trt_llm_backend"
 KNOWN_IMAGES: dict[str, tuple[str, str]] = {
     "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3":
-        ("1.1.0", "Triton framework support matrix, 25.12 trtllm-python-py3 column (facts §0)"),
+        ("1.1.0", "Triton framework support matrix, 25.12 trtllm-python-py3 column (facts §0); "
+                  f"{_BACKEND_DOCKERFILE}@5419275f0e9830ca7083ddab1651eaa10c66636f (r25.12): "
+                  "TENSORRTLLM_VER=1.1.0"),
+    "nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3":
+        ("1.0.0", f"{_BACKEND_DOCKERFILE}@2ee1ae5e7b5477a59b5df9396a6ec827adf3de50 (r25.09): TENSORRTLLM_VER=1.0.0"),
+    "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3":
+        ("1.0.0", f"{_BACKEND_DOCKERFILE}@e2e72dc83f7255a36738b080446570f32b466781 (r25.10): TENSORRTLLM_VER=1.0.0"),
+    "nvcr.io/nvidia/tritonserver:25.11-trtllm-python-py3":
+        ("1.2.0rc2", f"{_BACKEND_DOCKERFILE}@9f60afe80a27ea89d890e680faf942ac40a2f36e (r25.11): "
+                     "TENSORRTLLM_VER=1.2.0rc2; its Triton templates are cloned from release/1.0"),
+    "nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3":
+        ("1.1.0", f"{_BACKEND_DOCKERFILE}@5b0830fc388c4c4bd3f62874a30046f596445f8f (r26.01): TENSORRTLLM_VER=1.1.0"),
+    "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3":
+        ("1.1.0", f"{_BACKEND_DOCKERFILE}@47c80a359531952f58e74ae8e891c010b7663d76 (r26.02): TENSORRTLLM_VER=1.1.0"),
+    "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3":
+        ("1.2.0rc8",
+         f"{_BACKEND_DOCKERFILE}@9736c4df0f5b3d02eacd2912ecd930072d59d9cf (r26.03): TENSORRTLLM_VER=1.2.0rc8"),
+    "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@ce68ff5fd0a746eac895cfb4a5677b329c5bc707 (r26.04): TENSORRTLLM_VER=1.2.1"),
+    "nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@a4f2f549f22fdd8d8448bc0ac343d5969033d765 (r26.05): TENSORRTLLM_VER=1.2.1"),
+    "nvcr.io/nvidia/tritonserver:26.06-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@e1611ce8612ae4973a45f2bdc5e928061ff7d7e2 (r26.06): TENSORRTLLM_VER=1.2.1"),
+    "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@3bc115373ce1fde1d94891964b492449402e3a68 (r26.07): TENSORRTLLM_VER=1.2.1"),
 }
 _RELEASE_IMAGE = re.compile(r"^nvcr\.io/nvidia/tensorrt-llm/release:v?(\d+\.\d+\.\d+\S*)$")
 
@@ -336,19 +426,27 @@ def image_release_problem(pinned: str | None, image: str | None) -> str | None:
 
 
 # nvidia-modelopt that a TensorRT-LLM release's requirements.txt pins. Used only to render `plan` before the
-# worker's probe reads the installed ModelOpt; a release missing here renders the oldest flag set.
+# worker's probe reads the installed ModelOpt. A release missing here (1.4+) renders with the ModelOpt version
+# unknown: only the hf_ptq.py flags every ModelOpt has, and the worker's probe of the installed nvidia-modelopt
+# decides (never "ModelOpt 0.0"). The 1.3 pin was read from copies of the tree, not at a tag (the TensorRT-LLM
+# snapshot is too large to fetch here): requirements.txt of main at 1.3.0rc11 (README badge release-1.3.0rc11;
+# torch 2.10 / NGC 26.02) and NeMo-RL's build notes for 1.3.0rc15 both say nvidia-modelopt[torch]~=0.37.0.
 MODELOPT_PINS: dict[str, tuple[str, str]] = {
     "1.2": ("0.37.0", "TensorRT-LLM release/1.2 requirements.txt: nvidia-modelopt[torch]~=0.37.0 (facts §0)"),
+    "1.3": ("0.37.0", "TensorRT-LLM requirements.txt at 1.3.0rc11 (a copy of main, README badge release-1.3.0rc11) "
+                      "and NeMo-RL's notes on 1.3.0rc15: nvidia-modelopt[torch]~=0.37.0; later 1.3 rcs not read, "
+                      "the worker's probe decides"),
 }
 
 
-def assumed_modelopt(trtllm_version: str | None) -> str:
+def assumed_modelopt(trtllm_version: str | None) -> str | None:
+    """The ModelOpt a release pins, or None when this table does not know it (the probe decides)."""
     if trtllm_version:
         v = parse_version(trtllm_version).release
         pin = MODELOPT_PINS.get(f"{v[0]}.{v[1]}")
         if pin:
             return pin[0]
-    return "0.0"
+    return None
 
 
 def serve_backend_value(version: str | None = None, choices: list[str] | None = None) -> str:
@@ -418,12 +516,12 @@ TRITON_TEMPLATE_KEYS: dict[str, frozenset[str]] = {
         "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices", "eagle_choices",
         "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
         "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
-        "xgrammar_tokenizer_info_path",
+        "xgrammar_tokenizer_info_path", "enable_trt_overlap",
     )),
     "preprocessing": frozenset((
         "triton_max_batch_size", "tokenizer_dir", "preprocessing_instance_count",
         "max_queue_delay_microseconds", "max_queue_size", "add_special_tokens", "multimodal_model_path",
-        "engine_dir", "max_num_images",
+        "engine_dir", "max_num_images", "hf_model_path",
     )),
     "postprocessing": frozenset((
         "triton_max_batch_size", "tokenizer_dir", "postprocessing_instance_count", "skip_special_tokens",
@@ -433,5 +531,14 @@ TRITON_TEMPLATE_KEYS: dict[str, frozenset[str]] = {
     )),
     "tensorrt_llm_bls": frozenset((
         "triton_max_batch_size", "decoupled_mode", "bls_instance_count", "logits_datatype",
+        "prompt_embedding_table_data_type", "accumulate_tokens", "tensorrt_llm_model_name",
+        "tensorrt_llm_draft_model_name", "multimodal_encoders_name",
     )),
 }
+# `${prompt_embedding_table_data_type}` (tensorrt_llm and tensorrt_llm_bls) is a data_type: unfilled, Triton rejects
+# the config. The backend's docs/llama.md fills it for both from its 1.1 branches on (tensorrtllm_backend
+# docs/llama.md@5419275f0e98, r25.12, templates of TensorRT-LLM release/1.1; @9736c4df0f5b, r26.03, release/1.2), not
+# on its 1.0 branch (@2ee1ae5e7b54, r25.09); fill_template.py asserts every given key exists, so it is filled only
+# where the template has it.
+PROMPT_TABLE_KEY = "prompt_embedding_table_data_type"
+PROMPT_TABLE_SINCE = "1.1"

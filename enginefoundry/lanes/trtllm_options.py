@@ -84,6 +84,10 @@ class TrtllmOptions(_TrtllmOptionsBase):
     modelopt_dir: str | None = Field(None, description="Model-Optimizer checkout ($EF_MODELOPT_DIR)")
     warmup_requests: int = Field(8, ge=1, description="requests sent during warm-up (fills the autotuner cache)")
     autotuner_cache: bool = Field(True, description="save the autotuner profiling cache (TensorRT-LLM 1.1+)")
+    triton: bool = Field(False, description="also write a Triton model repository (the LLM API model, model.yaml)")
+    triton_dir: str = Field("/app", description="Triton backend tree with all_models/llmapi and scripts/")
+    triton_bundle_mount: str | None = Field(None, description="where the serving container mounts the bundle")
+    triton_decoupled_mode: bool = Field(False, description="streaming (decoupled) Triton model")
 
     @classmethod
     def explain_unknown(cls, key: str, pinned: str | None) -> str | None:

@@ -23,6 +23,7 @@ from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
 from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
+from enginefoundry.spec.search import SearchedUnit, SearchSpec
 from enginefoundry.spec.siblings import sibling_problems
 from enginefoundry.spec.source import ModelSpec
 
@@ -42,9 +43,13 @@ class BuildSpec(BaseModel):
     model: ModelSpec
     lane: str = Field(default="reference", description="a lane of enginefoundry.lanes.registry")
     toolchain: ToolchainSpec = Field(default_factory=ToolchainSpec)
-    variants: list[Variant] = Field(min_length=1)
-    profiles: list[Profile] = Field(min_length=1)
+    # Hand-written variants × profiles; may be empty when `search` decides what to build (docs/search.md).
+    variants: list[Variant] = Field(default_factory=list)
+    profiles: list[Profile] = Field(default_factory=list)
     targets: list[Target] = Field(min_length=1)
+    search: SearchSpec | None = None
+    # What the search decided (enginefoundry.search_plan.materialise): ordinary units, carried in the payload.
+    searched: list[SearchedUnit] = Field(default_factory=list)
     # Lane-specific knobs (plugins, CUDA graphs, …): the lane's own options model, chosen by `lane` (a union
     # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
     # refused with the release that removed it (the lane's model explains it).
@@ -82,6 +87,12 @@ class BuildSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> BuildSpec:
+        if self.search is None and not (self.variants and self.profiles):
+            missing = " and ".join(k for k, v in (("variants", self.variants), ("profiles", self.profiles)) if not v)
+            raise ValueError(f"{missing}: at least one is needed, or add a `search` section that decides them "
+                             "(docs/search.md)")
+        if self.variants and not self.profiles:
+            raise ValueError("profiles: hand-written variants need at least one profile")
         for kind, items in (("variants", [v.name for v in self.variants]),
                             ("profiles", [p.name for p in self.profiles]),
                             ("targets", [t.name for t in self.targets])):
@@ -93,6 +104,9 @@ class BuildSpec(BaseModel):
             unknown = sorted(set(v.targets or []) - names)
             if unknown:
                 raise ValueError(f"variant {v.name} names unknown targets {unknown}; known: {sorted(names)}")
+        unknown = sorted(set((self.search.targets if self.search else None) or []) - names)
+        if unknown:
+            raise ValueError(f"search.targets names unknown targets {unknown}; known: {sorted(names)}")
         return self
 
     @property
@@ -151,12 +165,32 @@ def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) ->
         spec = BuildSpec.model_validate(data)
     except ValidationError as err:
         raise SpecError(_problems(err, data), source) from None
-    problems = sibling_problems(spec)
+    problems = sibling_problems(spec) + scenario_problems(spec)
     if problems:
         raise SpecError(problems, source)
     if base_dir is not None:
         spec = spec.model_copy(update={"base_dir": str(base_dir)})
     return spec
+
+
+def scenario_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """Every benchmark scenario runs on every unit: its mean input must fit each profile's max_input_len and its
+    mean input plus output each profile's max_seq_len (a 5000-token scenario on a 128-token profile is refused
+    here, not by the server after the build)."""
+    if not spec.benchmark.enabled:
+        return []
+    out = []
+    for i, sc in enumerate(spec.benchmark.scenarios):
+        for prof in spec.profiles:
+            if sc.input_tokens_mean > prof.max_input_len:
+                out.append((f"benchmark.scenarios.{i}.input_tokens_mean",
+                            f"{sc.input_tokens_mean} exceeds profile {prof.name}'s max_input_len "
+                            f"({prof.max_input_len}); lower it or raise the profile's limit"))
+            elif sc.input_tokens_mean + sc.output_tokens_mean > prof.max_seq_len:
+                out.append((f"benchmark.scenarios.{i}.output_tokens_mean",
+                            f"input {sc.input_tokens_mean} + output {sc.output_tokens_mean} exceeds profile "
+                            f"{prof.name}'s max_seq_len ({prof.max_seq_len}); lower them or raise the limit"))
+    return out
 
 
 def load_spec(path: str | Path) -> BuildSpec:

@@ -145,3 +145,26 @@ def test_the_build_stage_does_not_need_the_convert_tools(on_worker, monkeypatch)
     assert "convert_checkpoint.py" not in lane.surface(spec).tools
     for unit in expand_units(spec):
         lane.refuse_unsupported(spec, unit)
+
+
+def test_a_13_toolchain_runs_the_trtllm_lane_with_triton_and_refuses_the_engine_lane(on_worker, fake_trtllm):
+    """The fake 1.3 (no trtllm-build, convert_checkpoint.py, quantize.py, inflight_batcher_llm; the LLM API Triton
+    model and the launcher kept): probed in child processes like on a worker."""
+    root = on_worker("1.3")
+    expected = ToolSurface.model_validate(fake_trtllm.expected_surface("1.3"))
+    lane = TrtllmLane(python=str(root / "bin" / "python"))
+    spec = trtllm_spec("1.3.0rc20", triton=True, triton_dir=str(root / "triton"))
+    surface = lane.surface(spec)
+    assert (surface.tensorrt_llm, surface.modelopt) == ("1.3.0rc20", "0.46.0")
+    assert surface.triton_templates == expected.triton_templates
+    assert surface.tools["trtllm-serve"].choices["backend"] == ["pytorch", "_autodeploy"]
+    assert surface.tools["hf_ptq.py"] == expected.tools["hf_ptq.py"]
+    for unit in expand_units(spec):
+        lane.refuse_unsupported(spec, unit)  # serve flags, LLM API keys, launcher flags and model.yaml keys
+        cmds = lane.describe(spec, unit, surface)
+        assert cmds[-1].tool == "launch_triton_server.py"
+        if unit.variant.precision.is_quantized:
+            assert "--calib_seq" in cmds[0].argv and cmds[0].argv[1].endswith("examples/hf_ptq/hf_ptq.py")
+    engine = TrtllmEngineLane(python=str(root / "bin" / "python"))
+    with pytest.raises(ToolError, match=r"tensorrt-backend-removal.*lane: trtllm"):
+        engine.versions()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from enginefoundry import db_templates
+from enginefoundry.identity import sha256_file
 from tests.support.paths import REPO
 
 
@@ -101,3 +102,67 @@ def test_only_a_sqlite_file_is_prepared(monkeypatch, tmp_path: Path, url: str, e
     with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: url.format(home=tmp_path)}):
         found = sqlite_database_path()
     assert found == (Path(expected.format(home=tmp_path)) if expected else None)
+
+
+def _plant_champion(template: Path) -> None:
+    """What the finding planted in a cached MLflow template: a registered model with a `@cpu-champion` version and
+    a trigger that adds it to every new file; its digest recomputed (whoever can write the cache can)."""
+    with contextlib.closing(sqlite3.connect(template)) as db:
+        db.execute("INSERT INTO registered_models (name, creation_time, last_updated_time, workspace) "
+                   "VALUES ('tiny-chat', 0, 0, 'default')")
+        db.execute("CREATE TRIGGER plant AFTER INSERT ON experiments BEGIN "
+                   "INSERT INTO registered_models (name, creation_time, last_updated_time, workspace) "
+                   "VALUES ('attacker', 0, 0, 'default'); END")
+        db.commit()
+    db_templates.digest_path(template).write_text(sha256_file(template) + "\n")
+
+
+@pytest.mark.parametrize("damage", ["hostile rows and a trigger", "corrupt bytes"])
+def test_a_hostile_or_corrupt_mlflow_template_never_reaches_a_new_file(monkeypatch, tmp_path: Path, capsys,
+                                                                        damage: str) -> None:
+    import mlflow
+
+    from enginefoundry.tracking import Tracker
+
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    Tracker(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}", "demo")  # keeps the template
+    template = db_templates.template_path("mlflow", mlflow.__version__)
+    if damage == "corrupt bytes":
+        with template.open("r+b") as f:
+            f.seek(4096)
+            f.write(b"\0garbage" * 512)
+    else:
+        _plant_champion(template)
+    capsys.readouterr()
+    tracker = Tracker(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "demo")  # no misleading failure
+    assert tracker.client.search_registered_models() == []
+    with contextlib.closing(sqlite3.connect(tmp_path / "b" / "mlflow.db")) as db:
+        assert db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name = 'plant'").fetchall() == []
+    err = capsys.readouterr().err
+    assert f"database template {template}" in err and "removed it" in err
+    from enginefoundry.tracking import _mlflow_template_rules
+
+    # Rebuilt from MLflow's own migrations, and it passes the checks (its one trigger is MLflow's).
+    assert db_templates.template_problem(template, db_templates.digest_path(template), _mlflow_template_rules()) is None
+
+
+def test_a_corrupt_prefect_template_is_replaced_not_served(monkeypatch, tmp_path: Path) -> None:
+    """The finding: a corrupt template made every later temporary server time out ("Timed out … ephemeral Prefect
+    API server"), even after the template was repaired. Now the copy is checked first, the template removed with a
+    message, and the new database migrated by Prefect."""
+    import prefect
+
+    template = db_templates.template_path("prefect", prefect.__version__).relative_to(db_templates.cache_root())
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EF_CACHE_DIR", str(cache))
+    _prepare(tmp_path / "home-a", cache)
+    with (cache / template).open("r+b") as f:
+        f.seek(8192)
+        f.write(b"\xff" * 8192)
+    db = _prepare(tmp_path / "home-b", cache)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+        assert conn.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    assert db_templates.template_problem(cache / template, db_templates.digest_path(cache / template),
+                                         db_templates.TemplateRules()) is None

@@ -43,4 +43,5 @@ FACTS_CONVERT_FLAGS = {
 FACTS_SERVE_FLAGS = {
     "tokenizer", "host", "port", "backend", "max_batch_size", "max_num_tokens", "max_seq_len", "tp_size", "pp_size",
     "kv_cache_free_gpu_memory_fraction", "extra_llm_api_options",
+    "config",  # facts §1 timeline: Nov 2025, an alias of --extra_llm_api_options (PR #9104)
 }

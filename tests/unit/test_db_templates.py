@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from enginefoundry import db_templates
+from enginefoundry.identity import sha256_file
 
 
 def _db(path: Path, rows: list[tuple[int, str]]) -> Path:
@@ -21,6 +22,13 @@ def _db(path: Path, rows: list[tuple[int, str]]) -> Path:
         db.execute("INSERT INTO alembic_version VALUES ('head')")
         db.executemany("INSERT INTO experiments VALUES (?, ?)", rows)
         db.commit()
+    return path
+
+
+def _template(path: Path) -> Path:
+    """A template as this tool keeps it: the database and its digest beside it."""
+    _db(path, [])
+    db_templates.digest_path(path).write_text(sha256_file(path) + "\n")
     return path
 
 
@@ -43,11 +51,11 @@ def test_keep_scrubs_the_copy_and_leaves_the_database(tmp_path: Path) -> None:
     assert _rows(template, "experiments") == []
     assert _rows(template, "alembic_version") == [("head",)]
     assert _rows(source, "experiments") == [(0, "Default"), (1, "mine")]
-    assert [p.name for p in template.parent.iterdir()] == ["tool-1.db"]
+    assert sorted(p.name for p in template.parent.iterdir()) == ["tool-1.db", "tool-1.db.sha256"]
 
 
 def test_seed_copies_the_template_into_a_new_file_only(tmp_path: Path) -> None:
-    template = _db(tmp_path / "template.db", [])
+    template = _template(tmp_path / "template.db")
     new = tmp_path / "sub" / "new.db"
     assert db_templates.seed(new, template)
     assert new.read_bytes() == template.read_bytes()
@@ -63,7 +71,7 @@ def test_seed_copies_the_template_into_a_new_file_only(tmp_path: Path) -> None:
 def test_a_file_created_meanwhile_is_kept(monkeypatch, tmp_path: Path) -> None:
     """Another run on the same folder creates the file between our check and our link (forced here: no real
     pair of processes hits that window on demand)."""
-    template = _db(tmp_path / "template.db", [])
+    template = _template(tmp_path / "template.db")
     target = tmp_path / "race.db"
     real_copy = db_templates.shutil.copyfile
 
@@ -74,11 +82,11 @@ def test_a_file_created_meanwhile_is_kept(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(db_templates.shutil, "copyfile", copy_then_other_run)
     assert not db_templates.seed(target, template)
     assert _rows(target, "experiments") == [(7, "theirs")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["race.db", "template.db"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["race.db", "template.db", "template.db.sha256"]
 
 
 def test_a_killed_seeds_temporary_is_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
-    template = _db(tmp_path / "template.db", [])
+    template = _template(tmp_path / "template.db")
     dead_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # no process can have it
     left = tmp_path / f".new.db.seed-{dead_pid}"
     left.write_bytes(b"partial")
@@ -95,7 +103,7 @@ def test_a_killed_seeds_temporary_is_removed_and_a_live_ones_kept(tmp_path: Path
 def test_temporaries_without_a_pid_are_left(tmp_path: Path, bad: str) -> None:
     stray = tmp_path / f".new.db.seed-{bad}"
     stray.write_bytes(b"x")
-    assert db_templates.seed(tmp_path / "new.db", _db(tmp_path / "template.db", []))
+    assert db_templates.seed(tmp_path / "new.db", _template(tmp_path / "template.db"))
     assert stray.exists()
 
 
@@ -115,3 +123,57 @@ def test_the_protocol_migrates_and_keeps_once_then_seeds(monkeypatch, tmp_path: 
     with db_templates.started_from_template(first, "tool", "1") as migrate:
         assert not migrate
     assert first.read_bytes() == before
+
+
+def _plant(template: Path, statements: list[str], keep_digest: bool) -> None:
+    """A hostile or damaged template: `statements` run on a kept template, its digest kept or recomputed (an
+    attacker who can write the cache can write the digest too: the content checks must catch it anyway)."""
+    with contextlib.closing(sqlite3.connect(template)) as db:
+        for statement in statements:
+            db.execute(statement)
+        db.commit()
+    if not keep_digest:
+        db_templates.digest_path(template).write_text(sha256_file(template) + "\n")
+
+
+@pytest.mark.parametrize(("statements", "keep_digest", "reason"), [
+    (["INSERT INTO experiments VALUES (9, 'attacker')"], True, "sha256 is not the one"),
+    (["INSERT INTO experiments VALUES (9, 'attacker')"], False, "table experiments holds 1 row"),
+    (["CREATE TRIGGER t AFTER INSERT ON experiments BEGIN INSERT INTO experiments VALUES (99, 'x'); END"], False,
+     "holds a trigger (t)"),
+    (["CREATE VIEW v AS SELECT * FROM experiments"], False, "holds a view (v)"),
+])
+def test_a_tampered_template_is_discarded_with_a_message_and_rebuilt(
+        monkeypatch, tmp_path: Path, capsys, statements, keep_digest, reason) -> None:
+    """Local state is untrusted: a template with rows, triggers or views its tool's migrations never make (a
+    planted `@champion` version, an SQL trigger) never becomes a database, whatever its digest file says."""
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    template = db_templates.template_path("tool", "1")
+    template.parent.mkdir(parents=True)
+    db_templates.keep_as_template(_db(tmp_path / "fresh.db", []), template)
+    _plant(template, statements, keep_digest)
+    new = tmp_path / "run" / "x.db"
+    with db_templates.started_from_template(new, "tool", "1") as migrate:
+        assert migrate, "a tampered template was used"
+        new.parent.mkdir(exist_ok=True)
+        _db(new, [])
+    err = capsys.readouterr().err
+    assert f"database template {template}: " in err and reason in err and "removed it" in err
+    assert _rows(new, "experiments") == []
+    # Rebuilt from the tool's own migration, and then used again.
+    assert db_templates.template_problem(template, db_templates.digest_path(template),
+                                         db_templates.TemplateRules()) is None
+    assert db_templates.seed(tmp_path / "next.db", template)
+
+
+def test_a_corrupt_or_unsigned_template_is_never_seeded(tmp_path: Path, capsys) -> None:
+    template = _template(tmp_path / "template.db")
+    with template.open("r+b") as f:  # a damaged page, its digest made to match: SQLite's own check refuses it
+        f.seek(100)
+        f.write(b"\xff" * 2000)
+    db_templates.digest_path(template).write_text(sha256_file(template) + "\n")
+    assert not db_templates.seed(tmp_path / "a.db", template) and not (tmp_path / "a.db").exists()
+    assert not template.exists() and "removed it" in capsys.readouterr().err
+    unsigned = _db(tmp_path / "unsigned.db", [])  # no digest: not kept by this tool
+    assert not db_templates.seed(tmp_path / "b.db", unsigned)
+    assert "no digest beside it" in capsys.readouterr().err

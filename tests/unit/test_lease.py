@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.cache_plan import plan_cache
+from enginefoundry.cache_plan import CachePlan, plan_cache
 from enginefoundry.cli import main
 from enginefoundry.lease import (
     Lease,
@@ -239,3 +239,28 @@ def test_leases_command_lists_and_breaks(store: FileStore, capsys: pytest.Captur
     assert main(["leases", "--store", store.uri, "--break", "nothing-like-it"]) == 2
     held.release()
     assert not break_lease(store, held.key)
+
+
+def test_breaking_a_live_lease_asks_for_force_and_its_holder_is_told(store: FileStore, capsys):
+    """`leases --break` on a lease whose holder is alive refuses, naming the holder; with --force it breaks it,
+    and the run that lost it is told it was broken by hand, not that its renewals were late."""
+    held = try_acquire(store, lease_key("m", "feedface0123"), "host:1:live", ttl_s=60)
+    assert held is not None
+    try:
+        capsys.readouterr()
+        assert main(["leases", "--store", store.uri, "--break", "feedface"]) == 2
+        err = capsys.readouterr().err
+        assert "still working" in err and "host:1:live" in err and f"pid {os.getpid()}, alive" in err
+        assert "--force" in err and read_lease(store, held.key) is not None
+        assert main(["leases", "--store", store.uri, "--break", "feedface", "--force"]) == 0
+        assert read_lease(store, held.key) is None
+        assert not held.renew() and held.lost
+        plan = CachePlan(leases={"feedface0123": held})
+        said: list[str] = []
+        plan.release(said.append)  # what the run that lost it prints
+        told = "the build lease of feedface0123 was broken by hand (`enginefoundry leases --break --force`, by "
+        assert len(said) == 1 and said[0].startswith(told)
+        assert "renewals" not in said[0]
+    finally:
+        held.release()
+    assert [k for k in store.list("leases/")] == []  # the note was read and removed

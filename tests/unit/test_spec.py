@@ -99,3 +99,22 @@ def test_removed_trtllm_flag_in_a_profile_names_its_release_and_replacement():
     data["profiles"][0]["max_output_len"] = 128
     msg = _problems(data)["profiles.0.max_output_len"]
     assert "removed in TensorRT-LLM 0.12" in msg and "max_seq_len" in msg
+
+
+def test_a_scenario_longer_than_a_profile_is_refused_naming_the_field():
+    """A 5000-token scenario on a 128-token profile used to validate (and fail at the server after the build)."""
+    import yaml
+
+    from enginefoundry.errors import SpecError
+    from enginefoundry.spec import parse_spec
+    from tests.support.paths import CONFIGS
+
+    data = yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text())
+    data["benchmark"]["scenarios"][0]["input_tokens_mean"] = 5000
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    expected = "5000 exceeds profile chat's max_input_len (128); lower it or raise the profile's limit"
+    assert ("benchmark.scenarios.0.input_tokens_mean", expected) in err.value.problems
+    data["benchmark"]["scenarios"][0].update(input_tokens_mean=100, output_tokens_mean=200)
+    with pytest.raises(SpecError, match=r"benchmark.scenarios.0.output_tokens_mean: input 100 \+ output 200"):
+        parse_spec(data)

@@ -70,7 +70,7 @@ def test_unknown_option_lists_the_valid_ones_and_a_close_match():
 
 def test_engine_flags_on_the_pytorch_lane_point_to_the_engine_lane():
     for key in ("gemm_plugin", "gpt_attention_plugin", "use_paged_context_fmha", "multiple_profiles",
-                "load_by_shard", "max_beam_width", "triton_dir"):
+                "load_by_shard", "max_beam_width"):  # triton_dir: a trtllm option too (the LLM API Triton model)
         [(_, msg)] = validate_lane_options("trtllm", {key: "float16"})
         assert "lane trtllm-engine" in msg and "PR #5312" in msg, key
 

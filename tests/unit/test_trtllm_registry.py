@@ -31,7 +31,7 @@ def test_an_entry_without_evidence_is_refused():
 def test_the_committed_compat_page_is_the_generated_one():
     assert compat.DOC.read_text() == compat.render(), "run: python -m enginefoundry.lanes.compat"
     page = compat.render()
-    assert "| `--backend trt` | 0.15 – 1.0.x | ✓ | — | — | — |" in page
+    assert "| `--backend trt` | 1.0 – 1.0.x | ✓ | — | — | — |" in page  # 0.18.2 had pytorch only (docs 0.18.2)
     assert "| `--backend tensorrt` | 1.1 – 1.2.x | — | ✓ | ✓ | — |" in page
     assert "| `TLLM_AUTOTUNER_CACHE_PATH` | 1.1 – now | — | ✓ | ✓ | ✓ |" in page
     assert "| `--calib_seq` | ModelOpt 0.39 – now | — | ✓ | ✓ |" in page
