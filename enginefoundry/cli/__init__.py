@@ -55,7 +55,7 @@ def entry() -> NoReturn:
 
     A run has torch and transformers loaded (the smoke gate's tokenizer and reference), about 5,600 modules and
     775,000 objects; tearing them down took 2.6 s after the summary was printed, ~12% of a tiny run
-    (docs/architecture.md, "Start-up and exit"). What an exit must do still happens, in CPython's own order
+    (docs/scale.md, "Start-up and exit tricks"). What an exit must do still happens, in CPython's own order
     (Py_FinalizeEx): other non-daemon threads are joined, the atexit handlers run (servers stopped, MLflow runs
     ended, Prefect's log and event queues drained, logging flushed), stdout and stderr are flushed; only freeing
     memory that the kernel takes back anyway is skipped (`_startup.exit_now`: on a Python it was not measured on,
