@@ -101,6 +101,21 @@ def _last_verified(uri: str) -> dict[str, Any]:
     return record.model_dump() if record else {}
 
 
+def _signature(uri: str) -> dict[str, Any]:
+    """Who signed this build and whether its attestations verify (against $ENGINEFOUNDRY_TRUST_POLICY /
+    $ENGINEFOUNDRY_TRUSTED_KEYS when set)."""
+    from enginefoundry.attest import verify_attestations
+    from enginefoundry.signing import consumer_policy
+    from enginefoundry.verify import open_build
+
+    try:
+        store, build = open_build(uri)
+        verdict = verify_attestations(store, build, consumer_policy())
+    except Exception as err:  # the store is unreachable: lineage still answers from the manifest
+        return {"state": "unknown", "line": f"cannot read attestations ({type(err).__name__})"}
+    return {**verdict.model_dump(mode="json"), "line": verdict.line()}
+
+
 def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
     manifest, uri, registry = resolve(ref, mlflow_uri)
     runs: dict[str, Any] = {}
@@ -123,6 +138,7 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
     src = manifest.source
     return {
         "verification": _last_verified(uri),
+        "signature": _signature(uri),
         "artifact": {"manifest_uri": uri, "key": manifest.key, "unit": manifest.unit, "status": manifest.status,
                      "status_reason": manifest.status_reason, "created_at": manifest.created_at,
                      "files": len(manifest.files), "bytes": sum(f.size for f in manifest.files)},

@@ -355,6 +355,10 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
         reasons = verdict.reasons if not verdict.promote else \
             [f"version {number} is tagged '{candidate.tags.get(mltags.STATUS) or 'untracked'}', not a candidate"]
         return held.model_copy(update={"reasons": [*notes, *reasons]})
+    from enginefoundry.attest import promotion_refusal
+
+    if refusal := promotion_refusal(manifest_uri_of(candidate)):
+        return held.model_copy(update={"reasons": [*notes, refusal]})
     move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
     serving = None
     from enginefoundry.serve_files import SERVE_SH

@@ -87,15 +87,18 @@ def record_hit(
     """A unit run for a cache hit (which run built it, where it lies), and a repaired registration."""
     manifest = hit.manifest
     assert manifest is not None
+    from enginefoundry.attest import tags_for
+
+    signature = tags_for(hit.uri, spec.publish.s3_endpoint_url)  # signer and attestation digests of the build
     run_id = tracker.start_run(unit.name, {**hit_run_tags(key, hit), **context_tags(), **(extra_tags or {}),
-                                           mltags.GIT_COMMIT: project_git_commit()}, parent_run_id)
+                                           mltags.GIT_COMMIT: project_git_commit(), **signature}, parent_run_id)
     tracker.log_params(run_id, unit_params(spec, unit))
     tracker.log_metrics(run_id, {"cache_hit": 1.0})
     built_by = manifest.mlflow_run_id or run_id
     reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
                             manifest_uri=hit.uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
-                            tags=version_tags(spec, unit, manifest, hit.uri, mlflow_run_link(spec, built_by),
-                                              extra_tags or {}),
+                            tags={**version_tags(spec, unit, manifest, hit.uri, mlflow_run_link(spec, built_by),
+                                                 extra_tags or {}), **signature},
                             move_alias=False)
     if reg.created or reg.alias_set:
         tracker.set_tags(run_id, {mltags.REGISTRY_REPAIRED: f"version {reg.version}"

@@ -7,9 +7,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.attest import sign_published
 from enginefoundry.manifest import Manifest
 from enginefoundry.publish import PublishResult, publish_build
 from enginefoundry.runner import exit_if_terminating
+from enginefoundry.signing import signer_from_env
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -24,6 +26,7 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     made current first is adopted."""
     exit_if_terminating()  # a cancelled run publishes nothing, whatever its stages made of the cancel
     log = progress_logger()
+    signer = signer_from_env()  # a bad key fails here, before any byte is uploaded
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
     result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},
@@ -31,6 +34,7 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     if result.created:
         log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "
             f"{result.bytes_uploaded / 2**20:.1f} MiB new)")
+        sign_published(store, spec.model.name, result.manifest.key, result.build_id, signer, log)
     else:
         log(f"publish: another run made build {result.build_id} of {result.manifest.key[:12]} current first; "
             "adopted it")

@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.attest import tags_for
 from enginefoundry.bench import SweepReport
 from enginefoundry.manifest import Manifest
 from enginefoundry.publish import PublishedBuild
@@ -122,6 +123,9 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
     `<stem>-candidate` (promotion.alias_stems) moves to it when its gates pass."""
     tracker = tracker_for(spec)
     tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id), prefect_context())
+    signature = tags_for(manifest_uri, spec.publish.s3_endpoint_url)  # signer and attestation digests
+    tracker.set_tags(run_id, signature)
+    tags.update(signature)
     return ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
                              manifest_uri=manifest_uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
                              tags=tags, move_alias=True).version

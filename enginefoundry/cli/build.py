@@ -13,6 +13,7 @@ from enginefoundry.cli.common import (
     start_prefect_early,
     wants_json,
 )
+from enginefoundry.cli.signing import export_trust, signing_line, trust_options
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 
@@ -61,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     roll.add_argument("--max-ttft-p95-factor", type=float, default=1.25)
     roll.add_argument("--reference-concurrency", type=int)
     roll.add_argument("--force-build", action="store_true", help="build even when nothing is new")
+    trust_options(roll)
     roll.set_defaults(handler=cmd_rollout)
 
 
@@ -78,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
     for row in dest.rows():
         console.print(f"{row['setting']}: {row['value']} (from {row['from']})", markup=False)
+    console.print(signing_line(), markup=False)  # a bad key fails here, before any download
     summary, tracking_note = None, ""
     if not args.force:
         # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
@@ -189,6 +192,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     spec, _ = load(args.spec, args)
     validate_deep(spec)
     quiet_prefect_defaults()
+    export_trust(args)  # the promotion step reads the trust policy from the environment
     from enginefoundry.flows.build_engines import spec_payload
     from enginefoundry.flows.rollout import rollout
 

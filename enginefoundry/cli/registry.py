@@ -9,6 +9,7 @@ import argparse
 import json
 
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, mlflow_uri_of, wants_json
+from enginefoundry.cli.signing import trust_options
 from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK, InputError
 
@@ -30,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         cmd.add_argument("--target", required=True, metavar="STEM", help=STEM_HELP)
         if name == "promote":
             cmd.add_argument("--version", help="registered model version (default: the <stem>-candidate alias)")
+            trust_options(cmd)
         cmd.add_argument("--mlflow-uri", help=MLFLOW_HELP)
         cmd.set_defaults(handler=cmd_registry)
 
@@ -59,6 +61,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         ("Prefect flow run", f"{ml.get('prefect_flow_run_id') or '-'} {ml.get('prefect_flow_run_url') or ''}"),
         ("project commit", str(ml.get("git_commit"))),
         ("last verified", _verified_line(chain.get("verification") or {})),
+        ("signature", (chain.get("signature") or {}).get("line", "unknown")),
     ]
     if len(chain["builds"]) > 1:
         rows.append(("builds of this key", "\n".join(chain["builds"])))
@@ -95,6 +98,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
                 raise InputError(f"{model} has no alias {candidate_alias(stem)}: give --version N, or a stem of "
                                  f"its aliases ({', '.join(known) or 'none'})")
             number = candidate.version
+        _signature_gate(args, registry.version(model, str(number)))
         move = registry.promote(model, stem, number, "promoted by hand (enginefoundry promote)")
     from enginefoundry.tasks.events import emit_registry_move
 
@@ -104,3 +108,14 @@ def cmd_registry(args: argparse.Namespace) -> int:
         return EXIT_OK
     console.print(f"{model}: {move.action}: {move.detail}", markup=False)
     return EXIT_OK
+
+
+def _signature_gate(args: argparse.Namespace, version) -> None:
+    """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
+    are required."""
+    from enginefoundry.attest import promotion_refusal
+    from enginefoundry.cli.signing import SignatureRefused, policy_of
+    from enginefoundry.promotion import manifest_uri_of
+
+    if refusal := promotion_refusal(manifest_uri_of(version), policy_of(args)):
+        raise SignatureRefused(f"promote refused: {args.registered_model} v{version.version}: {refusal}")

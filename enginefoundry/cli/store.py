@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, load
+from enginefoundry.cli.signing import check_signatures, trust_options
 from enginefoundry.console import console, error
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError
 
@@ -23,11 +24,14 @@ def _common(cmd: argparse.ArgumentParser) -> None:
                      help=f"MLflow tracking URI for models:/ references (default $MLFLOW_TRACKING_URI or "
                           f"{DEFAULT_MLFLOW})")
     cmd.add_argument("--workers", type=int, default=8, help="files checked or downloaded in parallel")
+    trust_options(cmd)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     ver = sub.add_parser("verify", help="re-hash every file of a published build; exit 1 naming each bad file")
     _common(ver)
+    ver.add_argument("--signatures-only", action="store_true",
+                     help="check the signed attestations only (a few KiB), not every file's sha256")
     ver.set_defaults(handler=cmd_verify)
 
     pul = sub.add_parser("pull", help="download a published build for serving: verified, parallel, resumable")
@@ -64,33 +68,52 @@ def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from enginefoundry.verify import verify_build
+    from enginefoundry.attest import verify_attestations
+    from enginefoundry.cli.signing import policy_of
+    from enginefoundry.verify import VerifyReport, verify_build
 
     store, build = _resolve(args)
-    report = verify_build(store, build, workers=args.workers)
-    if args.json:
-        emit_json(report)
-    elif report.ok:
-        console.print(f"ok: {report.uri}: {report.files} files, {report.bytes / 2**20:.1f} MiB verified in "
-                      f"{report.seconds:.1f} s ({report.mib_per_s:.0f} MiB/s)", markup=False, highlight=False)
-        if report.record and report.record.startswith("not recorded"):
-            console.print(f"  note: {report.record}", markup=False, highlight=False, soft_wrap=True)
+    verdict = verify_attestations(store, build, policy_of(args))
+    if args.signatures_only:
+        report = VerifyReport(uri=build.uri, build_id=build.build_id, ok=True, files=0, bytes=0, seconds=0.0,
+                              problems=[], mode="cheap")
     else:
-        error(f"{report.uri}: {len(report.problems)} problem(s) in {report.files} files")
-        for p in report.problems:
-            console.print(f"  {p.line()}", markup=False, highlight=False, soft_wrap=True)
-    return EXIT_OK if report.ok else EXIT_PIPELINE
+        report = verify_build(store, build, workers=args.workers)
+    ok = report.ok and verdict.ok
+    if args.json:
+        emit_json({**report.model_dump(mode="json"), "ok": ok, "signature": verdict.model_dump(mode="json")})
+    else:
+        if args.signatures_only:
+            pass
+        elif report.ok:
+            console.print(f"ok: {report.uri}: {report.files} files, {report.bytes / 2**20:.1f} MiB verified in "
+                          f"{report.seconds:.1f} s ({report.mib_per_s:.0f} MiB/s)", markup=False, highlight=False)
+            if report.record and report.record.startswith("not recorded"):
+                console.print(f"  note: {report.record}", markup=False, highlight=False, soft_wrap=True)
+        else:
+            error(f"{report.uri}: {len(report.problems)} problem(s) in {report.files} files")
+            for p in report.problems:
+                console.print(f"  {p.line()}", markup=False, highlight=False, soft_wrap=True)
+        if verdict.ok:
+            console.print(f"signature: {verdict.line()}", markup=False, highlight=False, soft_wrap=True)
+        else:
+            error(f"{build.uri}: signature check failed")
+            for cause in verdict.problems:
+                console.print(f"  {cause}", markup=False, highlight=False, soft_wrap=True)
+    return EXIT_OK if ok else EXIT_PIPELINE
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     from enginefoundry.verify import pull
 
     store, build = _resolve(args)
+    verdict = check_signatures(args, store, build, "pull")  # before any byte is downloaded
     report = pull(store, build, Path(args.dest), workers=args.workers)
     if args.json:
-        emit_json(report)
+        emit_json({**report.model_dump(mode="json"), "signature": verdict.model_dump(mode="json")})
     else:
         console.print(f"pulled {report.uri} → {report.dest}: {report.downloaded} downloaded "
                       f"({report.bytes_downloaded / 2**20:.1f} MiB), {report.kept} already present and verified, "
                       f"{report.seconds:.1f} s", markup=False, highlight=False)
+        console.print(f"signature: {verdict.line()}", markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK

@@ -1,0 +1,88 @@
+"""Signing: `keygen`, and the trust options (--trusted-key, --trust-policy, --require-signature) that verify,
+pull, promote and rollout share."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from enginefoundry.cli.common import emit_json, wants_json
+from enginefoundry.console import console
+from enginefoundry.errors import EXIT_OK, PipelineError
+from enginefoundry.signing import ENV_KEY_FILE, ENV_REQUIRE_SIGNATURE, ENV_TRUST_POLICY
+
+
+class SignatureRefused(PipelineError):
+    """A build whose signatures are required and do not verify (exit 1)."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    kg = sub.add_parser("keygen", help="make an ECDSA P-256 signing key pair: <out>.key (secret) and <out>.pub")
+    kg.add_argument("--out", default="enginefoundry-signing",
+                    help="path prefix of the two files (default: ./enginefoundry-signing); never overwritten")
+    kg.set_defaults(handler=cmd_keygen)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from enginefoundry.signing import key_id, keygen
+
+    key, pub = keygen(Path(args.out))
+    kid = key_id(pub.read_bytes())
+    if wants_json(args):
+        emit_json({"private_key": str(key), "public_key": str(pub), "key_id": kid})
+        return EXIT_OK
+    console.print(f"private key: {key} (mode 0600; keep it out of git, the store and MLflow)\n"
+                  f"public key:  {pub} (key id {kid[:16]}…; give it to verifiers)\n"
+                  f"sign builds: export {ENV_KEY_FILE}={key.resolve()}\n"
+                  f"verify:      enginefoundry verify <build> --trusted-key {pub}", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def trust_options(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--trusted-key", action="append", metavar="PUB", default=None,
+                     help="a public key whose signatures are accepted (repeatable; `enginefoundry keygen` writes it)")
+    cmd.add_argument("--trust-policy", metavar="FILE",
+                     help=f"trust policy file: accepted keys with their validity (default ${ENV_TRUST_POLICY})")
+    cmd.add_argument("--require-signature", action="store_true", default=None,
+                     help=f"refuse an unsigned or unverifiable build (also ${ENV_REQUIRE_SIGNATURE}=1 or the policy)")
+
+
+def policy_of(args: argparse.Namespace):  # -> TrustPolicy
+    from enginefoundry.signing import consumer_policy
+
+    return consumer_policy(args.trusted_key, args.trust_policy, args.require_signature)
+
+
+def check_signatures(args: argparse.Namespace, store, build, what: str):  # -> SignatureVerdict
+    """The signature verdict of a build; SignatureRefused naming each cause when it is required and fails."""
+    from enginefoundry.attest import verify_attestations
+
+    verdict = verify_attestations(store, build, policy_of(args))
+    if not verdict.ok:
+        raise SignatureRefused(f"{what} refused: {build.uri}: {verdict.line()}")
+    return verdict
+
+
+def export_trust(args: argparse.Namespace) -> None:
+    """The trust options as environment for a flow in this process (rollout's promotion step); checked now."""
+    import os
+
+    from enginefoundry.signing import ENV_TRUSTED_KEYS
+
+    policy_of(args)  # a bad key or policy file fails before any build
+    if args.require_signature:
+        os.environ[ENV_REQUIRE_SIGNATURE] = "1"
+    if args.trust_policy:
+        os.environ[ENV_TRUST_POLICY] = str(Path(args.trust_policy).resolve())
+    if args.trusted_key:
+        os.environ[ENV_TRUSTED_KEYS] = os.pathsep.join(str(Path(k).resolve()) for k in args.trusted_key)
+
+
+def signing_line() -> str:
+    """What a run will do about signatures; loads the signer so a bad key fails before any work."""
+    from enginefoundry.attest import UNSIGNED_HINT
+    from enginefoundry.signing import signer_from_env
+
+    signer = signer_from_env()
+    return f"signing: new builds signed by {signer.identity}" if signer else \
+        f"signing: none: new builds are published UNSIGNED ({UNSIGNED_HINT})"
