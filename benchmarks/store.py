@@ -11,12 +11,13 @@ to what is measured here):
   * a generated model of --size-gib (random safetensors shards + config/tokenizer files), in a temp dir;
   * two variants: fp32 (the shards as they are) and bf16 (half-size shards of other bytes), sharing the
     config and tokenizer files. For each: "convert" writes the checkpoint into the work folder, the checkpoint
-    is published, the bundle is made from it with hard links (as lanes/reference.py does), the bundle is
-    published — so a bundle shares every weight blob with its checkpoint;
+    is published, the bundle is made from it with hard links (as lanes/reference.py does: both are work
+    files), the bundle is published — so a bundle shares every weight blob with its checkpoint;
   * bytes written = what this process wrote (write(2) bytes, /proc/self/io wchar) into work and store, plus
     the bytes uploaded for an S3 store; unique bytes = the distinct file contents (by sha256) of both variants.
-    The ≤ 1.1 goal is reachable on file:// (blobs are hard links of the work files); an S3 store holds a
-    second copy by nature, so its ratio is ≈ 2 (work + store), never more;
+    The ≤ 1.1 goal is the store's own: bytes of blobs in the store / unique bytes. Work + store is ≈ 2 on
+    either kind of store: blobs are the store's own copies (issue 21: never hard links of work files; a
+    reflink on btrfs/XFS shares extents, not inodes, so there the disk holds ≈ 1×);
   * `verify` (enginefoundry.verify.verify_build, full re-hash) against `sha256sum` of the same blob files, in
     this run, page cache warm for both, best of two;
   * peak RSS (VmHWM) of a child process that verifies the fp32 unit and of one that verifies the same files
@@ -188,6 +189,7 @@ def main() -> int:
         convert_bytes = sum(f.stat().st_size for v in ("fp32", "bf16")
                             for f in (work / "checkpoints" / v / "checkpoint").iterdir())
         uniq = unique_bytes(work)
+        in_store = sum(store.size(k) or 0 for k in store.list("blobs/"))
 
         t0 = time.monotonic()
         problems = all_hits(store_uri)
@@ -230,7 +232,9 @@ def main() -> int:
             ("bytes written (store + work)", f"{written / 2**20:.0f} MiB", ""),
             ("  of which convert wrote (work checkpoints)", f"{convert_bytes / 2**20:.0f} MiB", ""),
             ("unique bytes (distinct contents)", f"{uniq / 2**20:.0f} MiB", ""),
-            ("written / unique", f"{written / uniq:.3f}", "≤ 1.1"),
+            ("written / unique (work + store)", f"{written / uniq:.3f}", "≈ 2: the store owns a copy"),
+            ("bytes in the store (blobs)", f"{in_store / 2**20:.0f} MiB", ""),
+            ("store / unique", f"{in_store / uniq:.3f}", "≤ 1.1"),
             ("verify throughput (full re-hash, fp32 unit)", f"{vbytes / 2**20 / best_verify:.0f} MiB/s", ""),
         ]
         if blob_paths:

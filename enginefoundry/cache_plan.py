@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from enginefoundry.errors import PipelineError, StoreError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lease import DEFAULT_TTL_S, HeldLease, lease_key, new_owner, try_acquire, wait_for
-from enginefoundry.publish import PublishedBuild, check_hit, find_current
+from enginefoundry.publish import PublishedBuild, check_hit, find_current, quarantine_problems
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import Store
@@ -36,10 +36,12 @@ Progress = Callable[[str], None]
 
 
 def find_hit(store: Store, model: str, key: str, rehash: bool = False,
-             progress: Progress = lambda _: None) -> PublishedBuild | None:
+             progress: Progress = lambda _: None, quarantine: bool = True) -> PublishedBuild | None:
     """The current build of a key when it can be trusted as a cache hit (`publish.check_hit`: schema, key
     recomputed from its key components and matching its location, every blob present with its size; with
-    `rehash` every sha256 too); None for a miss or a refused build (which the run then rebuilds)."""
+    `rehash` every sha256 too); None for a miss or a refused build (which the run then rebuilds). A refused
+    build's corrupt blobs are quarantined (unless `quarantine` is False: `explain` only reads), so the rebuild
+    writes fresh ones instead of listing them again."""
     try:
         build = find_current(store, model, key)
     except StoreError as err:
@@ -49,8 +51,10 @@ def find_hit(store: Store, model: str, key: str, rehash: bool = False,
         return None
     problems = check_hit(store, build, rehash=rehash)
     if problems:
+        moved = quarantine_problems(store, build, problems) if quarantine else []
         progress(f"cache: {key[:12]}: build {build.build_id} refused: " + "; ".join(p.line() for p in problems[:5])
-                 + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "") + "; rebuilding")
+                 + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+                 + "".join(f"; quarantined {m}" for m in moved) + "; rebuilding")
         return None
     return build
 

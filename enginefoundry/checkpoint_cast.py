@@ -3,8 +3,10 @@
 `from_pretrained` + `save_pretrained` holds the whole model in host RAM (280 GB for a 70B model in fp32).
 This writes each output shard by streaming: the safetensors header is computed from the source headers
 (names, shapes, target dtype), then each tensor is read, cast and written, so peak memory is one tensor,
-whatever the model size. Files that need no cast are hard-linked (copied only across filesystems): a
-conversion that casts nothing makes no copy.
+whatever the model size. Files that need no cast are cloned (`store.clone_or_copy`): a reflink where the
+filesystem offers copy-on-write (a conversion that casts nothing then writes no data), an in-kernel copy
+elsewhere. Never a hard link: the work checkpoint is written to and published from, and must not share an
+inode with the user's checkpoint.
 
 Format: https://github.com/huggingface/safetensors#format (8-byte little-endian header length, a JSON header
 with `dtype`, `shape`, `data_offsets` per tensor and an optional `__metadata__`, then the raw bytes,
@@ -21,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from enginefoundry.errors import InputError
-from enginefoundry.store import link_or_copy
+from enginefoundry.store import clone_or_copy
 
 # safetensors dtype names of the floating types a cast may change; integer and bool tensors are kept.
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
@@ -31,11 +33,11 @@ ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16":
 
 
 class CastReport(BaseModel):
-    """What a cast did: files linked (no copy), files written, and bytes of each."""
+    """What a cast did: files cloned from the source unchanged, files written (cast), and bytes of each."""
 
-    linked: list[str]
+    cloned: list[str]
     written: list[str]
-    bytes_linked: int
+    bytes_cloned: int
     bytes_written: int
     largest_tensor_bytes: int
 
@@ -130,7 +132,7 @@ def cast_file(src: Path, dest: Path, target: str) -> int:
 def cast_checkpoint(source: Path, dest: Path, torch_dtype: str) -> CastReport:
     """Copy a Hugging Face checkpoint folder to `dest` with its floating weights in `torch_dtype`
     (`float32`, `float16`, `bfloat16`). Safetensors shards that already hold that dtype, and every other
-    file, are hard-linked; `config.json` gets the new dtype. Refuses checkpoints without safetensors."""
+    file, are cloned (never hard-linked); `config.json` gets the new dtype. Refuses checkpoints without safetensors."""
     target = TORCH_TO_SAFETENSORS.get(torch_dtype)
     if target is None:
         raise InputError(f"cannot cast to {torch_dtype}: use one of {', '.join(TORCH_TO_SAFETENSORS)}")
@@ -138,9 +140,9 @@ def cast_checkpoint(source: Path, dest: Path, torch_dtype: str) -> CastReport:
     if not shards:
         raise InputError(f"{source} has no *.safetensors weights; convert the checkpoint to safetensors first")
     dest.mkdir(parents=True, exist_ok=True)
-    report = CastReport(linked=[], written=[], bytes_linked=0, bytes_written=0, largest_tensor_bytes=0)
+    report = CastReport(cloned=[], written=[], bytes_cloned=0, bytes_written=0, largest_tensor_bytes=0)
     for entry in sorted(p for p in source.iterdir() if p.is_file()):
-        # A Hugging Face cache snapshot holds links into its blobs/ folder: link to the bytes, not the link.
+        # A Hugging Face cache snapshot holds links into its blobs/ folder: clone the bytes, not the link.
         path, out = entry.resolve(), dest / entry.name
         if entry.suffix == ".safetensors" and needs_cast(read_header(path)[0], target):
             report.largest_tensor_bytes = max(report.largest_tensor_bytes, cast_file(path, out, target))
@@ -155,9 +157,9 @@ def cast_checkpoint(source: Path, dest: Path, torch_dtype: str) -> CastReport:
             report.bytes_written += out.stat().st_size
         else:
             out.unlink(missing_ok=True)
-            link_or_copy(path, out)
-            report.linked.append(entry.name)
-            report.bytes_linked += path.stat().st_size
+            clone_or_copy(path, out)
+            report.cloned.append(entry.name)
+            report.bytes_cloned += path.stat().st_size
     index = dest / "model.safetensors.index.json"
     if index.is_file() and report.written:
         # The index's total_size counts bytes of tensor data, which a cast changes.
@@ -167,6 +169,6 @@ def cast_checkpoint(source: Path, dest: Path, torch_dtype: str) -> CastReport:
             _, start = read_header(shard)
             total += shard.stat().st_size - start
         data.setdefault("metadata", {})["total_size"] = total
-        index.unlink()  # it was a link to the source's index: never write through it
+        index.unlink()  # a clone of the source's index: replaced, not rewritten in place
         index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return report

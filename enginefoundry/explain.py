@@ -67,7 +67,7 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
         key = key_of(comps)
         # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
         said: list[str] = []
-        if find_hit(store, spec.model.name, key, progress=said.append) is not None:
+        if find_hit(store, spec.model.name, key, progress=said.append, quarantine=False) is not None:
             out.append(UnitExplanation(unit=unit.name, key=key, hit=True))
             continue
         refused = said[0] if said else None

@@ -16,12 +16,18 @@ from enginefoundry.manifest import Manifest
 _KEY = re.compile(r"^[0-9a-f]{12,64}$")
 
 
-def read_manifest_uri(uri: str) -> Manifest:
+def read_manifest_uri(uri: str, anchor: tuple[str, str] | None = None) -> Manifest:
     """The unit manifest of a store URI: a build's manifest, a key folder (its current build), or a version 1
-    `…/artifacts/<model>/<key>[/manifest.json]`."""
+    `…/artifacts/<model>/<key>[/manifest.json]`. StoreError when its bytes differ from a digest recorded for it
+    (the key's pointer history; `anchor`: (where, sha256) from the reference it came from)."""
+    from enginefoundry.errors import StoreError
+    from enginefoundry.publish import anchor_problems
     from enginefoundry.verify import open_build
 
-    _, build = open_build(uri)
+    store, build = open_build(uri, anchor=anchor)
+    changed = [p.line() for p in anchor_problems(store, build) if p.expected]
+    if changed:
+        raise StoreError(f"{uri} is not the manifest that was published: {'; '.join(changed)}")
     if build.manifest is None:
         raise InputError(f"{uri} is a converted checkpoint, not a unit")
     return build.manifest
@@ -50,9 +56,10 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
                 version = _client(mlflow_uri).get_model_version(name, number)
         except (MlflowException, ValueError) as err:
             raise InputError(f"{ref}: not found in the MLflow registry at {mlflow_uri} ({str(err)[:150]})") from None
-        registry.update({"registered_model": name, "version": version.version, "source": version.source})
+        registry.update({"registered_model": name, "version": version.version, "source": version.source,
+                         "manifest_sha256": version.tags.get(mltags.MANIFEST_SHA256, "")})
         uri = version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/")
-        return read_manifest_uri(uri), uri, registry
+        return read_manifest_uri(uri, registry_anchor(registry)), uri, registry
     if ref.startswith(("file://", "s3://")):
         return read_manifest_uri(ref), ref, registry
     if _KEY.match(ref):
@@ -75,6 +82,11 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
         uri = builds[-1] if len(builds) == 1 else _current_of(builds)
         return read_manifest_uri(uri), uri, registry
     raise InputError(f"'{ref}' is not a store URI, a unit key or models:/name@alias")
+
+
+def registry_anchor(registry: dict[str, Any]) -> tuple[str, str]:
+    """(where, sha256) of the manifest digest a registry version recorded ("" when it predates the tag)."""
+    return (f"models:/{registry['registered_model']}/{registry['version']}", registry.get("manifest_sha256", ""))
 
 
 def _current_of(builds: list[str]) -> str:
@@ -151,8 +163,22 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
         "target": manifest.target, "built_on": manifest.device,
         "build": {"variant": manifest.variant, "profile": manifest.profile, "params": manifest.build_params},
         "smoke": manifest.smoke,
-        "benchmark": {k: v for k, v in manifest.benchmark.items() if k != "points"},
+        "benchmark": {k: v for k, v in manifest.benchmark.items() if k not in ("points", "search")},
+        "serving_cost": serving_cost(manifest.benchmark.get("search")),
+        "search": manifest.benchmark.get("search"),
         "benchmark_points": manifest.benchmark.get("points", []),
         "builds": registry.pop("builds", [uri]),
         "mlflow": {**runs, **({"registry": registry} if registry else {})},
     }
+
+
+def serving_cost(search: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Cost and energy at the SLO point, from a searched unit's verification (None for a unit never searched)."""
+    if not isinstance(search, dict):
+        return None
+    cost = search.get("cost") or {}
+    return {"goodput_concurrency": search.get("goodput_concurrency"), "usd_per_mtok": cost.get("usd_per_mtok"),
+            "usd_per_hour": cost.get("usd_per_hour"), "price_source": cost.get("price_source"),
+            "tokens_per_joule": cost.get("tokens_per_joule", "unavailable"),
+            "avg_watts_per_gpu": cost.get("avg_watts_per_gpu", "unavailable"),
+            "prediction_error": search.get("prediction_error"), "flagged": search.get("flagged")}

@@ -47,7 +47,8 @@ def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
     return {**sweep.summary(),
             "points": [{"scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
                         **p.metrics()} for p in sweep.points],
-            "slo": [s.model_dump() for s in sweep.slo]}
+            "slo": [s.model_dump() for s in sweep.slo],
+            **({"search": sweep.search} if sweep.search is not None else {})}
 
 
 def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
@@ -66,7 +67,8 @@ def build_run_tags(spec: BuildSpec, unit: Unit, key: str) -> dict[str, str]:
 def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
     """The tags of a cache hit's MLflow run: which run built the unit, and where it lies."""
     return {mltags.KEY: key, mltags.CACHE_HIT: "true", mltags.BUILT_BY_RUN: hit.manifest.mlflow_run_id or "",
-            mltags.MANIFEST_URI: hit.uri, mltags.STATUS: hit.manifest.status}
+            mltags.MANIFEST_URI: hit.uri, mltags.MANIFEST_SHA256: hit.manifest_sha256,
+            mltags.STATUS: hit.manifest.status}
 
 
 def unit_manifest(

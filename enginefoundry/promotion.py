@@ -41,6 +41,10 @@ class PromotionPolicy(BaseModel):
     reference_concurrency: int | None = Field(default=None, ge=1,
                                               description="concurrency to compare at; default: the highest both "
                                                           "measured")
+    max_cost_increase: float | None = Field(default=None, ge=0.0,
+                                            description="$/1M output tokens at the SLO point may exceed the "
+                                                        "champion's by at most this fraction (0.1 = 10%); off when "
+                                                        "unset; compared only at the same SLO")
 
 
 class Gate(BaseModel):
@@ -74,7 +78,27 @@ def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPol
         return Verdict(promote=all(g.passed for g in gates), gates=gates)
     gates += _accuracy_gates(candidate, champion, policy)
     gates += _performance_gates(candidate, champion, policy)
+    if policy.max_cost_increase is not None:
+        gates.append(cost_gate(candidate, champion, policy.max_cost_increase))
     return Verdict(promote=all(g.passed for g in gates), gates=gates)
+
+
+def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> Gate:
+    """$/1M output tokens at the SLO point (a searched unit's verification), same SLO only. A champion without a
+    measured cost is not compared (said so); a candidate without one when the champion has one is held."""
+    new, old = candidate.benchmark.get("search") or {}, champion.benchmark.get("search") or {}
+    new_cost, old_cost = (new.get("cost") or {}).get("usd_per_mtok"), (old.get("cost") or {}).get("usd_per_mtok")
+    if old_cost is None:
+        return Gate(name="cost", passed=True, detail="champion has no $/1M tokens at an SLO: cost not compared")
+    if new.get("slo") != old.get("slo"):
+        return Gate(name="cost", passed=True, detail=f"SLOs differ ({new.get('slo')} vs {old.get('slo')}): cost "
+                                                     "not compared")
+    if new_cost is None:
+        return Gate(name="cost", passed=False, detail="candidate has no $/1M tokens at the SLO; the champion has")
+    ratio = float(new_cost) / float(old_cost)
+    return Gate(name="cost", passed=ratio <= 1 + max_increase + 1e-12,
+                detail=f"$/1M output tokens {new_cost:.4g} vs champion {old_cost:.4g} (×{ratio:.2f}, needs ≤ "
+                       f"×{1 + max_increase:.2f})")
 
 
 def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
@@ -93,13 +117,30 @@ def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPo
     return gates
 
 
+def _common_points(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[tuple[str, int]]:
+    common = sorted(set(_points(candidate)) & set(_points(champion)))
+    if policy.reference_concurrency is not None:
+        common = [k for k in common if k[1] == policy.reference_concurrency]
+    return common
+
+
+def operating_point(candidate: Manifest, champion: Manifest,
+                    policy: PromotionPolicy) -> tuple[tuple[str, int], dict[str, Any], dict[str, Any]] | None:
+    """The first (scenario, concurrency) the performance gates compare at, with the candidate's and the
+    champion's benchmark points there; None when they share none."""
+    common = _common_points(candidate, champion, policy)
+    if not common:
+        return None
+    concurrency = max(c for _, c in common)
+    key = next(k for k in common if k[1] == concurrency)
+    return key, _points(candidate)[key], _points(champion)[key]
+
+
 def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
     new_pts, old_pts = _points(candidate), _points(champion)
     if not old_pts:
         return [Gate(name="benchmark", passed=True, detail="champion has no benchmark: performance not compared")]
-    common = sorted(set(new_pts) & set(old_pts))
-    if policy.reference_concurrency is not None:
-        common = [k for k in common if k[1] == policy.reference_concurrency]
+    common = _common_points(candidate, champion, policy)
     if not common:
         at = f" at concurrency {policy.reference_concurrency}" if policy.reference_concurrency else ""
         return [Gate(name="benchmark", passed=False,
@@ -262,6 +303,22 @@ class Registry:
                             detail=f"{champion_alias(stem)} → version {number}"
                                    + (f" (was {current})" if current is not None else " (first champion)"))
 
+    def _check_restorable(self, model: str, number: str) -> None:
+        """The version's manifest must be the one that was published (its digest on the version, in the key's
+        pointer history): a build edited in the store is never put back into service. StoreError (exit 1) when it
+        cannot be read or differs."""
+        from enginefoundry.errors import StoreError
+
+        version = self.version(model, number)
+        if not version.tags.get(mltags.MANIFEST_URI):
+            return  # registered outside this project (by hand): no published build to hold it to
+        try:
+            read_version_manifest(model, version)
+        except StoreError as err:
+            raise StoreError(f"not rolled back: {model} version {number}: {err}; the aliases are unchanged. "
+                             f"Check it with `enginefoundry verify models:/{model}/{number}`, or promote a build "
+                             "that verifies (`enginefoundry promote --version N`)") from None
+
     def rollback(self, model: str, stem: str) -> RegistryMove:
         """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
         so that a second rollback goes one step further back."""
@@ -274,6 +331,7 @@ class Registry:
                              f"(history: {', '.join(history) or 'empty'})")
         dropped = history.pop()
         restored = history[-1]
+        self._check_restorable(model, restored)
         self.client.set_registered_model_alias(model, champion_alias(stem), restored)
         if len(history) > 1:
             self.client.set_registered_model_alias(model, previous_alias(stem), history[-2])
@@ -326,6 +384,17 @@ def manifest_uri_of(version: Any) -> str:
     return version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/") + "/manifest.json"
 
 
+def anchor_of(model: str, version: Any) -> tuple[str, str]:
+    """(where, sha256): the manifest digest a registered version recorded ("" when it predates the tag)."""
+    return f"models:/{model}/{version.version}", version.tags.get(mltags.MANIFEST_SHA256, "")
+
+
+def read_version_manifest(model: str, version: Any) -> Manifest:
+    """A registered version's manifest, held to every digest recorded for it (the version's tag, the key's
+    pointer history): StoreError when its bytes changed after it was published."""
+    return read_manifest_uri(manifest_uri_of(version), anchor_of(model, version))
+
+
 def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
            notes: list[str] | None = None) -> Decision:
     """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
@@ -348,8 +417,8 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
     if candidate.tags.get(mltags.ROLLED_BACK_AT):
         return held.model_copy(update={"reasons": [*notes, f"candidate v{number} was rolled back from: only "
                                                            "`enginefoundry promote --version` puts it back"]})
-    cand_manifest = read_manifest_uri(manifest_uri_of(candidate))
-    champ_manifest = read_manifest_uri(manifest_uri_of(champion)) if champion is not None else None
+    cand_manifest = read_version_manifest(model, candidate)
+    champ_manifest = read_version_manifest(model, champion) if champion is not None else None
     verdict = compare(cand_manifest, champ_manifest, policy)
     if not verdict.promote or candidate.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
         reasons = verdict.reasons if not verdict.promote else \

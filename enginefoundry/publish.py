@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.identity import list_files
 from enginefoundry.manifest import FileEntry, Manifest, validate_against_schema
-from enginefoundry.store import Store, blob_key, relative_posix, store_key
+from enginefoundry.store import CorruptObject, Store, blob_key, relative_posix, store_key
 from enginefoundry.units import key_of
 
 LEGACY_BUILD = "legacy"
@@ -72,10 +72,30 @@ def legacy_checkpoint_prefix(model: str, key: str) -> str:
     return f"checkpoints/{_segment(model, 'model name')}/{_segment(key, 'key')}"
 
 
+class BuildAnchor(BaseModel):
+    """A build and the sha256 of its manifest's bytes, as recorded when it was made current."""
+
+    build_id: str
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class Pointer(BaseModel):
     build_id: str
     manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     updated_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    history: list[BuildAnchor] = Field(default_factory=list, description="every build that was current before "
+                                       "this one, oldest first: a build that `rollback` may restore stays anchored")
+
+    def anchor_of(self, build_id: str) -> str | None:
+        """The manifest digest recorded for a build of this key (current or earlier); None when none is."""
+        if build_id == self.build_id:
+            return self.manifest_sha256
+        return next((a.manifest_sha256 for a in reversed(self.history) if a.build_id == build_id), None)
+
+    def moved_to(self, build_id: str, manifest_sha256: str) -> Pointer:
+        return Pointer(build_id=build_id, manifest_sha256=manifest_sha256,
+                       history=[*self.history, BuildAnchor(build_id=self.build_id,
+                                                           manifest_sha256=self.manifest_sha256)])
 
 
 class CheckpointManifest(BaseModel):
@@ -100,6 +120,7 @@ class Problem(BaseModel):
     problem: str
     expected: str = ""
     actual: str = ""
+    corrupt: bool = False  # the object under the file's name holds other bytes (or is no regular file): quarantine it
 
     def line(self) -> str:
         detail = f" (expected {self.expected}, found {self.actual})" if self.expected or self.actual else ""
@@ -118,6 +139,8 @@ class PublishedBuild(BaseModel):
     manifest_sha256: str
     manifest: Manifest | None = None  # a unit
     checkpoint: CheckpointManifest | None = None  # a converted checkpoint
+    anchor_sha256: str | None = None  # the manifest digest recorded where this build was referenced from
+    anchor_source: str = ""  # that reference (a registry version, an MLflow run), for messages
 
     @property
     def uri(self) -> str:
@@ -146,6 +169,8 @@ class PublishResult(BaseModel):
     bytes_uploaded: int  # bytes this publish wrote (blobs that existed already cost nothing)
     bytes_total: int = 0
     build_id: str = ""
+    manifest_sha256: str = ""  # of the current build's manifest bytes: recorded on the MLflow run and version
+    quarantined: list[str] = Field(default_factory=list, description="corrupt blobs moved aside, then written afresh")
 
 
 # Reading
@@ -247,32 +272,49 @@ def check_hit(store: Store, build: PublishedBuild, rehash: bool = False) -> list
     if build.layout == "cas" and doc.build_id != build.build_id:
         problems.append(Problem(path="manifest", problem="build_id differs from its file name",
                                 expected=build.build_id, actual=str(doc.build_id)))
-    if build.layout == "cas":
-        try:
-            pointer = read_pointer(store, build.model, build.key)
-        except StoreError as err:
-            problems.append(Problem(path="manifest", problem=str(err)))
-        else:
-            if (pointer is not None and pointer[0].build_id == build.build_id
-                    and pointer[0].manifest_sha256 != build.manifest_sha256):
-                problems.append(Problem(path="manifest", problem="changed after it was published (sha256 recorded "
-                                        "in current.json differs)", expected=pointer[0].manifest_sha256,
-                                        actual=build.manifest_sha256))
+    problems.extend(anchor_problems(store, build))
     for entry in doc.files:
         problems.extend(check_file(store, build, entry, rehash))
     return problems
+
+
+def anchor_problems(store: Store, build: PublishedBuild) -> list[Problem]:
+    """The manifest's bytes against every digest recorded for this build: the key's pointer (current.json, whose
+    history keeps every build that was ever current) and the reference the build was reached through
+    (`anchor_sha256`: a registry version's or an MLflow run's tag). A content-addressed build that nothing
+    anchors cannot be checked and is not trusted; version 1 manifests predate anchors."""
+    if build.layout != "cas":
+        return []
+    try:
+        pointer = read_pointer(store, build.model, build.key)
+    except StoreError as err:
+        return [Problem(path="manifest", problem=str(err))]
+    recorded = [(where, sha) for where, sha in ((store.url(pointer_key(build.model, build.key)),
+                                                 pointer[0].anchor_of(build.build_id) if pointer else None),
+                                                (build.anchor_source, build.anchor_sha256)) if sha]
+    if not recorded:
+        return [Problem(path="manifest", problem="not anchored: no digest of this build's manifest is recorded (it "
+                        "was never the current build, or stopped being current before digests were recorded), so "
+                        "its manifest cannot be checked; publish the unit again with `enginefoundry run SPEC "
+                        "--force`")]
+    return [Problem(path="manifest", problem=f"changed after it was published (sha256 recorded in {where} differs)",
+                    expected=sha, actual=build.manifest_sha256) for where, sha in recorded
+            if sha != build.manifest_sha256]
 
 
 def check_file(store: Store, build: PublishedBuild, entry: FileEntry, rehash: bool) -> list[Problem]:
     okey = build.object_key(entry)
     try:
         size = store.size(okey)
+    except CorruptObject as err:
+        return [Problem(path=entry.path, problem=str(err), corrupt=True)]
     except StoreError as err:
         return [Problem(path=entry.path, problem=str(err))]
     if size is None:
         return [Problem(path=entry.path, problem=f"missing: {store.url(okey)} does not exist")]
     if size != entry.size:
-        return [Problem(path=entry.path, problem="wrong size", expected=f"{entry.size} bytes", actual=f"{size} bytes")]
+        return [Problem(path=entry.path, problem="wrong size", expected=f"{entry.size} bytes", actual=f"{size} bytes",
+                        corrupt=True)]
     if rehash:
         h = hashlib.sha256()
         try:
@@ -282,24 +324,48 @@ def check_file(store: Store, build: PublishedBuild, entry: FileEntry, rehash: bo
             return [Problem(path=entry.path, problem=str(err))]
         if h.hexdigest() != entry.sha256:
             return [Problem(path=entry.path, problem="sha256 differs (corrupted)", expected=entry.sha256,
-                            actual=h.hexdigest())]
+                            actual=h.hexdigest(), corrupt=True)]
     return []
+
+
+def quarantine_problems(store: Store, build: PublishedBuild, problems: list[Problem]) -> list[str]:
+    """Move aside every object of `build` that a check found corrupt (`Store.quarantine`), so that the next
+    publish of those bytes writes fresh ones and every build that lists them is whole again. The URLs of what
+    was moved; a store this credential cannot write to moves nothing (the caller's refusal stands)."""
+    by_path = {e.path: e for e in build.files}
+    moved = []
+    for p in problems:
+        if p.corrupt and p.path in by_path:
+            try:
+                dest = store.quarantine(build.object_key(by_path[p.path]))
+            except (StoreError, OSError):
+                continue
+            if dest is not None:
+                moved.append(store.url(dest))
+    return moved
 
 
 # Writing
 
 
 def upload_folders(
-    store: Store, folders: dict[str, Path], progress: Callable[[str], None] = print,
+    store: Store, folders: dict[str, Path], progress: Callable[[str], None] = print, verify_existing: bool = False,
+    quarantined: list[str] | None = None,
 ) -> tuple[list[FileEntry], int, int]:
     """Every file of each folder as a blob; entries are `<name>/<relative path>`. Returns (entries, total bytes,
-    bytes written): a blob that exists is not written again."""
+    bytes written): a blob that exists is not written again (with `verify_existing` it is re-hashed first, and a
+    corrupt one is quarantined and written afresh: its URL goes to `quarantined`)."""
     entries: list[FileEntry] = []
     total = written = 0
     for name, folder in folders.items():
         files = list_files(folder)
         for i, f in enumerate(files, start=1):
-            put = store.put_blob(f)
+            put = store.put_blob(f, verify_existing=verify_existing)
+            if put.quarantined:
+                progress(f"publish: {put.digest[:12]} was corrupt in the store: quarantined to {put.quarantined}, "
+                         "written afresh")
+                if quarantined is not None:
+                    quarantined.append(put.quarantined)
             entries.append(FileEntry(path=f"{name}/{f.relative_to(folder).as_posix()}", size=put.size,
                                      sha256=put.digest, executable=bool(os.stat(f).st_mode & 0o111)))
             total += put.size
@@ -310,24 +376,46 @@ def upload_folders(
     return entries, total, written
 
 
+def current_build_id(store: Store, model: str, key: str) -> str:
+    """The build id the key's pointer names now ("" when none, or unreadable): what a publish `replaces`."""
+    try:
+        pointer = read_pointer(store, model, key)
+    except StoreError:
+        return ""
+    return pointer[0].build_id if pointer else ""
+
+
+def _moved_pointer(current: tuple[bytes, str] | None, build_id: str, digest: str) -> Pointer:
+    """The pointer to this build, carrying the earlier builds' anchors forward (an unreadable pointer has none)."""
+    try:
+        return Pointer.model_validate_json(current[0]).moved_to(build_id, digest) if current else Pointer(
+            build_id=build_id, manifest_sha256=digest)
+    except ValidationError:
+        return Pointer(build_id=build_id, manifest_sha256=digest)
+
+
 def _commit(store: Store, model: str, key: str, build_id: str, data: bytes, replace: bool,
-            kind: Literal["unit", "checkpoint"]) -> PublishedBuild:
-    """Write the build's manifest (once), then move the pointer to it by compare-and-swap. Without `replace`,
-    a healthy build that another run made current first wins and is returned instead."""
+            kind: Literal["unit", "checkpoint"], replaces: str | None = None) -> PublishedBuild:
+    """Write the build's manifest (once), then move the pointer to it by compare-and-swap; the pointer keeps
+    every earlier build's manifest digest in its history. Without `replace`, a healthy build that another run
+    made current first wins and is returned instead; with `replaces` (the build id that was current when this
+    build was decided on, "" for none) only one that another run made current since then: the build this run
+    refused is never adopted back."""
     mkey = build_manifest_key(model, key, build_id)
     if not store.create_if_absent(mkey, data):
         raise StoreError(f"{store.url(mkey)} exists already: build ids must be unique")
-    mine = Pointer(build_id=build_id, manifest_sha256=hashlib.sha256(data).hexdigest())
+    digest = hashlib.sha256(data).hexdigest()
     pkey = pointer_key(model, key)
     for _ in range(50):
         current = store.read_versioned(pkey)
         if current is not None and not replace:
             try:
                 winner = _find(store, model, key, kind)
-                if winner is not None and not check_hit(store, winner):
+                if winner is not None and winner.build_id != replaces and not check_hit(store, winner):
                     return winner
             except StoreError:
                 pass  # the current build is broken: ours replaces it
+        mine = _moved_pointer(current, build_id, digest)
         if store.replace_if(pkey, mine.model_dump_json(indent=2).encode() + b"\n", current[1] if current else None):
             return read_build(store, model, key, build_id, kind)
     raise StoreError(f"{store.url(pkey)}: could not move the pointer (too many concurrent publishers)")
@@ -335,18 +423,23 @@ def _commit(store: Store, model: str, key: str, build_id: str, data: bytes, repl
 
 def publish_build(
     store: Store, model: str, manifest_fields: dict[str, Any], folders: dict[str, Path],
-    progress: Callable[[str], None] = print, replace: bool = False,
+    progress: Callable[[str], None] = print, replace: bool = False, replaces: str | None = None,
+    verify_blobs: bool = False,
 ) -> PublishResult:
     """Publish a unit: blobs, an immutable manifest (a new build id), then the pointer. `replace` (a rebuild with
-    --force) makes this build current even when another is; otherwise a healthy current build is adopted."""
-    entries, total, written = upload_folders(store, folders, progress)
+    --force) makes this build current even when another is; otherwise a healthy current build is adopted (with
+    `replaces`, only one that another run made current after that build id was current: `_commit`).
+    `verify_blobs` re-hashes every blob that exists already and quarantines a corrupt one (`--force`)."""
+    quarantined: list[str] = []
+    entries, total, written = upload_folders(store, folders, progress, verify_blobs, quarantined)
     build_id = new_build_id()
     manifest = Manifest.model_validate({**manifest_fields, "build_id": build_id,
                                         "files": [e.model_dump() for e in entries]})
-    current = _commit(store, model, manifest.key, build_id, manifest.to_json(), replace, "unit")
+    current = _commit(store, model, manifest.key, build_id, manifest.to_json(), replace, "unit", replaces)
     assert current.manifest is not None
     return PublishResult(uri=current.uri, manifest=current.manifest, created=current.build_id == build_id,
-                         bytes_uploaded=written, bytes_total=total, build_id=current.build_id)
+                         bytes_uploaded=written, bytes_total=total, build_id=current.build_id,
+                         manifest_sha256=current.manifest_sha256, quarantined=quarantined)
 
 
 def publish_checkpoint(

@@ -37,10 +37,11 @@ def candidate_alias_of(spec: BuildSpec, unit: Unit, manifest: Manifest) -> str |
 
 
 def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_url: str,
-                 prefect: dict[str, str]) -> dict[str, str]:
+                 prefect: dict[str, str], manifest_sha256: str = "") -> dict[str, str]:
     """What an auditor asks first, on the model version itself, so `@<stem>-candidate` answers in one hop:
     source and revision, digests, toolchain, gate verdict, the headline throughput, links to the run, the
-    manifest and the Prefect flow run (`prefect`: the registering flow run's context, if any)."""
+    manifest and its sha256 (which `verify`, `pull` and `rollback` hold the manifest to) and the Prefect flow run
+    (`prefect`: the registering flow run's context, if any)."""
     from enginefoundry.bench.report import best_throughput
 
     best = best_throughput(manifest.benchmark)
@@ -49,6 +50,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
     tags = {
         mltags.KEY: manifest.key, mltags.TARGET: unit.target.name, mltags.ARCH: unit.target.arch.value,
         mltags.LANE: manifest.lane, mltags.STATUS: manifest.status, mltags.MANIFEST_URI: manifest_uri,
+        mltags.MANIFEST_SHA256: manifest_sha256,
         mltags.ALIAS_STEM: unit_alias_stem(spec, unit),
         mltags.SOURCE_URI: manifest.source.get("uri", ""),
         mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
@@ -101,6 +103,10 @@ def ensure_registered(
         created = True
     else:
         version, created = str(existing.version), False
+        if tags.get(mltags.MANIFEST_SHA256) and not existing.tags.get(mltags.MANIFEST_SHA256):
+            # Registered before digests were recorded: anchor it now, from a build the store's record checked.
+            client.set_model_version_tag(registered_model, version, mltags.MANIFEST_SHA256,
+                                         tags[mltags.MANIFEST_SHA256])
     if alias is None:
         return Registration(version=version, created=created, alias=None, alias_set=False)
     try:

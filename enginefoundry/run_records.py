@@ -98,7 +98,7 @@ def record_hit(
     reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
                             manifest_uri=hit.uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
                             tags={**version_tags(spec, unit, manifest, hit.uri, mlflow_run_link(spec, built_by),
-                                                 extra_tags or {}), **signature},
+                                                 extra_tags or {}, hit.manifest_sha256), **signature},
                             move_alias=False)
     if reg.created or reg.alias_set:
         tracker.set_tags(run_id, {mltags.REGISTRY_REPAIRED: f"version {reg.version}"

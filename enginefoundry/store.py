@@ -90,7 +90,9 @@ def file_mode(executable: bool) -> int:
 
 
 def link_or_copy(src: str | Path, dst: str | Path) -> None:
-    """Hard-link src to dst (same filesystem), else copy it. Usable as shutil.copytree's copy_function."""
+    """Hard-link src to dst (same filesystem), else copy it. Usable as shutil.copytree's copy_function. Only
+    between files this project owns in its work folder (a work checkpoint and the bundle made from it): never
+    from a user's folder (`clone_or_copy`) and never into or out of a store (blobs own their inodes)."""
     try:
         os.link(os.path.realpath(src), dst)
     except OSError as err:
@@ -101,10 +103,59 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
         shutil.copy2(src, dst)
 
 
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int), the reflink ioctl (btrfs, XFS with reflink, bcachefs)
+
+
+def clone_fd(src: int, dst: int) -> None:
+    """Copy the whole of `src` into the empty `dst` without a userspace copy: a reflink where the filesystem
+    shares extents copy-on-write (a write to either file never shows in the other), else copy_file_range(2)
+    (in-kernel), else read/write. Either way `dst` is its own inode: nothing written through one name reaches
+    the other."""
+    try:
+        fcntl.ioctl(dst, FICLONE, src)
+        return
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.EPERM, errno.ENOSYS):
+            raise
+    size, done = os.fstat(src).st_size, 0
+    try:
+        while done < size:
+            n = os.copy_file_range(src, dst, size - done, done, done)
+            if n == 0:
+                break
+            done += n
+        return
+    except OSError as err:
+        if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM) or done:
+            raise
+    while chunk := os.pread(src, CHUNK, done):
+        os.pwrite(dst, chunk, done)
+        done += len(chunk)
+
+
+def clone_or_copy(src: str | Path, dst: str | Path) -> None:
+    """A new file `dst` with `src`'s bytes and permission bits, never a hard link (`clone_fd`): what a work folder
+    takes from a user's checkpoint. `dst` must not exist (O_EXCL: never written through an existing name).
+    Usable as shutil.copytree's copy_function."""
+    with open(os.path.realpath(src), "rb") as fin:
+        mode = os.fstat(fin.fileno()).st_mode & 0o777
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode | 0o200)
+        try:
+            clone_fd(fin.fileno(), fd)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
+
 class BlobPut(BaseModel):
     digest: str
     size: int
-    uploaded: bool  # False when the blob already existed (its size was checked) or was hard-linked
+    uploaded: bool  # False when the blob already existed (its size, with `verify_existing` its sha256, checked)
+    quarantined: str | None = None  # where a corrupt blob of this digest was moved before this one was written
+
+
+BLOB_MODE = 0o444  # blobs are read-only on disk: written once, never through any name
+QUARANTINE_PREFIX = "quarantine"
 
 
 class Store(ABC):
@@ -131,15 +182,42 @@ class Store(ABC):
     def put_file(self, local: Path, key: str) -> tuple[int, str]:
         """Upload a file; return (size, sha256) computed in the same pass that reads it."""
 
-    def put_blob(self, local: Path) -> BlobPut:
+    def put_blob(self, local: Path, verify_existing: bool = False) -> BlobPut:
         """Store a file as blobs/sha256/<ab>/<digest>, written once with a conditional create. A blob that
-        exists already is not written again; its size is checked. A blob that is corrupt (wrong size, a
-        symlink) holds bytes that are not its name's: it is removed and written again from `local`, once."""
+        exists already is not written again; its size is checked (with `verify_existing` its sha256 too: `run
+        --force`). A blob that is corrupt (wrong size or bytes, a symlink) holds bytes that are not its name's:
+        it is quarantined (`quarantine`) and written again from `local`, once."""
         try:
-            return self._put_blob(local)
+            put = self._put_blob(local)
+            if verify_existing and not put.uploaded and self.sha256_of(blob_key(put.digest)) != put.digest:
+                raise CorruptObject(blob_key(put.digest), f"{self.url(blob_key(put.digest))} is corrupt: its bytes "
+                                    "do not hash to its name")
+            return put
         except CorruptObject as err:
-            self.delete(err.key)
-            return self._put_blob(local)
+            moved = self.quarantine(err.key)
+            return self._put_blob(local).model_copy(update={"quarantined": moved and self.url(moved)})
+
+    def sha256_of(self, key: str) -> str | None:
+        """The sha256 of an object's bytes, streamed; None when it is absent or not a regular object."""
+        h = hashlib.sha256()
+        try:
+            for chunk in self.iter_bytes(key):
+                h.update(chunk)
+        except StoreError:
+            return None
+        return h.hexdigest()
+
+    def quarantine(self, key: str) -> str | None:
+        """Move an object that failed verification aside, to `quarantine/<key>.<time>-<random>` (kept for a
+        person to look at, never read by a build), so that the next publish writes a fresh one under its name.
+        The quarantine key, None when the object was already gone."""
+        from datetime import UTC, datetime
+
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        return self._move_aside(store_key(key), f"{QUARANTINE_PREFIX}/{store_key(key)}.{stamp}-{os.urandom(3).hex()}")
+
+    @abstractmethod
+    def _move_aside(self, key: str, dest: str) -> str | None: ...
 
     @abstractmethod
     def _put_blob(self, local: Path) -> BlobPut: ...
@@ -300,42 +378,75 @@ class FileStore(Store):
         return size, digest
 
     def _put_blob(self, local: Path) -> BlobPut:
-        """Same filesystem: hash the file, then hard-link it as the blob (no bytes written). Else copy it,
-        hashing in the same pass, and link the temp file into place. Either way the final name appears
-        atomically and only if absent (link(2) fails on an existing name)."""
+        """Hash the file; a blob that exists costs nothing more. Else copy it into the store's temp folder
+        (`clone_fd`: a reflink where the filesystem offers one, an in-kernel copy otherwise), read-only, and link
+        the temp file into place: the final name appears atomically and only if absent (link(2) fails on an
+        existing name). The blob is its own inode, never a link to `local`: a write to the user's file cannot
+        change a published blob, nor a write to a blob the user's file. A file that changed between the hash
+        and the copy (its inode's size, mtime or ctime moved) is copied again, hashing as it is read."""
         size, digest, before = _sha256_of(local)
         key = blob_key(digest)
         if (existing := self.size(key)) is not None:
-            return self._existing(key, digest, size, existing)
+            put = self._existing(key, digest, size, existing)
+            self._own(key, digest)
+            return put
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        real = os.path.realpath(local)
-        try:
-            os.link(real, dest)
-            after = os.stat(dest)
-            if (after.st_ino, after.st_size, after.st_mtime_ns) != (before.st_ino, before.st_size, before.st_mtime_ns):
-                os.unlink(dest)  # the file changed after we hashed it: fall back to a hashed copy
-                raise OSError(errno.EXDEV, "changed while hashing")
-            return BlobPut(digest=digest, size=size, uploaded=False)
-        except FileExistsError:
-            return self._existing(key, digest, size, self.size(key))
-        except OSError as err:
-            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise
-        with local.open("rb") as src:
-            executable = bool(os.fstat(src.fileno()).st_mode & 0o111)
-            tmp, copied, copied_digest = self._write_temp(dest, iter(lambda: src.read(CHUNK), b""),
-                                                          file_mode(executable))
-        try:
+        tmp = self._clone_temp(local, before)
+        if tmp is None:  # changed while hashing: a copy that hashes what it writes
+            with local.open("rb") as src:
+                tmp, size, copied_digest = self._write_temp(dest, iter(lambda: src.read(CHUNK), b""), BLOB_MODE)
             if copied_digest != digest:
+                Path(tmp).unlink(missing_ok=True)
                 raise StoreError(f"{local} changed while it was being published; publish again")
+        try:
             try:
                 os.link(tmp, dest)
             except FileExistsError:
                 return self._existing(key, digest, size, self.size(key))
         finally:
             Path(tmp).unlink(missing_ok=True)
-        return BlobPut(digest=digest, size=copied, uploaded=True)
+        return BlobPut(digest=digest, size=size, uploaded=True)
+
+    def _own(self, key: str, digest: str) -> None:
+        """A blob with other names (hard-linked into work folders by releases before issue 21) becomes a private
+        read-only copy: copied, hashed, renamed over the shared name (same bytes, so readers see no change)."""
+        dest = self._path(key)
+        st = os.lstat(dest)
+        if st.st_nlink == 1:
+            if stat.S_IMODE(st.st_mode) != BLOB_MODE:
+                os.chmod(dest, BLOB_MODE)
+            return
+        tmp = self._clone_temp(dest, st)
+        if tmp is None or _sha256_of(Path(tmp))[1] != digest:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            return  # changed under us: the next check of the blob reports it
+        os.replace(tmp, dest)
+
+    def _clone_temp(self, local: Path, before: os.stat_result) -> str | None:
+        """A read-only, fsync'd copy of `local` in the temp folder, or None when `local` is not the file that was
+        hashed any more (another inode, size, mtime or ctime: ctime cannot be set back by a writer)."""
+        fd, tmp = tempfile.mkstemp(dir=self._temp_dir(), prefix=f"{socket.gethostname()}.{os.getpid()}.",
+                                   suffix=".partial")
+        try:
+            with open(local, "rb") as src:
+                clone_fd(src.fileno(), fd)
+                after = os.fstat(src.fileno())
+            same = [(s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for s in (before, after)]
+            if same[0] != same[1] or os.fstat(fd).st_size != before.st_size:
+                os.close(fd)
+                Path(tmp).unlink(missing_ok=True)
+                return None
+            os.fchmod(fd, BLOB_MODE)
+            os.fsync(fd)
+            os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return tmp
 
     def _existing(self, key: str, digest: str, size: int, existing: int | None) -> BlobPut:
         if existing != size:
@@ -420,6 +531,16 @@ class FileStore(Store):
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def _move_aside(self, key: str, dest: str) -> str | None:
+        """rename(2): atomic, and a symlink is moved as the link (never followed)."""
+        src, target = self._path(key), self._path(dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(src, target)
+        except FileNotFoundError:
+            return None
+        return dest
 
 
 class S3Store(Store):
@@ -637,6 +758,16 @@ class S3Store(Store):
 
     def delete(self, key: str) -> None:
         self._call(f"deleting {self.url(key)}", self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
+
+    def _move_aside(self, key: str, dest: str) -> str | None:
+        """Server-side copy to `dest`, then delete the original only if it is still the object copied (If-Match
+        on its ETag): a blob that another publisher wrote again meanwhile is left in place."""
+        head = self._head(key)
+        if head is None:
+            return None
+        self._call(f"quarantining {self.url(key)}", self.client.copy,
+                   CopySource={"Bucket": self.bucket, "Key": self._key(key)}, Bucket=self.bucket, Key=self._key(dest))
+        return dest if self.delete_if(key, head["ETag"]) else None
 
 
 class CorruptObject(StoreError):

@@ -36,6 +36,7 @@ WORK_POOL = "enginefoundry.work_pool"
 CACHE_HIT = "enginefoundry.cache_hit"
 BUILT_BY_RUN = "enginefoundry.built_by_run"
 MANIFEST_URI = "enginefoundry.manifest_uri"
+MANIFEST_SHA256 = "enginefoundry.manifest_sha256"  # sha256 of the manifest's bytes: verify/pull/rollback check it
 STATUS = "enginefoundry.status"
 STATUS_REASON = "enginefoundry.status_reason"
 GPU = "enginefoundry.gpu"

@@ -56,11 +56,13 @@ def validate_file(path: str | Path, only_targets: list[str] | None = None) -> Bu
         problems.append((field, f"'{spec.registered_model_name}' is not a valid MLflow registered-model name "
                                 "(no '/', ':' or '%'); set tracking.registered_model, e.g. "
                                 f"{re.sub(r'[/:%]', '-', spec.registered_model_name)}"))
-    from enginefoundry.plan_report import plan_report
+    from enginefoundry.plan_report import SPEC_CHECK, plan_report
 
     report = plan_report(spec, only_targets)
     for unit_name, verdict in report.preflight.items():
         for check in verdict.problems:
+            if check.name == SPEC_CHECK:  # a lane-option refusal: reported above by its field
+                continue
             problems.append((f"unit {unit_name}", check.message + (f" (fix: {check.fix})" if check.fix else "")))
     if problems:
         raise SpecError(problems, str(path))

@@ -33,11 +33,12 @@ from enginefoundry.publish import (
     find_checkpoint_build,
     find_current,
     locate,
+    quarantine_problems,
     read_build,
 )
 from enginefoundry.retry import retry_transient
 from enginefoundry.runner import pid_alive
-from enginefoundry.store import Store, file_mode, open_store
+from enginefoundry.store import Store, clone_or_copy, file_mode, open_store
 
 DEFAULT_WORKERS = 8
 PULL_ATTEMPTS = 8  # per file: backoff ceilings 0.5, 1, 2, 4, 8, 8, 8 s ride through a store restart
@@ -53,6 +54,7 @@ class VerifyReport(BaseModel):
     problems: list[Problem]
     mode: Literal["full", "cheap"] = "full"
     record: str | None = None  # store key of the verification record
+    quarantined: list[str] = Field(default_factory=list, description="corrupt objects moved aside (--repair)")
 
     @property
     def mib_per_s(self) -> float:
@@ -83,8 +85,18 @@ class PullReport(BaseModel):
 # References
 
 
-def open_build(uri: str, endpoint_url: str | None = None) -> tuple[Store, PublishedBuild]:
-    """A store URI of a build (manifest, key folder or pointer; either layout) → (store, build)."""
+def open_build(uri: str, endpoint_url: str | None = None, anchor: tuple[str, str] | None = None,
+               ) -> tuple[Store, PublishedBuild]:
+    """A store URI of a build (manifest, key folder or pointer; either layout) → (store, build). `anchor`: (where,
+    sha256) of the manifest digest recorded where the URI came from (a registry version, an MLflow run), which
+    `check_hit` holds the manifest to beside the store's own record."""
+    store, build = _open_build(uri, endpoint_url)
+    if anchor is not None and anchor[1]:
+        build = build.model_copy(update={"anchor_source": anchor[0], "anchor_sha256": anchor[1]})
+    return store, build
+
+
+def _open_build(uri: str, endpoint_url: str | None = None) -> tuple[Store, PublishedBuild]:
     root, folder, model, key, build_id = locate(uri)
     store = open_store(root, endpoint_url)
     kind = "checkpoint" if folder == "checkpoints" else "unit"
@@ -156,16 +168,20 @@ def find_by_key(store: Store, key: str, model: str | None = None) -> PublishedBu
 
 
 def verify_build(store: Store, build: PublishedBuild, workers: int = DEFAULT_WORKERS,
-                 record: bool = True) -> VerifyReport:
+                 record: bool = True, repair: bool = False) -> VerifyReport:
     """Every file's size and sha256 against the manifest (streamed, in parallel), plus the manifest's own
-    consistency (check_hit's checks). Records the outcome beside the build unless `record` is False."""
+    consistency (check_hit's checks, its digest against every record of it included). Records the outcome
+    beside the build unless `record` is False. With `repair`, every corrupt object is quarantined
+    (`publish.quarantine_problems`): the build is then refused as a hit, and the run that rebuilds it writes
+    fresh blobs."""
     t0 = time.monotonic()
     problems = [p for p in check_hit(store, build, rehash=False) if p.path == "manifest"]
     with ThreadPoolExecutor(max(1, workers)) as pool:
         for found in pool.map(lambda e: check_file(store, build, e, rehash=True), build.files):
             problems.extend(found)
     report = VerifyReport(uri=build.uri, build_id=build.build_id, ok=not problems, files=len(build.files),
-                          bytes=sum(f.size for f in build.files), seconds=time.monotonic() - t0, problems=problems)
+                          bytes=sum(f.size for f in build.files), seconds=time.monotonic() - t0, problems=problems,
+                          quarantined=quarantine_problems(store, build, problems) if repair else [])
     if record:
         try:
             report.record = record_verification(store, build, report)
@@ -201,7 +217,7 @@ def last_verified(store: Store, build: PublishedBuild) -> VerificationRecord | N
 # Pull
 
 
-def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path, link: bool) -> int | None:
+def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path, clone: bool) -> int | None:
     """Bytes downloaded; None when the file was already there and verified (a resumed pull)."""
     local = dest.joinpath(*entry.path.split("/"))
     mode = file_mode(entry.executable)
@@ -212,21 +228,26 @@ def _fetch_one(store: Store, build: PublishedBuild, entry: FileEntry, dest: Path
             os.chmod(local, mode)
         return None
     okey = build.object_key(entry)
-    if link and (src := store.local_path(okey)) is not None and sha256_file(src) == entry.sha256:
+    if clone and (src := store.local_path(okey)) is not None:
+        # A copy of its own (reflinked where the filesystem can), never a hard link: a write to the work file
+        # must not reach the blob. It is hashed after the copy, so what is kept is what was checked.
         tmp = local.with_name(f".{local.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
         try:
-            os.link(src, tmp)
-            os.replace(tmp, local)
-            return 0
-        except OSError:
-            tmp.unlink(missing_ok=True)  # another filesystem: download instead
+            clone_or_copy(src, tmp)
+            if tmp.stat().st_size == entry.size and sha256_file(tmp) == entry.sha256:
+                os.chmod(tmp, mode)
+                os.replace(tmp, local)
+                return 0
+        finally:
+            tmp.unlink(missing_ok=True)
     # A broken stream or a server restarting (connection refused, 500 while its volumes come back) restarts
     # this file's download after a backoff; a wrong digest is not transient and fails at once.
-    return retry_transient(lambda: _download_verified(store, okey, entry, local, mode), what=f"pulling {entry.path}",
-                           attempts=PULL_ATTEMPTS, base_s=0.5, cap_s=8.0, transient=is_transient)
+    return retry_transient(lambda: _download_verified(store, okey, entry, local, mode, build.uri),
+                           what=f"pulling {entry.path}", attempts=PULL_ATTEMPTS, base_s=0.5, cap_s=8.0,
+                           transient=is_transient)
 
 
-def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, mode: int) -> int:
+def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, mode: int, ref: str) -> int:
     fd, tmp_name = tempfile.mkstemp(dir=local.parent, prefix=f".{local.name}.{os.getpid()}.", suffix=".partial")
     tmp = Path(tmp_name)
     try:
@@ -235,8 +256,9 @@ def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, m
             for chunk in store.iter_bytes(okey):
                 if size + len(chunk) > entry.size:  # never more than the manifest says, whatever the server sends
                     raise StoreError(f"{entry.path}: {store.url(okey)} sent more than the manifest's {entry.size} "
-                                     "bytes; refused. The store holds other bytes under this name: run "
-                                     "`enginefoundry verify` on the build")
+                                     "bytes; refused. The store holds other bytes under this name: "
+                                     f"`enginefoundry verify --repair {ref}` moves them aside, then `enginefoundry "
+                                     "run SPEC` publishes fresh ones")
                 h.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
@@ -244,7 +266,8 @@ def _download_verified(store: Store, okey: str, entry: FileEntry, local: Path, m
         if size != entry.size or h.hexdigest() != entry.sha256:
             raise StoreError(f"{entry.path}: {store.url(okey)} is corrupted: {size} bytes, sha256 "
                              f"{h.hexdigest()[:12]}… ≠ manifest {entry.size} bytes, {entry.sha256[:12]}…; "
-                             "republish the unit with --force")
+                             "`enginefoundry run SPEC --force` publishes a build with fresh blobs (it re-hashes "
+                             f"what it reuses); `enginefoundry verify --repair {ref}` moves the bad one aside now")
         os.replace(tmp, local)
     finally:
         tmp.unlink(missing_ok=True)
@@ -293,9 +316,9 @@ def _remove_dead_partials(dest: Path, files: list[FileEntry]) -> list[Path]:
 
 
 def pull(store: Store, build: PublishedBuild, dest: Path, workers: int = DEFAULT_WORKERS,
-         link: bool = False) -> PullReport:
-    """Download every file of a build under dest (verified, parallel, resumable). With `link`, a file:// blob
-    on the same filesystem is hard-linked instead of copied (work folders; not for serving copies)."""
+         clone: bool = False) -> PullReport:
+    """Download every file of a build under dest (verified, parallel, resumable). With `clone`, a file:// blob is
+    copied by the kernel (a reflink where the filesystem offers one) instead of streamed; never hard-linked."""
     t0 = time.monotonic()
     problems = [p.line() for p in check_hit(store, build) if p.path == "manifest"] + file_list_problems(build.files)
     if problems:
@@ -303,7 +326,7 @@ def pull(store: Store, build: PublishedBuild, dest: Path, workers: int = DEFAULT
     dest.mkdir(parents=True, exist_ok=True)
     _remove_dead_partials(dest, build.files)
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        sizes = list(pool.map(lambda e: _fetch_one(store, build, e, dest, link), build.files))
+        sizes = list(pool.map(lambda e: _fetch_one(store, build, e, dest, clone), build.files))
     fetched = [s for s in sizes if s is not None]
     return PullReport(uri=build.uri, dest=str(dest), files=len(build.files), downloaded=len(fetched),
                       kept=len(sizes) - len(fetched), bytes_downloaded=sum(fetched), seconds=time.monotonic() - t0)

@@ -37,7 +37,7 @@ from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint
 from enginefoundry.tasks.events import emit_unit_outcome
-from enginefoundry.tasks.publish import publish_unit
+from enginefoundry.tasks.publish import build_now_current, publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serve_files import write_serving
 from enginefoundry.tasks.smoke import smoke_reference, smoke_test
@@ -67,6 +67,7 @@ def run_unit_stages(
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome:
     key = key_of(key_components)
+    replaces = build_now_current(spec, key)  # under this run's lease: what the publish may replace, not adopt
     stages: dict[str, float] = {}
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit), build_run_tags(spec, unit, key))
     unit_dir = work_root() / "units" / key[:16]
@@ -97,7 +98,8 @@ def run_unit_stages(
             stages["smoke"] = time.monotonic() - t
             if spec.benchmark.enabled:
                 t = time.monotonic()
-                sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}")
+                sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}",
+                                  unit=unit)
                 stages["bench"] = time.monotonic() - t
         finally:
             stop_unit_server(endpoint)
@@ -122,7 +124,7 @@ def run_unit_stages(
         folders["serving"] = write_serving(spec, unit.name, key, build.bundle_dir, ckpt.result.checkpoint_dir,
                                            ckpt.uri, str(serving_dir))
     t = time.monotonic()
-    published = publish_unit(spec, draft, folders, replace)
+    published = publish_unit(spec, draft, folders, replace, replaces)
     stages["publish"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -134,11 +136,12 @@ def run_unit_stages(
     ]
     record_unit(spec, run_id, ok=draft.status == UnitStatus.CANDIDATE,
                 tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri,
+                      mltags.MANIFEST_SHA256: published.manifest_sha256,
                       mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
                       **(smoke.tags() if smoke else {})},
                 metrics=unit_metrics(stages, build.metrics, published.bytes_total, smoke, sweep),
                 sweep=sweep, artifacts=artifacts)
-    register_published_unit(spec, unit, published.manifest, published.uri, run_id)
+    register_published_unit(spec, unit, published.manifest, published.uri, run_id, published.manifest_sha256)
     stages["track"] = time.monotonic() - t
     report_unit_links(unit.name, key, mlflow_run_link(spec, run_id), published.uri)
     emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, draft.status, reason=draft.status_reason,

@@ -14,7 +14,13 @@ from pydantic import BaseModel
 from enginefoundry.errors import StoreError
 from enginefoundry.lanes import ConvertResult, get_lane
 from enginefoundry.locks import host_lock
-from enginefoundry.publish import check_hit, find_checkpoint_build, manifests_prefix, publish_checkpoint
+from enginefoundry.publish import (
+    check_hit,
+    find_checkpoint_build,
+    manifests_prefix,
+    publish_checkpoint,
+    quarantine_problems,
+)
 from enginefoundry.run_summary import work_root
 from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec, Variant
@@ -59,21 +65,30 @@ def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot,
         published, problems = None, []
         log(f"convert: {variant.name}: published checkpoint {ckey[:12]} refused ({err}); converting again")
     if problems:
+        moved = quarantine_problems(store, published, problems) if published is not None else []
         log(f"convert: {variant.name}: published checkpoint {ckey[:12]} refused: "
-            + "; ".join(p.line() for p in problems[:3]) + "; converting again")
+            + "; ".join(p.line() for p in problems[:3]) + "".join(f"; quarantined {m}" for m in moved)
+            + "; converting again")
         published = None
 
+    if published is not None and published.checkpoint is not None and not done.is_file():
+        log(f"convert: {variant.name}: fetching published checkpoint {ckey[:12]} (verified, copied by the kernel "
+            "where the store is on this filesystem)")
+        shutil.rmtree(workdir, ignore_errors=True)
+        try:
+            # Entries are checkpoint/<file>: they land in workdir/checkpoint.
+            pull(store, published, workdir, clone=True)
+        except StoreError as err:  # a blob with other bytes than its name: move it aside, convert again
+            moved = quarantine_problems(store, published, check_hit(store, published, rehash=True))
+            log(f"convert: {variant.name}: published checkpoint {ckey[:12]} refused ({err})"
+                + "".join(f"; quarantined {m}" for m in moved) + "; converting again")
+            published = None
+        else:
+            result = ConvertResult(checkpoint_dir=str(workdir / "checkpoint"), params=published.checkpoint.params)
+            done.write_text(result.model_dump_json(indent=2))
     if published is not None and published.checkpoint is not None:
         if published.layout == "legacy":
             uri = published.uri.rsplit("/", 1)[0]
-        if not done.is_file():
-            log(f"convert: {variant.name}: fetching published checkpoint {ckey[:12]} (verified, hard-linked "
-                "where the store is on this filesystem)")
-            shutil.rmtree(workdir, ignore_errors=True)
-            # Entries are checkpoint/<file>: they land in workdir/checkpoint.
-            pull(store, published, workdir, link=True)
-            result = ConvertResult(checkpoint_dir=str(workdir / "checkpoint"), params=published.checkpoint.params)
-            done.write_text(result.model_dump_json(indent=2))
         log(f"convert: {variant.name}: reusing published checkpoint {ckey[:12]}")
         return ConvertedCheckpoint(variant=variant.name, key=ckey, reused=True, uri=uri,
                                    result=ConvertResult.model_validate_json(done.read_text()))

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.attest import sign_published
 from enginefoundry.manifest import Manifest
-from enginefoundry.publish import PublishResult, publish_build
+from enginefoundry.publish import PublishResult, current_build_id, publish_build
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.signing import signer_from_env
 from enginefoundry.spec import BuildSpec
@@ -18,19 +18,28 @@ from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
 
 
+def build_now_current(spec: BuildSpec, key: str) -> str:
+    """The build id the key's pointer names as a unit starts to build ("" for none): what its publish replaces.
+    Read before the build, under the run's lease: a different current build at publish time was made by
+    another run meanwhile."""
+    return current_build_id(open_store(spec.publish.store, spec.publish.s3_endpoint_url), spec.model.name, key)
+
+
 @task(name="publish unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], replace: bool = False) -> PublishResult:
+def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], replace: bool = False,
+                 replaces: str | None = None) -> PublishResult:
     """`draft` is the manifest without `files` and `build_id`: the file list comes from the upload itself, the
     build id from the store. `replace` (a --force rebuild) makes this new build current even when another build
-    of the key is; the earlier build stays in the store, verifiable. Without it a healthy build that another run
-    made current first is adopted."""
+    of the key is, and re-hashes every blob it reuses (a corrupt one is quarantined and written afresh); the
+    earlier build stays in the store, verifiable. Without it a healthy build that another run made current
+    after `replaces` (`build_now_current`) was current is adopted; the build this run refused never is."""
     exit_if_terminating()  # a cancelled run publishes nothing, whatever its stages made of the cancel
     log = progress_logger()
     signer = signer_from_env()  # a bad key fails here, before any byte is uploaded
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
     result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},
-                           progress=log, replace=replace)
+                           progress=log, replace=replace, replaces=replaces, verify_blobs=replace)
     if result.created:
         log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "
             f"{result.bytes_uploaded / 2**20:.1f} MiB new)")

@@ -118,11 +118,13 @@ def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str,
 
 
 @task(name="register unit in MLflow", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str) -> str:
-    """A registered-model version per published build (idempotent: keyed by its manifest URI);
-    `<stem>-candidate` (promotion.alias_stems) moves to it when its gates pass."""
+def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str,
+                            manifest_sha256: str = "") -> str:
+    """A registered-model version per published build (idempotent: keyed by its manifest URI, anchored by its
+    manifest's sha256); `<stem>-candidate` (promotion.alias_stems) moves to it when its gates pass."""
     tracker = tracker_for(spec)
-    tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id), prefect_context())
+    tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id), prefect_context(),
+                        manifest_sha256)
     signature = tags_for(manifest_uri, spec.publish.s3_endpoint_url)  # signer and attestation digests
     tracker.set_tags(run_id, signature)
     tags.update(signature)

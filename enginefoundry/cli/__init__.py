@@ -31,6 +31,7 @@ COMMANDS = (
     "enginefoundry.cli.completion",
     "enginefoundry.cli.automations",
     "enginefoundry.cli.smoke",
+    "enginefoundry.cli.search",
     "enginefoundry.cli.signing",
 )
 

@@ -30,6 +30,9 @@ def _common(cmd: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     ver = sub.add_parser("verify", help="re-hash every file of a published build; exit 1 naming each bad file")
     _common(ver)
+    ver.add_argument("--repair", action="store_true",
+                     help="move every corrupt blob aside (<store>/quarantine/…), so that the next run refuses the "
+                          "build as a cache hit and publishes fresh blobs")
     ver.add_argument("--signatures-only", action="store_true",
                      help="check the signed attestations only (a few KiB), not every file's sha256")
     ver.set_defaults(handler=cmd_verify)
@@ -55,10 +58,10 @@ def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
         model = model or spec.model.name
         endpoint = spec.publish.s3_endpoint_url
     if ref.startswith("models:/"):
-        from enginefoundry.lineage import resolve
+        from enginefoundry.lineage import registry_anchor, resolve
 
-        _, uri, _ = resolve(ref, args.mlflow_uri)
-        return open_build(uri, endpoint)
+        _, uri, registry = resolve(ref, args.mlflow_uri)
+        return open_build(uri, endpoint, anchor=registry_anchor(registry))
     if ref.startswith(("file://", "s3://")):
         return open_build(ref, endpoint)
     if store_uri is None:
@@ -78,7 +81,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report = VerifyReport(uri=build.uri, build_id=build.build_id, ok=True, files=0, bytes=0, seconds=0.0,
                               problems=[], mode="cheap")
     else:
-        report = verify_build(store, build, workers=args.workers)
+        report = verify_build(store, build, workers=args.workers, repair=args.repair)
     ok = report.ok and verdict.ok
     if args.json:
         emit_json({**report.model_dump(mode="json"), "ok": ok, "signature": verdict.model_dump(mode="json")})
@@ -94,6 +97,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             error(f"{report.uri}: {len(report.problems)} problem(s) in {report.files} files")
             for p in report.problems:
                 console.print(f"  {p.line()}", markup=False, highlight=False, soft_wrap=True)
+            console.print(_fix(report, args.ref), markup=False, highlight=False, soft_wrap=True)
         if verdict.ok:
             console.print(f"signature: {verdict.line()}", markup=False, highlight=False, soft_wrap=True)
         else:
@@ -101,6 +105,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for cause in verdict.problems:
                 console.print(f"  {cause}", markup=False, highlight=False, soft_wrap=True)
     return EXIT_OK if ok else EXIT_PIPELINE
+
+
+def _fix(report, ref: str) -> str:  # report: VerifyReport
+    """What to do next, for what was found: only fixes that work."""
+    lines = [f"  quarantined {q}" for q in report.quarantined]
+    if report.quarantined:
+        lines.append("fix: `enginefoundry run SPEC` now refuses this build as a cache hit and publishes fresh blobs "
+                     "(every build that lists them is whole again)")
+    elif any(p.corrupt for p in report.problems):
+        lines.append(f"fix: `enginefoundry verify --repair {ref}` moves the corrupt blobs aside, then `enginefoundry "
+                     "run SPEC` rebuilds the unit; or `enginefoundry run SPEC --force`, which re-hashes every blob "
+                     "it reuses")
+    elif report.problems:
+        lines.append("fix: do not serve this build; `enginefoundry run SPEC --force` publishes a new one")
+    return "\n".join(lines)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:

@@ -36,11 +36,16 @@ def test_cast_equals_transformers_cast(tmp_path: Path, dtype: str) -> None:
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (TINY / "tokenizer.json").read_bytes()
 
 
-def test_no_cast_makes_no_copy(tmp_path: Path) -> None:
+def test_no_cast_clones_and_never_shares_an_inode_with_the_source(tmp_path: Path) -> None:
+    """Issue 21: the work checkpoint was hard links of the user's files, so a write to either reached the other."""
     report = cast_checkpoint(TINY, tmp_path / "out", "float32")  # the fixture is fp32 already
     assert report.written == ["config.json"] and report.bytes_written < 4096
-    for name in report.linked:
-        assert (tmp_path / "out" / name).stat().st_ino == (TINY / name).stat().st_ino, name
+    assert "model.safetensors" in report.cloned
+    for name in report.cloned:
+        ours, theirs = (tmp_path / "out" / name).stat(), (TINY / name).stat()
+        assert ours.st_ino != theirs.st_ino and theirs.st_nlink == 1, name
+        assert (tmp_path / "out" / name).read_bytes() == (TINY / name).read_bytes()
+        assert ours.st_mode & 0o777 == theirs.st_mode & 0o777
 
 
 def test_the_header_is_aligned_and_offsets_are_contiguous(tmp_path: Path) -> None:
