@@ -25,7 +25,7 @@ class UnsafePathError(ValueError):
 
 def check_name(name: str, what: str = "name") -> str:
     """One path component from outside: letters, digits, `.`, `_`, `-`; not `.`/`..`; at most 100 chars."""
-    if not _SAFE_NAME.match(name) or name in (".", "..") or ".." in name:
+    if not _SAFE_NAME.fullmatch(name) or name in (".", "..") or ".." in name:
         raise UnsafePathError(
             f"{what} '{_show(name)}' is not a safe name: use letters, digits, '.', '_' and '-' "
             "(starting with a letter or digit, no '..', at most 100 characters)"

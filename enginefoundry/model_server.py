@@ -10,6 +10,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from enginefoundry.confine import check_name
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import ServeCommand
 from enginefoundry.runner import (
@@ -92,6 +95,7 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
     _install_sigterm_handler()
     install_sigterm_as_exit()
     t0 = time.monotonic()
+    cwd = _link_folder(cmd, log_path.parent / "serve-cwd")
     # The parent-death signal fires when the starting *thread* ends, so it is only set from the main thread;
     # the reaper covers servers started from other threads.
     main = threading.current_thread() is threading.main_thread()
@@ -101,7 +105,7 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
             with signals_held():
                 proc = subprocess.Popen(
                     cmd.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**os.environ, **cmd.command.env}, start_new_session=True,
+                    env={**os.environ, **cmd.command.env}, start_new_session=True, cwd=cwd,
                     preexec_fn=die_with_parent() if main else None,
                 )
                 reap_with_this_process(proc.pid)  # registered before a held signal can end this process
@@ -124,7 +128,18 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
         raise
     return Endpoint(base_url=base, model_name=cmd.model_name, tokenizer_dir=cmd.tokenizer_dir,
                     pid=proc.pid, log_path=str(log_path), startup_s=round(time.monotonic() - t0, 2),
-                    command=cmd.command.shell())
+                    command=(f"cd {shlex.quote(str(cwd))} && " if cwd else "") + cmd.command.shell())
+
+
+def _link_folder(cmd: ServeCommand, folder: Path) -> Path | None:
+    """The server's working folder holding `cmd.links` (made afresh beside the log), or None without links."""
+    if not cmd.links:
+        return None
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name, target in cmd.links.items():
+        (folder / check_name(name, "served model name")).symlink_to(target)
+    return folder
 
 
 def stop_server(pid: int) -> None:

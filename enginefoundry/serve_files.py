@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
+from enginefoundry.confine import check_name
 from enginefoundry.lanes import Lane
 from enginefoundry.permissions import write_file_atomic
 
@@ -46,6 +47,8 @@ class ServingPlan(BaseModel):
     default_port: int = DEFAULT_PORT
     needs: dict[str, str] = Field(default_factory=dict, description="variables to set before serving")
     triton: dict[str, Any] | None = None
+    links: dict[str, str] = Field(default_factory=dict, description="names the server's working folder holds, "
+                                  "as symbolic links to these paths (serve.sh makes the folder with mktemp)")
 
 
 def _relocate(text: str, paths: dict[str, str]) -> str:
@@ -58,7 +61,7 @@ def _relocate(text: str, paths: dict[str, str]) -> str:
 def serving_plan(lane: Lane, bundle_dir: Path, *, unit: str, model: str, key: str, artifact_uri: str,
                  checkpoint_dir: Path | None, checkpoint_uri: str | None) -> ServingPlan:
     bundle = Path(bundle_dir).resolve()
-    cmd = lane.serve_command(bundle, _HOST_SENTINEL, _PORT_SENTINEL)
+    cmd = lane.named_serve_command(bundle, _HOST_SENTINEL, _PORT_SENTINEL, model)
     paths = {str(bundle): f"${{{UNIT_DIR_VAR}}}/bundle"}
     needs = {UNIT_DIR_VAR: f"the unit folder downloaded from {artifact_uri} (it holds bundle/)"}
     if checkpoint_dir is not None and not Path(checkpoint_dir).resolve().is_relative_to(bundle):
@@ -78,7 +81,7 @@ def serving_plan(lane: Lane, bundle_dir: Path, *, unit: str, model: str, key: st
                   "launch": [_relocate(str(a), paths) for a in launch]}
     return ServingPlan(unit=unit, lane=lane.name, model=model, key=key, artifact_uri=artifact_uri, argv=argv,
                        env=env, health_path=cmd.health_path, openai_model_name=_relocate(cmd.model_name, paths),
-                       needs=needs, triton=triton)
+                       needs=needs, triton=triton, links={k: _relocate(v, paths) for k, v in cmd.links.items()})
 
 
 # The only expansions serve.sh makes: the variables that relocation put in. Everything else is literal.
@@ -110,6 +113,8 @@ def serve_script(plan: ServingPlan) -> str:
     for name in [*plan.env, *plan.needs]:
         if not _ENV_NAME.match(name):
             raise ValueError(f"serve.sh: {name!r} is not an environment variable name")
+    for name in plan.links:
+        check_name(name, "serve.sh link name")
     checks = [f'if [ -z "${{{var}:-}}" ]; then printf \'%s\\n\' {shlex.quote(f"set {var}: {why}")} >&2; exit 2; fi'
               for var, why in plan.needs.items()]
     env = " ".join(sh_word(f"{k}={v}") for k, v in plan.env.items())
@@ -125,9 +130,19 @@ def serve_script(plan: ServingPlan) -> str:
         # endpoint is not exposed by default.
         'HOST="${HOST:-127.0.0.1}"',
         f'PORT="${{PORT:-{int(plan.default_port)}}}"',
+        *_link_lines(plan.links),
         f'exec env {env} {command} "$@"' if env else f'exec {command} "$@"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _link_lines(links: dict[str, str]) -> list[str]:
+    """A private folder holding the links, made the working folder (left in $TMPDIR after the server ends)."""
+    if not links:
+        return []
+    return ['EF_SERVE_CWD="$(mktemp -d "${TMPDIR:-/tmp}/ef-serve.XXXXXX")"',
+            *(f'ln -s {sh_word(target)} "$EF_SERVE_CWD"/{shlex.quote(name)}' for name, target in links.items()),
+            'cd "$EF_SERVE_CWD"']
 
 
 def write_serving_files(plan: ServingPlan, out: Path) -> list[Path]:

@@ -49,7 +49,7 @@ def main() -> int:
             t1 = time.monotonic()
             build = lane.build(spec, unit, Path(ckpt.checkpoint_dir), work)
             t2 = time.monotonic()
-            cmd = lane.serve_command(Path(build.bundle_dir), "127.0.0.1", free_port())
+            cmd = lane.named_serve_command(Path(build.bundle_dir), "127.0.0.1", free_port(), spec.model.name)
             with serving(cmd, work / "server.log") as endpoint:
                 t3 = time.monotonic()
                 smoke = run_smoke(spec.smoke, load_prompt_set(spec.resolve_path(spec.smoke.prompts)),

@@ -16,7 +16,7 @@ from enginefoundry.tasks._log import progress_logger
 @task(name="start server", cache_policy=NO_CACHE)
 def start_unit_server(spec: BuildSpec, bundle_dir: str, log_dir: str) -> Endpoint:
     log = progress_logger()
-    cmd = get_lane(spec.lane).serve_command(Path(bundle_dir), "127.0.0.1", free_port())
+    cmd = get_lane(spec.lane).named_serve_command(Path(bundle_dir), "127.0.0.1", free_port(), spec.model.name)
     log(f"serve: {cmd.command.description} starting")
     endpoint = start_server(cmd, Path(log_dir) / "server.log")
     log(f"serve: healthy at {endpoint.base_url} after {endpoint.startup_s}s")

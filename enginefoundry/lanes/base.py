@@ -58,6 +58,9 @@ class ServeCommand(BaseModel):
     model_name: str  # the `model` field requests must carry
     health_path: str = "/health"
     tokenizer_dir: str  # local tokenizer for clients (benchmark tools)
+    # Names the server's working folder must hold, as symbolic links to these paths: a server that pins the
+    # request `model` to the (relative) path it was started with then answers to the model's name.
+    links: dict[str, str] = Field(default_factory=dict)
 
 
 class Lane(ABC):
@@ -103,6 +106,11 @@ class Lane(ABC):
     @abstractmethod
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
         """The command that serves the bundle on an OpenAI-compatible endpoint."""
+
+    def named_serve_command(self, bundle_dir: Path, host: str, port: int, name: str) -> ServeCommand:
+        """`serve_command`, answering to the model's name (the spec's `model.name`) where the lane's server can;
+        by default the lane's own `model` name stands."""
+        return self.serve_command(bundle_dir, host, port)
 
     def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
         """The commands this lane would run for a unit, without running anything (for `plan`). `surface`: what

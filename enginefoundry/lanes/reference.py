@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from enginefoundry.confine import check_name
 from enginefoundry.devices import host_facts, torch_device_facts
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
@@ -119,6 +120,20 @@ class ReferenceLane(Lane):
         return ServeCommand(command=Command(argv=argv, env=env, description="transformers serve"),
                             model_name=model_dir, tokenizer_dir=model_dir)
 
+    def named_serve_command(self, bundle_dir: Path, host: str, port: int, name: str) -> ServeCommand:
+        """Serve as `transformers serve <name>` from a folder where `<name>` links to the bundle's model: the
+        server pins requests to the id it was started with, and loads an id that exists as a local path from
+        that path (transformers 5.24 cli/serving/model_manager.py `process_model_name`: `os.path.exists`).
+        A name that is not a plain file name (no `/`, no `:`, no leading `-` or `.`) keeps the path."""
+        cmd = self.serve_command(bundle_dir, host, port)
+        try:
+            check_name(name, "model.name")
+        except ValueError:
+            return cmd
+        argv = [name if a == cmd.model_name else a for a in cmd.command.argv]
+        return cmd.model_copy(update={"command": cmd.command.model_copy(update={"argv": argv}),
+                                      "model_name": name, "links": {name: cmd.model_name}})
+
     def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
         return [
@@ -126,6 +141,7 @@ class ReferenceLane(Lane):
                     description="convert"),
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
-            Command(argv=["transformers", "serve", "<bundle>/model", "--host", "127.0.0.1", "--port", "<free>",
-                          "--device", _device_for(unit.target.arch).split(":")[0]], description="serve"),
+            Command(argv=["transformers", "serve", spec.model.name, "--host", "127.0.0.1", "--port", "<free>",
+                          "--device", _device_for(unit.target.arch).split(":")[0]],
+                    description=f"serve (from a folder where {spec.model.name} links to <bundle>/model)"),
         ]

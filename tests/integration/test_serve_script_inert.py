@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from enginefoundry.confine import UnsafePathError
 from enginefoundry.lanes import get_lane
 from enginefoundry.permissions import current_umask
 from enginefoundry.serve_files import SERVE_SH, SERVE_YAML, ServingPlan, serving_plan, write_serving_files
@@ -29,7 +30,8 @@ HOSTILE = [
 RECORDER = """#!{python}
 import json, os, sys
 with open(os.environ["ARGV_OUT"], "w") as f:
-    json.dump({{"argv": sys.argv[1:], "env": {{k: os.environ.get(k) for k in json.loads(os.environ["ENV_KEYS"])}}}}, f)
+    json.dump({{"argv": sys.argv[1:], "env": {{k: os.environ.get(k) for k in json.loads(os.environ["ENV_KEYS"])}},
+               "links": {{n: os.readlink(n) for n in os.listdir(".") if os.path.islink(n)}}}}, f)
 """
 
 
@@ -42,7 +44,7 @@ def _run_sandboxed(script: Path, sandbox: Path, binary: str, env_keys: list[str]
     fake.chmod(0o755)
     out = sandbox / "argv.json"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "ARGV_OUT": str(out), "ENV_KEYS": json.dumps(env_keys),
-           "HOME": str(sandbox), **extra_env}
+           "HOME": str(sandbox), "TMPDIR": str(sandbox), **extra_env}
     done = subprocess.run([shell, str(script)], cwd=sandbox, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text())
@@ -71,6 +73,7 @@ def test_hostile_values_in_every_field_stay_literal(tmp_path: Path, shell: str) 
              "EF_PATH": "${EF_UNIT_DIR}/x $(touch PWNED)"},
         health_path="/health\ntouch PWNED", openai_model_name="${EF_UNIT_DIR}/m\n$(touch PWNED)",
         needs={"EF_UNIT_DIR": "the unit folder from s3://b/$(touch PWNED)`touch PWNED`'\"\n; touch PWNED"},
+        links={"tiny-chat": "${EF_UNIT_DIR}/bundle/$(touch PWNED)`touch PWNED`"},
     )
     files = write_serving_files(plan, tmp_path / "serving")
     script = tmp_path / "serving" / SERVE_SH
@@ -84,6 +87,7 @@ def test_hostile_values_in_every_field_stay_literal(tmp_path: Path, shell: str) 
     assert got["argv"] == expected
     assert got["env"] == {"EF_HOSTILE": plan.env["EF_HOSTILE"], "EF_PATH": f"{unit_dir}/x $(touch PWNED)",
                           "OMP_NUM_THREADS": "1"}
+    assert got["links"] == {"tiny-chat": f"{unit_dir}/bundle/$(touch PWNED)`touch PWNED`"}
     _no_pwned(tmp_path)
     # The missing-variable check prints the hostile URI as text and stops, executing nothing.
     missing = subprocess.run([shell, str(script)], cwd=sandbox, capture_output=True, text=True, timeout=30,
@@ -113,10 +117,22 @@ def test_reference_lane_plan_with_hostile_paths_and_store_uri(tmp_path: Path) ->
     got = _run_sandboxed(script, sandbox, "transformers", ["HF_HUB_OFFLINE"],
                          {"EF_UNIT_DIR": str(unit_dir), "PORT": "8123"}, "sh")
     # Loopback unless HOST is set: the endpoint has no authentication (issue 25).
-    assert got["argv"] == ["serve", f"{unit_dir}/bundle/model", "--host", "127.0.0.1", "--port", "8123",
+    # Served under the model's name (issue 25), from a private folder where the name links to the model.
+    assert plan.openai_model_name == "tiny-chat"
+    assert got["links"] == {"tiny-chat": f"{unit_dir}/bundle/model"}
+    assert got["argv"] == ["serve", "tiny-chat", "--host", "127.0.0.1", "--port", "8123",
                            "--device", "cpu"]
     assert got["env"] == {"HF_HUB_OFFLINE": "1"}
     _no_pwned(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "x\ntouch PWNED", "$(touch PWNED)", "-rf"])
+def test_a_link_name_that_is_not_a_plain_file_name_is_refused(tmp_path: Path, name: str) -> None:
+    plan = ServingPlan(unit="u", lane="reference", model="m", key="k", artifact_uri="file:///s", argv=["x", name],
+                       env={}, health_path="/health", openai_model_name=name, links={name: "${EF_UNIT_DIR}/m"})
+    with pytest.raises(UnsafePathError, match=r"serve\.sh link name"):
+        write_serving_files(plan, tmp_path / "serving")
+    assert not (tmp_path / "serving" / SERVE_SH).exists()
 
 
 def test_serving_files_follow_the_umask_and_serve_sh_stays_executable(tmp_path: Path) -> None:

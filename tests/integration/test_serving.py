@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from enginefoundry.errors import ToolError
+from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.base import Command, ServeCommand
+from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.model_server import free_port, serving, start_server
 from enginefoundry.runner import run_tool
+from enginefoundry.serve_files import serving_plan, write_serving_files
+from tests.support.bundle import build_tiny_bundle
 
 # A server that answers /health and spawns a grandchild, so a process-group kill can be checked.
 SERVER = r"""
@@ -73,3 +84,73 @@ def test_tool_runner_timeout_kills_and_reports(tmp_path):
                  tmp_path / "t.log", timeout_s=1)
     run = run_tool([sys.executable, "-c", "print('hi')"], tmp_path / "ok.log", timeout_s=30)
     assert run.returncode == 0 and run.wall_s > 0 and (tmp_path / "ok.log").read_text() == "hi\n"
+
+
+def _chat(base_url: str, model: str) -> tuple[int, dict]:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "What is 2 plus 2?"}],
+                       "max_tokens": 4}).encode()
+    request = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            assert proc.poll() is None, f"serve.sh exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "serve.sh did not become healthy in 180 s"
+            time.sleep(0.5)
+
+
+def test_the_model_name_is_the_openai_model_name_in_the_pipeline_and_in_serve_sh(tmp_path: Path) -> None:
+    """Issue 25: requests carry `"model": "tiny-chat"` (the spec's model.name), not the bundle's path, both for
+    the pipeline's own server (smoke, bench) and for the published serve.sh, on a real `transformers serve`."""
+    bundle = build_tiny_bundle(tmp_path / "work")
+    cmd = ReferenceLane().named_serve_command(bundle, "127.0.0.1", free_port(), "tiny-chat")
+    assert cmd.model_name == "tiny-chat"
+    with serving(cmd, tmp_path / "log" / "server.log") as endpoint:
+        assert endpoint.model_name == "tiny-chat"
+        status, answer = _chat(endpoint.base_url, "tiny-chat")
+        assert status == 200, answer
+        assert answer["choices"][0]["message"]["content"]
+        status, refused = _chat(endpoint.base_url, "another-model")
+        assert status == 400, refused  # still pinned: only its own name is answered
+    # The published serve.sh, run from an unpacked copy of the unit folder.
+    plan = serving_plan(get_lane("reference"), bundle, unit="u", model="tiny-chat", key="k" * 64,
+                        artifact_uri="file:///store/u", checkpoint_dir=None, checkpoint_uri=None)
+    assert plan.openai_model_name == "tiny-chat"
+    unit = tmp_path / "unpacked"
+    shutil.copytree(bundle, unit / "bundle", symlinks=False)
+    write_serving_files(plan, unit / "serving")
+    port = free_port()
+    env = {**os.environ, "EF_UNIT_DIR": str(unit), "PORT": str(port), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["sh", str(unit / "serving" / "serve.sh")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_healthy(proc, f"http://127.0.0.1:{port}/health")
+        status, answer = _chat(f"http://127.0.0.1:{port}", "tiny-chat")
+        assert status == 200, answer
+        assert answer["choices"][0]["message"]["content"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_a_name_that_is_not_a_plain_file_name_keeps_the_path(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "model").mkdir(parents=True)
+    (bundle / "bundle.json").write_text(json.dumps({"params": {"device": "cpu"}}))
+    for name in ("org/model", "../x", "-rf", "a:b.gguf", ".hidden", "x\n"):
+        cmd = ReferenceLane().named_serve_command(bundle, "127.0.0.1", 8000, name)
+        assert cmd.model_name == str((bundle / "model").resolve()), name
+        assert not cmd.links

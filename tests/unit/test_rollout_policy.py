@@ -132,9 +132,10 @@ def test_serving_files_are_relocatable(tmp_path: Path) -> None:
     (bundle / "bundle.json").write_text(json.dumps({"params": {"device": "cpu"}}))
     plan = serving_plan(get_lane("reference"), bundle, unit="fp32-tp1.chat.cpu", model="tiny", key="k" * 64,
                         artifact_uri="s3://b/artifacts/tiny/kkk", checkpoint_dir=tmp_path / "ckpt", checkpoint_uri=None)
-    assert plan.argv == ["transformers", "serve", "${EF_UNIT_DIR}/bundle/model", "--host", "${HOST}", "--port",
-                         "${PORT}", "--device", "cpu"]
-    assert plan.openai_model_name == "${EF_UNIT_DIR}/bundle/model"
+    # Served under the model's name, which the server's working folder links to the relocated model (issue 25).
+    assert plan.argv == ["transformers", "serve", "tiny", "--host", "${HOST}", "--port", "${PORT}", "--device", "cpu"]
+    assert plan.links == {"tiny": "${EF_UNIT_DIR}/bundle/model"}
+    assert plan.openai_model_name == "tiny"
     assert set(plan.needs) == {"EF_UNIT_DIR"}  # the reference bundle carries its checkpoint
     script = serve_script(plan)
     assert str(tmp_path) not in script and str(tmp_path) not in json.dumps(plan.model_dump())
