@@ -117,6 +117,7 @@ class SweepReport(BaseModel):
     duration_s: float
     failures: list[str] = Field(default_factory=list)
     telemetry: str = ""  # how GPUs were sampled, or why not ("no GPU: …")
+    warnings: list[str] = Field(default_factory=list)  # about the whole run (e.g. answers shorter than asked)
     plots: list[str] = Field(default_factory=list)
     comparison: ComparisonReport | None = None
     # A searched unit's verification (enginefoundry.bench.goodput.SearchVerdict as JSON): goodput at the SLO,
@@ -164,6 +165,8 @@ class SweepReport(BaseModel):
             lines += ["", "Sweep failures:", *[f"- {f}" for f in self.failures]]
         if self.telemetry:
             lines += ["", f"GPU telemetry: {self.telemetry}"]
+        if self.warnings:
+            lines += ["", "Warnings:", *[f"- {w}" for w in self.warnings]]
         return "\n".join(lines) + "\n"
 
 

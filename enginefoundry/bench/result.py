@@ -94,16 +94,27 @@ def validate(point: BenchPoint, expected_output_len: int | None = None) -> Bench
             f"output length {point.output_len_avg:.0f} ≫ requested {expected_output_len}: "
             "the server ignored the max-tokens field"
         )
-    warnings = []
-    if expected_output_len and point.output_len_avg is not None and point.output_len_avg < expected_output_len / 2:
-        # A chat model that stops at EOS answers shorter than the scenario: the run is sound, but its
-        # throughput is for another workload; comparable runs send ignore_eos where the server has it.
-        warnings.append(
-            f"output length {point.output_len_avg:.1f} ≪ requested {expected_output_len}: the server stopped at "
-            "end-of-sequence; the figures are for shorter answers than the scenario (send ignore_eos where the "
-            "server supports it)"
-        )
-    return point.model_copy(update={"problems": problems, "warnings": warnings})
+    # Answers shorter than asked for are not a problem of one point but of the run: short_output_warning.
+    return point.model_copy(update={"problems": problems})
+
+
+def short_output_warning(points: list[BenchPoint], requested: dict[str, int]) -> str | None:
+    """One warning for the run when the answers are under half the scenarios' output length (a chat model
+    that stops at end-of-sequence; transformers serve has no ignore_eos): the measured and requested
+    lengths per scenario, and what that means for the figures. `requested`: scenario → output_tokens_mean."""
+    short: dict[str, list[float]] = {}
+    for p in points:
+        want = requested.get(p.scenario)
+        if want and p.output_len_avg is not None and p.output_len_avg < want / 2:
+            short.setdefault(p.scenario, []).append(p.output_len_avg)
+    if not short:
+        return None
+    lengths = "; ".join(f"{name}: {min(got):.1f}–{max(got):.1f} tokens (mean per point) vs {requested[name]} "
+                        f"requested, {len(got)} point(s)" for name, got in short.items())
+    return (f"answers shorter than requested ({lengths}): the server stopped at end-of-sequence, so throughput "
+            "and latency are for shorter answers than the scenario and compare only with runs of the same "
+            "server and model, not with runs that generate the full length (send ignore_eos through "
+            "benchmark.extra_inputs where the server supports it)")
 
 
 def pct(data: dict[str, Any], key: str) -> Percentiles:

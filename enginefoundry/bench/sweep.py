@@ -10,7 +10,7 @@ from pathlib import Path
 from enginefoundry.bench.aiperf import ToolMissingError, run_point
 from enginefoundry.bench.plots import plot_sweep, series_by_scenario
 from enginefoundry.bench.report import SLOResult, SweepReport
-from enginefoundry.bench.result import BenchPoint
+from enginefoundry.bench.result import BenchPoint, short_output_warning
 from enginefoundry.bench.telemetry import Backend, detect_backend, no_gpu
 from enginefoundry.errors import ToolError
 from enginefoundry.runner import exited_after_error
@@ -112,12 +112,15 @@ def run_sweep(
         verdict += "".join(f" (warning: {w})" for w in point.warnings)
         progress(f"bench: {label}: {point.output_tokens_per_s or 0:.1f} out tok/s, "
                  f"TTFT p95 {point.ttft_ms.p95 or 0:.0f} ms, {verdict}")
+    warnings = [w for w in [short_output_warning(points, {s.name: s.output_tokens_mean for s in spec.scenarios})] if w]
+    for w in warnings:
+        progress(f"bench: warning: {w}")
     plots = []
     if plot_title is not None and any(p.valid for p in points):
         plots.append(str(plot_sweep(series_by_scenario(points), out / "sweep.png", plot_title)))
     report = SweepReport(points=points, slo=evaluate_slos(points, spec), exports=exports,
                          duration_s=round(time.monotonic() - t0, 2), failures=failures,
-                         telemetry=_telemetry_note(backend), plots=plots)
+                         telemetry=_telemetry_note(backend), plots=plots, warnings=warnings)
     (out / "sweep.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     return report
 

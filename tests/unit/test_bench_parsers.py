@@ -8,6 +8,8 @@ import json
 import pytest
 
 from enginefoundry.bench import evaluate_slos, parse_aiperf, parse_genai_perf
+from enginefoundry.bench.report import SweepReport
+from enginefoundry.bench.result import short_output_warning
 from enginefoundry.spec import BenchmarkSpec
 from tests.support.paths import REPO
 
@@ -71,13 +73,22 @@ def test_slo_picks_highest_concurrency_that_meets_it():
     assert none.best_concurrency is None and "no valid point" in none.detail
 
 
-def test_answers_that_stop_at_eos_are_valid_with_a_warning():
+def test_answers_that_stop_at_eos_give_one_warning_for_the_run_not_one_per_point():
+    """Issue 25: the default spec warned on every point; now the run says once what was measured vs asked."""
     data = copy.deepcopy(AIPERF)
     data["output_sequence_length"] = {"avg": 6.1}
-    p = parse_aiperf(data, scenario="s", concurrency=4, requested=50, expected_output_len=32)
-    assert p.valid and len(p.warnings) == 1
-    assert p.warnings[0].startswith("output length 6.1 ≪ requested 32: the server stopped at end-of-sequence")
-    assert parse_aiperf(AIPERF, scenario="s", concurrency=4, requested=50, expected_output_len=32).warnings == []
+    points = [parse_aiperf(data, scenario="s", concurrency=c, requested=50, expected_output_len=32) for c in (1, 4, 8)]
+    assert all(p.valid and p.warnings == [] for p in points)
+    points[1] = points[1].model_copy(update={"output_len_avg": 9.5})
+    full = parse_aiperf(AIPERF, scenario="long", concurrency=1, requested=50, expected_output_len=32)
+    warning = short_output_warning([*points, full], {"s": 32, "long": 32})
+    assert warning is not None
+    assert "s: 6.1–9.5 tokens (mean per point) vs 32 requested, 3 point(s)" in warning
+    assert "long" not in warning.split("):")[0]  # a scenario at full length is not named
+    assert "throughput and latency are for shorter answers than the scenario" in warning
+    assert short_output_warning([full], {"long": 32}) is None
+    report = SweepReport(points=[*points, full], slo=[], exports=[], duration_s=1.0, warnings=[warning])
+    assert report.slo_markdown().count("shorter than requested") == 1
 
 
 def test_aiperf_command_carries_extra_inputs_and_the_same_seed(tmp_path):
