@@ -229,3 +229,27 @@ def test_search_command_refuses_a_spec_without_a_search_section_and_plans_the_fa
     assert main(["search", str(CONFIGS / "tiny-search.yaml"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["targets"][0]["covered"] is False and report["units"][0]["target"] == "cpu"
+
+
+def test_an_e2e_slo_goes_to_the_predictor_and_its_own_tpot_pairs_are_held_to_the_slo(tmp_path):
+    """AIConfigurator 0.12.0 takes `request_latency` in an experiment and then enumerates its own (TTFT, TPOT)
+    pairs: the e2e SLO is passed, keyed, and configurations beyond the ITL or TTFT SLO are dropped."""
+    from enginefoundry.predictor import Coverage, experiment, read_experiment, requests_for
+
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
+    data["search"]["slo"]["e2e_p95_ms"] = 9000
+    spec = parse_spec(data, base_dir=CONFIGS)
+    cov = Coverage(True, system="h200_sxm", backend="trtllm", db_version="1.3.0rc20")
+    (r, *_) = requests_for(spec.search, spec.targets[1], cov, "digest")
+    assert experiment(r, tmp_path)["request_latency"] == 9000.0
+    without = requests_for(spec.search.model_copy(update={"slo": spec.search.slo.model_copy(
+        update={"e2e_p95_ms": None})}), spec.targets[1], cov, "digest")[0]
+    assert "request_latency" not in experiment(without, tmp_path) and without.key("v") != r.key("v")
+    run = tmp_path / "out" / "run" / "e0"
+    run.mkdir(parents=True)
+    head = "concurrency,bs,ttft,tpot,tokens/s/gpu,tokens/s/user,tp,pp,power_w\n"
+    (run / "best_config_topn.csv").write_text(
+        head + f"8,8,{r.ttft_ms / 2},{r.tpot_ms / 2},900,60,1,1,0\n8,8,{r.ttft_ms / 2},{r.tpot_ms * 2},1900,20,1,1,0\n")
+    (run / "pareto.csv").write_text(head + "8,8,1,1,900,60,1,1,0\n")
+    p = read_experiment(tmp_path / "out", "e0", r, "k", 1.0, 0, "")
+    assert [c.tokens_per_s_gpu for c in p.ranked] == [900.0]
