@@ -98,4 +98,5 @@ class SearchedUnit(BaseModel):
     rank: Annotated[int, Field(ge=1)]
     predicted: dict[str, float] | None = None  # tokens_per_s_gpu, tokens_per_s_user, ttft_ms, tpot_ms, concurrency
     predictor: str | None = None  # "aiconfigurator 0.12.0 h200_sxm trtllm 1.3.0rc20"
+    pareto: list[tuple[float, float]] | None = None  # the predictor's front for its precision: (tok/s/user, tok/s/GPU)
     note: str = ""  # fallback reason or a toolchain disagreement

@@ -253,3 +253,28 @@ def test_an_e2e_slo_goes_to_the_predictor_and_its_own_tpot_pairs_are_held_to_the
     (run / "pareto.csv").write_text(head + "8,8,1,1,900,60,1,1,0\n")
     p = read_experiment(tmp_path / "out", "e0", r, "k", 1.0, 0, "")
     assert [c.tokens_per_s_gpu for c in p.ranked] == [900.0]
+
+
+def test_the_predictors_pareto_front_travels_with_the_unit_and_is_drawn(tmp_path):
+    from enginefoundry.bench.goodput import Probe, SearchVerdict, figure, plot
+    from enginefoundry.predictor import Coverage, Predicted, Prediction
+    from enginefoundry.search_plan import SearchReport, _choose
+
+    spec = parse_spec(yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text()), base_dir=CONFIGS)
+    best = Predicted(precision="fp8", tp=1, pp=1, batch_size=160, concurrency=160, tokens_per_s_gpu=8022.0,
+                     tokens_per_s_user=50.0, ttft_ms=200.0, tpot_ms=19.0)
+    front = [(50.0, 8022.0), (90.0, 3000.0)]
+    ts = _choose(spec, spec.targets[1], Coverage(True, system="h200_sxm", backend="trtllm", db_version="1.3.0rc20"),
+                 [Prediction(key="k", precision="fp8", ranked=[best], pareto=front)], "aiconfigurator")
+    (unit,) = searched_units(spec, SearchReport(objective=spec.search.objective, targets=[ts], seconds=0.0))
+    assert unit.pareto == front
+    verdict = SearchVerdict(goodput_concurrency=4, bounded_by="range", error_bound=0.3, predicted=best.figures(),
+                            probes=[Probe(concurrency=c, met=c < 8, output_tokens_per_s=100.0 * c,
+                                          tokens_per_s_gpu=100.0 * c, tokens_per_s_user=100.0 / c, ttft_p95_ms=1.0,
+                                          itl_p95_ms=1.0, seconds=1.0) for c in (2, 4, 8)])
+    fig = figure(verdict, unit.predictor, "u", unit.pareto)
+    lines = {line.get_label(): list(line.get_xydata().tolist()) for line in fig.axes[0].get_lines()}
+    assert lines[f"predicted Pareto front ({unit.predictor})"] == [list(p) for p in front]
+    assert "measured Pareto front" in lines
+    fig.clf()
+    assert plot(verdict, unit.predictor, tmp_path / "search.png", "u", unit.pareto).stat().st_size > 0
