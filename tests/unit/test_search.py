@@ -278,3 +278,39 @@ def test_the_predictors_pareto_front_travels_with_the_unit_and_is_drawn(tmp_path
     assert "measured Pareto front" in lines
     fig.clf()
     assert plot(verdict, unit.predictor, tmp_path / "search.png", "u", unit.pareto).stat().st_size > 0
+
+
+def test_a_prompt_length_file_gives_the_workload_isl_like_the_lengths_command(tmp_path, capsys):
+    from enginefoundry.cli import main
+    from enginefoundry.lengths import analyze_lengths
+
+    counts = [10, 20, 30, 40, 100]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"tokens": c}) + "\n" for c in counts))
+    data = _tiny()
+    data["search"]["workload"] = {"lengths_file": "prompts.jsonl", "osl": 16}
+    spec = parse_spec(data, base_dir=tmp_path)
+    w = spec.search.workload
+    report = analyze_lengths(counts)
+    assert (w.isl, w.isl_stddev) == (round(report.mean), round(report.stddev)) == (40, 32)
+    assert w.lengths.count == 5 and "prompts.jsonl (5 prompts" in w.source()
+    # A payload carries the figures: a worker without the file sees the same workload.
+    (tmp_path / "prompts.jsonl").rename(tmp_path / "gone.jsonl")
+    again = parse_spec(spec.model_dump(mode="json"), base_dir=tmp_path)
+    assert again.search.workload == w
+    with pytest.raises(SpecError, match=r"search\.workload\.lengths_file: .*does not exist.*or isl/isl_stddev"):
+        parse_spec(data, base_dir=tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello"}\n')
+    with pytest.raises(SpecError, match=r"search\.workload\.lengths_file: .*needs a tokenizer"):
+        parse_spec(data, base_dir=tmp_path)
+    data["search"]["workload"]["isl"] = 24
+    with pytest.raises(SpecError, match=r"search\.workload: lengths_file and isl exclude each other"):
+        parse_spec(data, base_dir=tmp_path)
+    del data["search"]["workload"]["lengths_file"], data["search"]["workload"]["isl"]
+    with pytest.raises(SpecError, match=r"search\.workload: isl is required.*or lengths_file"):
+        parse_spec(data, base_dir=tmp_path)
+    # `search` says where the workload came from.
+    data["search"]["workload"] = {"lengths_file": str(tmp_path / "gone.jsonl"), "osl": 16}
+    data["model"]["source"] = str((CONFIGS / data["model"]["source"]).resolve())
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    assert main(["search", str(tmp_path / "spec.yaml")]) == 0
+    assert "workload: ISL from " in capsys.readouterr().out
