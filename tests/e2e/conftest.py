@@ -26,5 +26,7 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_served(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoint]:
     """`transformers serve` on the tiny bundle, shared by the session (do not kill it)."""
     log = tmp_path_factory.mktemp("tiny-serve") / "server.log"
-    with serving(ReferenceLane().serve_command(tiny_bundle, "127.0.0.1", free_port()), log) as endpoint:
+    # Served under the model name, as the pipeline serves it (issue 25).
+    cmd = ReferenceLane().named_serve_command(tiny_bundle, "127.0.0.1", free_port(), "tiny-chat")
+    with serving(cmd, log) as endpoint:
         yield endpoint
