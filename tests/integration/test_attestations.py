@@ -240,3 +240,39 @@ def test_trust_policy_from_the_environment(tmp_path, keys, monkeypatch):
     assert policy.require_signature and [k.key_id for k in policy.keys] == [_signer(keys, "old").key_id]
     assert verify_attestations.__doc__  # the policy type verify_attestations takes
     assert isinstance(policy, TrustPolicy) and isinstance(policy.keys[0], TrustedKey)
+
+
+def test_a_build_is_signed_before_it_becomes_current(tmp_path, keys, monkeypatch):
+    """The publish stage signs between the manifest and the pointer: at the moment the pointer moves, the build's
+    attestation index is in the store, so a reader requiring signatures never sees a current unsigned build."""
+    from enginefoundry.manifest import Manifest
+    from enginefoundry.spec import load_spec
+    from enginefoundry.tasks.publish import publish_unit
+
+    store_dir = tmp_path / "store"
+    spec = load_spec(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml")
+    spec = spec.model_copy(update={"publish": spec.publish.model_copy(update={"store": f"file://{store_dir}"})})
+    root = tmp_path / "bundle"
+    root.mkdir()
+    (root / "weights.bin").write_bytes(b"w" * 1000)
+    comps = {"unit": "u"}
+    draft = Manifest.model_validate(dict(
+        key=key_of(comps), key_components=comps, model=spec.model.name, unit="u", lane="reference", target={},
+        variant={}, profile={}, source={}, status="candidate", files=[], build_id="draft"))
+    monkeypatch.setenv(ENV_KEY_FILE, str(keys["old"][0]))
+    seen: list[bool] = []
+    real_replace_if = FileStore.replace_if
+
+    def spy(self, key, data, version):  # records whether the index exists as the pointer moves
+        if key.endswith("/current.json"):
+            build_id = json.loads(data)["build_id"]
+            seen.append(any(store_dir.glob(f"attestations/**/{build_id}.json")))
+        return real_replace_if(self, key, data, version)
+
+    monkeypatch.setattr(FileStore, "replace_if", spy)
+    result = publish_unit.fn(spec, draft, {"bundle": str(root)})
+    assert result.created and seen == [True]
+    build = read_build(FileStore(f"file://{store_dir}"), spec.model.name, draft.key, result.build_id)
+    policy = TrustPolicy(keys=[TrustedKey(name="old", public_key=keys["old"][1].read_text())],
+                         require_signature=True)
+    assert verify_attestations(FileStore(f"file://{store_dir}"), build, policy).state == "verified"
