@@ -276,3 +276,31 @@ def test_a_build_is_signed_before_it_becomes_current(tmp_path, keys, monkeypatch
     policy = TrustPolicy(keys=[TrustedKey(name="old", public_key=keys["old"][1].read_text())],
                          require_signature=True)
     assert verify_attestations(FileStore(f"file://{store_dir}"), build, policy).state == "verified"
+
+
+def test_the_spec_signature_policy_applies_to_pull_and_verify(tmp_path, keys, capsys, monkeypatch):
+    """publish.require_signature and publish.trusted_keys in the spec, with no trust option on the command line:
+    `pull --spec` refuses an unsigned build and one signed by another key, and pulls one signed by the spec's key."""
+    import yaml
+
+    for var in ("ENGINEFOUNDRY_TRUST_POLICY", "ENGINEFOUNDRY_TRUSTED_KEYS", "ENGINEFOUNDRY_REQUIRE_SIGNATURE"):
+        monkeypatch.delenv(var, raising=False)
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    doc = yaml.safe_load((configs / "tiny-cpu.yaml").read_text())
+    doc["model"]["source"] = str((configs / doc["model"]["source"]).resolve())
+    doc["smoke"]["prompts"] = str((configs / doc["smoke"]["prompts"]).resolve())
+    doc["publish"] = {"store": store.uri, "require_signature": True, "trusted_keys": [str(keys["old"][1])]}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    unsigned, _ = _publish(store, tmp_path, "a", None)
+    stranger, _ = _publish(store, tmp_path, "b", _signer(keys, "stranger"))
+    signed, _ = _publish(store, tmp_path, "c", _signer(keys, "old"))
+    dest = tmp_path / "pulled"
+    assert main(["pull", unsigned, str(dest), "--spec", str(spec)]) == 1
+    assert "pull refused" in capsys.readouterr().err and not dest.exists()
+    assert main(["pull", stranger, str(dest), "--spec", str(spec)]) == 1
+    assert "unknown key" in capsys.readouterr().err and not dest.exists()
+    assert main(["pull", signed, str(dest), "--spec", str(spec)]) == 0
+    assert "signature: signed by old (" in capsys.readouterr().out
+    assert main(["verify", unsigned, "--signatures-only", "--spec", str(spec)]) == 1
