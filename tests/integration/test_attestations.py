@@ -304,3 +304,16 @@ def test_the_spec_signature_policy_applies_to_pull_and_verify(tmp_path, keys, ca
     assert main(["pull", signed, str(dest), "--spec", str(spec)]) == 0
     assert "signature: signed by old (" in capsys.readouterr().out
     assert main(["verify", unsigned, "--signatures-only", "--spec", str(spec)]) == 1
+
+
+def test_signed_bundles_are_read_only_blobs_like_every_other(tmp_path, keys):
+    """Attestation bundles live in blobs/sha256 beside the build's files: on a file:// store they are read-only
+    on disk like every blob (issue 21: a blob is never writable through any name)."""
+    import stat
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    _publish(store, tmp_path, "a", _signer(keys, "old"))
+    blobs = [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()]
+    assert len(blobs) >= 2 + len(KINDS)  # the build's two files and a bundle per kind
+    writable = [str(p) for p in blobs if stat.S_IMODE(p.stat().st_mode) & 0o222]
+    assert not writable, writable
