@@ -317,3 +317,43 @@ def test_signed_bundles_are_read_only_blobs_like_every_other(tmp_path, keys):
     assert len(blobs) >= 2 + len(KINDS)  # the build's two files and a bundle per kind
     writable = [str(p) for p in blobs if stat.S_IMODE(p.stat().st_mode) & 0o222]
     assert not writable, writable
+
+
+def test_a_quarantined_and_healed_build_keeps_its_signatures_and_a_rebuild_gets_its_own(tmp_path, keys, capsys):
+    """store-cas healing beside signing: `verify --repair` moves a corrupt blob aside (never a signed bundle,
+    which no manifest lists), a --force republish writes it afresh under a new build with its own attestations,
+    and the first build then verifies whole, files and signatures, with its index untouched."""
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    key = uri.rsplit("/", 2)[1]
+    first = read_build(store, "m", key, build_id)
+    index_before = store.read_bytes(index_key(first))
+    entry = next(e for e in first.files if e.path.endswith("weights.safetensors"))
+    blob = tmp_path / "store" / blob_key(entry.sha256)
+    blob.chmod(0o644)
+    blob.write_bytes(b"X" * entry.size)  # same size: only a re-hash finds it
+    blob.chmod(0o444)
+    trusted = ["--trusted-key", str(keys["old"][1])]
+    assert main(["verify", uri, "--repair", *trusted]) == 1
+    out = capsys.readouterr().out
+    assert "quarantined" in out and "provenance, gate and benchmark verified" in out, out
+    assert not blob.exists()
+    for e in read_index(store, first).attestations:  # the signed bundles were not moved aside
+        assert store.exists(blob_key(e.sha256))
+
+    # A --force rebuild of the same bytes, signed as the pipeline signs (before its pointer moves).
+    from enginefoundry.attest import sign_before_current
+
+    comps = {"unit": "a"}
+    fields = json.loads(store.read_bytes(first.manifest_key))
+    fields = {k: v for k, v in fields.items() if k not in ("files", "build_id", "created_at")} | {"key": key_of(comps)}
+    root = tmp_path / "bundle-a"
+    second = publish_build(store, "m", fields, {"bundle": root}, replace=True, verify_blobs=True,
+                           before_current=sign_before_current(store, _signer(keys, "new")), **QUIET)
+    assert second.created and second.build_id != build_id
+    rebuilt = read_build(store, "m", key, second.build_id)
+    assert read_index(store, rebuilt).signer.identity.startswith("ci-new")
+    assert store.read_bytes(index_key(first)) == index_before
+    assert main(["verify", uri, *trusted]) == 0  # the first build: whole again, still signed by the old key
+    assert "provenance, gate and benchmark verified" in capsys.readouterr().out
+    assert main(["verify", rebuilt.uri, "--trusted-key", str(keys["new"][1])]) == 0
