@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv clean
+.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv predict-venv gpu-wheels clean
 
 $(BIN)/enginefoundry: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,23 @@ $(BENCH_VENV)/bin/aiperf:
 
 bench-venv: $(BENCH_VENV)/bin/aiperf
 
+# The configuration predictor (AIConfigurator, docs/search.md) in its own venv (~850 MB: pandas, pyarrow, scipy,
+# bokeh, plotly, its perf databases); `enginefoundry search` runs .venv-predict/bin/aiconfigurator (EF_PREDICTOR
+# overrides). `make test` installs it so the integration tier runs the predictor for real.
+PREDICT_VENV := .venv-predict
+$(PREDICT_VENV)/bin/aiconfigurator:
+	test -x $(PREDICT_VENV)/bin/python || $(PY) -m venv $(PREDICT_VENV)
+	$(PREDICT_VENV)/bin/pip install -q -U pip
+	$(PREDICT_VENV)/bin/pip install -q 'aiconfigurator==0.12.0'
+	touch $@
+
+predict-venv: $(PREDICT_VENV)/bin/aiconfigurator
+
+# pydantic wheels (CPython 3.12, manylinux x86_64) for benchmarks/search_gpu.py on a GPU host without a package index.
+gpu-wheels: $(BIN)/enginefoundry
+	$(BIN)/pip download -q -d .gpu-wheels --only-binary=:all: --python-version 3.12 \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 pydantic
+
 # Regenerate what lists the GPU pools (deployment.yaml, POOLS below, k8s/) from enginefoundry/gpu_targets.py.
 targets: $(BIN)/enginefoundry
 	$(BIN)/python scripts/gen_targets.py
@@ -37,7 +54,7 @@ demo: $(BIN)/enginefoundry
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/pytest -p no:dash -n $(TEST_WORKERS) --dist loadgroup
 
-test: $(BIN)/enginefoundry
+test: $(BIN)/enginefoundry $(PREDICT_VENV)/bin/aiconfigurator
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(PYTEST) --durations=15
@@ -46,7 +63,7 @@ test: $(BIN)/enginefoundry
 test-unit: $(BIN)/enginefoundry
 	$(PYTEST) tests/unit
 
-test-integration: $(BIN)/enginefoundry
+test-integration: $(BIN)/enginefoundry $(PREDICT_VENV)/bin/aiconfigurator
 	$(PYTEST) tests/integration
 
 test-e2e: $(BIN)/enginefoundry

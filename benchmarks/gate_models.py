@@ -225,6 +225,21 @@ def _rope(c: dict) -> None:
     assert walk(c), "no rope_theta in config.json"
 
 
+def _rope_times(factor: float) -> Callable[[dict], None]:
+    def edit(c: dict) -> None:
+        def walk(d: dict) -> bool:
+            hit = False
+            for k, v in d.items():
+                if k in ("rope_theta", "rope_local_base_freq") and isinstance(v, int | float):
+                    d[k] = v * factor
+                    hit = True
+                elif isinstance(v, dict):
+                    hit = walk(v) or hit
+            return hit
+        assert walk(c), "no rope_theta in config.json"
+    return edit
+
+
 def _wrong_tokenizer(dst: Path) -> None:
     """Another tokenizer of the same vocabulary size (ids of ordinary tokens shuffled), as when a build picks up
     a tokenizer of another revision: prompt lengths stay equal, every id means something else."""
@@ -258,6 +273,105 @@ def _cap_seq_len(dst: Path, max_seq_len: int) -> None:
 
 BREAKAGES = ("wrong-tokenizer", "wrong-chat-template", "layer-zeroed", "rope-theta", "max-seq-len-short",
              "lm-head-permuted")
+# Breakages that keep task accuracy (issue 24): one fault in one place, at several depths (first, middle and
+# last layer), each made from the bf16 build. `attn-noise-<depth>`: that layer's q/k/v/o projections plus
+# gaussian noise of 0.5× each tensor's std; `mlp-zeroed-<depth>`: that layer's MLP down projection zeroed;
+# `final-norm-scaled`: the final norm's weight × 1.5 (greedy text nearly intact, the distribution not);
+# `rope-theta-x4`: rope theta × 4; `kv-int4-sim`: every layer's k/v projections rounded to 4 bits per row (the
+# keys and values a 4-bit KV cache would hold, simulated in the weights); `template-no-system`: the chat template
+# without the model's default system turn (a template of another revision).
+SUBTLE = ("attn-noise-first", "attn-noise-mid", "attn-noise-last", "mlp-zeroed-first", "mlp-zeroed-mid",
+          "mlp-zeroed-last", "final-norm-scaled", "rope-theta-x4", "kv-int4-sim", "template-no-system")
+# Healthy builds the lanes' precisions stand for, simulated: int8 weight-only (round to nearest, per output
+# channel, every linear layer but the embeddings), from the fp32 source.
+SIMULATED_HEALTHY = ("int8_wo-sim",)
+
+
+def _layers(tensors: dict) -> int:
+    return 1 + max(int(k.split(".layers.")[1].split(".")[0]) for k in tensors if ".layers." in k)
+
+
+def _depth(tensors: dict, where: str) -> int:
+    n = _layers(tensors)
+    return {"first": 0, "mid": n // 2, "last": n - 1}[where]
+
+
+def _attn_noise(where: str) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        import torch
+
+        d = _depth(tensors, where)
+        g = torch.Generator().manual_seed(d)
+        keys = [k for k in tensors if f".layers.{d}.self_attn." in k and k.endswith("proj.weight")]
+        assert keys, f"no attention projections in layer {d}"
+        for k in keys:
+            w = tensors[k].float()
+            tensors[k] = (w + 0.5 * w.std() * torch.randn(w.shape, generator=g)).to(tensors[k].dtype)
+    return edit
+
+
+def _mlp_zeroed(where: str) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        import torch
+
+        d = _depth(tensors, where)
+        (key,) = [k for k in tensors if f".layers.{d}.mlp.down_proj.weight" in k]
+        tensors[key] = torch.zeros_like(tensors[key])
+    return edit
+
+
+def _final_norm_scaled(tensors: dict) -> None:
+    (key,) = [k for k in tensors if k.endswith("model.norm.weight") or k == "norm.weight"]
+    tensors[key] = (tensors[key].float() * 1.5).to(tensors[key].dtype)
+
+
+def _round_rows(w: object, bits: int) -> object:
+    import torch
+
+    assert isinstance(w, torch.Tensor)
+    x = w.float()
+    top = 2 ** (bits - 1) - 1
+    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / top
+    return ((x / scale).round().clamp(-top - 1, top) * scale).to(w.dtype)
+
+
+def _kv_int4(tensors: dict) -> None:
+    for k in [k for k in tensors if k.endswith(("k_proj.weight", "v_proj.weight"))]:
+        tensors[k] = _round_rows(tensors[k], 4)
+
+
+def _int8_wo(tensors: dict) -> None:
+    for k in [k for k in tensors if k.endswith("proj.weight")]:
+        tensors[k] = _round_rows(tensors[k], 8)
+
+
+def _template_no_system(dst: Path) -> None:
+    """The model's template with its default system turn taken out (SmolLM2 adds one when none is given)."""
+    jinja = dst / "chat_template.jinja"
+    cfg = json.loads((dst / "tokenizer_config.json").read_text())
+    template = jinja.read_text() if jinja.exists() else cfg.get("chat_template")
+    assert isinstance(template, str) and "system" in template, "no template with a system turn"
+    import re
+
+    cut = re.sub(r"\{%-? if loop\.first and messages\[0\]\[.role.\] != .system. -?%\}.*?\{%-? endif -?%\}", "",
+                 template, count=1, flags=re.S)
+    assert cut != template, "no default system turn found in the template"
+    if jinja.exists():
+        jinja.write_text(cut)
+    if "chat_template" in cfg:
+        _edit_json(dst / "tokenizer_config.json", lambda c: c.update({"chat_template": cut}))
+
+
+def simulated_build(name: str, kind: str) -> Path:
+    """A healthy build of a precision the lanes build, simulated in the weights (from the fp32 source)."""
+    assert kind == "int8_wo-sim", kind
+    base = dtype_build(name, "fp32")
+
+    def make(tmp: Path) -> None:
+        _copy(base, tmp)
+        _edit_weights(tmp, _int8_wo)
+
+    return _atomic_dir(CACHE / "builds" / f"{name}-{kind}", make)
 
 
 def broken_build(name: str, breakage: str, *, prompt_tokens: int = 32) -> Path:
@@ -280,6 +394,18 @@ def broken_build(name: str, breakage: str, *, prompt_tokens: int = 32) -> Path:
         elif breakage == "lm-head-permuted":
             _edit_weights(tmp, _permute_lm_head)
             _untie(tmp)
+        elif breakage.startswith("attn-noise-"):
+            _edit_weights(tmp, _attn_noise(breakage.rsplit("-", 1)[1]))
+        elif breakage.startswith("mlp-zeroed-"):
+            _edit_weights(tmp, _mlp_zeroed(breakage.rsplit("-", 1)[1]))
+        elif breakage == "final-norm-scaled":
+            _edit_weights(tmp, _final_norm_scaled)
+        elif breakage == "rope-theta-x4":
+            _edit_json(tmp / "config.json", _rope_times(4.0))
+        elif breakage == "kv-int4-sim":
+            _edit_weights(tmp, _kv_int4)
+        elif breakage == "template-no-system":
+            _template_no_system(tmp)
         else:
             raise ValueError(breakage)
 

@@ -167,8 +167,22 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
         "target": manifest.target, "built_on": manifest.device,
         "build": {"variant": manifest.variant, "profile": manifest.profile, "params": manifest.build_params},
         "smoke": manifest.smoke,
-        "benchmark": {k: v for k, v in manifest.benchmark.items() if k != "points"},
+        "benchmark": {k: v for k, v in manifest.benchmark.items() if k not in ("points", "search")},
+        "serving_cost": serving_cost(manifest.benchmark.get("search")),
+        "search": manifest.benchmark.get("search"),
         "benchmark_points": manifest.benchmark.get("points", []),
         "builds": registry.pop("builds", [uri]),
         "mlflow": {**runs, **({"registry": registry} if registry else {})},
     }
+
+
+def serving_cost(search: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Cost and energy at the SLO point, from a searched unit's verification (None for a unit never searched)."""
+    if not isinstance(search, dict):
+        return None
+    cost = search.get("cost") or {}
+    return {"goodput_concurrency": search.get("goodput_concurrency"), "usd_per_mtok": cost.get("usd_per_mtok"),
+            "usd_per_hour": cost.get("usd_per_hour"), "price_source": cost.get("price_source"),
+            "tokens_per_joule": cost.get("tokens_per_joule", "unavailable"),
+            "avg_watts_per_gpu": cost.get("avg_watts_per_gpu", "unavailable"),
+            "prediction_error": search.get("prediction_error"), "flagged": search.get("flagged")}

@@ -47,7 +47,8 @@ def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
     return {**sweep.summary(),
             "points": [{"scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
                         **p.metrics()} for p in sweep.points],
-            "slo": [s.model_dump() for s in sweep.slo]}
+            "slo": [s.model_dump() for s in sweep.slo],
+            **({"search": sweep.search} if sweep.search is not None else {})}
 
 
 def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:

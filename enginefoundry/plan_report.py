@@ -9,9 +9,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from enginefoundry.lanes import get_lane
-from enginefoundry.preflight import PreflightReport, format_estimates, preflight
+from enginefoundry.preflight import Check, PreflightReport, format_estimates, preflight
 from enginefoundry.spec import BuildSpec, SourceKind
-from enginefoundry.units import expand_units
+from enginefoundry.units import Unit, expand_units
 
 # Known model configs, so the VRAM estimates work before anything is downloaded.
 KNOWN_CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "model-configs"
@@ -38,12 +38,32 @@ def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:
     return None
 
 
+# Check.name of a lane-option refusal (`Lane.validate_options`) copied into a unit's verdict; `validate` reports
+# those by field already.
+SPEC_CHECK = "spec"
+
+
+def spec_checks(spec: BuildSpec, unit: Unit, problems: list[tuple[str, str]]) -> list[Check]:
+    """The lane's refusals that concern this unit: its variant's (`variants.<i>…`) and the lane-wide ones."""
+    index = next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None)
+    out = []
+    for field, message in problems:
+        parts = field.split(".")
+        if parts[0] == "variants" and len(parts) > 1 and parts[1] != str(index):
+            continue
+        out.append(Check(name=SPEC_CHECK, ok=False, message=f"{field}: {message}"))
+    return out
+
+
 def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanReport:
     lane = get_lane(spec.lane)
     config = model_config_for(spec)
+    lane_problems = list(lane.validate_options(spec))
     rows, commands, reports = [], {}, {}
     for unit in expand_units(spec, only_targets):
         report = preflight(spec, unit, config, None)
+        refused_by_spec = spec_checks(spec, unit, lane_problems)
+        report.checks[:0] = refused_by_spec
         reports[unit.name] = report
         problems = report.problems
         rows.append({
@@ -55,7 +75,10 @@ def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanR
             "verdict": "ok" if not problems else "refused: " + "; ".join(
                 f"{c.message}" + (f" (fix: {c.fix})" if c.fix else "") for c in problems),
         })
-        commands[unit.name] = [f"[{c.description}] {c.shell()}" for c in lane.describe(spec, unit)]
+        if refused_by_spec:  # the lane cannot render what it refuses (e.g. a precision it has no route for)
+            commands[unit.name] = ["(not rendered: the lane refuses this unit, see its verdict)"]
+        else:
+            commands[unit.name] = [f"[{c.description}] {c.shell()}" for c in lane.describe(spec, unit)]
     return PlanReport(rows=rows, commands=commands, preflight=reports)
 
 

@@ -42,6 +42,10 @@ class PromotionPolicy(BaseModel):
     reference_concurrency: int | None = Field(default=None, ge=1,
                                               description="concurrency to compare at; default: the highest both "
                                                           "measured")
+    max_cost_increase: float | None = Field(default=None, ge=0.0,
+                                            description="$/1M output tokens at the SLO point may exceed the "
+                                                        "champion's by at most this fraction (0.1 = 10%); off when "
+                                                        "unset; compared only at the same SLO")
 
 
 class Gate(BaseModel):
@@ -75,7 +79,27 @@ def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPol
         return Verdict(promote=all(g.passed for g in gates), gates=gates)
     gates += _accuracy_gates(candidate, champion, policy)
     gates += _performance_gates(candidate, champion, policy)
+    if policy.max_cost_increase is not None:
+        gates.append(cost_gate(candidate, champion, policy.max_cost_increase))
     return Verdict(promote=all(g.passed for g in gates), gates=gates)
+
+
+def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> Gate:
+    """$/1M output tokens at the SLO point (a searched unit's verification), same SLO only. A champion without a
+    measured cost is not compared (said so); a candidate without one when the champion has one is held."""
+    new, old = candidate.benchmark.get("search") or {}, champion.benchmark.get("search") or {}
+    new_cost, old_cost = (new.get("cost") or {}).get("usd_per_mtok"), (old.get("cost") or {}).get("usd_per_mtok")
+    if old_cost is None:
+        return Gate(name="cost", passed=True, detail="champion has no $/1M tokens at an SLO: cost not compared")
+    if new.get("slo") != old.get("slo"):
+        return Gate(name="cost", passed=True, detail=f"SLOs differ ({new.get('slo')} vs {old.get('slo')}): cost "
+                                                     "not compared")
+    if new_cost is None:
+        return Gate(name="cost", passed=False, detail="candidate has no $/1M tokens at the SLO; the champion has")
+    ratio = float(new_cost) / float(old_cost)
+    return Gate(name="cost", passed=ratio <= 1 + max_increase + 1e-12,
+                detail=f"$/1M output tokens {new_cost:.4g} vs champion {old_cost:.4g} (×{ratio:.2f}, needs ≤ "
+                       f"×{1 + max_increase:.2f})")
 
 
 def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
@@ -94,13 +118,30 @@ def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPo
     return gates
 
 
+def _common_points(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[tuple[str, int]]:
+    common = sorted(set(_points(candidate)) & set(_points(champion)))
+    if policy.reference_concurrency is not None:
+        common = [k for k in common if k[1] == policy.reference_concurrency]
+    return common
+
+
+def operating_point(candidate: Manifest, champion: Manifest,
+                    policy: PromotionPolicy) -> tuple[tuple[str, int], dict[str, Any], dict[str, Any]] | None:
+    """The first (scenario, concurrency) the performance gates compare at, with the candidate's and the
+    champion's benchmark points there; None when they share none."""
+    common = _common_points(candidate, champion, policy)
+    if not common:
+        return None
+    concurrency = max(c for _, c in common)
+    key = next(k for k in common if k[1] == concurrency)
+    return key, _points(candidate)[key], _points(champion)[key]
+
+
 def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
     new_pts, old_pts = _points(candidate), _points(champion)
     if not old_pts:
         return [Gate(name="benchmark", passed=True, detail="champion has no benchmark: performance not compared")]
-    common = sorted(set(new_pts) & set(old_pts))
-    if policy.reference_concurrency is not None:
-        common = [k for k in common if k[1] == policy.reference_concurrency]
+    common = _common_points(candidate, champion, policy)
     if not common:
         at = f" at concurrency {policy.reference_concurrency}" if policy.reference_concurrency else ""
         return [Gate(name="benchmark", passed=False,

@@ -87,3 +87,41 @@ def best_profiles(outcomes: list[UnitOutcome]) -> list[dict[str, str]]:
             rows.append({"variant": variant, "target": target, "best profile": "none",
                          "output tok/s": "-", "at concurrency": "no candidate profile meets the SLOs"})
     return rows
+
+
+def search_rows(outcomes: list[UnitOutcome], objective: str = "tokens_per_gpu") -> list[dict[str, str]]:
+    """Per searched unit: goodput at the SLO, predicted beside measured, cost and energy; the winner per target by
+    the search's objective is marked (among candidates that met the SLO)."""
+    found = [(o, o.bench["search"]) for o in outcomes if isinstance(o.bench.get("search"), dict)]
+    winners: dict[str, tuple[float, str]] = {}
+    for o, s in found:
+        value = _objective_value(objective, s)
+        if o.ok and value is not None and value > winners.get(o.target, (float("-inf"), ""))[0]:
+            winners[o.target] = (value, o.unit)
+    rows = []
+    for o, s in found:
+        pred, meas, cost = s.get("predicted") or {}, s.get("measured") or {}, s.get("cost") or {}
+        err = s.get("prediction_error")
+        rows.append({
+            "unit": o.unit, "goodput c": str(s.get("goodput_concurrency") or "none"),
+            "tok/s/GPU pred": _num(pred.get("tokens_per_s_gpu")), "tok/s/GPU meas": _num(meas.get("tokens_per_s_gpu")),
+            "error": "-" if err is None else f"{err:+.0%}" + (" FLAGGED" if s.get("flagged") else ""),
+            "$/1M tok": _num(cost.get("usd_per_mtok"), 4), "tok/J": _num(cost.get("tokens_per_joule"), 3)
+            if cost.get("tokens_per_joule") is not None else "unavailable",
+            "avg W/GPU": _num(cost.get("avg_watts_per_gpu")),
+            "winner": f"best {objective}" if winners.get(o.target, (0, ""))[1] == o.unit else "",
+        })
+    return rows
+
+
+def _objective_value(objective: str, s: dict[str, Any]) -> float | None:
+    cost, meas = s.get("cost") or {}, s.get("measured") or {}
+    if objective == "cost_per_mtok":
+        return -cost["usd_per_mtok"] if cost.get("usd_per_mtok") else None
+    if objective == "tokens_per_joule":
+        return cost.get("tokens_per_joule")
+    return meas.get("tokens_per_s_gpu")
+
+
+def _num(x: Any, digits: int = 1) -> str:
+    return "-" if x is None else f"{float(x):.{digits}f}"

@@ -1,9 +1,13 @@
-"""Rollout: has the source changed since the last published build of each target?
+"""Rollout: has the source, or the toolchain, changed since the last published build of each target?
 
 The check must be cheap, since a schedule runs it often and it usually finds nothing: for a Hugging Face
 source it resolves the revision to a commit sha (one API call), for S3 it lists the objects' ETags, for a
 local folder it hashes the files. That identity is compared with the source recorded on each target's
-baseline: its `<target>-champion`, else the newest registered version built for it. No Prefect here.
+baseline: its `<target>-champion`, else the newest registered version built for it. The toolchain identity (the
+spec's pinned TensorRT-LLM release and image digest, and the versions the lane reports: transformers/torch on the
+reference lane, tensorrt_llm/ModelOpt and the probed surface on the TensorRT-LLM lanes) is compared with the one
+the baseline's unit key recorded (`key_components.toolchain`): a toolchain bump rebuilds the target too. No
+Prefect here.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.identity import checkpoint_digests
 from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.promotion import Decision, Registry, champion_alias, manifest_uri_of
+from enginefoundry.rollout_compare import ComparisonRow
 from enginefoundry.sources import probe
 from enginefoundry.spec import BuildSpec, SourceKind, SourceURI, Target
 
@@ -47,6 +52,7 @@ class Baseline(BaseModel):
     alias: str | None  # `<target>-champion`, or None for the newest registered version
     manifest_uri: str
     source: dict[str, Any]
+    toolchain: dict[str, Any] = Field(default_factory=dict, description="key_components.toolchain of its unit")
 
 
 class TargetChange(BaseModel):
@@ -54,6 +60,7 @@ class TargetChange(BaseModel):
     changed: bool
     reason: str
     baseline_version: str | None = None
+    toolchain_changed: bool = False
 
 
 class ChangeReport(BaseModel):
@@ -66,7 +73,8 @@ class ChangeReport(BaseModel):
 
     def rows(self) -> list[dict[str, str]]:
         return [{"target": t.target, "new": "yes" if t.changed else "no", "baseline": t.baseline_version or "-",
-                 "reason": t.reason} for t in self.targets]
+                 "toolchain": "bumped" if t.toolchain_changed else "same", "reason": t.reason}
+                for t in self.targets]
 
 
 def source_state(source: SourceURI) -> SourceState:
@@ -106,7 +114,7 @@ def baseline_for(registry: Registry, model: str, target: Target) -> Baseline | N
     uri = manifest_uri_of(version)
     manifest = read_manifest_uri(uri)
     return Baseline(target=target.name, version=str(version.version), alias=alias, manifest_uri=uri,
-                    source=manifest.source)
+                    source=manifest.source, toolchain=dict(manifest.key_components.get("toolchain") or {}))
 
 
 def differs(state: SourceState, recorded: dict[str, Any]) -> str | None:
@@ -129,8 +137,28 @@ def differs(state: SourceState, recorded: dict[str, Any]) -> str | None:
     return f"local files changed (weights {str(state.weights_digest)[:12]})"
 
 
-def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] | None = None) -> ChangeReport:
-    """Per target of the spec: is there something new to build? A target never built is new."""
+def toolchain_differs(current: dict[str, Any], recorded: dict[str, Any]) -> str | None:
+    """Why the toolchain differs from the one a baseline was built with, or None. A baseline that recorded no
+    toolchain (an older manifest) is not a bump."""
+    if not recorded or not current:
+        return None
+    changed = [k for k in ("trtllm_version", "image_digest") if current.get(k) != recorded.get(k)]
+    now, then = current.get("versions"), recorded.get("versions") or {}
+    if now is not None:  # None: this host has no toolchain to ask (a CPU-only parent); the spec's fields decide
+        changed += [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
+    if not changed:
+        return None
+
+    def value(d: dict[str, Any], k: str) -> Any:
+        return d.get(k) if k in ("trtllm_version", "image_digest") else (d.get("versions") or {}).get(k)
+
+    return "toolchain changed: " + ", ".join(f"{k} {value(recorded, k)} → {value(current, k)}" for k in changed)
+
+
+def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] | None = None,
+                  toolchain: dict[str, Any] | None = None) -> ChangeReport:
+    """Per target of the spec: is there something new to build (the source, or the toolchain when `toolchain`,
+    this run's identity, is given)? A target never built is new."""
     state = source_state(spec.model.parsed_source(spec.base_path))
     rows = []
     for target in spec.targets:
@@ -141,9 +169,11 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
             rows.append(TargetChange(target=target.name, changed=True, reason="never built: first build"))
             continue
         why = differs(state, base.source)
+        bump = toolchain_differs(toolchain or {}, base.toolchain)
         label = f"{base.alias} v{base.version}" if base.alias else f"newest v{base.version}"
-        rows.append(TargetChange(target=target.name, changed=why is not None, baseline_version=base.version,
-                                 reason=why or f"same source as {label}"))
+        reason = "; ".join(r for r in (why, bump) if r) or f"same source as {label}"
+        rows.append(TargetChange(target=target.name, changed=bool(why or bump), baseline_version=base.version,
+                                 reason=reason, toolchain_changed=bump is not None))
     return ChangeReport(source=state, targets=rows)
 
 
@@ -156,6 +186,8 @@ class RolloutReport(BaseModel):
     built: bool
     build_ok: bool | None = None
     decisions: list[Decision] = Field(default_factory=list)
+    comparison: list[ComparisonRow] = Field(default_factory=list, description="old vs new per target, for the "
+                                                                               "targets this rollout rebuilt")
     duration_s: float = 0.0
 
     @property

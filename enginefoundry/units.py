@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.identity import sha256_json
-from enginefoundry.spec import BuildSpec, Profile, Target, Variant
+from enginefoundry.spec import BuildSpec, Profile, SearchedUnit, Target, Variant
 
 # Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
 # 2: the weights digest of an hf source covers only the files the build reads (duplicate formats such as
@@ -23,6 +23,8 @@ class Unit(BaseModel):
     variant: Variant
     profile: Profile
     target: Target
+    # Set when the search proposed this unit (its prediction, or why it fell back); never part of a key.
+    searched: SearchedUnit | None = None
 
     @property
     def name(self) -> str:
@@ -47,6 +49,23 @@ def expand_units(spec: BuildSpec, only_targets: list[str] | None = None) -> list
                 continue
             for profile in spec.profiles:
                 units.append(Unit(variant=variant, profile=profile, target=target))
+    return _with_searched(spec, only_targets, units)
+
+
+def _with_searched(spec: BuildSpec, only_targets: list[str] | None, units: list[Unit]) -> list[Unit]:
+    """The units the search decided, after the hand-written ones. One the spec already names is the same unit
+    (same key): it keeps its place and gains the search's prediction."""
+    by_name = {t.name: t for t in spec.targets}
+    index = {u.name: i for i, u in enumerate(units)}
+    for s in spec.searched:
+        if s.target not in by_name or (only_targets and s.target not in only_targets):
+            continue
+        unit = Unit(variant=s.variant, profile=s.profile, target=by_name[s.target], searched=s)
+        if unit.name in index:
+            units[index[unit.name]] = unit
+        else:
+            index[unit.name] = len(units)
+            units.append(unit)
     return units
 
 

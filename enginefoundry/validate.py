@@ -15,7 +15,8 @@ import yaml
 
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.lanes import get_lane
-from enginefoundry.smoke import load_prompt_set
+from enginefoundry.smoke import check_prompt_count, load_prompt_set
+from enginefoundry.smoke.policy import policy_for
 from enginefoundry.spec import BuildSpec, load_spec
 
 # MLflow refuses registered-model names with '/' (models:/<name>/<version> URIs) and ':' .
@@ -31,7 +32,7 @@ def validate_deep(spec: BuildSpec) -> None:
 
 def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     problems = list(get_lane(spec.lane).validate_options(spec))
-    problems += _prompt_problems(spec.resolve_path(spec.smoke.prompts))
+    problems += _prompt_problems(spec)
     problems += _signature_problems(spec)
     return problems
 
@@ -51,12 +52,29 @@ def _signature_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     return problems
 
 
-def _prompt_problems(path: Path) -> list[tuple[str, str]]:
+def _prompt_file_problems(path: Path) -> list[tuple[str, str]]:
     try:
         load_prompt_set(path)
     except InputError as err:
         return [("smoke.prompts", str(err).removeprefix("smoke.prompts: "))]
     return []
+
+
+def _prompt_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """A malformed prompt set, or one with fewer graded prompts than the policy of a variant's precision needs
+    (its sample-size rule would reject every unit of that precision, healthy or not)."""
+    path = spec.resolve_path(spec.smoke.prompts)
+    problems = _prompt_file_problems(path)
+    if problems:
+        return problems
+    prompts = load_prompt_set(path)
+    for precision in dict.fromkeys(v.precision.value for v in spec.variants):
+        try:
+            check_prompt_count(prompts, policy_for(precision, **spec.smoke.policy_overrides()),
+                               spec.smoke.small_sample, precision)
+        except InputError as err:
+            problems.append(("smoke.prompts", str(err).removeprefix("smoke.prompts: ")))
+    return problems
 
 
 def validate_file(path: str | Path, only_targets: list[str] | None = None) -> BuildSpec:
@@ -72,11 +90,13 @@ def validate_file(path: str | Path, only_targets: list[str] | None = None) -> Bu
         problems.append((field, f"'{spec.registered_model_name}' is not a valid MLflow registered-model name "
                                 "(no '/', ':' or '%'); set tracking.registered_model, e.g. "
                                 f"{re.sub(r'[/:%]', '-', spec.registered_model_name)}"))
-    from enginefoundry.plan_report import plan_report
+    from enginefoundry.plan_report import SPEC_CHECK, plan_report
 
     report = plan_report(spec, only_targets)
     for unit_name, verdict in report.preflight.items():
         for check in verdict.problems:
+            if check.name == SPEC_CHECK:  # a lane-option refusal: reported above by its field
+                continue
             problems.append((f"unit {unit_name}", check.message + (f" (fix: {check.fix})" if check.fix else "")))
     if problems:
         raise SpecError(problems, str(path))
@@ -107,4 +127,4 @@ def _raw_input_problems(path: Path) -> list[tuple[str, str]]:
     if not isinstance(prompts, str):
         return []
     p = Path(prompts)
-    return _prompt_problems(p if p.is_absolute() else (path.resolve().parent / p).resolve())
+    return _prompt_file_problems(p if p.is_absolute() else (path.resolve().parent / p).resolve())

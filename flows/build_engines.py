@@ -27,6 +27,7 @@ from enginefoundry.errors import InputError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
+from enginefoundry.lanes import get_lane
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.run_records import run_metrics
 from enginefoundry.run_summary import RunSummary, UnitOutcome, work_root
@@ -85,9 +86,22 @@ def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str
     if not validated:
         validate_deep(build_spec)
     log = progress_logger()
+    # A spec with a `search` section and no decision yet (a path or pasted YAML): decide here, once; a spec from the
+    # CLI carries the decision in `searched` already.
+    from enginefoundry.search_plan import materialise
+
+    build_spec, _ = materialise(build_spec, progress=log)
     for row in dest.rows():
         log(f"{row['setting']}: {row['value']} (from {row['from']})")
     return build_spec
+
+
+def check_installed(spec: BuildSpec, units: list[Unit]) -> None:
+    """The installed toolchain can run every unit (the release the spec pins, the flags and keys it uses):
+    PreflightError before any download or GPU time."""
+    lane = get_lane(spec.lane)
+    for unit in units:
+        lane.check_installed(spec, unit)
 
 
 def input_failure(err: InputError) -> State:
@@ -158,6 +172,10 @@ def build_engines(
     except InputError as err:
         return input_failure(err)
     units = expand_units(build_spec, targets or None)
+    try:
+        check_installed(build_spec, units)  # in this process (embedded) or the parent's image (cluster)
+    except InputError as err:
+        return input_failure(err)
 
     snapshot = fetch_source(build_spec)
     fetch_s = time.monotonic() - t0

@@ -33,8 +33,9 @@ from enginefoundry.units import Unit, expand_units
 
 
 @task(name="check placement", task_run_name="check placement of {unit.name}", cache_policy=NO_CACHE)
-def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str) -> str:
-    """Refuse before any download: wrong pool, wrong GPU, or a toolchain other than the one in the key."""
+def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str, spec: BuildSpec) -> str:
+    """Refuse before any download: wrong pool, wrong GPU, a toolchain other than the one in the key, or an
+    installed release that cannot run the unit."""
     from prefect.context import FlowRunContext
 
     ctx = FlowRunContext.get()
@@ -43,6 +44,7 @@ def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str) -> 
     verdict = check_placement(unit.target, pool, unit.variant.tp * unit.variant.pp)
     planned = key_components.get("toolchain", {}).get("versions", {})
     local = get_lane(lane_name).versions()
+    get_lane(lane_name).check_installed(spec, unit)
     if planned and dict(sorted(local.items())) != planned:
         diff = ", ".join(f"{k} {planned.get(k)} → {local.get(k)}" for k in sorted(set(planned) | set(local))
                          if planned.get(k) != local.get(k))
@@ -82,7 +84,7 @@ def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any],
     if not matches:
         raise InputError(f"unit {unit} is not in spec {build_spec.name}")
     the_unit = matches[0]
-    check_worker(the_unit, key_components, build_spec.lane)
+    check_worker(the_unit, key_components, build_spec.lane, build_spec)
     local = fetch_source(pinned(build_spec, source))
     if (local.weights_digest, local.tokenizer_digest) != (source.weights_digest, source.tokenizer_digest):
         raise PipelineError(f"source {source.uri} changed after the parent fetched it (weights "

@@ -43,13 +43,13 @@ def guard_ephemeral_prefect_server() -> None:
     """Without PREFECT_API_URL, Prefect 3.9.1 starts its API as `python -m uvicorn … create_app` through
     `SubprocessASGIServer._run_uvicorn_command` (prefect/server/api/server.py@3.9.1), a plain child that a
     `kill -9` of the CLI leaves running (its atexit `stop` never runs). Its module's `subprocess` is replaced
-    by one whose Popen makes the child die with this process."""
+    by one whose Popen makes the child die with this process (`_prefect_private.guard_server_subprocess`: on
+    another Prefect release, nothing is replaced)."""
     if os.environ.get("PREFECT_API_URL"):
         return
-    from prefect.server.api import server as prefect_server
+    from enginefoundry.flows._prefect_private import guard_server_subprocess
 
-    if not isinstance(prefect_server.subprocess, _GuardedSubprocess):
-        prefect_server.subprocess = _GuardedSubprocess(prefect_server.subprocess)  # type: ignore[assignment]
+    guard_server_subprocess(_GuardedSubprocess)
 
 
 class EarlyServer:
@@ -73,12 +73,11 @@ class EarlyServer:
         `prefect.client.orchestration.get_client` starts when no PREFECT_API_URL is set (its `start` does nothing
         once `running`: prefect/server/api/server.py@3.9.1). False (and the process stopped) when it exited
         before it answered, e.g. its port was taken: Prefect then starts its own as before."""
-        import atexit
-
         import httpx
         from prefect.server.api.server import SubprocessASGIServer
 
         from enginefoundry.console import say
+        from enginefoundry.flows._prefect_private import adopt_as_prefects_server
 
         deadline = time.monotonic() + timeout_s
         with httpx.Client() as client:
@@ -101,8 +100,7 @@ class EarlyServer:
             # Prefect started one already (nothing should have), or may not use one: Prefect decides as before.
             self.stop()
             return False
-        server.port, server.server_process, server.running = self.port, self.proc, True
-        atexit.register(server.stop)  # what SubprocessASGIServer.start registers for a server it starts
+        adopt_as_prefects_server(server, self.port, self.proc)  # its state, and its stop registered with atexit
         say(f"Prefect: temporary API server on {server.address} (no PREFECT_API_URL), ready "
             f"{time.monotonic() - self.started:.1f} s after it started")
         return True
@@ -117,8 +115,10 @@ def start_early_server() -> EarlyServer | None:
     """Start the temporary Prefect API server now, with the command and environment Prefect 3.9.1 uses
     (`SubprocessASGIServer._run_uvicorn_command`, prefect/server/api/server.py@3.9.1), made to die with this
     process like the one Prefect starts (`_GuardedSubprocess`). None when a Prefect API is configured
-    (PREFECT_API_URL). Whether Prefect may use one at all (PREFECT_SERVER_EPHEMERAL_ENABLED) is
-    checked by `adopt`, which then stops it and leaves the decision to Prefect as before.
+    (PREFECT_API_URL), or when the installed Prefect is not a release this was measured on
+    (`_prefect_private.prefect_tricks_apply`): Prefect then starts its own. Whether Prefect may use one at all
+    (PREFECT_SERVER_EPHEMERAL_ENABLED) is checked by `adopt`, which then stops it and leaves the decision to
+    Prefect as before.
 
     Differences from Prefect's own, all for the temporary server only: the port is one the kernel hands out
     (Prefect picks at random in 8000–8999); block types are not registered on start
@@ -127,7 +127,9 @@ def start_early_server() -> EarlyServer | None:
     `flows/ephemeral_server.py`, which first gives a new SQLite database a migrated start (≈ 3.5 s)."""
     import importlib.util
 
-    if os.environ.get("PREFECT_API_URL"):
+    from enginefoundry.flows._prefect_private import UVICORN_ENVIRONMENT, prefect_tricks_apply
+
+    if os.environ.get("PREFECT_API_URL") or not prefect_tricks_apply():
         return None
     from enginefoundry.model_server import free_port
     from enginefoundry.runner import die_with_parent, reap_with_this_process, signals_held
@@ -137,7 +139,7 @@ def start_early_server() -> EarlyServer | None:
         return None
     app_dir = Path(spec.origin).parent.parent  # what Prefect passes: prefect.__module_path__.parent
     port = free_port()
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+    env = {**os.environ, **UVICORN_ENVIRONMENT,
            "PREFECT_API_BLOCKS_REGISTER_ON_START": os.environ.get("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")}
     # Prefect's `python -m uvicorn …`, through ephemeral_server: a fresh SQLite database starts as a migrated copy.
     argv = [sys.executable, "-m", "enginefoundry.flows.ephemeral_server", "--app-dir", str(app_dir), "--factory",

@@ -10,7 +10,7 @@ import re
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from enginefoundry.run_summary import RunSummary, best_profiles
+from enginefoundry.run_summary import RunSummary, best_profiles, search_rows
 from enginefoundry.spec import BuildSpec
 from enginefoundry.units import Unit
 
@@ -24,10 +24,21 @@ def report_matrix(spec: BuildSpec, units: list[Unit], keys: dict[str, str], hits
                   placement: dict[str, str]) -> None:
     rows = [{"unit": u.name, "variant": u.variant.name, "profile": u.profile.name, "target": u.target.name,
              "arch": u.target.arch.value, "work pool": u.target.pool, "runs on": placement[u.name],
-             "cache": "hit" if hits[u.name] else "miss", "key": keys[u.name][:12]} for u in units]
+             "cache": "hit" if hits[u.name] else "miss", "key": keys[u.name][:12], "origin": _origin(u)}
+            for u in units]
     create_table_artifact(key=artifact_key("matrix", spec.name), table=rows,
                           description=f"{spec.name}: {len(units)} unit(s), {sum(hits.values())} cache hit(s), "
                                       f"lane {spec.lane}")
+
+
+def _origin(unit: Unit) -> str:
+    """Hand-written, or what the search said: the prediction (tok/s/GPU) or why it fell back to measuring."""
+    s = unit.searched
+    if s is None:
+        return "spec"
+    if s.predicted:
+        return f"search #{s.rank}: predicted {s.predicted.get('tokens_per_s_gpu', 0):.0f} tok/s/GPU ({s.predictor})"
+    return f"search #{s.rank}: {s.note}"
 
 
 def report_build(spec: BuildSpec, summary: RunSummary) -> None:
@@ -49,6 +60,11 @@ def report_build(spec: BuildSpec, summary: RunSummary) -> None:
                              description=f"{spec.name}: gate verdicts and manifest URIs")
     create_table_artifact(key=artifact_key("best-profiles", spec.name), table=best_profiles(summary.outcomes),
                           description=f"{spec.name}: per target, the profile with the most output tok/s within SLOs")
+    searched = search_rows(summary.outcomes, spec.search.objective.value if spec.search else "tokens_per_gpu")
+    if searched:
+        create_table_artifact(key=artifact_key("search-verified", spec.name), table=searched,
+                              description=f"{spec.name}: searched units, goodput at the SLO, predicted vs measured "
+                                          "tok/s/GPU, $/1M output tokens, tokens/joule; the winner per target")
 
 
 def report_unit_links(unit_name: str, key: str, mlflow_run: str, manifest_uri: str | None) -> None:

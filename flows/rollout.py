@@ -1,8 +1,11 @@
-"""The rollout flow: detect a new checkpoint → build (only when new) → promote or hold each candidate.
+"""The rollout flow: detect a new checkpoint or toolchain → build (only when new) → promote or hold each candidate.
 
 Scheduled (deployment.yaml: `rollout/scheduled`), it usually finds nothing new and finishes after one
-revision lookup and a few registry queries, before any download. When the source changed for some targets it
-builds those targets (embedded or cluster mode, as the build flow does). Then, built or not, each alias stem's
+revision lookup and a few registry queries, before any download. When the source or the toolchain (a new
+TensorRT-LLM release or image digest in the spec, other lane versions on this host) changed for some targets, it
+builds those targets with the spec's toolchain (embedded or cluster mode, as the build flow does), and reports old
+vs new per rebuilt target (Prefect artifact `rollout-comparison`, and the build's MLflow parent run: artifacts
+rollout/comparison.json and .md). Then, built or not, each alias stem's
 gated candidate that is newer than its champion is compared and promoted or held (promotion.decide_promotions),
 with the thresholds below, which are flow parameters so the UI form shows them.
 """
@@ -18,9 +21,10 @@ from prefect.client.schemas.objects import State
 from enginefoundry.errors import InputError
 from enginefoundry.flows.build_engines import Mode, build_engines, flow_spec, input_failure, spec_label, spec_payload
 from enginefoundry.flows.reports import report_markdown, report_table
-from enginefoundry.promotion import PromotionPolicy
+from enginefoundry.promotion import PromotionPolicy, alias_stems
 from enginefoundry.source_change import RolloutReport
-from enginefoundry.tasks.promote import detect_source_change, promote_units
+from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, promote_units
+from enginefoundry.units import expand_units
 
 
 def _run_name() -> str:
@@ -40,6 +44,7 @@ def rollout(
     min_throughput_ratio: float = 0.9,
     max_ttft_p95_factor: float = 1.25,
     reference_concurrency: int | None = None,
+    max_cost_increase: float | None = None,
     force_build: bool = False,
     spec_yaml: str | None = None,
     store: str | None = None,
@@ -57,6 +62,8 @@ def rollout(
         min_throughput_ratio: candidate output tok/s at the reference concurrency ≥ this × the champion's
         max_ttft_p95_factor: candidate p95 TTFT at the reference concurrency ≤ this × the champion's
         reference_concurrency: concurrency to compare at (empty: the highest both measured)
+        max_cost_increase: $/1M output tokens at the SLO may exceed the champion's by at most this fraction
+            (searched units; empty: not compared)
         force_build: build even when the source has nothing new (promotion still needs the gates)
         spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given)
         store: artifact store; empty: $EF_STORE of the worker, else the spec's
@@ -65,7 +72,8 @@ def rollout(
     """
     t0 = time.monotonic()
     policy = PromotionPolicy(max_accuracy_drop=max_accuracy_drop, min_throughput_ratio=min_throughput_ratio,
-                             max_ttft_p95_factor=max_ttft_p95_factor, reference_concurrency=reference_concurrency)
+                             max_ttft_p95_factor=max_ttft_p95_factor, reference_concurrency=reference_concurrency,
+                             max_cost_increase=max_cost_increase)
     try:
         build_spec = flow_spec(spec_path, dict(spec) if spec is not None else None, spec_yaml, store=store,
                                mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url)
@@ -88,6 +96,13 @@ def rollout(
     decisions = promote_units(build_spec, targets or None, policy, summary.outcomes if summary else [])
     report_table("promotion", build_spec, [d.row() for d in decisions],
                  f"{build_spec.name}: promote or hold, per alias stem (policy: {policy.model_dump()})")
+    comparison = []
+    if summary is not None:
+        stems = alias_stems(build_spec)
+        rebuilt = {stems[u.name] for u in expand_units(build_spec, to_build)}
+        comparison = compare_rebuilt(build_spec, decisions, policy, rebuilt, summary.parent_run_id)
+        report_table("rollout-comparison", build_spec, [r.row() for r in comparison],
+                     f"{build_spec.name}: old vs new per rebuilt target (champion before vs this build)")
     return RolloutReport(spec=build_spec.name, change=change, built=summary is not None,
-                         build_ok=summary.ok if summary else None, decisions=decisions,
+                         build_ok=summary.ok if summary else None, decisions=decisions, comparison=comparison,
                          duration_s=round(time.monotonic() - t0, 2))

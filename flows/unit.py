@@ -98,7 +98,8 @@ def run_unit_stages(
             stages["smoke"] = time.monotonic() - t
             if spec.benchmark.enabled:
                 t = time.monotonic()
-                sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}")
+                sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}",
+                                  unit=unit)
                 stages["bench"] = time.monotonic() - t
         finally:
             stop_unit_server(endpoint)

@@ -10,9 +10,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
+from enginefoundry.bench.goodput import verify_unit
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.units import Unit
 
 
 def _artifact_key(prefix: str, title: str) -> str:
@@ -21,12 +23,24 @@ def _artifact_key(prefix: str, title: str) -> str:
 
 
 @task(name="benchmark", cache_policy=NO_CACHE)
-def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str) -> SweepReport:
+def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, unit: Unit | None = None,
+              ) -> SweepReport:
     log = progress_logger()
     out = Path(report_dir)
     report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
                        server_alive=lambda: is_alive(endpoint.pid), plot_title=title)
+    if unit is not None and unit.searched is not None and spec.search is not None:
+        verdict = verify_unit(spec, unit, url=endpoint.base_url, model=endpoint.model_name,
+                              tokenizer=endpoint.tokenizer_dir, out=out / "search", progress=log)
+        report.search, report.search_metrics = verdict.model_dump(mode="json"), verdict.metrics()
+        report.plots += [str(p) for p in (out / "search").glob("search.png")]
+        (out / "sweep.json").write_text(report.model_dump_json(indent=2))
+        create_markdown_artifact(key=_artifact_key("search", title), markdown=verdict.markdown(unit.name),
+                                 description=f"{title}: goodput at the SLO, predicted vs measured, cost and energy")
+        if verdict.flagged:
+            log(f"search: {unit.name}: prediction error {verdict.prediction_error:+.0%} is beyond the bound "
+                f"±{verdict.error_bound:.0%}")
     if spec.benchmark.baseline_endpoints:
         report.comparison = compare_with_baselines(
             spec.benchmark, report, unit_label=title, unit_url=endpoint.base_url, unit_model=endpoint.model_name,

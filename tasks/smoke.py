@@ -60,7 +60,8 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        model_name=endpoint.model_name, served_tokenizer_dir=Path(endpoint.tokenizer_dir),
                        precision=precision, progress=log, server_alive=lambda: is_alive(endpoint.pid),
                        max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
-                       reference=ref, reference_outcome=outcome)
+                       reference=ref, reference_outcome=outcome, server_log=Path(endpoint.log_path),
+                       reference_device=spec.smoke.reference_device.value)
     if serves_unit is not None:
         name, key = serves_unit
         published = publish_sibling_reference(report.served_answers, unit=name, unit_key=key, cases=prompts.cases,

@@ -119,6 +119,10 @@ class SweepReport(BaseModel):
     telemetry: str = ""  # how GPUs were sampled, or why not ("no GPU: …")
     plots: list[str] = Field(default_factory=list)
     comparison: ComparisonReport | None = None
+    # A searched unit's verification (enginefoundry.bench.goodput.SearchVerdict as JSON): goodput at the SLO,
+    # predicted_* beside measured_*, prediction_error, $/1M output tokens, tokens/joule.
+    search: dict[str, Any] | None = None
+    search_metrics: dict[str, float] = Field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
@@ -129,7 +133,7 @@ class SweepReport(BaseModel):
                                 "points": [{"scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
                                             "output_tokens_per_s": p.output_tokens_per_s} for p in self.points]})
         return {"bench_points": len(self.points), "bench_valid": float(self.valid),
-                "bench_best_output_tokens_per_s": best.output_tokens_per_s if best else 0.0}
+                "bench_best_output_tokens_per_s": best.output_tokens_per_s if best else 0.0, **self.search_metrics}
 
     def table(self) -> list[dict[str, Any]]:
         """One row per point: what a platform team reads first, invalid points with their reasons."""

@@ -11,17 +11,13 @@ global options (`-v/--verbose`, `--json`) are added to every subcommand here, so
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import importlib
-import os
-import sys
-import threading
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
 from enginefoundry import __version__
+from enginefoundry._startup import exit_now
 from enginefoundry.cli.common import emit_json, global_options, json_mode, network_hint
 from enginefoundry.console import error
 from enginefoundry.errors import EXIT_PIPELINE, EngineFoundryError
@@ -35,6 +31,7 @@ COMMANDS = (
     "enginefoundry.cli.completion",
     "enginefoundry.cli.automations",
     "enginefoundry.cli.smoke",
+    "enginefoundry.cli.search",
     "enginefoundry.cli.signing",
 )
 
@@ -60,22 +57,12 @@ def entry() -> NoReturn:
 
     A run has torch and transformers loaded (the smoke gate's tokenizer and reference), about 5,600 modules and
     775,000 objects; tearing them down took 2.6 s after the summary was printed, ~12% of a tiny run
-    (docs/architecture.md, "Start-up and exit"). What an exit must do still happens, in CPython's own order
+    (docs/scale.md, "Start-up and exit tricks"). What an exit must do still happens, in CPython's own order
     (Py_FinalizeEx): other non-daemon threads are joined, the atexit handlers run (servers stopped, MLflow runs
     ended, Prefect's log and event queues drained, logging flushed), stdout and stderr are flushed; only freeing
-    memory that the kernel takes back anyway is skipped. An exception, SystemExit included (SIGTERM's 143), leaves
-    the usual way."""
-    code = main()
-    # CPython's own first step (threading._shutdown, 3.11): the hooks of threading._register_atexit run
-    # (concurrent.futures' executors shut down, Prefect's event loop threads told to stop), then it joins the other
-    # non-daemon threads. Joining them without those hooks left the temporary Prefect server ignoring its SIGTERM
-    # until Prefect's 5 s wait ran out (benchmarks/cold_run.py: exit 5.4 s after the last output, 0.3–0.4 s with it).
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to tell anyone
-            stream.flush()
-    os._exit(code)
+    memory that the kernel takes back anyway is skipped (`_startup.exit_now`: on a Python it was not measured on,
+    the interpreter's own exit). An exception, SystemExit included (SIGTERM's 143), leaves the usual way."""
+    exit_now(main())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

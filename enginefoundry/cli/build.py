@@ -61,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     roll.add_argument("--min-throughput-ratio", type=float, default=0.9)
     roll.add_argument("--max-ttft-p95-factor", type=float, default=1.25)
     roll.add_argument("--reference-concurrency", type=int)
+    roll.add_argument("--max-cost-increase", type=float, metavar="FRACTION",
+                      help="hold a candidate whose $/1M output tokens at the SLO exceeds the champion's by more "
+                           "than this (0.1 = 10%%; searched units, docs/search.md)")
     roll.add_argument("--force-build", action="store_true", help="build even when nothing is new")
     trust_options(roll)
     roll.set_defaults(handler=cmd_rollout)
@@ -123,6 +126,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         from enginefoundry.run_summary import best_profiles
 
         table("best profile per target (within the benchmark SLOs)", best_profiles(summary.outcomes))
+    if any("search" in o.bench for o in summary.outcomes):
+        from enginefoundry.run_summary import search_rows
+
+        objective = spec.search.objective.value if spec.search else "tokens_per_gpu"
+        table("searched units: goodput at the SLO, predicted vs measured, cost and energy",
+              search_rows(summary.outcomes, objective))
     for o in summary.outcomes:
         if o.manifest_uri:
             console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)
@@ -138,6 +147,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     spec, dest = effective_spec(validate_file(args.spec, args.targets), store=args.store,
                                 mlflow_uri=args.mlflow_uri, s3_endpoint_url=args.s3_endpoint_url)
+    if spec.search is not None:
+        from enginefoundry.console import say
+        from enginefoundry.search_plan import materialise
+
+        spec, _ = materialise(spec, args.targets, progress=say)
     units = len(expand_units(spec, args.targets))
     if wants_json(args):
         emit_json({"ok": True, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest})
@@ -148,14 +162,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from enginefoundry.cli.common import load_searched
     from enginefoundry.plan_report import plan_report
 
-    spec, _ = load(args.spec)
+    spec, _, searched = load_searched(args.spec, args)
     report = plan_report(spec, args.targets)
     if wants_json(args):
         emit_json({"ok": not report.refused, "spec": spec.name, "lane": spec.lane, "units": report.rows,
-                   "commands": report.commands, "preflight": report.preflight})
+                   "commands": report.commands, "preflight": report.preflight,
+                   "search": searched.model_dump(mode="json") if searched else None})
         return EXIT_INPUT if report.refused else EXIT_OK
+    if searched is not None:
+        from enginefoundry.search_plan import rows
+
+        table(f"{spec.name}: search (predicted, ranked by {searched.objective.value}; 'unit' = became a unit)",
+              rows(searched))
+        for ts in searched.targets:
+            console.print(f"  {ts.target}: " + (f"{ts.predictor}; {ts.note}" if ts.covered else
+                                                 f"not predicted ({ts.reason}): measured search"), markup=False)
     table(f"{spec.name}: {len(report.rows)} unit(s), lane {spec.lane}", report.rows)
     for unit_name, commands in report.commands.items():
         console.print(f"\n[bold]{unit_name}[/bold]")
@@ -199,6 +223,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     report = rollout(spec_path=None, spec=spec_payload(spec), targets=args.targets, mode=args.mode,
                      max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
                      max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
+                     max_cost_increase=args.max_cost_increase,
                      force_build=args.force_build, store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
                      s3_endpoint_url=spec.publish.s3_endpoint_url)
     if wants_json(args):
@@ -211,4 +236,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         console.print(f"{what}: no build ({report.duration_s:.1f} s)")
     if report.decisions:
         table(f"{spec.name}: promote or hold", [d.row() for d in report.decisions])
+    if report.comparison:
+        table(f"{spec.name}: old vs new per rebuilt target", [r.row() for r in report.comparison])
     return EXIT_OK if (not report.built or report.build_ok) else EXIT_PIPELINE

@@ -48,10 +48,24 @@ def destination_flags(parser: argparse.ArgumentParser, *, mlflow: bool = True) -
 
 
 def load(path: str, args: argparse.Namespace | None = None) -> tuple[BuildSpec, Destinations]:
-    """The spec with its effective store, MLflow URI and S3 endpoint (flag > environment > spec > default)."""
-    return effective_spec(load_spec(path), store=getattr(args, "store", None),
-                          mlflow_uri=getattr(args, "mlflow_uri", None),
-                          s3_endpoint_url=getattr(args, "s3_endpoint_url", None))
+    """The spec with its effective store, MLflow URI and S3 endpoint (flag > environment > spec > default), and
+    with what its `search` section decided written in as ordinary units."""
+    spec, dest, _ = load_searched(path, args)
+    return spec, dest
+
+
+def load_searched(path: str, args: argparse.Namespace | None = None) -> tuple[BuildSpec, Destinations, Any]:
+    """`load`, and the search report (None without a `search` section)."""
+    spec, dest = effective_spec(load_spec(path), store=getattr(args, "store", None),
+                                mlflow_uri=getattr(args, "mlflow_uri", None),
+                                s3_endpoint_url=getattr(args, "s3_endpoint_url", None))
+    if spec.search is None:
+        return spec, dest, None
+    from enginefoundry.console import say
+    from enginefoundry.search_plan import materialise
+
+    spec, report = materialise(spec, getattr(args, "targets", None), progress=say)
+    return spec, dest, report
 
 
 def mlflow_uri_of(args: argparse.Namespace) -> str:

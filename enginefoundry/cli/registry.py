@@ -65,6 +65,9 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         ("last verified", _verified_line(chain.get("verification") or {})),
         ("signature", (chain.get("signature") or {}).get("line", "unknown")),
     ]
+    if chain.get("serving_cost"):
+        rows.append(("cost at the SLO", ", ".join(f"{k}={v}" for k, v in chain["serving_cost"].items()
+                                                   if v is not None)))
     if len(chain["builds"]) > 1:
         rows.append(("builds of this key", "\n".join(chain["builds"])))
     if ml.get("registry"):

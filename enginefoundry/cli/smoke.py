@@ -23,6 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", default="fp32",
                    help="precision of the unit under test; picks the policy family (default fp32)")
     p.add_argument("--reference-precision", default="fp32", help="dtype the reference answers are computed in")
+    p.add_argument("--reference-device", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where the reference answers are computed on a cache miss: a GPU where one is visible "
+                        "(auto, the default), or cpu / gpu")
+    p.add_argument("--concurrency", type=int, default=8,
+                   help="requests in flight against the endpoint (default 8; a batching server answers them "
+                        "together)")
+    p.add_argument("--server-log", help="the server's log file: its last error line explains HTTP 5xx answers")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--served-tokenizer", help="the served unit's tokenizer folder, for the digest check")
     p.add_argument("--store", help="artifact store URI (s3://… or file://…) to reuse and publish reference answers")
@@ -50,7 +57,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     prompts = load_prompt_set(Path(args.prompts))
     try:
         spec = SmokeSpec(prompts=args.prompts, reference_precision=args.reference_precision,
-                         max_new_tokens=args.max_new_tokens, small_sample=args.small_sample)
+                         max_new_tokens=args.max_new_tokens, small_sample=args.small_sample,
+                         concurrency=args.concurrency)
     except ValueError as err:
         raise InputError(f"smoke: {str(err).splitlines()[0]}") from None
     store = open_store(args.store) if args.store else None
@@ -63,7 +71,9 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     try:
         report = run_smoke(spec, prompts, reference_dir=ref, base_url=args.endpoint, model_name=args.served_model,
                            served_tokenizer_dir=Path(args.served_tokenizer) if args.served_tokenizer else None,
-                           precision=args.precision, progress=say, store=store)
+                           precision=args.precision, progress=say, store=store,
+                           server_log=Path(args.server_log) if args.server_log else None,
+                           reference_device=args.reference_device)
     except ToolError as err:
         if "(0/" in str(err):  # not a single answer: the endpoint or the model name is wrong
             raise InputError(str(err).splitlines()[0]) from None

@@ -83,6 +83,11 @@ class Lane(ABC):
         typed options model, already checked when the spec was parsed."""
         return []
 
+    def check_installed(self, spec: BuildSpec, unit: Unit) -> None:
+        """Preflight on the machine that runs the unit, before any download or GPU time: PreflightError when the
+        installed toolchain cannot run it (another release than the pinned one, a flag or key it lacks)."""
+        return None
+
     @abstractmethod
     def versions(self) -> dict[str, str]:
         """Installed toolchain versions. Raises ToolError when the toolchain is missing or wrong."""

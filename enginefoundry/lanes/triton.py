@@ -21,8 +21,16 @@ from pydantic import BaseModel, Field
 
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command
-from enginefoundry.lanes.trtllm_flags import FILL, LAUNCH_TRITON, TRITON_TEMPLATE_KEYS, arg
+from enginefoundry.lanes.trtllm_flags import (
+    FILL,
+    LAUNCH_TRITON,
+    PROMPT_TABLE_KEY,
+    PROMPT_TABLE_SINCE,
+    TRITON_TEMPLATE_KEYS,
+    arg,
+)
 from enginefoundry.runner import run_tool
+from enginefoundry.toolchain import parse_version, template_keys
 from enginefoundry.units import Unit
 
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
@@ -48,6 +56,19 @@ class TritonParams(BaseModel):
     enable_chunked_context: bool = True
     batch_scheduler_policy: str | None = None
     enable_kv_cache_reuse: bool | None = None
+    # Which templates have ${prompt_embedding_table_data_type}: read from the templates when they are at hand
+    # (template_keys), else from the installed or pinned release (1.1+), else assumed present (1.1+ is newer).
+    prompt_table_templates: frozenset[str] = frozenset({"tensorrt_llm", "tensorrt_llm_bls"})
+
+    def for_templates(self, keys: dict[str, list[str]] | None = None, release: str | None = None) -> TritonParams:
+        """These parameters for the templates at hand (their `${key}` sets) or, without them, for a release."""
+        if keys is not None:
+            have = frozenset(m for m, k in keys.items() if PROMPT_TABLE_KEY in k)
+        elif release and parse_version(release).release < parse_version(PROMPT_TABLE_SINCE).release:
+            have = frozenset()
+        else:
+            return self
+        return self.model_copy(update={"prompt_table_templates": have})
 
     @classmethod
     def for_unit(cls, unit: Unit, opts: dict[str, Any], *, engine_dir: str, tokenizer_dir: str,
@@ -89,7 +110,6 @@ def substitutions(params: TritonParams) -> dict[str, dict[str, str]]:
         "kv_cache_free_gpu_mem_fraction": str(params.kv_cache_free_gpu_mem_fraction),
         # Input declarations use these as data_type: an unfilled one makes config.pbtxt unparsable.
         "encoder_input_features_data_type": dtype,
-        "prompt_embedding_table_data_type": dtype,
         "logits_datatype": "TYPE_FP32",
         "exclude_input_in_output": "true",
         "enable_chunked_context": _b(params.enable_chunked_context),
@@ -110,6 +130,8 @@ def substitutions(params: TritonParams) -> dict[str, dict[str, str]]:
         "tensorrt_llm_bls": {"triton_max_batch_size": bs, "decoupled_mode": _b(params.decoupled_mode),
                              "bls_instance_count": n, "logits_datatype": "TYPE_FP32"},
     }
+    for model in params.prompt_table_templates:  # a data_type: unfilled, Triton rejects the config
+        subs[model][PROMPT_TABLE_KEY] = dtype
     for model, keys in subs.items():
         unknown = set(keys) - TRITON_TEMPLATE_KEYS[model]
         if unknown:  # a programming error: fill_template.py would assert on it
@@ -180,6 +202,7 @@ def build_repository(triton_dir: Path, repo_dir: Path, params: TritonParams, *, 
         if not (templates / model).is_dir():
             raise ToolError(f"template {templates / model} is missing from this Triton backend tree")
         shutil.copytree(templates / model, repo_dir / model)
+    params = params.for_templates(template_keys(triton_dir))
     cmds = fill_commands(triton_dir, repo_dir, params, python)
     for cmd, model in zip(cmds, substitutions(params), strict=True):
         run_tool(cmd.argv, log_dir / f"fill_template-{model}.log", timeout_s=120, what=f"fill_template {model}")

@@ -51,6 +51,7 @@ from enginefoundry.lanes.trtllm_flags import (
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
+from enginefoundry.preflight import Check
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
@@ -253,13 +254,32 @@ def autotuner_supported(version: str | None) -> bool:
     return has(ENV, "TLLM_AUTOTUNER_CACHE_PATH", version)
 
 
+# The PyTorch backend's hardware support matrix (docs/source/features/quantization.md@09d4c79b, "Hardware Support
+# Matrix"): W4A16 AWQ is Y on Ampere, Ada Lovelace and Hopper, "." on Blackwell sm100/103 and sm120.
+AWQ_MAX_CC = (10, 0)
+
+
+def awq_check(unit: Unit) -> Check | None:
+    """int4_awq (W4A16 AWQ) on a Blackwell target: refused, with the matrix as the reason."""
+    cc = unit.target.arch.compute_capability
+    if unit.variant.precision is not Precision.INT4_AWQ or cc is None or cc < AWQ_MAX_CC:
+        return None
+    return Check(name="precision_arch", ok=False,
+                 message=f"int4_awq (W4A16 AWQ) on {unit.target.arch.value}: the PyTorch backend's hardware support "
+                         "matrix has it on Ampere, Ada and Hopper only (docs/source/features/quantization.md)",
+                 fix="use nvfp4 or fp8 on Blackwell, or restrict this variant to sm80–sm90 targets "
+                     "(variants[].targets)")
+
+
 class TrtllmLane(TrtllmLaneBase):
     name = "trtllm"
     convert_tools = (HF_PTQ,)
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
-        return precision_checks(unit, self.fp8_kv_on_ampere) + chunked_prefill_check(unit, None)
+        checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c
+                  for c in precision_checks(unit, self.fp8_kv_on_ampere)]
+        return checks + chunked_prefill_check(unit, None)
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefoundry.devices import host_facts
-from enginefoundry.errors import InputError, ToolError
+from enginefoundry.errors import InputError, PreflightError, ToolError
 from enginefoundry.gpu import GPUInfo, detect_gpus, match_target
 from enginefoundry.lanes.base import Command, Lane
 from enginefoundry.lanes.trtllm_flags import (
@@ -204,6 +204,16 @@ class TrtllmLaneBase(Lane):
             raise UnsupportedByRelease(f"environment variable {env[0]}", f"TensorRT-LLM {surface.tensorrt_llm}",
                                        "a programming error in the lane: it must not set it for this release", env[1:])
         return surface
+
+    def check_installed(self, spec: BuildSpec, unit: Unit) -> None:
+        """The installed release is one this lane runs, the pinned one, and accepts every flag, YAML key and
+        template key of the unit's build and serve commands: refused before the source is downloaded (the convert
+        stage checks its own command before it runs)."""
+        try:
+            self.versions()
+            self.refuse_unsupported(spec, unit)
+        except ToolError as err:
+            raise PreflightError(f"unit {unit.name}: {err}") from None
 
     def planned_work(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None) -> list[Command]:
         """The build and serve commands (with their YAML and template keys) `describe` renders for a surface; the

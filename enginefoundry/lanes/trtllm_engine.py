@@ -476,7 +476,9 @@ class TrtllmEngineLane(TrtllmLaneBase):
         triton_params = triton.TritonParams.for_unit(unit, opts, engine_dir="<bundle>/engine",
                                                      tokenizer_dir="<bundle>/tokenizer",
                                                      model_dtype=dtype if dtype != "auto" else "float16",
-                                                     chunked_context=paged_context_fmha(spec, unit.variant))
+                                                     chunked_context=paged_context_fmha(spec, unit.variant)
+                                                     ).for_templates(surface.triton_templates if surface else None,
+                                                                     version)
         choices = (surface.tools.get(SERVE) or _NO_HELP).choices.get("backend") if surface else None
         backend = serve_backend_value(version, choices)
         return [

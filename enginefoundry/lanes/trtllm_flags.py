@@ -367,9 +367,37 @@ def lane_release_problem(lane: str, version: str) -> str | None:
 # --- what a release implies ---------------------------------------------------------------------------------
 
 # Images whose bundled TensorRT-LLM is known. The NGC TensorRT-LLM release image's tag is the release itself.
+# The NGC Triton TRT-LLM image of a month ships the wheel its tensorrtllm_backend release branch (r<yy.mm>) pins:
+# `ARG TENSORRTLLM_VER` in dockerfile/Dockerfile.triton.trt_llm_backend at the branch tip, `pip install
+# tensorrt_llm==${TENSORRTLLM_VER}`.
+_BACKEND_DOCKERFILE = "tensorrtllm_backend dockerfile/Dockerfile.triton.trt_llm_backend"
 KNOWN_IMAGES: dict[str, tuple[str, str]] = {
     "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3":
-        ("1.1.0", "Triton framework support matrix, 25.12 trtllm-python-py3 column (facts §0)"),
+        ("1.1.0", "Triton framework support matrix, 25.12 trtllm-python-py3 column (facts §0); "
+                  f"{_BACKEND_DOCKERFILE}@5419275f0e9830ca7083ddab1651eaa10c66636f (r25.12): "
+                  "TENSORRTLLM_VER=1.1.0"),
+    "nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3":
+        ("1.0.0", f"{_BACKEND_DOCKERFILE}@2ee1ae5e7b5477a59b5df9396a6ec827adf3de50 (r25.09): TENSORRTLLM_VER=1.0.0"),
+    "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3":
+        ("1.0.0", f"{_BACKEND_DOCKERFILE}@e2e72dc83f7255a36738b080446570f32b466781 (r25.10): TENSORRTLLM_VER=1.0.0"),
+    "nvcr.io/nvidia/tritonserver:25.11-trtllm-python-py3":
+        ("1.2.0rc2", f"{_BACKEND_DOCKERFILE}@9f60afe80a27ea89d890e680faf942ac40a2f36e (r25.11): "
+                     "TENSORRTLLM_VER=1.2.0rc2; its Triton templates are cloned from release/1.0"),
+    "nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3":
+        ("1.1.0", f"{_BACKEND_DOCKERFILE}@5b0830fc388c4c4bd3f62874a30046f596445f8f (r26.01): TENSORRTLLM_VER=1.1.0"),
+    "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3":
+        ("1.1.0", f"{_BACKEND_DOCKERFILE}@47c80a359531952f58e74ae8e891c010b7663d76 (r26.02): TENSORRTLLM_VER=1.1.0"),
+    "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3":
+        ("1.2.0rc8",
+         f"{_BACKEND_DOCKERFILE}@9736c4df0f5b3d02eacd2912ecd930072d59d9cf (r26.03): TENSORRTLLM_VER=1.2.0rc8"),
+    "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@ce68ff5fd0a746eac895cfb4a5677b329c5bc707 (r26.04): TENSORRTLLM_VER=1.2.1"),
+    "nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@a4f2f549f22fdd8d8448bc0ac343d5969033d765 (r26.05): TENSORRTLLM_VER=1.2.1"),
+    "nvcr.io/nvidia/tritonserver:26.06-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@e1611ce8612ae4973a45f2bdc5e928061ff7d7e2 (r26.06): TENSORRTLLM_VER=1.2.1"),
+    "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3":
+        ("1.2.1", f"{_BACKEND_DOCKERFILE}@3bc115373ce1fde1d94891964b492449402e3a68 (r26.07): TENSORRTLLM_VER=1.2.1"),
 }
 _RELEASE_IMAGE = re.compile(r"^nvcr\.io/nvidia/tensorrt-llm/release:v?(\d+\.\d+\.\d+\S*)$")
 
@@ -488,12 +516,12 @@ TRITON_TEMPLATE_KEYS: dict[str, frozenset[str]] = {
         "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices", "eagle_choices",
         "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
         "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
-        "xgrammar_tokenizer_info_path",
+        "xgrammar_tokenizer_info_path", "enable_trt_overlap",
     )),
     "preprocessing": frozenset((
         "triton_max_batch_size", "tokenizer_dir", "preprocessing_instance_count",
         "max_queue_delay_microseconds", "max_queue_size", "add_special_tokens", "multimodal_model_path",
-        "engine_dir", "max_num_images",
+        "engine_dir", "max_num_images", "hf_model_path",
     )),
     "postprocessing": frozenset((
         "triton_max_batch_size", "tokenizer_dir", "postprocessing_instance_count", "skip_special_tokens",
@@ -503,5 +531,14 @@ TRITON_TEMPLATE_KEYS: dict[str, frozenset[str]] = {
     )),
     "tensorrt_llm_bls": frozenset((
         "triton_max_batch_size", "decoupled_mode", "bls_instance_count", "logits_datatype",
+        "prompt_embedding_table_data_type", "accumulate_tokens", "tensorrt_llm_model_name",
+        "tensorrt_llm_draft_model_name", "multimodal_encoders_name",
     )),
 }
+# `${prompt_embedding_table_data_type}` (tensorrt_llm and tensorrt_llm_bls) is a data_type: unfilled, Triton rejects
+# the config. The backend's docs/llama.md fills it for both from its 1.1 branches on (tensorrtllm_backend
+# docs/llama.md@5419275f0e98, r25.12, templates of TensorRT-LLM release/1.1; @9736c4df0f5b, r26.03, release/1.2), not
+# on its 1.0 branch (@2ee1ae5e7b54, r25.09); fill_template.py asserts every given key exists, so it is filled only
+# where the template has it.
+PROMPT_TABLE_KEY = "prompt_embedding_table_data_type"
+PROMPT_TABLE_SINCE = "1.1"

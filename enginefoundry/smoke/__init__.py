@@ -6,15 +6,17 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.errors import ToolError
+from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
@@ -22,7 +24,7 @@ from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge,
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import LogprobComparison, compare_logprobs
 from enginefoundry.smoke.policy import GatePolicy, policy_for, policy_table_markdown
-from enginefoundry.smoke.prompts import PromptSet, load_prompt_set
+from enginefoundry.smoke.prompts import PromptCase, PromptSet, load_prompt_set
 from enginefoundry.smoke.reference import (
     ReferenceAnswer,
     ReferenceOutcome,
@@ -34,7 +36,7 @@ from enginefoundry.store import Store
 
 __all__ = [
     "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SliceSummary",
-    "SmokeReport",
+    "SmokeReport", "ask_all", "check_prompt_count", "last_error_line",
     "load_or_compute_reference", "load_prompt_set", "policy_for", "policy_table_markdown", "run_lm_eval",
     "run_smoke", "tokenizer_digest", "wilson_lower_bound", "write_report",
 ]
@@ -197,13 +199,18 @@ def run_smoke(
     served_tokenizer_dir: Path | None, precision: str = "fp32", progress: Callable[[str], None] = print,
     server_alive: Callable[[], bool] | None = None, max_logprob_diff: float | None = None,
     store: Store | None = None, weights_digest: str | None = None, reference: ReferenceSet | None = None,
-    reference_outcome: ReferenceOutcome | None = None,
+    reference_outcome: ReferenceOutcome | None = None, server_log: Path | None = None,
+    reference_device: str = "cpu",
 ) -> SmokeReport:
-    """Every prompt through the endpoint, compared with the reference answers (computed once per key), then the gate.
+    """Every prompt through the endpoint (`spec.concurrency` at a time), compared with the reference answers
+    (computed once per key), then the gate.
 
-    Raises ToolError (one line first: which prompt, how many answered) when the endpoint stops
-    answering; `server_alive` lets it say that the server process died rather than "connection refused"
-    (asked until the process has had time to exit: runner.exited_after_error).
+    Before any reference work: the prompt set is checked against the policy's minimum (refused with the number
+    needed, InputError) and the endpoint answers one token of the first prompt (ToolError when it does not).
+    Raises ToolError (one line first: which prompt, how many answered) when the endpoint stops answering;
+    `server_alive` lets it say that the server process died rather than "connection refused" (asked until the
+    process has had time to exit: runner.exited_after_error). `server_log`: the server's log, whose last error
+    line names the cause of HTTP 5xx answers in the verdict.
     """
     t0 = time.monotonic()
     cases = prompts.cases
@@ -211,45 +218,28 @@ def run_smoke(
     if max_logprob_diff is not None:
         overrides["max_logprob_diff"] = max_logprob_diff
     policy = policy_for(precision, **overrides)
+    check_prompt_count(prompts, policy, spec.small_sample, precision)
+    client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
+    _probe(client, cases, server_alive, progress)
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
             reference_dir, cases, dtype=spec.reference_precision, max_new_tokens=spec.max_new_tokens, store=store,
-            weights_digest=weights_digest, progress=progress)
+            weights_digest=weights_digest, progress=progress, device=reference_device)
     refs = reference.by_id
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(reference_dir)
-    client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
+    t_ask = time.monotonic()
+    answers = ask_all(client, cases, concurrency=spec.concurrency, progress=progress, server_alive=server_alive)
+    progress(f"smoke: {len(cases)} prompts answered in {time.monotonic() - t_ask:.1f} s "
+             f"({spec.concurrency} at a time)")
     evidence: list[CaseEvidence] = []
     served_answers: list[ReferenceAnswer] = []
     served_logprobs: dict[str, list[TokenLogprob] | None] = {}
-    for i, case in enumerate(cases, start=1):
-        try:
-            answer = client.answer(case)
-        except ToolError as err:
-            if server_alive is not None and exited_after_error(server_alive):
-                raise ToolError(f"smoke: the server died during the smoke test: {i - 1}/{len(cases)} prompts "
-                                f"answered, no answer for '{case.id}'") from None
-            raise ToolError(f"{str(err).splitlines()[0]} ({i - 1}/{len(cases)} prompts answered)") from None
+    for case, answer in zip(cases, answers, strict=True):
         served_logprobs[case.id] = answer.logprobs
         served_answers.append(served_as_reference(case.id, answer, tok))
-        ref = refs[case.id]
-        graded = case.expected is not None
-        # Both texts through the same tokenisation path (the reference tokenizer), so that a served answer
-        # equal to the reference's text always agrees token for token.
-        evidence.append(CaseEvidence(
-            id=case.id, served=answer.text, reference=ref.text,
-            served_ids=tok(answer.text, add_special_tokens=False)["input_ids"],
-            reference_ids=tok(ref.text, add_special_tokens=False)["input_ids"],
-            served_correct=case.is_correct(answer.text) if graded and answer.refused is None else
-            (False if graded else None),
-            reference_correct=case.is_correct(ref.text), served_finish=answer.finish_reason,
-            reference_finish=ref.finish, served_completion_tokens=answer.completion_tokens,
-            served_prompt_tokens=answer.prompt_tokens, reference_prompt_tokens=ref.prompt_tokens,
-            refused=answer.refused, slice=case.slice,
-        ))
-        if i % 25 == 0:
-            progress(f"smoke: {i}/{len(cases)} prompts answered")
+        evidence.append(_evidence(case, answer, refs[case.id], tok))
     logprobs = compare_logprobs(served_logprobs, refs, refused=client.logprobs_refused)
     progress(f"smoke: log-probs: {logprobs.detail}")
     served_tok = tokenizer_digest(served_tokenizer_dir) if served_tokenizer_dir is not None else None
@@ -258,7 +248,10 @@ def run_smoke(
                     served_tokenizer_digest=served_tok, logprob_mean_abs_diff=logprobs.mean_abs_diff,
                     logprob_tokens=logprobs.tokens_compared, small_sample=spec.small_sample,
                     min_full_agreement=spec.min_agreement, confidence=spec.confidence,
-                    reference=reference_outcome.label())
+                    reference=reference_outcome.label(),
+                    logprob_unavailable=(None if logprobs.mean_abs_diff is not None
+                                         else logprobs.detail.removeprefix("not available: ")),
+                    server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None)
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -282,6 +275,94 @@ def run_smoke(
                 for name in slice_names(evidence)],
         served_answers=served_answers,
     )
+
+
+def check_prompt_count(prompts: PromptSet, policy: GatePolicy, small_sample: str, precision: str) -> None:
+    """Refuse, before any endpoint or reference work, a prompt set with fewer graded prompts than the policy of
+    this precision needs (its sample-size rule would reject every unit, healthy or not)."""
+    graded = sum(c.expected is not None for c in prompts.cases)
+    need = policy.min_samples
+    if graded >= need or small_sample == "warn":
+        return
+    raise InputError(
+        f"smoke.prompts: {prompts.path} has {graded} graded prompts (with an expected answer); the "
+        f"{policy.family.value} policy of precision {precision} needs at least {need} (margin "
+        f"{policy.accuracy_margin}, α {policy.alpha}, power {policy.power} at discordance "
+        f"{policy.expected_discordance}): add {need - graded} graded prompts, or set smoke.small_sample: warn "
+        "(--small-sample warn) to judge with a warning")
+
+
+def _probe(client: ChatClient, cases: list[PromptCase], server_alive: Callable[[], bool] | None,
+           progress: Callable[[str], None]) -> None:
+    t = time.monotonic()
+    try:
+        answer = client.probe(cases[0])
+    except ToolError as err:
+        if server_alive is not None and exited_after_error(server_alive):
+            raise ToolError(f"smoke: the server died before the smoke test: 0/{len(cases)} prompts answered, "
+                            f"no answer for '{cases[0].id}'") from None
+        raise ToolError(f"{str(err).splitlines()[0]} (0/{len(cases)} prompts answered; checked before any "
+                        "reference work)") from None
+    said = f"answered HTTP error {answer.refused[:120]}" if answer.refused else "answers"
+    progress(f"smoke: endpoint {client.base_url} {said} ({time.monotonic() - t:.1f} s)")
+
+
+def ask_all(client: ChatClient, cases: list[PromptCase], *, concurrency: int, progress: Callable[[str], None],
+            server_alive: Callable[[], bool] | None = None) -> list[ServedAnswer]:
+    """Every prompt, `concurrency` requests in flight (a batching server answers them together); answers in
+    prompt order. The first prompt the endpoint cannot answer at all stops the run (ToolError, one line)."""
+    answers: list[ServedAnswer | None] = [None] * len(cases)
+    done = 0
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="smoke")
+    try:
+        futures = {pool.submit(client.answer, case): i for i, case in enumerate(cases)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            try:
+                answers[i] = fut.result()
+            except ToolError as err:
+                if server_alive is not None and exited_after_error(server_alive):
+                    raise ToolError(f"smoke: the server died during the smoke test: {done}/{len(cases)} prompts "
+                                    f"answered, no answer for '{cases[i].id}'") from None
+                raise ToolError(f"{str(err).splitlines()[0]} ({done}/{len(cases)} prompts answered)") from None
+            done += 1
+            if done % 25 == 0:
+                progress(f"smoke: {done}/{len(cases)} prompts answered")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [a for a in answers if a is not None]
+
+
+def _evidence(case: PromptCase, answer: ServedAnswer, ref: ReferenceAnswer, tok: Any) -> CaseEvidence:
+    graded = case.expected is not None
+    # Both texts through the same tokenisation path (the reference tokenizer), so that a served answer
+    # equal to the reference's text always agrees token for token.
+    return CaseEvidence(
+        id=case.id, served=answer.text, reference=ref.text,
+        served_ids=tok(answer.text, add_special_tokens=False)["input_ids"],
+        reference_ids=tok(ref.text, add_special_tokens=False)["input_ids"],
+        served_correct=case.is_correct(answer.text) if graded and answer.refused is None else
+        (False if graded else None),
+        reference_correct=case.is_correct(ref.text), served_finish=answer.finish_reason,
+        reference_finish=ref.finish, served_completion_tokens=answer.completion_tokens,
+        served_prompt_tokens=answer.prompt_tokens, reference_prompt_tokens=ref.prompt_tokens,
+        refused=answer.refused, server_error=answer.server_error, slice=case.slice,
+    )
+
+
+# An exception's last line in a Python server's log ("ValueError: Cannot use chat template …"), or an ERROR line.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception)\b.*|.*\bERROR\b.*)$")
+
+
+def last_error_line(log: Path | None, *, tail_bytes: int = 65536) -> str | None:
+    """The last exception or ERROR line in the server's log (its own words for a 5xx), None without one."""
+    if log is None or not log.is_file():
+        return None
+    with log.open("rb") as f:
+        f.seek(max(0, log.stat().st_size - tail_bytes))
+        lines = f.read().decode(errors="replace").splitlines()
+    hits = [ln.strip() for ln in lines if _ERROR_LINE.match(ln.rstrip())]  # at column 0, not traceback code
+    return hits[-1] if hits else None
 
 
 def served_as_reference(case_id: str, answer: ServedAnswer, tok: Any) -> ReferenceAnswer:

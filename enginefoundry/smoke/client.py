@@ -25,6 +25,7 @@ class ServedAnswer(BaseModel):
     prompt_tokens: int | None = None  # usage.prompt_tokens: the server's count of the templated prompt
     completion_tokens: int | None = None
     refused: str | None = None  # the endpoint answered this prompt with an HTTP error (e.g. prompt too long)
+    server_error: bool = False  # that error was a 5xx: the server failed, not the request
 
 
 class _Refused(Exception):
@@ -40,7 +41,7 @@ class ChatClient:
     """
 
     def __init__(self, base_url: str, model: str, *, max_tokens: int, want_logprobs: bool = True,
-                 timeout_s: float = 120.0) -> None:
+                 timeout_s: float = 600.0) -> None:
         self.url = base_url.rstrip("/") + "/v1/chat/completions"
         self.base_url = base_url
         self.model = model
@@ -49,17 +50,24 @@ class ChatClient:
         self.timeout_s = timeout_s
         self.logprobs_refused: str | None = None
 
-    def answer(self, case: PromptCase) -> ServedAnswer:
+    def answer(self, case: PromptCase, *, max_tokens: int | None = None) -> ServedAnswer:
+        """Thread-safe: `run_smoke` asks several prompts at once (the only shared state is `logprobs_refused`,
+        which every thread may set to the endpoint's same answer)."""
         if self.want_logprobs and self.logprobs_refused is None:
             try:
-                return self._ask(case, logprobs=True)
+                return self._ask(case, logprobs=True, max_tokens=max_tokens)
             except _Refused as err:
                 self.logprobs_refused = str(err)
-        return self._ask(case, logprobs=False)
+        return self._ask(case, logprobs=False, max_tokens=max_tokens)
 
-    def _ask(self, case: PromptCase, *, logprobs: bool) -> ServedAnswer:
-        body: dict[str, Any] = {"model": self.model, "messages": case.chat(), "max_tokens": self.max_tokens,
-                                "temperature": 0.0, "stream": False}
+    def probe(self, case: PromptCase) -> ServedAnswer:
+        """One token of the first prompt, before any reference work: a dead endpoint, a wrong URL or model name
+        is found in a second (ToolError), not after the reference is computed or loaded."""
+        return self.answer(case, max_tokens=1)
+
+    def _ask(self, case: PromptCase, *, logprobs: bool, max_tokens: int | None = None) -> ServedAnswer:
+        body: dict[str, Any] = {"model": self.model, "messages": case.chat(),
+                                "max_tokens": max_tokens or self.max_tokens, "temperature": 0.0, "stream": False}
         if logprobs:
             body.update({"logprobs": True, "top_logprobs": 1})
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(),
@@ -75,8 +83,8 @@ class ChatClient:
                 raise ToolError(f"smoke: the endpoint answered HTTP {err.code} for prompt '{case.id}': "
                                 f"{detail}") from None
             # A request the server cannot serve (prompt longer than its max_seq_len, an internal error): the gate
-            # judges it as a refused answer instead of stopping.
-            return ServedAnswer(text="", refused=f"HTTP {err.code}: {detail}")
+            # judges it as a refused answer instead of stopping; a 5xx is the server's own failure.
+            return ServedAnswer(text="", refused=f"HTTP {err.code}: {detail}", server_error=err.code >= 500)
         except (urllib.error.URLError, OSError) as err:
             raise ToolError(f"smoke: the endpoint {self.base_url} stopped answering at prompt '{case.id}': "
                             f"{getattr(err, 'reason', err)}") from None

@@ -64,6 +64,7 @@ class CaseEvidence(BaseModel):
     served_prompt_tokens: int | None = None
     reference_prompt_tokens: int | None = None
     refused: str | None = None  # the endpoint's error for this prompt
+    server_error: bool = False  # that error was the server's own failure (HTTP 5xx), not a refused request
     slice: str | None = None  # the prompt's slice (PromptCase.slice): judged on its own as well as in the whole set
 
     @property
@@ -99,12 +100,24 @@ def is_degenerate(ids: list[int], text: str) -> bool:
     return len(stripped) >= 12 and len(set(stripped)) <= 2
 
 
+def _rule_server(cases: list[CaseEvidence], server_message: str | None) -> GateRule | None:
+    """Prompts the server failed on (HTTP 5xx): its own failure, named with its own words, not a truncation."""
+    failed = [c for c in cases if c.server_error]
+    if not failed:
+        return None
+    detail = (f"the server failed on {len(failed)}/{len(cases)} prompts (e.g. '{failed[0].id}': "
+              f"{(failed[0].refused or '')[:200]})")
+    if server_message:
+        detail += f"; the server's log says: {server_message[:300]}"
+    return GateRule(name="server errors", ok=False, kind="hard", detail=detail)
+
+
 def _rule_answers(cases: list[CaseEvidence], max_new_tokens: int) -> GateRule:
-    refused = [c for c in cases if c.refused is not None]
+    refused = [c for c in cases if c.refused is not None and not c.server_error]
     cut = [c for c in cases if c.refused is None and c.served_finish == "length"
            and c.served_completion_tokens is not None and c.served_completion_tokens < max_new_tokens]
     ok = not refused and not cut
-    parts = [f"{len(cases) - len(refused)}/{len(cases)} prompts answered"]
+    parts = [f"{sum(c.refused is None for c in cases)}/{len(cases)} prompts answered"]
     if refused:
         parts.append(f"refused '{refused[0].id}': {refused[0].refused[:160]}")
     if cut:
@@ -227,13 +240,16 @@ def judge(
     served_tokenizer_digest: str | None = None, logprob_mean_abs_diff: float | None = None,
     logprob_tokens: int = 0, small_sample: Literal["refuse", "warn"] = "refuse",
     min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
+    server_message: str | None = None, logprob_unavailable: str | None = None,
 ) -> GateVerdict:
     """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
     the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
     the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`."""
     if not cases:
         raise ValueError("no cases to judge")
+    server = _rule_server(cases, server_message)
     rules = [
+        *([server] if server is not None else []),
         _rule_answers(cases, max_new_tokens),
         _rule_tokenizer(cases, served_tokenizer_digest, reference_tokenizer_digest),
         _rule_eos(cases),
@@ -253,6 +269,10 @@ def judge(
         rules.append(GateRule(name="log-prob distance", ok=ok, kind="divergence",
                               detail=f"mean |Δ log-prob| {logprob_mean_abs_diff:.4f} over {logprob_tokens} tokens "
                                      f"{'≤' if ok else '>'} limit {policy.max_logprob_diff}"))
+    elif logprob_unavailable is not None:  # the check that could not run is named, not silently left out
+        rules.append(GateRule(name="log-prob distance", ok=True, kind="info", warning=True,
+                              detail=f"not run: {logprob_unavailable}; judged on the other rules "
+                                     "(docs/smoke-gate.md, 'Where log-probs are unavailable')"))
     n = len(cases)
     agree = sum(c.agree for c in cases)
     if min_full_agreement is not None:

@@ -144,8 +144,21 @@ def load_options(device: str) -> dict[str, str]:
     return {"device_map": "auto"} if device == "gpu" else {}
 
 
+def resolve_device(device: str) -> str:
+    """"auto": a GPU where torch sees one (the reference of 80 prompts on a 135M model: minutes on a shared
+    CPU, seconds on a GPU), else the host CPU."""
+    if device != "auto":
+        return device
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
 def reference_answers(
     model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int, device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
 ) -> list[ReferenceAnswer]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -154,7 +167,7 @@ def reference_answers(
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device)).eval()
     try:
-        return _generate(model, tok, cases, max_new_tokens)
+        return _generate(model, tok, cases, max_new_tokens, progress or (lambda _: None))
     finally:
         del model
         if device == "gpu":  # the unit's server takes these GPUs next
@@ -164,8 +177,13 @@ def reference_answers(
             torch.cuda.empty_cache()
 
 
-def _generate(model: Any, tok: Any, cases: list[PromptCase], max_new_tokens: int) -> list[ReferenceAnswer]:
+def _generate(model: Any, tok: Any, cases: list[PromptCase], max_new_tokens: int,
+              progress: Callable[[str], None]) -> list[ReferenceAnswer]:
+    import time
+
     import torch
+
+    t0 = last = time.monotonic()
 
     special = set(tok.all_special_ids)
     eos = model.generation_config.eos_token_id
@@ -187,6 +205,12 @@ def _generate(model: Any, tok: Any, cases: list[PromptCase], max_new_tokens: int
                 token_logprobs=[round(lp, 6) for _, lp in kept], finish="stop" if stopped else "length",
                 prompt_tokens=int(ids["input_ids"].shape[1]),
             ))
+            now = time.monotonic()
+            if now - last >= 10 or len(out) == len(cases):  # a line every 10 s at most, with the time left
+                last = now
+                left = (now - t0) / len(out) * (len(cases) - len(out))
+                progress(f"smoke: reference {len(out)}/{len(cases)} answers ({now - t0:.0f} s, about {left:.0f} s "
+                         "left)")
     return out
 
 
@@ -254,6 +278,7 @@ def load_or_compute_reference(
 
     The one place that knows where reference answers live (the store layout may change under it).
     """
+    device = resolve_device(device)
     key = reference_key(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens, weights_digest=weights_digest,
                         device=device)
     digest = key.digest
@@ -272,7 +297,7 @@ def load_or_compute_reference(
         return ref, outcome(source)
     progress(f"smoke: computing {len(cases)} reference answers ({dtype} on {device}) with {model_dir}")
     COMPUTE_COUNT["n"] += 1
-    answers = compute(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens,
+    answers = compute(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens, progress=progress,
                       **({"device": device} if device != "cpu" else {}))
     return _publish(ReferenceSet(key=key, answers=answers), cache, store), outcome("computed")
 

@@ -12,12 +12,13 @@ from enginefoundry.spec.checks import (
 )
 from enginefoundry.spec.matrix import Arch, CalibrationSpec, KVCacheDtype, Precision, Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
+from enginefoundry.spec.search import Objective, SearchedUnit, SearchSpec
 from enginefoundry.spec.source import ModelSpec, SourceKind, SourceURI, parse_source_uri
 
 __all__ = [
     "Arch", "BenchTool", "BenchmarkSpec", "BuildSpec", "CalibrationSpec", "KVCacheDtype",
-    "ModelSpec", "Precision", "Profile", "PublishSpec",
-    "ReferenceDevice", "ReferenceSource", "SLOs", "Scenario", "SmokeSpec", "SourceKind",
+    "ModelSpec", "Objective", "Precision", "Profile", "PublishSpec",
+    "ReferenceDevice", "ReferenceSource", "SLOs", "Scenario", "SearchSpec", "SearchedUnit", "SmokeSpec", "SourceKind",
     "SourceURI", "Target", "ToolchainSpec", "TrackingSpec", "Variant", "load_spec", "parse_source_uri",
     "parse_spec",
 ]

@@ -23,6 +23,7 @@ from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
 from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
+from enginefoundry.spec.search import SearchedUnit, SearchSpec
 from enginefoundry.spec.siblings import sibling_problems
 from enginefoundry.spec.source import ModelSpec
 
@@ -42,9 +43,13 @@ class BuildSpec(BaseModel):
     model: ModelSpec
     lane: str = Field(default="reference", description="a lane of enginefoundry.lanes.registry")
     toolchain: ToolchainSpec = Field(default_factory=ToolchainSpec)
-    variants: list[Variant] = Field(min_length=1)
-    profiles: list[Profile] = Field(min_length=1)
+    # Hand-written variants × profiles; may be empty when `search` decides what to build (docs/search.md).
+    variants: list[Variant] = Field(default_factory=list)
+    profiles: list[Profile] = Field(default_factory=list)
     targets: list[Target] = Field(min_length=1)
+    search: SearchSpec | None = None
+    # What the search decided (enginefoundry.search_plan.materialise): ordinary units, carried in the payload.
+    searched: list[SearchedUnit] = Field(default_factory=list)
     # Lane-specific knobs (plugins, CUDA graphs, …): the lane's own options model, chosen by `lane` (a union
     # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
     # refused with the release that removed it (the lane's model explains it).
@@ -82,6 +87,12 @@ class BuildSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> BuildSpec:
+        if self.search is None and not (self.variants and self.profiles):
+            missing = " and ".join(k for k, v in (("variants", self.variants), ("profiles", self.profiles)) if not v)
+            raise ValueError(f"{missing}: at least one is needed, or add a `search` section that decides them "
+                             "(docs/search.md)")
+        if self.variants and not self.profiles:
+            raise ValueError("profiles: hand-written variants need at least one profile")
         for kind, items in (("variants", [v.name for v in self.variants]),
                             ("profiles", [p.name for p in self.profiles]),
                             ("targets", [t.name for t in self.targets])):
@@ -93,6 +104,9 @@ class BuildSpec(BaseModel):
             unknown = sorted(set(v.targets or []) - names)
             if unknown:
                 raise ValueError(f"variant {v.name} names unknown targets {unknown}; known: {sorted(names)}")
+        unknown = sorted(set((self.search.targets if self.search else None) or []) - names)
+        if unknown:
+            raise ValueError(f"search.targets names unknown targets {unknown}; known: {sorted(names)}")
         return self
 
     @property

@@ -60,6 +60,9 @@ class SmokeSpec(BaseModel):
         default=None, description="optional floor on full-answer agreement (Wilson lower bound); off by default "
         "because reduced precision drifts late in answers")
     confidence: Annotated[float, Field(gt=0.5, lt=1.0)] = 0.95
+    concurrency: Annotated[int, Field(ge=1, le=256)] = Field(
+        default=8, description="requests in flight against the endpoint during the smoke test (a batching "
+        "server answers them together; 1 asks one prompt at a time)")
     max_logprob_diff: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="limit on the mean |Δ log-prob| per token against the reference; judged only "
         "where the endpoint returns log-probs")

@@ -84,3 +84,25 @@ def test_bad_input_exits_2_before_anything_runs(tmp_path: Path):
                   str(TINY_MODEL), "--prompts", str(TINY_PROMPTS), "--max-new-tokens", "6", cache=tmp_path)
     assert nobody.returncode == 2 and "stopped answering at prompt 'add-0-0'" in nobody.stderr
     assert "Traceback" not in nobody.stderr
+
+
+def test_missing_chat_template_is_reported_as_the_servers_failure_in_its_own_words(bundle: Path, tmp_path: Path):
+    """Issue 24: on main this read "truncation: 0/108 prompts answered; refused … HTTP 500: Internal Server
+    Error", the cause only in the server's log."""
+    broken = tmp_path / "bundle"
+    shutil.copytree(bundle, broken)
+    model = broken / BUNDLE_MODEL_DIR
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    log = tmp_path / "server.log"
+    for ep in _serve(broken, log):
+        done = _cli(*_args(ep, "--server-log", str(log), "--json"), cache=tmp_path / "refs")
+    assert done.returncode == 1, done.stderr[-2000:]
+    rules = {r["name"]: r for r in json.loads(done.stdout)["verdict"]["rules"]}
+    server = rules["server errors"]
+    assert not server["ok"] and server["detail"].startswith("the server failed on 108/108 prompts (e.g. 'add-0-0': "
+                                                            "HTTP 500")
+    assert "the server's log says: ValueError: Cannot use chat template functions" in server["detail"]
+    assert rules["truncation"]["ok"]

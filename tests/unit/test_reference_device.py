@@ -27,7 +27,7 @@ def test_the_device_map_path_gives_the_cpu_paths_answers_where_accelerate_finds_
 def test_a_gpu_reference_is_computed_with_its_device_and_kept_apart_from_the_cpu_one(tmp_path: Path):
     asked: list[str] = []
 
-    def compute(model_dir, cases, *, dtype, max_new_tokens, device="cpu"):
+    def compute(model_dir, cases, *, dtype, max_new_tokens, device="cpu", progress=None):
         asked.append(device)
         return reference_answers(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens)
 

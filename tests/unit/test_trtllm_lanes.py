@@ -51,6 +51,7 @@ from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.spec import BuildSpec, Variant, load_spec
 from enginefoundry.toolchain import ToolchainInfo
 from enginefoundry.units import Unit, expand_units
+from tests.support.fill_template import FILL_STAND_IN
 from tests.support.paths import CONFIGS, REPO, TINY_MODEL
 from tests.support.trtllm_facts import FACTS_BUILD_FLAGS, FACTS_CONVERT_FLAGS, FACTS_SERVE_FLAGS
 
@@ -298,7 +299,8 @@ def test_template_keys_are_the_documented_ones():
                                       "postprocessing_instance_count": "1"}
     assert subs["ensemble"] == {"triton_max_batch_size": "128", "logits_datatype": "TYPE_FP32"}
     assert subs["tensorrt_llm_bls"] == {"triton_max_batch_size": "128", "decoupled_mode": "false",
-                                        "bls_instance_count": "1", "logits_datatype": "TYPE_FP32"}
+                                        "bls_instance_count": "1", "logits_datatype": "TYPE_FP32",
+                                        "prompt_embedding_table_data_type": "TYPE_FP16"}
 
 
 def test_template_options():
@@ -321,40 +323,7 @@ def test_fill_commands_shape():
         assert len(c.argv) == 5
 
 
-# A stand-in for the release's tools/fill_template.py, written from its documented behaviour (facts §10): pairs
-# split on unescaped "," and key/value on unescaped ":", each key asserted to occur in the file, safe_substitute,
-# max_queue_size / max_queue_delay_microseconds pre-filled with 0. The real script runs in the gpu tests.
-FILL_STAND_IN = r'''
-import sys
-from string import Template
-
-
-def split(text, delim):
-    out, cur, esc = [], "", False
-    for ch in text:
-        if esc:
-            cur, esc = cur + ch, False
-        elif ch == delim:
-            out.append(cur)
-            cur = ""
-        elif ch == "\\":
-            esc = True
-        else:
-            cur += ch
-    out.append(cur)
-    return out
-
-args = [a for a in sys.argv[1:] if a not in ("-i", "--in_place")]
-path, subs = args
-text = open(path).read()
-values = {"max_queue_size": 0, "max_queue_delay_microseconds": 0}
-for pair in split(subs, ","):
-    key, value = split(pair, ":")
-    values[key] = value
-    assert key in text, f"key '{key}' does not exist in the file {path}."
-open(path, "w").write(Template(text).safe_substitute(values))
-'''
-
+# The stand-in for tools/fill_template.py is tests/support/fill_template.py; the real script runs in the gpu tests.
 PARAM_NAMES = {"engine_dir": "gpt_model_path", "batching_strategy": "gpt_model_type",
                "encoder_engine_dir": "encoder_model_path"}
 STRUCTURAL = {"triton_backend", "triton_max_batch_size", "decoupled_mode", "max_queue_delay_microseconds",

@@ -1,0 +1,139 @@
+"""What serving costs: $/GPU-hour by SKU → $ per 1M output tokens at the SLO point; energy → tokens per joule.
+
+The shipped table is a default, with its source and date per row; `search.prices` in the spec (or a YAML file it
+names) overrides it. A cpu target is charged per core-hour, and its energy is *unavailable* (None), never zero.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from enginefoundry.errors import SpecError
+from enginefoundry.spec import BuildSpec, Target
+
+
+@dataclass(frozen=True)
+class Price:
+    usd_per_hour: float  # per GPU (or per core on cpu)
+    source: str
+
+
+# SKU substring (lower case, most specific first) → on-demand $/GPU-hour, with where and when it was read.
+MERCATUS = "mercatus-ai.com/blog/cloud-gpu-pricing (May 2026, specialty-cloud tier, midpoint)"
+DEFAULT_PRICES: tuple[tuple[str, Price], ...] = (
+    ("h200", Price(4.00, MERCATUS + ": H200 SXM5 $3.50–4.50")),
+    ("h100", Price(3.00, MERCATUS + ": H100 SXM5 $2.50–3.50")),
+    ("a100", Price(1.30, MERCATUS + ": A100 80GB $1.10–1.50")),
+    ("b200", Price(6.03, "spheron.network/blog/nvidia-h200-vs-b200-vs-gb200 (on-demand, 17 Mar 2026)")),
+)
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """Cost and energy of one unit at its SLO point. None means unavailable, with `why`."""
+
+    usd_per_hour: float | None
+    usd_per_mtok: float | None
+    tokens_per_joule: float | None
+    avg_watts_per_gpu: float | None
+    price_source: str
+    why: str = ""
+
+    def metrics(self) -> dict[str, float]:
+        out = {"usd_per_hour": self.usd_per_hour, "usd_per_mtok": self.usd_per_mtok,
+               "tokens_per_joule": self.tokens_per_joule, "avg_watts_per_gpu": self.avg_watts_per_gpu}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def summary(self) -> dict[str, object]:
+        return {**self.metrics(), "price_source": self.price_source,
+                "energy": "unavailable" if self.tokens_per_joule is None else "measured", "why": self.why}
+
+
+def price_table(spec: BuildSpec) -> list[tuple[str, Price]]:
+    """spec `search.prices.gpu_hour` > the prices file > the shipped defaults."""
+    prices = spec.search.prices if spec.search else None
+    rows: list[tuple[str, Price]] = []
+    if prices:
+        rows += [(k.lower(), Price(v, "spec search.prices.gpu_hour")) for k, v in prices.gpu_hour.items()]
+        if prices.file:
+            rows += _file_prices(spec.resolve_path(prices.file), prices.file)
+    return rows + list(DEFAULT_PRICES)
+
+
+def _file_prices(path: Path, given: str) -> list[tuple[str, Price]]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecError([("search.prices.file", f"{given} cannot be read ({err}); give a YAML mapping "
+                                                "SKU → $/GPU-hour")]) from None
+    if not isinstance(data, dict) or not all(isinstance(v, int | float) and v > 0 for v in data.values()):
+        raise SpecError([("search.prices.file", f"{given} must map SKU names to positive $/GPU-hour numbers")])
+    return [(str(k).lower(), Price(float(v), f"file {given}")) for k, v in data.items()]
+
+
+def hourly_price(spec: BuildSpec, target: Target) -> tuple[float | None, str]:
+    """$/hour for one unit of the target (all its GPUs, or its cores), and where the price came from."""
+    if target.arch.value == "cpu":
+        prices = spec.search.prices if spec.search else None
+        per_core = prices.cpu_core_hour if prices else 0.04
+        cores = (prices.cpu_cores if prices else None) or os.cpu_count() or 1
+        source = "spec search.prices.cpu_core_hour" if prices else "default $0.04/core-hour"
+        return per_core * cores, f"{source} × {cores} core(s)"
+    table = price_table(spec)
+    for sku in (s.lower() for s in target.sku):
+        for needle, price in table:
+            if needle in sku:
+                return price.usd_per_hour * max(target.gpu_count, 1), price.source
+    return None, f"no $/GPU-hour for SKU {target.sku or '(none)'}: set search.prices.gpu_hour"
+
+
+def unit_cost(spec: BuildSpec, target: Target, output_tokens_per_s: float | None,
+              energy_j: float | None = None, window_s: float | None = None,
+              output_tokens: float | None = None) -> UnitCost:
+    """Cost at the SLO point: $/hour ÷ output tokens per hour × 1e6; energy: tokens ÷ joules over the window."""
+    hourly, source = hourly_price(spec, target)
+    per_mtok = (hourly / (output_tokens_per_s * 3600) * 1e6
+                if hourly is not None and output_tokens_per_s else None)
+    why = []
+    if hourly is None:
+        why.append(source)
+    elif not output_tokens_per_s:
+        why.append("no output throughput at the SLO point")
+    if target.arch.value == "cpu":
+        tpj, watts = None, None
+        why.append("energy unavailable on a cpu target (no NVML counter)")
+    elif energy_j and window_s and output_tokens:
+        tpj, watts = output_tokens / energy_j, energy_j / window_s / max(target.gpu_count, 1)
+    else:
+        tpj, watts = None, None
+        why.append("energy unavailable: no NVML energy counter over the benchmark window")
+    return UnitCost(usd_per_hour=hourly, usd_per_mtok=per_mtok, tokens_per_joule=tpj, avg_watts_per_gpu=watts,
+                    price_source=source, why="; ".join(why))
+
+
+def cost_per_mtok(spec: BuildSpec, target: Target, tokens_per_s_gpu: float) -> float | None:
+    """$/1M output tokens from a per-GPU throughput (the predictor's figure), for ranking."""
+    hourly, _ = hourly_price(spec, target)
+    if hourly is None or tokens_per_s_gpu <= 0:
+        return None
+    return hourly / max(target.gpu_count, 1) / (tokens_per_s_gpu * 3600) * 1e6
+
+
+def energy_mj(gpus: list[int]) -> float | None:
+    """NVML's energy counter summed over the GPUs (mJ since the driver loaded; nvmlDeviceGetTotalEnergyConsumption,
+    Volta and later); None without NVML or a counter, so energy is reported unavailable, never zero."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return float(sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(i))
+                             for i in gpus))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None

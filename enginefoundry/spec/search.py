@@ -1,0 +1,101 @@
+"""The `search` section: the traffic, the latency SLO, the GPU budget and the objective; the pipeline decides which
+variants and profiles to build (predict, then verify; docs/search.md). Searched units are ordinary units: the
+materialised choice is kept in `searched`, so a spec payload carries exactly what was decided."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from enginefoundry.spec.matrix import Precision, Profile, Variant
+
+
+class Objective(StrEnum):
+    TOKENS_PER_GPU = "tokens_per_gpu"  # output tokens/s per GPU at the SLO: higher is better
+    COST_PER_MTOK = "cost_per_mtok"  # $ per 1M output tokens at the SLO: lower is better
+    TOKENS_PER_JOULE = "tokens_per_joule"  # output tokens per joule at the SLO: higher is better
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    isl: Annotated[int, Field(ge=1, le=1_000_000)] = Field(description="mean input length (tokens)")
+    osl: Annotated[int, Field(ge=1, le=1_000_000)] = Field(description="mean output length (tokens)")
+    isl_stddev: Annotated[int, Field(ge=0)] = 0
+    osl_stddev: Annotated[int, Field(ge=0)] = 0
+
+
+class SearchSLO(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_p95_ms: Annotated[float, Field(gt=0)] = Field(description="time to first token, p95 (ms)")
+    itl_p95_ms: Annotated[float, Field(gt=0)] = Field(description="inter-token latency (TPOT), p95 (ms)")
+    e2e_p95_ms: Annotated[float, Field(gt=0)] | None = Field(default=None, description="request latency, p95 (ms)")
+
+
+class GoodputSearch(BaseModel):
+    """The measured side: bisect the concurrency for the highest load whose SLO percentiles hold, bounded."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_concurrency: Annotated[int, Field(ge=1)] = 1
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 256
+    max_points: Annotated[int, Field(ge=1, le=32)] = 6
+    time_budget_s: Annotated[float, Field(gt=0)] = 900.0
+    request_count: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="requests per point; default benchmark.request_count")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GoodputSearch:
+        if self.min_concurrency > self.max_concurrency:
+            raise ValueError(f"min_concurrency ({self.min_concurrency}) must be ≤ max_concurrency "
+                             f"({self.max_concurrency})")
+        return self
+
+
+class Prices(BaseModel):
+    """$/GPU-hour by SKU (case-insensitive substring of a target's SKU) over the shipped table
+    (enginefoundry/costs.py); a `file` (YAML mapping SKU → $/GPU-hour) outranks the table, `gpu_hour` outranks both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_hour: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    file: str | None = Field(default=None, description="YAML mapping SKU → $/GPU-hour, relative to the spec")
+    cpu_core_hour: Annotated[float, Field(gt=0)] = Field(
+        default=0.04, description="$/core-hour for a cpu target (default: about an on-demand vCPU-hour)")
+    cpu_cores: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="cores a cpu unit is charged for; default the worker's os.cpu_count()")
+
+
+class SearchSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workload: Workload
+    slo: SearchSLO
+    objective: Objective = Objective.TOKENS_PER_GPU
+    precisions: list[Precision] = Field(default_factory=lambda: [Precision.BF16], min_length=1)
+    top_k: Annotated[int, Field(ge=1, le=16)] = 2
+    gpu_budget: Annotated[int, Field(ge=1, le=4096)] | None = Field(
+        default=None, description="GPUs the predictor may spread replicas over; default each target's gpu_count")
+    targets: list[str] | None = Field(default=None, description="targets searched (by name); default all")
+    max_prediction_error: Annotated[float, Field(gt=0)] = Field(
+        default=0.3, description="|measured − predicted| / predicted tokens/s/GPU beyond which a unit is flagged")
+    goodput: GoodputSearch = Field(default_factory=GoodputSearch)
+    prices: Prices = Field(default_factory=Prices)
+
+
+class SearchedUnit(BaseModel):
+    """What the search decided for one target: an ordinary variant and profile, and why (the prediction, or the
+    reason it fell back to a measured search). Written by enginefoundry.search_plan, never by hand."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: str
+    variant: Variant
+    profile: Profile
+    rank: Annotated[int, Field(ge=1)]
+    predicted: dict[str, float] | None = None  # tokens_per_s_gpu, tokens_per_s_user, ttft_ms, tpot_ms, concurrency
+    predictor: str | None = None  # "aiconfigurator 0.12.0 h200_sxm trtllm 1.3.0rc20"
+    note: str = ""  # fallback reason or a toolchain disagreement

@@ -1,0 +1,231 @@
+"""The search section, the searched units (ordinary units, same keys), the SKU and database mapping, the costs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from enginefoundry.bench.result import BenchPoint, Percentiles
+from enginefoundry.costs import unit_cost
+from enginefoundry.errors import SpecError
+from enginefoundry.manifest import Manifest
+from enginefoundry.predictor import AIConfigurator, choose_db_version, system_of
+from enginefoundry.search_plan import materialise, profile_for, searched_units
+from enginefoundry.spec import Precision, SearchedUnit, Target, Variant, load_spec, parse_spec
+from enginefoundry.units import expand_units, key_of, toolchain_identity, unit_key_components
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _tiny(**changes) -> dict:
+    data = yaml.safe_load((CONFIGS / "tiny-search.yaml").read_text())
+    data.update(changes)
+    return data
+
+
+def test_a_search_section_replaces_variants_and_profiles():
+    spec = parse_spec(_tiny(), base_dir=CONFIGS)
+    assert spec.variants == [] and spec.search is not None and spec.search.top_k == 1
+    with pytest.raises(SpecError) as err:
+        parse_spec({k: v for k, v in _tiny().items() if k != "search"}, base_dir=CONFIGS)
+    assert "add a `search` section" in str(err.value)
+
+
+def test_search_targets_must_exist():
+    data = _tiny()
+    data["search"]["targets"] = ["h200"]
+    with pytest.raises(SpecError, match=r"search\.targets names unknown targets"):
+        parse_spec(data, base_dir=CONFIGS)
+
+
+def test_cpu_target_falls_back_to_a_measured_search_with_the_reason():
+    spec, report = materialise(load_spec(CONFIGS / "tiny-search.yaml"), progress=lambda _: None)
+    assert report is not None
+    (ts,) = report.targets
+    assert not ts.covered and "cpu target" in ts.reason
+    (unit,) = expand_units(spec)
+    assert unit.name == "fp32-tp1.search-measured.cpu"
+    assert unit.searched is not None and unit.searched.predicted is None
+    assert unit.searched.note.startswith("measured search: cpu target")
+    # Materialising again (a flow payload that carries the decision) changes nothing.
+    assert materialise(spec)[0] is spec
+
+
+def test_searched_units_mix_with_hand_written_ones_and_keep_their_keys():
+    """A searched unit is keyed like the same hand-written unit, and one the spec already names is not doubled."""
+    data = _tiny(variants=[{"precision": "fp32"}], profiles=[{"name": "chat", "max_batch_size": 4,
+                                                               "max_input_len": 128, "max_seq_len": 256}])
+    base = parse_spec(data, base_dir=CONFIGS)
+    spec, _ = materialise(base, progress=lambda _: None)
+    names = [u.name for u in expand_units(spec)]
+    assert names == ["fp32-tp1.chat.cpu", "fp32-tp1.search-measured.cpu"]
+    searched = expand_units(spec)[1]
+    by_hand = base.model_copy(update={"search": None, "profiles": [*base.profiles, searched.profile]})
+    twin = next(u for u in expand_units(by_hand) if u.name == searched.name)
+    tool = toolchain_identity(spec, {})
+    assert key_of(unit_key_components(spec, searched, "w", "t", tool)) == \
+        key_of(unit_key_components(by_hand, twin, "w", "t", tool))
+    # The same configuration written by hand: one unit, which gains the search's annotation.
+    doubled = spec.model_copy(update={"profiles": [*spec.profiles, searched.profile]})
+    units = expand_units(doubled)
+    assert [u.name for u in units] == ["fp32-tp1.chat.cpu", "fp32-tp1.search-measured.cpu"]
+    assert units[1].searched is not None
+
+
+def test_sku_maps_to_the_predictor_system():
+    assert system_of(Target(name="a", arch="sm90", sku=["H200"])) == "h200_sxm"
+    assert system_of(Target(name="a", arch="sm90", sku=["NVIDIA H100 PCIe"])) == "h100_pcie"
+    assert system_of(Target(name="a", arch="sm90", sku=["H100"])) == "h100_sxm"
+    assert system_of(Target(name="a", arch="sm90")) is None
+
+
+def test_unknown_sku_and_cpu_are_not_covered_with_a_reason():
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    predictor = AIConfigurator(tool=Path("/nonexistent/aiconfigurator"))
+    assert "GPUs only" in predictor.coverage(spec, spec.targets[0], {}).reason
+    cov = predictor.coverage(spec, Target(name="x", arch="sm90"), {})
+    assert not cov.covered and "set targets[].sku" in cov.reason
+
+
+def test_database_version_disagreement_is_stated():
+    assert choose_db_version("1.0.0", ["1.0.0"]) == ("1.0.0", "")
+    version, note = choose_db_version("1.2.1", ["1.3.0rc20", "1.3.0rc23"], current="1.3.0rc20")
+    assert version == "1.3.0rc20" and "pins TensorRT-LLM 1.2.1" in note and "predicted with 1.3.0rc20" in note
+    assert choose_db_version(None, ["1.3.0rc20", "1.3.0rc23"])[0] == "1.3.0rc23"
+
+
+def test_cost_per_mtok_and_energy():
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    cpu = unit_cost(spec, spec.targets[0], output_tokens_per_s=100.0)
+    # 2 cores × $0.04/core-hour = $0.08/hour; 100 tok/s = 360,000 tok/hour → $0.2222 per 1M tokens.
+    assert cpu.usd_per_mtok == pytest.approx(0.08 / 0.36)
+    assert cpu.tokens_per_joule is None and "energy unavailable" in cpu.why  # never zero
+    assert cpu.summary()["energy"] == "unavailable"
+    h200 = Target(name="h", arch="sm90", sku=["H200"], gpu_count=2)
+    gpu = unit_cost(spec, h200, 1000.0, energy_j=5000.0, window_s=10.0, output_tokens=10_000)
+    assert gpu.usd_per_hour == 8.0 and gpu.usd_per_mtok == pytest.approx(8.0 / 3.6)
+    assert gpu.tokens_per_joule == 2.0 and gpu.avg_watts_per_gpu == 250.0
+    assert "mercatus" in gpu.price_source
+    data = _tiny()
+    data["search"]["prices"] = {"gpu_hour": {"H200": 2.5}}
+    assert unit_cost(parse_spec(data, base_dir=CONFIGS), h200, 1000.0).usd_per_hour == 5.0
+
+
+def test_price_file_is_read_and_a_bad_one_is_refused(tmp_path):
+    data = _tiny()
+    data["search"]["prices"] = {"file": str(tmp_path / "prices.yaml")}
+    (tmp_path / "prices.yaml").write_text("H200: 3.25\n")
+    spec = parse_spec(data, base_dir=CONFIGS)
+    h200 = Target(name="h", arch="sm90", sku=["H200"])
+    assert unit_cost(spec, h200, 1.0).usd_per_hour == 3.25
+    (tmp_path / "prices.yaml").write_text("H200: free\n")
+    with pytest.raises(SpecError, match=r"search\.prices\.file"):
+        unit_cost(spec, h200, 1.0)
+
+
+def test_profile_covers_the_workload_spread():
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    p = profile_for(spec.search, 64, "search-b64")
+    assert (p.max_batch_size, p.max_input_len, p.max_seq_len) == (64, 36, 52)
+
+
+def test_searched_unit_round_trips_through_a_payload():
+    spec, report = materialise(load_spec(CONFIGS / "tiny-search.yaml"), progress=lambda _: None)
+    again = parse_spec(spec.model_dump(mode="json"), base_dir=CONFIGS)
+    assert [u.name for u in expand_units(again)] == [u.name for u in expand_units(spec)]
+    assert searched_units(spec, report)[0] == SearchedUnit(
+        target="cpu", variant=Variant(precision=Precision.FP32), profile=spec.searched[0].profile, rank=1,
+        note=spec.searched[0].note)
+
+
+def _point(c: int, ttft: float) -> BenchPoint:
+    return BenchPoint(tool="t", scenario="search", concurrency=c, requested=8, completed=8, errors=0,
+                      error_rate=0.0, complete=True, output_tokens_per_s=10.0 * c, requests_per_s=1.0,
+                      ttft_ms=Percentiles(p95=ttft), itl_ms=Percentiles(p95=10.0), latency_ms=Percentiles(p95=1.0),
+                      input_len_avg=24, output_len_avg=16)
+
+
+def test_goodput_doubles_then_bisects_to_the_highest_load_that_meets_the_slo():
+    from enginefoundry.bench.goodput import find_goodput
+
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    search = spec.search.model_copy(update={"goodput": spec.search.goodput.model_copy(
+        update={"max_concurrency": 64, "max_points": 10})})
+    seen = []
+
+    def run_at(c):  # the SLO (TTFT p95 ≤ 2000 ms) holds up to c = 11
+        seen.append(c)
+        return _point(c, 100.0 * c + 900), None
+
+    best, probes, bounded = find_goodput(search, run_at, 1, progress=lambda _: None)
+    assert best.concurrency == 11 and bounded == "range"
+    assert seen == [1, 2, 4, 8, 16, 12, 10, 11]
+    # Bounded: with 3 points it stops at what it found so far, and says so.
+    small = search.model_copy(update={"goodput": search.goodput.model_copy(update={"max_points": 3})})
+    best, probes, bounded = find_goodput(small, run_at, 1, progress=lambda _: None)
+    assert (best.concurrency, len(probes), bounded) == (4, 3, "points")
+
+
+def _searched_manifest(usd: float | None, slo: dict | None = None) -> Manifest:
+    search = {"goodput_concurrency": 4, "slo": slo or {"ttft_p95_ms": 2000.0, "itl_p95_ms": 500.0},
+              "cost": {"usd_per_mtok": usd, "energy": "unavailable"}, "prediction_error": None}
+    return Manifest(key="a" * 64, key_components={}, model="m", unit="fp32-tp1.search-measured.cpu",
+                    lane="reference", target={}, variant={}, profile={}, source={}, files=[], status="candidate",
+                    smoke={"smoke_agreement": 1.0}, benchmark={"points": [], "search": search})
+
+
+def test_promotion_holds_a_candidate_that_costs_more_at_the_same_slo():
+    from enginefoundry.promotion import PromotionPolicy, compare
+
+    policy = PromotionPolicy(max_cost_increase=0.1)
+    held = compare(_searched_manifest(1.2), _searched_manifest(1.0), policy)
+    assert not held.promote and any("×1.20, needs ≤ ×1.10" in r for r in held.reasons)
+    assert compare(_searched_manifest(1.05), _searched_manifest(1.0), policy).promote
+    other_slo = compare(_searched_manifest(9.0, {"ttft_p95_ms": 1.0}), _searched_manifest(1.0), policy)
+    assert other_slo.promote and "SLOs differ" in other_slo.gates[-1].detail
+    assert compare(_searched_manifest(9.0), _searched_manifest(1.0), PromotionPolicy()).promote  # off by default
+
+
+def test_run_summary_and_lineage_show_cost_and_unavailable_energy():
+    from enginefoundry.lineage import serving_cost
+    from enginefoundry.run_summary import UnitOutcome, search_rows
+
+    m = _searched_manifest(0.5)
+    outcome = UnitOutcome(unit=m.unit, target="cpu", status="candidate", bench=m.benchmark)
+    (row,) = search_rows([outcome], "cost_per_mtok")
+    assert row["$/1M tok"] == "0.5000" and row["tok/J"] == "unavailable" and row["winner"] == "best cost_per_mtok"
+    cost = serving_cost(m.benchmark["search"])
+    assert cost["usd_per_mtok"] == 0.5 and cost["tokens_per_joule"] == "unavailable"
+    assert serving_cost(None) is None
+
+
+def test_ranking_without_a_predicted_power_falls_back_to_tokens_per_gpu_and_says_so():
+    from enginefoundry.predictor import Coverage, Predicted, Prediction
+    from enginefoundry.search_plan import _choose
+
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
+    data["search"]["objective"] = "tokens_per_joule"
+    spec = parse_spec(data, base_dir=CONFIGS)
+    h200 = spec.targets[1]
+
+    def cfg(tp, bs, tok):
+        return Predicted(precision="fp8", tp=tp, pp=1, batch_size=bs, concurrency=bs, tokens_per_s_gpu=tok,
+                         tokens_per_s_user=50.0, ttft_ms=200.0, tpot_ms=19.0)
+
+    pred = Prediction(key="k", precision="fp8", ranked=[cfg(2, 256, 6675.0), cfg(1, 160, 8022.0)], pareto=[])
+    ts = _choose(spec, h200, Coverage(True, system="h200_sxm", backend="trtllm", db_version="1.3.0rc20"), [pred],
+                 "aiconfigurator")
+    assert ts.units[0] == "fp8-tp1.search-b160.h200" and "ranked by tokens_per_gpu" in ts.note
+
+
+def test_search_command_refuses_a_spec_without_a_search_section_and_plans_the_fallback(capsys):
+    from enginefoundry.cli import main
+
+    assert main(["search", str(CONFIGS / "tiny-cpu.yaml")]) == 2
+    assert "the spec has no search section" in capsys.readouterr().err
+    assert main(["search", str(CONFIGS / "tiny-search.yaml"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["targets"][0]["covered"] is False and report["units"][0]["target"] == "cpu"

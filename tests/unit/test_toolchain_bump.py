@@ -1,0 +1,50 @@
+"""Toolchain-bump rollouts (issue 23, deliverable 3), the domain part: a new TensorRT-LLM release, image digest or
+lane version against the baseline's recorded toolchain is a change; the old-vs-new row names each regression."""
+
+from __future__ import annotations
+
+from enginefoundry.manifest import Manifest
+from enginefoundry.promotion import Decision, PromotionPolicy
+from enginefoundry.rollout_compare import comparison_row, describe_toolchain, markdown
+from enginefoundry.source_change import toolchain_differs
+
+OLD = {"lane": "reference", "trtllm_version": None, "image_digest": "sha256:" + "a" * 64,
+       "versions": {"torch": "2.5.1", "transformers": "4.57.0"}}
+
+
+def manifest(toolchain: dict, agreement: float = 1.0, tok_s: float = 100.0, ttft: float = 50.0) -> Manifest:
+    points = [{"scenario": "short", "concurrency": c, "valid": True, "output_tokens_per_s": tok_s * c,
+               "ttft_ms_p95": ttft * c} for c in (1, 4)]
+    return Manifest(key="k", key_components={"toolchain": toolchain}, model="m", unit="fp32-tp1.chat.cpu",
+                    lane="reference", target={}, variant={}, profile={}, source={}, files=[], status="candidate",
+                    smoke={"smoke_agreement": agreement}, benchmark={"points": points})
+
+
+def test_a_new_image_digest_release_or_lane_version_is_a_toolchain_change():
+    assert toolchain_differs(dict(OLD), OLD) is None
+    new_image = {**OLD, "image_digest": "sha256:" + "b" * 64}
+    assert toolchain_differs(new_image, OLD).startswith("toolchain changed: image_digest sha256:aaa")
+    assert "trtllm_version 1.2.1 → 1.3.0" in toolchain_differs({**OLD, "trtllm_version": "1.3.0"},
+                                                               {**OLD, "trtllm_version": "1.2.1"})
+    bumped = {**OLD, "versions": {"torch": "2.5.1", "transformers": "4.58.0"}}
+    assert toolchain_differs(bumped, OLD) == "toolchain changed: transformers 4.57.0 → 4.58.0"
+    # No toolchain on this host (a CPU-only parent): the spec's fields decide; an old manifest records none.
+    assert toolchain_differs({**bumped, "versions": None}, OLD) is None
+    assert toolchain_differs(new_image, {}) is None
+
+
+def test_the_comparison_row_shows_old_vs_new_at_one_operating_point_and_names_the_regressions():
+    new_tc = {**OLD, "image_digest": "sha256:" + "b" * 64}
+    champion, candidate = manifest(OLD), manifest(new_tc, agreement=0.9, tok_s=50.0, ttft=80.0)
+    decision = Decision(stem="cpu", unit="fp32-tp1.chat.cpu", action="held", candidate_version="2",
+                        champion_before="1")
+    row = comparison_row(decision, candidate, champion, PromotionPolicy())
+    assert row.operating_point == "short c=4"
+    assert (row.tokens_per_s_old, row.tokens_per_s_new) == (400.0, 200.0)
+    assert (row.ttft_p95_ms_old, row.ttft_p95_ms_new) == (200.0, 320.0)
+    assert (row.accuracy_old, row.accuracy_new) == (1.0, 0.9)
+    assert [r.split(" ")[0] for r in row.regressions] == ["smoke_agreement", "short", "short"]
+    assert "output tok/s" in row.regressions[1] and "TTFT" in row.regressions[2]
+    assert row.old_toolchain == describe_toolchain(OLD) and "image sha256:bbbbbbbbbbb" in row.new_toolchain
+    table = markdown("old vs new", [row])
+    assert "| cpu | v1 → v2 |" in table and "400.0 → 200.0" in table and "| held |" in table
