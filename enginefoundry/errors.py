@@ -34,10 +34,16 @@ class SpecError(InputError):
     """The build spec is invalid. `problems` lists every problem at once as (field path, message)."""
 
     def __init__(self, problems: list[tuple[str, str]], source: str = "spec") -> None:
-        self.problems = problems
+        # An unknown key first: a misspelt key is the cause, a "required field is missing" of the same section
+        # is often its consequence. The first problem is also on the first line, which is all the Prefect UI
+        # shows of a state message before "See more".
+        self.problems = sorted(problems, key=lambda p: not p[1].startswith("unknown key"))
         self.source = source
-        lines = [f"  {path}: {msg}" for path, msg in problems]
-        super().__init__(f"{source} is invalid ({len(problems)} problem(s)):\n" + "\n".join(lines))
+        lines = [f"  {path}: {msg}" for path, msg in self.problems]
+        first_path, first_msg = self.problems[0] if self.problems else ("(spec)", "invalid")
+        more = f" (+{len(self.problems) - 1} more below)" if len(self.problems) > 1 else ""
+        super().__init__(f"{source} is invalid: {first_path}: {first_msg}{more}\n"
+                         f"{len(self.problems)} problem(s):\n" + "\n".join(lines))
 
 
 class SourceError(InputError):

@@ -46,6 +46,7 @@ class Endpoint(BaseModel):
     pid: int
     log_path: str
     startup_s: float
+    command: str = ""  # the server's exact command line (env and argv), as the unit's MLflow run records it
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -122,7 +123,8 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
         stop_server(proc.pid)
         raise
     return Endpoint(base_url=base, model_name=cmd.model_name, tokenizer_dir=cmd.tokenizer_dir,
-                    pid=proc.pid, log_path=str(log_path), startup_s=round(time.monotonic() - t0, 2))
+                    pid=proc.pid, log_path=str(log_path), startup_s=round(time.monotonic() - t0, 2),
+                    command=cmd.command.shell())
 
 
 def stop_server(pid: int) -> None:

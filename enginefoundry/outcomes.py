@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
@@ -29,6 +29,28 @@ class UnitVerdict(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == UnitStatus.CANDIDATE
+
+
+class UnitCommands(BaseModel):
+    """The exact commands a unit ran, per stage (command lines with their environment): an auditor reads them on
+    the unit's MLflow run (artifact `reports/commands.json`, tag `enginefoundry.commands`). A lane that works in
+    process (the reference lane's cast and bundle) contributes its `(in-process) …` description instead."""
+
+    convert: list[str] = Field(default_factory=list)
+    build: list[str] = Field(default_factory=list)
+    serve: list[str] = Field(default_factory=list)
+    bench: list[str] = Field(default_factory=list)
+
+    def tag(self, limit: int = 4800) -> str:
+        """One `stage: command` line each, cut to fit an MLflow tag value (5000 characters on a server)."""
+        text = "\n".join(f"{stage}: {line}" for stage in ("convert", "build", "serve", "bench")
+                         for line in getattr(self, stage))
+        return text if len(text) <= limit else text[: limit - 40] + "\n… (every command in commands.json)"
+
+
+def stage_commands(ran: list[Any], described: list[Any], stage: str) -> list[str]:
+    """What a stage ran (`Command`s of its result), else the lane's own description of that stage."""
+    return [c.shell() for c in (ran or [c for c in described if c.description == stage])]
 
 
 def verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> UnitVerdict:

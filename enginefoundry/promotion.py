@@ -21,7 +21,7 @@ from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.manifest import Manifest
 from enginefoundry.signing import TrustPolicy
 from enginefoundry.spec import BuildSpec
-from enginefoundry.unit_status import UnitStatus
+from enginefoundry.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 from enginefoundry.units import Unit, expand_units
 
 ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
@@ -273,12 +273,26 @@ class Registry:
         for key, value in tags.items():
             self.client.set_model_version_tag(model, number, key, value)
 
+    def set_status(self, model: str, number: str, status: RegistryStatus) -> None:
+        """The version's `enginefoundry.status` and its MLflow run's: what the registry and the run page show
+        follows promotion and rollback."""
+        self.client.set_model_version_tag(model, number, mltags.STATUS, status)
+        from mlflow.exceptions import MlflowException
+
+        run_id = self.client.get_model_version(model, number).run_id
+        if run_id:
+            try:
+                self.client.set_tag(run_id, mltags.STATUS, status)
+            except MlflowException as err:  # a run deleted since: the registry's move stands
+                if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+
     def promote(self, model: str, stem: str, number: str, reason: str) -> RegistryMove:
         """Move `<stem>-champion` to the version; the old champion becomes `<stem>-previous-champion`."""
         version = self.version(model, number)
         number = str(version.version)
         status = version.tags.get(mltags.STATUS, "")
-        if status != UnitStatus.CANDIDATE:
+        if status not in PASSED_GATES:
             raise InputError(f"{model} version {number} is '{status or 'untracked'}', not a candidate: a rejected "
                              "unit is never promoted")
         found = self.version_by_alias(model, champion_alias(stem))
@@ -288,10 +302,15 @@ class Registry:
             prev = history[-2] if len(history) > 1 else None
             return RegistryMove(registered_model=model, stem=stem, action="unchanged", champion=number,
                                 previous=prev, detail=f"version {number} already is {champion_alias(stem)}")
+        before = self.version_by_alias(model, previous_alias(stem))
         self.client.set_registered_model_alias(model, champion_alias(stem), number)
+        self.set_status(model, number, RegistryStatus.CHAMPION)
         if current is not None:
             self.client.set_registered_model_alias(model, previous_alias(stem), current)
             self.client.set_model_version_tag(model, current, mltags.SUPERSEDED_BY, number)
+            self.set_status(model, current, RegistryStatus.PREVIOUS_CHAMPION)
+            if before is not None and str(before.version) not in (current, number):
+                self.set_status(model, str(before.version), RegistryStatus.SUPERSEDED)
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         tags = {mltags.PROMOTED_AT: now, mltags.PROMOTION_REASON: reason[:4000],
                 mltags.PREVIOUS_CHAMPION: current or ""}
@@ -334,12 +353,15 @@ class Registry:
         restored = history[-1]
         self._check_restorable(model, restored)
         self.client.set_registered_model_alias(model, champion_alias(stem), restored)
+        self.set_status(model, restored, RegistryStatus.CHAMPION)
         if len(history) > 1:
             self.client.set_registered_model_alias(model, previous_alias(stem), history[-2])
+            self.set_status(model, history[-2], RegistryStatus.PREVIOUS_CHAMPION)
         else:
             self.client.delete_registered_model_alias(model, previous_alias(stem))
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.client.set_model_version_tag(model, dropped, mltags.ROLLED_BACK_AT, now)
+        self.set_status(model, dropped, RegistryStatus.ROLLED_BACK)
         self._save_history(model, stem, history)
         return RegistryMove(registered_model=model, stem=stem, action="rolled back", champion=restored,
                             previous=history[-2] if len(history) > 1 else None,

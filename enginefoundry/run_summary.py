@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.errors import PipelineError
 from enginefoundry.unit_status import UnitStatus
 
 
@@ -48,6 +49,15 @@ class RunSummary(BaseModel):
     def ok(self) -> bool:
         return all(o.ok for o in self.outcomes)
 
+    def not_passed(self) -> str:
+        """'1 of 2 unit(s) did not pass: fp32-tp1.chat.cpu rejected (smoke agreement …)': the units that were
+        rejected or failed, each with its reason; empty when every unit passed."""
+        bad = [o for o in self.outcomes if not o.ok]
+        if not bad:
+            return ""
+        return (f"{len(bad)} of {len(self.outcomes)} unit(s) did not pass: "
+                + "; ".join(f"{o.unit} {o.status}" + (f" ({o.reason})" if o.reason else "") for o in bad))
+
     def rows(self) -> list[dict[str, str]]:
         rows = []
         for o in self.outcomes:
@@ -87,6 +97,24 @@ def best_profiles(outcomes: list[UnitOutcome]) -> list[dict[str, str]]:
             rows.append({"variant": variant, "target": target, "best profile": "none",
                          "output tok/s": "-", "at concurrency": "no candidate profile meets the SLOs"})
     return rows
+
+
+class UnitNotPassed(PipelineError):
+    """One unit rejected or failed: its run (a unit subflow, a `build-unit` deployment run) ends Failed with this
+    as the state's data; `outcome` is what the parent reads (embedded) or finds in the store (cluster)."""
+
+    def __init__(self, outcome: UnitOutcome) -> None:
+        self.outcome = outcome
+        super().__init__(f"unit {outcome.unit} {outcome.status}: {outcome.reason}")
+
+
+class UnitsNotPassed(PipelineError):
+    """A build that ran to its end with a rejected or failed unit: the run ends Failed (Prefect state, MLflow
+    parent run, exit code 1) with the units and their reasons; `summary` keeps the whole outcome for the CLI."""
+
+    def __init__(self, summary: RunSummary) -> None:
+        self.summary = summary
+        super().__init__(summary.not_passed())
 
 
 def search_rows(outcomes: list[UnitOutcome], objective: str = "tokens_per_gpu") -> list[dict[str, str]]:

@@ -121,7 +121,9 @@ def serve_script(plan: ServingPlan) -> str:
         _comment(f"# endpoint; health at {plan.health_path}; requests carry model={plan.openai_model_name}."),
         "set -eu",
         *checks,
-        'HOST="${HOST:-0.0.0.0}"',
+        # Loopback unless HOST says otherwise (HOST=0.0.0.0 to serve other machines): an unauthenticated
+        # endpoint is not exposed by default.
+        'HOST="${HOST:-127.0.0.1}"',
         f'PORT="${{PORT:-{int(plan.default_port)}}}"',
         f'exec env {env} {command} "$@"' if env else f'exec {command} "$@"',
     ]

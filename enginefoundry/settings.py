@@ -111,7 +111,7 @@ def env_table() -> list[tuple[str, str, str]]:
     return rows
 
 
-Origin = Literal["flag", "environment", "spec", "default"]
+Origin = Literal["flag", "parameter", "environment", "spec", "default"]
 
 
 class Effective(BaseModel):
@@ -138,7 +138,9 @@ class Destinations(BaseModel):
 def _pick(name: str, flag: tuple[str | None, str], env: tuple[str | None, str | None],
           spec: tuple[str | None, str, bool], default: str | None) -> Effective:
     if flag[0]:
-        return Effective(name=name, value=flag[0], origin="flag", detail=flag[1])
+        # A flow's override parameter ("parameter store") or a CLI flag ("--store").
+        origin: Origin = "parameter" if flag[1].startswith("parameter ") else "flag"
+        return Effective(name=name, value=flag[0], origin=origin, detail=flag[1].removeprefix("parameter "))
     if env[0]:
         return Effective(name=name, value=env[0], origin="environment", detail=env[1] or "")
     if spec[2] and spec[0]:
@@ -171,7 +173,7 @@ def absolute_mlflow(uri: str, base: Path) -> str:
 def _base(setting: Effective, spec_base: Path) -> Path:
     """Relative paths from a flag or the environment: the working directory; from the spec or its defaults: the
     spec's folder."""
-    return Path.cwd() if setting.origin in ("flag", "environment") else spec_base
+    return Path.cwd() if setting.origin in ("flag", "parameter", "environment") else spec_base
 
 
 def resolve_destinations(spec: BuildSpec, *, store: str | None = None, mlflow_uri: str | None = None,
@@ -226,7 +228,20 @@ def effective_spec(spec: BuildSpec, *, store: str | None = None, mlflow_uri: str
                    ) -> tuple[BuildSpec, Destinations]:
     dest = resolve_destinations(spec, store=store, mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url,
                                 flag_names=flag_names)
+    if any(f.startswith("parameter ") for f in flag_names):
+        dest = true_origins(dest, resolve_destinations(spec))
     return apply_destinations(spec, dest), dest
+
+
+def true_origins(given: Destinations, underlying: Destinations) -> Destinations:
+    """A flow's override parameter that only repeats what this process's environment, the spec or the default
+    says (the CLI passes its effective destinations so a worker's environment cannot change them) is reported
+    with that origin ("environment EF_STORE", "spec publish.store"), not as a parameter nobody typed."""
+    picked = {}
+    for name in ("store", "mlflow_uri", "s3_endpoint_url"):
+        mine, theirs = getattr(given, name), getattr(underlying, name)
+        picked[name] = theirs if mine.origin == "parameter" and mine.value == theirs.value else mine
+    return Destinations(**picked)
 
 
 def cache_root() -> Path:

@@ -317,14 +317,17 @@ def register_unit(
     # LoggedModel names may not contain dots; unit names do (variant.profile.target).
     logged = client.create_logged_model(tracker.experiment_id, name=unit_name.replace(".", "-"), source_run_id=run_id,
                                         tags=clean_tags, params=flatten("", params), model_type="enginefoundry-unit")
-    # A tracking server refuses a local path as a version's source unless it lies inside the run's or the
-    # model's artifact folder (mlflow/server/handlers.py@3.17.2, _validate_source_run/_validate_source_model):
-    # a file:// store's unit is registered on a server through its LoggedModel (`models:/<model_id>`, MLflow 3's
-    # own form), the store location staying in the version's manifest_uri tag. Without a server (a database URI)
-    # nothing validates the source, and the registry resolves `models:/` through the global tracking URI, not
-    # this client's: there, and for an s3:// store, the store location is the source itself.
+    # On a tracking server every version is registered through its LoggedModel (`models:/<model_id>`, MLflow 3's
+    # own form), the store location staying in the version's manifest_uri tag: the server refuses a local path as
+    # a source unless it lies inside the run's or the model's artifact folder (mlflow/server/handlers.py@3.17.2,
+    # _validate_source_run/_validate_source_model), and MLflow's UI links a version to its logged model only
+    # from such a source (the bundled ModelVersionView's "Source Model": `source.match(/^models:\/([^/@]+)$/)`,
+    # mlflow 3.17.2), since the SQL registry does not keep the `model_id` a version is created with
+    # (mlflow/store/model_registry/sqlalchemy_store.py@3.17.2 create_model_version has no column for it).
+    # Without a server (a database URI) the registry resolves `models:/` through the global tracking URI, not
+    # this client's: there the store location is the source itself.
     on_server = tracker.uri.startswith(("http://", "https://", "databricks"))
-    source = f"models:/{logged.model_id}" if on_server and artifact_uri.startswith("file:") else artifact_uri
+    source = f"models:/{logged.model_id}" if on_server else artifact_uri
     # A LoggedModel starts PENDING; it ends READY once its version exists, FAILED if registering fails.
     try:
         version = client.create_model_version(registered_model, source=source, run_id=run_id,
@@ -336,7 +339,17 @@ def register_unit(
         finalize_logged_model(client, logged.model_id, ok=False)
         raise
     finalize_logged_model(client, logged.model_id, ok=True)
+    link_run_output(client, run_id, logged.model_id)
     return str(version.version)
+
+
+def link_run_output(client: Any, run_id: str, model_id: str) -> None:
+    """The LoggedModel as the run's output, so the run page lists it under "Logged models" (what
+    `mlflow.<flavor>.log_model` records inside a run: MlflowClient.log_outputs, mlflow 3.17.2)."""
+    from mlflow.entities import LoggedModelOutput
+
+    retry_transient(lambda: client.log_outputs(run_id, [LoggedModelOutput(model_id=model_id, step=0)]),
+                    what="MLflow log run output")
 
 
 def finalize_logged_model(client: Any, model_id: str, *, ok: bool) -> None:

@@ -57,6 +57,7 @@ PROMOTED_AT = "enginefoundry.promoted_at"
 PROMOTION_REASON = "enginefoundry.promotion_reason"
 PREVIOUS_CHAMPION = "enginefoundry.previous_champion"
 SUPERSEDED_BY = "enginefoundry.superseded_by"
+COMMANDS = "enginefoundry.commands"  # the exact commands a unit ran, one `stage: command` line each
 ROLLED_BACK_AT = "enginefoundry.rolled_back_at"
 
 # Registered model

@@ -12,3 +12,17 @@ class UnitStatus(StrEnum):
     CANDIDATE = "candidate"  # published; its smoke gate passed and its benchmark is valid: promotable
     REJECTED = "rejected"  # published with the reason; a gate (smoke, benchmark validity) said no: never promoted
     FAILED = "failed"  # not published: a stage failed, or the unit was refused before it ran
+
+
+class RegistryStatus(StrEnum):
+    """Where a candidate went afterwards: promotion and rollback move its MLflow `enginefoundry.status` tag (the
+    version's and its run's) on from `candidate`; the published manifest keeps the gate's word."""
+
+    CHAMPION = "champion"  # behind `<stem>-champion`
+    PREVIOUS_CHAMPION = "previous-champion"  # behind `<stem>-previous-champion`
+    SUPERSEDED = "superseded"  # was champion, then two promotions passed it by
+    ROLLED_BACK = "rolled-back"  # was champion until a rollback; `promote --version` may put it back
+
+
+# Statuses of a version whose own gates passed: promotable by hand (a rejected or failed unit never is).
+PASSED_GATES = frozenset({UnitStatus.CANDIDATE, *RegistryStatus})

@@ -12,6 +12,7 @@ include, force, mode.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -30,11 +31,11 @@ from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
 from enginefoundry.outcomes import duplicate_outcome
 from enginefoundry.run_records import run_metrics
-from enginefoundry.run_summary import RunSummary, UnitOutcome, work_root
+from enginefoundry.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed, work_root
 from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store import Store, open_store
-from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.tasks.track import (
@@ -48,6 +49,7 @@ from enginefoundry.units import Unit, expand_units
 from enginefoundry.validate import validate_deep
 
 Mode = Literal["embedded", "cluster"]
+quiet_expected_failures()  # a Failed end with our own error logs no engine traceback (tasks/_log.py)
 
 
 def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None = None) -> BuildSpec:
@@ -64,12 +66,18 @@ def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: 
             where = f" at line {mark.line + 1}" if mark is not None else ""
             raise SpecError([("spec_yaml", f"not valid YAML{where} ({getattr(err, 'problem', None) or 'parse error'})"
                                            "; paste the spec file's text unchanged")], "spec_yaml") from None
-        # Relative input paths in pasted YAML resolve against the worker's project folder.
-        return parse_spec(data, source="spec_yaml", base_dir=Path.cwd())
+        return parse_spec(data, source="spec_yaml", base_dir=pasted_spec_dir())
     if spec_path:
         return load_spec(spec_path)
     raise InputError("spec_path, spec and spec_yaml are all empty: give spec_path (a YAML file on the worker), "
                      "spec_yaml (the spec's text) or spec (a mapping)")
+
+
+def pasted_spec_dir() -> Path:
+    """Pasted YAML is read as if it were a file in the worker's `configs/` folder (README: "The build spec"):
+    the shipped specs' relative paths (`prompts/…`, `../tests/…`, `file://../.enginefoundry/store`) are written
+    from there, so a spec pasted unchanged runs as `spec_path=configs/<name>.yaml` does."""
+    return Path.cwd() / "configs"
 
 
 def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None, *, store: str | None,
@@ -127,12 +135,29 @@ def spec_label(params: dict[str, Any]) -> str:
     return str(inline.get("name") or Path(str(params.get("spec_path") or "spec")).stem)
 
 
+# The names Prefect makes up for a run nobody named: the server's and the Python client's `adjective-animal`
+# (prefect/utilities/names.py generate_slug(2), coolname; prefect 3.9.1) and the UI form's Greek letter with an
+# optional number, a constellation and an optional third word (`delta42-andromedae-nebula`: the bundled UI's
+# FlowRunNameInput, `runName` of its mocker). Any other name was chosen by a person and stays.
+GENERATED_NAME = re.compile(r"^[a-z]+-[a-z]+$|^(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|"
+                            r"nu|xi|omicron|pi|rho|sigma|tau|upsilon|phi|chi|psi|omega)\d*-[a-z]+(-[a-z]+)*$")
+
+
+def readable_name(made_up: str) -> str:
+    """The run's own name when a person chose it (a Custom run named `ui-bad-path` keeps it), else `made_up`."""
+    from prefect.runtime import flow_run
+
+    current = flow_run.name or ""
+    return current if current and not GENERATED_NAME.match(current) else made_up
+
+
 def _run_name() -> str:
-    """`build tiny-cpu (cluster)`: readable in the UI's run list whether the spec came by path or inline."""
+    """`build tiny-cpu (cluster)`: readable in the UI's run list whether the spec came by path or inline; a name
+    chosen in the form or by the API caller stays."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
-    return f"build {spec_label(params)}" + (" (cluster)" if params.get("mode") == "cluster" else "")
+    return readable_name(f"build {spec_label(params)}" + (" (cluster)" if params.get("mode") == "cluster" else ""))
 
 
 @flow(name="build-engines", flow_run_name=_run_name, log_prints=True)
@@ -160,7 +185,8 @@ def build_engines(
         mode: embedded (units in this process) or cluster (each unit on a worker of its target's pool)
         validated: the caller checked the spec's inputs already (the CLI does); skip that check
         verify_hits: re-hash every file of a cache hit (otherwise: manifest consistency and file sizes)
-        spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given)
+        spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given); its relative paths resolve
+            against the worker's configs/ folder, as for a file there
         store: artifact store (s3://bucket/prefix or file://path); empty: $EF_STORE of the worker, else the spec's
         mlflow_uri: MLflow tracking URI; empty: $MLFLOW_TRACKING_URI of the worker, else the spec's
         s3_endpoint_url: S3 endpoint; empty: $AWS_ENDPOINT_URL_S3 of the worker, else the spec's
@@ -217,9 +243,16 @@ def build_engines(
                 if unit.name in built:
                     continue
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
-                built[unit.name] = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
-                                            converted[unit.variant.name], parent, replace=force,
-                                            sibling=siblings.get(unit.name))
+                # A rejected or failed unit's subflow ends Failed with its outcome as the state's data.
+                state = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
+                                 converted[unit.variant.name], parent, replace=force,
+                                 sibling=siblings.get(unit.name), return_state=True)
+                result = state.result(raise_on_failure=False)
+                if isinstance(result, UnitNotPassed):
+                    result = result.outcome
+                elif isinstance(result, BaseException):  # not an outcome: the subflow itself broke, as before
+                    raise result
+                built[unit.name] = result
     finally:
         plan.release(progress=log)
     outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, store, parent) for unit in units]
@@ -231,7 +264,16 @@ def build_engines(
                       run_metrics(summary, time.monotonic() - t0, fetch_s, convert_s),
                       str(work_root() / "runs" / parent))
     report_build(build_spec, summary)
-    return summary
+    return summary if summary.ok else not_passed(summary)
+
+
+def not_passed(summary: RunSummary) -> State:
+    """A rejected or failed unit ends the run Failed, as its MLflow parent run and the CLI's exit code say: the
+    message names the units and reasons, a warning in the run's log says the same. The summary rides along in
+    the error (the CLI prints its table), so no traceback is logged for it (tasks/_log.py)."""
+    err = UnitsNotPassed(summary)
+    progress_logger("warning")(str(err))
+    return Failed(message=str(err), data=err)
 
 
 def _outcome(spec: BuildSpec, unit: Unit, key: str, plan: CachePlan, built: dict[str, UnitOutcome], store: Store,

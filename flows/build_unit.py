@@ -19,17 +19,19 @@ from prefect.states import Failed
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError
 from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.dispatch import SourceIdentity, save_outcome
-from enginefoundry.flows.unit import run_unit_stages
+from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
 from enginefoundry.lanes import get_lane
 from enginefoundry.placement import check_placement
 from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store import open_store
-from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.convert import convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.units import Unit, expand_units
+
+quiet_expected_failures()  # a refused or failed unit's Failed end logs no engine traceback (tasks/_log.py)
 
 
 @task(name="check placement", task_run_name="check placement of {unit.name}", cache_policy=NO_CACHE)
@@ -95,7 +97,5 @@ def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any],
     outcome = run_unit_stages(build_spec, the_unit, key_components, here, ckpt, parent_run_id, replace, sibling)
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
-    if outcome.status == "failed":
-        # The flow run shows Failed in the UI; the parent still reads the outcome with its reason.
-        return Failed(message=f"unit {unit} failed: {outcome.reason}", data=outcome)
-    return outcome
+    # A rejected or failed unit's run shows Failed in the UI; the parent still reads the outcome from the store.
+    return outcome if outcome.ok else unit_failed_state(outcome)

@@ -19,9 +19,18 @@ from prefect import flow
 from prefect.client.schemas.objects import State
 
 from enginefoundry.errors import InputError
-from enginefoundry.flows.build_engines import Mode, build_engines, flow_spec, input_failure, spec_label, spec_payload
+from enginefoundry.flows.build_engines import (
+    Mode,
+    build_engines,
+    flow_spec,
+    input_failure,
+    readable_name,
+    spec_label,
+    spec_payload,
+)
 from enginefoundry.flows.reports import report_markdown, report_table
 from enginefoundry.promotion import PromotionPolicy, alias_stems
+from enginefoundry.run_summary import UnitsNotPassed
 from enginefoundry.source_change import RolloutReport
 from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, promote_units
 from enginefoundry.units import expand_units
@@ -31,7 +40,7 @@ def _run_name() -> str:
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
-    return f"rollout {spec_label(params)}"
+    return readable_name(f"rollout {spec_label(params)}")
 
 
 @flow(name="rollout", flow_run_name=_run_name, log_prints=True)
@@ -65,7 +74,8 @@ def rollout(
         max_cost_increase: $/1M output tokens at the SLO may exceed the champion's by at most this fraction
             (searched units; empty: not compared)
         force_build: build even when the source has nothing new (promotion still needs the gates)
-        spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given)
+        spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given); its relative paths resolve
+            against the worker's configs/ folder, as for a file there
         store: artifact store; empty: $EF_STORE of the worker, else the spec's
         mlflow_uri: MLflow tracking URI; empty: $MLFLOW_TRACKING_URI of the worker, else the spec's
         s3_endpoint_url: S3 endpoint; empty: $AWS_ENDPOINT_URL_S3 of the worker, else the spec's
@@ -85,10 +95,13 @@ def rollout(
     to_build = [t.target for t in change.targets if t.changed or force_build]
     summary = None
     if to_build:
-        summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
-            spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode, validated=True,
-            store=build_spec.publish.store, mlflow_uri=build_spec.tracking.mlflow_uri,
-            s3_endpoint_url=build_spec.publish.s3_endpoint_url)
+        try:
+            summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
+                spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode,
+                validated=True, store=build_spec.publish.store, mlflow_uri=build_spec.tracking.mlflow_uri,
+                s3_endpoint_url=build_spec.publish.s3_endpoint_url)
+        except UnitsNotPassed as err:  # the build subflow ended Failed; its units are held below
+            summary = err.summary
     else:
         report_markdown("rollout", build_spec, f"## {build_spec.name}: no build\n\nSource "
                         f"`{change.source.describe()}` is what every target's baseline was built from.\n",

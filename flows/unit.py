@@ -11,23 +11,29 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
+from prefect.client.schemas.objects import State
+from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.flows.reports import report_unit_links
+from enginefoundry.lanes import get_lane
 from enginefoundry.outcomes import (
+    UnitCommands,
     build_run_tags,
     built_outcome,
     failed_outcome,
+    stage_commands,
     unit_manifest,
     unit_metrics,
     unit_params,
 )
-from enginefoundry.run_summary import UnitOutcome, work_root
+from enginefoundry.run_summary import UnitNotPassed, UnitOutcome, work_root
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
@@ -56,10 +62,18 @@ from enginefoundry.units import Unit, key_of
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
-) -> UnitOutcome:
+) -> UnitOutcome | State:
     """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
-    the unit whose served answers judge this one (run before it)."""
-    return run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling)
+    the unit whose served answers judge this one (run before it). A rejected or failed unit ends Failed, with
+    the unit, its status and reason as the message and its outcome as the state's data."""
+    outcome = run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling)
+    return outcome if outcome.ok else unit_failed_state(outcome)
+
+
+def unit_failed_state(outcome: UnitOutcome) -> State:
+    """Failed, with our own error as the data: Prefect's engine logs no traceback for it (tasks/_log.py)."""
+    err = UnitNotPassed(outcome)
+    return Failed(message=str(err), data=err)
 
 
 def run_unit_stages(
@@ -73,6 +87,8 @@ def run_unit_stages(
     unit_dir = work_root() / "units" / key[:16]
     shutil.rmtree(unit_dir, ignore_errors=True)  # a clean start: nothing from an earlier run gets published
     report_dir = unit_dir / "reports"
+    described = get_lane(spec.lane).describe(spec, unit)
+    commands = UnitCommands(convert=stage_commands(ckpt.result.commands, described, "convert"))
     try:
         # The reference first: a refused one (a rejected sibling) costs no build, and a GPU reference needs
         # the unit's GPUs before its server takes them.
@@ -83,12 +99,14 @@ def run_unit_stages(
         t = time.monotonic()
         build = build_unit(spec, unit, ckpt.result.checkpoint_dir, key)
         stages["build"] = time.monotonic() - t
+        commands.build = stage_commands(build.commands, described, "build")
 
         smoke: SmokeReport | None = None
         sweep: SweepReport | None = None
         t = time.monotonic()
         endpoint = start_unit_server(spec, build.bundle_dir, str(report_dir))
         stages["serve"] = time.monotonic() - t
+        commands.serve = [endpoint.command]
         try:
             t = time.monotonic()
             smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir),
@@ -101,12 +119,14 @@ def run_unit_stages(
                 sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}",
                                   unit=unit)
                 stages["bench"] = time.monotonic() - t
+                commands.bench = [p.command for p in sweep.points]
         finally:
             stop_unit_server(endpoint)
     except Exception as err:
         exit_if_terminating()  # a cancel that surfaced as a stage error (its server stopped) is a cancel
-        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: UnitStatus.FAILED},
-                    metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None, artifacts=[])
+        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: UnitStatus.FAILED, mltags.COMMANDS: commands.tag()},
+                    metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None,
+                    artifacts=[write_commands(unit_dir, commands)])
         failed = failed_outcome(unit, key, err, run_id, stages)
         emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=failed.reason,
                           mlflow_run_id=run_id)
@@ -130,12 +150,12 @@ def run_unit_stages(
     t = time.monotonic()
     manifest_copy = unit_dir / "manifest.json"
     manifest_copy.write_bytes(published.manifest.to_json())
-    artifacts = [str(manifest_copy)] + [
+    artifacts = [str(manifest_copy), write_commands(unit_dir, commands)] + [
         str(p) for p in report_dir.rglob("*")
         if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
     ]
     record_unit(spec, run_id, ok=draft.status == UnitStatus.CANDIDATE,
-                tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri,
+                tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri, mltags.COMMANDS: commands.tag(),
                       mltags.MANIFEST_SHA256: published.manifest_sha256,
                       mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
                       **(smoke.tags() if smoke else {})},
@@ -150,3 +170,11 @@ def run_unit_stages(
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
                                  description=f"smoke gate of {unit.name}")
     return built_outcome(unit, published.manifest, published.uri, run_id, stages)
+
+
+def write_commands(unit_dir: Path, commands: UnitCommands) -> str:
+    """`commands.json` beside the unit's reports, for its MLflow run."""
+    path = unit_dir / "commands.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(commands.model_dump_json(indent=2))
+    return str(path)

@@ -25,11 +25,14 @@ def _artifact_key(prefix: str, title: str) -> str:
 @task(name="benchmark", cache_policy=NO_CACHE)
 def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, unit: Unit | None = None,
               ) -> SweepReport:
+    """`unit`: a searched unit is verified; a unit whose target has no GPU (a cpu target) gets no GPU telemetry
+    line at all."""
     log = progress_logger()
     out = Path(report_dir)
     report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
-                       server_alive=lambda: is_alive(endpoint.pid), plot_title=title)
+                       server_alive=lambda: is_alive(endpoint.pid), plot_title=title,
+                       telemetry=unit is None or unit.target.gpu_count > 0)
     if unit is not None and unit.searched is not None and spec.search is not None:
         verdict = verify_unit(spec, unit, url=endpoint.base_url, model=endpoint.model_name,
                               tokenizer=endpoint.tokenizer_dir, out=out / "search", progress=log)

@@ -69,5 +69,21 @@ def emit_registry_move(registered_model: str, stem: str, action: str, version: s
     event = {"promoted": MODEL_PROMOTED, "rolled back": MODEL_ROLLED_BACK}.get(action)
     if event is None:
         return False
-    return emit(event, alias_resource(registered_model, stem),
+    sent = emit(event, alias_resource(registered_model, stem),
                 {"version": version, "previous": previous, "detail": detail})
+    if sent and outside_flows:
+        flush_events()
+    return sent
+
+
+def flush_events(timeout_s: float = 15.0) -> None:
+    """Wait (bounded) until Prefect's events worker has sent what is queued. A CLI command that exits right after
+    emitting otherwise leaves the event to the exit-time drain, which prints "Still processing items: 1 items
+    remaining..." (prefect/_internal/concurrency/services.py@3.9.1, QueueService._main_loop)."""
+    import threading
+
+    from prefect.events.worker import EventsWorker
+
+    waiter = threading.Thread(target=EventsWorker.instance().wait_until_empty, daemon=True)
+    waiter.start()
+    waiter.join(timeout_s)

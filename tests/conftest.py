@@ -20,10 +20,13 @@ import pytest
 from enginefoundry.model_server import free_port
 from tests.support.cluster import cluster_fixture, prefect_fixture  # noqa: F401  (session fixtures of the cluster)
 from tests.support.paths import STACK_SCRIPT
+from tests.support.private_stack import stack_down
 
 NEEDED = ("EF_S3_ENDPOINT", "MLFLOW_TRACKING_URI", "HF_ENDPOINT", "EF_HUB_ROOT", "AWS_ACCESS_KEY_ID")
 # The services CI started and exported (`source .stack/env`), as the `stack` fixture hands them out.
-CI_STACK = dict(os.environ) if all(os.environ.get(k) for k in NEEDED) else None
+# Its EF_STORE (`.stack/env` exports the stack's store for the CLI) is left out: each test names its own store.
+CI_STACK = ({k: v for k, v in os.environ.items() if k != "EF_STORE"} if all(os.environ.get(k) for k in NEEDED)
+            else None)
 # The destinations outrank a spec's (flag > env > spec, enginefoundry.settings): left in the environment, CI's
 # exported MLflow server would replace every test spec's own sqlite database. Tests pass them explicitly.
 for _destination in ("MLFLOW_TRACKING_URI", "EF_STORE"):
@@ -76,10 +79,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         subprocess.run([sys.executable, str(STACK_SCRIPT), "down", "--state-dir", str(state)])
         pytest.fail(f"could not start the test services:\n{up.stdout}\n{up.stderr}")
     try:
-        yield {**os.environ, **json.loads((state / "env.json").read_text())}
+        exported = json.loads((state / "env.json").read_text())
+        exported.pop("EF_STORE", None)  # each test names its own store
+        yield {**os.environ, **exported}
     finally:
-        subprocess.run([sys.executable, str(STACK_SCRIPT), "down", "--state-dir", str(state)],
-                       capture_output=True)
+        stack_down(state)  # detached: a second Ctrl-C cannot cut it halfway
 
 
 @pytest.fixture

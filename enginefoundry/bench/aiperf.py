@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -156,7 +157,8 @@ def run_point(
                       expected_output_len=scenario.output_tokens_mean)
         if sampler is not None:
             point = point.with_telemetry(sampler.summary(aiperf_window(data)))
-        return point, export
+        env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        return point.model_copy(update={"command": f"{env_words} {shlex.join(argv)}"}), export
     finally:
         if spec.tool is BenchTool.AIPERF:
             remove_aiperf_leftovers(out)

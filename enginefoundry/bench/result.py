@@ -22,6 +22,7 @@ class Percentiles(BaseModel):
 
 class BenchPoint(BaseModel):
     tool: str
+    command: str = ""  # the benchmark client's exact command line
     tool_version: str | None = None
     scenario: str
     concurrency: int

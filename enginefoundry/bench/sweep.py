@@ -124,7 +124,7 @@ def run_sweep(
 
 def _telemetry_note(backend: Backend | None) -> str:
     if backend is None:
-        return "not sampled"
+        return ""  # not sampled (a cpu target): nothing to say about GPUs
     if backend.source == "none":
         return f"no GPU: {backend.detail}"
     return f"{backend.detail}, GPUs {backend.gpus}"

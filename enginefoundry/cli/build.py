@@ -16,6 +16,7 @@ from enginefoundry.cli.common import (
 from enginefoundry.cli.signing import export_trust, signing_line, trust_options
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
+from enginefoundry.spec import load_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -112,10 +113,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         # The effective destinations travel as the flow's override parameters: they outrank the environment the
         # flow reads again (the same one here, a worker's in cluster mode).
-        summary = build_engines(spec_path=None, spec=spec_payload(spec), targets=args.targets, force=args.force,
-                                mode=args.mode, validated=True, verify_hits=args.verify_hits,
-                                store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                                s3_endpoint_url=spec.publish.s3_endpoint_url)
+        from enginefoundry.run_summary import UnitsNotPassed
+
+        try:
+            # The spec as written: the flow resolves the destinations again and, where a parameter only repeats
+            # the environment or the spec, logs where the value really came from (settings.true_origins).
+            summary = build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets,
+                                    force=args.force,
+                                    mode=args.mode, validated=True, verify_hits=args.verify_hits,
+                                    store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                                    s3_endpoint_url=spec.publish.s3_endpoint_url)
+        except UnitsNotPassed as err:  # the run ended Failed; its summary is printed as any other (exit 1)
+            summary = err.summary
     if wants_json(args):
         emit_json({"ok": summary.ok, "destinations": dest, **summary.model_dump(mode="json")})
         return EXIT_OK if summary.ok else EXIT_PIPELINE
@@ -220,7 +229,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from enginefoundry.flows.build_engines import spec_payload
     from enginefoundry.flows.rollout import rollout
 
-    report = rollout(spec_path=None, spec=spec_payload(spec), targets=args.targets, mode=args.mode,
+    report = rollout(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets, mode=args.mode,
                      max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
                      max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
                      max_cost_increase=args.max_cost_increase,

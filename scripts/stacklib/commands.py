@@ -170,8 +170,6 @@ def cmd_down(state: State, _args: argparse.Namespace) -> int:
     started = time.monotonic()
     names = [n for n in state.recorded_names() if n != OWNER_WATCH]
     watcher = state.read_pid(OWNER_WATCH)
-    if watcher is not None and watcher != os.getpid():  # a `down` by hand: the owner's watcher goes first
-        stop_group(state, OWNER_WATCH)
     workers = [n for n in names if n.startswith(WORKER_PREFIX)]
     others = [n for n in names if n not in workers]
     all_stopped = True
@@ -183,6 +181,10 @@ def cmd_down(state: State, _args: argparse.Namespace) -> int:
             ):
                 all_stopped &= stopped
                 print(f"  {name:<14} {detail}", flush=True)
+    # The owner's watcher goes last: a `down` by hand that is interrupted halfway (a second Ctrl-C, a CI runner's
+    # kill of a cancelled test session) leaves it armed to stop the rest once its owner exits.
+    if watcher is not None and watcher != os.getpid():
+        stop_group(state, OWNER_WATCH)
     if watcher == os.getpid():
         state.pid_file(OWNER_WATCH).unlink(missing_ok=True)
     print(f"stack down in {time.monotonic() - started:.1f} s" if names else "stack down: nothing was running")

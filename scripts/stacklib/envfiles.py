@@ -10,6 +10,11 @@ from stacklib.net import HOST
 from stacklib.s3 import REGION
 from stacklib.state import State, write_private
 
+# The stack's artifact store, in its SeaweedFS: the workers' EF_STORE and the sourced env's, so the CLI after
+# `source .stack/env` and a run started from the UI publish to the same place (EF_STORE outranks a spec's store;
+# enginefoundry.settings).
+STACK_STORE = "s3://enginefoundry/store"
+
 
 def stack_env(state: State, ports: dict[str, int], creds: dict[str, str], names: Iterable[str]) -> dict[str, str]:
     """Client settings for the given services, in a stable, readable order."""
@@ -22,6 +27,7 @@ def stack_env(state: State, ports: dict[str, int], creds: dict[str, str], names:
             "AWS_DEFAULT_REGION": REGION,
             "AWS_ENDPOINT_URL_S3": url["s3"],
             "EF_S3_ENDPOINT": url["s3"],
+            "EF_STORE": STACK_STORE,
         }
     if "mlflow" in names:
         env |= {"MLFLOW_S3_ENDPOINT_URL": url["s3"], "MLFLOW_TRACKING_URI": url["mlflow"]}

@@ -8,6 +8,7 @@ import subprocess
 import time
 from datetime import datetime
 
+from stacklib.envfiles import STACK_STORE
 from stacklib.net import http_json
 from stacklib.prefect_server import prefect_env
 from stacklib.state import StackError
@@ -17,7 +18,6 @@ DEFAULT_POOL = "cpu"
 
 
 WORKER_PREFIX = "worker-"
-STACK_STORE = "s3://enginefoundry/store"  # the workers' EF_STORE
 
 
 def start_worker(ctx: Context, pool: str) -> Outcome:
@@ -25,7 +25,7 @@ def start_worker(ctx: Context, pool: str) -> Outcome:
     started = time.monotonic()
     # Flow runs inherit the worker's environment (facts §3.4), so it gets the whole stack env, and the stack's
     # bucket as the store: a run started from the UI with default parameters publishes to SeaweedFS (EF_STORE
-    # outranks the spec's store; enginefoundry.settings). Only workers get it: the CLI and tests keep their own.
+    # outranks the spec's store; enginefoundry.settings). The sourced .stack/env has the same (envfiles.py).
     store = {"EF_STORE": STACK_STORE} if "AWS_ENDPOINT_URL_S3" in ctx.stack_env else {}
     env = child_env(ctx.state, {**ctx.stack_env, **store, **prefect_env(ctx), "PREFECT_WORKER_QUERY_SECONDS": "2"})
     # A running worker heartbeats every 30 s, so any heartbeat proves it; a new one must show a fresh one

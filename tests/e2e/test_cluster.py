@@ -48,6 +48,7 @@ def test_deployments_from_deployment_yaml(cluster: PrefectServer) -> None:
     assert form["mode"]["enum"] == ["embedded", "cluster"]
     rollout = deps["scheduled"]
     assert rollout["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+    assert rollout["schedules"][0]["active"] is False  # deployed paused: no Scheduled runs until turned on
     assert rollout["parameters"]["min_throughput_ratio"] == 0.9
     assert form_type(rollout, "max_ttft_p95_factor") == "number"
 

@@ -120,6 +120,15 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
                   "--mlflow-uri", stack["MLFLOW_TRACKING_URI"])
     assert by_hand.returncode == 0, by_hand.stdout + by_hand.stderr
     assert champion(client, model) == "3" and champion(client, model, "cpu-previous-champion") == "1"
+    # The status tags follow the registry, on the versions and on the runs that built them (issue 25).
+    status = {n: client.get_model_version(model, n) for n in ("1", "2", "3")}
+    assert {n: v.tags["enginefoundry.status"] for n, v in status.items()} == {
+        "1": "previous-champion", "2": "rolled-back", "3": "champion"}
+    assert client.get_run(status["3"].run_id).data.tags["enginefoundry.status"] == "champion"
+    # Version ↔ logged model ↔ run, as MLflow's UI links them.
+    model_id = status["3"].source.removeprefix("models:/")
+    assert client.get_logged_model(model_id).source_run_id == status["3"].run_id
+    assert model_id in [o.model_id for o in client.get_run(status["3"].run_id).outputs.model_outputs]
 
 
 def serve_the_unit(server: PrefectServer, serving_uri: str, dest: Path) -> None:

@@ -1,16 +1,19 @@
 """The Prefect UI in a real browser (headless Debian chromium through Playwright): open the build deployment,
 start a custom run from its parameter form with a non-default spec path and a run name, and check that the
-run completes with exactly that parameter.
+run completes with exactly that parameter; a typo'd spec path and a build whose unit its gate rejects end
+Failed, as the run page shows, with one message and no traceback, and keep the names typed in the form.
 
 Needs `apt-get install chromium` and `pip install playwright` (Playwright's own browser download is not used).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.cluster import (
     PrefectServer,
@@ -112,8 +115,8 @@ def test_custom_run_from_the_deployment_form(cluster: PrefectServer, stack, tmp_
     flow_run_id = new[0]["id"]
 
     run = cluster.wait(flow_run_id, timeout_s=600)
-    # The flow names its runs after the spec (readable in the run list), over the name typed in the form.
-    assert run["name"] == f"build {spec.stem} (cluster)"
+    # The name typed in the form stays (an unnamed run would be called `build <spec> (cluster)`).
+    assert run["name"] == run_name
     assert run["deployment_id"] == deployment["id"]
     assert run["parameters"]["spec_path"] == str(spec)
     assert run["parameters"]["mode"] == "cluster"  # untouched fields keep the deployment's defaults
@@ -121,3 +124,84 @@ def test_custom_run_from_the_deployment_form(cluster: PrefectServer, stack, tmp_
     children = cluster.children(flow_run_id)
     assert [c["name"] for c in children] == ["unit fp32-tp1.chat.cpu"]
     assert children[0]["state_type"] == "COMPLETED"
+
+
+def start_custom_run(page, cluster: PrefectServer, deployment_id: str, run_name: str, spec_path: str) -> None:
+    """The deployment's Run → Custom run form, with a run name and a spec path typed in."""
+    page.goto(f"{cluster.ui}/deployments/deployment/{deployment_id}", wait_until="networkidle")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("Custom run").click()
+    page.wait_for_url("**/run?**")
+    page.locator("input[type=text]").first.fill(run_name)
+    page.locator("textarea").first.fill(spec_path)
+    submit_until_listed(page, run_name)
+
+
+def run_logs(cluster: PrefectServer, flow_run_id: str) -> str:
+    with cluster.client() as http:
+        found = http.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}})
+        found.raise_for_status()
+        return "\n".join(f"{logging.getLevelName(log['level'])} {log['message']}" for log in found.json())
+
+
+def shows_failed(page, cluster: PrefectServer, flow_run_id: str, logged: str | None = None) -> str:
+    """The run's page: its state badge says Failed (and its Logs tab shows `logged`, a WARNING: the cluster's
+    workers log at WARNING); returns the page's text."""
+    page.goto(f"{cluster.ui}/runs/flow-run/{flow_run_id}", wait_until="networkidle")
+    sync_api.expect(page.get_by_text("Failed", exact=True).first).to_be_visible(timeout=60_000)
+    if logged:
+        sync_api.expect(page.get_by_text(logged).first).to_be_visible(timeout=60_000)
+    return page.inner_text("body")
+
+
+def test_a_typo_and_a_rejected_build_show_failed_with_one_message(cluster: PrefectServer, stack, tmp_path: Path,
+                                                                   unique: str) -> None:
+    repo_id = f"tiny-org/ui-rej-{unique}"
+    seed_unique_model(Path(stack["EF_HUB_ROOT"]), repo_id, tmp_path, f"ui rejected {unique}")
+    spec = write_spec(tmp_path, source=f"hf://{repo_id}@main", store=f"s3://enginefoundry/ui-rej-{unique}",
+                      mlflow_uri=stack["MLFLOW_TRACKING_URI"], experiment=f"ui-rej-{unique}",
+                      registered_model=f"tiny-chat-rej-{unique}", benchmark=False)
+    doc = yaml.safe_load(spec.read_text())
+    # A floor no finite prompt set clears (the Wilson lower bound of 108/108 is 0.966): rejected for real.
+    doc["smoke"]["min_agreement"] = 1.0
+    spec.write_text(yaml.safe_dump(doc))
+    with cluster.client() as http:
+        deployment = http.get("/deployments/name/build-engines/manual").json()
+        before = {r["id"] for r in runs_of(http, deployment["id"])}
+    names = {"typo": f"ui-bad-path-{unique}", "rejected": f"ui-rejected-{unique}"}
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            start_custom_run(page, cluster, deployment["id"], names["typo"], "configs/tiny-cpu.yml")
+            start_custom_run(page, cluster, deployment["id"], names["rejected"], str(spec))
+            with cluster.client() as http:
+                new = {r["name"]: r["id"] for r in runs_of(http, deployment["id"]) if r["id"] not in before}
+            # The names typed in the form stay (they were renamed `build tiny-cpu (cluster)` before).
+            assert set(new) == set(names.values()), new
+            runs = {kind: cluster.wait(new[name], timeout_s=900) for kind, name in names.items()}
+
+            typo = runs["typo"]
+            assert typo["state_type"] == "FAILED", typo["state"]
+            first = typo["state"]["message"].splitlines()[0]
+            assert "configs/tiny-cpu.yml does not exist; pass a spec such as configs/tiny-cpu.yaml" in first
+            page_text = shows_failed(page, cluster, typo["id"])
+            logs = run_logs(cluster, typo["id"])
+            for text in (page_text, logs):
+                assert "Traceback" not in text and "unexpected exception" not in text, text[-3000:]
+
+            rejected = runs["rejected"]
+            assert rejected["state_type"] == "FAILED", rejected["state"]
+            message = rejected["state"]["message"]
+            assert message.startswith("1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected (smoke gate: "), message
+            page_text = shows_failed(page, cluster, rejected["id"], "1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu")
+            logs = run_logs(cluster, rejected["id"])
+            assert "WARNING 1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected" in logs, logs[-3000:]
+            assert "Traceback" not in logs and "Traceback" not in page_text
+            children = cluster.children(rejected["id"])
+            assert [(c["name"], c["state_type"]) for c in children] == [("unit fp32-tp1.chat.cpu", "FAILED")]
+            assert children[0]["state"]["message"].startswith("unit fp32-tp1.chat.cpu rejected: smoke gate: ")
+            assert "Traceback" not in run_logs(cluster, children[0]["id"])
+        finally:
+            browser.close()

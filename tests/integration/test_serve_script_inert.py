@@ -112,7 +112,8 @@ def test_reference_lane_plan_with_hostile_paths_and_store_uri(tmp_path: Path) ->
     unit_dir = tmp_path / "unpacked `touch PWNED`"
     got = _run_sandboxed(script, sandbox, "transformers", ["HF_HUB_OFFLINE"],
                          {"EF_UNIT_DIR": str(unit_dir), "PORT": "8123"}, "sh")
-    assert got["argv"] == ["serve", f"{unit_dir}/bundle/model", "--host", "0.0.0.0", "--port", "8123",
+    # Loopback unless HOST is set: the endpoint has no authentication (issue 25).
+    assert got["argv"] == ["serve", f"{unit_dir}/bundle/model", "--host", "127.0.0.1", "--port", "8123",
                            "--device", "cpu"]
     assert got["env"] == {"HF_HUB_OFFLINE": "1"}
     _no_pwned(tmp_path)

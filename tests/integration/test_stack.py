@@ -73,6 +73,9 @@ def test_s3_up_round_trip_auth_and_down(tmp_path: Path) -> None:
 
         written = json.loads((state / "env.json").read_text())
         assert written["EF_S3_ENDPOINT"] == f"http://127.0.0.1:{env['EF_S3_PORT']}"
+        # `source .stack/env && enginefoundry run …` publishes where the UI's runs do: the workers' store.
+        assert written["EF_STORE"] == "s3://enginefoundry/store"
+        assert "export EF_STORE=s3://enginefoundry/store" in (state / "env").read_text()
         assert oct((state / "credentials.env").stat().st_mode & 0o777) == "0o600"
         key, secret = written["AWS_ACCESS_KEY_ID"], written["AWS_SECRET_ACCESS_KEY"]
 

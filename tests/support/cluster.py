@@ -29,6 +29,7 @@ import yaml
 from enginefoundry.gpu_targets import pools
 from enginefoundry.model_server import free_port
 from tests.support.paths import REPO, STACK_SCRIPT, TINY_MODEL, TINY_PROMPTS
+from tests.support.private_stack import stack_down
 
 STACK = STACK_SCRIPT
 PREFECT = str(Path(sys.executable).parent / "prefect")
@@ -112,7 +113,7 @@ def prefect_fixture(stack: dict[str, str], tmp_path_factory: pytest.TempPathFact
     try:
         yield server
     finally:
-        server.stack("down")
+        stack_down(state, server.env)  # detached: a second Ctrl-C cannot cut it halfway
 
 
 @pytest.fixture(scope="session", name="cluster")

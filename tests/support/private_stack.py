@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,13 +18,25 @@ from tests.support.paths import STACK_SCRIPT as STACK
 def private_stack(state: Path, env: dict[str, str], steps: Sequence[tuple[str, str]],
                   timeout_s: float = 900) -> Iterator[dict[str, str]]:
     """`stack.py up` once per (services, worker pools) step, in order; yields `env` plus what the stack
-    wrote (its env.json) and its PREFECT_HOME; `stack.py down` whatever happens."""
+    wrote (its env.json) and its PREFECT_HOME; `stack.py down` whatever happens. Owned by this process
+    (`--owner-pid`): a session killed before its teardown leaves nothing either."""
     try:
         for services, pools in steps:
             up = subprocess.run([sys.executable, str(STACK), "up", "--state-dir", str(state), "--services", services,
-                                 "--worker-pools", pools], env=env, capture_output=True, text=True, timeout=timeout_s)
+                                 "--worker-pools", pools, "--owner-pid", str(os.getpid())],
+                                env=env, capture_output=True, text=True, timeout=timeout_s)
             assert up.returncode == 0, up.stdout + up.stderr
         yield {**env, **json.loads((state / "env.json").read_text()), "PREFECT_HOME": str(state / "prefect")}
     finally:
-        subprocess.run([sys.executable, str(STACK), "down", "--state-dir", str(state)], capture_output=True,
-                       timeout=300)
+        stack_down(state, env)
+
+
+def stack_down(state: Path, env: dict[str, str] | None = None, timeout_s: float = 300) -> None:
+    """`stack.py down`, detached: in a session of its own, so the signal that cancels a test session (a second
+    Ctrl-C, a CI runner's group signal) does not cut it halfway; and never killed here: if this process is
+    interrupted while waiting, the `down` goes on by itself (and the owner watch, stopped last, stays armed
+    until it is done)."""
+    down = subprocess.Popen([sys.executable, str(STACK), "down", "--state-dir", str(state)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    down.wait(timeout=timeout_s)

@@ -143,3 +143,31 @@ def test_serving_files_are_relocatable(tmp_path: Path) -> None:
     # The script refuses to start without the unit folder, naming what to download.
     run = subprocess.run(["sh", str(files[0])], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert run.returncode != 0 and "EF_UNIT_DIR" in run.stderr and "s3://b/artifacts/tiny/kkk" in run.stderr
+
+
+def test_status_tags_follow_promotion_and_rollback(tmp_path: Path) -> None:
+    """The champion's version and run stop saying `candidate` (issue 25): champion, previous-champion,
+    superseded, rolled-back, on the version and on the MLflow run that built it."""
+    reg = Registry(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = reg.client
+    client.create_registered_model("m")
+    experiment = client.create_experiment("e")
+    runs = {}
+    for n in ("1", "2", "3"):
+        run_id = client.create_run(experiment).info.run_id
+        client.set_tag(run_id, "enginefoundry.status", "candidate")
+        runs[n] = run_id
+        client.create_model_version("m", source=str(tmp_path), run_id=run_id,
+                                    tags={"enginefoundry.status": "candidate"})
+
+    def statuses() -> dict[str, tuple[str, str]]:
+        return {n: (client.get_model_version("m", n).tags["enginefoundry.status"],
+                    client.get_run(runs[n]).data.tags["enginefoundry.status"]) for n in runs}
+
+    for n in ("1", "2", "3"):
+        reg.promote("m", "cpu", n, "better")
+    assert statuses() == {"1": ("superseded",) * 2, "2": ("previous-champion",) * 2, "3": ("champion",) * 2}
+    reg.rollback("m", "cpu")
+    assert statuses() == {"1": ("previous-champion",) * 2, "2": ("champion",) * 2, "3": ("rolled-back",) * 2}
+    assert reg.promote("m", "cpu", "3", "by hand, after a fix").action == "promoted"  # its gates had passed
+    assert statuses()["3"] == ("champion",) * 2 and statuses()["2"] == ("previous-champion",) * 2

@@ -96,3 +96,23 @@ def test_readme_configuration_table_lists_every_setting() -> None:
         row = next((line for line in section.splitlines() if line.startswith(f"| {names} |")), None)
         assert row is not None, f"README Configuration table has no row for {names}"
         assert description in row
+
+
+PARAMETERS = ("parameter store", "parameter mlflow_uri", "parameter s3_endpoint_url")
+
+
+def test_a_flow_parameter_that_repeats_the_environment_says_where_the_value_came_from(tmp_path: Path,
+                                                                                      clean_env) -> None:
+    """The CLI passes its effective destinations to the flow as parameters; the flow's log names their real
+    origin (it said "from flag parameter store" for a value nobody typed, issue 25)."""
+    from enginefoundry.settings import effective_spec
+
+    spec = load_spec(_spec(tmp_path, {"store": "s3://from-spec/x"}))
+    clean_env.setenv("MLFLOW_TRACKING_URI", "http://env-mlflow:5000")
+    _, cli = effective_spec(spec)
+    _, flow = effective_spec(spec, store=cli.store.value, mlflow_uri=cli.mlflow_uri.value,
+                             s3_endpoint_url=cli.s3_endpoint_url.value, flag_names=PARAMETERS)
+    assert [r["from"] for r in flow.rows()] == ["spec publish.store", "environment MLFLOW_TRACKING_URI",
+                                                "default publish.s3_endpoint_url"]
+    _, given = effective_spec(spec, store="s3://typed/z", flag_names=PARAMETERS)
+    assert given.store.row()["from"] == "parameter store" and given.store.value == "s3://typed/z"
