@@ -260,6 +260,26 @@ def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_pa
         assert chain["builds"] == sorted([first.uri, second.uri])
 
 
+def test_lineage_of_a_key_published_in_two_stores_sharing_one_mlflow_names_both(tmp_path, capsys):
+    """One key published to two stores (staging and prod, one MLflow): `lineage <key>` must not answer with
+    whichever store's build sorts last; it refuses, naming both stores and what to give instead."""
+    from enginefoundry import tracking_tags as mltags
+    from enginefoundry.tracking import Tracker
+
+    results = [publish_build(FileStore(f"file://{tmp_path / name}"), "m", _fields(),
+                             {"bundle": _bundle(tmp_path, f"b-{name}")}, **QUIET) for name in ("prod", "staging")]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "demo")
+    for result in results:
+        run = tracker.client.create_run(tracker.experiment_id, tags={
+            mltags.KEY: result.manifest.key, mltags.MANIFEST_URI: result.uri, mltags.CACHE_HIT: "false"})
+        tracker.client.set_terminated(run.info.run_id)
+    code = main(["lineage", results[0].manifest.key[:12], "--mlflow-uri", uri])
+    err = capsys.readouterr().err
+    assert code == 2 and "published in 2 stores" in err, err
+    assert str(tmp_path / "prod") in err and str(tmp_path / "staging") in err
+
+
 @pytest.mark.parametrize("folder", ["/usr", "/"])
 def test_a_system_folder_as_source_is_refused_before_it_is_walked(folder, monkeypatch):
     from enginefoundry.errors import SourceError
