@@ -26,18 +26,11 @@ from enginefoundry.signing import (
     pae,
     signer_from_env,
 )
-from enginefoundry.store import FileStore, S3Store, Store, blob_key
+from enginefoundry.store import FileStore, Store, blob_key
 from enginefoundry.units import key_of
+from tests.support.stores import QUIET, store_fixture
 
-QUIET = {"progress": lambda _: None}
-
-
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.services)])
-def store(request, tmp_path, unique) -> Store:
-    if request.param == "file":
-        return FileStore(f"file://{tmp_path / 'store'}")
-    request.getfixturevalue("s3_env")
-    return S3Store(f"s3://enginefoundry/attest-{unique}")
+store = store_fixture("attest")
 
 
 @pytest.fixture
