@@ -12,6 +12,7 @@ Rules (documented here because they become profile fields):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -38,6 +39,7 @@ class LengthReport(BaseModel):
     min: int
     max: int
     mean: float
+    stddev: float = Field(description="population standard deviation")
     p50: int
     p90: int
     p95: int
@@ -73,6 +75,7 @@ def analyze_lengths(counts: list[int], output_budget: int = 1024, headroom: floa
     if output_budget < 1 or headroom < 0:
         raise InputError("output_budget must be ≥ 1 and headroom ≥ 0")
     xs = sorted(counts)
+    mean = sum(xs) / len(xs)
     p50, p90, p95, p99 = (percentile(xs, q) for q in (50, 90, 95, 99))
     use_p99 = len(xs) >= MIN_SAMPLES_FOR_P99
     base = p99 if use_p99 else xs[-1]
@@ -88,7 +91,8 @@ def analyze_lengths(counts: list[int], output_budget: int = 1024, headroom: floa
                                 max_seq_len=max_input + output_budget),
             ]
     return LengthReport(
-        count=len(xs), min=xs[0], max=xs[-1], mean=round(sum(xs) / len(xs), 2), p50=p50, p90=p90, p95=p95, p99=p99,
+        count=len(xs), min=xs[0], max=xs[-1], mean=round(mean, 2),
+        stddev=round(math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs)), 2), p50=p50, p90=p90, p95=p95, p99=p99,
         base="p99" if use_p99 else "max", headroom=headroom, output_budget=output_budget,
         max_input_len=max_input, max_seq_len=max_input + output_budget, split=split,
         rule=(f"max_input_len = round_up_{ROUND_TO}({'p99' if use_p99 else 'max'} × {1 + headroom:g}); "
@@ -155,3 +159,25 @@ def read_lengths(path: str | Path, tokenizer_dir: str | Path | None = None) -> l
     if not counts:
         raise InputError(f"{p} has no records")
     return counts
+
+
+MAX_LENGTHS_FILE = 512 * 1024 * 1024
+
+
+def file_lengths(path: Path) -> tuple[LengthReport, str]:
+    """A prompt-length file of token counts ({"tokens": N} / {"input_tokens": N}; no tokenizer), analysed like
+    `enginefoundry lengths`, and its sha256. A missing file, a non-regular one (a FIFO or device would never end)
+    or one over 512 MiB is refused."""
+    if not path.is_file():
+        raise InputError(f"{path} does not exist or is not a regular file")
+    if path.stat().st_size > MAX_LENGTHS_FILE:
+        raise InputError(f"{path} is over {MAX_LENGTHS_FILE >> 20} MiB")
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        counts = read_lengths(path)
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"{path} cannot be read ({err})") from None
+    return analyze_lengths(counts), digest.hexdigest()

@@ -122,12 +122,15 @@ class Request:
     tpot_ms: float
     total_gpus: int
     max_gpus_per_replica: int
+    e2e_ms: float | None = None  # search.slo.e2e_p95_ms → the experiment's `request_latency`
 
     def key(self, tool_version: str) -> str:
-        body = {"format": CACHE_FORMAT, "tool": tool_version, "config": self.config_digest,
+        body: dict = {"format": CACHE_FORMAT, "tool": tool_version, "config": self.config_digest,
                 "system": self.coverage.system, "backend": self.coverage.backend, "db": self.coverage.db_version,
                 "precision": self.precision.value, "isl": self.isl, "osl": self.osl, "ttft": self.ttft_ms,
                 "tpot": self.tpot_ms, "gpus": self.total_gpus, "per_replica": self.max_gpus_per_replica}
+        if self.e2e_ms is not None:
+            body["e2e"] = self.e2e_ms
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -307,13 +310,18 @@ class AIConfigurator:
 
 
 def experiment(r: Request, model_dir: Path) -> dict:
-    """One `cli exp` experiment (aggregated serving) for a request."""
+    """One `cli exp` experiment (aggregated serving) for a request. An end-to-end SLO is passed as `request_latency`
+    (ms): the flat V2 task field of AIConfigurator 0.12.0 (aiconfigurator/sdk/task_v2.py `request_latency: float |
+    None`; aiconfigurator/cli/exps/qwen3_32b_request_latency.yaml uses it in an `agg` experiment)."""
     tps = [t for t in (1, 2, 4, 8) if t <= r.max_gpus_per_replica] or [1]
-    return {"serving_mode": "agg", "model_path": str(model_dir), "system_name": r.coverage.system,
+    exp = {"serving_mode": "agg", "model_path": str(model_dir), "system_name": r.coverage.system,
             "backend_name": r.coverage.backend, "backend_version": r.coverage.db_version,
             "isl": r.isl, "osl": r.osl, "ttft": float(r.ttft_ms), "tpot": float(r.tpot_ms),
             "total_gpus": r.total_gpus, "gemm_quant_mode": GEMM_MODE[r.precision],
             "agg_tp_candidates": tps, "agg_pp_candidates": [1]}
+    if r.e2e_ms is not None:
+        exp["request_latency"] = float(r.e2e_ms)
+    return exp
 
 
 def read_experiment(out: Path, name: str, r: Request, key: str, seconds: float, rc: int, log: str) -> Prediction:
@@ -328,11 +336,18 @@ def read_experiment(out: Path, name: str, r: Request, key: str, seconds: float, 
                f"the predictor failed (exit {rc}): {tail}")
         return Prediction(key=key, precision=r.precision, ranked=[], pareto=[], problem=why, seconds=seconds)
     ranked = [_row(row, r.precision) for row in _rows(found[0])]
-    ranked = [p for p in ranked if p.tp * p.pp <= r.max_gpus_per_replica]
+    ranked = [p for p in ranked if p.tp * p.pp <= r.max_gpus_per_replica and within_slo(p, r)]
     pareto = [(float(row["tokens/s/user"]), float(row["tokens/s/gpu"])) for row in _rows(found[0].parent /
                                                                                          "pareto.csv")]
     return Prediction(key=key, precision=r.precision, ranked=ranked, pareto=sorted(pareto), seconds=seconds,
                       problem="" if ranked else "no configuration fits the target's gpu_count")
+
+
+def within_slo(p: Predicted, r: Request) -> bool:
+    """With `request_latency` set, AIConfigurator 0.12.0 replaces the given TPOT by its own (TTFT, TPOT) pairs that
+    sum to the request latency (aiconfigurator/sdk/pareto_analysis.py: `enumerate_ttft_tpot_constraints(osl,
+    request_latency, ttft)`, aiconfigurator_core/sdk/utils.py), so the ITL and TTFT SLOs are applied again here."""
+    return r.e2e_ms is None or (p.ttft_ms <= r.ttft_ms and p.tpot_ms <= r.tpot_ms)
 
 
 def _rows(path: Path) -> Iterable[dict[str, str]]:
@@ -359,5 +374,5 @@ def requests_for(search: SearchSpec, target: Target, coverage: Coverage, digest:
     return [Request(target=target.name, precision=p, coverage=coverage, config_digest=digest,
                     isl=search.workload.isl, osl=search.workload.osl, ttft_ms=search.slo.ttft_p95_ms,
                     tpot_ms=search.slo.itl_p95_ms, total_gpus=search.gpu_budget or per_replica,
-                    max_gpus_per_replica=per_replica)
+                    max_gpus_per_replica=per_replica, e2e_ms=search.slo.e2e_p95_ms)
             for p in search.precisions if p in GEMM_MODE]

@@ -182,7 +182,8 @@ def searched_units(spec: BuildSpec, report: SearchReport) -> list[SearchedUnit]:
                     out.append(SearchedUnit(
                         target=ts.target, variant=Variant(precision=p.precision, tp=p.tp, pp=p.pp),
                         profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"), rank=c.rank,
-                        predicted=p.figures(), predictor=ts.predictor, note=ts.note))
+                        predicted=p.figures(), predictor=ts.predictor, note=ts.note,
+                        pareto=ts.pareto.get(p.precision.value) or None))
             continue
         for i, name in enumerate(ts.units, start=1):
             precision = Precision(name.split("-", 1)[0])

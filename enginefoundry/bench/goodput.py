@@ -202,7 +202,8 @@ def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer:
         flagged=error is not None and abs(error) > search.max_prediction_error, cost=cost.summary(),
         note=(unit.searched.note if unit.searched else "") + ("" if best else "; no load met the SLO"))
     write(verdict, out)
-    plot(verdict, unit.searched.predictor if unit.searched else None, out / "search.png", unit.name)
+    plot(verdict, unit.searched.predictor if unit.searched else None, out / "search.png", unit.name,
+         predicted_front=unit.searched.pareto if unit.searched else None)
     return verdict
 
 
@@ -216,8 +217,22 @@ def unit_gpus(count: int) -> list[int]:
     return list(range(count))
 
 
-def plot(verdict: SearchVerdict, predictor: str | None, path: Path, title: str) -> Path | None:
-    """tokens/s/GPU against tokens/s/user: the predicted point, the measured probes and their Pareto front."""
+def plot(verdict: SearchVerdict, predictor: str | None, path: Path, title: str,
+         predicted_front: list[tuple[float, float]] | None = None) -> Path | None:
+    """tokens/s/GPU against tokens/s/user: the predicted point and the predictor's Pareto front, the measured probes
+    and their Pareto front."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(verdict, predictor, title, predicted_front)
+    if fig is None:
+        return None
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def figure(verdict: SearchVerdict, predictor: str | None, title: str,
+           predicted_front: list[tuple[float, float]] | None = None):  # -> matplotlib Figure | None
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,8 +240,9 @@ def plot(verdict: SearchVerdict, predictor: str | None, path: Path, title: str) 
 
     pts = [(p.tokens_per_s_user, p.tokens_per_s_gpu, p.met) for p in verdict.probes
            if p.tokens_per_s_user is not None and p.tokens_per_s_gpu is not None]
-    if not pts and not verdict.predicted:
+    if not pts and not verdict.predicted and not predicted_front:
         return None
+    who = predictor or "predictor"
     fig, ax = plt.subplots(figsize=(6, 4))
     if pts:
         ax.scatter([x for x, _, m in pts if m], [y for _, y, m in pts if m], label="measured, SLO met", marker="o")
@@ -234,17 +250,19 @@ def plot(verdict: SearchVerdict, predictor: str | None, path: Path, title: str) 
                    marker="x")
         front = pareto([(x, y) for x, y, _ in pts])
         ax.plot([x for x, _ in front], [y for _, y in front], linestyle="--", label="measured Pareto front")
+    if predicted_front:
+        front = sorted(predicted_front)
+        ax.plot([x for x, _ in front], [y for _, y in front], linestyle=":", marker=".",
+                label=f"predicted Pareto front ({who})")
     if "tokens_per_s_gpu" in verdict.predicted:
         ax.scatter([verdict.predicted.get("tokens_per_s_user", 0)], [verdict.predicted["tokens_per_s_gpu"]],
-                   marker="*", s=150, label=f"predicted ({predictor or 'predictor'})")
+                   marker="*", s=150, label=f"predicted ({who})")
     ax.set_xlabel("output tokens/s per user")
     ax.set_ylabel("output tokens/s per GPU")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

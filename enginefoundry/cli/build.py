@@ -191,6 +191,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         emit_json({"ok": not report.refused, "spec": spec.name, "lane": spec.lane, "units": report.rows,
                    "commands": report.commands, "preflight": report.preflight,
                    "search": searched.model_dump(mode="json") if searched else None,
+                   "workload": spec.search.workload.model_dump(mode="json") if spec.search else None,
                    "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if report.refused else EXIT_OK
     if searched is not None:
@@ -198,6 +199,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         table(f"{spec.name}: search (predicted, ranked by {searched.objective.value}; 'unit' = became a unit)",
               rows(searched))
+        if spec.search is not None:
+            w = spec.search.workload
+            console.print(f"  workload: ISL {w.isl}±{w.isl_stddev} from {w.source()}, OSL {w.osl}±{w.osl_stddev}",
+                          markup=False)
         for ts in searched.targets:
             console.print(f"  {ts.target}: " + (f"{ts.predictor}; {ts.note}" if ts.covered else
                                                  f"not predicted ({ts.reason}): measured search"), markup=False)

@@ -21,7 +21,8 @@ def cmd_lengths(args: argparse.Namespace) -> int:
 
     r = analyze_lengths(read_lengths(args.file, args.tokenizer), output_budget=args.output_budget)
     table(f"{args.file}: {r.count} prompts", [{"p50": str(r.p50), "p90": str(r.p90), "p95": str(r.p95),
-                                               "p99": str(r.p99), "max": str(r.max), "mean": f"{r.mean:.0f}"}])
+                                               "p99": str(r.p99), "max": str(r.max), "mean": f"{r.mean:.0f}",
+                                               "stddev": f"{r.stddev:.0f}"}])
     console.print(f"recommended: max_input_len {r.max_input_len}, max_seq_len {r.max_seq_len} "
                   f"(from {r.base} + {r.headroom:.0%} headroom, output budget {r.output_budget})", markup=False)
     if r.split:

@@ -27,12 +27,15 @@ def cmd_search(args: argparse.Namespace) -> int:
                                     "top_k; docs/search.md)")], args.spec)
     if wants_json(args):
         emit_json({"ok": True, "spec": spec.name, **report.model_dump(mode="json"),
+                   "workload": spec.search.workload.model_dump(mode="json") if spec.search else None,
                    "units": [s.model_dump(mode="json") for s in spec.searched]})
         return EXIT_OK
     s = spec.search
     assert s is not None
-    table(f"{spec.name}: ISL {s.workload.isl} / OSL {s.workload.osl}, TTFT p95 ≤ {s.slo.ttft_p95_ms:g} ms, "
+    w = s.workload
+    table(f"{spec.name}: ISL {w.isl}±{w.isl_stddev} / OSL {w.osl}±{w.osl_stddev}, TTFT p95 ≤ {s.slo.ttft_p95_ms:g} ms, "
           f"ITL p95 ≤ {s.slo.itl_p95_ms:g} ms, ranked by {s.objective.value}, top {s.top_k}", rows(report))
+    console.print(f"  workload: ISL from {w.source()}", markup=False)
     for ts in report.targets:
         what = (f"{ts.predictor} ({ts.cached} cached, {ts.seconds:.1f} s)" if ts.covered
                 else f"not predicted: {ts.reason}")

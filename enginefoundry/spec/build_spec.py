@@ -23,7 +23,7 @@ from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
 from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
-from enginefoundry.spec.search import SearchedUnit, SearchSpec
+from enginefoundry.spec.search import LengthsFigures, SearchedUnit, SearchSpec, figures_from
 from enginefoundry.spec.siblings import sibling_problems
 from enginefoundry.spec.source import ModelSpec
 
@@ -187,7 +187,35 @@ def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) ->
         raise SpecError(problems, source)
     if base_dir is not None:
         spec = spec.model_copy(update={"base_dir": str(base_dir)})
-    return spec
+    return with_workload_lengths(spec, source)
+
+
+def with_workload_lengths(spec: BuildSpec, source: str = "spec") -> BuildSpec:
+    """`search.workload.lengths_file` read (relative to the spec) and analysed by enginefoundry.lengths: its ISL mean
+    and stddev become the workload's. A payload that carries the figures but not the file keeps them."""
+    from enginefoundry.errors import InputError
+    from enginefoundry.lengths import file_lengths
+
+    w = spec.search.workload if spec.search else None
+    if w is None or w.lengths_file is None:
+        return spec
+    field = "search.workload.lengths_file"
+    path = spec.resolve_path(w.lengths_file)
+    if not path.is_file() and w.lengths is not None:
+        return spec
+    try:
+        report, sha = file_lengths(path)
+    except InputError as err:
+        raise SpecError([(field, f"{err}; give a JSONL of {{\"tokens\": N}} records (check it with "
+                                 f"`enginefoundry lengths FILE`), or isl/isl_stddev instead")], source) from None
+    lengths = LengthsFigures(file=w.lengths_file, sha256=sha, count=report.count, mean=report.mean,
+                             stddev=report.stddev, p50=report.p50, p99=report.p99)
+    isl, isl_stddev = figures_from(lengths)
+    if isl > 1_000_000:
+        raise SpecError([(field, f"mean input length {isl} is over 1,000,000 tokens")], source)
+    workload = w.model_copy(update={"isl": isl, "isl_stddev": isl_stddev, "lengths": lengths})
+    assert spec.search is not None
+    return spec.model_copy(update={"search": spec.search.model_copy(update={"workload": workload})})
 
 
 def scenario_problems(spec: BuildSpec) -> list[tuple[str, str]]:

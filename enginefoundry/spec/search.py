@@ -18,13 +18,66 @@ class Objective(StrEnum):
     TOKENS_PER_JOULE = "tokens_per_joule"  # output tokens per joule at the SLO: higher is better
 
 
+class LengthsFigures(BaseModel):
+    """What `workload.lengths_file` held, analysed by enginefoundry.lengths (the code behind `enginefoundry lengths`).
+    Filled when the spec is parsed and carried in a payload, so a worker without the file sees the same workload."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str  # as the spec gives it
+    sha256: str
+    count: Annotated[int, Field(ge=1)]
+    mean: Annotated[float, Field(ge=0)]
+    stddev: Annotated[float, Field(ge=0)]
+    p50: int
+    p99: int
+
+
 class Workload(BaseModel):
+    """ISL/OSL means and spread, the input side given either as numbers (`isl`, `isl_stddev`) or as a prompt-length
+    file (`lengths_file`, the JSONL `enginefoundry lengths` reads): never both."""
+
     model_config = ConfigDict(extra="forbid")
 
-    isl: Annotated[int, Field(ge=1, le=1_000_000)] = Field(description="mean input length (tokens)")
+    isl: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None, description="mean input length (tokens); or give lengths_file")
     osl: Annotated[int, Field(ge=1, le=1_000_000)] = Field(description="mean output length (tokens)")
     isl_stddev: Annotated[int, Field(ge=0)] = 0
     osl_stddev: Annotated[int, Field(ge=0)] = 0
+    lengths_file: str | None = Field(
+        default=None, description='JSONL of {"tokens": N} records, relative to the spec: ISL mean and stddev from it')
+    lengths: LengthsFigures | None = Field(default=None, description="filled from lengths_file; never by hand")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Workload:
+        if self.lengths_file is None:
+            if self.lengths is not None:
+                raise ValueError("lengths is filled from lengths_file: remove it, or give lengths_file")
+            if self.isl is None:
+                raise ValueError("isl is required: give the mean input length (tokens), or lengths_file (a "
+                                 "prompt-length file; docs/search.md)")
+            return self
+        if self.lengths is None:
+            given = sorted({"isl", "isl_stddev"} & self.model_fields_set)
+            if given:
+                raise ValueError(f"lengths_file and {' and '.join(given)} exclude each other: keep the file (ISL "
+                                 f"mean and stddev come from it) or the numbers, not both")
+        elif (self.isl, self.isl_stddev) != figures_from(self.lengths):
+            raise ValueError("isl/isl_stddev disagree with lengths (filled from lengths_file): remove all three "
+                             "and keep lengths_file")
+        return self
+
+    def source(self) -> str:
+        """Where the ISL came from, for `search` and `plan`."""
+        if self.lengths is None:
+            return "spec numbers"
+        f = self.lengths
+        return f"{f.file} ({f.count} prompts, p50 {f.p50}, p99 {f.p99}, sha256 {f.sha256[:12]})"
+
+
+def figures_from(lengths: LengthsFigures) -> tuple[int, int]:
+    """(isl, isl_stddev) from a prompt-length file's figures: the mean (at least 1) and the stddev, rounded."""
+    return max(1, round(lengths.mean)), round(lengths.stddev)
 
 
 class SearchSLO(BaseModel):
@@ -98,4 +151,5 @@ class SearchedUnit(BaseModel):
     rank: Annotated[int, Field(ge=1)]
     predicted: dict[str, float] | None = None  # tokens_per_s_gpu, tokens_per_s_user, ttft_ms, tpot_ms, concurrency
     predictor: str | None = None  # "aiconfigurator 0.12.0 h200_sxm trtllm 1.3.0rc20"
+    pareto: list[tuple[float, float]] | None = None  # the predictor's front for its precision: (tok/s/user, tok/s/GPU)
     note: str = ""  # fallback reason or a toolchain disagreement

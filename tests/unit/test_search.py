@@ -229,3 +229,88 @@ def test_search_command_refuses_a_spec_without_a_search_section_and_plans_the_fa
     assert main(["search", str(CONFIGS / "tiny-search.yaml"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["targets"][0]["covered"] is False and report["units"][0]["target"] == "cpu"
+
+
+def test_an_e2e_slo_goes_to_the_predictor_and_its_own_tpot_pairs_are_held_to_the_slo(tmp_path):
+    """AIConfigurator 0.12.0 takes `request_latency` in an experiment and then enumerates its own (TTFT, TPOT)
+    pairs: the e2e SLO is passed, keyed, and configurations beyond the ITL or TTFT SLO are dropped."""
+    from enginefoundry.predictor import Coverage, experiment, read_experiment, requests_for
+
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
+    data["search"]["slo"]["e2e_p95_ms"] = 9000
+    spec = parse_spec(data, base_dir=CONFIGS)
+    cov = Coverage(True, system="h200_sxm", backend="trtllm", db_version="1.3.0rc20")
+    (r, *_) = requests_for(spec.search, spec.targets[1], cov, "digest")
+    assert experiment(r, tmp_path)["request_latency"] == 9000.0
+    without = requests_for(spec.search.model_copy(update={"slo": spec.search.slo.model_copy(
+        update={"e2e_p95_ms": None})}), spec.targets[1], cov, "digest")[0]
+    assert "request_latency" not in experiment(without, tmp_path) and without.key("v") != r.key("v")
+    run = tmp_path / "out" / "run" / "e0"
+    run.mkdir(parents=True)
+    head = "concurrency,bs,ttft,tpot,tokens/s/gpu,tokens/s/user,tp,pp,power_w\n"
+    (run / "best_config_topn.csv").write_text(
+        head + f"8,8,{r.ttft_ms / 2},{r.tpot_ms / 2},900,60,1,1,0\n8,8,{r.ttft_ms / 2},{r.tpot_ms * 2},1900,20,1,1,0\n")
+    (run / "pareto.csv").write_text(head + "8,8,1,1,900,60,1,1,0\n")
+    p = read_experiment(tmp_path / "out", "e0", r, "k", 1.0, 0, "")
+    assert [c.tokens_per_s_gpu for c in p.ranked] == [900.0]
+
+
+def test_the_predictors_pareto_front_travels_with_the_unit_and_is_drawn(tmp_path):
+    from enginefoundry.bench.goodput import Probe, SearchVerdict, figure, plot
+    from enginefoundry.predictor import Coverage, Predicted, Prediction
+    from enginefoundry.search_plan import SearchReport, _choose
+
+    spec = parse_spec(yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text()), base_dir=CONFIGS)
+    best = Predicted(precision="fp8", tp=1, pp=1, batch_size=160, concurrency=160, tokens_per_s_gpu=8022.0,
+                     tokens_per_s_user=50.0, ttft_ms=200.0, tpot_ms=19.0)
+    front = [(50.0, 8022.0), (90.0, 3000.0)]
+    ts = _choose(spec, spec.targets[1], Coverage(True, system="h200_sxm", backend="trtllm", db_version="1.3.0rc20"),
+                 [Prediction(key="k", precision="fp8", ranked=[best], pareto=front)], "aiconfigurator")
+    (unit,) = searched_units(spec, SearchReport(objective=spec.search.objective, targets=[ts], seconds=0.0))
+    assert unit.pareto == front
+    verdict = SearchVerdict(goodput_concurrency=4, bounded_by="range", error_bound=0.3, predicted=best.figures(),
+                            probes=[Probe(concurrency=c, met=c < 8, output_tokens_per_s=100.0 * c,
+                                          tokens_per_s_gpu=100.0 * c, tokens_per_s_user=100.0 / c, ttft_p95_ms=1.0,
+                                          itl_p95_ms=1.0, seconds=1.0) for c in (2, 4, 8)])
+    fig = figure(verdict, unit.predictor, "u", unit.pareto)
+    lines = {line.get_label(): list(line.get_xydata().tolist()) for line in fig.axes[0].get_lines()}
+    assert lines[f"predicted Pareto front ({unit.predictor})"] == [list(p) for p in front]
+    assert "measured Pareto front" in lines
+    fig.clf()
+    assert plot(verdict, unit.predictor, tmp_path / "search.png", "u", unit.pareto).stat().st_size > 0
+
+
+def test_a_prompt_length_file_gives_the_workload_isl_like_the_lengths_command(tmp_path, capsys):
+    from enginefoundry.cli import main
+    from enginefoundry.lengths import analyze_lengths
+
+    counts = [10, 20, 30, 40, 100]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"tokens": c}) + "\n" for c in counts))
+    data = _tiny()
+    data["search"]["workload"] = {"lengths_file": "prompts.jsonl", "osl": 16}
+    spec = parse_spec(data, base_dir=tmp_path)
+    w = spec.search.workload
+    report = analyze_lengths(counts)
+    assert (w.isl, w.isl_stddev) == (round(report.mean), round(report.stddev)) == (40, 32)
+    assert w.lengths.count == 5 and "prompts.jsonl (5 prompts" in w.source()
+    # A payload carries the figures: a worker without the file sees the same workload.
+    (tmp_path / "prompts.jsonl").rename(tmp_path / "gone.jsonl")
+    again = parse_spec(spec.model_dump(mode="json"), base_dir=tmp_path)
+    assert again.search.workload == w
+    with pytest.raises(SpecError, match=r"search\.workload\.lengths_file: .*does not exist.*or isl/isl_stddev"):
+        parse_spec(data, base_dir=tmp_path)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello"}\n')
+    with pytest.raises(SpecError, match=r"search\.workload\.lengths_file: .*needs a tokenizer"):
+        parse_spec(data, base_dir=tmp_path)
+    data["search"]["workload"]["isl"] = 24
+    with pytest.raises(SpecError, match=r"search\.workload: lengths_file and isl exclude each other"):
+        parse_spec(data, base_dir=tmp_path)
+    del data["search"]["workload"]["lengths_file"], data["search"]["workload"]["isl"]
+    with pytest.raises(SpecError, match=r"search\.workload: isl is required.*or lengths_file"):
+        parse_spec(data, base_dir=tmp_path)
+    # `search` says where the workload came from.
+    data["search"]["workload"] = {"lengths_file": str(tmp_path / "gone.jsonl"), "osl": 16}
+    data["model"]["source"] = str((CONFIGS / data["model"]["source"]).resolve())
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    assert main(["search", str(tmp_path / "spec.yaml")]) == 0
+    assert "workload: ISL from " in capsys.readouterr().out
