@@ -378,16 +378,32 @@ def verify_attestations(store: Store, build: PublishedBuild, policy: TrustPolicy
 # Hooks for the publish and track stages
 
 
+def sign_before_current(store: Store, signer: Signer | None,
+                        progress: Callable[[str], None] = print) -> Callable[[PublishedBuild], None]:
+    """The hook `publish_build` calls between writing a build's manifest and moving the pointer to it: sign the
+    build with `signer` (signing.signer_from_env, loaded before the upload so a bad key fails before any byte
+    moves), so that no reader ever sees it current and unsigned; or say plainly that it is published unsigned.
+    A kill before the pointer moves leaves bundles and an index for a manifest nobody points at (build ids are
+    never reused, so no later run reads them)."""
+
+    def sign(build: PublishedBuild) -> None:
+        if signer is None:
+            progress(f"publish: UNSIGNED build {build.build_id} ({UNSIGNED_HINT})")
+        else:
+            attest_build(store, build, signer, progress)
+
+    return sign
+
+
 def sign_published(store: Store, model: str, key: str, build_id: str, signer: Signer | None,
                    progress: Callable[[str], None] = print) -> AttestationIndex | None:
-    """After a build is published: sign it with `signer` (signing.signer_from_env, loaded before the upload so a
-    bad key fails before any byte moves), or say plainly that it is published unsigned."""
+    """Sign a build that is already in the store (tests, benchmarks; the pipeline signs before the pointer moves:
+    `sign_before_current`)."""
     from enginefoundry.publish import read_build
 
-    if signer is None:
-        progress(f"publish: UNSIGNED build {build_id} ({UNSIGNED_HINT})")
-        return None
-    return attest_build(store, read_build(store, model, key, build_id), signer, progress)
+    build = read_build(store, model, key, build_id)
+    sign_before_current(store, signer, progress)(build)
+    return read_index(store, build) if signer is not None else None
 
 
 def tags_for(manifest_uri: str, endpoint_url: str | None = None) -> dict[str, str]:

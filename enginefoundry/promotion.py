@@ -19,6 +19,7 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError
 from enginefoundry.lineage import read_manifest_uri
 from enginefoundry.manifest import Manifest
+from enginefoundry.signing import TrustPolicy
 from enginefoundry.spec import BuildSpec
 from enginefoundry.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 from enginefoundry.units import Unit, expand_units
@@ -418,7 +419,7 @@ def read_version_manifest(model: str, version: Any) -> Manifest:
 
 
 def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
-           notes: list[str] | None = None) -> Decision:
+           notes: list[str] | None = None, trust: TrustPolicy | None = None) -> Decision:
     """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
     passed), if newer than `<stem>-champion` or with no champion, is compared with the champion and promoted or
     held. Whether this rollout built anything does not matter; `notes` (what this rollout's build did) are
@@ -448,7 +449,7 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
         return held.model_copy(update={"reasons": [*notes, *reasons]})
     from enginefoundry.attest import promotion_refusal
 
-    if refusal := promotion_refusal(manifest_uri_of(candidate)):
+    if refusal := promotion_refusal(manifest_uri_of(candidate), trust):
         return held.model_copy(update={"reasons": [*notes, refusal]})
     move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
     serving = None
@@ -466,6 +467,9 @@ def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPoli
                       targets: list[str] | None = None, notes: dict[str, list[str]] | None = None) -> list[Decision]:
     """`decide` for every alias stem of the spec (only these targets' units, when given), in unit order. `notes`:
     per unit name, what this rollout's build did with it."""
+    from enginefoundry.signing import consumer_policy, merged_policy, spec_policy
+
     stems = alias_stems(spec)
-    return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy, (notes or {}).get(u.name))
-            for u in expand_units(spec, targets)]
+    trust = merged_policy(consumer_policy(), spec_policy(spec))  # the environment's and the spec's signature policy
+    return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy, (notes or {}).get(u.name),
+                   trust) for u in expand_units(spec, targets)]

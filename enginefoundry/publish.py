@@ -6,7 +6,8 @@
     <store>/manifests/<model>/<key>/current.json       pointer to the current build (+ its manifest's sha256),
                                                        moved only by compare-and-swap
 
-Blobs first, manifest next, pointer last: a build nobody points at does not exist to readers, and an earlier
+Blobs first, manifest next, its signed attestations (enginefoundry.attest) after it, pointer last: a build
+nobody points at does not exist to readers, a current build is never unsigned when a key is configured, and an earlier
 build stays complete after a rebuild (`--force`) moves the pointer. Converted checkpoints use the same blobs,
 so a bundle that contains its checkpoint's files stores them once.
 
@@ -395,16 +396,20 @@ def _moved_pointer(current: tuple[bytes, str] | None, build_id: str, digest: str
 
 
 def _commit(store: Store, model: str, key: str, build_id: str, data: bytes, replace: bool,
-            kind: Literal["unit", "checkpoint"], replaces: str | None = None) -> PublishedBuild:
-    """Write the build's manifest (once), then move the pointer to it by compare-and-swap; the pointer keeps
-    every earlier build's manifest digest in its history. Without `replace`, a healthy build that another run
-    made current first wins and is returned instead; with `replaces` (the build id that was current when this
-    build was decided on, "" for none) only one that another run made current since then: the build this run
-    refused is never adopted back."""
+            kind: Literal["unit", "checkpoint"], replaces: str | None = None,
+            before_current: Callable[[PublishedBuild], None] | None = None) -> PublishedBuild:
+    """Write the build's manifest (once), call `before_current` on the written build (signing: a build is never
+    current unsigned; killed here, it is a manifest nobody points at), then move the pointer to it by
+    compare-and-swap; the pointer keeps every earlier build's manifest digest in its history. Without
+    `replace`, a healthy build that another run made current first wins and is returned instead; with `replaces`
+    (the build id that was current when this build was decided on, "" for none) only one that another run made
+    current since then: the build this run refused is never adopted back."""
     mkey = build_manifest_key(model, key, build_id)
     if not store.create_if_absent(mkey, data):
         raise StoreError(f"{store.url(mkey)} exists already: build ids must be unique")
     digest = hashlib.sha256(data).hexdigest()
+    if before_current is not None:
+        before_current(read_build(store, model, key, build_id, kind))
     pkey = pointer_key(model, key)
     for _ in range(50):
         current = store.read_versioned(pkey)
@@ -424,18 +429,20 @@ def _commit(store: Store, model: str, key: str, build_id: str, data: bytes, repl
 def publish_build(
     store: Store, model: str, manifest_fields: dict[str, Any], folders: dict[str, Path],
     progress: Callable[[str], None] = print, replace: bool = False, replaces: str | None = None,
-    verify_blobs: bool = False,
+    verify_blobs: bool = False, before_current: Callable[[PublishedBuild], None] | None = None,
 ) -> PublishResult:
     """Publish a unit: blobs, an immutable manifest (a new build id), then the pointer. `replace` (a rebuild with
     --force) makes this build current even when another is; otherwise a healthy current build is adopted (with
     `replaces`, only one that another run made current after that build id was current: `_commit`).
-    `verify_blobs` re-hashes every blob that exists already and quarantines a corrupt one (`--force`)."""
+    `verify_blobs` re-hashes every blob that exists already and quarantines a corrupt one (`--force`);
+    `before_current` runs on the new build after its manifest is written and before the pointer moves (`_commit`)."""
     quarantined: list[str] = []
     entries, total, written = upload_folders(store, folders, progress, verify_blobs, quarantined)
     build_id = new_build_id()
     manifest = Manifest.model_validate({**manifest_fields, "build_id": build_id,
                                         "files": [e.model_dump() for e in entries]})
-    current = _commit(store, model, manifest.key, build_id, manifest.to_json(), replace, "unit", replaces)
+    current = _commit(store, model, manifest.key, build_id, manifest.to_json(), replace, "unit", replaces,
+                      before_current)
     assert current.manifest is not None
     return PublishResult(uri=current.uri, manifest=current.manifest, created=current.build_id == build_id,
                          bytes_uploaded=written, bytes_total=total, build_id=current.build_id,

@@ -23,11 +23,14 @@ import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError
+
+if TYPE_CHECKING:
+    from enginefoundry.spec import BuildSpec
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -330,6 +333,36 @@ def consumer_policy(trusted_keys: list[str] | None = None, policy_file: str | No
     if require or truthy(env.get(ENV_REQUIRE_SIGNATURE)):
         policy.require_signature = True
     return policy
+
+
+def spec_policy(spec: BuildSpec) -> TrustPolicy:
+    """The spec's own signature policy (publish.require_signature, publish.trusted_keys, publish.trust_policy;
+    paths relative to the spec). A key or policy file that cannot be read fails here, naming the field."""
+    pub = spec.publish
+    policy = TrustPolicy()
+    if pub.trust_policy:
+        try:
+            policy = load_trust_policy(spec.resolve_path(pub.trust_policy))
+        except InputError as err:
+            raise InputError(f"publish.trust_policy: {err}") from None
+    for i, k in enumerate(pub.trusted_keys):
+        path = spec.resolve_path(k)
+        policy.keys.append(TrustedKey(name=path.stem, public_key=_pem_file(path, f"publish.trusted_keys[{i}]")))
+    policy.require_signature = policy.require_signature or pub.require_signature
+    return policy
+
+
+def merged_policy(cli: TrustPolicy, spec: TrustPolicy) -> TrustPolicy:
+    """Both sets of keys; signatures required when either requires them."""
+    return TrustPolicy(keys=[*cli.keys, *spec.keys], require_signature=cli.require_signature or spec.require_signature)
+
+
+def require_signer_for(spec: BuildSpec) -> None:
+    """A spec that requires signatures cannot publish unsigned builds: refuse before any work when no signing key
+    is configured (its own consumers would refuse every build it makes)."""
+    if spec.publish.require_signature and signer_from_env() is None:
+        raise InputError(f"publish.require_signature: true, but no signing key is configured; set ${ENV_KEY_FILE} "
+                         f"(or ${ENV_KEY}) to a key from `enginefoundry keygen`, or set it to false")
 
 
 def check_signature(bundle: OpenedBundle, public_pem: str) -> bool:

@@ -456,7 +456,8 @@ class FileStore(Store):
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
         dest = self._path(key)
-        tmp, _, _ = self._write_temp(dest, iter([data]), file_mode(False))
+        blob = store_key(key).startswith(f"{BLOB_PREFIX}/")  # a signed bundle: read-only like every blob
+        tmp, _, _ = self._write_temp(dest, iter([data]), BLOB_MODE if blob else file_mode(False))
         try:
             try:
                 os.link(tmp, dest)  # atomic, and fails if dest exists: the file:// If-None-Match

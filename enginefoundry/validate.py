@@ -33,6 +33,22 @@ def validate_deep(spec: BuildSpec) -> None:
 def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     problems = list(get_lane(spec.lane).validate_options(spec))
     problems += _prompt_problems(spec)
+    problems += _signature_problems(spec)
+    return problems
+
+
+def _signature_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """The spec's signature policy: its key files readable public keys, and a signing key when it requires
+    signatures (a run would otherwise publish builds its own consumers refuse)."""
+    from enginefoundry.signing import require_signer_for, spec_policy
+
+    problems = []
+    for check in (spec_policy, require_signer_for):
+        try:
+            check(spec)
+        except InputError as err:
+            field, sep, rest = str(err).partition(": ")
+            problems.append((field, rest) if sep and field.startswith("publish.") else ("publish", str(err)))
     return problems
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.attest import sign_published
+from enginefoundry.attest import sign_before_current
 from enginefoundry.manifest import Manifest
 from enginefoundry.publish import PublishResult, current_build_id, publish_build
 from enginefoundry.runner import exit_if_terminating
@@ -39,11 +39,11 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
     result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},
-                           progress=log, replace=replace, replaces=replaces, verify_blobs=replace)
+                           progress=log, replace=replace, replaces=replaces, verify_blobs=replace,
+                           before_current=sign_before_current(store, signer, log))
     if result.created:
         log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "
             f"{result.bytes_uploaded / 2**20:.1f} MiB new)")
-        sign_published(store, spec.model.name, result.manifest.key, result.build_id, signer, log)
     else:
         log(f"publish: another run made build {result.build_id} of {result.manifest.key[:12]} current first; "
             "adopted it")

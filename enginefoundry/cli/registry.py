@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         cmd.add_argument("--target", required=True, metavar="STEM", help=STEM_HELP)
         if name == "promote":
             cmd.add_argument("--version", help="registered model version (default: the <stem>-candidate alias)")
+            cmd.add_argument("--spec", help="build spec whose signature policy (publish.require_signature, "
+                                            "trusted_keys, trust_policy) applies besides the trust options")
             trust_options(cmd)
         cmd.add_argument("--mlflow-uri", help=MLFLOW_HELP)
         cmd.set_defaults(handler=cmd_registry)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from enginefoundry.cli.common import emit_json, wants_json
 from enginefoundry.console import console
-from enginefoundry.errors import EXIT_OK, PipelineError
+from enginefoundry.errors import EXIT_OK, InputError, PipelineError
 from enginefoundry.signing import ENV_KEY_FILE, ENV_REQUIRE_SIGNATURE, ENV_TRUST_POLICY
 
 
@@ -48,9 +48,23 @@ def trust_options(cmd: argparse.ArgumentParser) -> None:
 
 
 def policy_of(args: argparse.Namespace):  # -> TrustPolicy
-    from enginefoundry.signing import consumer_policy
+    """The command line's trust options merged with the spec's (publish.require_signature, trusted_keys,
+    trust_policy) when a spec is given: keys from both, signatures required when either requires them."""
+    from enginefoundry.signing import consumer_policy, merged_policy, spec_policy
 
-    return consumer_policy(args.trusted_key, args.trust_policy, args.require_signature)
+    spec = _spec_of(args)
+    if spec is not None and spec.publish.trust_policy and args.trust_policy:
+        raise InputError(f"--trust-policy {args.trust_policy} and the spec's publish.trust_policy "
+                         f"{spec.publish.trust_policy}: give one of them")
+    cli = consumer_policy(args.trusted_key, args.trust_policy, args.require_signature)
+    return cli if spec is None else merged_policy(cli, spec_policy(spec))
+
+
+def _spec_of(args: argparse.Namespace):  # -> BuildSpec | None
+    from enginefoundry.spec import load_spec
+
+    path = getattr(args, "spec", None)
+    return load_spec(path) if path else None
 
 
 def check_signatures(args: argparse.Namespace, store, build, what: str):  # -> SignatureVerdict
@@ -69,7 +83,7 @@ def export_trust(args: argparse.Namespace) -> None:
 
     from enginefoundry.signing import ENV_TRUSTED_KEYS
 
-    policy_of(args)  # a bad key or policy file fails before any build
+    policy_of(args)  # a bad key or policy file (also the spec's) fails before any build
     if args.require_signature:
         os.environ[ENV_REQUIRE_SIGNATURE] = "1"
     if args.trust_policy:

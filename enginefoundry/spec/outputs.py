@@ -17,6 +17,16 @@ class PublishSpec(BaseModel):
     s3_endpoint_url: str | None = Field(
         default=None, description="S3 endpoint (SeaweedFS, MinIO); defaults to $EF_S3_ENDPOINT or AWS"
     )
+    require_signature: bool = Field(
+        default=False, description="builds must be signed: `run`/`rollout` refuse to start without a signing key, "
+                                   "and pull, promote and rollout with this spec refuse a build whose signatures "
+                                   "do not verify against the trusted keys")
+    trusted_keys: list[str] = Field(
+        default_factory=list, description="public key files whose signatures are accepted (`enginefoundry keygen` "
+                                          "writes <name>.pub), relative to the spec; added to --trusted-key")
+    trust_policy: str | None = Field(
+        default=None, description="a trust policy file (keys with their validity), relative to the spec; "
+                                  "--trust-policy may not name another one")
 
     @field_validator("store")
     @classmethod

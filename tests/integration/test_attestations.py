@@ -26,18 +26,11 @@ from enginefoundry.signing import (
     pae,
     signer_from_env,
 )
-from enginefoundry.store import FileStore, S3Store, Store, blob_key
+from enginefoundry.store import FileStore, Store, blob_key
 from enginefoundry.units import key_of
+from tests.support.stores import QUIET, store_fixture
 
-QUIET = {"progress": lambda _: None}
-
-
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.services)])
-def store(request, tmp_path, unique) -> Store:
-    if request.param == "file":
-        return FileStore(f"file://{tmp_path / 'store'}")
-    request.getfixturevalue("s3_env")
-    return S3Store(f"s3://enginefoundry/attest-{unique}")
+store = store_fixture("attest")
 
 
 @pytest.fixture
@@ -240,3 +233,120 @@ def test_trust_policy_from_the_environment(tmp_path, keys, monkeypatch):
     assert policy.require_signature and [k.key_id for k in policy.keys] == [_signer(keys, "old").key_id]
     assert verify_attestations.__doc__  # the policy type verify_attestations takes
     assert isinstance(policy, TrustPolicy) and isinstance(policy.keys[0], TrustedKey)
+
+
+def test_a_build_is_signed_before_it_becomes_current(tmp_path, keys, monkeypatch):
+    """The publish stage signs between the manifest and the pointer: at the moment the pointer moves, the build's
+    attestation index is in the store, so a reader requiring signatures never sees a current unsigned build."""
+    from enginefoundry.manifest import Manifest
+    from enginefoundry.spec import load_spec
+    from enginefoundry.tasks.publish import publish_unit
+
+    store_dir = tmp_path / "store"
+    spec = load_spec(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml")
+    spec = spec.model_copy(update={"publish": spec.publish.model_copy(update={"store": f"file://{store_dir}"})})
+    root = tmp_path / "bundle"
+    root.mkdir()
+    (root / "weights.bin").write_bytes(b"w" * 1000)
+    comps = {"unit": "u"}
+    draft = Manifest.model_validate(dict(
+        key=key_of(comps), key_components=comps, model=spec.model.name, unit="u", lane="reference", target={},
+        variant={}, profile={}, source={}, status="candidate", files=[], build_id="draft"))
+    monkeypatch.setenv(ENV_KEY_FILE, str(keys["old"][0]))
+    seen: list[bool] = []
+    real_replace_if = FileStore.replace_if
+
+    def spy(self, key, data, version):  # records whether the index exists as the pointer moves
+        if key.endswith("/current.json"):
+            build_id = json.loads(data)["build_id"]
+            seen.append(any(store_dir.glob(f"attestations/**/{build_id}.json")))
+        return real_replace_if(self, key, data, version)
+
+    monkeypatch.setattr(FileStore, "replace_if", spy)
+    result = publish_unit.fn(spec, draft, {"bundle": str(root)})
+    assert result.created and seen == [True]
+    build = read_build(FileStore(f"file://{store_dir}"), spec.model.name, draft.key, result.build_id)
+    policy = TrustPolicy(keys=[TrustedKey(name="old", public_key=keys["old"][1].read_text())],
+                         require_signature=True)
+    assert verify_attestations(FileStore(f"file://{store_dir}"), build, policy).state == "verified"
+
+
+def test_the_spec_signature_policy_applies_to_pull_and_verify(tmp_path, keys, capsys, monkeypatch):
+    """publish.require_signature and publish.trusted_keys in the spec, with no trust option on the command line:
+    `pull --spec` refuses an unsigned build and one signed by another key, and pulls one signed by the spec's key."""
+    import yaml
+
+    for var in ("ENGINEFOUNDRY_TRUST_POLICY", "ENGINEFOUNDRY_TRUSTED_KEYS", "ENGINEFOUNDRY_REQUIRE_SIGNATURE"):
+        monkeypatch.delenv(var, raising=False)
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    doc = yaml.safe_load((configs / "tiny-cpu.yaml").read_text())
+    doc["model"]["source"] = str((configs / doc["model"]["source"]).resolve())
+    doc["smoke"]["prompts"] = str((configs / doc["smoke"]["prompts"]).resolve())
+    doc["publish"] = {"store": store.uri, "require_signature": True, "trusted_keys": [str(keys["old"][1])]}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    unsigned, _ = _publish(store, tmp_path, "a", None)
+    stranger, _ = _publish(store, tmp_path, "b", _signer(keys, "stranger"))
+    signed, _ = _publish(store, tmp_path, "c", _signer(keys, "old"))
+    dest = tmp_path / "pulled"
+    assert main(["pull", unsigned, str(dest), "--spec", str(spec)]) == 1
+    assert "pull refused" in capsys.readouterr().err and not dest.exists()
+    assert main(["pull", stranger, str(dest), "--spec", str(spec)]) == 1
+    assert "unknown key" in capsys.readouterr().err and not dest.exists()
+    assert main(["pull", signed, str(dest), "--spec", str(spec)]) == 0
+    assert "signature: signed by old (" in capsys.readouterr().out
+    assert main(["verify", unsigned, "--signatures-only", "--spec", str(spec)]) == 1
+
+
+def test_signed_bundles_are_read_only_blobs_like_every_other(tmp_path, keys):
+    """Attestation bundles live in blobs/sha256 beside the build's files: on a file:// store they are read-only
+    on disk like every blob (issue 21: a blob is never writable through any name)."""
+    import stat
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    _publish(store, tmp_path, "a", _signer(keys, "old"))
+    blobs = [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()]
+    assert len(blobs) >= 2 + len(KINDS)  # the build's two files and a bundle per kind
+    writable = [str(p) for p in blobs if stat.S_IMODE(p.stat().st_mode) & 0o222]
+    assert not writable, writable
+
+
+def test_a_quarantined_and_healed_build_keeps_its_signatures_and_a_rebuild_gets_its_own(tmp_path, keys, capsys):
+    """store-cas healing beside signing: `verify --repair` moves a corrupt blob aside (never a signed bundle,
+    which no manifest lists), a --force republish writes it afresh under a new build with its own attestations,
+    and the first build then verifies whole, files and signatures, with its index untouched."""
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    key = uri.rsplit("/", 2)[1]
+    first = read_build(store, "m", key, build_id)
+    index_before = store.read_bytes(index_key(first))
+    entry = next(e for e in first.files if e.path.endswith("weights.safetensors"))
+    blob = tmp_path / "store" / blob_key(entry.sha256)
+    blob.chmod(0o644)
+    blob.write_bytes(b"X" * entry.size)  # same size: only a re-hash finds it
+    blob.chmod(0o444)
+    trusted = ["--trusted-key", str(keys["old"][1])]
+    assert main(["verify", uri, "--repair", *trusted]) == 1
+    out = capsys.readouterr().out
+    assert "quarantined" in out and "provenance, gate and benchmark verified" in out, out
+    assert not blob.exists()
+    for e in read_index(store, first).attestations:  # the signed bundles were not moved aside
+        assert store.exists(blob_key(e.sha256))
+
+    # A --force rebuild of the same bytes, signed as the pipeline signs (before its pointer moves).
+    from enginefoundry.attest import sign_before_current
+
+    comps = {"unit": "a"}
+    fields = json.loads(store.read_bytes(first.manifest_key))
+    fields = {k: v for k, v in fields.items() if k not in ("files", "build_id", "created_at")} | {"key": key_of(comps)}
+    root = tmp_path / "bundle-a"
+    second = publish_build(store, "m", fields, {"bundle": root}, replace=True, verify_blobs=True,
+                           before_current=sign_before_current(store, _signer(keys, "new")), **QUIET)
+    assert second.created and second.build_id != build_id
+    rebuilt = read_build(store, "m", key, second.build_id)
+    assert read_index(store, rebuilt).signer.identity.startswith("ci-new")
+    assert store.read_bytes(index_key(first)) == index_before
+    assert main(["verify", uri, *trusted]) == 0  # the first build: whole again, still signed by the old key
+    assert "provenance, gate and benchmark verified" in capsys.readouterr().out
+    assert main(["verify", rebuilt.uri, "--trusted-key", str(keys["new"][1])]) == 0

@@ -10,7 +10,7 @@ import pytest
 
 from enginefoundry.attest import TAG_DIGEST, TAG_SIGNATURE, TAG_SIGNER_KEY_ID, read_index, sign_published
 from enginefoundry.cli import main
-from enginefoundry.promotion import PromotionPolicy, Registry, decide, unit_alias_stem
+from enginefoundry.promotion import PromotionPolicy, Registry, decide, decide_promotions, unit_alias_stem
 from enginefoundry.publish import publish_build, read_build
 from enginefoundry.run_records import tracker_for
 from enginefoundry.signing import ENV_KEY, keygen, signer_from_env
@@ -52,6 +52,21 @@ def _publish_and_register(spec, unit, tracker, store, tmp_path: Path, tag: str, 
     return result, run_id, version
 
 
+def _strict_spec_file(tmp_path: Path, pub: Path) -> Path:
+    """configs/tiny-cpu.yaml with its inputs absolute and publish.require_signature + trusted_keys set."""
+    import yaml
+
+    configs = REPO / "configs"
+    doc = yaml.safe_load((configs / "tiny-cpu.yaml").read_text())
+    doc["model"]["source"] = str((configs / doc["model"]["source"]).resolve())
+    doc["smoke"]["prompts"] = str((configs / doc["smoke"]["prompts"]).resolve())
+    doc["publish"] = {"store": f"file://{tmp_path / 'unused-store'}", "require_signature": True,
+                      "trusted_keys": [str(pub)]}
+    path = tmp_path / "strict.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
 def test_mlflow_records_signer_and_digests_and_promotion_requires_signatures(setup, tmp_path, monkeypatch, capsys):
     spec, unit, tracker, store, (key, pub) = setup
     model, stem = spec.registered_model_name, unit_alias_stem(spec, unit)
@@ -81,7 +96,15 @@ def test_mlflow_records_signer_and_digests_and_promotion_requires_signatures(set
     assert held.action == "held" and any("UNSIGNED" in r for r in held.reasons), held.reasons
     monkeypatch.delenv("ENGINEFOUNDRY_REQUIRE_SIGNATURE")
     monkeypatch.delenv("ENGINEFOUNDRY_TRUSTED_KEYS")
+    # The spec's policy alone (no environment, no flag): rollout's rule and `promote --spec` refuse too.
+    strict = spec.publish.model_copy(update={"require_signature": True, "trusted_keys": [str(pub)]})
+    held = decide_promotions(spec.model_copy(update={"publish": strict}), registry, PromotionPolicy())[0]
+    assert held.action == "held" and any("UNSIGNED" in r for r in held.reasons), held.reasons
     capsys.readouterr()
+    code = main(["promote", model, "--target", stem, "--spec", str(_strict_spec_file(tmp_path, pub)),
+                 "--mlflow-uri", spec.tracking.mlflow_uri])
+    err = capsys.readouterr().err
+    assert code == 1 and "promote refused" in err and "UNSIGNED" in err, err
     code = main(["promote", model, "--target", stem, "--require-signature", "--trusted-key", str(pub),
                  "--mlflow-uri", spec.tracking.mlflow_uri])
     err = capsys.readouterr().err

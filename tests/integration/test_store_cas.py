@@ -22,35 +22,12 @@ from enginefoundry.publish import (
     publish_build,
     publish_checkpoint,
 )
-from enginefoundry.store import FileStore, S3Store, Store, blob_key, current_umask
+from enginefoundry.store import FileStore, Store, blob_key, current_umask
 from enginefoundry.units import key_of
 from enginefoundry.verify import last_verified, pull, verify_build
+from tests.support.stores import QUIET, small_bundle, store_fixture, unit_fields
 
-QUIET = {"progress": lambda _: None}
-
-
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.services)])
-def store(request, tmp_path, unique) -> Store:
-    if request.param == "file":
-        return FileStore(f"file://{tmp_path / 'store'}")
-    request.getfixturevalue("s3_env")
-    return S3Store(f"s3://enginefoundry/cas-{unique}")
-
-
-def _bundle(tmp: Path, name: str = "bundle", seed: bytes = b"") -> Path:
-    root = tmp / name
-    (root / "model").mkdir(parents=True)
-    (root / "model" / "weights.safetensors").write_bytes(b"W" * 100_000 + seed)
-    (root / "model" / "config.json").write_text('{"a": 1}')
-    (root / "serve.sh").write_text("#!/bin/sh\necho serve\n")
-    os.chmod(root / "serve.sh", 0o755)
-    return root
-
-
-def _fields(tag: str = "u", run: str = "r1") -> dict:
-    comps = {"unit": tag}
-    return dict(key=key_of(comps), key_components=comps, model="m", unit=tag, lane="reference", target={},
-                variant={}, profile={}, source={}, status="candidate", mlflow_run_id=run)
+store = store_fixture("cas")
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str]:
@@ -71,11 +48,11 @@ def _corrupt_blob(store: Store, digest: str, data: bytes, tmp: Path) -> None:
 
 
 def test_force_makes_a_new_build_and_the_earlier_one_stays_complete_and_verifiable(store, tmp_path, capsys):
-    first = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    first = publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
     # The rebuild writes other bytes into the same work folder: the first build must not change.
     shutil.rmtree(tmp_path / "bundle")
-    second = publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, seed=b"v2")}, replace=True,
-                           **QUIET)
+    second = publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, seed=b"v2")},
+                           replace=True, **QUIET)
     assert second.created and second.build_id != first.build_id
     assert second.build_id > first.build_id  # build ids sort by time
     current = find_current(store, "m", first.manifest.key)
@@ -91,7 +68,7 @@ def test_force_makes_a_new_build_and_the_earlier_one_stays_complete_and_verifiab
 
 
 def test_corrupted_blob_fails_verify_naming_the_file_and_is_refused_as_a_hit(store, tmp_path, capsys):
-    result = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    result = publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
     entry = next(e for e in result.manifest.files if e.path.endswith("config.json"))
     _corrupt_blob(store, entry.sha256, b'{"a": 2}', tmp_path)  # same size: only the sha256 tells
     build = find_current(store, "m", result.manifest.key)
@@ -113,7 +90,7 @@ def test_corrupted_blob_fails_verify_naming_the_file_and_is_refused_as_a_hit(sto
 
 @pytest.mark.parametrize("damage", ["missing", "wrong size"])
 def test_a_hit_with_a_missing_or_short_blob_is_refused_and_the_rebuild_replaces_it(store, tmp_path, damage):
-    result = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    result = publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
     entry = next(e for e in result.manifest.files if e.path.endswith("weights.safetensors"))
     if damage == "missing":
         store.delete(blob_key(entry.sha256))
@@ -126,14 +103,14 @@ def test_a_hit_with_a_missing_or_short_blob_is_refused_and_the_rebuild_replaces_
     assert damage.split()[0] in problems[0].problem
     # A rebuild without --force (other bytes, so the broken blob stays broken) replaces a broken current build
     # instead of adopting it.
-    rebuilt = publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "again", seed=b"2")},
+    rebuilt = publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, "again", seed=b"2")},
                             **QUIET)
     assert rebuilt.created and rebuilt.build_id != result.build_id
     assert check_hit(store, find_current(store, "m", result.manifest.key), rehash=True) == []
 
 
 def test_an_edited_manifest_is_refused(store, tmp_path, capsys):
-    result = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    result = publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
     build = find_current(store, "m", result.manifest.key)
     assert build is not None
     data = json.loads(store.read_bytes(build.manifest_key))
@@ -153,8 +130,8 @@ def test_an_edited_manifest_is_refused(store, tmp_path, capsys):
 
 
 def test_a_manifest_whose_key_is_not_its_components_hash_is_refused_as_a_hit(store, tmp_path):
-    fields = {**_fields(), "key_components": {"unit": "something else"}}
-    result = publish_build(store, "m", fields, {"bundle": _bundle(tmp_path)}, **QUIET)
+    fields = {**unit_fields(), "key_components": {"unit": "something else"}}
+    result = publish_build(store, "m", fields, {"bundle": small_bundle(tmp_path)}, **QUIET)
     build = find_current(store, "m", result.manifest.key)
     assert build is not None
     assert [p.problem for p in check_hit(store, build)] == ["key is not the hash of key_components"]
@@ -162,7 +139,7 @@ def test_a_manifest_whose_key_is_not_its_components_hash_is_refused_as_a_hit(sto
 
 def test_a_blob_replaced_by_a_symlink_is_refused(tmp_path, capsys):
     store = FileStore(f"file://{tmp_path / 'store'}")
-    result = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    result = publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
     entry = next(e for e in result.manifest.files if e.path.endswith("config.json"))
     blob = store.root / blob_key(entry.sha256)
     blob.unlink()
@@ -181,7 +158,7 @@ def test_a_blob_replaced_by_a_symlink_is_refused(tmp_path, capsys):
 def test_pull_is_verified_resumable_and_follows_the_umask(store, tmp_path, capsys):
     old = os.umask(0o022)
     try:
-        result = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+        result = publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
         dest = tmp_path / "serve"
         code, out = _cli(capsys, "pull", result.uri, str(dest))
         assert code == 0, out
@@ -216,7 +193,7 @@ def test_a_checkpoint_and_a_bundle_that_share_a_file_share_its_blob(store, tmp_p
                                            "variant": "bf16", "lane": "reference", "params": {}}, ckpt, **QUIET)
     bundle = tmp_path / "bundle"
     shutil.copytree(ckpt, bundle / "model")
-    result = publish_build(store, "m", _fields(), {"bundle": bundle}, **QUIET)
+    result = publish_build(store, "m", unit_fields(), {"bundle": bundle}, **QUIET)
     assert result.bytes_uploaded == 0  # every byte was already a blob
     assert {e.sha256 for e in published.files} == {e.sha256 for e in result.manifest.files}
     build = find_checkpoint_build(store, "m", key_of(comps))
@@ -224,13 +201,13 @@ def test_a_checkpoint_and_a_bundle_that_share_a_file_share_its_blob(store, tmp_p
 
 
 def test_a_unit_published_in_the_version_1_layout_is_still_a_hit_and_verifiable(store, tmp_path, capsys):
-    folder = _bundle(tmp_path)
+    folder = small_bundle(tmp_path)
     entries = []
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = f"bundle/{f.relative_to(folder).as_posix()}"
         size, digest = store.put_file(f, f"artifacts/m/{key_of({'unit': 'u'})}/{rel}")
         entries.append(FileEntry(path=rel, size=size, sha256=digest))
-    manifest = Manifest(**{**_fields(), "schema_version": 1}, files=entries)
+    manifest = Manifest(**{**unit_fields(), "schema_version": 1}, files=entries)
     key = manifest.key
     assert store.create_if_absent(f"artifacts/m/{key}/manifest.json", manifest.model_dump_json().encode())
     build = find_current(store, "m", key)
@@ -242,14 +219,15 @@ def test_a_unit_published_in_the_version_1_layout_is_still_a_hit_and_verifiable(
     pull(store, build, tmp_path / "dest")
     assert (tmp_path / "dest" / "bundle" / "model" / "config.json").read_text() == '{"a": 1}'
     # The next build of the key goes to the new layout and becomes current.
-    new = publish_build(store, "m", _fields(), {"bundle": folder}, replace=True, **QUIET)
+    new = publish_build(store, "m", unit_fields(), {"bundle": folder}, replace=True, **QUIET)
     assert find_current(store, "m", key).build_id == new.build_id
     assert store.exists(pointer_key("m", key))
 
 
 def test_lineage_shows_when_the_build_was_last_verified(tmp_path):
     store = FileStore(f"file://{tmp_path / 'store'}")
-    result = publish_build(store, "m", {**_fields(), "mlflow_run_id": None}, {"bundle": _bundle(tmp_path)}, **QUIET)
+    result = publish_build(store, "m", {**unit_fields(), "mlflow_run_id": None}, {"bundle": small_bundle(tmp_path)},
+                           **QUIET)
     assert lineage(result.uri, "http://127.0.0.1:9")["verification"] == {}
     build = find_current(store, "m", result.manifest.key)
     verify_build(store, build)
@@ -271,7 +249,7 @@ def test_a_stored_manifest_with_a_hostile_path_is_refused_before_any_file_is_tou
 
     from enginefoundry.publish import Pointer, build_manifest_key
 
-    fields = _fields()
+    fields = unit_fields()
     data = json.dumps({**fields, "schema_version": 2, "build_id": "20260101T000000000000Z-evil",
                        "files": [{"path": path, "size": 4, "sha256": "a" * 64, "executable": False}]}).encode()
     mkey = build_manifest_key("m", fields["key"], "20260101T000000000000Z-evil")
@@ -284,17 +262,17 @@ def test_a_stored_manifest_with_a_hostile_path_is_refused_before_any_file_is_tou
     assert code == 1 and "not a valid manifest" in out
     assert not (tmp_path / "x").exists() and not list((tmp_path / "dest").rglob("*"))
     # The next publish of the key replaces the broken build.
-    result = publish_build(store, "m", fields, {"bundle": _bundle(tmp_path)}, **QUIET)
+    result = publish_build(store, "m", fields, {"bundle": small_bundle(tmp_path)}, **QUIET)
     assert result.created and find_current(store, "m", fields["key"]).build_id == result.build_id
 
 
 def _heals(store: Store, tmp_path: Path, damage) -> None:
-    result = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    result = publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
     entry = next(e for e in result.manifest.files if e.path.endswith("weights.safetensors"))
     damage(entry.sha256)
     build = find_current(store, "m", result.manifest.key)
     assert check_hit(store, build) != []
-    publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "again")}, replace=True, **QUIET)
+    publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, "again")}, replace=True, **QUIET)
     assert check_hit(store, build, rehash=True) == []  # the earlier build is whole again
     assert verify_build(store, build).ok
 

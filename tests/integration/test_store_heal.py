@@ -5,6 +5,7 @@ registry version on the real MLflow server)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -18,36 +19,13 @@ from enginefoundry.cache_plan import find_hit
 from enginefoundry.cli import main
 from enginefoundry.errors import StoreError
 from enginefoundry.publish import find_current, publish_build, read_build, read_pointer
-from enginefoundry.store import FileStore, S3Store, Store, blob_key
-from enginefoundry.units import key_of
+from enginefoundry.store import FileStore, Store, blob_key
 from enginefoundry.verify import open_build, pull, verify_build
+from tests.support.stores import QUIET, small_bundle, store_fixture, unit_fields
 
-QUIET = {"progress": lambda _: None}
+_bundle = functools.partial(small_bundle, serving=True)  # as the pipeline lays a unit out: serving/serve.sh
 
-
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.services)])
-def store(request, tmp_path, unique) -> Store:
-    if request.param == "file":
-        return FileStore(f"file://{tmp_path / 'store'}")
-    request.getfixturevalue("s3_env")
-    return S3Store(f"s3://enginefoundry/heal-{unique}")
-
-
-def _bundle(tmp: Path, name: str = "bundle", seed: bytes = b"") -> Path:
-    root = tmp / name
-    (root / "model").mkdir(parents=True)
-    (root / "model" / "weights.safetensors").write_bytes(b"W" * 100_000 + seed)
-    (root / "model" / "tokenizer_config.json").write_text('{"a": 1}')
-    (root / "serving").mkdir()
-    (root / "serving" / "serve.sh").write_text("#!/bin/sh\necho serve\n")
-    os.chmod(root / "serving" / "serve.sh", 0o755)
-    return root
-
-
-def _fields(run: str = "r1") -> dict:
-    comps = {"unit": "u"}
-    return dict(key=key_of(comps), key_components=comps, model="m", unit="u", lane="reference", target={},
-                variant={}, profile={}, source={}, status="candidate", mlflow_run_id=run)
+store = store_fixture("heal")
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str]:
@@ -81,7 +59,7 @@ def test_blobs_never_share_an_inode_with_the_published_files_and_are_read_only(t
     store = FileStore(f"file://{tmp_path / 'store'}")
     source = _bundle(tmp_path)
     before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}
-    result = publish_build(store, "m", _fields(), {"bundle": source}, **QUIET)
+    result = publish_build(store, "m", unit_fields(), {"bundle": source}, **QUIET)
     theirs = {p.stat().st_ino for p in before}
     for entry in result.manifest.files:
         st = os.lstat(store.root / blob_key(entry.sha256))
@@ -106,7 +84,7 @@ def test_blobs_never_share_an_inode_with_the_published_files_and_are_read_only(t
 def test_a_refused_hit_is_quarantined_and_the_rebuild_is_not_adopted_back(store, tmp_path):
     """`run --verify-hits` refused the same-size-corrupted hit, rebuilt, then re-adopted the corrupt build
     ("another run made build … current first; adopted it") and published nothing new."""
-    first = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
     entry = _entry(first, "tokenizer_config.json")
     _overwrite_in_place(store, entry.sha256, b'{"a": 2}')
     said: list[str] = []
@@ -116,7 +94,7 @@ def test_a_refused_hit_is_quarantined_and_the_rebuild_is_not_adopted_back(store,
     assert len(quarantined) == 1 and store.read_bytes(quarantined[0]) == b'{"a": 2}'
 
     replaces = read_pointer(store, "m", first.manifest.key)[0].build_id  # what the unit saw as it started building
-    rebuilt = publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "again")},
+    rebuilt = publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again")},
                             replaces=replaces, **QUIET)
     assert rebuilt.created and rebuilt.build_id != first.build_id
     for build_id in (rebuilt.build_id, first.build_id):  # the earlier build lists the same bytes: whole again
@@ -125,17 +103,17 @@ def test_a_refused_hit_is_quarantined_and_the_rebuild_is_not_adopted_back(store,
 
 def test_force_rehashes_the_blobs_it_reuses_and_writes_fresh_ones(store, tmp_path):
     """`run --force` published a new build listing the same corrupt blob, since the blob "existed"."""
-    first = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
     entry = _entry(first, "weights.safetensors")
     _overwrite_in_place(store, entry.sha256, b"X" * 100_000)
-    forced = publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "again")}, replace=True,
+    forced = publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again")}, replace=True,
                            verify_blobs=True, **QUIET)
     assert forced.created and len(forced.quarantined) == 1 and entry.sha256 in forced.quarantined[0]
     assert verify_build(store, find_current(store, "m", first.manifest.key), record=False).ok
 
 
 def test_verify_repair_quarantines_and_the_next_publish_heals(store, tmp_path, capsys):
-    first = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
     entry = _entry(first, "serve.sh")
     _overwrite_in_place(store, entry.sha256, b"#!/bin/sh\necho pwnd!\n")
     code, out = _cli(capsys, "verify", first.uri)
@@ -145,14 +123,14 @@ def test_verify_repair_quarantines_and_the_next_publish_heals(store, tmp_path, c
     code, out = _cli(capsys, "verify", first.uri)
     assert code == 1 and "missing" in out
     assert find_hit(store, "m", first.manifest.key) is None  # a plain run refuses it and rebuilds
-    publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "again")},
+    publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again")},
                   replaces=first.build_id, **QUIET)
     code, out = _cli(capsys, "verify", first.uri)
     assert code == 0, out
 
 
 def test_pull_of_a_corrupt_blob_advises_a_fix_that_works(store, tmp_path):
-    first = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
     _overwrite_in_place(store, _entry(first, "weights.safetensors").sha256, b"X" * 100_000)
     _, build = open_build(first.uri)
     with pytest.raises(StoreError, match="--force") as err:
@@ -199,8 +177,9 @@ def _other_serve_sh(store: Store, tmp_path: Path):
 def test_a_non_current_build_whose_manifest_was_edited_is_refused_by_verify_and_pull(store, tmp_path, capsys):
     """Only the current build was anchored: an edited earlier build (what `rollback` restores) passed verify and
     pull with another serve.sh."""
-    first = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
-    publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "again", b"2")}, replace=True, **QUIET)
+    first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again", b"2")}, replace=True,
+                  **QUIET)
     code, out = _cli(capsys, "verify", first.uri)
     assert code == 0, out  # anchored by the pointer's history
     build = read_build(store, "m", first.manifest.key, first.build_id)
@@ -213,7 +192,7 @@ def test_a_non_current_build_whose_manifest_was_edited_is_refused_by_verify_and_
 
 
 def test_a_build_nothing_anchors_is_not_trusted(store, tmp_path, capsys):
-    first = publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
     # A manifest put beside the real one, as a writer with store access could: no pointer ever named it.
     data = json.loads(store.read_bytes(find_current(store, "m", first.manifest.key).manifest_key))
     data["build_id"] = "20260101T000000000000Z-planted"
@@ -238,7 +217,7 @@ def test_registry_versions_anchor_their_manifest_for_verify_pull_and_rollback(st
     client.create_registered_model(model)
     builds = []
     for n in range(2):
-        result = publish_build(store, "m", _fields(run=f"r{n}"), {"bundle": _bundle(tmp_path, f"b{n}", bytes([n]))},
+        result = publish_build(store, "m", unit_fields(run=f"r{n}"), {"bundle": _bundle(tmp_path, f"b{n}", bytes([n]))},
                                replace=True, **QUIET)
         digest = hashlib.sha256(store.read_bytes(result.uri.removeprefix(store.uri + "/"))).hexdigest()
         assert getattr(result, "manifest_sha256", None) == digest  # what the flow tags the version and run with
@@ -277,7 +256,7 @@ def test_a_blob_that_an_earlier_release_hard_linked_becomes_private_when_publish
     blob = store.root / blob_key(digest)
     blob.parent.mkdir(parents=True)
     os.link(weights, blob)  # what releases before issue 21 did
-    publish_build(store, "m", _fields(), {"bundle": source}, **QUIET)
+    publish_build(store, "m", unit_fields(), {"bundle": source}, **QUIET)
     assert blob.stat().st_nlink == 1 and weights.stat().st_nlink == 1
     assert blob.stat().st_ino != weights.stat().st_ino and stat.S_IMODE(blob.stat().st_mode) == 0o444
     assert blob.read_bytes() == weights.read_bytes()

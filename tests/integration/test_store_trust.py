@@ -19,24 +19,7 @@ from enginefoundry.publish import build_manifest_key, find_current, publish_buil
 from enginefoundry.store import FileStore, blob_key
 from enginefoundry.units import key_of
 from tests.support.paths import CONFIGS, FIXTURES, REPO
-
-QUIET = {"progress": lambda _: None}
-
-
-def _bundle(tmp: Path, name: str = "bundle", seed: bytes = b"") -> Path:
-    root = tmp / name
-    (root / "model").mkdir(parents=True)
-    (root / "model" / "weights.safetensors").write_bytes(b"W" * 100_000 + seed)
-    (root / "model" / "config.json").write_text('{"a": 1}')
-    (root / "serve.sh").write_text("#!/bin/sh\necho serve\n")
-    os.chmod(root / "serve.sh", 0o755)
-    return root
-
-
-def _fields(tag: str = "u", run: str = "r1") -> dict:
-    comps = {"unit": tag}
-    return dict(key=key_of(comps), key_components=comps, model="m", unit=tag, lane="reference", target={},
-                variant={}, profile={}, source={}, status="candidate", mlflow_run_id=run)
+from tests.support.stores import QUIET, small_bundle, unit_fields
 
 
 @pytest.fixture
@@ -51,7 +34,7 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
 
 
 def _published(store: FileStore, tmp_path: Path):
-    return publish_build(store, "m", _fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
+    return publish_build(store, "m", unit_fields(), {"bundle": small_bundle(tmp_path)}, **QUIET)
 
 
 def _hostile_build(store: FileStore, published, paths: list[str]) -> str:
@@ -219,7 +202,7 @@ def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, mon
     from enginefoundry.lanes import get_lane
     from enginefoundry.sources import fetch
     from enginefoundry.spec import load_spec
-    from enginefoundry.units import expand_units, key_of, toolchain_identity, unit_key_components
+    from enginefoundry.units import expand_units, toolchain_identity, unit_key_components
 
     monkeypatch.delenv("EF_STORE", raising=False)
     spec = load_spec(_spec_for(store, tmp_path))
@@ -227,8 +210,8 @@ def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, mon
     unit = expand_units(spec)[0]
     comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest,
                                 toolchain_identity(spec, get_lane(spec.lane).versions()), spec.lane_options)
-    fields = {**_fields(), "key": key_of(comps), "key_components": comps, "model": spec.model.name}
-    published = publish_build(store, spec.model.name, fields, {"bundle": _bundle(tmp_path)}, **QUIET)
+    fields = {**unit_fields(), "key": key_of(comps), "key_components": comps, "model": spec.model.name}
+    published = publish_build(store, spec.model.name, fields, {"bundle": small_bundle(tmp_path)}, **QUIET)
     assert [r.hit for r in explain(spec, snapshot, store)] == [True]
     entry = next(e for e in published.manifest.files if e.path.endswith("weights.safetensors"))
     store.delete(blob_key(entry.sha256))
@@ -243,7 +226,7 @@ def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_pa
     from enginefoundry.tracking import Tracker
 
     first = _published(store, tmp_path)
-    second = publish_build(store, "m", _fields(run="r2"), {"bundle": _bundle(tmp_path, "b2", seed=b"2")},
+    second = publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, "b2", seed=b"2")},
                            replace=True, **QUIET)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri, "demo")
@@ -258,6 +241,26 @@ def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_pa
         chain = json.loads(out)
         assert chain["artifact"]["manifest_uri"] == second.uri  # the current build
         assert chain["builds"] == sorted([first.uri, second.uri])
+
+
+def test_lineage_of_a_key_published_in_two_stores_sharing_one_mlflow_names_both(tmp_path, capsys):
+    """One key published to two stores (staging and prod, one MLflow): `lineage <key>` must not answer with
+    whichever store's build sorts last; it refuses, naming both stores and what to give instead."""
+    from enginefoundry import tracking_tags as mltags
+    from enginefoundry.tracking import Tracker
+
+    results = [publish_build(FileStore(f"file://{tmp_path / name}"), "m", unit_fields(),
+                             {"bundle": small_bundle(tmp_path, f"b-{name}")}, **QUIET) for name in ("prod", "staging")]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "demo")
+    for result in results:
+        run = tracker.client.create_run(tracker.experiment_id, tags={
+            mltags.KEY: result.manifest.key, mltags.MANIFEST_URI: result.uri, mltags.CACHE_HIT: "false"})
+        tracker.client.set_terminated(run.info.run_id)
+    code = main(["lineage", results[0].manifest.key[:12], "--mlflow-uri", uri])
+    err = capsys.readouterr().err
+    assert code == 2 and "published in 2 stores" in err, err
+    assert str(tmp_path / "prod") in err and str(tmp_path / "staging") in err
 
 
 @pytest.mark.parametrize("folder", ["/usr", "/"])

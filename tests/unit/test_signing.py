@@ -84,3 +84,61 @@ def test_a_signer_can_be_plugged_in(tmp_path):
     assert check_signature(open_bundle(data), pub.read_text())
     with pytest.raises(InputError, match="module:factory"):
         signer_from_env({"ENGINEFOUNDRY_SIGNER": "no.such.module:f"})
+
+
+def _spec_with(tmp_path, **publish):
+    """configs/tiny-cpu.yaml copied beside `tmp_path` with its inputs absolute and these publish fields."""
+    from pathlib import Path
+
+    import yaml
+
+    from enginefoundry.spec import load_spec
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    doc = yaml.safe_load((configs / "tiny-cpu.yaml").read_text())
+    doc["model"]["source"] = str((configs / doc["model"]["source"]).resolve())
+    doc["smoke"]["prompts"] = str((configs / doc["smoke"]["prompts"]).resolve())
+    doc["publish"] = {"store": f"file://{tmp_path / 'store'}", **publish}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path, load_spec(path)
+
+
+def test_spec_signature_policy_refuses_a_missing_key_file_and_a_missing_signing_key(tmp_path, monkeypatch):
+    from enginefoundry.errors import SpecError
+    from enginefoundry.signing import ENV_KEY, ENV_KEY_FILE
+    from enginefoundry.validate import validate_deep
+
+    for var in (ENV_KEY, ENV_KEY_FILE, "ENGINEFOUNDRY_SIGNER"):
+        monkeypatch.delenv(var, raising=False)
+    _, spec = _spec_with(tmp_path, require_signature=True, trusted_keys=["keys/absent.pub"])
+    with pytest.raises(SpecError) as err:
+        validate_deep(spec)
+    fields = [f for f, _ in err.value.problems]
+    assert "publish.trusted_keys[0]" in fields and "publish.require_signature" in fields, err.value.problems
+    assert "absent.pub" in str(err.value) and ENV_KEY_FILE in str(err.value)
+
+    key, _ = keygen(tmp_path / "keys" / "ci")
+    monkeypatch.setenv(ENV_KEY_FILE, str(key))
+    _, spec = _spec_with(tmp_path, require_signature=True, trusted_keys=["keys/ci.pub"])
+    validate_deep(spec)  # relative to the spec's folder; a signing key is set
+
+
+def test_spec_signature_policy_joins_the_command_lines(tmp_path, monkeypatch):
+    import argparse
+
+    from enginefoundry.cli.signing import policy_of
+
+    for var in ("ENGINEFOUNDRY_TRUST_POLICY", "ENGINEFOUNDRY_TRUSTED_KEYS", "ENGINEFOUNDRY_REQUIRE_SIGNATURE"):
+        monkeypatch.delenv(var, raising=False)
+    _, spec_pub = keygen(tmp_path / "spec-key")
+    _, cli_pub = keygen(tmp_path / "cli-key")
+    path, _ = _spec_with(tmp_path, require_signature=True, trusted_keys=[str(spec_pub)])
+    args = argparse.Namespace(spec=str(path), trusted_key=[str(cli_pub)], trust_policy=None, require_signature=None)
+    policy = policy_of(args)
+    assert policy.require_signature and {k.name for k in policy.keys} == {"spec-key", "cli-key"}
+    (tmp_path / "other.yaml").write_text("keys: []\n")
+    path, _ = _spec_with(tmp_path, trust_policy="other.yaml")
+    with pytest.raises(InputError, match="give one of them"):
+        policy_of(argparse.Namespace(spec=str(path), trusted_key=None, trust_policy=str(tmp_path / "other.yaml"),
+                                     require_signature=None))
