@@ -36,7 +36,11 @@ class ComparisonRow(BaseModel):
     tokens_per_s_new: float | None = None
     ttft_p95_ms_old: float | None = None
     ttft_p95_ms_new: float | None = None
-    regressions: list[str] = Field(default_factory=list, description="the failed gates (accuracy, tokens/s, TTFT)")
+    usd_per_mtok_old: float | None = Field(default=None, description="$/1M output tokens at the SLO point (a "
+                                                                     "searched unit's verification); None: unknown")
+    usd_per_mtok_new: float | None = None
+    regressions: list[str] = Field(default_factory=list, description="the failed gates (accuracy, tokens/s, TTFT, "
+                                                                     "cost when max_cost_increase is set)")
 
     def row(self) -> dict[str, str]:
         def pair(old: float | None, new: float | None, fmt: str) -> str:
@@ -46,7 +50,15 @@ class ComparisonRow(BaseModel):
                 "accuracy": pair(self.accuracy_old, self.accuracy_new, ".3f"),
                 "output tok/s": pair(self.tokens_per_s_old, self.tokens_per_s_new, ".1f"),
                 "TTFT p95 ms": pair(self.ttft_p95_ms_old, self.ttft_p95_ms_new, ".0f"),
+                "$/1M tok": self.cost_cell(),
                 "decision": self.decision, "regressions": "; ".join(self.regressions) or "-"}
+
+
+    def cost_cell(self) -> str:
+        """Old → new $/1M output tokens where both are known; "unavailable" otherwise (never zero)."""
+        if self.usd_per_mtok_old is None or self.usd_per_mtok_new is None:
+            return "unavailable"
+        return f"{self.usd_per_mtok_old:.4g} → {self.usd_per_mtok_new:.4g}"
 
 
 def describe_toolchain(identity: dict[str, Any]) -> str:
@@ -65,18 +77,25 @@ def _accuracy(manifest: Manifest) -> float | None:
     return None
 
 
+def _cost(manifest: Manifest) -> float | None:
+    """$/1M output tokens at the SLO point, as the promotion cost gate reads it (promotion.cost_gate)."""
+    value = ((manifest.benchmark.get("search") or {}).get("cost") or {}).get("usd_per_mtok")
+    return None if value is None else float(value)
+
+
 def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest | None,
                    policy: PromotionPolicy) -> ComparisonRow:
     row = ComparisonRow(target=decision.stem, unit=decision.unit, decision=decision.action,
                         champion=decision.champion_before, candidate=decision.candidate_version,
                         new_toolchain=describe_toolchain(candidate.key_components.get("toolchain") or {}),
-                        accuracy_new=_accuracy(candidate))
+                        accuracy_new=_accuracy(candidate), usd_per_mtok_new=_cost(candidate))
     if champion is None:
         return row
     verdict = compare(candidate, champion, policy)
     row.old_toolchain = describe_toolchain(champion.key_components.get("toolchain") or {})
-    row.accuracy_old = _accuracy(champion)
-    row.regressions = [g.detail for g in verdict.gates if not g.passed]
+    row.accuracy_old, row.usd_per_mtok_old = _accuracy(champion), _cost(champion)
+    row.regressions = [f"cost regression: {g.detail}" if g.name == "cost" else g.detail
+                       for g in verdict.gates if not g.passed]
     point = operating_point(candidate, champion, policy)
     if point is not None:
         (scenario, concurrency), new, old = point

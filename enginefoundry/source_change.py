@@ -24,6 +24,7 @@ from enginefoundry.promotion import Decision, Registry, champion_alias, manifest
 from enginefoundry.rollout_compare import ComparisonRow
 from enginefoundry.sources import probe
 from enginefoundry.spec import BuildSpec, SourceKind, SourceURI, Target
+from enginefoundry.toolchain_channel import channel_moved
 
 
 class SourceState(BaseModel):
@@ -158,7 +159,8 @@ def toolchain_differs(current: dict[str, Any], recorded: dict[str, Any]) -> str 
 def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] | None = None,
                   toolchain: dict[str, Any] | None = None) -> ChangeReport:
     """Per target of the spec: is there something new to build (the source, or the toolchain when `toolchain`,
-    this run's identity, is given)? A target never built is new."""
+    this run's identity, is given)? A target never built is new. With `toolchain.channel`, `spec` is the one the
+    channel was applied to (toolchain_channel.with_channel), and a bump of its fields says the channel moved."""
     state = source_state(spec.model.parsed_source(spec.base_path))
     rows = []
     for target in spec.targets:
@@ -170,6 +172,9 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
             continue
         why = differs(state, base.source)
         bump = toolchain_differs(toolchain or {}, base.toolchain)
+        moved = (channel_moved(spec.toolchain.channel, base.toolchain, toolchain or {})
+                 if bump and spec.toolchain.channel else None)
+        bump = f"{moved} ({bump})" if moved else bump
         label = f"{base.alias} v{base.version}" if base.alias else f"newest v{base.version}"
         reason = "; ".join(r for r in (why, bump) if r) or f"same source as {label}"
         rows.append(TargetChange(target=target.name, changed=bool(why or bump), baseline_version=base.version,

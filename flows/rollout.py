@@ -2,7 +2,8 @@
 
 Scheduled (deployment.yaml: `rollout/scheduled`), it usually finds nothing new and finishes after one
 revision lookup and a few registry queries, before any download. When the source or the toolchain (a new
-TensorRT-LLM release or image digest in the spec, other lane versions on this host) changed for some targets, it
+TensorRT-LLM release or image digest in the spec or in the toolchain channel it follows, other lane versions on
+this host) changed for some targets, it
 builds those targets with the spec's toolchain (embedded or cluster mode, as the build flow does), and reports old
 vs new per rebuilt target (Prefect artifact `rollout-comparison`, and the build's MLflow parent run: artifacts
 rollout/comparison.json and .md). Then, built or not, each alias stem's
@@ -32,7 +33,7 @@ from enginefoundry.flows.reports import report_markdown, report_table
 from enginefoundry.promotion import PromotionPolicy, alias_stems
 from enginefoundry.run_summary import UnitsNotPassed
 from enginefoundry.source_change import RolloutReport
-from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, promote_units
+from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, follow_channel, promote_units
 from enginefoundry.units import expand_units
 
 
@@ -87,6 +88,7 @@ def rollout(
     try:
         build_spec = flow_spec(spec_path, dict(spec) if spec is not None else None, spec_yaml, store=store,
                                mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url)
+        build_spec = follow_channel(build_spec)  # the toolchain a followed channel names now, for this rollout
     except InputError as err:
         return input_failure(err)
     change = detect_source_change(build_spec, targets or None)

@@ -19,6 +19,7 @@ from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
 from enginefoundry.tasks.events import emit_registry_move
+from enginefoundry.toolchain_channel import with_channel
 from enginefoundry.tracking import Tracker
 from enginefoundry.units import toolchain_identity
 
@@ -32,6 +33,16 @@ def current_toolchain(spec: BuildSpec) -> dict[str, Any]:
         versions = None
     identity = toolchain_identity(spec, versions or {})
     return {**identity, "versions": None} if versions is None else identity
+
+
+@task(name="read the toolchain channel", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+def follow_channel(spec: BuildSpec) -> BuildSpec:
+    """The spec with its toolchain channel's current value (toolchain_channel.with_channel); unchanged without one.
+    A wrong document is an InputError; an unreadable one fails the rollout (transient reads are retried)."""
+    resolved, doc = with_channel(spec)
+    if doc is not None:
+        progress_logger()(f"rollout: toolchain channel {spec.toolchain.channel}: {doc.describe()}")
+    return resolved
 
 
 @task(name="detect new source or toolchain", cache_policy=NO_CACHE, **NETWORK_RETRIES)

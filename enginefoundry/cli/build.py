@@ -151,6 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from enginefoundry.settings import effective_spec
+    from enginefoundry.toolchain_channel import channel_status
     from enginefoundry.units import expand_units
     from enginefoundry.validate import validate_file
 
@@ -162,10 +163,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         spec, _ = materialise(spec, args.targets, progress=say)
     units = len(expand_units(spec, args.targets))
+    channel = channel_status(spec)
+    bad_channel = channel is not None and channel.value is None and not channel.transient
     if wants_json(args):
-        emit_json({"ok": True, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest})
-        return EXIT_OK
+        emit_json({"ok": not bad_channel, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest,
+                   "toolchain_channel": channel.model_dump(mode="json") if channel else None})
+        return EXIT_INPUT if bad_channel else EXIT_OK
+    if bad_channel:
+        error(channel.line())
+        return EXIT_INPUT
     console.print(f"[green]ok[/green]: {args.spec} is valid: lane {spec.lane}, {units} unit(s), preflight passed")
+    if channel is not None:
+        console.print(f"  {channel.line()}", markup=False, highlight=False)
     table("effective settings (flag > environment > spec > default)", dest.rows())
     return EXIT_OK
 
@@ -173,14 +182,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from enginefoundry.cli.common import load_searched
     from enginefoundry.plan_report import plan_report
+    from enginefoundry.toolchain_channel import channel_status
 
     spec, _, searched = load_searched(args.spec, args)
     report = plan_report(spec, args.targets)
+    channel = channel_status(spec)  # shown, never fatal here: `rollout` reads it again and refuses a bad one
     if wants_json(args):
         emit_json({"ok": not report.refused, "spec": spec.name, "lane": spec.lane, "units": report.rows,
                    "commands": report.commands, "preflight": report.preflight,
                    "search": searched.model_dump(mode="json") if searched else None,
-                   "workload": spec.search.workload.model_dump(mode="json") if spec.search else None})
+                   "workload": spec.search.workload.model_dump(mode="json") if spec.search else None,
+                   "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if report.refused else EXIT_OK
     if searched is not None:
         from enginefoundry.search_plan import rows
@@ -195,6 +207,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             console.print(f"  {ts.target}: " + (f"{ts.predictor}; {ts.note}" if ts.covered else
                                                  f"not predicted ({ts.reason}): measured search"), markup=False)
     table(f"{spec.name}: {len(report.rows)} unit(s), lane {spec.lane}", report.rows)
+    if channel is not None:
+        console.print(f"{channel.line()} (`rollout` builds with the channel's value)", markup=False,
+                      highlight=False)
     for unit_name, commands in report.commands.items():
         console.print(f"\n[bold]{unit_name}[/bold]")
         for line in commands:

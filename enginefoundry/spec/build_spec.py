@@ -34,6 +34,23 @@ class ToolchainSpec(BaseModel):
     trtllm_version: str | None = Field(default=None, description="pinned TensorRT-LLM version, e.g. 1.2.1")
     image: str | None = Field(default=None, description="container image the GPU workers run")
     image_digest: str | None = Field(default=None, description="sha256:… digest of that image")
+    channel: str | None = Field(default=None, max_length=1024,
+                                description="a toolchain channel the spec follows: s3://bucket/key, file:///path or "
+                                            "a path relative to the spec, holding {trtllm_version, image, "
+                                            "image_digest}; `rollout` builds with its current value "
+                                            "(enginefoundry.toolchain_channel)")
+
+    @field_validator("channel")
+    @classmethod
+    def _channel_uri(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from enginefoundry.toolchain_channel import channel_uri_problem
+
+        problem = channel_uri_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class BuildSpec(BaseModel):

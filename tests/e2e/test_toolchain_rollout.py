@@ -3,7 +3,8 @@ MLflow server and a Prefect server. The source never changes; the spec's toolcha
 (`toolchain.image_digest`, part of every unit key). `run` + `rollout` make v1 the champion; a new image digest →
 the rollout sees the bump, rebuilds the target, benchmarks it beside the champion at the same operating point and
 promotes it, with an old-vs-new table in the CLI, the report and the build's MLflow parent run; another digest with
-a throughput bar the candidate cannot reach → held, the regression named.
+a throughput bar the candidate cannot reach, named by a toolchain channel the spec follows → held, the regression
+named.
 """
 
 from __future__ import annotations
@@ -86,9 +87,18 @@ def test_a_toolchain_bump_rebuilds_compares_and_promotes_or_holds(prefect_server
     table = json.loads(Path(client.download_artifacts(parent, "rollout/comparison.json", str(tmp_path))).read_text())
     assert table[0]["candidate"] == "2" and table[0]["tokens_per_s_new"] == row["tokens_per_s_new"]
 
-    # 3. Toolchain C, with a throughput bar no build reaches: rebuilt, held, the regression named.
-    third = rollout_json(prefect_server, with_digest(spec, DIGESTS[2]), "--min-throughput-ratio", "50")
+    # 3. Toolchain C, named by a channel the spec follows, with a throughput bar no build reaches: the channel's
+    # move is the trigger; rebuilt with its digest, held, the regression named; no cost measured: "unavailable".
+    (tmp_path / "channel.yaml").write_text(yaml.safe_dump({"image_digest": DIGESTS[2]}))
+    data = yaml.safe_load(spec.read_text())
+    data["toolchain"] = {"channel": "channel.yaml"}
+    spec.write_text(yaml.safe_dump(data))
+    third = rollout_json(prefect_server, spec, "--min-throughput-ratio", "50")
+    change = third["change"]["targets"][0]
+    assert change["reason"].startswith(f"channel channel.yaml moved from image_digest {DIGESTS[1][:19]} to "
+                                       f"image_digest {DIGESTS[2][:19]}"), change["reason"]
     [row] = third["comparison"]
     assert (row["champion"], row["candidate"], row["decision"]) == ("2", "3", "held")
+    assert row["new_toolchain"].startswith("image sha256:cccc") and row["usd_per_mtok_new"] is None
     assert any("output tok/s" in r for r in row["regressions"]), row["regressions"]
     assert champion(client, model) == "2"

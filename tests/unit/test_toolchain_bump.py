@@ -48,3 +48,27 @@ def test_the_comparison_row_shows_old_vs_new_at_one_operating_point_and_names_th
     assert row.old_toolchain == describe_toolchain(OLD) and "image sha256:bbbbbbbbbbb" in row.new_toolchain
     table = markdown("old vs new", [row])
     assert "| cpu | v1 → v2 |" in table and "400.0 → 200.0" in table and "| held |" in table
+
+
+def priced(m: Manifest, usd_per_mtok: float | None, slo: str = "ttft<=500ms") -> Manifest:
+    search = {"slo": slo, "cost": {} if usd_per_mtok is None else {"usd_per_mtok": usd_per_mtok}}
+    return m.model_copy(update={"benchmark": {**m.benchmark, "search": search}})
+
+
+def test_the_comparison_shows_cost_old_vs_new_and_names_a_cost_regression_when_the_limit_is_set():
+    new_tc = {**OLD, "image_digest": "sha256:" + "b" * 64}
+    decision = Decision(stem="cpu", unit="fp32-tp1.chat.cpu", action="held", candidate_version="2",
+                        champion_before="1")
+    champion, candidate = priced(manifest(OLD), 2.0), priced(manifest(new_tc), 3.0)
+    row = comparison_row(decision, candidate, champion, PromotionPolicy(max_cost_increase=0.1))
+    assert (row.usd_per_mtok_old, row.usd_per_mtok_new) == (2.0, 3.0)
+    assert row.row()["$/1M tok"] == "2 → 3" and "| 2 → 3 |" in markdown("t", [row])
+    assert row.regressions == ["cost regression: $/1M output tokens 3 vs champion 2 (×1.50, needs ≤ ×1.10)"]
+    assert row.model_dump(mode="json")["usd_per_mtok_new"] == 3.0
+    # Without the limit the cost is shown, not judged.
+    assert comparison_row(decision, candidate, champion, PromotionPolicy()).regressions == []
+    # A side with no measured cost: "unavailable", never zero.
+    unknown = comparison_row(decision, priced(manifest(new_tc), None), champion, PromotionPolicy())
+    assert unknown.usd_per_mtok_new is None and unknown.row()["$/1M tok"] == "unavailable"
+    assert comparison_row(decision, manifest(new_tc), manifest(OLD), PromotionPolicy()).row()["$/1M tok"] \
+        == "unavailable"
