@@ -119,6 +119,5 @@ def test_worker_without_the_targets_gpu_refuses(cluster: PrefectServer, stack, t
     assert "target h100 needs 1× sm90" in run["state"]["message"]
     assert "run this unit on a worker of pool gpu-sm90" in run["state"]["message"]
     # Refused before any work: no fetch, convert or build task ran.
-    with cluster.client() as http:
-        tasks = http.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}).json()
+    tasks = cluster.task_runs(run_id)
     assert tasks and all(t["name"].startswith("check placement") for t in tasks)

@@ -82,6 +82,24 @@ class PrefectServer:
                     raise AssertionError(f"flow run {flow_run_id} still {run['state_type']} after {timeout_s} s")
                 time.sleep(1)
 
+    def task_runs(self, flow_run_id: str, timeout_s: float = 60) -> list[dict[str, Any]]:
+        """The flow run's task runs once the server has recorded them.
+
+        Prefect 3 records task runs from events, after the flow run's own state: a query made
+        the moment the flow run ends may find none yet. Waits until at least one is recorded
+        and every one has a final state."""
+        deadline = time.monotonic() + timeout_s
+        with self.client() as http:
+            while True:
+                found = http.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [flow_run_id]}}})
+                found.raise_for_status()
+                tasks = found.json()
+                if tasks and all(t["state_type"] in FINAL for t in tasks):
+                    return tasks
+                if time.monotonic() > deadline:
+                    return tasks
+                time.sleep(0.5)
+
     def children(self, parent_id: str) -> list[dict[str, Any]]:
         with self.client() as http:
             found = http.post("/flow_runs/filter", json={"flow_runs": {"parent_flow_run_id": {"any_": [parent_id]}}})
