@@ -5,7 +5,7 @@ waves: a sibling before the units its served answers judge.
 Two modes (the `mode` parameter). Embedded: every unit runs in this process as a subflow. Cluster: each
 unit that is not published yet goes to the `build-unit/<pool>` deployment of its target's work pool
 (flows/dispatch.py) and the parent waits for all of them. Cache planning (hits, build leases, units of one
-key) is the domain's (enginefoundry/cache_plan.py); the MLflow parent run and the reports stay here in both
+key) is the domain's (enginefoundry/planning/cache_plan.py); the MLflow parent run and the reports stay here in both
 modes. Parameters are typed so the Prefect UI renders a form: a spec path or an inline spec, targets to
 include, force, mode.
 """
@@ -22,19 +22,21 @@ from prefect import flow
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
-from enginefoundry import tracking_tags as mltags
-from enginefoundry.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
+from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
-from enginefoundry.outcomes import duplicate_outcome
-from enginefoundry.run_records import run_metrics
-from enginefoundry.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed, work_root
+from enginefoundry.planning.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
+from enginefoundry.planning.validate import validate_deep
+from enginefoundry.records import tracking_tags as mltags
+from enginefoundry.records.outcomes import duplicate_outcome
+from enginefoundry.records.run_records import run_metrics
+from enginefoundry.records.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed, work_root
 from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
-from enginefoundry.store import Store, open_store
+from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
@@ -45,8 +47,6 @@ from enginefoundry.tasks.track import (
     record_cache_hit,
     start_parent_run,
 )
-from enginefoundry.units import Unit, expand_units
-from enginefoundry.validate import validate_deep
 
 Mode = Literal["embedded", "cluster"]
 quiet_expected_failures()  # a Failed end with our own error logs no engine traceback (tasks/_log.py)
@@ -96,7 +96,7 @@ def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str
     log = progress_logger()
     # A spec with a `search` section and no decision yet (a path or pasted YAML): decide here, once; a spec from the
     # CLI carries the decision in `searched` already.
-    from enginefoundry.search_plan import materialise
+    from enginefoundry.search.plan import materialise
 
     build_spec, _ = materialise(build_spec, progress=log)
     for row in dest.rows():

@@ -16,20 +16,20 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
+from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError
 from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.dispatch import SourceIdentity, save_outcome
 from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
+from enginefoundry.gpu.placement import check_placement
 from enginefoundry.lanes import get_lane
-from enginefoundry.placement import check_placement
-from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind
-from enginefoundry.store import open_store
+from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.convert import convert_variant
 from enginefoundry.tasks.fetch import fetch_source
-from enginefoundry.units import Unit, expand_units
 
 quiet_expected_failures()  # a refused or failed unit's Failed end logs no engine traceback (tasks/_log.py)
 

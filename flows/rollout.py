@@ -19,6 +19,7 @@ from typing import Any
 from prefect import flow
 from prefect.client.schemas.objects import State
 
+from enginefoundry.build.units import expand_units
 from enginefoundry.errors import InputError
 from enginefoundry.flows.build_engines import (
     Mode,
@@ -30,11 +31,10 @@ from enginefoundry.flows.build_engines import (
     spec_payload,
 )
 from enginefoundry.flows.reports import report_markdown, report_table
-from enginefoundry.promotion import PromotionPolicy, alias_stems
-from enginefoundry.run_summary import UnitsNotPassed
-from enginefoundry.source_change import RolloutReport
+from enginefoundry.records.promotion import PromotionPolicy, alias_stems
+from enginefoundry.records.run_summary import UnitsNotPassed
+from enginefoundry.rollout.source_change import RolloutReport
 from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, follow_channel, promote_units
-from enginefoundry.units import expand_units
 
 
 def _run_name() -> str:

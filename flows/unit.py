@@ -4,7 +4,7 @@ track.
 `run_unit_stages` is the composition both modes share: embedded mode calls it inside the `unit-in-process`
 subflow (`unit_pipeline`) of the parent's process; cluster mode inside the `build-unit` deployment flow on a
 worker of the target's pool (flows/build_unit.py). Verdicts, the manifest and the outcome are built in the
-domain (enginefoundry/outcomes.py).
+domain (enginefoundry/records/outcomes.py).
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
-from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
+from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.units import Unit, key_of
 from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.lanes import get_lane
-from enginefoundry.outcomes import (
+from enginefoundry.records import tracking_tags as mltags
+from enginefoundry.records.outcomes import (
     UnitCommands,
     build_run_tags,
     built_outcome,
@@ -33,11 +35,11 @@ from enginefoundry.outcomes import (
     unit_metrics,
     unit_params,
 )
-from enginefoundry.run_summary import UnitNotPassed, UnitOutcome, work_root
+from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome, work_root
+from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
-from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
@@ -54,8 +56,6 @@ from enginefoundry.tasks.track import (
     register_published_unit,
     start_unit_run,
 )
-from enginefoundry.unit_status import UnitStatus
-from enginefoundry.units import Unit, key_of
 
 
 @flow(name="unit-in-process")

@@ -11,23 +11,23 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.units import checkpoint_key_components, key_of, toolchain_identity
 from enginefoundry.errors import StoreError
 from enginefoundry.lanes import ConvertResult, get_lane
 from enginefoundry.locks import host_lock
-from enginefoundry.publish import (
+from enginefoundry.records.run_summary import work_root
+from enginefoundry.spec import BuildSpec, Variant
+from enginefoundry.store.backends import Store, open_store
+from enginefoundry.store.publish import (
     check_hit,
     find_checkpoint_build,
     manifests_prefix,
     publish_checkpoint,
     quarantine_problems,
 )
-from enginefoundry.run_summary import work_root
-from enginefoundry.sources import SourceSnapshot
-from enginefoundry.spec import BuildSpec, Variant
-from enginefoundry.store import Store, open_store
+from enginefoundry.store.verify import pull
 from enginefoundry.tasks._log import progress_logger
-from enginefoundry.units import checkpoint_key_components, key_of, toolchain_identity
-from enginefoundry.verify import pull
 
 
 class ConvertedCheckpoint(BaseModel):

@@ -8,13 +8,12 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry import tracking_tags as mltags
-from enginefoundry.attest import tags_for
 from enginefoundry.bench import SweepReport
-from enginefoundry.manifest import Manifest
-from enginefoundry.publish import PublishedBuild
-from enginefoundry.registration import candidate_alias_of, ensure_registered, version_tags
-from enginefoundry.run_records import (
+from enginefoundry.build.units import Unit
+from enginefoundry.evidence.attest import tags_for
+from enginefoundry.records import tracking_tags as mltags
+from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
+from enginefoundry.records.run_records import (
     context_tags,
     finish_parent,
     mlflow_run_link,
@@ -22,11 +21,12 @@ from enginefoundry.run_records import (
     start_parent,
     tracker_for,
 )
-from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.records.tracking import Tracker, project_git_commit
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.tasks._retry import NETWORK_RETRIES
-from enginefoundry.tracking import Tracker, project_git_commit
-from enginefoundry.units import Unit
 
 
 def prefect_context() -> dict[str, str]:

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field
 
 from enginefoundry.bench.result import BenchPoint
-from enginefoundry.costs import energy_mj
+from enginefoundry.search.costs import energy_mj
 from enginefoundry.spec import SearchSpec
 
 if TYPE_CHECKING:
+    from enginefoundry.build.units import Unit
     from enginefoundry.spec import BuildSpec
-    from enginefoundry.units import Unit
 
 
 class Probe(BaseModel):
@@ -162,7 +162,7 @@ def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer:
                 progress: Callable[[str], None] = print, gpus: list[int] | None = None) -> SearchVerdict:
     """Goodput at the SLO for a searched unit, predicted beside measured, $/1M output tokens and tokens/joule."""
     from enginefoundry.bench.aiperf import run_point
-    from enginefoundry.costs import unit_cost
+    from enginefoundry.search.costs import unit_cost
     from enginefoundry.spec import Scenario
 
     search = spec.search

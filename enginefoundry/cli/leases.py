@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
-    from enginefoundry.lease import break_lease, list_leases
-    from enginefoundry.store import open_store
+    from enginefoundry.store.backends import open_store
+    from enginefoundry.store.lease import break_lease, list_leases
 
     if args.spec:
         spec, _ = load(args.spec, args)  # --store and --s3-endpoint-url outrank the spec (settings)

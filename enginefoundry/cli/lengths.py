@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_lengths(args: argparse.Namespace) -> int:
-    from enginefoundry.lengths import analyze_lengths, read_lengths
+    from enginefoundry.spec.lengths import analyze_lengths, read_lengths
 
     r = analyze_lengths(read_lengths(args.file, args.tokenizer), output_budget=args.output_budget)
     table(f"{args.file}: {r.count} prompts", [{"p50": str(r.p50), "p90": str(r.p90), "p95": str(r.p95),

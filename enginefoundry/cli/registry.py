@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from enginefoundry.lineage import lineage
+    from enginefoundry.records.lineage import lineage
 
     mlflow_uri = mlflow_uri_of(args)
     chain = lineage(args.ref, mlflow_uri)
@@ -88,7 +88,7 @@ def _verified_line(rec: dict) -> str:
 
 
 def cmd_registry(args: argparse.Namespace) -> int:
-    from enginefoundry.promotion import Registry, candidate_alias
+    from enginefoundry.records.promotion import Registry, candidate_alias
 
     registry = Registry(mlflow_uri_of(args))
     model, stem = args.registered_model, args.target
@@ -118,9 +118,9 @@ def cmd_registry(args: argparse.Namespace) -> int:
 def _signature_gate(args: argparse.Namespace, version) -> None:
     """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
     are required."""
-    from enginefoundry.attest import promotion_refusal
     from enginefoundry.cli.signing import SignatureRefused, policy_of
-    from enginefoundry.promotion import manifest_uri_of
+    from enginefoundry.evidence.attest import promotion_refusal
+    from enginefoundry.records.promotion import manifest_uri_of
 
     if refusal := promotion_refusal(manifest_uri_of(version), policy_of(args)):
         raise SignatureRefused(f"promote refused: {args.registered_model} v{version.version}: {refusal}")

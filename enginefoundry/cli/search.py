@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from enginefoundry.search_plan import rows
+    from enginefoundry.search.plan import rows
 
     spec, _, report = load_searched(args.spec, args)
     if report is None:

@@ -43,7 +43,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from enginefoundry.smoke import load_prompt_set, run_smoke, write_report
     from enginefoundry.smoke.policy import FAMILY_OF
     from enginefoundry.spec import SmokeSpec
-    from enginefoundry.store import open_store
+    from enginefoundry.store.backends import open_store
 
     ref = Path(args.reference)
     if not (ref / "config.json").is_file():

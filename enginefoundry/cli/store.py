@@ -44,8 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
-    from enginefoundry.store import open_store
-    from enginefoundry.verify import find_by_key, open_build
+    from enginefoundry.store.backends import open_store
+    from enginefoundry.store.verify import find_by_key, open_build
 
     ref: str = args.ref
     if args.workers < 1:
@@ -58,7 +58,7 @@ def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
         model = model or spec.model.name
         endpoint = spec.publish.s3_endpoint_url
     if ref.startswith("models:/"):
-        from enginefoundry.lineage import registry_anchor, resolve
+        from enginefoundry.records.lineage import registry_anchor, resolve
 
         _, uri, registry = resolve(ref, args.mlflow_uri)
         return open_build(uri, endpoint, anchor=registry_anchor(registry))
@@ -71,9 +71,9 @@ def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from enginefoundry.attest import verify_attestations
     from enginefoundry.cli.signing import policy_of
-    from enginefoundry.verify import VerifyReport, verify_build
+    from enginefoundry.evidence.attest import verify_attestations
+    from enginefoundry.store.verify import VerifyReport, verify_build
 
     store, build = _resolve(args)
     verdict = verify_attestations(store, build, policy_of(args))
@@ -123,7 +123,7 @@ def _fix(report, ref: str) -> str:  # report: VerifyReport
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from enginefoundry.verify import pull
+    from enginefoundry.store.verify import pull
 
     store, build = _resolve(args)
     verdict = check_signatures(args, store, build, "pull")  # before any byte is downloaded

@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from enginefoundry.build.toolchain import parse_version
 from enginefoundry.lanes.trtllm_flags import (
     EMITTED,
     KNOWN_IMAGES,
@@ -25,7 +26,6 @@ from enginefoundry.lanes.trtllm_flags import (
     TRITON_TEMPLATE_KEYS,
     Flag,
 )
-from enginefoundry.toolchain import parse_version
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trtllm-compat.md"
 TRTLLM_RELEASES = ("1.0", "1.1", "1.2", "1.3")  # 1.3: the line that removed the engine path ("post-removal")

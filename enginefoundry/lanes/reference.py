@@ -12,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from enginefoundry.build.units import Unit
 from enginefoundry.confine import check_name
-from enginefoundry.devices import host_facts, torch_device_facts
 from enginefoundry.errors import PreflightError, ToolError
+from enginefoundry.gpu.devices import host_facts, torch_device_facts
+from enginefoundry.gpu.precisions import TORCH_DTYPE
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
-from enginefoundry.precisions import TORCH_DTYPE
 from enginefoundry.spec import Arch, BuildSpec, Variant
-from enginefoundry.store import link_or_copy
-from enginefoundry.units import Unit
+from enginefoundry.store.backends import link_or_copy
 
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
@@ -60,10 +60,10 @@ class ReferenceLane(Lane):
             ) from None
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
-        """Cast to the variant's dtype, one tensor at a time (enginefoundry/checkpoint_cast.py): peak memory is
+        """Cast to the variant's dtype, one tensor at a time (enginefoundry/build/checkpoint_cast.py): peak memory is
         one tensor, and shards and tokenizer files that need no cast are hard-linked, not copied. The
         tokenizer files stay byte-identical to the source (the smoke stage compares tokenizer digests)."""
-        from enginefoundry.checkpoint_cast import cast_checkpoint
+        from enginefoundry.build.checkpoint_cast import cast_checkpoint
 
         dtype = TORCH_DTYPES[variant.precision]
         out = workdir / "checkpoint"

@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.build.toolchain import parse_version, template_keys
+from enginefoundry.build.units import Unit
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import (
@@ -30,8 +32,6 @@ from enginefoundry.lanes.trtllm_flags import (
     arg,
 )
 from enginefoundry.runner import run_tool
-from enginefoundry.toolchain import parse_version, template_keys
-from enginefoundry.units import Unit
 
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 TEMPLATES = Path("all_models") / "inflight_batcher_llm"

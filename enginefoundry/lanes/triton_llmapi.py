@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
+from enginefoundry.build.toolchain import LLMAPI_FILES, LLMAPI_TEMPLATE
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import LAUNCH_TRITON, LLMAPI_TRITON, arg, flag
-from enginefoundry.toolchain import LLMAPI_FILES, LLMAPI_TEMPLATE
 
 MODEL = "tensorrt_llm"  # the model's name in the repository (the template's config.pbtxt `name`)
 REPO = "triton_model_repo"

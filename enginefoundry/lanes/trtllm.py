@@ -21,9 +21,12 @@ from typing import Any
 
 import yaml
 
-from enginefoundry.devices import host_facts
+from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
+from enginefoundry.build.units import Unit
 from enginefoundry.errors import ToolError
-from enginefoundry.gpu import GPUInfo, detect_gpus
+from enginefoundry.gpu.detect import GPUInfo, detect_gpus
+from enginefoundry.gpu.devices import host_facts
+from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.lanes import triton_llmapi
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
 from enginefoundry.lanes.trtllm_base import (
@@ -50,13 +53,10 @@ from enginefoundry.lanes.trtllm_flags import (
     unknown_llm_api_keys,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
-from enginefoundry.preflight import Check
+from enginefoundry.planning.preflight import Check
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
-from enginefoundry.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
-from enginefoundry.units import Unit
 
 RUNTIME_CONFIG = "llm_api_options.yaml"
 AUTOTUNER_CACHE = "autotuner.cache"
@@ -517,7 +517,7 @@ def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, overri
     """The dtype the model computes in, reading the checkpoint's config.json when it is at hand."""
     shape = None
     if checkpoint_dir is not None and (checkpoint_dir / "config.json").is_file():
-        from enginefoundry.preflight import ModelShape, read_model_config
+        from enginefoundry.planning.preflight import ModelShape, read_model_config
 
         shape = ModelShape.from_config(read_model_config(checkpoint_dir))
     return activation_dtype(variant.precision, shape, override)

@@ -9,20 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enginefoundry.devices import host_facts
-from enginefoundry.errors import InputError, PreflightError, ToolError
-from enginefoundry.gpu import GPUInfo, detect_gpus, match_target
-from enginefoundry.lanes.base import Command, Lane
-from enginefoundry.lanes.trtllm_flags import (
-    TRTLLM_INSTALL_HINT,
-    image_release_problem,
-    lane_release_problem,
-    unsupported_env,
-)
-from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.preflight import Check
-from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
-from enginefoundry.toolchain import (
+from enginefoundry.build.toolchain import (
     ToolchainInfo,
     ToolSurface,
     UnsupportedByRelease,
@@ -32,7 +19,20 @@ from enginefoundry.toolchain import (
     probe_surface,
     require_trtllm,
 )
-from enginefoundry.units import Unit
+from enginefoundry.build.units import Unit
+from enginefoundry.errors import InputError, PreflightError, ToolError
+from enginefoundry.gpu.detect import GPUInfo, detect_gpus, match_target
+from enginefoundry.gpu.devices import host_facts
+from enginefoundry.lanes.base import Command, Lane
+from enginefoundry.lanes.trtllm_flags import (
+    TRTLLM_INSTALL_HINT,
+    image_release_problem,
+    lane_release_problem,
+    unsupported_env,
+)
+from enginefoundry.lanes.trtllm_options import resolve_options
+from enginefoundry.planning.preflight import Check
+from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
 
 BUNDLE_INFO = "bundle.json"
 BUNDLE_FORMAT = 1

@@ -17,7 +17,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
+from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, ToolError
+from enginefoundry.gpu.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
@@ -42,13 +45,10 @@ from enginefoundry.lanes.trtllm_flags import (
     serve_backend_value,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
-from enginefoundry.preflight import Check, read_model_config
+from enginefoundry.planning.preflight import Check, read_model_config
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
-from enginefoundry.toolchain import ToolHelp, ToolSurface, check_against_surface
-from enginefoundry.units import Unit
 
 CONVERT_TIMEOUT_S = 6 * 3600.0
 BUILD_TIMEOUT_S = 4 * 3600.0  # 30–90 min for 70B (facts §12), with room for a slow host

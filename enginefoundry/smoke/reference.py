@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from enginefoundry.identity import checkpoint_digests, sha256_json
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
-from enginefoundry.store import Store
+from enginefoundry.store.backends import Store
 
 REFERENCE_FORMAT = 2
 STORE_PREFIX = "references"

@@ -38,14 +38,14 @@ class ToolchainSpec(BaseModel):
                                 description="a toolchain channel the spec follows: s3://bucket/key, file:///path or "
                                             "a path relative to the spec, holding {trtllm_version, image, "
                                             "image_digest}; `rollout` builds with its current value "
-                                            "(enginefoundry.toolchain_channel)")
+                                            "(enginefoundry.rollout.toolchain_channel)")
 
     @field_validator("channel")
     @classmethod
     def _channel_uri(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from enginefoundry.toolchain_channel import channel_uri_problem
+        from enginefoundry.rollout.toolchain_channel import channel_uri_problem
 
         problem = channel_uri_problem(value)
         if problem:
@@ -65,7 +65,7 @@ class BuildSpec(BaseModel):
     profiles: list[Profile] = Field(default_factory=list)
     targets: list[Target] = Field(min_length=1)
     search: SearchSpec | None = None
-    # What the search decided (enginefoundry.search_plan.materialise): ordinary units, carried in the payload.
+    # What the search decided (enginefoundry.search.plan.materialise): ordinary units, carried in the payload.
     searched: list[SearchedUnit] = Field(default_factory=list)
     # Lane-specific knobs (plugins, CUDA graphs, …): the lane's own options model, chosen by `lane` (a union
     # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
@@ -191,10 +191,11 @@ def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) ->
 
 
 def with_workload_lengths(spec: BuildSpec, source: str = "spec") -> BuildSpec:
-    """`search.workload.lengths_file` read (relative to the spec) and analysed by enginefoundry.lengths: its ISL mean
+    """`search.workload.lengths_file` read (relative to the spec) and analysed by
+    enginefoundry.spec.lengths: its ISL mean
     and stddev become the workload's. A payload that carries the figures but not the file keeps them."""
     from enginefoundry.errors import InputError
-    from enginefoundry.lengths import file_lengths
+    from enginefoundry.spec.lengths import file_lengths
 
     w = spec.search.workload if spec.search else None
     if w is None or w.lengths_file is None:

@@ -19,7 +19,8 @@ class Objective(StrEnum):
 
 
 class LengthsFigures(BaseModel):
-    """What `workload.lengths_file` held, analysed by enginefoundry.lengths (the code behind `enginefoundry lengths`).
+    """What `workload.lengths_file` held, analysed by enginefoundry.spec.lengths
+    (the code behind `enginefoundry lengths`).
     Filled when the spec is parsed and carried in a payload, so a worker without the file sees the same workload."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -110,7 +111,8 @@ class GoodputSearch(BaseModel):
 
 class Prices(BaseModel):
     """$/GPU-hour by SKU (case-insensitive substring of a target's SKU) over the shipped table
-    (enginefoundry/costs.py); a `file` (YAML mapping SKU → $/GPU-hour) outranks the table, `gpu_hour` outranks both."""
+    (enginefoundry/search/costs.py);
+    a `file` (YAML mapping SKU → $/GPU-hour) outranks the table, `gpu_hour` outranks both."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -141,7 +143,7 @@ class SearchSpec(BaseModel):
 
 class SearchedUnit(BaseModel):
     """What the search decided for one target: an ordinary variant and profile, and why (the prediction, or the
-    reason it fell back to a measured search). Written by enginefoundry.search_plan, never by hand."""
+    reason it fell back to a measured search). Written by enginefoundry.search.plan, never by hand."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

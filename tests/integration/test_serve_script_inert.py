@@ -17,8 +17,8 @@ import pytest
 
 from enginefoundry.confine import UnsafePathError
 from enginefoundry.lanes import get_lane
-from enginefoundry.permissions import current_umask
-from enginefoundry.serve_files import SERVE_SH, SERVE_YAML, ServingPlan, serving_plan, write_serving_files
+from enginefoundry.lanes.serve_files import SERVE_SH, SERVE_YAML, ServingPlan, serving_plan, write_serving_files
+from enginefoundry.store.permissions import current_umask
 
 # Each would create PWNED (or print) if a shell ever evaluated it.
 HOSTILE = [
