@@ -25,13 +25,13 @@ from pydantic import BaseModel, Field
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import StoreError
-from enginefoundry.gpu.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
+from enginefoundry.planning.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
 from enginefoundry.records.run_summary import UnitOutcome
-from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store.backends import Store
+from enginefoundry.store.unit_status import UnitStatus
 
 UNIT_FLOW = "build-unit"
 # A unit that no worker picked up, or that runs longer than EF_UNIT_TIMEOUT_S (enginefoundry.settings), counts

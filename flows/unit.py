@@ -36,11 +36,11 @@ from enginefoundry.records.outcomes import (
     unit_params,
 )
 from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome, work_root
-from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store.unit_status import UnitStatus
 from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint

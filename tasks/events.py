@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from enginefoundry.records.unit_status import UnitStatus
+from enginefoundry.store.unit_status import UnitStatus
 
 UNIT_PUBLISHED = "enginefoundry.unit.published"
 UNIT_REJECTED = "enginefoundry.unit.rejected"

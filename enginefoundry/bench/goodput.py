@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.bench.costs import energy_mj
 from enginefoundry.bench.result import BenchPoint
-from enginefoundry.search.costs import energy_mj
 from enginefoundry.spec import SearchSpec
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer:
                 progress: Callable[[str], None] = print, gpus: list[int] | None = None) -> SearchVerdict:
     """Goodput at the SLO for a searched unit, predicted beside measured, $/1M output tokens and tokens/joule."""
     from enginefoundry.bench.aiperf import run_point
-    from enginefoundry.search.costs import unit_cost
+    from enginefoundry.bench.costs import unit_cost
     from enginefoundry.spec import Scenario
 
     search = spec.search

@@ -14,12 +14,12 @@ from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.run_summary import UnitOutcome
-from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.publish import PublishedBuild
+from enginefoundry.store.unit_status import UnitStatus
 
 
 class UnitVerdict(BaseModel):

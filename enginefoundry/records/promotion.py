@@ -20,9 +20,9 @@ from enginefoundry.errors import InputError
 from enginefoundry.evidence.signing import TrustPolicy
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.lineage import read_manifest_uri
-from enginefoundry.records.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 
 ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
 HISTORY_TAG = mltags.CHAMPION_HISTORY  # registered-model tag: comma-separated champion versions

@@ -17,9 +17,9 @@ from enginefoundry.build.units import Unit
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.records.tracking import Tracker, register_unit
-from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.unit_status import UnitStatus
 
 MANIFEST_URI_TAG = mltags.MANIFEST_URI
 

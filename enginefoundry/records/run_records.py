@@ -17,9 +17,9 @@ from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_param
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome
 from enginefoundry.records.tracking import Tracker, project_git_commit, redact
-from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.publish import PublishedBuild
+from enginefoundry.store.unit_status import UnitStatus
 
 
 def tracker_for(spec: BuildSpec) -> Tracker:

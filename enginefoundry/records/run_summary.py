@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import PipelineError
-from enginefoundry.records.unit_status import UnitStatus
+from enginefoundry.store.unit_status import UnitStatus
 
 
 def work_root() -> Path:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.bench.costs import cost_per_mtok
 from enginefoundry.planning.plan_report import model_config_for
-from enginefoundry.search.costs import cost_per_mtok
 from enginefoundry.search.predictor import AIConfigurator, Coverage, Predicted, Predictor, config_digest, requests_for
 from enginefoundry.spec import BuildSpec, Objective, Precision, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.search import SearchSpec

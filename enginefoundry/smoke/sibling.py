@@ -14,13 +14,13 @@ from pydantic import BaseModel, ConfigDict
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import ReferenceRefused
 from enginefoundry.records.run_summary import UnitOutcome
-from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_sibling_reference
 from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.siblings import named_sibling, sibling_variant
 from enginefoundry.store.backends import Store
 from enginefoundry.store.publish import find_current
+from enginefoundry.store.unit_status import UnitStatus
 
 FIX = "or set smoke.reference: source"
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from enginefoundry.gpu.targets import gpu_target
+from enginefoundry.gpu_targets import gpu_target
 
 
 class Precision(StrEnum):
@@ -45,7 +45,7 @@ class KVCacheDtype(StrEnum):
 
 class Arch(StrEnum):
     """GPU architecture by SM version; `cpu` for the reference lane without a GPU. Each value has a row in
-    enginefoundry/gpu/targets.py (compute capability, work pool, node labels); tests/unit/test_gpu_targets.py."""
+    enginefoundry/gpu_targets.py (compute capability, work pool, node labels); tests/unit/test_gpu_targets.py."""
 
     CPU = "cpu"
     SM80 = "sm80"
@@ -135,7 +135,7 @@ class Target(BaseModel):
         default=None, description="GPU memory per device, for the VRAM preflight when no GPU is at hand"
     )
     work_pool: str | None = Field(
-        default=None, description="Prefect work pool; defaults to the arch's pool (enginefoundry/gpu/targets.py)")
+        default=None, description="Prefect work pool; defaults to the arch's pool (enginefoundry/gpu_targets.py)")
 
     @property
     def pool(self) -> str:

@@ -111,7 +111,7 @@ class GoodputSearch(BaseModel):
 
 class Prices(BaseModel):
     """$/GPU-hour by SKU (case-insensitive substring of a target's SKU) over the shipped table
-    (enginefoundry/search/costs.py);
+    (enginefoundry/bench/costs.py);
     a `file` (YAML mapping SKU → $/GPU-hour) outranks the table, `gpu_hour` outranks both."""
 
     model_config = ConfigDict(extra="forbid")

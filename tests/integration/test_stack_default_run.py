@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from enginefoundry.gpu.targets import pools
+from enginefoundry.gpu_targets import pools
 from enginefoundry.model_server import free_port
 from tests.support.paths import REPO
 from tests.support.private_stack import private_stack

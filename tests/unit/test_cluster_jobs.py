@@ -14,8 +14,8 @@ import yaml
 
 from enginefoundry.build.units import expand_units
 from enginefoundry.errors import InputError
-from enginefoundry.gpu.cluster_jobs import UnitJobVariables, secret_env_map, unit_job_variables
-from enginefoundry.gpu.targets import gpu_target
+from enginefoundry.gpu_targets import gpu_target
+from enginefoundry.planning.cluster_jobs import UnitJobVariables, secret_env_map, unit_job_variables
 from enginefoundry.spec import BuildSpec, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]

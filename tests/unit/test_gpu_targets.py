@@ -1,4 +1,4 @@
-"""One table of GPU targets (enginefoundry/gpu/targets.py): every Arch has a row, and every file that lists pools
+"""One table of GPU targets (enginefoundry/gpu_targets.py): every Arch has a row, and every file that lists pools
 (deployment.yaml, the Makefile, k8s templates, Helm values) is what scripts/gen_targets.py generates from it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from enginefoundry.gpu import targets as gt
+from enginefoundry import gpu_targets as gt
 from enginefoundry.spec import Arch, Target
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,5 +84,5 @@ def test_target_skus_narrow_the_products() -> None:
     assert sm90.products_for(["h200 "]) == ("NVIDIA-H200", "NVIDIA-GH200-480GB")
     assert sm90.products_for([]) == sm90.products
     assert sm90.products_for(["no-such-sku"]) == sm90.products  # placement refuses a wrong GPU at run time
-    with pytest.raises(KeyError, match=r"gpu/targets\.py"):
+    with pytest.raises(KeyError, match=r"gpu_targets\.py"):
         gt.gpu_target("sm70")

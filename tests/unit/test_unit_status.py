@@ -10,8 +10,8 @@ import pydantic
 import pytest
 
 from enginefoundry.records.outcomes import verdict
-from enginefoundry.records.unit_status import UnitStatus
 from enginefoundry.store.manifest import Manifest, validate_against_schema
+from enginefoundry.store.unit_status import UnitStatus
 
 
 def _manifest(status: str) -> Manifest:
