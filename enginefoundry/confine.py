@@ -105,3 +105,30 @@ def _show(text: str) -> str:
     """A hostile value shown in a one-line message: control characters escaped, length limited."""
     shown = text.encode("unicode_escape").decode("ascii")
     return shown if len(shown) <= 200 else shown[:200] + "…"
+
+
+def relative_posix(path: str, what: str) -> str:
+    """`path` if it is a relative POSIX path that stays under its root; else ValueError naming `what`.
+
+    Refused: empty, absolute, backslashes, NUL, empty or `.` segments, `..` anywhere (stricter than
+    normalising: a path that needs normalising is not one this project wrote)."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{what}: empty path")
+    problems = []
+    if "\x00" in path:
+        problems.append("contains NUL")
+    if "\\" in path:
+        problems.append("contains a backslash")
+    if path.startswith("/"):
+        problems.append("is absolute")
+    parts = path.split("/")
+    if any(p == "" for p in (parts[1:] if path.startswith("/") else parts)):
+        problems.append("has an empty segment")
+    if any(p == "." for p in parts):
+        problems.append("has a '.' segment")
+    if any(p == ".." for p in parts):
+        problems.append("has a '..' segment")
+    if problems:
+        raise ValueError(f"{what}: {path!r} {' and '.join(dict.fromkeys(problems))}: "
+                         "only relative POSIX paths inside the root are allowed")
+    return path

@@ -19,10 +19,11 @@ from prefect.states import Failed
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError
 from enginefoundry.flows.build_engines import resolve_spec
-from enginefoundry.flows.dispatch import SourceIdentity, save_outcome
+from enginefoundry.flows.dispatch import SourceIdentity
 from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
 from enginefoundry.gpu.placement import check_placement
 from enginefoundry.lanes import get_lane
+from enginefoundry.records.outcomes import save_outcome
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind

@@ -9,10 +9,7 @@ storage being shared between machines.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
@@ -24,8 +21,8 @@ from pydantic import BaseModel, Field
 
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
-from enginefoundry.errors import StoreError
 from enginefoundry.planning.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
+from enginefoundry.records.outcomes import read_outcome
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.sibling import SiblingRef
@@ -61,27 +58,6 @@ class SourceIdentity(BaseModel):
 
 def deployment_name(unit: Unit) -> str:
     return f"{UNIT_FLOW}/{unit.target.pool}"
-
-
-def outcome_key(model: str, parent_run_id: str, unit_name: str) -> str:
-    return f"runs/{model}/{parent_run_id}/{unit_name}.json"
-
-
-def save_outcome(store: Store, model: str, parent_run_id: str, outcome: UnitOutcome) -> None:
-    with tempfile.TemporaryDirectory(prefix="ef-outcome-") as tmp:
-        path = Path(tmp) / "outcome.json"
-        path.write_text(outcome.model_dump_json(indent=2))
-        store.put_file(path, outcome_key(model, parent_run_id, outcome.unit))
-
-
-def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -> UnitOutcome | None:
-    key = outcome_key(model, parent_run_id, unit_name)
-    if not store.exists(key):
-        return None
-    try:
-        return UnitOutcome.model_validate(json.loads(store.read_bytes(key)))
-    except (ValueError, StoreError):
-        return None
 
 
 def unit_parameters(spec_payload: dict[str, Any], unit: Unit, key_components: dict[str, Any],

@@ -19,10 +19,10 @@ from enginefoundry.locks import host_lock
 from enginefoundry.records.run_summary import work_root
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.store.backends import Store, open_store
+from enginefoundry.store.layout import manifests_prefix
 from enginefoundry.store.publish import (
     check_hit,
     find_checkpoint_build,
-    manifests_prefix,
     publish_checkpoint,
     quarantine_problems,
 )

@@ -11,7 +11,7 @@ from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.serve_files import serving_plan, write_serving_files
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import open_store
-from enginefoundry.store.publish import manifests_prefix
+from enginefoundry.store.layout import manifests_prefix
 from enginefoundry.tasks._log import progress_logger
 
 

@@ -10,9 +10,10 @@ from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, load
 from enginefoundry.cli.signing import check_signatures, trust_options
 from enginefoundry.console import console, error
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError
+from enginefoundry.store.layout import BUILD_URI_SHAPE, LEGACY_URI_SHAPE, QUARANTINE_SHAPE
 
-REF_HELP = ("a build: its store URI (<store>/manifests/<model>/<key>[/<build-id>.json], or a version 1 "
-            "<store>/artifacts/<model>/<key>), a unit key (with --store or --spec), or models:/name@alias")
+REF_HELP = (f"a build: its store URI ({BUILD_URI_SHAPE}[/<build-id>.json], or a version 1 "
+            f"{LEGACY_URI_SHAPE}), a unit key (with --store or --spec), or models:/name@alias")
 
 
 def _common(cmd: argparse.ArgumentParser) -> None:
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ver = sub.add_parser("verify", help="re-hash every file of a published build; exit 1 naming each bad file")
     _common(ver)
     ver.add_argument("--repair", action="store_true",
-                     help="move every corrupt blob aside (<store>/quarantine/…), so that the next run refuses the "
+                     help=f"move every corrupt blob aside ({QUARANTINE_SHAPE}), so that the next run refuses the "
                           "build as a cache hit and publishes fresh blobs")
     ver.add_argument("--signatures-only", action="store_true",
                      help="check the signed attestations only (a few KiB), not every file's sha256")

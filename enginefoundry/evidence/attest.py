@@ -35,8 +35,9 @@ from enginefoundry.evidence.signing import (
     open_bundle,
     sign_statement,
 )
-from enginefoundry.store.backends import Store, blob_key
-from enginefoundry.store.publish import PublishedBuild, manifests_prefix
+from enginefoundry.store.backends import Store
+from enginefoundry.store.layout import attestation_index_key, blob_key
+from enginefoundry.store.publish import PublishedBuild
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
 GATE = "https://in-toto.io/attestation/test-result/v0.1"
@@ -79,7 +80,7 @@ class AttestationIndex(BaseModel):
 
 
 def index_key(build: PublishedBuild) -> str:
-    return f"attestations/{manifests_prefix(build.model, build.key).removeprefix('manifests/')}/{build.build_id}.json"
+    return attestation_index_key(build.model, build.key, build.build_id)
 
 
 # Statements

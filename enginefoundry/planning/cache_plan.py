@@ -26,7 +26,8 @@ from enginefoundry.lanes import get_lane
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import Store
-from enginefoundry.store.lease import DEFAULT_TTL_S, HeldLease, lease_key, new_owner, try_acquire, wait_for
+from enginefoundry.store.layout import lease_key
+from enginefoundry.store.lease import DEFAULT_TTL_S, HeldLease, new_owner, try_acquire, wait_for
 from enginefoundry.store.publish import PublishedBuild, check_hit, find_current, quarantine_problems
 
 # How long a run waits for another live run that builds the same key (its lease is renewed meanwhile).

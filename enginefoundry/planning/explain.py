@@ -13,6 +13,7 @@ from enginefoundry.build.units import expand_units, key_of, toolchain_identity, 
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.cache_plan import find_hit
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store import layout
 from enginefoundry.store.backends import Store
 from enginefoundry.store.publish import find_current
 
@@ -43,8 +44,8 @@ def diff_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def published_manifests(store: Store, model: str) -> list[dict[str, Any]]:
     """The current build's manifest of every unit key of the model, in either layout."""
-    keys = {k.split("/")[2] for k in store.list(f"manifests/{model}/") if k.endswith("/current.json")}
-    keys |= {k.split("/")[2] for k in store.list(f"artifacts/{model}/") if k.endswith("/manifest.json")}
+    keys = {found[2] for prefix in layout.listing_folders(model, units_only=True) for name in store.list(prefix)
+            if (found := layout.key_of_listing(name, model)) is not None}
     out = []
     for key in sorted(keys):
         try:

@@ -11,6 +11,7 @@ from typing import Any
 
 from enginefoundry.errors import InputError
 from enginefoundry.records import tracking_tags as mltags
+from enginefoundry.store.layout import BUILD_URI_SHAPE, store_of_build_uri
 from enginefoundry.store.manifest import Manifest
 
 _KEY = re.compile(r"^[0-9a-f]{12,64}$")
@@ -78,10 +79,10 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
         if len(units) > 1:
             raise InputError(f"key prefix {ref} is ambiguous ({len(units)} units); give more characters")
         builds = sorted(units.popitem()[1])
-        stores = sorted({b.rsplit("/manifests/", 1)[0] for b in builds})
+        stores = sorted({store_of_build_uri(b) for b in builds})
         if len(stores) > 1:  # one key published to several stores that share this MLflow: never guess which
             raise InputError(f"key {ref} is published in {len(stores)} stores ({', '.join(stores)}); give the "
-                             "build's store URI (<store>/manifests/<model>/<key>) or a models:/ reference")
+                             f"build's store URI ({BUILD_URI_SHAPE}) or a models:/ reference")
         registry["builds"] = builds
         uri = builds[-1] if len(builds) == 1 else _current_of(builds)
         return read_manifest_uri(uri), uri, registry

@@ -5,6 +5,9 @@ so the flows only compose stages; no Prefect here.
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -12,11 +15,14 @@ from pydantic import BaseModel, Field
 from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
+from enginefoundry.errors import StoreError
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store.backends import Store
+from enginefoundry.store.layout import run_outcome_key
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.store.unit_status import UnitStatus
@@ -152,3 +158,22 @@ def hit_outcome(unit: Unit, key: str, hit: PublishedBuild, run_id: str | None) -
 def duplicate_outcome(first: UnitOutcome, unit: Unit) -> UnitOutcome:
     """A unit of the same key as one this run built and could not publish: it shares its fate."""
     return first.model_copy(update={"unit": unit.name, "target": unit.target.name})
+
+
+def save_outcome(store: Store, model: str, parent_run_id: str, outcome: UnitOutcome) -> None:
+    """A cluster unit's outcome, left in the store for its parent run (`layout.run_outcome_key`)."""
+    with tempfile.TemporaryDirectory(prefix="ef-outcome-") as tmp:
+        path = Path(tmp) / "outcome.json"
+        path.write_text(outcome.model_dump_json(indent=2))
+        store.put_file(path, run_outcome_key(model, parent_run_id, outcome.unit))
+
+
+def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -> UnitOutcome | None:
+    """The outcome a unit's worker left for the parent run; None when absent or unreadable."""
+    key = run_outcome_key(model, parent_run_id, unit_name)
+    if not store.exists(key):
+        return None
+    try:
+        return UnitOutcome.model_validate(json.loads(store.read_bytes(key)))
+    except (ValueError, StoreError):
+        return None

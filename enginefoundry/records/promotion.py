@@ -21,6 +21,7 @@ from enginefoundry.evidence.signing import TrustPolicy
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store.layout import legacy_manifest_uri
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 
@@ -404,7 +405,7 @@ def unit_alias_stem(spec: BuildSpec, unit: Unit) -> str:
 
 def manifest_uri_of(version: Any) -> str:
     """The store URI of a registered version's unit manifest."""
-    return version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/") + "/manifest.json"
+    return version.tags.get(mltags.MANIFEST_URI) or legacy_manifest_uri(version.source)
 
 
 def anchor_of(model: str, version: Any) -> tuple[str, str]:

@@ -30,10 +30,10 @@ from pydantic import BaseModel, Field
 from enginefoundry.identity import checkpoint_digests, sha256_json
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
+from enginefoundry.store import layout
 from enginefoundry.store.backends import Store
 
 REFERENCE_FORMAT = 2
-STORE_PREFIX = "references"
 
 
 class ReferenceAnswer(BaseModel):
@@ -230,7 +230,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def store_key(key: ReferenceKey | SiblingReferenceKey) -> str:
-    return f"{STORE_PREFIX}/{key.digest}.json"
+    return layout.reference_key(key.digest)
 
 
 # How many times this process computed reference answers (tests assert reuse through it, not through timing).

@@ -24,41 +24,15 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from enginefoundry.confine import relative_posix
 from enginefoundry.errors import StoreError, naming_full_disk
 from enginefoundry.identity import CHUNK
 from enginefoundry.runner import pid_alive
+from enginefoundry.store.layout import blob_key, is_blob_key, quarantine_key
 from enginefoundry.store.s3 import s3_client, split_s3_uri
 
 PART_SIZE = 16 * 1024 * 1024
 MAX_PARALLEL_PARTS = 4  # memory in flight is bounded by PART_SIZE × this, whatever the file size
-BLOB_PREFIX = "blobs/sha256"
-
-
-def relative_posix(path: str, what: str) -> str:
-    """`path` if it is a relative POSIX path that stays under its root; else ValueError naming `what`.
-
-    Refused: empty, absolute, backslashes, NUL, empty or `.` segments, `..` anywhere (stricter than
-    normalising: a path that needs normalising is not one this project wrote)."""
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"{what}: empty path")
-    problems = []
-    if "\x00" in path:
-        problems.append("contains NUL")
-    if "\\" in path:
-        problems.append("contains a backslash")
-    if path.startswith("/"):
-        problems.append("is absolute")
-    parts = path.split("/")
-    if any(p == "" for p in (parts[1:] if path.startswith("/") else parts)):
-        problems.append("has an empty segment")
-    if any(p == "." for p in parts):
-        problems.append("has a '.' segment")
-    if any(p == ".." for p in parts):
-        problems.append("has a '..' segment")
-    if problems:
-        raise ValueError(f"{what}: {path!r} {' and '.join(dict.fromkeys(problems))}: "
-                         "only relative POSIX paths inside the root are allowed")
-    return path
 
 
 def store_key(key: str) -> str:
@@ -67,12 +41,6 @@ def store_key(key: str) -> str:
         return relative_posix(key, "store key")
     except ValueError as err:
         raise StoreError(str(err)) from None
-
-
-def blob_key(digest: str) -> str:
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise StoreError(f"{digest!r} is not a sha256 hex digest")
-    return f"{BLOB_PREFIX}/{digest[:2]}/{digest}"
 
 
 def current_umask() -> int:
@@ -155,7 +123,6 @@ class BlobPut(BaseModel):
 
 
 BLOB_MODE = 0o444  # blobs are read-only on disk: written once, never through any name
-QUARANTINE_PREFIX = "quarantine"
 
 
 class Store(ABC):
@@ -214,7 +181,7 @@ class Store(ABC):
         from datetime import UTC, datetime
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        return self._move_aside(store_key(key), f"{QUARANTINE_PREFIX}/{store_key(key)}.{stamp}-{os.urandom(3).hex()}")
+        return self._move_aside(store_key(key), quarantine_key(store_key(key), f"{stamp}-{os.urandom(3).hex()}"))
 
     @abstractmethod
     def _move_aside(self, key: str, dest: str) -> str | None: ...
@@ -456,7 +423,7 @@ class FileStore(Store):
 
     def create_if_absent(self, key: str, data: bytes) -> bool:
         dest = self._path(key)
-        blob = store_key(key).startswith(f"{BLOB_PREFIX}/")  # a signed bundle: read-only like every blob
+        blob = is_blob_key(store_key(key))  # a signed bundle: read-only like every blob
         tmp, _, _ = self._write_temp(dest, iter([data]), BLOB_MODE if blob else file_mode(False))
         try:
             try:

@@ -38,9 +38,9 @@ from pydantic import BaseModel, Field, ValidationError
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.settings import EnvSettings
 from enginefoundry.store.backends import Store
+from enginefoundry.store.layout import is_lease_key, leases_prefix
 
 DEFAULT_TTL_S = EnvSettings().lease_ttl_s
-LEASE_PREFIX = "leases"
 
 Progress = Callable[[str], None]
 
@@ -103,10 +103,6 @@ class Lease(BaseModel):
 
     def stale(self, now: float | None = None) -> bool:
         return self.expires_at < (now if now is not None else time.time()) or self.owner_alive() is False
-
-
-def lease_key(model: str, unit_key: str) -> str:
-    return f"{LEASE_PREFIX}/{model}/{unit_key}.json"
 
 
 def new_owner() -> str:
@@ -267,7 +263,7 @@ class LeaseRow(BaseModel):
 def list_leases(store: Store) -> list[LeaseRow]:
     rows = []
     now = time.time()
-    for key in store.list(LEASE_PREFIX + "/"):
+    for key in store.list(leases_prefix()):
         if not key.endswith(".json"):
             continue
         lease = read_lease(store, key)
@@ -291,8 +287,8 @@ def break_lease(store: Store, key: str, force: bool = False, by: str | None = No
     """Remove a lease by its store key or by the unit key it guards. True when one was removed. A lease whose
     holder still works is removed only with `force`: the holder is then told, when its renewal fails, that the
     lease was broken by hand (`HeldLease.lost_reason`), not that it renewed too late."""
-    candidates = [key] if key.startswith(LEASE_PREFIX + "/") else [
-        k for k in store.list(LEASE_PREFIX + "/") if k.endswith(".json") and Path(k).stem.startswith(key)]
+    candidates = [key] if is_lease_key(key) else [
+        k for k in store.list(leases_prefix()) if k.endswith(".json") and Path(k).stem.startswith(key)]
     if len(candidates) > 1:
         raise StoreError(f"'{key}' matches {len(candidates)} leases; give more of the key")
     for k in candidates:

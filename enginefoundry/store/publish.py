@@ -31,46 +31,29 @@ from pydantic import BaseModel, Field, ValidationError
 from enginefoundry.build.units import key_of
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.identity import list_files
-from enginefoundry.store.backends import CorruptObject, Store, blob_key, relative_posix, store_key
+from enginefoundry.store.backends import CorruptObject, Store, store_key
+from enginefoundry.store.layout import (
+    BUILD_URI_SHAPE,
+    LEGACY_URI_SHAPE,
+    MANIFESTS,
+    POINTER_NAME,
+    blob_key,
+    build_manifest_key,
+    legacy_checkpoint_prefix,
+    legacy_manifest_key,
+    legacy_unit_prefix,
+    pointer_key,
+    split_build_uri,
+)
 from enginefoundry.store.manifest import FileEntry, Manifest, validate_against_schema
 
 LEGACY_BUILD = "legacy"
 Layout = Literal["cas", "legacy"]
 
 
-def _segment(value: str, what: str) -> str:
-    try:
-        relative_posix(value, what)
-    except ValueError as err:
-        raise StoreError(str(err)) from None
-    if "/" in value:
-        raise StoreError(f"{what}: {value!r} must be one path segment")
-    return value
-
-
-def manifests_prefix(model: str, key: str) -> str:
-    return f"manifests/{_segment(model, 'model name')}/{_segment(key, 'key')}"
-
-
-def pointer_key(model: str, key: str) -> str:
-    return f"{manifests_prefix(model, key)}/current.json"
-
-
-def build_manifest_key(model: str, key: str, build_id: str) -> str:
-    return f"{manifests_prefix(model, key)}/{_segment(build_id, 'build id')}.json"
-
-
 def new_build_id() -> str:
     """Sortable by time (UTC, microseconds), unique by a random suffix."""
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + uuid.uuid4().hex[:8]
-
-
-def legacy_unit_prefix(model: str, key: str) -> str:
-    return f"artifacts/{_segment(model, 'model name')}/{_segment(key, 'key')}"
-
-
-def legacy_checkpoint_prefix(model: str, key: str) -> str:
-    return f"checkpoints/{_segment(model, 'model name')}/{_segment(key, 'key')}"
 
 
 class BuildAnchor(BaseModel):
@@ -202,7 +185,7 @@ def read_build(store: Store, model: str, key: str, build_id: str,
     """One build by id (or LEGACY_BUILD for the version 1 layout); StoreError when absent or invalid."""
     if build_id == LEGACY_BUILD:
         prefix = legacy_unit_prefix(model, key) if kind == "unit" else legacy_checkpoint_prefix(model, key)
-        mkey = f"{prefix}/manifest.json"
+        mkey = legacy_manifest_key(prefix)
         return _parse(store, mkey, store.read_bytes(mkey), kind, model, key, build_id, "legacy")
     mkey = build_manifest_key(model, key, build_id)
     return _parse(store, mkey, store.read_bytes(mkey), kind, model, key, build_id, "cas")
@@ -224,10 +207,10 @@ def _find(store: Store, model: str, key: str, kind: Literal["unit", "checkpoint"
         build = read_build(store, model, key, pointer[0].build_id, kind)
         if build.manifest_sha256 != pointer[0].manifest_sha256:
             raise StoreError(f"{build.uri} was changed after it was published: sha256 {build.manifest_sha256[:12]}… "
-                             f"≠ {pointer[0].manifest_sha256[:12]}… recorded in current.json")
+                             f"≠ {pointer[0].manifest_sha256[:12]}… recorded in {POINTER_NAME}")
         return build
     prefix = legacy_unit_prefix(model, key) if kind == "unit" else legacy_checkpoint_prefix(model, key)
-    if store.exists(f"{prefix}/manifest.json"):
+    if store.exists(legacy_manifest_key(prefix)):
         return read_build(store, model, key, LEGACY_BUILD, kind)
     return None
 
@@ -249,7 +232,7 @@ def find_checkpoint(store: Store, model: str, key: str) -> CheckpointManifest | 
 
 def is_published(store: Store, model: str, key: str) -> bool:
     """Cheap: a pointer or a version 1 manifest exists (nothing is read or checked)."""
-    return store.exists(pointer_key(model, key)) or store.exists(f"{legacy_unit_prefix(model, key)}/manifest.json")
+    return store.exists(pointer_key(model, key)) or store.exists(legacy_manifest_key(legacy_unit_prefix(model, key)))
 
 
 def check_hit(store: Store, build: PublishedBuild, rehash: bool = False) -> list[Problem]:
@@ -474,22 +457,11 @@ def locate(uri: str) -> tuple[str, str, str, str, str | None]:
 
     Accepted: `<store>/manifests/<model>/<key>[/<build-id>.json|/current.json]` and the version 1
     `<store>/artifacts/<model>/<key>[/manifest.json]` (also `checkpoints/…`)."""
-    uri = uri.rstrip("/")
-    for folder in ("/manifests/", "/artifacts/", "/checkpoints/"):
-        root, sep, rest = uri.rpartition(folder)
-        if not sep:
-            continue
-        parts = rest.split("/")
-        if len(parts) < 2 or len(parts) > 3:
-            continue
-        model, key = parts[0], parts[1]
-        name = parts[2] if len(parts) == 3 else None
-        if folder == "/manifests/":
-            build = None if name in (None, "current.json") else name.removesuffix(".json")
-        else:
-            if name not in (None, "manifest.json"):
-                continue
-            build = LEGACY_BUILD
-        return root, folder.strip("/"), model, key, build
-    raise InputError(f"{uri} is not the URI of a published build: expected <store>/manifests/<model>/<key>"
-                     "[/<build-id>.json] (or a version 1 <store>/artifacts/<model>/<key>)")
+    found = split_build_uri(uri)
+    if found is None:
+        raise InputError(f"{uri.rstrip('/')} is not the URI of a published build: expected {BUILD_URI_SHAPE}"
+                         f"[/<build-id>.json] (or a version 1 {LEGACY_URI_SHAPE})")
+    root, folder, model, key, name = found
+    if folder != MANIFESTS:
+        return root, folder, model, key, LEGACY_BUILD
+    return root, folder, model, key, None if name in (None, POINTER_NAME) else name.removesuffix(".json")

@@ -26,6 +26,7 @@ from enginefoundry.errors import InputError, StoreError, is_transient, naming_fu
 from enginefoundry.identity import sha256_file
 from enginefoundry.retry import retry_transient
 from enginefoundry.runner import pid_alive
+from enginefoundry.store import layout
 from enginefoundry.store.backends import Store, clone_or_copy, file_mode, open_store
 from enginefoundry.store.manifest import FileEntry, file_list_problems
 from enginefoundry.store.publish import (
@@ -99,7 +100,7 @@ def open_build(uri: str, endpoint_url: str | None = None, anchor: tuple[str, str
 def _open_build(uri: str, endpoint_url: str | None = None) -> tuple[Store, PublishedBuild]:
     root, folder, model, key, build_id = locate(uri)
     store = open_store(root, endpoint_url)
-    kind = "checkpoint" if folder == "checkpoints" else "unit"
+    kind = "checkpoint" if folder == layout.LEGACY_CHECKPOINTS else "unit"
     if build_id is None:
         # Units and converted checkpoints share manifests/<model>/: the key folder alone does not say which.
         try:
@@ -114,19 +115,17 @@ def _open_build(uri: str, endpoint_url: str | None = None) -> tuple[Store, Publi
         if build is None:
             raise InputError(f"nothing is published at {uri}")
         return store, build
-    from enginefoundry.store.publish import build_manifest_key, legacy_checkpoint_prefix, legacy_unit_prefix
-
     if build_id == "legacy":
-        prefix = legacy_unit_prefix(model, key) if kind == "unit" else legacy_checkpoint_prefix(model, key)
-        mkey = f"{prefix}/manifest.json"
+        legacy = layout.legacy_unit_prefix if kind == "unit" else layout.legacy_checkpoint_prefix
+        mkey = layout.legacy_manifest_key(legacy(model, key))
     else:
-        mkey = build_manifest_key(model, key, build_id)
+        mkey = layout.build_manifest_key(model, key, build_id)
     if not store.exists(mkey):
         raise InputError(f"nothing is published at {uri}")
     try:
         build = read_build(store, model, key, build_id, kind)
     except StoreError:
-        if folder != "manifests":
+        if folder != layout.MANIFESTS:
             raise
         try:  # a converted checkpoint's build
             build = read_build(store, model, key, build_id, "checkpoint")
@@ -148,20 +147,19 @@ def find_by_key(store: Store, key: str, model: str | None = None) -> PublishedBu
             raise InputError(f"no build of key {key} for model {model} in {store.uri}")
         return build
     found: set[tuple[str, str, str]] = set()
-    for folder in ("manifests", "artifacts", "checkpoints"):
-        for name in store.list(f"{folder}/" + (f"{model}/" if model else "")):
-            parts = name.split("/")
-            if (len(parts) == 4 and parts[2].startswith(key) and (model is None or parts[1] == model)
-                    and parts[3] in ("current.json", "manifest.json")):
-                found.add((folder, parts[1], parts[2]))
+    for prefix in layout.listing_folders(model):
+        for name in store.list(prefix):
+            listed = layout.key_of_listing(name, model)
+            if listed is not None and listed[2].startswith(key):
+                found.add(listed)
     if not found:
         raise InputError(f"no build with key {key} in {store.uri}")
     if len({(m, k) for _, m, k in found}) > 1:
         raise InputError(f"key prefix {key} is ambiguous in {store.uri}; give more characters")
     folder, model_name, full = sorted(found)[0]  # "manifests" sorts after "artifacts": prefer the new layout
-    if any(f == "manifests" for f, _, _ in found):
-        folder = "manifests"
-    return open_build(f"{store.uri}/{folder}/{model_name}/{full}")[1]
+    if any(f == layout.MANIFESTS for f, _, _ in found):
+        folder = layout.MANIFESTS
+    return open_build(layout.build_uri(store.uri, folder, model_name, full))[1]
 
 
 # Verification
@@ -191,7 +189,7 @@ def verify_build(store: Store, build: PublishedBuild, workers: int = DEFAULT_WOR
 
 
 def verification_prefix(build: PublishedBuild) -> str:
-    return f"verifications/{build.model}/{build.key}/{build.build_id}"
+    return layout.verification_prefix(build.model, build.key, build.build_id)
 
 
 def record_verification(store: Store, build: PublishedBuild, report: VerifyReport) -> str:

@@ -10,7 +10,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from enginefoundry.store.backends import S3Store
-from enginefoundry.store.lease import Lease, lease_key, list_leases, read_lease, try_acquire
+from enginefoundry.store.layout import lease_key
+from enginefoundry.store.lease import Lease, list_leases, read_lease, try_acquire
 
 pytestmark = pytest.mark.services
 

@@ -19,10 +19,10 @@ from enginefoundry.cli import main
 from enginefoundry.planning.cache_plan import CachePlan, plan_cache
 from enginefoundry.spec import load_spec
 from enginefoundry.store.backends import FileStore
+from enginefoundry.store.layout import lease_key
 from enginefoundry.store.lease import (
     Lease,
     break_lease,
-    lease_key,
     list_leases,
     read_lease,
     try_acquire,

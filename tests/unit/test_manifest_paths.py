@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.store.backends import FileStore, S3Store, link_or_copy, store_key
+from enginefoundry.store.layout import manifests_prefix
 from enginefoundry.store.manifest import FileEntry, Manifest
-from enginefoundry.store.publish import locate, manifests_prefix
+from enginefoundry.store.publish import locate
 
 DIGEST = "a" * 64
 HOSTILE = ["../x", "/etc/passwd", "a/../../b", "a\\b", "./a", "", "a\x00b", "a//b", "a/", "a/./b", "..", ".",
