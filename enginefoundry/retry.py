@@ -6,9 +6,10 @@ a permission error, a bad request — fails at once: retrying cannot fix it and 
 the "full jitter" of the AWS Architecture Blog post "Exponential Backoff And Jitter" (2015): sleep a uniform
 random time in [0, min(cap, base · 2^attempt)].
 
-boto3 clients get the same behaviour from botocore's own "standard" retry mode (enginefoundry.store.s3); MLflow's
-REST client retries connection errors, 429 and 5xx itself (MLFLOW_HTTP_REQUEST_MAX_RETRIES, default 7,
-mlflow/environment_variables.py@3.17.2), so `retry_transient` there adds the cases that layer does not see.
+boto3 clients get the same behaviour from botocore's own "standard" retry mode (enginefoundry.store.s3). MLflow
+calls are retried at one layer only: `retry_transient` inside the one MLflow client wrapper
+(enginefoundry.records.tracking.RetryingClient: at most 6 HTTP attempts per call, MLflow's own HTTP retries off,
+no Prefect task retries on the tasks that record to MLflow; its docstring states the bound).
 """
 
 from __future__ import annotations

@@ -247,3 +247,8 @@ def true_origins(given: Destinations, underlying: Destinations) -> Destinations:
 def cache_root() -> Path:
     """EF_CACHE_DIR, else ~/.cache/enginefoundry."""
     return Path(EnvSettings().cache_dir or Path.home() / ".cache" / "enginefoundry")
+
+
+def work_root() -> Path:
+    """Scratch space for converted checkpoints, bundles, logs and reports ($EF_WORK_DIR)."""
+    return Path(EnvSettings().work_dir).resolve()

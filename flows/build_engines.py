@@ -32,8 +32,7 @@ from enginefoundry.planning.cache_plan import CachePlan, find_hit, plan_cache, u
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.outcomes import duplicate_outcome
-from enginefoundry.records.run_records import run_metrics
-from enginefoundry.records.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed, work_root
+from enginefoundry.records.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed
 from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
@@ -260,9 +259,7 @@ def build_engines(
                          parent_run_id=parent, outcomes=outcomes,
                          stage_seconds={"fetch": round(fetch_s, 2), "convert": round(convert_s, 2),
                                         "total": round(time.monotonic() - t0, 2)})
-    finish_parent_run(build_spec, parent, summary.ok, summary.model_dump(mode="json"),
-                      run_metrics(summary, time.monotonic() - t0, fetch_s, convert_s),
-                      str(work_root() / "runs" / parent))
+    finish_parent_run(build_spec, parent, summary, time.monotonic() - t0, fetch_s, convert_s)
     report_build(build_spec, summary)
     return summary if summary.ok else not_passed(summary)
 

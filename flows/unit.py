@@ -35,8 +35,9 @@ from enginefoundry.records.outcomes import (
     unit_metrics,
     unit_params,
 )
-from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome, work_root
+from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome
 from enginefoundry.runner import exit_if_terminating
+from enginefoundry.settings import work_root
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
 from enginefoundry.spec import BuildSpec

@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.build.units import Unit
 from enginefoundry.lanes import BuildResult, get_lane
-from enginefoundry.records.run_summary import work_root
+from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 

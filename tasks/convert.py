@@ -16,7 +16,7 @@ from enginefoundry.build.units import checkpoint_key_components, key_of, toolcha
 from enginefoundry.errors import StoreError
 from enginefoundry.lanes import ConvertResult, get_lane
 from enginefoundry.locks import host_lock
-from enginefoundry.records.run_summary import work_root
+from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.store.layout import manifests_prefix

@@ -13,7 +13,8 @@ from enginefoundry.build.units import toolchain_identity
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.promotion import Decision, PromotionPolicy, Registry, decide_promotions
-from enginefoundry.records.run_summary import UnitOutcome, work_root
+from enginefoundry.records.run_records import report_dir
+from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.records.tracking import Tracker
 from enginefoundry.rollout.compare import ComparisonRow, comparison_rows, markdown
 from enginefoundry.rollout.source_change import ChangeReport, detect_change
@@ -55,7 +56,7 @@ def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeRe
     return report
 
 
-@task(name="promote or hold", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+@task(name="promote or hold", cache_policy=NO_CACHE)  # MLflow only: retried at its client wrapper
 def promote_units(spec: BuildSpec, targets: list[str] | None, policy: PromotionPolicy,
                   outcomes: list[UnitOutcome]) -> list[Decision]:
     """The promotion rule (promotion.decide_promotions) for every alias stem of these targets, built by this
@@ -72,14 +73,14 @@ def promote_units(spec: BuildSpec, targets: list[str] | None, policy: PromotionP
     return decisions
 
 
-@task(name="compare old and new", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+@task(name="compare old and new", cache_policy=NO_CACHE)  # MLflow only: retried at its client wrapper
 def compare_rebuilt(spec: BuildSpec, decisions: list[Decision], policy: PromotionPolicy, stems: set[str],
                     parent_run_id: str | None) -> list[ComparisonRow]:
     """Old vs new per rebuilt target: written to the build's run folder and logged to its MLflow parent run
     (artifacts rollout/comparison.json and .md)."""
     rows = comparison_rows(Registry(spec.tracking.mlflow_uri), spec.registered_model_name, decisions, policy, stems)
     if parent_run_id and rows:
-        folder = work_root() / "runs" / parent_run_id / "rollout"
+        folder = report_dir(parent_run_id) / "rollout"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "comparison.json").write_text(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         (folder / "comparison.md").write_text(markdown(f"{spec.name}: old vs new per target", rows))

@@ -1,4 +1,7 @@
-"""Stage: record the run and each unit in MLflow."""
+"""Stage: record the run and each unit in MLflow.
+
+These tasks carry no Prefect retries: every MLflow call is retried once, at the client wrapper
+(enginefoundry.records.tracking.RetryingClient, which states the bound); a retried task would multiply it."""
 
 from __future__ import annotations
 
@@ -21,12 +24,11 @@ from enginefoundry.records.run_records import (
     start_parent,
     tracker_for,
 )
-from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.records.run_summary import RunSummary, UnitOutcome
 from enginefoundry.records.tracking import Tracker, project_git_commit
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.publish import PublishedBuild
-from enginefoundry.tasks._retry import NETWORK_RETRIES
 
 
 def prefect_context() -> dict[str, str]:
@@ -76,12 +78,12 @@ def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
     return digest
 
 
-@task(name="start MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+@task(name="start MLflow run", cache_policy=NO_CACHE)
 def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
     return start_parent(tracker_for(spec), spec, source, prefect_context())
 
 
-@task(name="start unit MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+@task(name="start unit MLflow run", cache_policy=NO_CACHE)
 def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict[str, Any],
                    tags: dict[str, Any]) -> str:
     tracker = tracker_for(spec)
@@ -92,7 +94,7 @@ def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict
     return run_id
 
 
-@task(name="record unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+@task(name="record unit", cache_policy=NO_CACHE)
 def record_unit(
     spec: BuildSpec, run_id: str, *, ok: bool, tags: dict[str, Any], metrics: dict[str, float],
     sweep: SweepReport | None, artifacts: list[str],
@@ -111,13 +113,13 @@ def record_unit(
     tracker.end_run(run_id, ok)
 
 
-@task(name="finish MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str, Any],
-                      metrics: dict[str, float], report_dir: str) -> None:
-    finish_parent(tracker_for(spec), run_id, ok, summary, metrics, Path(report_dir))
+@task(name="finish MLflow run", cache_policy=NO_CACHE)
+def finish_parent_run(spec: BuildSpec, run_id: str, summary: RunSummary, duration_s: float, fetch_s: float,
+                      convert_s: float) -> None:
+    finish_parent(tracker_for(spec), run_id, summary, duration_s=duration_s, fetch_s=fetch_s, convert_s=convert_s)
 
 
-@task(name="register unit in MLflow", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+@task(name="register unit in MLflow", cache_policy=NO_CACHE)
 def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str,
                             manifest_sha256: str = "") -> str:
     """A registered-model version per published build (idempotent: keyed by its manifest URI, anchored by its
@@ -133,7 +135,7 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
                              tags=tags, move_alias=True).version
 
 
-@task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+@task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE)
 def record_cache_hit(spec: BuildSpec, unit: Unit, key: str, hit: PublishedBuild, parent_run_id: str) -> UnitOutcome:
     """A unit run for the hit; a missing registration or alias of the published unit is repaired."""
     return record_hit(tracker_for(spec), spec, unit, key, hit, parent_run_id, prefect_context())

@@ -97,8 +97,7 @@ def _disk_full_hint(err: BaseException) -> str | None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             if e.filename:
                 return disk_full_message(e.filename, "free space there")
-            from enginefoundry.records.run_summary import work_root
-            from enginefoundry.settings import cache_root
+            from enginefoundry.settings import cache_root, work_root
 
             return (f"no space left on device (the work folder {work_root()} or the download cache {cache_root()}): "
                     "free space, or point EF_WORK_DIR / EF_CACHE_DIR at a larger disk")

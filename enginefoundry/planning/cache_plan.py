@@ -15,8 +15,8 @@ The store is read only through `find_hit`: the content-addressed store's current
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,6 +60,32 @@ def find_hit(store: Store, model: str, key: str, rehash: bool = False,
     return build
 
 
+class HitCheck(NamedTuple):
+    """One unit's hit decision: a duplicate of an earlier unit of the run with its key (not looked up again),
+    else the trusted current build of its key (`find_hit`), None for a miss."""
+
+    unit: Unit
+    key: str
+    duplicate_of: str | None
+    hit: PublishedBuild | None
+
+
+def check_hits(store: Store, model: str, units: list[Unit], keys: dict[str, str], *, force: bool = False,
+               rehash: bool = False, progress: Progress = print) -> Iterator[HitCheck]:
+    """The hit decision of every unit, in spec order, made as it is asked for (a caller may act on one unit, e.g.
+    take its lease, before the next is looked up, or stop at the first miss). The one decision the flow
+    (`plan_cache`) and the all-hits fast path (`noop_run.decide_all_hits`) share. With `force` every first unit
+    of a key is a miss."""
+    first_with_key: dict[str, str] = {}
+    for unit in units:
+        key = keys[unit.name]
+        if key in first_with_key:
+            yield HitCheck(unit, key, first_with_key[key], None)
+            continue
+        first_with_key[key] = unit.name
+        yield HitCheck(unit, key, None, None if force else find_hit(store, model, key, rehash, progress))
+
+
 class CachePlan(BaseModel):
     """What a run builds and what it takes from the store, by unit name."""
 
@@ -95,15 +121,12 @@ def plan_cache(
     the leases with `plan.release()` when its builds are done."""
     owner = owner or new_owner()
     plan = CachePlan()
-    first_with_key: dict[str, str] = {}
     try:
-        for unit in units:
-            key = keys[unit.name]
-            if key in first_with_key:
-                plan.duplicates[unit.name] = first_with_key[key]
+        for unit, key, duplicate_of, hit in check_hits(store, model, units, keys, force=force, rehash=rehash,
+                                                       progress=progress):
+            if duplicate_of is not None:
+                plan.duplicates[unit.name] = duplicate_of
                 continue
-            first_with_key[key] = unit.name
-            hit = None if force else find_hit(store, model, key, rehash, progress)
             if hit is None:
                 held, hit = _lease_or_wait(store, model, key, owner, force=force, progress=progress,
                                            ttl_s=lease_ttl_s, timeout_s=wait_timeout_s)

@@ -1,8 +1,8 @@
 """A run with nothing to build finishes before it pays for anything: no Prefect (and no ephemeral Prefect
 server), no model tooling, no server. The source's identity, the unit keys and the store decide first
 (`decide_all_hits`); when every unit has a current, consistent build in the store, the hits are recorded in
-MLflow as the flow records them (a parent run, a unit run per hit, a repaired registration:
-`record_all_hits`) and the run is done.
+MLflow by the flow's own record functions (records/run_records.py: `start_parent`, `record_hit`, `finish_parent`:
+a parent run, a unit run per hit, a repaired registration; `record_all_hits`) and the run is done.
 
 Importing the MLflow client and opening its store costs more than everything else of an all-hits run
 together (2–3 s idle, 7 s and more on a busy machine), so by default the CLI hands the recording to a
@@ -11,8 +11,9 @@ the work folder, and the recorder deletes it only once MLflow has them; a pendin
 killed recorder leaves behind is recorded by the next run (`flush_pending`).
 
 Anything else (a miss, `--force`) returns None and the caller runs the flow, which plans again under
-leases. The store is read only through `cache_plan.find_hit`, the same check the flow makes
-(`publish.check_hit`): a build it refuses is not a hit here either, and the flow rebuilds it.
+leases. The hits are decided by `cache_plan.check_hits`, the decision the flow's `plan_cache` makes (a unit
+whose key an earlier unit has shares its build; every other unit's build is checked by `publish.check_hit`):
+a build it refuses is not a hit here either, and the flow rebuilds it.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
-from enginefoundry.planning.cache_plan import find_hit, unit_keys
+from enginefoundry.planning.cache_plan import check_hits, unit_keys
 from enginefoundry.records import tracking_tags as mltags
-from enginefoundry.records.run_summary import RunSummary, work_root
+from enginefoundry.records.run_summary import RunSummary
+from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.store.backends import open_store
 from enginefoundry.store.publish import PublishedBuild, read_build
@@ -60,13 +62,11 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     hits: dict[str, PublishedBuild] = {}
-    for unit in units:
-        key = keyed.keys[unit.name]
-        found = (next((hits[u] for u in hits if keyed.keys[u] == key), None)
-                 or find_hit(store, spec.model.name, key, rehash, progress))
+    for check in check_hits(store, spec.model.name, units, keyed.keys, rehash=rehash, progress=progress):
+        found = hits[check.duplicate_of] if check.duplicate_of is not None else check.hit
         if found is None:
             return None
-        hits[unit.name] = found
+        hits[check.unit.name] = found
     return AllHits(source=snapshot, units=units, keys=keyed.keys, hits=hits, fetch_s=fetch_s)
 
 
@@ -82,7 +82,7 @@ def summary_of(spec: BuildSpec, run: AllHits, parent_run_id: str | None = None,
 
 def record_all_hits(spec: BuildSpec, run: AllHits) -> RunSummary:
     """A parent run with a unit run per hit (registrations repaired), as the flow records a hit."""
-    from enginefoundry.records.run_records import finish_parent, record_hit, run_metrics, start_parent, tracker_for
+    from enginefoundry.records.run_records import finish_parent, record_hit, start_parent, tracker_for
 
     t0 = time.monotonic()
     tracker = tracker_for(spec)
@@ -91,9 +91,8 @@ def record_all_hits(spec: BuildSpec, run: AllHits) -> RunSummary:
         outcomes = [record_hit(tracker, spec, unit, run.keys[unit.name], run.hits[unit.name], parent)
                     for unit in run.units]
         summary = summary_of(spec, run, parent, outcomes)
-        finish_parent(tracker, parent, summary.ok, summary.model_dump(mode="json"),
-                      run_metrics(summary, run.fetch_s + time.monotonic() - t0, run.fetch_s, 0.0),
-                      work_root() / "runs" / parent)
+        finish_parent(tracker, parent, summary, duration_s=run.fetch_s + time.monotonic() - t0, fetch_s=run.fetch_s,
+                      convert_s=0.0)
     except BaseException:
         tracker.end_run(parent, False)
         raise

@@ -11,6 +11,7 @@ from typing import Any
 
 from enginefoundry.errors import InputError
 from enginefoundry.records import tracking_tags as mltags
+from enginefoundry.records.tracking import RetryingClient, mlflow_client
 from enginefoundry.store.layout import BUILD_URI_SHAPE, store_of_build_uri
 from enginefoundry.store.manifest import Manifest
 
@@ -34,10 +35,8 @@ def read_manifest_uri(uri: str, anchor: tuple[str, str] | None = None) -> Manife
     return build.manifest
 
 
-def _client(mlflow_uri: str):  # -> MlflowClient
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=mlflow_uri)
+def _client(mlflow_uri: str) -> RetryingClient:
+    return mlflow_client(mlflow_uri)
 
 
 def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:

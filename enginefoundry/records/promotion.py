@@ -20,6 +20,7 @@ from enginefoundry.errors import InputError
 from enginefoundry.evidence.signing import TrustPolicy
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.lineage import read_manifest_uri
+from enginefoundry.records.tracking import mlflow_client
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.layout import legacy_manifest_uri
 from enginefoundry.store.manifest import Manifest
@@ -205,10 +206,8 @@ class Registry:
     """The champion/candidate aliases of one MLflow registry."""
 
     def __init__(self, tracking_uri: str) -> None:
-        from mlflow.tracking import MlflowClient
-
         self.uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.client = mlflow_client(tracking_uri, registry_uri=tracking_uri)
 
     def version_by_alias(self, model: str, alias: str) -> Any | None:
         from mlflow.exceptions import MlflowException

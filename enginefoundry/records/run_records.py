@@ -17,6 +17,7 @@ from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_param
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome
 from enginefoundry.records.tracking import Tracker, project_git_commit, redact
+from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.store.unit_status import UnitStatus
@@ -107,14 +108,21 @@ def record_hit(
     return hit_outcome(unit, key, hit, run_id)
 
 
-def finish_parent(tracker: Tracker, run_id: str, ok: bool, summary: dict[str, Any], metrics: dict[str, float],
-                  report_dir: Path) -> None:
-    tracker.log_metrics(run_id, metrics)
-    out = report_dir / "summary.json"
+def report_dir(parent_run_id: str) -> Path:
+    """A run's local report folder (its summary.json before it is logged): `<work folder>/runs/<parent run id>`."""
+    return work_root() / "runs" / parent_run_id
+
+
+def finish_parent(tracker: Tracker, run_id: str, summary: RunSummary, *, duration_s: float, fetch_s: float,
+                  convert_s: float) -> None:
+    """The end of a parent run, the flow's and the fast path's alike: its metrics (`run_metrics`), summary.json
+    as an artifact, and FINISHED when every unit passed (else FAILED)."""
+    tracker.log_metrics(run_id, run_metrics(summary, duration_s, fetch_s, convert_s))
+    out = report_dir(run_id) / "summary.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2))
+    out.write_text(json.dumps(summary.model_dump(mode="json"), indent=2))
     tracker.log_artifact(run_id, out)
-    tracker.end_run(run_id, ok)
+    tracker.end_run(run_id, summary.ok)
 
 
 def run_metrics(summary: RunSummary, duration_s: float, fetch_s: float, convert_s: float) -> dict[str, float]:

@@ -1,21 +1,13 @@
-"""Domain pieces the flow composes: working folders, unit outcomes, the run summary."""
+"""Domain pieces the flow composes: unit outcomes, the run summary."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import PipelineError
 from enginefoundry.store.unit_status import UnitStatus
-
-
-def work_root() -> Path:
-    """Scratch space for converted checkpoints, bundles, logs and reports ($EF_WORK_DIR)."""
-    from enginefoundry.settings import EnvSettings
-
-    return Path(EnvSettings().work_dir).resolve()
 
 
 class UnitOutcome(BaseModel):

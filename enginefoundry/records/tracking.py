@@ -1,7 +1,9 @@
 """MLflow tracking: one parent run per pipeline run, one child run per unit (docs/architecture.md#mlflow-schema).
 
-Uses MlflowClient with explicit run ids (no fluent "active run"), because units run in threads.
-Everything logged passes through `redact`, so no credential reaches a param, tag or artifact.
+Uses MlflowClient with explicit run ids (no fluent "active run"), because units run in threads, always through
+the one client wrapper `RetryingClient` (`mlflow_client`): every MLflow call of the project is retried there and
+nowhere else (see `RetryingClient` for the bound). Everything logged passes through `redact`, so no credential
+reaches a param, tag or artifact.
 
 No run stays RUNNING: every run this process opens is remembered until it ends; at interpreter exit the
 ones still open end FAILED, or KILLED after Ctrl-C or SIGTERM. Runs of a process that was `kill -9`-ed are
@@ -13,15 +15,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import re
 import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from enginefoundry.errors import PipelineError
 from enginefoundry.locks import host_lock
@@ -29,7 +31,6 @@ from enginefoundry.records import db_templates
 from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.retry import retry_transient
 
-T = TypeVar("T")
 HOST_TAG, PID_TAG, START_TAG = mltags.OWNER_HOST, mltags.OWNER_PID, mltags.OWNER_PID_START
 
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "HF_TOKEN",
@@ -76,6 +77,52 @@ def _process_start(pid: int) -> str:
         return ""
 
 
+# The one retry layer of MLflow calls: attempts per call, and the backoff between them (full jitter: sleeps of
+# at most 1, 2, 4, 8, 16 s, 31 s in all).
+MLFLOW_ATTEMPTS = 6
+MLFLOW_BACKOFF_BASE_S = 1.0
+MLFLOW_BACKOFF_CAP_S = 16.0
+
+
+class RetryingClient:
+    """The project's one MLflow client wrapper: an `MlflowClient` whose every method call is retried on transient
+    errors (`retry.retry_transient`: connection failures, timeouts, HTTP 429/5xx, a locked SQLite file) and on
+    nothing else. This is the only layer that retries an MLflow call: the Prefect tasks that record to MLflow
+    carry no task retries, and MLflow's own HTTP retries are off (`mlflow_client` sets
+    MLFLOW_HTTP_REQUEST_MAX_RETRIES=0 unless the environment sets it: mlflow/environment_variables.py@3.17.2,
+    read per request by mlflow/utils/rest_utils.py, default 7 retries with backoff factor 2).
+
+    Bound: one MLflow call makes at most MLFLOW_ATTEMPTS (6) HTTP attempts, each within MLflow's request timeout
+    (MLFLOW_HTTP_REQUEST_TIMEOUT, default 120 s), with at most 31 s of backoff between them; an environment that
+    sets MLFLOW_HTTP_REQUEST_MAX_RETRIES=n multiplies the attempts by n + 1. (Before issue 20 three layers
+    multiplied: 4 task runs × 4 wrapper attempts × 8 HTTP attempts = 128 for one call.)
+
+    `raw` is the unwrapped client, for a caller that must ask once (the end of open runs at exit)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.raw, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return retry_transient(lambda: attr(*args, **kwargs), what=f"MLflow {name}", attempts=MLFLOW_ATTEMPTS,
+                                   base_s=MLFLOW_BACKOFF_BASE_S, cap_s=MLFLOW_BACKOFF_CAP_S)
+
+        return call
+
+
+def mlflow_client(tracking_uri: str, registry_uri: str | None = None) -> RetryingClient:
+    """The MLflow client of every caller (tracking, registration, promotion, lineage): `RetryingClient`."""
+    from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # retried once, in RetryingClient
+    return RetryingClient(MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri))
+
+
 class _OpenRuns:
     """The runs this process started and has not ended, with the client that can end them."""
 
@@ -95,15 +142,17 @@ class _OpenRuns:
         with self._lock:
             self._runs.pop(run_id, None)
 
-    def end_all(self, status: str | None = None) -> list[str]:
-        """End every open run: `status`, else KILLED after a signal, else FAILED (an exit without end_run)."""
+    def end_all(self, status: str | None = None, once: bool = False) -> list[str]:
+        """End every open run: `status`, else KILLED after a signal, else FAILED (an exit without end_run).
+        `once`: one request per call, no retry (at exit)."""
         from enginefoundry.runner import terminating
 
         self.interrupted = self.interrupted or terminating()  # a SIGTERM that reached only runner's handler
         status = status or ("KILLED" if self.interrupted else "FAILED")
         with self._lock:
             runs, self._runs = self._runs, {}
-        for run_id, client in runs.items():
+        for run_id, wrapped in runs.items():
+            client = wrapped.raw if once and isinstance(wrapped, RetryingClient) else wrapped
             try:
                 client.set_tag(run_id, mltags.END_REASON, "interrupted" if self.interrupted else "error")
                 client.set_terminated(run_id, status=status)
@@ -123,7 +172,7 @@ class _OpenRuns:
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # the process is exiting: nothing else reads it
         if float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")) > 10:
             os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
-        self.end_all()
+        self.end_all(once=True)
 
     def install_handlers(self) -> None:
         """Remember that SIGINT/SIGTERM arrived (then behave as before), so runs end KILLED, not FAILED."""
@@ -181,8 +230,6 @@ def _mlflow_template_rules() -> db_templates.TemplateRules:
 
 class Tracker:
     def __init__(self, tracking_uri: str, experiment: str) -> None:
-        from mlflow.tracking import MlflowClient
-
         self.uri = tracking_uri
         db = Path(tracking_uri.removeprefix("sqlite:///")) if tracking_uri.startswith("sqlite:///") else None
         if db is not None:
@@ -195,10 +242,10 @@ class Tracker:
                 # A new file starts as this MLflow release's migrated empty database (≈ 1.5 s of migrations
                 # spared per new file, measured: enginefoundry/records/db_templates.py).
                 with _started_from_mlflow_template(db):
-                    self.client = MlflowClient(tracking_uri=tracking_uri)
+                    self.client = mlflow_client(tracking_uri)
                 self.experiment_id = self._experiment_id(experiment, db)
                 if db is not None:  # the model registry opens (and would migrate) the file through its own store
-                    self._call("open registry", lambda: self.client.search_registered_models(max_results=1))
+                    self.client.search_registered_models(max_results=1)
         except Exception as err:
             raise PipelineError(
                 f"tracking: cannot use MLflow at {redact(tracking_uri)} ({type(err).__name__}); start the server "
@@ -208,24 +255,20 @@ class Tracker:
     def _experiment_id(self, experiment: str, db: Path | None) -> str:
         from mlflow.exceptions import MlflowException
 
-        exp = self._call("get experiment", lambda: self.client.get_experiment_by_name(experiment))
+        exp = self.client.get_experiment_by_name(experiment)
         if exp is not None:
             return exp.experiment_id
         # Keep local artifacts beside the database, not in ./mlruns of whatever cwd.
         artifact_location = (db.parent.resolve() / "mlartifacts").as_uri() if db is not None else None
         try:
-            return self._call("create experiment", lambda: self.client.create_experiment(
-                experiment, artifact_location=artifact_location))
+            return str(self.client.create_experiment(experiment, artifact_location=artifact_location))
         except MlflowException as err:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-            exp = self._call("get experiment", lambda: self.client.get_experiment_by_name(experiment))
+            exp = self.client.get_experiment_by_name(experiment)
             if exp is None:
                 raise
             return exp.experiment_id  # another run created it between our read and our create
-
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        return retry_transient(fn, what=f"MLflow {what}", attempts=4)
 
     def start_run(self, name: str, tags: dict[str, Any], parent_id: str | None = None) -> str:
         all_tags = {k: redact(v) for k, v in tags.items()}
@@ -233,25 +276,23 @@ class Tracker:
             all_tags["mlflow.parentRunId"] = parent_id
         pid = os.getpid()
         all_tags.update({HOST_TAG: socket.gethostname(), PID_TAG: str(pid), START_TAG: _process_start(pid)})
-        run = self._call("create run", lambda: self.client.create_run(self.experiment_id, run_name=name,
-                                                                        tags=all_tags))
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
         OPEN_RUNS.add(run.info.run_id, self.client)
         return run.info.run_id
 
     def end_dead_runs(self) -> list[str]:
         """Runs left RUNNING by a process of this host that is gone (kill -9, power loss) end KILLED."""
         host = socket.gethostname()
-        runs = self._call("search runs", lambda: self.client.search_runs(
+        runs = self.client.search_runs(
             [self.experiment_id], filter_string=f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'",
-            max_results=1000))
+            max_results=1000)
         ended = []
         for run in runs:
             pid, start = run.data.tags.get(PID_TAG, ""), run.data.tags.get(START_TAG, "")
             if not pid.isdigit() or (_process_start(int(pid)) == start and start):
                 continue  # still alive (same pid, same start time)
-            self._call("end run", lambda r=run: self.client.set_tag(r.info.run_id, mltags.END_REASON,
-                                                                   "process gone"))
-            self._call("end run", lambda r=run: self.client.set_terminated(r.info.run_id, status="KILLED"))
+            self.client.set_tag(run.info.run_id, mltags.END_REASON, "process gone")
+            self.client.set_terminated(run.info.run_id, status="KILLED")
             ended.append(run.info.run_id)
         return ended
 
@@ -261,11 +302,11 @@ class Tracker:
         flat = flatten("", params)
         items = [Param(k, v) for k, v in flat.items()]
         for i in range(0, len(items), 100):
-            self._call("log params", lambda i=i: self.client.log_batch(run_id, params=items[i : i + 100]))
+            self.client.log_batch(run_id, params=items[i : i + 100])
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
-            self._call("set tag", lambda k=k, v=v: self.client.set_tag(run_id, k, redact(v)))
+            self.client.set_tag(run_id, k, redact(v))
 
     def log_metrics(self, run_id: str, metrics: dict[str, float | int | bool], step: int = 0) -> None:
         import time
@@ -275,13 +316,13 @@ class Tracker:
         ts = int(time.time() * 1000)
         items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
         for i in range(0, len(items), 500):
-            self._call("log metrics", lambda i=i: self.client.log_batch(run_id, metrics=items[i : i + 500]))
+            self.client.log_batch(run_id, metrics=items[i : i + 500])
 
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
-        self._call("log artifact", lambda: self.client.log_artifact(run_id, str(path), artifact_path))
+        self.client.log_artifact(run_id, str(path), artifact_path)
 
     def end_run(self, run_id: str, ok: bool) -> None:
-        self._call("end run", lambda: self.client.set_terminated(run_id, status="FINISHED" if ok else "FAILED"))
+        self.client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
         OPEN_RUNS.discard(run_id)
 
 
@@ -348,8 +389,7 @@ def link_run_output(client: Any, run_id: str, model_id: str) -> None:
     `mlflow.<flavor>.log_model` records inside a run: MlflowClient.log_outputs, mlflow 3.17.2)."""
     from mlflow.entities import LoggedModelOutput
 
-    retry_transient(lambda: client.log_outputs(run_id, [LoggedModelOutput(model_id=model_id, step=0)]),
-                    what="MLflow log run output")
+    client.log_outputs(run_id, [LoggedModelOutput(model_id=model_id, step=0)])
 
 
 def finalize_logged_model(client: Any, model_id: str, *, ok: bool) -> None:
@@ -358,7 +398,7 @@ def finalize_logged_model(client: Any, model_id: str, *, ok: bool) -> None:
 
     status = LoggedModelStatus.READY if ok else LoggedModelStatus.FAILED
     if ok:
-        retry_transient(lambda: client.finalize_logged_model(model_id, status), what="MLflow finalize model")
-        return
-    with contextlib.suppress(Exception):  # the server may be the reason registration failed
         client.finalize_logged_model(model_id, status)
+        return
+    with contextlib.suppress(Exception):  # the server may be the reason registration failed: ask once
+        getattr(client, "raw", client).finalize_logged_model(model_id, status)
