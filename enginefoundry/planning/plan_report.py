@@ -34,7 +34,8 @@ def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:
     candidates.append(KNOWN_CONFIGS / f"{spec.model.name}.json")
     for path in candidates:
         if path.is_file():
-            return json.loads(path.read_text())
+            config: dict[str, Any] = json.loads(path.read_text())
+            return config
     return None
 
 

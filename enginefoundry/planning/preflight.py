@@ -74,7 +74,8 @@ class ModelShape(BaseModel):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
-        cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        text_config = config.get("text_config")
+        cfg: dict[str, Any] = text_config if isinstance(text_config, dict) else config
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -134,7 +135,8 @@ class ModelShape(BaseModel):
 def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:
     path = Path(checkpoint_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())
+        return config
     except FileNotFoundError:
         raise InputError(f"{path} does not exist: the checkpoint folder needs a Hugging Face config.json") from None
     except json.JSONDecodeError as err:

@@ -92,11 +92,19 @@ def build_run_tags(spec: BuildSpec, unit: Unit, key: str) -> dict[str, str]:
             mltags.LANE: spec.lane, mltags.WORK_POOL: unit.target.pool, mltags.CACHE_HIT: "false"}
 
 
+def unit_manifest_of(hit: PublishedBuild) -> Manifest:
+    """A hit's unit manifest; StoreError when the build is a converted checkpoint (never a unit's hit)."""
+    if hit.manifest is None:
+        raise StoreError(f"{hit.uri} is a converted checkpoint, not a unit's build")
+    return hit.manifest
+
+
 def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
     """The tags of a cache hit's MLflow run: which run built the unit, and where it lies."""
-    return {mltags.KEY: key, mltags.CACHE_HIT: "true", mltags.BUILT_BY_RUN: hit.manifest.mlflow_run_id or "",
+    manifest = unit_manifest_of(hit)
+    return {mltags.KEY: key, mltags.CACHE_HIT: "true", mltags.BUILT_BY_RUN: manifest.mlflow_run_id or "",
             mltags.MANIFEST_URI: hit.uri, mltags.MANIFEST_SHA256: hit.manifest_sha256,
-            mltags.STATUS: hit.manifest.status}
+            mltags.STATUS: manifest.status}
 
 
 def unit_manifest(
@@ -148,7 +156,7 @@ def failed_outcome(unit: Unit, key: str, err: BaseException, run_id: str, stages
 
 
 def hit_outcome(unit: Unit, key: str, hit: PublishedBuild, run_id: str | None) -> UnitOutcome:
-    manifest = hit.manifest
+    manifest = unit_manifest_of(hit)
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=hit.uri,
                        built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,

@@ -13,7 +13,7 @@ from typing import Any
 
 from enginefoundry.build.units import Unit
 from enginefoundry.records import tracking_tags as mltags
-from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_params
+from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_manifest_of, unit_params
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome
 from enginefoundry.records.tracking import Tracker, project_git_commit, redact
@@ -86,8 +86,7 @@ def record_hit(
     extra_tags: dict[str, str] | None = None,
 ) -> UnitOutcome:
     """A unit run for a cache hit (which run built it, where it lies), and a repaired registration."""
-    manifest = hit.manifest
-    assert manifest is not None
+    manifest = unit_manifest_of(hit)
     from enginefoundry.evidence.attest import tags_for
 
     signature = tags_for(hit.uri, spec.publish.s3_endpoint_url)  # signer and attestation digests of the build

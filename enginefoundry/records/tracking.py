@@ -257,7 +257,7 @@ class Tracker:
 
         exp = self.client.get_experiment_by_name(experiment)
         if exp is not None:
-            return exp.experiment_id
+            return str(exp.experiment_id)
         # Keep local artifacts beside the database, not in ./mlruns of whatever cwd.
         artifact_location = (db.parent.resolve() / "mlartifacts").as_uri() if db is not None else None
         try:
@@ -268,7 +268,7 @@ class Tracker:
             exp = self.client.get_experiment_by_name(experiment)
             if exp is None:
                 raise
-            return exp.experiment_id  # another run created it between our read and our create
+            return str(exp.experiment_id)  # another run created it between our read and our create
 
     def start_run(self, name: str, tags: dict[str, Any], parent_id: str | None = None) -> str:
         all_tags = {k: redact(v) for k, v in tags.items()}
@@ -277,8 +277,9 @@ class Tracker:
         pid = os.getpid()
         all_tags.update({HOST_TAG: socket.gethostname(), PID_TAG: str(pid), START_TAG: _process_start(pid)})
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
-        OPEN_RUNS.add(run.info.run_id, self.client)
-        return run.info.run_id
+        run_id = str(run.info.run_id)
+        OPEN_RUNS.add(run_id, self.client)
+        return run_id
 
     def end_dead_runs(self) -> list[str]:
         """Runs left RUNNING by a process of this host that is gone (kill -9, power loss) end KILLED."""
