@@ -16,7 +16,7 @@ from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_manifest_of, unit_params
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome
-from enginefoundry.records.tracking import Tracker, project_git_commit, redact
+from enginefoundry.records.tracking import Tracker, mlflow_client, project_git_commit, redact
 from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.publish import PublishedBuild
@@ -46,7 +46,7 @@ def mlflow_run_link(spec: BuildSpec, run_id: str) -> str:
     if not uri.startswith(("http://", "https://")):
         return f"runs:/{run_id}"
     try:
-        experiment = tracker_for(spec).client.get_run(run_id).info.experiment_id
+        experiment = mlflow_client(uri).get_run(run_id).info.experiment_id
     except Exception:
         return f"runs:/{run_id}"
     return f"{redact(uri).rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"

@@ -103,6 +103,8 @@ class RetryingClient:
         self.raw = raw
 
     def __getattr__(self, name: str) -> Any:
+        if name == "raw":  # not set yet (a copy being built): never look it up through itself
+            raise AttributeError(name)
         attr = getattr(self.raw, name)
         if not callable(attr):
             return attr

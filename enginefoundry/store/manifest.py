@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from enginefoundry.store.backends import relative_posix
+from enginefoundry.confine import relative_posix
 from enginefoundry.store.unit_status import UnitStatus
 
 # 2: content-addressed layout (build_id, FileEntry.executable). Version 1 manifests (artifacts/<model>/<key>/
