@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.tracking import RetryingClient, mlflow_client
 from enginefoundry.store.layout import BUILD_URI_SHAPE, store_of_build_uri
 from enginefoundry.store.manifest import Manifest

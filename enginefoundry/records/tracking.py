@@ -25,10 +25,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import PipelineError
 from enginefoundry.locks import host_lock
 from enginefoundry.records import db_templates
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.retry import retry_transient
 
 HOST_TAG, PID_TAG, START_TAG = mltags.OWNER_HOST, mltags.OWNER_PID, mltags.OWNER_PID_START
