@@ -230,7 +230,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def store_key(key: ReferenceKey | SiblingReferenceKey) -> str:
-    return layout.reference_key(key.digest)
+    return layout.reference_answers_key(key.digest)
 
 
 # How many times this process computed reference answers (tests assert reuse through it, not through timing).

@@ -67,11 +67,6 @@ def is_blob_key(key: str) -> bool:
     return key.startswith(f"{BLOB_PREFIX}/")
 
 
-def model_manifests_prefix(model: str) -> str:
-    """The folder of every key of a model (to list)."""
-    return f"{MANIFESTS}/{segment(model, 'model name')}/"
-
-
 def manifests_prefix(model: str, key: str) -> str:
     return f"{MANIFESTS}/{segment(model, 'model name')}/{segment(key, 'key')}"
 
@@ -122,7 +117,8 @@ def quarantine_key(key: str, suffix: str) -> str:
     return f"{QUARANTINE}/{key}.{suffix}"
 
 
-def reference_key(digest: str) -> str:
+def reference_answers_key(digest: str) -> str:
+    """Smoke-gate reference answers, by the digest of their key (smoke/reference.py)."""
     return f"{REFERENCES}/{digest}.json"
 
 
