@@ -49,7 +49,7 @@ def exit_now(code: int) -> NoReturn:
     import threading
 
     threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to tell anyone
             stream.flush()

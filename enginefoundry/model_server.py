@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from pydantic import BaseModel
 
@@ -55,7 +56,7 @@ class Endpoint(BaseModel):
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])  # (host, port) for AF_INET
 
 
 def _stop_all() -> None:
@@ -77,7 +78,7 @@ def _install_sigterm_handler() -> None:
     if getattr(previous, "_enginefoundry", False):
         return
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         _stop_all()
         if callable(previous):
             previous(signum, frame)
