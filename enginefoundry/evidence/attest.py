@@ -27,6 +27,7 @@ from enginefoundry.errors import StoreError
 from enginefoundry.evidence.signing import (
     ENV_KEY_FILE,
     STATEMENT_TYPE,
+    OpenedBundle,
     SignatureError,
     Signer,
     TrustedKey,
@@ -37,6 +38,7 @@ from enginefoundry.evidence.signing import (
 )
 from enginefoundry.store.backends import Store, blob_key
 from enginefoundry.store.publish import PublishedBuild, manifests_prefix
+from enginefoundry.store.unit_status import UnitStatus
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
 GATE = "https://in-toto.io/attestation/test-result/v0.1"
@@ -155,8 +157,8 @@ def gate_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:
     `enginefoundry`."""
     m = build.manifest
     assert m is not None
-    passed = m.status == "candidate"
-    config = [{"name": "smoke-gate-policy", "digest": {"sha256": _canonical_digest(m.gate)}}]
+    passed = m.status == UnitStatus.CANDIDATE
+    config: list[dict[str, object]] = [{"name": "smoke-gate-policy", "digest": {"sha256": _canonical_digest(m.gate)}}]
     if m.prompts_digest:
         config.append({"name": "prompt-set", "digest": _digest(m.prompts_digest)})
     return {"result": "PASSED" if passed else "FAILED", "configuration": config,
@@ -275,7 +277,7 @@ def _parse_time(text: Any) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
-def _verifies(bundle, public_pem: str) -> bool:
+def _verifies(bundle: OpenedBundle, public_pem: str) -> bool:
     """A signature check that treats an unreadable or unsupported public key as a failed check."""
     from enginefoundry.errors import InputError
 
@@ -314,8 +316,9 @@ def _subject_problem(build: PublishedBuild, subject: Any) -> str | None:
 def _check_entry(store: Store, build: PublishedBuild, entry: IndexEntry, index: AttestationIndex,
                  policy: TrustPolicy) -> Check:
     kind = entry.kind
-    fail = lambda cause, signer="": Check(kind=kind, ok=False, cause=f"{kind}: {cause}", signer=signer,  # noqa: E731
-                                          sha256=entry.sha256)
+
+    def fail(cause: str, signer: str = "") -> Check:
+        return Check(kind=kind, ok=False, cause=f"{kind}: {cause}", signer=signer, sha256=entry.sha256)
     try:
         size = store.size(blob_key(entry.sha256))
         if size is None:
