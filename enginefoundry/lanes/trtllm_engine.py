@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from enginefoundry.build.model_shape import Check, read_model_config
 from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, ToolError
@@ -45,7 +46,6 @@ from enginefoundry.lanes.trtllm_flags import (
     serve_backend_value,
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.planning.preflight import Check, read_model_config
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
