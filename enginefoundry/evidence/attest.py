@@ -44,8 +44,8 @@ PROVENANCE = "https://slsa.dev/provenance/v1"
 GATE = "https://in-toto.io/attestation/test-result/v0.1"
 BENCHMARK = "https://enginefoundry.dev/attestation/benchmark/v1"
 BUILD_TYPE = "https://enginefoundry.dev/buildtypes/unit/v1"
-KINDS: dict[str, str] = {"provenance": PROVENANCE, "gate": GATE, "benchmark": BENCHMARK}
 Kind = Literal["provenance", "gate", "benchmark"]
+KINDS: dict[Kind, str] = {"provenance": PROVENANCE, "gate": GATE, "benchmark": BENCHMARK}
 
 # MLflow tags on the unit run and the model version (enginefoundry namespace, as tracking_tags).
 TAG_SIGNATURE = "enginefoundry.signature"  # "signed" | "unsigned"
@@ -178,7 +178,7 @@ def benchmark_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]
                 "tool"))), "result": bench, "signedAt": signed_at}
 
 
-PREDICATES: dict[str, Callable[[PublishedBuild, str], dict[str, Any]]] = {
+PREDICATES: dict[Kind, Callable[[PublishedBuild, str], dict[str, Any]]] = {
     "provenance": provenance_predicate, "gate": gate_predicate, "benchmark": benchmark_predicate}
 
 
@@ -199,7 +199,7 @@ def attest_build(store: Store, build: PublishedBuild, signer: Signer,
         data = sign_statement(_statement(build, predicate_type, PREDICATES[kind](build, signed_at)), signer)
         digest = hashlib.sha256(data).hexdigest()
         store.create_if_absent(blob_key(digest), data)
-        entries.append(IndexEntry(kind=kind, predicate_type=predicate_type, sha256=digest, size=len(data)))  # type: ignore[arg-type]
+        entries.append(IndexEntry(kind=kind, predicate_type=predicate_type, sha256=digest, size=len(data)))
     index = AttestationIndex(manifest_key=build.manifest_key, manifest_sha256=build.manifest_sha256,
                              signer=SignerInfo(identity=signer.identity, key_id=signer.key_id,
                                                public_key=signer.public_pem()),
