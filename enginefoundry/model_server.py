@@ -39,6 +39,7 @@ from enginefoundry.runner import (
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _LOCK = threading.Lock()
+_STOP_HANDLERS: set[object] = set()  # the SIGTERM handlers _install_sigterm_handler made: installing again is a no-op
 
 
 class Endpoint(BaseModel):
@@ -75,7 +76,7 @@ def _install_sigterm_handler() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
-    if getattr(previous, "_enginefoundry", False):
+    if previous in _STOP_HANDLERS:
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -85,7 +86,7 @@ def _install_sigterm_handler() -> None:
         else:
             raise SystemExit(128 + signum)
 
-    handler._enginefoundry = True  # type: ignore[attr-defined]
+    _STOP_HANDLERS.add(handler)
     signal.signal(signal.SIGTERM, handler)
 
 

@@ -233,6 +233,7 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> N
 
 
 _TERMINATING = threading.Event()
+_EXIT_HANDLERS: set[object] = set()  # the SIGTERM handlers install_sigterm_as_exit made: installing again is a no-op
 
 
 def terminating() -> bool:
@@ -255,7 +256,7 @@ def install_sigterm_as_exit() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
-    if getattr(previous, "_enginefoundry_exit", False):
+    if previous in _EXIT_HANDLERS:
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -264,7 +265,7 @@ def install_sigterm_as_exit() -> None:
             previous(signum, frame)
         raise SystemExit(128 + signum)
 
-    handler._enginefoundry_exit = True  # type: ignore[attr-defined]
+    _EXIT_HANDLERS.add(handler)
     signal.signal(signal.SIGTERM, handler)
 
 
