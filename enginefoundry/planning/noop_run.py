@@ -34,7 +34,7 @@ from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
 from enginefoundry.planning.cache_plan import check_hits, unit_keys
-from enginefoundry.records.run_summary import RunSummary
+from enginefoundry.records.run_summary import RunSummary, UnitOutcome
 from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.store.backends import open_store
@@ -71,7 +71,7 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
 
 
 def summary_of(spec: BuildSpec, run: AllHits, parent_run_id: str | None = None,
-               outcomes: list[Any] | None = None) -> RunSummary:
+               outcomes: list[UnitOutcome] | None = None) -> RunSummary:
     from enginefoundry.records.outcomes import hit_outcome
 
     outcomes = outcomes or [hit_outcome(u, run.keys[u.name], run.hits[u.name], None) for u in run.units]
