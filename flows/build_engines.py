@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from prefect import flow
@@ -23,7 +23,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
 from enginefoundry.build.units import Unit, expand_units
-from enginefoundry.errors import InputError, SpecError
+from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
@@ -49,6 +49,7 @@ from enginefoundry.tasks.track import (
 )
 
 Mode = Literal["embedded", "cluster"]
+T = TypeVar("T")
 quiet_expected_failures()  # a Failed end with our own error logs no engine traceback (tasks/_log.py)
 
 
@@ -116,6 +117,15 @@ def input_failure(err: InputError) -> State:
     """A bad input ends the run Failed with one message that names the field and the fix: no traceback in the
     UI. The exception rides along as the state's data, so a caller in Python (the CLI) gets it raised."""
     return Failed(message=str(err), data=err)
+
+
+def flow_value(result: T | State) -> T:
+    """What a flow called as a function returned. A flow that ends in a State raises its error at the call
+    (Prefect's engine returns `state.result()` unless `return_state=True`), so a State does not come back here;
+    this narrows the flow's declared `X | State` to X for the caller."""
+    if isinstance(result, State):
+        raise PipelineError(f"the flow ended {result.name}: {result.message or 'no message'}")
+    return result
 
 
 def spec_payload(spec: BuildSpec) -> dict[str, Any]:

@@ -4,7 +4,17 @@ Attributes load lazily, so the spec can consult the registry while it is being i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names __getattr__ serves, for the type checker
+    from enginefoundry.lanes.base import BuildResult as BuildResult
+    from enginefoundry.lanes.base import Command as Command
+    from enginefoundry.lanes.base import ConvertResult as ConvertResult
+    from enginefoundry.lanes.base import Lane as Lane
+    from enginefoundry.lanes.base import ServeCommand as ServeCommand
+    from enginefoundry.lanes.registry import LaneEntry as LaneEntry
+    from enginefoundry.lanes.registry import get_lane as get_lane
+    from enginefoundry.lanes.registry import register_lane as register_lane
 
 _LAZY = {
     "BuildResult": "enginefoundry.lanes.base", "Command": "enginefoundry.lanes.base",
