@@ -48,7 +48,7 @@ def _run_name() -> str:
 @flow(name="rollout", flow_run_name=_run_name, log_prints=True)
 def rollout(
     spec_path: str | None = "configs/tiny-cpu.yaml",
-    spec: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,  # JSON edge: an inline spec, as the UI's form and API callers send it
     targets: list[str] | None = None,
     mode: Mode = "embedded",
     max_accuracy_drop: float = 0.02,

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     auto.set_defaults(handler=cmd_automations)
 
 
-def load_automations(path: Path) -> list[dict[str, Any]]:
+def load_automations(path: Path) -> list[dict[str, Any]]:  # JSON edge: automations.yaml entries
     import yaml
 
     if not path.is_file():
