@@ -40,7 +40,7 @@ class ConvertResult(BaseModel):
     """A converted checkpoint folder (shared by every target that needs it)."""
 
     checkpoint_dir: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: recorded in the checkpoint's manifest
     commands: list[Command] = Field(default_factory=list)
 
 
@@ -48,8 +48,8 @@ class BuildResult(BaseModel):
     """The unit's bundle folder: everything the serve step and a serving team need."""
 
     bundle_dir: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    device: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the manifest's build_params
+    device: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the manifest's device facts
     commands: list[Command] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
 

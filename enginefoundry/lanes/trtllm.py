@@ -151,18 +151,18 @@ def kv_cache_dtype_key(variant: Variant) -> str | None:
     return "fp8" if variant.kv_cache_dtype is KVCacheDtype.FP8 else None
 
 
-def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
+def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge: the LLM API YAML
     """The LLM API YAML for `trtllm-serve --extra_llm_api_options` (and the warm-up)."""
     opts = trtllm_options(spec.lane_options)
     v, p = unit.variant, unit.profile
-    kv: dict[str, Any] = {"free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}
+    kv: dict[str, Any] = {"free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}  # JSON edge: YAML
     if kv_cache_dtype_key(v):
         kv["dtype"] = kv_cache_dtype_key(v)
     if opts.enable_block_reuse is not None:
         kv["enable_block_reuse"] = opts.enable_block_reuse
     if opts.tokens_per_block is not None:
         kv["tokens_per_block"] = opts.tokens_per_block
-    cfg: dict[str, Any] = {
+    cfg: dict[str, Any] = {  # JSON edge: the LLM API YAML
         "tensor_parallel_size": v.tp,
         "pipeline_parallel_size": v.pp,
         "max_batch_size": p.max_batch_size,

@@ -232,7 +232,9 @@ class TrtllmLaneBase(Lane):
             env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in used)}
         return used, env
 
-    def write_bundle_info(self, bundle: Path, unit: Unit, params: dict[str, Any], gpus: list[GPUInfo],
+    def write_bundle_info(self, bundle: Path, unit: Unit,
+                          params: dict[str, Any],  # JSON edge: the lane's build parameters
+                          gpus: list[GPUInfo],
                           versions: dict[str, str], lane_info: BundleInfo) -> BundleInfo:
         """bundle.json: the lane's own fields (`lane_info`) with what every TensorRT-LLM bundle records.
         `params`: JSON edge, the lane's build parameters."""

@@ -80,7 +80,7 @@ QUANTIZE_QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.I
 CALIB_DATASETS = {"cnn_dailymail": "ccdv/cnn_dailymail"}
 
 
-def model_family(config: dict[str, Any]) -> str:
+def model_family(config: dict[str, Any]) -> str:  # JSON edge: the checkpoint's config.json
     """The example folder for a checkpoint, from config.json; InputError for a family without a script here."""
     archs = list(config.get("architectures") or [])
     for key in [*archs, config.get("model_type")]:

@@ -115,7 +115,8 @@ def option_problems(model: type[LaneOptions], error: ValidationError, pinned: st
     return out
 
 
-def validate_lane_options(lane: str, options: dict[str, Any], pinned: str | None = None) -> list[tuple[str, str]]:
+def validate_lane_options(lane: str, options: dict[str, Any],  # JSON edge: lane_options as written
+                         pinned: str | None = None) -> list[tuple[str, str]]:
     """Every problem with raw `lane_options` for a TensorRT-LLM lane, as (field path, message)."""
     model = OPTIONS[lane]
     try:
