@@ -22,6 +22,7 @@ from prefect import flow
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
@@ -30,11 +31,17 @@ from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
 from enginefoundry.planning.validate import validate_deep
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.outcomes import duplicate_outcome
 from enginefoundry.records.run_records import mlflow_run_link, run_metrics
-from enginefoundry.records.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed, work_root
-from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
+from enginefoundry.records.run_summary import (
+    RunSummary,
+    UnitNotPassed,
+    UnitOutcome,
+    UnitsNotPassed,
+    refused_by_sibling,
+    work_root,
+)
+from enginefoundry.smoke.sibling import reference_waves, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures

@@ -18,12 +18,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.lanes import get_lane
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.outcomes import (
     UnitCommands,
     build_run_tags,

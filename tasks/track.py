@@ -8,11 +8,11 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
 from enginefoundry.evidence.attest import tags_for
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.records.run_records import (
     context_tags,

@@ -14,9 +14,9 @@ from enginefoundry.confine import UnsafePathError, confined_join, normalise_pref
 from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.runner import pid_alive
-from enginefoundry.store.s3 import s3_client, s3_endpoint
 from enginefoundry.settings import cache_root
 from enginefoundry.spec import SourceKind, SourceURI
+from enginefoundry.store.s3 import s3_client, s3_endpoint
 
 
 class SourceSnapshot(BaseModel):

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.identity import sha256_json
 from enginefoundry.spec import BuildSpec, Profile, SearchedUnit, Target, Variant
+from enginefoundry.spec.lane_options import LaneOptions
 
 # Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
 # 2: the weights digest of an hf source covers only the files the build reads (duplicate formats such as
@@ -102,7 +103,7 @@ def checkpoint_key_components(
 
 def unit_key_components(
     spec: BuildSpec, unit: Unit, weights_digest: str, tokenizer_digest: str, toolchain: dict[str, Any],
-    lane_options: dict[str, Any] | None = None,
+    lane_options: LaneOptions | dict[str, Any] | None = None,  # JSON edge: the options the spec set
 ) -> dict[str, Any]:
     """Everything that changes what a unit's build produces. No paths, clocks or credentials."""
     calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None

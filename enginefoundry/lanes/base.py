@@ -177,7 +177,7 @@ class Lane(ABC):
     sizes_kv_pool: bool = True  # the runtime gives the free memory to a KV pool (the KV budget check applies)
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
-        """This lane's own preflight checks (enginefoundry.planning.preflight.Check) for a unit; `shape` may be None."""
+        """This lane's own preflight checks (enginefoundry.build.model_shape.Check) for a unit; `shape` may be None."""
         return []
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,

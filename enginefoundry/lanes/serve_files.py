@@ -142,11 +142,20 @@ def serve_script(plan: ServingPlan) -> str:
 
 
 def _link_lines(links: dict[str, str]) -> list[str]:
-    """A private folder holding the links, made the working folder (left in $TMPDIR after the server ends)."""
+    """The links in a folder of this user's, made the working folder: one folder per set of link targets
+    (`$TMPDIR/ef-serve-<uid>/<cksum of the targets>`), reused by every start so nothing piles up in $TMPDIR, and
+    refused unless this user owns it and it is not a symlink (another user cannot plant it)."""
     if not links:
         return []
-    return ['EF_SERVE_CWD="$(mktemp -d "${TMPDIR:-/tmp}/ef-serve.XXXXXX")"',
-            *(f'ln -s {sh_word(target)} "$EF_SERVE_CWD"/{shlex.quote(name)}' for name, target in links.items()),
+    targets = " ".join(sh_word(target) for target in links.values())
+    refuse = shlex.quote("serve.sh: this is not a private folder of this user (remove it, or set TMPDIR): ")
+    return ['EF_SERVE_ROOT="${TMPDIR:-/tmp}/ef-serve-$(id -u)"',
+            'mkdir -p -m 700 "$EF_SERVE_ROOT"',
+            'if [ -L "$EF_SERVE_ROOT" ] || [ ! -O "$EF_SERVE_ROOT" ]; then '
+            f"printf '%s%s\\n' {refuse} \"$EF_SERVE_ROOT\" >&2; exit 2; fi",
+            f"EF_SERVE_CWD=\"$EF_SERVE_ROOT/$(printf '%s\\n' {targets} | cksum | cut -d ' ' -f 1)\"",
+            'mkdir -p "$EF_SERVE_CWD"',
+            *(f'ln -sfn {sh_word(target)} "$EF_SERVE_CWD"/{shlex.quote(name)}' for name, target in links.items()),
             'cd "$EF_SERVE_CWD"']
 
 

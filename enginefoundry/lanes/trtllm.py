@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from enginefoundry.build.model_shape import Check
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, ToolError
@@ -63,7 +64,6 @@ from enginefoundry.lanes.trtllm_flags import (
     unknown_llm_api_keys,
 )
 from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
-from enginefoundry.planning.preflight import Check
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
@@ -537,7 +537,7 @@ def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, overri
     """The dtype the model computes in, reading the checkpoint's config.json when it is at hand."""
     shape = None
     if checkpoint_dir is not None and (checkpoint_dir / "config.json").is_file():
-        from enginefoundry.planning.preflight import ModelShape, read_model_config
+        from enginefoundry.build.model_shape import ModelShape, read_model_config
 
         shape = ModelShape.from_config(read_model_config(checkpoint_dir))
     return activation_dtype(variant.precision, shape, override)

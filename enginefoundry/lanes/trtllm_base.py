@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from enginefoundry.build.model_shape import Check
 from enginefoundry.build.toolchain import (
     ToolchainInfo,
     ToolSurface,
@@ -31,7 +32,6 @@ from enginefoundry.lanes.trtllm_flags import (
     unsupported_env,
 )
 from enginefoundry.lanes.trtllm_options import OPTIONS, TrtllmOptionsBase, typed_options
-from enginefoundry.planning.preflight import Check
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
 
 BUNDLE_FORMAT = 1

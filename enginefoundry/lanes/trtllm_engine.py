@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from enginefoundry.build.model_shape import Check, read_model_config
 from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, ToolError
@@ -57,7 +58,6 @@ from enginefoundry.lanes.trtllm_flags import (
     serve_backend_value,
 )
 from enginefoundry.lanes.trtllm_options import EngineOptions, engine_options
-from enginefoundry.planning.preflight import Check, read_model_config
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant

@@ -28,11 +28,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
 from enginefoundry.planning.cache_plan import find_hit, unit_keys
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.run_summary import RunSummary, work_root
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.store.backends import open_store

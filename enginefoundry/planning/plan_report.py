@@ -8,9 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from enginefoundry.build.model_shape import Check
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
-from enginefoundry.planning.preflight import Check, PreflightReport, format_estimates, preflight
+from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight
 from enginefoundry.spec import BuildSpec, SourceKind
 
 # Known model configs, so the VRAM estimates work before anything is downloaded.

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.store.manifest import Manifest
 
 _KEY = re.compile(r"^[0-9a-f]{12,64}$")

@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.prompts import prompt_set_digest

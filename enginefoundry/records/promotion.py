@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError
 from enginefoundry.evidence.signing import TrustPolicy
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.records.tracking import Tracker, register_unit
 from enginefoundry.spec import BuildSpec

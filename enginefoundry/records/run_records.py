@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_params
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome

@@ -7,7 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.build.units import Unit
 from enginefoundry.errors import PipelineError
+from enginefoundry.smoke.sibling import SiblingRef, refusal_text
 from enginefoundry.store.unit_status import UnitStatus
 
 
@@ -153,3 +155,19 @@ def _objective_value(objective: str, s: dict[str, Any]) -> float | None:
 
 def _num(x: Any, digits: int = 1) -> str:
     return "-" if x is None else f"{float(x):.{digits}f}"
+
+
+def refused_by_sibling(units: list[Unit], siblings: dict[str, SiblingRef],
+                       outcomes: dict[str, UnitOutcome]) -> dict[str, UnitOutcome]:
+    """Units of a later wave whose sibling this run built, or failed to build, without passing its gate: refused
+    before anything of theirs runs (no fetch, conversion or build on a worker)."""
+    refused = {}
+    for unit in units:
+        ref = siblings.get(unit.name)
+        sib = outcomes.get(ref.unit) if ref is not None else None
+        if ref is None or sib is None or sib.ok:
+            continue
+        label = f"sibling unit {ref.unit} (key {ref.key[:12]})"
+        refused[unit.name] = UnitOutcome(unit=unit.name, target=unit.target.name, status=UnitStatus.FAILED,
+                                         reason=refusal_text(label, sib.status, sib.reason)[:300])
+    return refused

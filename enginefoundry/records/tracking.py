@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import PipelineError
 from enginefoundry.locks import host_lock
 from enginefoundry.records import db_templates
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.retry import retry_transient
 
 T = TypeVar("T")

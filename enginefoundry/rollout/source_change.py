@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.sources import probe
 from enginefoundry.identity import checkpoint_digests
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.promotion import Decision, Registry, champion_alias, manifest_uri_of
 from enginefoundry.rollout.compare import ComparisonRow

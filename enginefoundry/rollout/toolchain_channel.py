@@ -63,21 +63,6 @@ class ChannelStatus(BaseModel):
         return f"toolchain channel {self.uri} {what}: {self.error}"
 
 
-def channel_uri_problem(uri: str) -> str | None:
-    """Why a `toolchain.channel` value cannot be a channel, or None."""
-    if "://" in uri and not uri.startswith(("s3://", "file://")):
-        return f"'{uri}' has a scheme other than s3:// or file://: give s3://bucket/key, file:///path or a path"
-    if uri.startswith("s3://"):
-        bucket, _, key = uri.removeprefix("s3://").partition("/")
-        if not bucket or not key or key.endswith("/"):
-            return f"'{uri}' names no object: give s3://bucket/key/of/channel.yaml"
-    if uri.startswith("file://") and not uri.removeprefix("file://").startswith("/"):
-        return f"'{uri}' is not absolute: give file:///absolute/path, or a plain path relative to the spec"
-    if "\x00" in uri:
-        return "contains a NUL byte: give a plain URI"
-    return None
-
-
 def read_channel(uri: str, base: Path) -> ChannelDocument:
     """The channel's current document (InputError: the document is wrong; ToolError: it could not be read)."""
     raw = _s3_bytes(uri) if uri.startswith("s3://") else _file_bytes(uri, base)

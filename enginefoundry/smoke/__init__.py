@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
 from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound

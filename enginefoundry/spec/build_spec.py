@@ -20,12 +20,28 @@ from pydantic import (
 from enginefoundry.confine import SAFE_NAME
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
+from enginefoundry.spec.lane_catalog import explain_unknown_key, lane_names, options_model
 from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.search import LengthsFigures, SearchedUnit, SearchSpec, figures_from
 from enginefoundry.spec.siblings import sibling_problems
 from enginefoundry.spec.source import ModelSpec
+
+
+def channel_uri_problem(uri: str) -> str | None:
+    """Why a `toolchain.channel` value cannot be a channel, or None."""
+    if "://" in uri and not uri.startswith(("s3://", "file://")):
+        return f"'{uri}' has a scheme other than s3:// or file://: give s3://bucket/key, file:///path or a path"
+    if uri.startswith("s3://"):
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if not bucket or not key or key.endswith("/"):
+            return f"'{uri}' names no object: give s3://bucket/key/of/channel.yaml"
+    if uri.startswith("file://") and not uri.removeprefix("file://").startswith("/"):
+        return f"'{uri}' is not absolute: give file:///absolute/path, or a plain path relative to the spec"
+    if "\x00" in uri:
+        return "contains a NUL byte: give a plain URI"
+    return None
 
 
 class ToolchainSpec(BaseModel):
@@ -45,8 +61,6 @@ class ToolchainSpec(BaseModel):
     def _channel_uri(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from enginefoundry.rollout.toolchain_channel import channel_uri_problem
-
         problem = channel_uri_problem(value)
         if problem:
             raise ValueError(problem)
@@ -81,8 +95,6 @@ class BuildSpec(BaseModel):
     @field_validator("lane")
     @classmethod
     def _known_lane(cls, value: str) -> str:
-        from enginefoundry.lanes.registry import lane_names
-
         if value not in lane_names():
             raise ValueError(f"lane '{value}' is unknown: use one of {', '.join(lane_names())}")
         return value
@@ -90,8 +102,6 @@ class BuildSpec(BaseModel):
     @field_validator("lane_options", mode="before")
     @classmethod
     def _options_of_the_lane(cls, value: Any, info: ValidationInfo) -> Any:
-        from enginefoundry.lanes.registry import lane_names, options_model
-
         lane = info.data.get("lane")
         if lane not in lane_names():
             return NoOptions()  # the lane itself is reported
@@ -151,8 +161,6 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or check its spelling against the spec reference in README.md"
             # A removed or renamed TensorRT-LLM flag gets its history and replacement (lanes own that table).
-            from enginefoundry.lanes.trtllm_flags import explain_unknown_key
-
             known = explain_unknown_key(str(e["loc"][-1]))
             if known:
                 msg = f"unknown key: {known}"
@@ -164,8 +172,6 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
 
 def _lane_option_message(e: Any, data: dict[str, Any]) -> str:
     """The lane's own words for a problem in its options (a removed flag, a spec field, the valid choices)."""
-    from enginefoundry.lanes.registry import options_model
-
     try:
         model = options_model(str(data.get("lane", "reference")))
     except Exception:

@@ -28,9 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from enginefoundry.build.units import key_of
 from enginefoundry.errors import InputError, StoreError
-from enginefoundry.identity import list_files
+from enginefoundry.identity import list_files, sha256_json
 from enginefoundry.store.backends import CorruptObject, Store, blob_key, relative_posix, store_key
 from enginefoundry.store.manifest import FileEntry, Manifest, validate_against_schema
 
@@ -260,7 +259,7 @@ def check_hit(store: Store, build: PublishedBuild, rehash: bool = False) -> list
     doc = build.manifest or build.checkpoint
     if doc is None:
         return [Problem(path="manifest", problem="no manifest")]
-    recomputed = key_of(doc.key_components)
+    recomputed = sha256_json(doc.key_components)  # the unit key (build.units.key_of) of its components
     if doc.key != recomputed:
         problems.append(Problem(path="manifest", problem="key is not the hash of key_components",
                                 expected=recomputed, actual=doc.key))

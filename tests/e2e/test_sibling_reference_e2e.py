@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.records import tracking_tags as mltags
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.smoke.reference import SiblingReferenceKey
 from tests.support.paths import CONFIGS, TINY_MODEL, TINY_PROMPTS
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.cli import main
 from enginefoundry.errors import StoreError
 from enginefoundry.planning.cache_plan import find_hit
-from enginefoundry.records import tracking_tags as mltags
 from enginefoundry.store.backends import FileStore, Store, blob_key
 from enginefoundry.store.publish import find_current, publish_build, read_build, read_pointer
 from enginefoundry.store.verify import open_build, pull, verify_build

@@ -222,7 +222,7 @@ def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, mon
 def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_path, capsys):
     """After `run --force` a key has two builds (and two unit runs in MLflow): `lineage <key>` answers for the
     current one and lists both, instead of "ambiguous (2 units)"."""
-    from enginefoundry.records import tracking_tags as mltags
+    from enginefoundry import tracking_tags as mltags
     from enginefoundry.records.tracking import Tracker
 
     first = _published(store, tmp_path)
@@ -246,7 +246,7 @@ def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_pa
 def test_lineage_of_a_key_published_in_two_stores_sharing_one_mlflow_names_both(tmp_path, capsys):
     """One key published to two stores (staging and prod, one MLflow): `lineage <key>` must not answer with
     whichever store's build sorts last; it refuses, naming both stores and what to give instead."""
-    from enginefoundry.records import tracking_tags as mltags
+    from enginefoundry import tracking_tags as mltags
     from enginefoundry.records.tracking import Tracker
 
     results = [publish_build(FileStore(f"file://{tmp_path / name}"), "m", unit_fields(),

@@ -11,7 +11,7 @@ import yaml
 
 from enginefoundry.build.units import expand_units, key_of
 from enginefoundry.errors import ReferenceRefused
-from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.records.run_summary import UnitOutcome, refused_by_sibling
 from enginefoundry.smoke.prompts import load_prompt_set
 from enginefoundry.smoke.reference import (
     ReferenceAnswer,
@@ -26,7 +26,6 @@ from enginefoundry.smoke.reference import (
 from enginefoundry.smoke.sibling import (
     SiblingRef,
     reference_waves,
-    refused_by_sibling,
     serves_as_sibling,
     sibling_reference,
     sibling_refs,
