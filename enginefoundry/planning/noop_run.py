@@ -32,7 +32,7 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
-from enginefoundry.planning.cache_plan import find_hit, unit_keys
+from enginefoundry.planning.cache_plan import find_hit, hit_signature_policy, unit_keys
 from enginefoundry.records.run_summary import RunSummary, work_root
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.store.backends import open_store
@@ -63,7 +63,8 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     for unit in units:
         key = keyed.keys[unit.name]
         found = (next((hits[u] for u in hits if keyed.keys[u] == key), None)
-                 or find_hit(store, spec.model.name, key, rehash, progress))
+                 or find_hit(store, spec.model.name, key, rehash, progress,
+                             signatures=hit_signature_policy(spec)))
         if found is None:
             return None
         hits[unit.name] = found

@@ -350,3 +350,56 @@ def test_a_quarantined_and_healed_build_keeps_its_signatures_and_a_rebuild_gets_
     assert main(["verify", uri, *trusted]) == 0  # the first build: whole again, still signed by the old key
     assert "provenance, gate and benchmark verified" in capsys.readouterr().out
     assert main(["verify", rebuilt.uri, "--trusted-key", str(keys["new"][1])]) == 0
+
+
+def test_a_spec_that_requires_signatures_does_not_take_an_unsigned_cache_hit(tmp_path, keys, monkeypatch):
+    """publish.require_signature: the run's own pull, promote and rollout refuse an unsigned build, so the run
+    must not report one as its cache hit (exit 0, a green state) either: it is a miss, rebuilt and signed. A hit
+    signed by the spec's key is taken; one signed by another key is refused too. `run`'s all-hits fast path
+    (`decide_all_hits`) and the flow's plan share `cache_plan.find_hit`."""
+    import yaml
+
+    from enginefoundry.build.sources import fetch
+    from enginefoundry.build.units import expand_units
+    from enginefoundry.planning.cache_plan import unit_keys
+    from enginefoundry.planning.noop_run import decide_all_hits
+    from enginefoundry.spec import load_spec
+
+    for var in ("ENGINEFOUNDRY_TRUST_POLICY", "ENGINEFOUNDRY_TRUSTED_KEYS", "ENGINEFOUNDRY_REQUIRE_SIGNATURE"):
+        monkeypatch.delenv(var, raising=False)
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    doc = yaml.safe_load((configs / "tiny-cpu.yaml").read_text())
+    doc["model"]["source"] = str((configs / doc["model"]["source"]).resolve())
+    doc["smoke"]["prompts"] = str((configs / doc["smoke"]["prompts"]).resolve())
+
+    def spec_with(store: FileStore):
+        doc["publish"] = {"store": store.uri, "require_signature": True, "trusted_keys": [str(keys["old"][1])]}
+        path = tmp_path / f"{store.root.name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return load_spec(path)
+
+    def publish_each_unit(store: FileStore, signer) -> None:
+        spec = spec_with(store)
+        units = expand_units(spec)
+        snap = fetch(spec.model.parsed_source(spec.base_path), progress=lambda _: None)
+        keyed = unit_keys(spec, units, snap.weights_digest, snap.tokenizer_digest)
+        for unit in units:
+            root = tmp_path / f"bundle-{store.root.name}-{unit.name}"
+            (root / "model").mkdir(parents=True)
+            (root / "model" / "weights.safetensors").write_bytes(b"W" * 5_000)
+            fields = dict(key=keyed.keys[unit.name], key_components=keyed.components[unit.name], model="tiny-chat",
+                          unit=unit.name, lane="reference", target={}, variant={}, profile={},
+                          source={"uri": "hf://org/m@abc", "weights_digest": "1" * 64}, status="candidate",
+                          gate={}, smoke={}, benchmark={})
+            result = publish_build(store, "tiny-chat", fields, {"bundle": root}, **QUIET)
+            sign_published(store, "tiny-chat", result.manifest.key, result.build_id, signer, **QUIET)
+
+    said: list[str] = []
+    for name, signer, hit in (("unsigned", None, False), ("stranger", _signer(keys, "stranger"), False),
+                              ("signed", _signer(keys, "old"), True)):
+        store = FileStore(f"file://{tmp_path / name}")
+        publish_each_unit(store, signer)
+        found = decide_all_hits(spec_with(store), progress=said.append)
+        assert (found is not None) == hit, (name, said)
+    assert any("publish.require_signature" in line and "UNSIGNED" in line for line in said), said
+    assert any("unknown key" in line for line in said), said
