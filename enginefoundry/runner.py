@@ -282,8 +282,10 @@ def run_tool(
     what: str | None = None,
     progress: Callable[[str], None] | None = None,
     progress_every_s: float = 10.0,
+    check: bool = True,
 ) -> ToolRun:
-    """Run a command to completion. Raises ToolError (with the log tail) on a missing tool, timeout or failure."""
+    """Run a command to completion. Raises ToolError (with the log tail) on a missing tool, timeout or failure
+    (with `check` False a failure is returned: the caller reads the tool's own account of it)."""
     what = what or Path(argv[0]).name
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset_env}
@@ -329,7 +331,7 @@ def run_tool(
     wall = time.monotonic() - start
     run = ToolRun(argv=list(argv), returncode=proc.returncode, wall_s=wall,
                   peak_rss_mb=_children_peak_rss_mb(), log_path=str(log_path))
-    if proc.returncode != 0:
+    if proc.returncode != 0 and check:
         raise ToolError(f"{what} failed with exit code {proc.returncode}; log {log_path}:\n{tail(log_path)}")
     return run
 
