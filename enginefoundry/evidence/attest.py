@@ -408,15 +408,22 @@ def sign_published(store: Store, model: str, key: str, build_id: str, signer: Si
 
 def tags_for(manifest_uri: str, endpoint_url: str | None = None) -> dict[str, str]:
     """MLflow tags for a published build, read from its attestation index in the store ("unknown" when the
-    store cannot be read now: registration does not fail for it)."""
+    store cannot be read now: registration does not fail for it). `signed` and the signer only when the
+    attestations check out against the key the index names (digests, signatures, subject: a few KiB read);
+    "invalid: <why>" otherwise, so a version page never shows a forged index as signed evidence. Whether
+    that key is trusted is the consumer's question (`verify --trusted-key`)."""
     from enginefoundry.errors import EngineFoundryError
     from enginefoundry.store.verify import open_build
 
     try:
         store, build = open_build(manifest_uri, endpoint_url)
-        return mlflow_tags(read_index(store, build), store, build)
+        index = read_index(store, build)
+        verdict = verify_attestations(store, build, TrustPolicy()) if index is not None else None
     except EngineFoundryError as err:
         return {TAG_SIGNATURE: f"unknown: {' '.join(str(err).split())[:200]}"}
+    if verdict is not None and verdict.state == "failed":
+        return {TAG_SIGNATURE: f"invalid: {' '.join('; '.join(verdict.problems).split())[:240]}"}
+    return mlflow_tags(index, store, build)
 
 
 def promotion_refusal(manifest_uri: str, policy: TrustPolicy | None = None) -> str | None:

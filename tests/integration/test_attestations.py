@@ -403,3 +403,33 @@ def test_a_spec_that_requires_signatures_does_not_take_an_unsigned_cache_hit(tmp
         assert (found is not None) == hit, (name, said)
     assert any("publish.require_signature" in line and "UNSIGNED" in line for line in said), said
     assert any("unknown key" in line for line in said), said
+
+
+def test_mlflow_is_not_told_signed_when_the_attestations_do_not_check(tmp_path, keys):
+    """The MLflow tags (`attest.tags_for`: the unit run and model version of a publish or a cache hit) say
+    `signed` and name the signer only when the build's attestations check out (digests, signatures by the
+    key the index names, subject): a gate bundle rewritten in the bucket and an index naming it is not
+    "signed by ci-old" on the version page an auditor reads; it says the check failed and why."""
+    import hashlib
+
+    from enginefoundry.evidence.attest import TAG_SIGNATURE, TAG_SIGNER, tags_for
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    assert tags_for(uri)[TAG_SIGNATURE] == "signed"
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    index = read_index(store, build)
+    gate = next(e for e in index.attestations if e.kind == "gate")
+    bundle = json.loads(store.read_bytes(blob_key(gate.sha256)))
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    statement["predicate"]["enginefoundry"]["metrics"]["smoke_agreement"] = 1.0
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = json.dumps(bundle).encode()
+    digest = hashlib.sha256(forged).hexdigest()
+    store.create_if_absent(blob_key(digest), forged)
+    _rewrite(store, index_key(build), index.model_copy(update={"attestations": [
+        e.model_copy(update={"sha256": digest, "size": len(forged)}) if e.kind == "gate" else e
+        for e in index.attestations]}).model_dump_json().encode())
+    tags = tags_for(uri)
+    assert tags[TAG_SIGNATURE].startswith("invalid: gate: signature does not verify"), tags
+    assert TAG_SIGNER not in tags
