@@ -433,3 +433,23 @@ def test_mlflow_is_not_told_signed_when_the_attestations_do_not_check(tmp_path, 
     tags = tags_for(uri)
     assert tags[TAG_SIGNATURE].startswith("invalid: gate: signature does not verify"), tags
     assert TAG_SIGNER not in tags
+
+
+def test_tools_and_servers_never_get_the_private_key_in_their_environment(tmp_path, keys, monkeypatch):
+    """The key (and its password) given as environment variables stay in this process: a tool that prints its
+    environment into its log (a launcher's `env` dump, a crash report) has nothing to print. The build's
+    other environment still reaches it."""
+    import sys
+
+    from enginefoundry.evidence.signing import ENV_KEY, ENV_KEY_PASSWORD
+    from enginefoundry.runner import run_tool
+
+    pem = keys["old"][0].read_text()
+    monkeypatch.setenv(ENV_KEY, pem)
+    monkeypatch.setenv(ENV_KEY_PASSWORD, "pw-never-printed")
+    monkeypatch.setenv("EF_TEST_VISIBLE", "visible-to-tools")
+    log = tmp_path / "tool.log"
+    run_tool([sys.executable, "-c", "import os; print(dict(os.environ))"], log, timeout_s=60)
+    text = log.read_text()
+    assert "visible-to-tools" in text
+    assert pem.splitlines()[1] not in text and "pw-never-printed" not in text and ENV_KEY not in text
