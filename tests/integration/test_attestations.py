@@ -453,3 +453,31 @@ def test_tools_and_servers_never_get_the_private_key_in_their_environment(tmp_pa
     text = log.read_text()
     assert "visible-to-tools" in text
     assert pem.splitlines()[1] not in text and "pw-never-printed" not in text and ENV_KEY not in text
+
+
+def test_a_worker_without_the_key_does_not_publish_unsigned_for_a_spec_that_requires_signatures(tmp_path,
+                                                                                                monkeypatch):
+    """`validate`/`run` check for a signing key in the process that starts the run; in cluster mode the workers
+    publish, and one without the key must refuse (naming the field and the fix) rather than publish an unsigned
+    build that the spec's own consumers then refuse."""
+    from enginefoundry.errors import InputError
+    from enginefoundry.spec import load_spec
+    from enginefoundry.store.manifest import Manifest
+    from enginefoundry.tasks.publish import publish_unit
+
+    for var in (ENV_KEY_FILE, "ENGINEFOUNDRY_SIGNING_KEY", "ENGINEFOUNDRY_SIGNER"):
+        monkeypatch.delenv(var, raising=False)
+    store_dir = tmp_path / "store"
+    spec = load_spec(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml")
+    spec = spec.model_copy(update={"publish": spec.publish.model_copy(update={
+        "store": f"file://{store_dir}", "require_signature": True})})
+    root = tmp_path / "bundle"
+    root.mkdir()
+    (root / "weights.bin").write_bytes(b"w" * 1000)
+    comps = {"unit": "u"}
+    draft = Manifest.model_validate(dict(
+        key=key_of(comps), key_components=comps, model=spec.model.name, unit="u", lane="reference", target={},
+        variant={}, profile={}, source={}, status="candidate", files=[], build_id="draft"))
+    with pytest.raises(InputError, match="publish.require_signature"):
+        publish_unit.fn(spec, draft, {"bundle": str(root)})
+    assert not list(store_dir.rglob("current.json")) and not list(store_dir.rglob("blobs/**/*"))
