@@ -339,8 +339,9 @@ def consumer_policy(trusted_keys: list[str] | None = None, policy_file: str | No
     file = policy_file or env.get(ENV_TRUST_POLICY)
     policy = load_trust_policy(Path(file)) if file else TrustPolicy()
     from_env = [k for k in (env.get(ENV_TRUSTED_KEYS) or "").split(os.pathsep) if k]
-    for k in [*from_env, *(trusted_keys or [])]:
-        policy.keys.append(TrustedKey(name=Path(k).stem, public_key=_pem_file(Path(k), "--trusted-key")))
+    named = [(k, f"${ENV_TRUSTED_KEYS}") for k in from_env] + [(k, "--trusted-key") for k in trusted_keys or []]
+    for k, what in named:
+        policy.keys.append(TrustedKey(name=Path(k).stem, public_key=_pem_file(Path(k), what)))
     if require or truthy(env.get(ENV_REQUIRE_SIGNATURE)):
         policy.require_signature = True
     return policy

@@ -244,6 +244,7 @@ def test_lineage_names_a_trusted_key_it_cannot_read_instead_of_blaming_the_attes
     monkeypatch.setenv("ENGINEFOUNDRY_TRUSTED_KEYS", str(tmp_path / "gone.pub"))
     line = lineage(result.uri, "http://127.0.0.1:9")["signature"]["line"]
     assert "gone.pub" in line and "attestations" not in line, line
+    assert "$ENGINEFOUNDRY_TRUSTED_KEYS" in line and "--trusted-key" not in line, line  # where it was set
 
 
 @pytest.mark.parametrize("argv", [["verify", "not-a-ref"], ["verify", "abc", "--store", "file:///nonexistent"],
