@@ -19,6 +19,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -32,6 +33,10 @@ CHUNK_BYTES = 64 * 2**20  # rows of a tensor cast and written at a time
 ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
+# JSON edge: a safetensors header, tensor name (or "__metadata__") → {"dtype", "shape", "data_offsets"}
+Header = dict[str, dict[str, Any]]
+
+
 class CastReport(BaseModel):
     """What a cast did: files cloned from the source unchanged, files written (cast), and bytes of each."""
 
@@ -42,7 +47,7 @@ class CastReport(BaseModel):
     largest_tensor_bytes: int
 
 
-def read_header(path: Path) -> tuple[dict[str, dict], int]:
+def read_header(path: Path) -> tuple[Header, int]:
     """The JSON header of a safetensors file and the offset where its data starts."""
     with path.open("rb") as f:
         raw = f.read(8)
@@ -51,11 +56,11 @@ def read_header(path: Path) -> tuple[dict[str, dict], int]:
         (length,) = struct.unpack("<Q", raw)
         if length > 100 * 2**20:
             raise InputError(f"{path} is not a safetensors file (header length {length})")
-        header = json.loads(f.read(length))
+        header: Header = json.loads(f.read(length))
     return header, 8 + length
 
 
-def needs_cast(header: dict[str, dict], target: str) -> bool:
+def needs_cast(header: Header, target: str) -> bool:
     return any(isinstance(v, dict) and v.get("dtype") in FLOAT_DTYPES and v["dtype"] != target
                for k, v in header.items() if k != "__metadata__")
 
@@ -72,7 +77,7 @@ def cast_file(src: Path, dest: Path, target: str) -> int:
                     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
                     "U8": torch.uint8, "BOOL": torch.bool}
     header, data_start = read_header(src)
-    out_header: dict[str, dict] = {}
+    out_header: Header = {}
     if "__metadata__" in header:
         out_header["__metadata__"] = header["__metadata__"]
     names = sorted(k for k in header if k != "__metadata__")
@@ -120,7 +125,7 @@ def cast_file(src: Path, dest: Path, target: str) -> int:
                         chunk = chunk.to(torch_dtypes[target])
                     view = chunk.view(torch.uint8).numpy()
                     largest = max(largest, view.nbytes + len(raw))
-                    out.write(memoryview(view))
+                    out.write(view.data)
                     del raw, chunk, view
         os.replace(tmp, dest)
     except BaseException:

@@ -38,7 +38,8 @@ class ModelShape(BaseModel):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
-        cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        text = config.get("text_config")
+        cfg: dict[str, Any] = text if isinstance(text, dict) else config
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -95,10 +96,11 @@ class ModelShape(BaseModel):
         return sum(self.params().values())
 
 
-def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:
+def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:  # JSON edge: a Hugging Face config.json
     path = Path(checkpoint_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())
+        return config
     except FileNotFoundError:
         raise InputError(f"{path} does not exist: the checkpoint folder needs a Hugging Face config.json") from None
     except json.JSONDecodeError as err:

@@ -14,9 +14,9 @@ from enginefoundry.confine import UnsafePathError, confined_join, normalise_pref
 from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.runner import pid_alive
-from enginefoundry.store.s3 import s3_client, s3_endpoint
 from enginefoundry.settings import cache_root
 from enginefoundry.spec import SourceKind, SourceURI
+from enginefoundry.store.s3 import s3_client, s3_endpoint
 
 
 class SourceSnapshot(BaseModel):
@@ -165,7 +165,8 @@ BIN_WHEN_SAFETENSORS = "*.bin"
 def hf_selection(files: list[str], allow: tuple[str, ...] | None, ignore: tuple[str, ...] | None) -> tuple[
         list[str], tuple[str, ...]]:
     """(the repo files a build reads, the ignore patterns that select them) for a repo listing."""
-    from huggingface_hub.utils import filter_repo_objects
+    # huggingface_hub 1.33.0 re-exports it lazily (utils/__init__.py: a TYPE_CHECKING import without `as`)
+    from huggingface_hub.utils import filter_repo_objects  # type: ignore[attr-defined]
 
     patterns = DEFAULT_IGNORE_PATTERNS if ignore is None else tuple(ignore)
     chosen = list(filter_repo_objects(files, allow_patterns=list(allow) if allow else None,

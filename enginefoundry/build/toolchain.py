@@ -122,20 +122,25 @@ class ToolchainInfo(BaseModel):
         return {k: str(getattr(self, k)) for k in keys if getattr(self, k)}
 
 
-def parse_probe_output(text: str) -> dict:
+def parse_probe_output(text: str) -> dict[str, Any]:  # JSON edge: the probe's result line
     """The JSON of the marker line; everything else (banners, warnings) is ignored."""
     for line in reversed(text.splitlines()):
         idx = line.find(PROBE_MARKER)
         if idx >= 0:
             try:
-                return json.loads(line[idx + len(PROBE_MARKER):])
+                data = json.loads(line[idx + len(PROBE_MARKER):])
             except json.JSONDecodeError as err:
                 raise ToolError(f"toolchain probe printed a malformed result line ({err}): {line[:200]}") from None
+            if not isinstance(data, dict):
+                raise ToolError(f"toolchain probe printed a malformed result line (not an object): {line[:200]}")
+            return data
     raise ToolError("toolchain probe printed no result line; the interpreter may have crashed at import:\n"
                     + "\n".join(text.splitlines()[-15:]))
 
 
-def toolchain_from_probe(data: dict, driver: str | None = None, cuda_driver: str | None = None) -> ToolchainInfo:
+# JSON edge: `data` is parse_probe_output's object, validated by ToolchainInfo
+def toolchain_from_probe(data: dict[str, Any], driver: str | None = None,
+                         cuda_driver: str | None = None) -> ToolchainInfo:
     fields = {k: data.get(k) for k in ("python", "tensorrt_llm", "tensorrt", "torch", "cuda", "cuda_available",
                                         "modelopt")}
     return ToolchainInfo(**fields, driver=driver, cuda_driver=cuda_driver, errors=dict(data.get("errors") or {}))

@@ -30,6 +30,9 @@ from pydantic import BaseModel, Field
 from enginefoundry.errors import InputError
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
+
     from enginefoundry.spec import BuildSpec
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -79,14 +82,27 @@ def key_id(public_pem: bytes) -> str:
     return hashlib.sha256(der).hexdigest()
 
 
-def _check_curve(key: Any, what: str) -> None:
+def _only_p256(what: str) -> InputError:
+    return InputError(f"{what}: only ECDSA P-256 keys are supported (make one with `enginefoundry keygen`)")
+
+
+def _p256_private(key: PrivateKeyTypes, what: str) -> EllipticCurvePrivateKey:
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    if not isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) or key.curve.name != "secp256r1":
-        raise InputError(f"{what}: only ECDSA P-256 keys are supported (make one with `enginefoundry keygen`)")
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
+        raise _only_p256(what)
+    return key
 
 
-def public_pem_of(private_key: Any) -> bytes:
+def _p256_public(key: PublicKeyTypes, what: str) -> EllipticCurvePublicKey:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp256r1":
+        raise _only_p256(what)
+    return key
+
+
+def public_pem_of(private_key: EllipticCurvePrivateKey) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
     return private_key.public_key().public_bytes(serialization.Encoding.PEM,
@@ -142,12 +158,12 @@ class KeyPairSigner:
         from cryptography.hazmat.primitives import serialization
 
         try:
-            self._key = serialization.load_pem_private_key(pem, password)
+            loaded = serialization.load_pem_private_key(pem, password)
         except (ValueError, TypeError):
             # Never the key's text: only where it came from and what to do.
             raise InputError(f"{what} is not a readable PEM private key (or its password is wrong); make one "
                              "with `enginefoundry keygen`") from None
-        _check_curve(self._key, what)
+        self._key = _p256_private(loaded, what)
         self._public = public_pem_of(self._key)
         self.key_id = key_id(self._public)
         self.identity = f"{name} ({self.key_id[:16]})" if name else f"key {self.key_id[:16]}"
@@ -383,12 +399,11 @@ def check_signature(bundle: OpenedBundle, public_pem: str) -> bool:
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    key = serialization.load_pem_public_key(public_pem.encode())
-    _check_curve(key, "public key")
+    key = _p256_public(serialization.load_pem_public_key(public_pem.encode()), "public key")
     message = pae(PAYLOAD_TYPE, bundle.payload)
     for _, sig in bundle.signatures:
         try:
-            key.verify(sig, message, ec.ECDSA(hashes.SHA256()))  # type: ignore[union-attr]
+            key.verify(sig, message, ec.ECDSA(hashes.SHA256()))
             return True
         except InvalidSignature:
             continue

@@ -103,15 +103,16 @@ def parse_smi_csv(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GPUIn
         if len(row) != len(names):
             raise ToolError(f"nvidia-smi row {pos + 1} has {len(row)} columns, expected {len(names)}: {row}")
         cell = {n: _clean(v) for n, v in zip(names, row, strict=True)}
-        if not cell.get("compute_cap"):
+        index, compute_cap = cell.get("index"), cell.get("compute_cap")
+        if not compute_cap:
             raise ToolError(f"nvidia-smi row {pos + 1} has no compute capability; the driver may be too old "
                             "(compute_cap needs driver 510+)")
         try:
             gpus.append(GPUInfo(
-                index=int(cell["index"]) if cell.get("index") else pos,
+                index=int(index) if index else pos,
                 name=cell["name"] or "unknown",
                 uuid=cell.get("uuid"),
-                compute_capability=cell["compute_cap"],
+                compute_capability=compute_cap,
                 memory_total_mib=int(float(cell["memory.total"] or 0)),
                 driver_version=cell.get("driver_version"),
             ))

@@ -117,7 +117,8 @@ def _s3_bytes(uri: str) -> bytes:
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     try:
         body = s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{MAX_BYTES}")["Body"]
-        return body.read(MAX_BYTES + 1)
+        data: bytes = body.read(MAX_BYTES + 1)  # a botocore StreamingBody
+        return data
     except Exception as err:  # botocore's errors: missing object, no access, endpoint down
         if is_transient(err):
             raise  # the network task retries it (tasks._retry)

@@ -12,7 +12,15 @@ from pydantic import BaseModel, Field
 
 from enginefoundry.bench.costs import cost_per_mtok
 from enginefoundry.planning.plan_report import model_config_for
-from enginefoundry.search.predictor import AIConfigurator, Coverage, Predicted, Predictor, config_digest, requests_for
+from enginefoundry.search.predictor import (
+    AIConfigurator,
+    Coverage,
+    Predicted,
+    Prediction,
+    Predictor,
+    config_digest,
+    requests_for,
+)
 from enginefoundry.spec import BuildSpec, Objective, Precision, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.search import SearchSpec
 
@@ -59,7 +67,7 @@ def objective_value(objective: Objective, spec: BuildSpec, target: Target, p: Pr
 
 def profile_for(search: SearchSpec, batch_size: int, name: str) -> Profile:
     w = search.workload
-    max_in = w.isl + 3 * w.isl_stddev
+    max_in = w.mean_isl + 3 * w.isl_stddev
     return Profile(name=name, max_batch_size=min(batch_size, 4096), max_input_len=max_in,
                    max_seq_len=max_in + w.osl + 3 * w.osl_stddev, max_num_tokens=max(8192, max_in))
 
@@ -79,7 +87,7 @@ def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor
     requests = [r for t in targets if coverage[t.name].covered
                 for r in requests_for(search, t, coverage[t.name], digest)]
     predictions = predictor.predict(config, requests, progress) if requests and config else []
-    by_target: dict[str, list] = {}
+    by_target: dict[str, list[Prediction]] = {}
     for r, p in zip(requests, predictions, strict=True):
         by_target.setdefault(r.target, []).append(p)
     out = []
@@ -92,7 +100,7 @@ def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor
     return SearchReport(objective=search.objective, targets=out, seconds=round(time.monotonic() - t0, 2))
 
 
-def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list, tool: str) -> TargetSearch:
+def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Prediction], tool: str) -> TargetSearch:
     from enginefoundry.build.units import Unit
     from enginefoundry.planning.preflight import preflight
 
@@ -102,12 +110,12 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list, t
                       seconds=max((p.seconds for p in predictions), default=0.0),
                       cached=sum(p.cached for p in predictions))
     pool: list[Predicted] = []
-    for p in predictions:
-        if p.problem:
-            ts.problems[p.precision.value] = p.problem
-        pool += p.ranked
-        if p.pareto:
-            ts.pareto[p.precision.value] = p.pareto
+    for prediction in predictions:
+        if prediction.problem:
+            ts.problems[prediction.precision.value] = prediction.problem
+        pool += prediction.ranked
+        if prediction.pareto:
+            ts.pareto[prediction.precision.value] = prediction.pareto
     objective = search.objective
     if objective is not Objective.TOKENS_PER_GPU and all(objective_value(objective, spec, target, p) is None
                                                           for p in pool) and pool:

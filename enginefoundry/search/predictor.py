@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -55,6 +55,35 @@ GEMM_MODE: dict[Precision, str] = {
 }
 # Lanes → the predictor backend whose database models them.
 BACKEND_OF_LANE = {"trtllm": "trtllm", "trtllm-engine": "trtllm", "reference": "trtllm"}
+
+ModelConfig = dict[str, Any]  # JSON edge: a checkpoint's parsed Hugging Face config.json
+
+
+class ProbeResult(TypedDict):
+    """What `_PROBE` prints: the package version, its perf databases and each one's default version slot."""
+
+    version: str
+    databases: dict[str, dict[str, list[str]]]  # system → backend → versions
+    current: dict[str, dict[str, str | None]]  # system → backend → the default version
+
+
+class Experiment(TypedDict):
+    """One `cli exp` experiment, in AIConfigurator 0.12.0's flat V2 schema (aiconfigurator/cli/example.yaml)."""
+
+    serving_mode: str
+    model_path: str
+    system_name: str
+    backend_name: str
+    backend_version: str
+    isl: int
+    osl: int
+    ttft: float
+    tpot: float
+    total_gpus: int
+    gemm_quant_mode: str
+    agg_tp_candidates: list[int]
+    agg_pp_candidates: list[int]
+    request_latency: NotRequired[float]
 
 
 class Predicted(BaseModel):
@@ -125,7 +154,7 @@ class Request:
     e2e_ms: float | None = None  # search.slo.e2e_p95_ms → the experiment's `request_latency`
 
     def key(self, tool_version: str) -> str:
-        body: dict = {"format": CACHE_FORMAT, "tool": tool_version, "config": self.config_digest,
+        body: dict[str, object] = {"format": CACHE_FORMAT, "tool": tool_version, "config": self.config_digest,
                 "system": self.coverage.system, "backend": self.coverage.backend, "db": self.coverage.db_version,
                 "precision": self.precision.value, "isl": self.isl, "osl": self.osl, "ttft": self.ttft_ms,
                 "tpot": self.tpot_ms, "gpus": self.total_gpus, "per_replica": self.max_gpus_per_replica}
@@ -137,9 +166,9 @@ class Request:
 class Predictor(Protocol):
     name: str
 
-    def coverage(self, spec: BuildSpec, target: Target, model_config: dict | None) -> Coverage: ...
+    def coverage(self, spec: BuildSpec, target: Target, model_config: ModelConfig | None) -> Coverage: ...
 
-    def predict(self, model_config: dict, requests: list[Request],
+    def predict(self, model_config: ModelConfig, requests: list[Request],
                 progress: Callable[[str], None] = print) -> list[Prediction]: ...
 
 
@@ -168,7 +197,7 @@ print(json.dumps({"version": m.version("aiconfigurator"),
 
 
 @lru_cache(maxsize=4)
-def probe(tool: Path) -> dict:
+def probe(tool: Path) -> ProbeResult:
     """The installed predictor's version and its databases (system → backend → versions), from its own venv."""
     python = tool.parent / "python"
     if not python.is_file():
@@ -177,7 +206,8 @@ def probe(tool: Path) -> dict:
                           env=_quiet_env())
     if done.returncode != 0:
         raise ToolError(f"the predictor at {tool} does not answer: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: ProbeResult = json.loads(done.stdout.strip().splitlines()[-1])  # JSON edge: shaped by _PROBE
+    return result
 
 
 def _quiet_env() -> dict[str, str]:
@@ -195,7 +225,7 @@ def system_of(target: Target) -> str | None:
     return None
 
 
-def _version_tuple(v: str) -> tuple:
+def _version_tuple(v: str) -> tuple[int, ...]:
     import re
 
     return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.\-a-z]+", v.lower()) if p)
@@ -229,7 +259,7 @@ class AIConfigurator:
     def version(self) -> str:
         return probe(self.tool)["version"] if self.tool else ""
 
-    def coverage(self, spec: BuildSpec, target: Target, model_config: dict | None) -> Coverage:
+    def coverage(self, spec: BuildSpec, target: Target, model_config: ModelConfig | None) -> Coverage:
         if target.arch.value == "cpu":
             return Coverage(False, "cpu target: the predictor has perf databases for GPUs only")
         if self.tool is None:
@@ -255,7 +285,7 @@ class AIConfigurator:
         return Coverage(True, system=system, backend=backend, db_version=version,
                         note=f"{arch}; {note}" if note else arch)
 
-    def predict(self, model_config: dict, requests: list[Request],
+    def predict(self, model_config: ModelConfig, requests: list[Request],
                 progress: Callable[[str], None] = print) -> list[Prediction]:
         if self.tool is None:
             raise ToolError("predictor not installed: run `make predict-venv` (or set EF_PREDICTOR)")
@@ -291,7 +321,7 @@ class AIConfigurator:
             f.write(p.model_dump_json())
         os.replace(tmp, self.cache_dir / f"{p.key}.json")
 
-    def _run(self, model_config: dict, requests: list[Request], version: str) -> list[Prediction]:
+    def _run(self, model_config: ModelConfig, requests: list[Request], version: str) -> list[Prediction]:
         with tempfile.TemporaryDirectory(prefix="ef-predict-") as tmp:
             model_dir = Path(tmp) / "model"
             model_dir.mkdir()
@@ -310,12 +340,12 @@ class AIConfigurator:
                     for name, r in names.items()]
 
 
-def experiment(r: Request, model_dir: Path) -> dict:
+def experiment(r: Request, model_dir: Path) -> Experiment:
     """One `cli exp` experiment (aggregated serving) for a request. An end-to-end SLO is passed as `request_latency`
     (ms): the flat V2 task field of AIConfigurator 0.12.0 (aiconfigurator/sdk/task_v2.py `request_latency: float |
     None`; aiconfigurator/cli/exps/qwen3_32b_request_latency.yaml uses it in an `agg` experiment)."""
     tps = [t for t in (1, 2, 4, 8) if t <= r.max_gpus_per_replica] or [1]
-    exp = {"serving_mode": "agg", "model_path": str(model_dir), "system_name": r.coverage.system,
+    exp: Experiment = {"serving_mode": "agg", "model_path": str(model_dir), "system_name": r.coverage.system,
             "backend_name": r.coverage.backend, "backend_version": r.coverage.db_version,
             "isl": r.isl, "osl": r.osl, "ttft": float(r.ttft_ms), "tpot": float(r.tpot_ms),
             "total_gpus": r.total_gpus, "gemm_quant_mode": GEMM_MODE[r.precision],
@@ -366,14 +396,14 @@ def _row(row: dict[str, str], precision: Precision) -> Predicted:
                      tpot_ms=float(row["tpot"]), power_w=power)
 
 
-def config_digest(model_config: dict) -> str:
+def config_digest(model_config: ModelConfig) -> str:
     return hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest()
 
 
 def requests_for(search: SearchSpec, target: Target, coverage: Coverage, digest: str) -> list[Request]:
     per_replica = max(target.gpu_count, 1)
     return [Request(target=target.name, precision=p, coverage=coverage, config_digest=digest,
-                    isl=search.workload.isl, osl=search.workload.osl, ttft_ms=search.slo.ttft_p95_ms,
+                    isl=search.workload.mean_isl, osl=search.workload.osl, ttft_ms=search.slo.ttft_p95_ms,
                     tpot_ms=search.slo.itl_p95_ms, total_gpus=search.gpu_budget or per_replica,
                     max_gpus_per_replica=per_replica, e2e_ms=search.slo.e2e_p95_ms)
             for p in search.precisions if p in GEMM_MODE]

@@ -16,6 +16,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from enginefoundry.confine import SAFE_NAME
 from enginefoundry.errors import SpecError
@@ -170,7 +171,7 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
     return out
 
 
-def _lane_option_message(e: Any, data: dict[str, Any]) -> str:
+def _lane_option_message(e: ErrorDetails, data: dict[str, Any]) -> str:
     """The lane's own words for a problem in its options (a removed flag, a spec field, the valid choices)."""
     try:
         model = options_model(str(data.get("lane", "reference")))

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from enginefoundry.errors import SpecError
 from enginefoundry.spec.matrix import Precision, Profile, Variant
 
 
@@ -67,6 +68,14 @@ class Workload(BaseModel):
             raise ValueError("isl/isl_stddev disagree with lengths (filled from lengths_file): remove all three "
                              "and keep lengths_file")
         return self
+
+    @property
+    def mean_isl(self) -> int:
+        """`isl` once known: given, or filled from lengths_file when the spec is parsed (with_workload_lengths)."""
+        if self.isl is None:
+            raise SpecError([("search.workload.lengths_file", "not read yet: load the spec with load_spec or "
+                                                              "parse_spec, which fill isl from it")])
+        return self.isl
 
     def source(self) -> str:
         """Where the ISL came from, for `search` and `plan`."""

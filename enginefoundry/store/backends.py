@@ -18,9 +18,10 @@ import stat
 import tempfile
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import BaseModel
 
@@ -28,6 +29,9 @@ from enginefoundry.errors import StoreError, naming_full_disk
 from enginefoundry.identity import CHUNK
 from enginefoundry.runner import pid_alive
 from enginefoundry.store.s3 import s3_client, split_s3_uri
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
 
 PART_SIZE = 16 * 1024 * 1024
 MAX_PARALLEL_PARTS = 4  # memory in flight is bounded by PART_SIZE × this, whatever the file size
@@ -544,6 +548,13 @@ class FileStore(Store):
         return dest
 
 
+class _Part(TypedDict):
+    """One uploaded part, as CompleteMultipartUpload lists it."""
+
+    PartNumber: int
+    ETag: str
+
+
 class S3Store(Store):
     def __init__(self, uri: str, endpoint_url: str | None = None) -> None:
         self.uri = uri.rstrip("/")
@@ -556,11 +567,13 @@ class S3Store(Store):
         key = store_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _call(self, what: str, fn, **kwargs):
+    # JSON edge: `fn` is a boto3 client method; its response is a dict of the S3 API's fields
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: object) -> dict[str, Any]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return fn(**kwargs)
+            response: dict[str, Any] = fn(**kwargs)
+            return response
         except ClientError as err:
             code = err.response.get("Error", {}).get("Code", "?")
             raise StoreError(f"{what} failed on {self.uri}: {code}") from None
@@ -568,16 +581,17 @@ class S3Store(Store):
             raise StoreError(f"{what} failed on {self.uri}: {type(err).__name__}: {err}") from None
 
     @staticmethod
-    def _precondition_failed(err) -> bool:
+    def _precondition_failed(err: ClientError) -> bool:
         code = err.response.get("Error", {}).get("Code")
         status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
-    def _head(self, key: str) -> dict | None:
+    def _head(self, key: str) -> dict[str, Any] | None:  # JSON edge: HeadObject's response
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head: dict[str, Any] = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return head
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
@@ -594,7 +608,8 @@ class S3Store(Store):
 
     def read_bytes(self, key: str) -> bytes:
         resp = self._call(f"reading {self.url(key)}", self.client.get_object, Bucket=self.bucket, Key=self._key(key))
-        return resp["Body"].read()
+        data: bytes = resp["Body"].read()
+        return data
 
     def iter_bytes(self, key: str) -> Iterator[bytes]:
         resp = self._call(f"reading {self.url(key)}", self.client.get_object, Bucket=self.bucket, Key=self._key(key))
@@ -633,10 +648,11 @@ class S3Store(Store):
         up = self._call(f"starting upload of {self.url(key)}", self.client.create_multipart_upload,
                         Bucket=self.bucket, Key=k)
         upload_id = up["UploadId"]
-        h, size, parts = hashlib.sha256(), 0, []
-        pending: set[Future[dict[str, object]]] = set()
+        h, size = hashlib.sha256(), 0
+        parts: list[_Part] = []
+        pending: set[Future[_Part]] = set()
 
-        def send(number: int, body: bytes) -> dict[str, object]:
+        def send(number: int, body: bytes) -> _Part:
             r = self._call(f"uploading part {number} of {self.url(key)}", self.client.upload_part,
                            Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=body)
             return {"PartNumber": number, "ETag": r["ETag"]}
@@ -653,7 +669,7 @@ class S3Store(Store):
                         parts.extend(f.result() for f in done)
                     pending.add(pool.submit(send, number, body))
                 parts.extend(f.result() for f in pending)
-            parts.sort(key=lambda p: p["PartNumber"])  # type: ignore[arg-type,return-value]
+            parts.sort(key=lambda p: p["PartNumber"])
             try:
                 self.client.complete_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id,
                                                       MultipartUpload={"Parts": parts}, **extra)
@@ -721,8 +737,9 @@ class S3Store(Store):
             if self._precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
             raise StoreError(f"writing {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
-        if resp.get("ETag"):
-            return resp["ETag"]
+        etag: str | None = resp.get("ETag")
+        if etag:
+            return etag
         found = self.read_versioned(key)  # a server that answers without an ETag: read it back
         return found[1] if found is not None and found[0] == data else ""
 

@@ -152,7 +152,8 @@ def generated_schema() -> dict[str, Any]:
 
 @cache
 def _committed_schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text())
+    schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())  # JSON edge: a JSON Schema document
+    return schema
 
 
 def validate_against_schema(data: dict[str, Any]) -> None:

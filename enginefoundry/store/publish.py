@@ -178,22 +178,23 @@ class PublishResult(BaseModel):
 
 def _parse(store: Store, mkey: str, data: bytes, kind: Literal["unit", "checkpoint"], model: str, key: str,
            build_id: str, layout: Layout) -> PublishedBuild:
+    unit: Manifest | None = None
+    checkpoint: CheckpointManifest | None = None
     try:
         raw = json.loads(data)
         if kind == "unit":
             if layout == "cas":
                 validate_against_schema(raw)
-            doc: Manifest | CheckpointManifest = Manifest.model_validate(raw)
+            unit = Manifest.model_validate(raw)
         else:
-            doc = CheckpointManifest.model_validate(raw)
+            checkpoint = CheckpointManifest.model_validate(raw)
     except (ValueError, ValidationError) as err:
         raise StoreError(f"{store.url(mkey)} is not a valid manifest: {' '.join(str(err).split())[:300]}") from None
     except Exception as err:  # jsonschema.ValidationError
         raise StoreError(f"{store.url(mkey)} is not a valid manifest: {' '.join(str(err).split())[:300]}") from None
     return PublishedBuild(model=model, key=key, build_id=build_id, layout=layout, store_uri=store.uri,
                           manifest_key=mkey, manifest_sha256=hashlib.sha256(data).hexdigest(),
-                          manifest=doc if kind == "unit" else None,
-                          checkpoint=doc if kind == "checkpoint" else None)  # type: ignore[arg-type]
+                          manifest=unit, checkpoint=checkpoint)
 
 
 def read_build(store: Store, model: str, key: str, build_id: str,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import boto3
 from botocore.config import Config
 
@@ -14,7 +16,8 @@ def s3_endpoint(explicit: str | None = None) -> str | None:
     return explicit or EnvSettings().s3_endpoint()[0]
 
 
-def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16):  # -> S3Client (boto3 stubs not installed)
+# boto3 edge: an S3Client; Any here because boto3-stubs is installed without its s3 extra (mypy_boto3_s3)
+def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16) -> Any:
     config = Config(
         s3={"addressing_style": "path"},  # SeaweedFS/MinIO on loopback have no virtual-host DNS
         # botocore's "standard" mode retries transient errors only (connection errors, 5xx, throttling codes

@@ -99,7 +99,7 @@ def open_build(uri: str, endpoint_url: str | None = None, anchor: tuple[str, str
 def _open_build(uri: str, endpoint_url: str | None = None) -> tuple[Store, PublishedBuild]:
     root, folder, model, key, build_id = locate(uri)
     store = open_store(root, endpoint_url)
-    kind = "checkpoint" if folder == "checkpoints" else "unit"
+    kind: Literal["unit", "checkpoint"] = "checkpoint" if folder == "checkpoints" else "unit"
     if build_id is None:
         # Units and converted checkpoints share manifests/<model>/: the key folder alone does not say which.
         try:

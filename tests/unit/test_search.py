@@ -132,6 +132,16 @@ def test_profile_covers_the_workload_spread():
     assert (p.max_batch_size, p.max_input_len, p.max_seq_len) == (64, 36, 52)
 
 
+def test_a_workload_whose_lengths_file_was_not_read_is_refused_before_profiles_are_sized():
+    from enginefoundry.spec.search import Workload
+
+    w = Workload(lengths_file="prompts.jsonl", osl=16)  # built directly, not through parse_spec: isl not filled
+    assert w.isl is None
+    with pytest.raises(SpecError, match=r"search\.workload\.lengths_file: not read yet"):
+        _ = w.mean_isl
+    assert Workload(isl=24, osl=16).mean_isl == 24
+
+
 def test_searched_unit_round_trips_through_a_payload():
     spec, report = materialise(load_spec(CONFIGS / "tiny-search.yaml"), progress=lambda _: None)
     again = parse_spec(spec.model_dump(mode="json"), base_dir=CONFIGS)

@@ -215,3 +215,5 @@ def test_probe_output_is_read_from_the_marker_line_only():
         parse_probe_output("[TensorRT-LLM] TensorRT LLM version: 1.2.1\nSegmentation fault\n")
     with pytest.raises(ToolError, match="malformed"):
         parse_probe_output(PROBE_MARKER + "{oops\n")
+    with pytest.raises(ToolError, match=r"malformed result line \(not an object\)"):
+        parse_probe_output(PROBE_MARKER + '["3.12.3"]\n')
