@@ -478,6 +478,6 @@ def test_a_worker_without_the_key_does_not_publish_unsigned_for_a_spec_that_requ
     draft = Manifest.model_validate(dict(
         key=key_of(comps), key_components=comps, model=spec.model.name, unit="u", lane="reference", target={},
         variant={}, profile={}, source={}, status="candidate", files=[], build_id="draft"))
-    with pytest.raises(InputError, match="publish.require_signature"):
+    with pytest.raises(InputError, match=r"publish\.require_signature"):
         publish_unit.fn(spec, draft, {"bundle": str(root)})
     assert not list(store_dir.rglob("current.json")) and not list(store_dir.rglob("blobs/**/*"))
