@@ -345,7 +345,10 @@ def _check_entry(store: Store, build: PublishedBuild, entry: IndexEntry, index: 
                     f"({index.signer.identity}): not among the trusted keys")
     public = trusted.public_key if trusted else index.signer.public_key
     signer = trusted.label() if trusted else index.signer.identity
-    if not public or not _verifies(bundle, public):
+    if not public:  # a certificate or keyless signer: its index carries no key to check the statement with
+        return fail(f"signed by {signer}, whose index names no public key: give the signer's key with "
+                    "--trusted-key PUB (or --trust-policy FILE) to check it", signer)
+    if not _verifies(bundle, public):
         return fail(f"signature does not verify with {signer}: the statement was altered after signing", signer)
     problem = (_time_problem(trusted, bundle.statement.get("predicate"), signer) if trusted else None) or \
         _subject_problem(build, bundle.statement.get("subject"))

@@ -481,3 +481,30 @@ def test_a_worker_without_the_key_does_not_publish_unsigned_for_a_spec_that_requ
     with pytest.raises(InputError, match=r"publish\.require_signature"):
         publish_unit.fn(spec, draft, {"bundle": str(root)})
     assert not list(store_dir.rglob("current.json")) and not list(store_dir.rglob("blobs/**/*"))
+
+
+def test_a_signer_without_a_public_key_is_not_reported_as_tampering(tmp_path, keys):
+    """A certificate or keyless signer (a `Signer` whose public_pem() is None) leaves no public key in the index:
+    with no trusted key given, the statement cannot be checked, which `verify` must say (and how to fix it),
+    not "the statement was altered after signing"."""
+    class CertificateSigner:
+        def __init__(self, inner: KeyPairSigner) -> None:
+            self._inner, self.identity, self.key_id = inner, "ci@example.com (certificate)", inner.key_id
+
+        def sign(self, data: bytes) -> bytes:
+            return self._inner.sign(data)
+
+        def verification_material(self) -> dict:
+            return {"x509CertificateChain": {"certificates": []}}
+
+        def public_pem(self) -> None:
+            return None
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", CertificateSigner(_signer(keys, "old")))
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    verdict = verify_attestations(store, build, TrustPolicy())
+    assert verdict.state == "failed"
+    assert all("--trusted-key" in p and "altered" not in p for p in verdict.problems), verdict.problems
+    trusted = TrustPolicy(keys=[TrustedKey(name="old", public_key=keys["old"][1].read_text())])
+    assert verify_attestations(store, build, trusted).state == "verified"  # the key itself checks it
