@@ -211,7 +211,14 @@ def attest_build(store: Store, build: PublishedBuild, signer: Signer,
 
 
 def read_index(store: Store, build: PublishedBuild) -> AttestationIndex | None:
+    """The build's attestation index, None when there is none; StoreError for one that is too large (refused by
+    its size, unread) or not valid."""
     ikey = index_key(build)
+    size = store.size(ikey)
+    if size is None:
+        return None
+    if size > MAX_BUNDLE_BYTES:
+        raise StoreError(f"{store.url(ikey)} is {size} bytes: not an attestation index (at most {MAX_BUNDLE_BYTES})")
     got = store.read_versioned(ikey)
     if got is None:
         return None

@@ -508,3 +508,21 @@ def test_a_signer_without_a_public_key_is_not_reported_as_tampering(tmp_path, ke
     assert all("--trusted-key" in p and "altered" not in p for p in verdict.problems), verdict.problems
     trusted = TrustPolicy(keys=[TrustedKey(name="old", public_key=keys["old"][1].read_text())])
     assert verify_attestations(store, build, trusted).state == "verified"  # the key itself checks it
+
+
+def test_an_oversized_attestation_index_is_refused_unread(tmp_path, keys, monkeypatch):
+    """The per-build index is a few hundred bytes; one planted in the bucket at gigabytes must be refused by its
+    size, before verify, pull, promote, lineage or MLflow registration read it into memory."""
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    _rewrite(store, index_key(build), b" " * (5 << 20))
+    real = FileStore.read_versioned
+
+    def no_big_reads(self, key):
+        assert not key.startswith("attestations/"), f"read {key} whole"
+        return real(self, key)
+
+    monkeypatch.setattr(FileStore, "read_versioned", no_big_reads)
+    verdict = verify_attestations(store, build, TrustPolicy())
+    assert verdict.state == "failed" and "bytes" in verdict.problems[0], verdict.problems
