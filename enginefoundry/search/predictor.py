@@ -38,6 +38,7 @@ from enginefoundry.spec import BuildSpec, Precision, SearchSpec, Target
 REPO = Path(__file__).resolve().parents[2]
 PREDICT_VENV = REPO / ".venv-predict"
 CACHE_FORMAT = 1
+CACHE_MAX_BYTES = 1 << 20  # a cached prediction is a few KiB
 
 # A target's SKU (case-insensitive substring, most specific first) → AIConfigurator system name
 # (aiconfigurator_core/systems/<name>.yaml in 0.12.0).
@@ -309,6 +310,9 @@ class AIConfigurator:
     def _cached(self, key: str) -> Prediction | None:
         path = self.cache_dir / f"{key}.json"
         try:
+            # Local state: only a regular file of a prediction's size (a FIFO or a device would hang the read).
+            if path.is_symlink() or not path.is_file() or path.stat().st_size > CACHE_MAX_BYTES:
+                return None
             p = Prediction.model_validate_json(path.read_bytes())
         except (OSError, ValidationError):
             return None  # absent or unreadable: predicted again, the bad file replaced

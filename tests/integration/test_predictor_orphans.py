@@ -53,3 +53,25 @@ def test_kill_9_while_predicting_leaves_no_process(tmp_path: Path):
     finally:
         for line in marked_processes(MARK, marker):
             os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def test_a_planted_fifo_in_the_prediction_cache_is_a_miss_not_a_hang(tmp_path: Path):
+    """The prediction cache (~/.cache/enginefoundry/predictions) is local state: a FIFO or a link to a device
+    named like a cached prediction is a miss (predicted again, the file replaced), never a read that hangs
+    `search` or never ends."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.mkfifo(cache / ("a" * 64 + ".json"))
+    (cache / ("b" * 64 + ".json")).symlink_to("/dev/zero")
+    probe = textwrap.dedent(f"""\
+        from pathlib import Path
+        from enginefoundry.search.predictor import AIConfigurator
+        p = AIConfigurator(Path("/nonexistent/aiconfigurator"), Path({str(cache)!r}))
+        print(p._cached("a" * 64), p._cached("b" * 64))
+        """)
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("reading the prediction cache hung on a planted FIFO or device") from None
+    assert done.returncode == 0 and done.stdout.split() == ["None", "None"], done.stdout + done.stderr
