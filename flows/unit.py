@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -22,7 +21,7 @@ from prefect.states import Failed
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import Unit, key_of
+from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.outcomes import (
@@ -35,6 +34,7 @@ from enginefoundry.records.outcomes import (
     unit_metrics,
     unit_params,
 )
+from enginefoundry.records.run_records import mlflow_run_link
 from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome, work_root
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
@@ -50,7 +50,6 @@ from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serve_files import write_serving
 from enginefoundry.tasks.smoke import smoke_reference, smoke_test
 from enginefoundry.tasks.track import (
-    mlflow_run_link,
     prefect_context,
     record_unit,
     register_published_unit,
@@ -60,7 +59,7 @@ from enginefoundry.tasks.track import (
 
 @flow(name="unit-in-process")
 def unit_pipeline(
-    spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
+    spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome | State:
     """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
@@ -77,10 +76,10 @@ def unit_failed_state(outcome: UnitOutcome) -> State:
 
 
 def run_unit_stages(
-    spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
+    spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome:
-    key = key_of(key_components)
+    key = key_components.key
     replaces = build_now_current(spec, key)  # under this run's lease: what the publish may replace, not adopt
     stages: dict[str, float] = {}
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit), build_run_tags(spec, unit, key))
@@ -133,14 +132,14 @@ def run_unit_stages(
         return failed
     exit_if_terminating()  # cancelled during a stage whose outcome looked like a verdict (a dead server)
 
-    draft = unit_manifest(spec, unit, key, key_components, snapshot, checkpoint_key=ckpt.key,
+    draft = unit_manifest(spec, unit, key, key_components.as_json(), snapshot, checkpoint_key=ckpt.key,
                           checkpoint_uri=ckpt.uri, device=build.device, build_params=build.params, smoke=smoke,
                           sweep=sweep, mlflow_run_id=run_id,
                           prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID))
     folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
     serving_dir = unit_dir / "serving"
     shutil.rmtree(serving_dir, ignore_errors=True)
-    if draft.status == "candidate":  # a rejected unit gets nothing a serving team could deploy by mistake
+    if draft.status == UnitStatus.CANDIDATE:  # a rejected unit gets nothing a serving team could deploy by mistake
         folders["serving"] = write_serving(spec, unit.name, key, build.bundle_dir, ckpt.result.checkpoint_dir,
                                            ckpt.uri, str(serving_dir))
     t = time.monotonic()

@@ -24,7 +24,7 @@ from enginefoundry.tasks._retry import NETWORK_RETRIES
 from enginefoundry.tasks.events import emit_registry_move
 
 
-def current_toolchain(spec: BuildSpec) -> dict[str, Any]:
+def current_toolchain(spec: BuildSpec) -> dict[str, Any]:  # JSON edge: as manifests record key_components.toolchain
     """This run's toolchain identity (as a unit key records it); without the lane's toolchain on this host, the
     spec's pinned release and image digest only."""
     try:

@@ -33,6 +33,28 @@ class SourceSnapshot(BaseModel):
     files: dict[str, str] = Field(default_factory=dict, description="relative path → sha256")
 
 
+class SourceIdentity(BaseModel):
+    """A snapshot without its local folder: what a worker must fetch and match (cluster mode sends it as the
+    `build-unit` flow's `source` parameter)."""
+
+    uri: str
+    kind: SourceKind
+    revision: str | None = None
+    requested_revision: str | None = None
+    identity: dict[str, Any] = Field(default_factory=dict)  # JSON edge: commit sha, S3 versions/ETags, sha256s
+    weights_digest: str
+    tokenizer_digest: str
+    files: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, snapshot: SourceSnapshot) -> SourceIdentity:
+        return cls.model_validate(snapshot.model_dump(mode="json", exclude={"local_dir"}))
+
+    def at(self, local_dir: str) -> SourceSnapshot:
+        """The same source, fetched to `local_dir` on this machine."""
+        return SourceSnapshot.model_validate({**self.model_dump(mode="json"), "local_dir": local_dir})
+
+
 def fetch(source: SourceURI, progress: Callable[[str], None] = print) -> SourceSnapshot:
     rev: str | None = None
     if source.kind is SourceKind.HF:

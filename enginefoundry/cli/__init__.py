@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from enginefoundry import __version__
@@ -73,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return args.handler(args)
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
     except EngineFoundryError as err:
         return _fail(args, err, str(err), err.exit_code)
     except Exception as err:

@@ -19,7 +19,7 @@ from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 from enginefoundry.spec import load_spec
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="run the pipeline for a spec (embedded mode: in this process)")
     run.add_argument("spec", help="build spec YAML, e.g. configs/tiny-cpu.yaml")
     run.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         flush_in_background(spec)  # hits an earlier recorder could not record, in this run's destinations
         server = start_prefect_early()
-        from enginefoundry.flows.build_engines import build_engines, spec_payload
+        from enginefoundry.flows.build_engines import build_engines, flow_value, spec_payload
         from enginefoundry.records.run_records import prepare_tracking
 
         prepare_tracking(spec)  # a new SQLite MLflow file is created while the Prefect server starts
@@ -118,11 +118,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             # The spec as written: the flow resolves the destinations again and, where a parameter only repeats
             # the environment or the spec, logs where the value really came from (settings.true_origins).
-            summary = build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets,
-                                    force=args.force,
-                                    mode=args.mode, validated=True, verify_hits=args.verify_hits,
-                                    store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                                    s3_endpoint_url=spec.publish.s3_endpoint_url)
+            summary = flow_value(build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)),
+                                               targets=args.targets, force=args.force,
+                                               mode=args.mode, validated=True, verify_hits=args.verify_hits,
+                                               store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                                               s3_endpoint_url=spec.publish.s3_endpoint_url))
         except UnitsNotPassed as err:  # the run ended Failed; its summary is printed as any other (exit 1)
             summary = err.summary
     if wants_json(args):
@@ -169,7 +169,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         emit_json({"ok": not bad_channel, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest,
                    "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if bad_channel else EXIT_OK
-    if bad_channel:
+    if bad_channel and channel is not None:
         error(channel.line())
         return EXIT_INPUT
     console.print(f"[green]ok[/green]: {args.spec} is valid: lane {spec.lane}, {units} unit(s), preflight passed")
@@ -246,15 +246,15 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     validate_deep(spec)
     quiet_prefect_defaults()
     export_trust(args)  # the promotion step reads the trust policy from the environment
-    from enginefoundry.flows.build_engines import spec_payload
+    from enginefoundry.flows.build_engines import flow_value, spec_payload
     from enginefoundry.flows.rollout import rollout
 
-    report = rollout(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets, mode=args.mode,
-                     max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
-                     max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
-                     max_cost_increase=args.max_cost_increase,
-                     force_build=args.force_build, store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                     s3_endpoint_url=spec.publish.s3_endpoint_url)
+    report = flow_value(rollout(
+        spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets, mode=args.mode,
+        max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
+        max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
+        max_cost_increase=args.max_cost_increase, force_build=args.force_build, store=spec.publish.store,
+        mlflow_uri=spec.tracking.mlflow_uri, s3_endpoint_url=spec.publish.s3_endpoint_url))
     if wants_json(args):
         emit_json(report)
         return EXIT_OK if (not report.built or report.build_ok) else EXIT_PIPELINE

@@ -98,7 +98,7 @@ def json_mode(enabled: bool) -> Iterator[None]:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
-        console.file = previous_file
+        console._file = previous_file  # the setter's own assignment (rich Console.file), None included
         _JSON_STREAM.pop()
 
 

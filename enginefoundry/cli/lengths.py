@@ -8,7 +8,7 @@ from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lens = sub.add_parser("lengths", help="observed prompt lengths → percentiles, max_input_len/max_seq_len")
     lens.add_argument("file", help='JSONL: {"tokens": N} / {"input_tokens": N}, or {"prompt": …} / {"messages": …}')
     lens.add_argument("--tokenizer", help="tokenizer folder, needed for raw prompts")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, mlflow_uri_of, wants_json
 from enginefoundry.cli.signing import trust_options
@@ -18,7 +19,7 @@ STEM_HELP = ("alias stem: the target name, or <target>-<variant>-<profile> when 
              "that target (the aliases are <stem>-candidate and <stem>-champion)")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lin = sub.add_parser("lineage", help="what produced an artifact: store URI, unit key or models:/name@alias")
     lin.add_argument("ref")
     lin.add_argument("--mlflow-uri", help=MLFLOW_HELP)
@@ -78,11 +79,11 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _verified_line(rec: dict) -> str:
+def _verified_line(rec: dict[str, Any]) -> str:  # JSON edge: the store's verification record
     if not rec:
         return "never (enginefoundry verify REF)"
     if "verified_at" not in rec:
-        return rec.get("note", "unknown")
+        return str(rec.get("note", "unknown"))
     verdict = "ok" if rec["ok"] else f"FAILED ({len(rec.get('problems', []))} problem(s))"
     return f"{rec['verified_at']}: {verdict}, {rec['files']} files"
 
@@ -115,7 +116,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _signature_gate(args: argparse.Namespace, version) -> None:
+def _signature_gate(args: argparse.Namespace, version: Any) -> None:  # an MLflow ModelVersion (untyped)
     """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
     are required."""
     from enginefoundry.cli.signing import SignatureRefused, policy_of

@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enginefoundry.cli.common import emit_json, wants_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, InputError, PipelineError
 from enginefoundry.evidence.signing import ENV_KEY_FILE, ENV_REQUIRE_SIGNATURE, ENV_TRUST_POLICY
 
+if TYPE_CHECKING:  # imported when a command runs: `enginefoundry --help` stays fast
+    from enginefoundry.evidence.attest import SignatureVerdict
+    from enginefoundry.evidence.signing import TrustPolicy
+    from enginefoundry.spec import BuildSpec
+    from enginefoundry.store.backends import Store
+    from enginefoundry.store.publish import PublishedBuild
+
 
 class SignatureRefused(PipelineError):
     """A build whose signatures are required and do not verify (exit 1)."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kg = sub.add_parser("keygen", help="make an ECDSA P-256 signing key pair: <out>.key (secret) and <out>.pub")
     kg.add_argument("--out", default="enginefoundry-signing",
                     help="path prefix of the two files (default: ./enginefoundry-signing); never overwritten")
@@ -47,7 +55,7 @@ def trust_options(cmd: argparse.ArgumentParser) -> None:
                      help=f"refuse an unsigned or unverifiable build (also ${ENV_REQUIRE_SIGNATURE}=1 or the policy)")
 
 
-def policy_of(args: argparse.Namespace):  # -> TrustPolicy
+def policy_of(args: argparse.Namespace) -> TrustPolicy:
     """The command line's trust options merged with the spec's (publish.require_signature, trusted_keys,
     trust_policy) when a spec is given: keys from both, signatures required when either requires them."""
     from enginefoundry.evidence.signing import consumer_policy, merged_policy, spec_policy
@@ -60,14 +68,14 @@ def policy_of(args: argparse.Namespace):  # -> TrustPolicy
     return cli if spec is None else merged_policy(cli, spec_policy(spec))
 
 
-def _spec_of(args: argparse.Namespace):  # -> BuildSpec | None
+def _spec_of(args: argparse.Namespace) -> BuildSpec | None:
     from enginefoundry.spec import load_spec
 
     path = getattr(args, "spec", None)
     return load_spec(path) if path else None
 
 
-def check_signatures(args: argparse.Namespace, store, build, what: str):  # -> SignatureVerdict
+def check_signatures(args: argparse.Namespace, store: Store, build: PublishedBuild, what: str) -> SignatureVerdict:
     """The signature verdict of a build; SignatureRefused naming each cause when it is required and fails."""
     from enginefoundry.evidence.attest import verify_attestations
 

@@ -14,7 +14,7 @@ from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("smoke", help="judge a running OpenAI-compatible endpoint against a Hugging Face reference")
     p.add_argument("--endpoint", required=True, help="base URL of the server, e.g. http://gpu-node:8000")
     p.add_argument("--served-model", required=True, help="the `model` name the server expects in requests")

@@ -118,8 +118,8 @@ def render() -> str:
     lines.append("| `nvcr.io/nvidia/tensorrt-llm/release:<v>` | `<v>` | the tag names the release |")
     lines += ["", "## ModelOpt pinned by a TensorRT-LLM release (used to render `plan` before the probe)", "",
               "| TensorRT-LLM | ModelOpt | source |", "|---|---|---|"]
-    for release, (modelopt, source) in MODELOPT_PINS.items():
-        lines.append(f"| {release} | {modelopt} | {source} |")
+    for release, (pinned_modelopt, source) in MODELOPT_PINS.items():
+        lines.append(f"| {release} | {pinned_modelopt} | {source} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -9,17 +9,15 @@ and then made relocatable: the bundle path becomes `${EF_UNIT_DIR}/bundle`, a ch
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field
 
 from enginefoundry.confine import check_name
-from enginefoundry.lanes import Lane
+from enginefoundry.lanes.base import BUNDLE_INFO, BundleInfo, Lane, TritonSettings
 from enginefoundry.store.permissions import write_file_atomic
 
 UNIT_DIR_VAR = "EF_UNIT_DIR"
@@ -30,6 +28,14 @@ _HOST_SENTINEL = "ef-serve-host.invalid"
 _PORT_SENTINEL = 48_123
 SERVE_SH = "serve.sh"
 SERVE_YAML = "serve.yaml"
+
+
+class ServingTriton(BaseModel):
+    """serve.yaml `triton`: the engine bundle's Triton model repository and its launch command, relocated."""
+
+    model_repository: str
+    bundle_mount: str
+    launch: list[str]
 
 
 class ServingPlan(BaseModel):
@@ -46,7 +52,7 @@ class ServingPlan(BaseModel):
     openai_model_name: str = Field(description="the `model` field requests must carry")
     default_port: int = DEFAULT_PORT
     needs: dict[str, str] = Field(default_factory=dict, description="variables to set before serving")
-    triton: dict[str, Any] | None = None
+    triton: ServingTriton | None = None
     links: dict[str, str] = Field(default_factory=dict, description="names the server's working folder holds, "
                                   "as symbolic links to these paths (serve.sh makes the folder with mktemp)")
 
@@ -71,14 +77,13 @@ def serving_plan(lane: Lane, bundle_dir: Path, *, unit: str, model: str, key: st
     # A console script is called by name: the serving image has its own install of the tool.
     argv = [Path(cmd.command.argv[0]).name, *(_relocate(a, paths) for a in cmd.command.argv[1:])]
     env = {k: _relocate(v, paths) for k, v in cmd.command.env.items()}
-    info_path = bundle / "bundle.json"
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    info = BundleInfo.read(bundle) if (bundle / BUNDLE_INFO).is_file() else BundleInfo()
     triton = None
-    if info.get("triton_model_repo"):
-        launch = (info.get("triton") or {}).get("launch") or []
-        triton = {"model_repository": f"${{{UNIT_DIR_VAR}}}/bundle/{info['triton_model_repo']}",
-                  "bundle_mount": _relocate(str((info.get("triton") or {}).get("bundle_mount", "")), paths),
-                  "launch": [_relocate(str(a), paths) for a in launch]}
+    if info.triton_model_repo:
+        given = info.triton or TritonSettings()
+        triton = ServingTriton(model_repository=f"${{{UNIT_DIR_VAR}}}/bundle/{info.triton_model_repo}",
+                               bundle_mount=_relocate(str(given.bundle_mount or ""), paths),
+                               launch=[_relocate(str(a), paths) for a in given.launch])
     return ServingPlan(unit=unit, lane=lane.name, model=model, key=key, artifact_uri=artifact_uri, argv=argv,
                        env=env, health_path=cmd.health_path, openai_model_name=_relocate(cmd.model_name, paths),
                        needs=needs, triton=triton, links={k: _relocate(v, paths) for k, v in cmd.links.items()})

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginefoundry.build.units import Unit, key_of, toolchain_identity, unit_key_components
+from enginefoundry.build.units import KeyComponents, Unit, toolchain_identity, unit_key_components
 from enginefoundry.errors import PipelineError, StoreError
 from enginefoundry.evidence.signing import TrustPolicy, spec_policy
 from enginefoundry.lanes import get_lane
@@ -174,12 +173,12 @@ def _lease_or_wait(
 class UnitKeys(BaseModel):
     """Every unit's key components and key, from the source's identity and the toolchain's versions."""
 
-    components: dict[str, dict[str, Any]]
+    components: dict[str, KeyComponents]
     keys: dict[str, str]
 
 
 def unit_keys(spec: BuildSpec, units: list[Unit], weights_digest: str, tokenizer_digest: str) -> UnitKeys:
     toolchain = toolchain_identity(spec, get_lane(spec.lane).versions())
-    components = {unit.name: unit_key_components(spec, unit, weights_digest, tokenizer_digest, toolchain,
-                                                 spec.lane_options) for unit in units}
-    return UnitKeys(components=components, keys={name: key_of(c) for name, c in components.items()})
+    components = {unit.name: KeyComponents.of(unit_key_components(spec, unit, weights_digest, tokenizer_digest,
+                                                                  toolchain, spec.lane_options)) for unit in units}
+    return UnitKeys(components=components, keys={name: c.key for name, c in components.items()})
