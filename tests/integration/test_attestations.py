@@ -387,8 +387,8 @@ def test_a_spec_that_requires_signatures_does_not_take_an_unsigned_cache_hit(tmp
             root = tmp_path / f"bundle-{store.root.name}-{unit.name}"
             (root / "model").mkdir(parents=True)
             (root / "model" / "weights.safetensors").write_bytes(b"W" * 5_000)
-            fields = dict(key=keyed.keys[unit.name], key_components=keyed.components[unit.name], model="tiny-chat",
-                          unit=unit.name, lane="reference", target={}, variant={}, profile={},
+            fields = dict(key=keyed.keys[unit.name], key_components=keyed.components[unit.name].as_json(),
+                          model="tiny-chat", unit=unit.name, lane="reference", target={}, variant={}, profile={},
                           source={"uri": "hf://org/m@abc", "weights_digest": "1" * 64}, status="candidate",
                           gate={}, smoke={}, benchmark={})
             result = publish_build(store, "tiny-chat", fields, {"bundle": root}, **QUIET)
