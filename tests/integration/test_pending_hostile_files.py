@@ -59,3 +59,25 @@ def test_a_dangling_link_is_dropped_not_a_crash(tmp_path: Path):
                           timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "dropped the pending record 20260101T000000-dangling.json" in done.stdout, done.stdout
+
+
+def test_a_toolchain_channel_that_is_a_fifo_is_refused_not_a_hang(tmp_path: Path):
+    """toolchain.channel is a spec field (hostile input): naming a FIFO (or a device) must be refused with the
+    field, not block `plan`, `validate` or `rollout` for ever on the read."""
+    os.mkfifo(tmp_path / "channel.yaml")
+    probe = f"""
+from pathlib import Path
+from enginefoundry.errors import SpecError
+from enginefoundry.rollout.toolchain_channel import read_channel
+for uri in ("channel.yaml", "/dev/zero"):
+    try:
+        read_channel(uri, Path({str(tmp_path)!r}))
+    except SpecError as err:
+        print("refused", err.problems[0][0])
+"""
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading a toolchain channel that is a FIFO hung")
+    assert done.stdout.split("\n")[:2] == ["refused toolchain.channel"] * 2, done.stdout + done.stderr
