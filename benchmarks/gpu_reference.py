@@ -20,6 +20,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -64,8 +65,9 @@ def compare_on_gpu(folder: Path) -> None:
     print("keys differ by device:", key_cpu.digest != key_gpu.digest)
 
 
-SHARDED_SHAPE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 16,
-                 "num_key_value_heads": 4, "max_position_embeddings": 2048, "tie_word_embeddings": False}
+SHARDED_SHAPE: dict[str, Any] = {
+    "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 16,
+    "num_key_value_heads": 4, "max_position_embeddings": 2048, "tie_word_embeddings": False}
 
 
 def random_llama(folder: Path) -> Path:
@@ -113,7 +115,7 @@ def sharded(folder: Path) -> None:
         raise SystemExit("--sharded needs two or more GPUs")
     model_dir = random_llama(folder)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **load_options("gpu"))
-    per_device = collections.Counter(str(d) for d in model.hf_device_map.values())
+    per_device = collections.Counter(str(d) for d in model.hf_device_map.values())  # type: ignore[operator]  # transformers 5.24 types it as a module attribute
     mib = {i: torch.cuda.memory_allocated(i) // 2**20 for i in range(gpus)}
     print(f"placement (device_map={load_options('gpu')['device_map']!r}): modules per device {dict(per_device)}; "
           f"MiB allocated per GPU {mib}", flush=True)

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "tests" / "fixtures" / "tiny-chat" / "model"
@@ -143,7 +144,8 @@ def write_shards(folder: Path, shape: str) -> int:
     weight_map, total = {}, 0
     for i, shard in enumerate(shards, start=1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
         for name, dims in shard:
             n = 2 * dims[0] * (dims[1] if len(dims) > 1 else 1)
             header[name] = {"dtype": "BF16", "shape": dims, "data_offsets": [offset, offset + n]}

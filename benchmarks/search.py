@@ -39,6 +39,7 @@ def main() -> None:
             t0 = time.monotonic()
             _, report = materialise(spec(), progress=lambda _: None)
             wall = time.monotonic() - t0
+            assert report is not None  # materialise reports whenever the spec has a search section
             rows.append({"round": i, "cached": i > 0, "wall_s": round(wall, 2),
                          "answers": {t.target: {"units": t.units, "no_answer": t.problems} for t in report.targets}})
             print(f"round {i} ({'cached' if i else 'uncached'}): {wall:.1f} s", flush=True)

@@ -27,14 +27,15 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 MODEL = REPO / "tests" / "fixtures" / "tiny-chat" / "model"
 
 
-def inventory() -> dict:
-    found = {"python": sys.version.split()[0]}
+def inventory() -> dict[str, Any]:
+    found: dict[str, Any] = {"python": sys.version.split()[0]}
     for mod in ("torch", "transformers", "pynvml", "aiperf"):
         found[mod] = importlib.util.find_spec(mod) is not None
     found["aiperf_cli"] = shutil.which("aiperf")
@@ -58,7 +59,7 @@ def measure(batch: int, new_tokens: int, rounds: int) -> dict:
     from enginefoundry.bench.costs import energy_mj
 
     tok = AutoTokenizer.from_pretrained(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).to("cuda:0").eval()
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).to("cuda:0").eval()  # type: ignore[arg-type]  # transformers 5.24 types `.to` loosely
     prompts = ["Tell me about the weather today."] * batch
     enc = tok(prompts, return_tensors="pt").to("cuda:0")  # one prompt repeated: no padding
     with torch.inference_mode():
@@ -84,15 +85,15 @@ def main() -> None:
     args = p.parse_args()
     found = inventory()
     print(json.dumps(found, indent=1), flush=True)
-    result = {"inventory": found, "points": []}
+    result: dict[str, Any] = {"inventory": found, "points": []}
     if not (found["torch"] and found.get("cuda") and found["transformers"]):
         print("cannot measure: needs torch with CUDA and transformers (pip install -e '.[reference]')")
     else:
         from enginefoundry.bench.costs import unit_cost
-        from enginefoundry.spec import Target, load_spec
+        from enginefoundry.spec import Arch, Target, load_spec
 
         spec = load_spec(REPO / "configs" / "tiny-search.yaml")
-        h200 = Target(name="h200", arch="sm90", sku=[found["gpu"] or "H200"], gpu_count=1)
+        h200 = Target(name="h200", arch=Arch("sm90"), sku=[found["gpu"] or "H200"], gpu_count=1)
         for batch in args.batches:
             m = measure(batch, args.new_tokens, args.rounds)
             cost = unit_cost(spec, h200, m["output_tokens_per_s"], energy_j=m["energy_j"], window_s=m["window_s"],

@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -57,7 +58,7 @@ from enginefoundry.store.publish import (  # noqa: E402
 )
 
 SHARDS = 4
-QUIET = {"progress": lambda _: None}
+QUIET: dict[str, Any] = {"progress": lambda _: None}
 CHILD = r"""
 import json, sys, time
 from pathlib import Path

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from enginefoundry.build.units import expand_units
 from enginefoundry.gpu.detect import detect_gpus, match_target
@@ -36,7 +37,7 @@ def main() -> int:
     print(json.dumps({"detected": [g.model_dump() for g in gpus]}), flush=True)
     lane = ReferenceLane()
     source_dir = Path(spec.model.parsed_source(spec.base_path).location)
-    results = []
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ef-gpu-") as tmp:
         for unit in expand_units(spec):
             matched = match_target(unit.target, gpus)  # refuses a unit for another architecture or SKU

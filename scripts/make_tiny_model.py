@@ -212,7 +212,7 @@ def train(
 def generate_answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, question: str) -> str:
     ids = torch.tensor([prompt_ids(tokenizer, question)])
     with torch.no_grad():
-        out = model.generate(
+        out = model.generate(  # type: ignore[operator]  # transformers 5.24 types `generate` loosely
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
             do_sample=False,
@@ -220,7 +220,9 @@ def generate_answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence decodes to one string
+    return text.strip()
 
 
 def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: list[Example]) -> int:

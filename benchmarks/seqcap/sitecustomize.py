@@ -23,4 +23,4 @@ if CAP > 0:
             generation_config.max_new_tokens = min(generation_config.max_new_tokens, CAP - length)
         return _generate(self, inputs, generation_config=generation_config, **kwargs)
 
-    _gen.GenerationMixin.generate = generate
+    _gen.GenerationMixin.generate = generate  # type: ignore[method-assign]  # the cap is a patch by design

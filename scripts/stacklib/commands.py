@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -96,7 +97,7 @@ def run_parallel(ctx: Context, services: list[str], pools: list[str]) -> tuple[l
             futures["mlflow"] = pool_exec.submit(after, "s3", "mlflow", lambda: start_mlflow(ctx))
         for pool in pools:
             futures[WORKER_PREFIX + pool] = pool_exec.submit(
-                after, "prefect", WORKER_PREFIX + pool, lambda pool=pool: start_worker(ctx, pool)
+                after, "prefect", WORKER_PREFIX + pool, functools.partial(start_worker, ctx, pool)
             )
         try:
             return collect(futures)
