@@ -303,8 +303,8 @@ def _logprob_rules(policy: GatePolicy, chat_mean: float | None, chat_tokens: int
     if chat_mean is not None:
         ok = chat_mean <= bound
         rules.append(GateRule(name="log-prob distance", ok=ok, kind="divergence",
-                              detail=f"mean |Δ log-prob| {chat_mean:.4f} over {chat_tokens} tokens of the agreeing "
-                                     f"prefix {'≤' if ok else '>'} limit {bound} ({why})"))
+                              detail=f"mean |Δ log-prob| {chat_mean:.4f} over {chat_tokens} tokens "
+                                     f"{'≤' if ok else '>'} limit {bound} (the answers' agreeing prefix; {why})"))
     elif chat_unavailable is not None:  # the check that could not run is named, not silently left out
         rules.append(GateRule(name="log-prob distance", ok=True, kind="info", warning=True,
                               detail=f"not run: {chat_unavailable}; judged on the other rules "
