@@ -10,10 +10,14 @@ For each model (benchmarks/gate_models.py builds them on demand from PyPI packag
     lm_head rows permuted; and the faults that keep task accuracy (gate_models.SUBTLE): attention noise and a
     zeroed MLP at the first, middle and last layer, final norm scaled, rope theta × 4, 4-bit k/v simulated,
     a chat template without its default system turn. `--builds a,b` judges only those.
-Each build is served by `transformers serve` (OMP_NUM_THREADS=1, --continuous-batching but for the tiny model)
-and judged by `enginefoundry smoke` at its default settings against the model's fp32 source (the reference
-answers are computed once, then reused). The `judge s` column is one judgement: the `smoke` command's wall time,
-server up and reference cached.
+Each build is served by the reference lane's scoring server (`--server ef`, enginefoundry/smoke/serve.py: log-probs,
+and the prompt log-probs teacher forcing needs; `--server transformers`: `transformers serve`, OMP_NUM_THREADS=1,
+--continuous-batching but for the tiny model, no log-probs) and judged by `enginefoundry smoke` at its default
+settings but `--reference-precision unit` (like with like: a bf16 build against a bf16 reference, its log-prob
+limits derived from the spread measured at bf16; `--reference-precision fp32` judges every build against the fp32
+source as before). References and spreads are computed once per dtype, then reused. The `judge s` column is one
+judgement: the `smoke` command's wall time, server up and reference cached. `tf |Δlp|` and `tf top-1` are the
+teacher-forced mean |Δ log-prob| and top-1 agreement, `lp limit` their limit and where it comes from.
 Prints one row per build, then false-reject and false-accept rates and the sample sizes. gate_prompts.jsonl ends
 with a long-context slice (benchmarks/make_long_prompts.py) that the gate also judges on its own; the
 `slice first-N` column shows its first-N-token agreement.
