@@ -198,13 +198,12 @@ def main() -> int:
         # The references once per model and dtype (with their log-prob spread); every `smoke` call below finds
         # them in the cache by key.
         say = lambda m: print(m, file=sys.stderr)  # noqa: E731
-        ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=max_new, progress=say)
         precisions = {name.removesuffix("-sim") for name in healthy} | ({"bf16"} if breakages else set())
         for dtype in sorted(precisions):
             ref_dtype = reference_precision_for(args.reference_precision, dtype)[0]
-            other, _ = load_or_compute_reference(src, cases, dtype=ref_dtype, max_new_tokens=max_new, progress=say)
+            ref, _ = load_or_compute_reference(src, cases, dtype=ref_dtype, max_new_tokens=max_new, progress=say)
             if args.server == "ef" and ref_dtype == dtype:
-                load_or_compute_spread(src, cases, other, store=None, progress=say)
+                load_or_compute_spread(src, cases, ref, store=None, progress=say)
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
         plan = [(d, "healthy", gate_models.simulated_build(model, d) if d.endswith("-sim") else
                  gate_models.dtype_build(model, d)) for d in healthy]

@@ -349,7 +349,7 @@ def teacher_forced(model: Any, tok: Any, cases: list[PromptCase],
     each answer token and whether it is the model's argmax."""
     import torch
 
-    out = []
+    out: list[tuple[list[float], list[bool]]] = []
     with torch.no_grad():
         for case, ans in zip(cases, answers, strict=True):
             prompt = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)["input_ids"]
@@ -377,8 +377,8 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     wide = _wider(key.dtype)
     t0 = time.monotonic()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device)).eval()
-    model = model.to(getattr(torch, wide))  # the same (rounded) weights, wider arithmetic
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device))
+    model = model.eval().to(getattr(torch, wide))  # the same (rounded) weights, wider arithmetic
     by_id = ref.by_id
     answers = [by_id[c.id] for c in cases]
     try:
@@ -405,10 +405,15 @@ def load_or_compute_spread(model_dir: Path, cases: list[PromptCase], ref: Refere
     if not isinstance(key, ReferenceKey) or key.dtype not in SPREAD_DTYPES:
         return None
     cache = (cache_dir or default_cache_dir()) / f"{key.digest}.spread.json"
-    for source, read in (("local cache", lambda: cache.read_bytes() if cache.is_file() else None),
-                         ("store", lambda: store.read_bytes(spread_store_key(key))
-                          if store is not None and store.exists(spread_store_key(key)) else None)):
-        data = read()
+
+    def read(source: str) -> bytes | None:
+        if source == "local cache":
+            return cache.read_bytes() if cache.is_file() else None
+        skey = spread_store_key(key)
+        return store.read_bytes(skey) if store is not None and store.exists(skey) else None
+
+    for source in ("local cache", "store"):
+        data = read(source)
         if data is None:
             continue
         try:

@@ -50,7 +50,8 @@ class Scorer:
 
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        self.model: Any = model.to(device).eval()
         self.device = device
         self.lock = threading.Lock()
         self.special = set(self.tok.all_special_ids)
@@ -74,12 +75,13 @@ class Scorer:
 
     def _top(self, row: Any, k: int) -> list[tuple[str, float]]:
         vals, idx = self.torch.topk(row, k)
-        return [(self.tok.decode([int(i)]), clamp(float(v))) for v, i in zip(vals.tolist(), idx.tolist(), strict=True)]
+        pairs = zip(vals.tolist(), idx.tolist(), strict=True)
+        return [(str(self.tok.decode([int(i)])), clamp(float(v))) for v, i in pairs]
 
-    def chat(self, messages: list[dict], max_tokens: int, top: int | None) -> dict:
+    def chat(self, messages: list[dict[str, Any]], max_tokens: int, top: int | None) -> dict[str, Any]:
         try:
-            enc = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                               return_dict=True)
+            enc: Any = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                    return_dict=True)
         except ValueError as err:  # e.g. no chat template: the server's failure, said in its log
             raise RequestError(500, f"{type(err).__name__}: {err}") from None
         n = int(enc["input_ids"].shape[1])
@@ -107,8 +109,9 @@ class Scorer:
         return {"object": "chat.completion", "choices": [choice],
                 "usage": {"prompt_tokens": n, "completion_tokens": len(new), "total_tokens": n + len(new)}}
 
-    def complete(self, prompt: str | list[int], max_tokens: int, echo: bool, top: int | None) -> dict:
-        ids = prompt if isinstance(prompt, list) else self.tok(prompt, add_special_tokens=False)["input_ids"]
+    def complete(self, prompt: str | list[int], max_tokens: int, echo: bool, top: int | None) -> dict[str, Any]:
+        ids: list[int] = prompt if isinstance(prompt, list) else \
+            list(self.tok(prompt, add_special_tokens=False)["input_ids"])
         if not ids:
             raise RequestError(400, "empty prompt")
         n = len(ids)
@@ -144,7 +147,7 @@ class Scorer:
                 offsets.append(at)
                 at += len(s)
             logprobs = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-        full = (self.tok.decode(ids) if echo else "") + text
+        full = (str(self.tok.decode(ids)) if echo else "") + str(text)
         stopped = bool(new) and (new[-1] in self.eos or len(new) < max_tokens)
         return {"object": "text_completion",
                 "choices": [{"index": 0, "text": full, "logprobs": logprobs,
@@ -152,7 +155,7 @@ class Scorer:
                 "usage": {"prompt_tokens": n, "completion_tokens": len(new), "total_tokens": n + len(new)}}
 
 
-def _int_field(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
+def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
     v = body.get(name, default)
     if v is None:
         return None
@@ -163,7 +166,7 @@ def _int_field(body: dict, name: str, default: int | None, lo: int, hi: int) -> 
     return v
 
 
-def _handle(scorer: Scorer, name: str, path: str, body: Any) -> dict:
+def _handle(scorer: Scorer, name: str, path: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     if body.get("model") not in (None, name):
@@ -171,7 +174,7 @@ def _handle(scorer: Scorer, name: str, path: str, body: Any) -> dict:
     if body.get("stream"):
         raise RequestError(400, "stream is not supported")
     if path == "/v1/chat/completions":
-        messages = body.get("messages")
+        messages: Any = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "messages must be a non-empty list")
         max_tokens = _int_field(body, "max_tokens", 16, 1, 1 << 16) or 16
@@ -179,16 +182,16 @@ def _handle(scorer: Scorer, name: str, path: str, body: Any) -> dict:
         top = _int_field(body, "top_logprobs", 0, 0, MAX_TOP) if want else None
         return scorer.chat(messages, max_tokens, top)
     if path == "/v1/completions":
-        prompt = body.get("prompt")
+        prompt: Any = body.get("prompt")
         ok_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         if not (isinstance(prompt, str) or ok_ids):
             raise RequestError(400, "prompt must be a string or a list of token ids")
         vocab = scorer.model.config.vocab_size
         if ok_ids and any(not 0 <= t < vocab for t in prompt):
             raise RequestError(400, f"prompt token ids must be in [0, {vocab})")
-        max_tokens = _int_field(body, "max_tokens", 16, 0, 1 << 16)
         top = _int_field(body, "logprobs", None, 0, MAX_TOP)
-        return scorer.complete(prompt, max_tokens or 0, bool(body.get("echo")), top)
+        return scorer.complete(prompt, _int_field(body, "max_tokens", 16, 0, 1 << 16) or 0, bool(body.get("echo")),
+                               top)
     raise RequestError(404, f"no route {path}")
 
 
@@ -197,7 +200,7 @@ def make_server(scorer: Scorer, name: str, host: str, port: int) -> ThreadingHTT
         def log_message(self, fmt: str, *args: Any) -> None:
             log.info("%s %s", self.address_string(), fmt % args)
 
-        def _send(self, status: int, payload: dict) -> None:
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload, allow_nan=False, default=_finite).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
