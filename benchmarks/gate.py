@@ -181,8 +181,8 @@ def main() -> int:
                                  *gate_models.SUBTLE}
         if unknown:
             ap.error(f"--builds: unknown {', '.join(sorted(unknown))}")
-        healthy = tuple(b for b in healthy if b in chosen)
-        breakages = tuple(b for b in breakages if b in chosen)
+        healthy = tuple(b for b in chosen if b in healthy)  # in the order given
+        breakages = tuple(b for b in chosen if b in breakages)
     logs = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
     logs.mkdir(parents=True, exist_ok=True)
     rows, reports = [], []
@@ -227,6 +227,9 @@ def main() -> int:
             for r, rep in pool.map(one, plan):
                 rows.append(r)
                 reports.append(rep)
+                if args.json_out:  # each judgement as it completes: a stopped run keeps what it judged
+                    with open(args.json_out + ".partial.jsonl", "a") as f:
+                        f.write(json.dumps({"row": r, "report": rep}) + "\n")
     print_table(rows)
     healthy_rows = [r for r in rows if r["kind"] == "healthy"]
     broken_rows = [r for r in rows if r["kind"] == "broken"]
