@@ -14,14 +14,19 @@ $(BIN)/enginefoundry: pyproject.toml
 	$(BIN)/pip install -q -e '.[reference,bench,test,server]'
 	touch $@
 
+# A tool in a venv of its own: $(call tool-venv,VENV,REQUIREMENT) installs REQUIREMENT there and touches the target.
+define tool-venv
+	test -x $(1)/bin/python || $(PY) -m venv $(1)
+	$(1)/bin/pip install -q -U pip
+	$(1)/bin/pip install -q '$(2)'
+	touch $@
+endef
+
 # AIPerf in its own venv, so its pins (rich~=14.1, pandas, pyzmq) never meet TensorRT-LLM's; the bench stage
 # finds .venv-bench/bin/aiperf before PATH (EF_AIPERF overrides both). Same pin as the `bench` extra.
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/bin/aiperf:
-	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/pip install -q -U pip
-	$(BENCH_VENV)/bin/pip install -q 'aiperf==0.13.0'
-	touch $@
+	$(call tool-venv,$(BENCH_VENV),aiperf==0.13.0)
 
 bench-venv: $(BENCH_VENV)/bin/aiperf
 
@@ -30,10 +35,7 @@ bench-venv: $(BENCH_VENV)/bin/aiperf
 # overrides). `make test` installs it so the integration tier runs the predictor for real.
 PREDICT_VENV := .venv-predict
 $(PREDICT_VENV)/bin/aiconfigurator:
-	test -x $(PREDICT_VENV)/bin/python || $(PY) -m venv $(PREDICT_VENV)
-	$(PREDICT_VENV)/bin/pip install -q -U pip
-	$(PREDICT_VENV)/bin/pip install -q 'aiconfigurator==0.12.0'
-	touch $@
+	$(call tool-venv,$(PREDICT_VENV),aiconfigurator==0.12.0)
 
 predict-venv: $(PREDICT_VENV)/bin/aiconfigurator
 
@@ -57,6 +59,7 @@ PYTEST := $(BIN)/pytest -p no:dash -n $(TEST_WORKERS) --dist loadgroup
 test: $(BIN)/enginefoundry $(PREDICT_VENV)/bin/aiconfigurator
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(PYTEST) --durations=15
 
 # One tier at a time: unit (no process, no network), integration (real services), e2e (CLI and flows).
@@ -72,6 +75,7 @@ test-e2e: $(BIN)/enginefoundry
 lint: $(BIN)/enginefoundry
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 plan: $(BIN)/enginefoundry
 	$(BIN)/enginefoundry plan configs/llama-3-70b-tp2-a100.yaml

@@ -38,10 +38,10 @@ elif method == "read+sha256":
     from enginefoundry.identity import sha256_file
     sha256_file(path)
 elif method == "enginefoundry":
-    from enginefoundry.store import S3Store
+    from enginefoundry.store.backends import S3Store
     S3Store("s3://enginefoundry/bench-publish").put_file(path, f"ef/{path.name}")
 elif method == "boto3":
-    from enginefoundry.s3 import s3_client
+    from enginefoundry.store.s3 import s3_client
     s3_client().upload_file(str(path), "enginefoundry", f"bench-publish/boto3/{path.name}")
 wall = time.monotonic() - t0
 print(json.dumps({"method": method, "wall_s": wall, "mib_s": size / 2**20 / wall,

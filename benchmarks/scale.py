@@ -10,7 +10,7 @@ and /proc/self/io belong to that stage alone:
 
   raw cp          cp -r of the checkpoint (the physical copy limit)
   raw sha256sum   sha256sum of its files (the physical hash limit)
-  fetch           enginefoundry.sources.fetch through the hub (download into the HF cache + digests)
+  fetch           enginefoundry.build.sources.fetch through the hub (download into the HF cache + digests)
   convert (none)  bf16 → bf16: the reference lane's cast, which clones (a reflink on btrfs/XFS, an in-kernel
                   copy on ext4: never a hard link to the user's files, issue 21)
   convert (cast)  bf16 → fp32: streamed cast, one tensor in memory
@@ -55,18 +55,18 @@ stage, args = sys.argv[1], json.loads(sys.argv[2])
 t0 = time.monotonic()
 out = {}
 if stage == "fetch":
-    from enginefoundry.sources import fetch
+    from enginefoundry.build.sources import fetch
     from enginefoundry.spec.source import parse_source_uri
     snap = fetch(parse_source_uri(args["uri"]), progress=lambda m: None)
     out["local_dir"] = snap.local_dir
 elif stage == "convert":
-    from enginefoundry.checkpoint_cast import cast_checkpoint
+    from enginefoundry.build.checkpoint_cast import cast_checkpoint
     r = cast_checkpoint(Path(args["src"]), Path(args["dest"]), args["dtype"])
     out["bytes_cloned"], out["bytes_cast"] = r.bytes_cloned, r.bytes_written
 elif stage == "publish":
-    from enginefoundry.units import key_of
-    from enginefoundry.publish import publish_checkpoint
-    from enginefoundry.store import open_store
+    from enginefoundry.build.units import key_of
+    from enginefoundry.store.publish import publish_checkpoint
+    from enginefoundry.store.backends import open_store
     store = open_store(args["store"])
     components = {"benchmark": "scale", "shape": args["shape"]}
     key = key_of(components)
@@ -75,9 +75,9 @@ elif stage == "publish":
     out["ref"] = f"{store.uri}/manifests/scale/{key}"
     out["files"] = len(m.files)
 elif stage == "publish_file":
-    from enginefoundry.units import key_of
-    from enginefoundry.publish import publish_build, publish_checkpoint
-    from enginefoundry.store import link_or_copy, open_store
+    from enginefoundry.build.units import key_of
+    from enginefoundry.store.publish import publish_build, publish_checkpoint
+    from enginefoundry.store.backends import link_or_copy, open_store
     import shutil
     store = open_store(args["store"])
     components = {"benchmark": "scale", "shape": args["shape"]}
@@ -92,12 +92,12 @@ elif stage == "publish_file":
                       {"bundle": bundle}, progress=lambda m: None)
     out["bundle_bytes_uploaded"] = r.bytes_uploaded
 elif stage == "verify":
-    from enginefoundry.verify import open_build, verify_build
+    from enginefoundry.store.verify import open_build, verify_build
     store, build = open_build(args["ref"])
     report = verify_build(store, build)
     out["rc"], out["tail"] = (0 if report.ok else 1), str([p.model_dump() for p in report.problems][:3])
 elif stage == "boto3":
-    from enginefoundry.s3 import s3_client
+    from enginefoundry.store.s3 import s3_client
     client = s3_client()
     for f in sorted(Path(args["src"]).iterdir()):
         client.upload_file(str(f), "enginefoundry", f"raw-{args['shape']}/{f.name}")

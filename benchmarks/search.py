@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.search_plan import materialise
+from enginefoundry.search.plan import materialise
 from enginefoundry.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,7 @@
 """On a GPU host (the lent H200): measured tokens/joule and $/1M output tokens for the reference lane's tiny model at
-two batch settings, with the pipeline's own energy code (enginefoundry.costs.energy_mj: NVML's energy
-counter) and cost code (enginefoundry.costs.unit_cost). Prints what it finds first (torch, CUDA, NVML, transformers,
+two batch settings, with the pipeline's own energy code (enginefoundry.bench.costs.energy_mj: NVML's energy
+counter) and cost code (enginefoundry.bench.costs.unit_cost).
+Prints what it finds first (torch, CUDA, NVML, transformers,
 AIPerf) and says what it cannot do; writes JSON to --out.
 
     PYTHONPATH=. python benchmarks/search_gpu.py --out search-gpu.json [--batches 1 32] [--new-tokens 200]
@@ -43,7 +44,7 @@ def inventory() -> dict:
         found["torch_version"] = torch.__version__
         found["cuda"] = torch.cuda.is_available()
         found["gpu"] = torch.cuda.get_device_name(0) if found["cuda"] else None
-    from enginefoundry.costs import energy_mj
+    from enginefoundry.bench.costs import energy_mj
 
     found["nvml_energy_mj"] = energy_mj([0])
     return found
@@ -54,7 +55,7 @@ def measure(batch: int, new_tokens: int, rounds: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from enginefoundry.costs import energy_mj
+    from enginefoundry.bench.costs import energy_mj
 
     tok = AutoTokenizer.from_pretrained(MODEL)
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).to("cuda:0").eval()
@@ -87,7 +88,7 @@ def main() -> None:
     if not (found["torch"] and found.get("cuda") and found["transformers"]):
         print("cannot measure: needs torch with CUDA and transformers (pip install -e '.[reference]')")
     else:
-        from enginefoundry.costs import unit_cost
+        from enginefoundry.bench.costs import unit_cost
         from enginefoundry.spec import Target, load_spec
 
         spec = load_spec(REPO / "configs" / "tiny-search.yaml")

@@ -27,11 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from enginefoundry.attest import sign_published, verify_attestations  # noqa: E402
-from enginefoundry.publish import publish_build, read_build  # noqa: E402
-from enginefoundry.signing import TrustedKey, TrustPolicy, keygen, signer_from_env  # noqa: E402
-from enginefoundry.store import FileStore  # noqa: E402
-from enginefoundry.verify import verify_build  # noqa: E402
+from enginefoundry.evidence.attest import sign_published, verify_attestations  # noqa: E402
+from enginefoundry.evidence.signing import TrustedKey, TrustPolicy, keygen, signer_from_env  # noqa: E402
+from enginefoundry.store.backends import FileStore  # noqa: E402
+from enginefoundry.store.publish import publish_build, read_build  # noqa: E402
+from enginefoundry.store.verify import verify_build  # noqa: E402
 
 
 class CountingStore(FileStore):
@@ -76,7 +76,7 @@ def main() -> int:
         key_path, pub_path = keygen(work / "bench")
         signer = signer_from_env({"ENGINEFOUNDRY_SIGNING_KEY_FILE": str(key_path)})
         comps = {"bench": "signing", "size": each * args.files}
-        from enginefoundry.units import key_of
+        from enginefoundry.build.units import key_of
 
         fields = dict(key=key_of(comps), key_components=comps, model="bench", unit="u", lane="reference",
                       target={}, variant={}, profile={}, source={}, status="candidate",

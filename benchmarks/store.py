@@ -18,7 +18,7 @@ to what is measured here):
     The ≤ 1.1 goal is the store's own: bytes of blobs in the store / unique bytes. Work + store is ≈ 2 on
     either kind of store: blobs are the store's own copies (issue 21: never hard links of work files; a
     reflink on btrfs/XFS shares extents, not inodes, so there the disk holds ≈ 1×);
-  * `verify` (enginefoundry.verify.verify_build, full re-hash) against `sha256sum` of the same blob files, in
+  * `verify` (enginefoundry.store.verify.verify_build, full re-hash) against `sha256sum` of the same blob files, in
     this run, page cache warm for both, best of two;
   * peak RSS (VmHWM) of a child process that verifies the fp32 unit and of one that verifies the same files
     with 16 MiB shards (same count, same parallelism: the difference is what file size costs);
@@ -45,16 +45,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from enginefoundry.build.units import key_of  # noqa: E402
 from enginefoundry.identity import sha256_file  # noqa: E402
-from enginefoundry.publish import (  # noqa: E402
+from enginefoundry.store.backends import blob_key, link_or_copy, open_store  # noqa: E402
+from enginefoundry.store.publish import (  # noqa: E402
     check_hit,
     find_checkpoint_build,
     find_current,
     publish_build,
     publish_checkpoint,
 )
-from enginefoundry.store import blob_key, link_or_copy, open_store  # noqa: E402
-from enginefoundry.units import key_of  # noqa: E402
 
 SHARDS = 4
 QUIET = {"progress": lambda _: None}
@@ -62,8 +62,8 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from enginefoundry.store import open_store
-from enginefoundry.verify import open_build, verify_build
+from enginefoundry.store.backends import open_store
+from enginefoundry.store.verify import open_build, verify_build
 store, build = open_build(sys.argv[2])
 t0 = time.monotonic()
 report = verify_build(store, build, record=False)

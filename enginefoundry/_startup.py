@@ -48,8 +48,8 @@ def exit_now(code: int) -> NoReturn:
     import atexit
     import threading
 
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()  # type: ignore[attr-defined]
+    threading._shutdown()  # type: ignore[attr-defined]  # CPython-private (Lib/threading.py), not in typeshed
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to tell anyone
             stream.flush()

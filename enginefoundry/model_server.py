@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from pydantic import BaseModel
 
@@ -38,6 +39,7 @@ from enginefoundry.runner import (
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _LOCK = threading.Lock()
+_STOP_HANDLERS: set[object] = set()  # the SIGTERM handlers _install_sigterm_handler made: installing again is a no-op
 
 
 class Endpoint(BaseModel):
@@ -55,7 +57,7 @@ class Endpoint(BaseModel):
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])  # (host, port) for AF_INET
 
 
 def _stop_all() -> None:
@@ -74,17 +76,17 @@ def _install_sigterm_handler() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
-    if getattr(previous, "_enginefoundry", False):
+    if previous in _STOP_HANDLERS:
         return
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         _stop_all()
         if callable(previous):
             previous(signum, frame)
         else:
             raise SystemExit(128 + signum)
 
-    handler._enginefoundry = True  # type: ignore[attr-defined]
+    _STOP_HANDLERS.add(handler)
     signal.signal(signal.SIGTERM, handler)
 
 

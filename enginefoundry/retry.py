@@ -6,7 +6,7 @@ a permission error, a bad request — fails at once: retrying cannot fix it and 
 the "full jitter" of the AWS Architecture Blog post "Exponential Backoff And Jitter" (2015): sleep a uniform
 random time in [0, min(cap, base · 2^attempt)].
 
-boto3 clients get the same behaviour from botocore's own "standard" retry mode (enginefoundry.s3); MLflow's
+boto3 clients get the same behaviour from botocore's own "standard" retry mode (enginefoundry.store.s3); MLflow's
 REST client retries connection errors, 429 and 5xx itself (MLFLOW_HTTP_REQUEST_MAX_RETRIES, default 7,
 mlflow/environment_variables.py@3.17.2), so `retry_transient` there adds the cases that layer does not see.
 """

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 from pydantic import BaseModel
 
@@ -71,16 +72,17 @@ except OSError:  # pragma: no cover - no libc to load
 
 
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_Handler = Callable[[int, FrameType | None], object]
 
 
 _held_depth = 0  # signals_held blocks entered by the main thread and not yet left
 
 
-def _deferring(previous: Callable[[int, object], object], pending: list[int]) -> Callable[[int, object], None]:
+def _deferring(previous: _Handler, pending: list[int]) -> Callable[[int, FrameType | None], None]:
     """A handler that, while signals are held, only notes the signal (and the SIGTERM flag); otherwise it is
     `previous`. It never raises while held, so nothing can be swallowed inside an at-fork hook."""
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         if _held_depth > 0:
             if signum == signal.SIGTERM:
                 _TERMINATING.set()
@@ -108,7 +110,7 @@ def signals_held() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    swapped: dict[int, Callable[[int, object], object]] = {}
+    swapped: dict[signal.Signals, _Handler] = {}
     for sig in _HELD_SIGNALS:
         previous = signal.getsignal(sig)
         if callable(previous):  # SIG_DFL and SIG_IGN keep their meaning: nothing Python runs for them
@@ -122,11 +124,11 @@ def signals_held() -> Iterator[None]:
         # Unmask while still holding (a signal that runs its handler now is only noted), then put the
         # handlers back, stop holding and deliver what was noted, outside any fork.
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        for sig, previous in swapped.items():
-            signal.signal(sig, previous)
+        for held, previous in swapped.items():
+            signal.signal(held, previous)
         _held_depth -= 1
-        for sig in dict.fromkeys(pending):
-            signal.raise_signal(sig)
+        for noted in dict.fromkeys(pending):
+            signal.raise_signal(noted)
 
 
 def die_with_parent(parent_pid: int | None = None) -> Callable[[], None]:
@@ -231,6 +233,7 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> N
 
 
 _TERMINATING = threading.Event()
+_EXIT_HANDLERS: set[object] = set()  # the SIGTERM handlers install_sigterm_as_exit made: installing again is a no-op
 
 
 def terminating() -> bool:
@@ -253,16 +256,16 @@ def install_sigterm_as_exit() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
-    if getattr(previous, "_enginefoundry_exit", False):
+    if previous in _EXIT_HANDLERS:
         return
 
-    def handler(signum: int, frame: object) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         _TERMINATING.set()
         if callable(previous):
             previous(signum, frame)
         raise SystemExit(128 + signum)
 
-    handler._enginefoundry_exit = True  # type: ignore[attr-defined]
+    _EXIT_HANDLERS.add(handler)
     signal.signal(signal.SIGTERM, handler)
 
 

@@ -48,7 +48,7 @@ VERSION_PREFIX = "enginefoundry.version."  # + tool name: toolchain versions (te
 TOOLCHAIN_IMAGE = "enginefoundry.toolchain_image"
 GATE_VERDICT = "enginefoundry.gate_verdict"
 SMOKE_AGREEMENT = "enginefoundry.smoke_agreement"
-BEST_OUTPUT_TPS = "enginefoundry.best_output_tokens_per_s"  # enginefoundry.run_summary.best_throughput
+BEST_OUTPUT_TPS = "enginefoundry.best_output_tokens_per_s"  # enginefoundry.records.run_summary.best_throughput
 BEST_AT = "enginefoundry.best_output_tokens_per_s_at"  # "<scenario> c=<concurrency>"
 RUN_URL = "enginefoundry.run_url"
 ALIAS_STEM = "enginefoundry.alias_stem"

@@ -7,7 +7,8 @@ from typing import Any
 from enginefoundry.errors import InputError
 
 
-def create_automations(items: list[dict[str, Any]], block_slug: str, placeholder: str) -> list[str]:
+def create_automations(items: list[dict[str, Any]],  # JSON edge: automations.yaml entries
+                       block_slug: str, placeholder: str) -> list[str]:
     """Resolve the block, replace automations of the same names; returns the created automation ids."""
     from prefect.client.orchestration import get_client
     from prefect.events.schemas.automations import AutomationCore

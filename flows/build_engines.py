@@ -5,7 +5,7 @@ waves: a sibling before the units its served answers judge.
 Two modes (the `mode` parameter). Embedded: every unit runs in this process as a subflow. Cluster: each
 unit that is not published yet goes to the `build-unit/<pool>` deployment of its target's work pool
 (flows/dispatch.py) and the parent waits for all of them. Cache planning (hits, build leases, units of one
-key) is the domain's (enginefoundry/cache_plan.py); the MLflow parent run and the reports stay here in both
+key) is the domain's (enginefoundry/planning/cache_plan.py); the MLflow parent run and the reports stay here in both
 modes. Parameters are typed so the Prefect UI renders a form: a spec path or an inline spec, targets to
 include, force, mode.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from prefect import flow
@@ -23,36 +23,44 @@ from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
-from enginefoundry.errors import InputError, SpecError
+from enginefoundry.build.units import Unit, expand_units
+from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
-from enginefoundry.outcomes import duplicate_outcome
-from enginefoundry.run_records import run_metrics
-from enginefoundry.run_summary import RunSummary, UnitNotPassed, UnitOutcome, UnitsNotPassed, work_root
-from enginefoundry.smoke.sibling import reference_waves, refused_by_sibling, sibling_refs
+from enginefoundry.planning.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
+from enginefoundry.planning.validate import validate_deep
+from enginefoundry.records.outcomes import duplicate_outcome
+from enginefoundry.records.run_records import mlflow_run_link, run_metrics
+from enginefoundry.records.run_summary import (
+    RunSummary,
+    UnitNotPassed,
+    UnitOutcome,
+    UnitsNotPassed,
+    refused_by_sibling,
+    work_root,
+)
+from enginefoundry.smoke.sibling import reference_waves, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
-from enginefoundry.store import Store, open_store
+from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.tasks.track import (
     finish_parent_run,
-    mlflow_run_link,
     prefect_context,
     record_cache_hit,
     start_parent_run,
 )
-from enginefoundry.units import Unit, expand_units
-from enginefoundry.validate import validate_deep
 
 Mode = Literal["embedded", "cluster"]
+T = TypeVar("T")
 quiet_expected_failures()  # a Failed end with our own error logs no engine traceback (tasks/_log.py)
 
 
-def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None = None) -> BuildSpec:
+def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None,  # JSON edge: an inline spec (flow parameter)
+                 spec_yaml: str | None = None) -> BuildSpec:
     """The spec from one of: an inline mapping, pasted YAML, or a path on this machine. Destinations as written
     (a unit run uses the parent's effective ones, never its own environment's)."""
     if spec is not None:
@@ -80,7 +88,9 @@ def pasted_spec_dir() -> Path:
     return Path.cwd() / "configs"
 
 
-def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str | None, *, store: str | None,
+def flow_spec(spec_path: str | None,
+              spec: dict[str, Any] | None,  # JSON edge: an inline spec (flow parameter)
+              spec_yaml: str | None, *, store: str | None,
               mlflow_uri: str | None, s3_endpoint_url: str | None, validated: bool = False) -> BuildSpec:
     """The spec a parent flow runs: resolved, validated (unless the caller did: `validated`), with its effective
     destinations (parameter > the worker's environment > spec > default; enginefoundry.settings) logged with
@@ -89,14 +99,14 @@ def flow_spec(spec_path: str | None, spec: dict[str, Any] | None, spec_yaml: str
 
     build_spec, dest = effective_spec(resolve_spec(spec_path, spec, spec_yaml), store=store, mlflow_uri=mlflow_uri,
                                       s3_endpoint_url=s3_endpoint_url,
-                                      flag_names=tuple(f"parameter {n}" for n in ("store", "mlflow_uri",
-                                                                                  "s3_endpoint_url")))
+                                      flag_names=("parameter store", "parameter mlflow_uri",
+                                                  "parameter s3_endpoint_url"))
     if not validated:
         validate_deep(build_spec)
     log = progress_logger()
     # A spec with a `search` section and no decision yet (a path or pasted YAML): decide here, once; a spec from the
     # CLI carries the decision in `searched` already.
-    from enginefoundry.search_plan import materialise
+    from enginefoundry.search.plan import materialise
 
     build_spec, _ = materialise(build_spec, progress=log)
     for row in dest.rows():
@@ -118,14 +128,24 @@ def input_failure(err: InputError) -> State:
     return Failed(message=str(err), data=err)
 
 
-def spec_payload(spec: BuildSpec) -> dict[str, Any]:
+def flow_value(result: T | State) -> T:
+    """What a flow called as a function returned. A flow that ends in a State raises its error at the call
+    (Prefect's engine returns `state.result()` unless `return_state=True`), so a State does not come back here;
+    this narrows the flow's declared `X | State` to X for the caller."""
+    if isinstance(result, State):
+        raise PipelineError(f"the flow ended {result.name}: {result.message or 'no message'}")
+    return result
+
+
+def spec_payload(spec: BuildSpec) -> dict[str, Any]:  # JSON edge: the spec as a flow parameter
     """The spec as a flow parameter: JSON, with the folder its relative paths resolve against."""
     return {**spec.model_dump(mode="json"), "base_dir": spec.base_dir}
 
 
-def spec_label(params: dict[str, Any]) -> str:
+def spec_label(params: dict[str, Any]) -> str:  # JSON edge: the flow run's parameters
     """The spec's name from whichever parameter carries it, for run names."""
-    inline = params.get("spec") if isinstance(params.get("spec"), dict) else {}
+    given = params.get("spec")
+    inline: dict[str, Any] = given if isinstance(given, dict) else {}  # JSON edge: an inline spec
     if not inline.get("name") and params.get("spec_yaml"):
         try:
             pasted = yaml.safe_load(str(params["spec_yaml"]))
@@ -163,7 +183,7 @@ def _run_name() -> str:
 @flow(name="build-engines", flow_run_name=_run_name, log_prints=True)
 def build_engines(
     spec_path: str | None = "configs/tiny-cpu.yaml",
-    spec: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,  # JSON edge: an inline spec, as the UI's form and API callers send it
     targets: list[str] | None = None,
     force: bool = False,
     mode: Mode = "embedded",
@@ -205,13 +225,13 @@ def build_engines(
 
     snapshot = fetch_source(build_spec)
     fetch_s = time.monotonic() - t0
-    parent = start_parent_run(build_spec, snapshot.model_dump(mode="json"))
+    parent = start_parent_run(build_spec, snapshot)
     keyed = unit_keys(build_spec, units, snapshot.weights_digest, snapshot.tokenizer_digest)
     # Cache check first, so a converted checkpoint is made only for variants that some miss needs. A miss is
     # built under a lease: a concurrent run of the same key waits for our build instead of rebuilding it.
-    store = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
+    artifacts = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
     log = progress_logger()  # Prefect's run logger: waiting for another run's lease shows in the UI
-    plan = plan_cache(build_spec.model.name, units, keyed.keys, store, force=force, rehash=verify_hits,
+    plan = plan_cache(build_spec.model.name, units, keyed.keys, artifacts, force=force, rehash=verify_hits,
                       progress=log)
     # smoke.reference: sibling: a unit judged by its sibling's served answers runs in a later wave than it.
     siblings = sibling_refs(build_spec, units, keyed.keys)
@@ -229,7 +249,7 @@ def build_engines(
                 todo = [u for u in wave if u.name not in built]
                 if todo:
                     built |= dispatch_units(build_spec, spec_payload(build_spec), todo, keyed.components, snapshot,
-                                            parent, store, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
+                                            parent, artifacts, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
                                             replace=force, siblings=siblings)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
@@ -252,15 +272,18 @@ def build_engines(
                     result = result.outcome
                 elif isinstance(result, BaseException):  # not an outcome: the subflow itself broke, as before
                     raise result
+                elif not isinstance(result, UnitOutcome):
+                    raise PipelineError(f"unit {unit.name}: its subflow returned {type(result).__name__}, "
+                                        "not an outcome")
                 built[unit.name] = result
     finally:
         plan.release(progress=log)
-    outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, store, parent) for unit in units]
+    outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, artifacts, parent) for unit in units]
     summary = RunSummary(spec=build_spec.name, source_uri=snapshot.uri, source_revision=snapshot.revision,
                          parent_run_id=parent, outcomes=outcomes,
                          stage_seconds={"fetch": round(fetch_s, 2), "convert": round(convert_s, 2),
                                         "total": round(time.monotonic() - t0, 2)})
-    finish_parent_run(build_spec, parent, summary.ok, summary.model_dump(mode="json"),
+    finish_parent_run(build_spec, parent, summary.ok, summary,
                       run_metrics(summary, time.monotonic() - t0, fetch_s, convert_s),
                       str(work_root() / "runs" / parent))
     report_build(build_spec, summary)
@@ -290,6 +313,8 @@ def _outcome(spec: BuildSpec, unit: Unit, key: str, plan: CachePlan, built: dict
             return duplicate_outcome(first, unit)
     outcome = record_cache_hit(spec, unit, key, hit, parent)
     manifest = hit.manifest
+    if manifest is None:  # find_hit and the plan's hits are unit builds: a checkpoint is never a unit's hit
+        raise PipelineError(f"unit {unit.name}: cache hit {hit.uri} has no unit manifest")
     built_by = mlflow_run_link(spec, manifest.mlflow_run_id) if manifest.mlflow_run_id else hit.uri
     progress_logger()(f"cache hit: {unit.name} ({manifest.status}) is published at {hit.uri}; built by MLflow run "
                       f"{built_by}" + (f", Prefect flow run {manifest.prefect_flow_run_id}"

@@ -15,27 +15,29 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
+from pydantic import ValidationError
 
+from enginefoundry.build.sources import SourceIdentity
+from enginefoundry.build.units import KeyComponents, Unit, expand_units
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError
 from enginefoundry.flows.build_engines import resolve_spec
-from enginefoundry.flows.dispatch import SourceIdentity, save_outcome
+from enginefoundry.flows.dispatch import save_outcome
 from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
+from enginefoundry.gpu.placement import check_placement
 from enginefoundry.lanes import get_lane
-from enginefoundry.placement import check_placement
-from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind
-from enginefoundry.store import open_store
+from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.convert import convert_variant
 from enginefoundry.tasks.fetch import fetch_source
-from enginefoundry.units import Unit, expand_units
 
 quiet_expected_failures()  # a refused or failed unit's Failed end logs no engine traceback (tasks/_log.py)
 
 
 @task(name="check placement", task_run_name="check placement of {unit.name}", cache_policy=NO_CACHE)
-def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str, spec: BuildSpec) -> str:
+def check_worker(unit: Unit, key_components: KeyComponents | None, lane_name: str, spec: BuildSpec) -> str:
     """Refuse before any download: wrong pool, wrong GPU, a toolchain other than the one in the key, or an
     installed release that cannot run the unit."""
     from prefect.context import FlowRunContext
@@ -44,7 +46,7 @@ def check_worker(unit: Unit, key_components: dict[str, Any], lane_name: str, spe
     # The pool the run was dispatched through; None when the flow is called outside a worker (tests, CLI).
     pool = getattr(ctx.flow_run, "work_pool_name", None) if ctx and ctx.flow_run else None
     verdict = check_placement(unit.target, pool, unit.variant.tp * unit.variant.pp)
-    planned = key_components.get("toolchain", {}).get("versions", {})
+    planned = key_components.toolchain.versions if key_components else {}
     local = get_lane(lane_name).versions()
     get_lane(lane_name).check_installed(spec, unit)
     if planned and dict(sorted(local.items())) != planned:
@@ -65,10 +67,27 @@ def pinned(spec: BuildSpec, source: SourceIdentity) -> BuildSpec:
     return spec.model_copy(update={"model": model})
 
 
+def unit_components(raw: dict[str, Any]) -> KeyComponents | None:  # JSON edge: the flow's parameter
+    """The parent's key components, typed; None when none were sent (`{}`: the placement check still runs)."""
+    if not raw:
+        return None
+    try:
+        return KeyComponents.of(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"key_components.{where}: {first['msg']}; the parent flow (build-engines, mode cluster) "
+                         "sends each unit's key components: start units through it") from None
+
+
+# Parameters stay JSON (the UI's form, the parent's run_deployment): `spec` and `key_components` are typed at the
+# flow's entry (resolve_spec, unit_components); `source` and `sibling` are pydantic models Prefect validates.
 @flow(name="build-unit", flow_run_name="unit {unit}", log_prints=True)
 def build_unit(
-    spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity, parent_run_id: str,
-    replace: bool = False, sibling: SiblingRef | None = None,
+    spec: dict[str, Any],  # JSON edge: the parent's spec_payload
+    unit: str,
+    key_components: dict[str, Any],  # JSON edge: typed by unit_components
+    source: SourceIdentity, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome | State:
     """A refusal (wrong pool, GPU or toolchain; a unit not in the spec; a source that moved) or a failed unit
     ends the run Failed with one message and no traceback; the parent reads the outcome from the store.
@@ -79,14 +98,19 @@ def build_unit(
         return Failed(message=str(err), data=err)
 
 
-def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any], source: SourceIdentity,
+def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any],  # JSON edge: the parameters
+                source: SourceIdentity,
                 parent_run_id: str, replace: bool, sibling: SiblingRef | None = None) -> UnitOutcome | State:
     build_spec = resolve_spec(None, dict(spec))
     matches = [u for u in expand_units(build_spec) if u.name == unit]
     if not matches:
         raise InputError(f"unit {unit} is not in spec {build_spec.name}")
     the_unit = matches[0]
-    check_worker(the_unit, key_components, build_spec.lane, build_spec)
+    components = unit_components(key_components)
+    check_worker(the_unit, components, build_spec.lane, build_spec)
+    if components is None:
+        raise InputError(f"unit {unit}: key_components is empty; the parent flow (build-engines, mode cluster) "
+                         "sends each unit's key components: start units through it")
     local = fetch_source(pinned(build_spec, source))
     if (local.weights_digest, local.tokenizer_digest) != (source.weights_digest, source.tokenizer_digest):
         raise PipelineError(f"source {source.uri} changed after the parent fetched it (weights "
@@ -94,7 +118,7 @@ def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any],
     # The parent's identity (requested revision, URI as written in the spec) with this machine's folder.
     here = source.at(local.local_dir)
     ckpt = convert_variant(build_spec, the_unit.variant, here)
-    outcome = run_unit_stages(build_spec, the_unit, key_components, here, ckpt, parent_run_id, replace, sibling)
+    outcome = run_unit_stages(build_spec, the_unit, components, here, ckpt, parent_run_id, replace, sibling)
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
     # A rejected or failed unit's run shows Failed in the UI; the parent still reads the outcome from the store.

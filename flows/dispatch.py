@@ -13,50 +13,29 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect import get_run_logger
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
-from pydantic import BaseModel, Field
 
-from enginefoundry.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
+from enginefoundry.build.sources import SourceIdentity, SourceSnapshot
+from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.errors import StoreError
-from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.planning.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
+from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.sibling import SiblingRef
-from enginefoundry.sources import SourceSnapshot
-from enginefoundry.spec import BuildSpec, SourceKind
-from enginefoundry.store import Store
-from enginefoundry.unit_status import UnitStatus
-from enginefoundry.units import Unit
+from enginefoundry.spec import BuildSpec
+from enginefoundry.store.backends import Store
+from enginefoundry.store.unit_status import UnitStatus
 
 UNIT_FLOW = "build-unit"
 # A unit that no worker picked up, or that runs longer than EF_UNIT_TIMEOUT_S (enginefoundry.settings), counts
 # as failed (a GPU build of a large model takes hours; a missing worker should not hang a rollout forever).
 NOTE_EVERY_S = 60.0
-
-
-class SourceIdentity(BaseModel):
-    """The parent's source snapshot without its local folder: what a worker must fetch and match."""
-
-    uri: str
-    kind: SourceKind
-    revision: str | None = None
-    requested_revision: str | None = None
-    identity: dict[str, Any] = Field(default_factory=dict)
-    weights_digest: str
-    tokenizer_digest: str
-    files: dict[str, str] = Field(default_factory=dict)
-
-    @classmethod
-    def of(cls, snapshot: SourceSnapshot) -> SourceIdentity:
-        return cls.model_validate(snapshot.model_dump(mode="json", exclude={"local_dir"}))
-
-    def at(self, local_dir: str) -> SourceSnapshot:
-        return SourceSnapshot.model_validate({**self.model_dump(mode="json"), "local_dir": local_dir})
 
 
 def deployment_name(unit: Unit) -> str:
@@ -84,10 +63,12 @@ def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -
         return None
 
 
-def unit_parameters(spec_payload: dict[str, Any], unit: Unit, key_components: dict[str, Any],
-                    snapshot: SourceSnapshot, parent_run_id: str, replace: bool = False,
-                    sibling: SiblingRef | None = None) -> dict[str, Any]:
-    params = {"spec": spec_payload, "unit": unit.name, "key_components": key_components,
+def unit_parameters(spec_payload: dict[str, Any],  # JSON edge: the spec as a flow parameter
+                    unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot, parent_run_id: str,
+                    replace: bool = False, sibling: SiblingRef | None = None,
+                    ) -> dict[str, Any]:  # JSON edge: run_deployment's parameters
+    """The `build-unit` flow's parameters. JSON edge: they travel through the Prefect API as JSON."""
+    params = {"spec": spec_payload, "unit": unit.name, "key_components": key_components.as_json(),
               "source": SourceIdentity.of(snapshot).model_dump(mode="json"), "parent_run_id": parent_run_id,
               "replace": replace}
     if sibling is not None:  # only then: deployments registered before sibling references keep working
@@ -108,7 +89,7 @@ def existing_secret_blocks(client: SyncPrefectClient, wanted: dict[str, str]) ->
     return found
 
 
-def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str, Any]]:
+def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str, Any]]:  # JSON edge: job variables
     """Per unit: its GPUs (tp × pp), the spec's image and digest, the GPU products, secrets by reference."""
     from prefect.client.orchestration import get_client
 
@@ -122,7 +103,8 @@ def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str,
 
 
 def dispatch_units(
-    spec: BuildSpec, spec_payload: dict[str, Any], units: list[Unit], components: dict[str, dict[str, Any]],
+    spec: BuildSpec, spec_payload: dict[str, Any],  # JSON edge: the spec as a flow parameter
+    units: list[Unit], components: dict[str, KeyComponents],
     snapshot: SourceSnapshot, parent_run_id: str, store: Store, parent_flow_run_id: str | None,
     replace: bool = False, siblings: dict[str, SiblingRef] | None = None,
 ) -> dict[str, UnitOutcome]:
@@ -136,14 +118,15 @@ def dispatch_units(
     for unit in units:
         name = deployment_name(unit)
         try:
-            run = run_deployment(
+            # run_deployment is sync_compatible: called from sync code it returns the FlowRun, not a coroutine
+            run = cast(FlowRun, run_deployment(
                 name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id,
                                                  replace, (siblings or {}).get(unit.name)),
                 timeout=0, job_variables=job_variables[unit.name],
                 flow_run_name=f"unit {unit.name}", tags=["enginefoundry", "unit", unit.target.pool],
                 # A retried parent re-attaches to the runs it already started instead of building twice.
                 idempotency_key=f"{parent_flow_run_id or parent_run_id}:{unit.name}",
-            )
+            ))
         except ObjectNotFound:
             outcomes[unit.name] = _failed(unit, f"no deployment {name}: deploy deployment.yaml (prefect deploy "
                                                 f"--all) or set targets[].work_pool to a deployed pool")
@@ -189,7 +172,7 @@ async def _wait_all(started: dict[str, tuple[Unit, FlowRun]], log: Any, timeout_
 
         async def wait_one(unit_name: str, run: FlowRun) -> None:
             try:
-                final = await wait_for_flow_run(run.id, timeout=int(timeout_s), client=client)
+                final: FlowRun = await wait_for_flow_run(run.id, timeout=int(timeout_s), client=client)
             except FlowRunWaitTimeout:
                 log.warning(f"dispatch: {unit_name} not finished after {timeout_s:.0f} s (EF_UNIT_TIMEOUT_S): "
                             "cancelling it")

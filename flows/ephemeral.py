@@ -29,7 +29,7 @@ class _GuardedSubprocess:
         from enginefoundry.runner import die_with_parent, reap_with_this_process, signals_held
 
         kwargs.setdefault("start_new_session", True)
-        held = contextlib.nullcontext()
+        held: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if threading.current_thread() is threading.main_thread() and "preexec_fn" not in kwargs:
             kwargs["preexec_fn"] = die_with_parent()  # it unblocks what signals_held blocks, in the child
             held = signals_held()
@@ -108,7 +108,7 @@ class EarlyServer:
     def stop(self) -> None:
         from enginefoundry.runner import kill_process_group
 
-        kill_process_group(self.proc, grace_s=5.0)  # type: ignore[arg-type]
+        kill_process_group(self.proc, grace_s=5.0)
 
 
 def start_early_server() -> EarlyServer | None:

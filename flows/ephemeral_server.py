@@ -1,7 +1,7 @@
 """The embedded mode's temporary Prefect API server process: `python -m enginefoundry.flows.ephemeral_server
 <uvicorn arguments>`, run by `flows.ephemeral.start_early_server` in place of Prefect's `python -m uvicorn …`.
 
-Before it hands over to uvicorn it gives a new SQLite database a migrated start (enginefoundry/db_templates.py):
+Before it hands over to uvicorn it gives a new SQLite database a migrated start (enginefoundry/records/db_templates.py):
 on a new PREFECT_HOME the server otherwise spends ≈ 3.5 s of its ≈ 7.5 s start-up on this 2-core host running
 Prefect's Alembic migrations, the same for every new database of one Prefect release. The first new database
 of a release is migrated here as the server's lifespan would (`PrefectDBInterface.create_db`,
@@ -16,7 +16,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from enginefoundry import db_templates
+from enginefoundry.records import db_templates
 
 
 def sqlite_database_path() -> Path | None:

@@ -10,9 +10,9 @@ import re
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from enginefoundry.run_summary import RunSummary, best_profiles, search_rows
+from enginefoundry.build.units import Unit
+from enginefoundry.records.run_summary import RunSummary, best_profiles, search_rows
 from enginefoundry.spec import BuildSpec
-from enginefoundry.units import Unit
 
 
 def artifact_key(what: str, spec_name: str) -> str:

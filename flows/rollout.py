@@ -19,22 +19,23 @@ from typing import Any
 from prefect import flow
 from prefect.client.schemas.objects import State
 
+from enginefoundry.build.units import expand_units
 from enginefoundry.errors import InputError
 from enginefoundry.flows.build_engines import (
     Mode,
     build_engines,
     flow_spec,
+    flow_value,
     input_failure,
     readable_name,
     spec_label,
     spec_payload,
 )
 from enginefoundry.flows.reports import report_markdown, report_table
-from enginefoundry.promotion import PromotionPolicy, alias_stems
-from enginefoundry.run_summary import UnitsNotPassed
-from enginefoundry.source_change import RolloutReport
+from enginefoundry.records.promotion import PromotionPolicy, alias_stems
+from enginefoundry.records.run_summary import UnitsNotPassed
+from enginefoundry.rollout.source_change import RolloutReport
 from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, follow_channel, promote_units
-from enginefoundry.units import expand_units
 
 
 def _run_name() -> str:
@@ -47,7 +48,7 @@ def _run_name() -> str:
 @flow(name="rollout", flow_run_name=_run_name, log_prints=True)
 def rollout(
     spec_path: str | None = "configs/tiny-cpu.yaml",
-    spec: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,  # JSON edge: an inline spec, as the UI's form and API callers send it
     targets: list[str] | None = None,
     mode: Mode = "embedded",
     max_accuracy_drop: float = 0.02,
@@ -98,10 +99,10 @@ def rollout(
     summary = None
     if to_build:
         try:
-            summary = build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
+            summary = flow_value(build_engines.with_options(flow_run_name=f"build {build_spec.name} for rollout")(
                 spec_path=None, spec=spec_payload(build_spec), targets=to_build, force=False, mode=mode,
                 validated=True, store=build_spec.publish.store, mlflow_uri=build_spec.tracking.mlflow_uri,
-                s3_endpoint_url=build_spec.publish.s3_endpoint_url)
+                s3_endpoint_url=build_spec.publish.s3_endpoint_url))
         except UnitsNotPassed as err:  # the build subflow ended Failed; its units are held below
             summary = err.summary
     else:

@@ -4,7 +4,7 @@ track.
 `run_unit_stages` is the composition both modes share: embedded mode calls it inside the `unit-in-process`
 subflow (`unit_pipeline`) of the parent's process; cluster mode inside the `build-unit` deployment flow on a
 worker of the target's pool (flows/build_unit.py). Verdicts, the manifest and the outcome are built in the
-domain (enginefoundry/outcomes.py).
+domain (enginefoundry/records/outcomes.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
@@ -21,9 +20,11 @@ from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
+from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.lanes import get_lane
-from enginefoundry.outcomes import (
+from enginefoundry.records.outcomes import (
     UnitCommands,
     build_run_tags,
     built_outcome,
@@ -33,12 +34,13 @@ from enginefoundry.outcomes import (
     unit_metrics,
     unit_params,
 )
-from enginefoundry.run_summary import UnitNotPassed, UnitOutcome, work_root
+from enginefoundry.records.run_records import mlflow_run_link
+from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome, work_root
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
-from enginefoundry.sources import SourceSnapshot
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store.unit_status import UnitStatus
 from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint
@@ -48,19 +50,16 @@ from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serve_files import write_serving
 from enginefoundry.tasks.smoke import smoke_reference, smoke_test
 from enginefoundry.tasks.track import (
-    mlflow_run_link,
     prefect_context,
     record_unit,
     register_published_unit,
     start_unit_run,
 )
-from enginefoundry.unit_status import UnitStatus
-from enginefoundry.units import Unit, key_of
 
 
 @flow(name="unit-in-process")
 def unit_pipeline(
-    spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
+    spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome | State:
     """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
@@ -77,10 +76,10 @@ def unit_failed_state(outcome: UnitOutcome) -> State:
 
 
 def run_unit_stages(
-    spec: BuildSpec, unit: Unit, key_components: dict[str, Any], snapshot: SourceSnapshot,
+    spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
 ) -> UnitOutcome:
-    key = key_of(key_components)
+    key = key_components.key
     replaces = build_now_current(spec, key)  # under this run's lease: what the publish may replace, not adopt
     stages: dict[str, float] = {}
     run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit), build_run_tags(spec, unit, key))
@@ -133,14 +132,14 @@ def run_unit_stages(
         return failed
     exit_if_terminating()  # cancelled during a stage whose outcome looked like a verdict (a dead server)
 
-    draft = unit_manifest(spec, unit, key, key_components, snapshot, checkpoint_key=ckpt.key,
+    draft = unit_manifest(spec, unit, key, key_components.as_json(), snapshot, checkpoint_key=ckpt.key,
                           checkpoint_uri=ckpt.uri, device=build.device, build_params=build.params, smoke=smoke,
                           sweep=sweep, mlflow_run_id=run_id,
                           prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID))
     folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
     serving_dir = unit_dir / "serving"
     shutil.rmtree(serving_dir, ignore_errors=True)
-    if draft.status == "candidate":  # a rejected unit gets nothing a serving team could deploy by mistake
+    if draft.status == UnitStatus.CANDIDATE:  # a rejected unit gets nothing a serving team could deploy by mistake
         folders["serving"] = write_serving(spec, unit.name, key, build.bundle_dir, ckpt.result.checkpoint_dir,
                                            ckpt.uri, str(serving_dir))
     t = time.monotonic()

@@ -16,14 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from enginefoundry.gpu import detect_gpus, match_target
+from enginefoundry.build.units import expand_units
+from enginefoundry.gpu.detect import detect_gpus, match_target
 from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.model_server import free_port, serving
-from enginefoundry.plan_report import model_config_for
-from enginefoundry.preflight import preflight
+from enginefoundry.planning.plan_report import model_config_for
+from enginefoundry.planning.preflight import preflight
 from enginefoundry.smoke import load_prompt_set, run_smoke
 from enginefoundry.spec import load_spec
-from enginefoundry.units import expand_units
 
 
 def main() -> int:

@@ -6,7 +6,8 @@ transient errors (enginefoundry.errors.is_transient); a bad input or a failed ga
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 from prefect.tasks import exponential_backoff
 
@@ -25,7 +26,16 @@ def transient_only(_task: Any, _task_run: Any, state: Any) -> bool:
     return err is not None and is_transient(err)
 
 
-NETWORK_RETRIES: dict[str, Any] = {
+class RetryOptions(TypedDict):
+    """The retry keywords of Prefect's @task that NETWORK_RETRIES sets."""
+
+    retries: int
+    retry_delay_seconds: Callable[[int], list[float]]
+    retry_jitter_factor: float
+    retry_condition_fn: Callable[[Any, Any, Any], bool]
+
+
+NETWORK_RETRIES: RetryOptions = {
     "retries": 3,
     "retry_delay_seconds": exponential_backoff(backoff_factor=2),  # 2 s, 4 s, 8 s
     "retry_jitter_factor": 0.5,

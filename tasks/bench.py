@@ -11,10 +11,10 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
+from enginefoundry.build.units import Unit
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
-from enginefoundry.units import Unit
 
 
 def _artifact_key(prefix: str, title: str) -> str:

@@ -8,11 +8,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.build.units import Unit
 from enginefoundry.lanes import BuildResult, get_lane
-from enginefoundry.run_summary import work_root
+from enginefoundry.records.run_summary import work_root
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
-from enginefoundry.units import Unit
 
 
 @task(name="build unit", task_run_name="build {unit.name}", cache_policy=NO_CACHE)

@@ -5,29 +5,28 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.units import KeyComponents, checkpoint_key_components, toolchain_identity
 from enginefoundry.errors import StoreError
 from enginefoundry.lanes import ConvertResult, get_lane
 from enginefoundry.locks import host_lock
-from enginefoundry.publish import (
+from enginefoundry.records.run_summary import work_root
+from enginefoundry.spec import BuildSpec, Variant
+from enginefoundry.store.backends import Store, open_store
+from enginefoundry.store.publish import (
     check_hit,
     find_checkpoint_build,
     manifests_prefix,
     publish_checkpoint,
     quarantine_problems,
 )
-from enginefoundry.run_summary import work_root
-from enginefoundry.sources import SourceSnapshot
-from enginefoundry.spec import BuildSpec, Variant
-from enginefoundry.store import Store, open_store
+from enginefoundry.store.verify import pull
 from enginefoundry.tasks._log import progress_logger
-from enginefoundry.units import checkpoint_key_components, key_of, toolchain_identity
-from enginefoundry.verify import pull
 
 
 class ConvertedCheckpoint(BaseModel):
@@ -41,9 +40,10 @@ class ConvertedCheckpoint(BaseModel):
 @task(name="convert checkpoint", task_run_name="convert {variant.name}", cache_policy=NO_CACHE)
 def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot) -> ConvertedCheckpoint:
     lane = get_lane(spec.lane)
-    components = checkpoint_key_components(spec, variant, snapshot.weights_digest, snapshot.tokenizer_digest,
-                                           toolchain_identity(spec, lane.versions()))
-    ckey = key_of(components)
+    components = KeyComponents.of(checkpoint_key_components(spec, variant, snapshot.weights_digest,
+                                                            snapshot.tokenizer_digest,
+                                                            toolchain_identity(spec, lane.versions())))
+    ckey = components.key
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     uri = store.url(manifests_prefix(spec.model.name, ckey))
     workdir = work_root() / "checkpoints" / ckey[:16]
@@ -53,7 +53,7 @@ def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot)
         return _convert_locked(spec, variant, snapshot, components, ckey, store, uri, workdir)
 
 
-def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot, components: dict[str, Any],
+def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot, components: KeyComponents,
                     ckey: str, store: Store, uri: str, workdir: Path) -> ConvertedCheckpoint:
     log = progress_logger()
     lane = get_lane(spec.lane)
@@ -71,7 +71,7 @@ def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot,
             + "; converting again")
         published = None
 
-    if published is not None and published.checkpoint is not None and not done.is_file():
+    if published is not None and (checkpoint := published.checkpoint) is not None and not done.is_file():
         log(f"convert: {variant.name}: fetching published checkpoint {ckey[:12]} (verified, copied by the kernel "
             "where the store is on this filesystem)")
         shutil.rmtree(workdir, ignore_errors=True)
@@ -84,7 +84,7 @@ def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot,
                 + "".join(f"; quarantined {m}" for m in moved) + "; converting again")
             published = None
         else:
-            result = ConvertResult(checkpoint_dir=str(workdir / "checkpoint"), params=published.checkpoint.params)
+            result = ConvertResult(checkpoint_dir=str(workdir / "checkpoint"), params=checkpoint.params)
             done.write_text(result.model_dump_json(indent=2))
     if published is not None and published.checkpoint is not None:
         if published.layout == "legacy":
@@ -101,7 +101,7 @@ def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot,
         # A pass-through (plain precision on the trtllm lane): the source itself is the checkpoint.
         done.write_text(result.model_dump_json(indent=2))
         return ConvertedCheckpoint(variant=variant.name, key=ckey, result=result, reused=False, uri=snapshot.uri)
-    publish_checkpoint(store, {"key": ckey, "key_components": components, "model": spec.model.name,
+    publish_checkpoint(store, {"key": ckey, "key_components": components.as_json(), "model": spec.model.name,
                                "variant": variant.name, "lane": spec.lane, "params": result.params},
                        Path(result.checkpoint_dir), progress=log)
     done.write_text(result.model_dump_json(indent=2))  # written last: a half conversion is never reused

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from enginefoundry.unit_status import UnitStatus
+from enginefoundry.store.unit_status import UnitStatus
 
 UNIT_PUBLISHED = "enginefoundry.unit.published"
 UNIT_REJECTED = "enginefoundry.unit.rejected"
@@ -20,7 +20,7 @@ UNIT_FAILED = "enginefoundry.unit.failed"
 MODEL_PROMOTED = "enginefoundry.model.promoted"
 MODEL_ROLLED_BACK = "enginefoundry.model.rolled-back"
 
-UNIT_EVENT_BY_STATUS = {UnitStatus.CANDIDATE: UNIT_PUBLISHED, UnitStatus.REJECTED: UNIT_REJECTED,
+UNIT_EVENT_BY_STATUS: dict[str, str] = {UnitStatus.CANDIDATE: UNIT_PUBLISHED, UnitStatus.REJECTED: UNIT_REJECTED,
                         UnitStatus.FAILED: UNIT_FAILED}
 
 
@@ -35,7 +35,7 @@ def alias_resource(registered_model: str, stem: str) -> dict[str, str]:
             "enginefoundry.alias-stem": stem}
 
 
-def emit(event: str, resource: dict[str, str], payload: dict[str, Any],
+def emit(event: str, resource: dict[str, str], payload: dict[str, Any],  # JSON edge: the event's payload
          related: list[dict[str, str]] | None = None) -> bool:
     """Send one event (Prefect adds the current flow run and flow as related resources). True when sent."""
     from prefect.events import emit_event

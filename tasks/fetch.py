@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.sources import SourceSnapshot, fetch
+from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES

@@ -9,22 +9,22 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.build.units import toolchain_identity
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes import get_lane
-from enginefoundry.promotion import Decision, PromotionPolicy, Registry, decide_promotions
-from enginefoundry.rollout_compare import ComparisonRow, comparison_rows, markdown
-from enginefoundry.run_summary import UnitOutcome, work_root
-from enginefoundry.source_change import ChangeReport, detect_change
+from enginefoundry.records.promotion import Decision, PromotionPolicy, Registry, decide_promotions
+from enginefoundry.records.run_summary import UnitOutcome, work_root
+from enginefoundry.records.tracking import Tracker
+from enginefoundry.rollout.compare import ComparisonRow, comparison_rows, markdown
+from enginefoundry.rollout.source_change import ChangeReport, detect_change
+from enginefoundry.rollout.toolchain_channel import with_channel
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
 from enginefoundry.tasks.events import emit_registry_move
-from enginefoundry.toolchain_channel import with_channel
-from enginefoundry.tracking import Tracker
-from enginefoundry.units import toolchain_identity
 
 
-def current_toolchain(spec: BuildSpec) -> dict[str, Any]:
+def current_toolchain(spec: BuildSpec) -> dict[str, Any]:  # JSON edge: as manifests record key_components.toolchain
     """This run's toolchain identity (as a unit key records it); without the lane's toolchain on this host, the
     spec's pinned release and image digest only."""
     try:

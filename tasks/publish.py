@@ -7,13 +7,13 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.attest import sign_before_current
-from enginefoundry.manifest import Manifest
-from enginefoundry.publish import PublishResult, current_build_id, publish_build
+from enginefoundry.evidence.attest import sign_before_current
+from enginefoundry.evidence.signing import signer_from_env
 from enginefoundry.runner import exit_if_terminating
-from enginefoundry.signing import signer_from_env
 from enginefoundry.spec import BuildSpec
-from enginefoundry.store import open_store
+from enginefoundry.store.backends import open_store
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.publish import PublishResult, current_build_id, publish_build
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
 

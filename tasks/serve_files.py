@@ -8,10 +8,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.lanes import get_lane
-from enginefoundry.publish import manifests_prefix
-from enginefoundry.serve_files import serving_plan, write_serving_files
+from enginefoundry.lanes.serve_files import serving_plan, write_serving_files
 from enginefoundry.spec import BuildSpec
-from enginefoundry.store import open_store
+from enginefoundry.store.backends import open_store
+from enginefoundry.store.publish import manifests_prefix
 from enginefoundry.tasks._log import progress_logger
 
 

@@ -18,7 +18,7 @@ from enginefoundry.smoke.reference import (
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
 from enginefoundry.spec import BuildSpec
-from enginefoundry.store import open_store
+from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger
 
 

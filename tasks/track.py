@@ -9,12 +9,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.attest import tags_for
 from enginefoundry.bench import SweepReport
-from enginefoundry.manifest import Manifest
-from enginefoundry.publish import PublishedBuild
-from enginefoundry.registration import candidate_alias_of, ensure_registered, version_tags
-from enginefoundry.run_records import (
+from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.units import Unit
+from enginefoundry.evidence.attest import tags_for
+from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
+from enginefoundry.records.run_records import (
     context_tags,
     finish_parent,
     mlflow_run_link,
@@ -22,11 +22,12 @@ from enginefoundry.run_records import (
     start_parent,
     tracker_for,
 )
-from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.records.run_summary import RunSummary, UnitOutcome
+from enginefoundry.records.tracking import Tracker, project_git_commit
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.tasks._retry import NETWORK_RETRIES
-from enginefoundry.tracking import Tracker, project_git_commit
-from enginefoundry.units import Unit
 
 
 def prefect_context() -> dict[str, str]:
@@ -60,7 +61,8 @@ def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
     with warnings.catch_warnings():  # "can be interpreted in multiple ways": both are the local source
         warnings.simplefilter("ignore")
         source = resolve_dataset_source(str(path))
-    dataset = MetaDataset(source, name=path.stem, digest=digest[:36])
+    # mlflow 3.17 marks Dataset.profile @abstractmethod without ABCMeta: MetaDataset instantiates at runtime
+    dataset = MetaDataset(source, name=path.stem, digest=digest[:36])  # type: ignore[abstract]
     inputs = [DatasetInput(dataset=dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "smoke")])]
     for attempt in range(3):
         try:
@@ -77,13 +79,14 @@ def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
 
 
 @task(name="start MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def start_parent_run(spec: BuildSpec, source: dict[str, Any]) -> str:
-    return start_parent(tracker_for(spec), spec, source, prefect_context())
+def start_parent_run(spec: BuildSpec, source: SourceSnapshot) -> str:
+    return start_parent(tracker_for(spec), spec, source.model_dump(mode="json"), prefect_context())
 
 
 @task(name="start unit MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict[str, Any],
-                   tags: dict[str, Any]) -> str:
+def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str,
+                   params: dict[str, Any],  # JSON edge: MLflow run params
+                   tags: dict[str, Any]) -> str:  # JSON edge: MLflow run tags
     tracker = tracker_for(spec)
     run_id = tracker.start_run(unit_name, {**tags, **context_tags(), **prefect_context(),
                                            mltags.GIT_COMMIT: project_git_commit()}, parent_id)
@@ -94,7 +97,8 @@ def start_unit_run(spec: BuildSpec, parent_id: str, unit_name: str, params: dict
 
 @task(name="record unit", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def record_unit(
-    spec: BuildSpec, run_id: str, *, ok: bool, tags: dict[str, Any], metrics: dict[str, float],
+    spec: BuildSpec, run_id: str, *, ok: bool, tags: dict[str, Any],  # JSON edge: MLflow run tags
+    metrics: dict[str, float],
     sweep: SweepReport | None, artifacts: list[str],
 ) -> None:
     tracker = tracker_for(spec)
@@ -112,9 +116,9 @@ def record_unit(
 
 
 @task(name="finish MLflow run", cache_policy=NO_CACHE, **NETWORK_RETRIES)
-def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: dict[str, Any],
+def finish_parent_run(spec: BuildSpec, run_id: str, ok: bool, summary: RunSummary,
                       metrics: dict[str, float], report_dir: str) -> None:
-    finish_parent(tracker_for(spec), run_id, ok, summary, metrics, Path(report_dir))
+    finish_parent(tracker_for(spec), run_id, ok, summary.model_dump(mode="json"), metrics, Path(report_dir))
 
 
 @task(name="register unit in MLflow", cache_policy=NO_CACHE, **NETWORK_RETRIES)

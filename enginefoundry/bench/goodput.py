@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.bench.costs import energy_mj
 from enginefoundry.bench.result import BenchPoint
-from enginefoundry.costs import energy_mj
 from enginefoundry.spec import SearchSpec
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from enginefoundry.build.units import Unit
     from enginefoundry.spec import BuildSpec
-    from enginefoundry.units import Unit
 
 
 class Probe(BaseModel):
@@ -162,13 +164,13 @@ def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer:
                 progress: Callable[[str], None] = print, gpus: list[int] | None = None) -> SearchVerdict:
     """Goodput at the SLO for a searched unit, predicted beside measured, $/1M output tokens and tokens/joule."""
     from enginefoundry.bench.aiperf import run_point
-    from enginefoundry.costs import unit_cost
+    from enginefoundry.bench.costs import unit_cost
     from enginefoundry.spec import Scenario
 
     search = spec.search
     assert search is not None, "verify_unit is for specs with a search section"
     w = search.workload
-    scenario = Scenario(name="search", input_tokens_mean=w.isl, input_tokens_stddev=w.isl_stddev,
+    scenario = Scenario(name="search", input_tokens_mean=w.mean_isl, input_tokens_stddev=w.isl_stddev,
                         output_tokens_mean=w.osl, output_tokens_stddev=w.osl_stddev)
     bench = spec.benchmark.model_copy(update={"request_count": search.goodput.request_count
                                               or spec.benchmark.request_count})
@@ -232,7 +234,7 @@ def plot(verdict: SearchVerdict, predictor: str | None, path: Path, title: str,
 
 
 def figure(verdict: SearchVerdict, predictor: str | None, title: str,
-           predicted_front: list[tuple[float, float]] | None = None):  # -> matplotlib Figure | None
+           predicted_front: list[tuple[float, float]] | None = None) -> Figure | None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -143,7 +143,7 @@ def summarize(samples: list[GpuSample], *, source: Source, start: float | None =
     rounds: dict[int, list[GpuSample]] = {}
     for s in chosen:
         rounds.setdefault(s.round, []).append(s)
-    power = [sum(s.power_w for s in r) for r in rounds.values() if all(s.power_w is not None for s in r)]
+    power = [w for w in map(_round_power_w, rounds.values()) if w is not None]
     util = [s.util_pct for s in chosen if s.util_pct is not None]
     mem = [s.memory_used_mib for s in chosen if s.memory_used_mib is not None]
     times = [s.t for s in chosen]
@@ -272,9 +272,9 @@ class GpuSampler:
                 for idx, h in handles:
                     self.samples.append(GpuSample(
                         t=now, round=round_no, index=idx,
-                        power_w=_nvml(lambda h=h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                        util_pct=_nvml(lambda h=h: float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)),
-                        memory_used_mib=_nvml(lambda h=h: pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20),
+                        power_w=_nvml(lambda d: pynvml.nvmlDeviceGetPowerUsage(d) / 1000.0, h),
+                        util_pct=_nvml(lambda d: float(pynvml.nvmlDeviceGetUtilizationRates(d).gpu), h),
+                        memory_used_mib=_nvml(lambda d: pynvml.nvmlDeviceGetMemoryInfo(d).used / 2**20, h),
                     ))
                 round_no += 1
                 self._stop.wait(self.interval_ms / 1000)
@@ -313,9 +313,16 @@ class GpuSampler:
                 break
 
 
-def _nvml(read: Callable[[], float]) -> float | None:
+def _round_power_w(samples: list[GpuSample]) -> float | None:
+    """The summed power of one sampling round over its GPUs; None when any GPU of the round lacks a reading."""
+    watts = [s.power_w for s in samples if s.power_w is not None]
+    return sum(watts) if len(watts) == len(samples) else None
+
+
+def _nvml(read: Callable[[object], float], handle: object) -> float | None:
+    """One NVML reading of a device handle, rounded; None where the device does not report it."""
     try:
-        return round(float(read()), 2)
+        return round(float(read(handle)), 2)
     except Exception:  # NVMLError_NotSupported on some SKUs and MIG slices: a missing column, not a failure
         return None
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from enginefoundry import __version__
@@ -73,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return args.handler(args)
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        return handler(args)
     except EngineFoundryError as err:
         return _fail(args, err, str(err), err.exit_code)
     except Exception as err:
@@ -97,7 +98,7 @@ def _disk_full_hint(err: BaseException) -> str | None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             if e.filename:
                 return disk_full_message(e.filename, "free space there")
-            from enginefoundry.run_summary import work_root
+            from enginefoundry.records.run_summary import work_root
             from enginefoundry.settings import cache_root
 
             return (f"no space left on device (the work folder {work_root()} or the download cache {cache_root()}): "

@@ -15,7 +15,7 @@ DEFAULT_FILE = Path(__file__).resolve().parents[2] / "automations.yaml"
 PLACEHOLDER = "NOTIFY_BLOCK_ID"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     auto = sub.add_parser("automations", help="install the Prefect automations (notify on a rejected unit or a "
                                               "failed build) on the server of $PREFECT_API_URL")
     auto.add_argument("action", choices=("create",))
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     auto.set_defaults(handler=cmd_automations)
 
 
-def load_automations(path: Path) -> list[dict[str, Any]]:
+def load_automations(path: Path) -> list[dict[str, Any]]:  # JSON edge: automations.yaml entries
     import yaml
 
     if not path.is_file():

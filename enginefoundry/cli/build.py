@@ -19,7 +19,7 @@ from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 from enginefoundry.spec import load_spec
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = sub.add_parser("run", help="run the pipeline for a spec (embedded mode: in this process)")
     run.add_argument("spec", help="build spec YAML, e.g. configs/tiny-cpu.yaml")
     run.add_argument("--targets", nargs="+", metavar="NAME", help="only these targets")
@@ -71,12 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from enginefoundry.validate import validate_deep
+    from enginefoundry.planning.validate import validate_deep
 
     spec, dest = load(args.spec, args)
     validate_deep(spec)  # every input problem before Prefect, downloads or servers start
-    from enginefoundry.plan_report import refuse_on_preflight
-    from enginefoundry.sources import probe
+    from enginefoundry.build.sources import probe
+    from enginefoundry.planning.plan_report import refuse_on_preflight
 
     refuse_on_preflight(spec, args.targets)
 
@@ -88,8 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary, tracking_note = None, ""
     if not args.force:
         # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
-        from enginefoundry import noop_run
         from enginefoundry.console import say
+        from enginefoundry.planning import noop_run
 
         hits = noop_run.decide_all_hits(spec, args.targets, progress=say, rehash=args.verify_hits)
         if hits is not None and args.wait_for_tracking:
@@ -100,12 +100,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             tracking_note = (f"MLflow: {len(hits.units)} cache hit(s) being recorded in {spec.tracking.mlflow_uri} "
                              f"by a background process (pid {pid}, log {log})")
     if summary is None:
-        from enginefoundry.noop_run import flush_in_background
+        from enginefoundry.planning.noop_run import flush_in_background
 
         flush_in_background(spec)  # hits an earlier recorder could not record, in this run's destinations
         server = start_prefect_early()
-        from enginefoundry.flows.build_engines import build_engines, spec_payload
-        from enginefoundry.run_records import prepare_tracking
+        from enginefoundry.flows.build_engines import build_engines, flow_value, spec_payload
+        from enginefoundry.records.run_records import prepare_tracking
 
         prepare_tracking(spec)  # a new SQLite MLflow file is created while the Prefect server starts
         if server is not None:
@@ -113,16 +113,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         # The effective destinations travel as the flow's override parameters: they outrank the environment the
         # flow reads again (the same one here, a worker's in cluster mode).
-        from enginefoundry.run_summary import UnitsNotPassed
+        from enginefoundry.records.run_summary import UnitsNotPassed
 
         try:
             # The spec as written: the flow resolves the destinations again and, where a parameter only repeats
             # the environment or the spec, logs where the value really came from (settings.true_origins).
-            summary = build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets,
-                                    force=args.force,
-                                    mode=args.mode, validated=True, verify_hits=args.verify_hits,
-                                    store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                                    s3_endpoint_url=spec.publish.s3_endpoint_url)
+            summary = flow_value(build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)),
+                                               targets=args.targets, force=args.force,
+                                               mode=args.mode, validated=True, verify_hits=args.verify_hits,
+                                               store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                                               s3_endpoint_url=spec.publish.s3_endpoint_url))
         except UnitsNotPassed as err:  # the run ended Failed; its summary is printed as any other (exit 1)
             summary = err.summary
     if wants_json(args):
@@ -132,11 +132,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
     if any(o.bench.get("slo") for o in summary.outcomes):
-        from enginefoundry.run_summary import best_profiles
+        from enginefoundry.records.run_summary import best_profiles
 
         table("best profile per target (within the benchmark SLOs)", best_profiles(summary.outcomes))
     if any("search" in o.bench for o in summary.outcomes):
-        from enginefoundry.run_summary import search_rows
+        from enginefoundry.records.run_summary import search_rows
 
         objective = spec.search.objective.value if spec.search else "tokens_per_gpu"
         table("searched units: goodput at the SLO, predicted vs measured, cost and energy",
@@ -150,16 +150,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from enginefoundry.build.units import expand_units
+    from enginefoundry.planning.validate import validate_file
+    from enginefoundry.rollout.toolchain_channel import channel_status
     from enginefoundry.settings import effective_spec
-    from enginefoundry.toolchain_channel import channel_status
-    from enginefoundry.units import expand_units
-    from enginefoundry.validate import validate_file
 
     spec, dest = effective_spec(validate_file(args.spec, args.targets), store=args.store,
                                 mlflow_uri=args.mlflow_uri, s3_endpoint_url=args.s3_endpoint_url)
     if spec.search is not None:
         from enginefoundry.console import say
-        from enginefoundry.search_plan import materialise
+        from enginefoundry.search.plan import materialise
 
         spec, _ = materialise(spec, args.targets, progress=say)
     units = len(expand_units(spec, args.targets))
@@ -169,7 +169,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         emit_json({"ok": not bad_channel, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest,
                    "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if bad_channel else EXIT_OK
-    if bad_channel:
+    if bad_channel and channel is not None:
         error(channel.line())
         return EXIT_INPUT
     console.print(f"[green]ok[/green]: {args.spec} is valid: lane {spec.lane}, {units} unit(s), preflight passed")
@@ -181,8 +181,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from enginefoundry.cli.common import load_searched
-    from enginefoundry.plan_report import plan_report
-    from enginefoundry.toolchain_channel import channel_status
+    from enginefoundry.planning.plan_report import plan_report
+    from enginefoundry.rollout.toolchain_channel import channel_status
 
     spec, _, searched = load_searched(args.spec, args)
     report = plan_report(spec, args.targets)
@@ -195,7 +195,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                    "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if report.refused else EXIT_OK
     if searched is not None:
-        from enginefoundry.search_plan import rows
+        from enginefoundry.search.plan import rows
 
         table(f"{spec.name}: search (predicted, ranked by {searched.objective.value}; 'unit' = became a unit)",
               rows(searched))
@@ -221,10 +221,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from enginefoundry.build.sources import fetch
     from enginefoundry.console import say
-    from enginefoundry.explain import explain
-    from enginefoundry.sources import fetch
-    from enginefoundry.store import open_store
+    from enginefoundry.planning.explain import explain
+    from enginefoundry.store.backends import open_store
 
     spec, _ = load(args.spec, args)
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say)
@@ -240,21 +240,21 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from enginefoundry.validate import validate_deep
+    from enginefoundry.planning.validate import validate_deep
 
     spec, _ = load(args.spec, args)
     validate_deep(spec)
     quiet_prefect_defaults()
     export_trust(args)  # the promotion step reads the trust policy from the environment
-    from enginefoundry.flows.build_engines import spec_payload
+    from enginefoundry.flows.build_engines import flow_value, spec_payload
     from enginefoundry.flows.rollout import rollout
 
-    report = rollout(spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets, mode=args.mode,
-                     max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
-                     max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
-                     max_cost_increase=args.max_cost_increase,
-                     force_build=args.force_build, store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                     s3_endpoint_url=spec.publish.s3_endpoint_url)
+    report = flow_value(rollout(
+        spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets, mode=args.mode,
+        max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
+        max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
+        max_cost_increase=args.max_cost_increase, force_build=args.force_build, store=spec.publish.store,
+        mlflow_uri=spec.tracking.mlflow_uri, s3_endpoint_url=spec.publish.s3_endpoint_url))
     if wants_json(args):
         emit_json(report)
         return EXIT_OK if (not report.built or report.build_ok) else EXIT_PIPELINE

@@ -62,7 +62,7 @@ def load_searched(path: str, args: argparse.Namespace | None = None) -> tuple[Bu
     if spec.search is None:
         return spec, dest, None
     from enginefoundry.console import say
-    from enginefoundry.search_plan import materialise
+    from enginefoundry.search.plan import materialise
 
     spec, report = materialise(spec, getattr(args, "targets", None), progress=say)
     return spec, dest, report
@@ -98,7 +98,7 @@ def json_mode(enabled: bool) -> Iterator[None]:
         with contextlib.redirect_stdout(sys.stderr):
             yield
     finally:
-        console.file = previous_file
+        console._file = previous_file  # the setter's own assignment (rich Console.file), None included
         _JSON_STREAM.pop()
 
 
@@ -184,8 +184,8 @@ def install_exit_handlers() -> None:
     TerminationSignal, restores the handler it found and re-sends the signal to it (`capture_sigterm`,
     prefect/utilities/engine/__init__.py@3.9.1). Found at that moment, SIG_DFL would end the process with no
     cleanup at all."""
+    from enginefoundry.records.tracking import OPEN_RUNS
     from enginefoundry.runner import install_sigterm_as_exit
-    from enginefoundry.tracking import OPEN_RUNS
 
     install_sigterm_as_exit()
     OPEN_RUNS.install_handlers()

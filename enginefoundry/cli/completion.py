@@ -14,7 +14,7 @@ import shlex
 from enginefoundry.errors import EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     comp = sub.add_parser("completion", help="print a shell completion script: eval \"$(enginefoundry completion "
                                              "bash)\"")
     comp.add_argument("shell", choices=("bash", "zsh"))

@@ -10,7 +10,7 @@ from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK, InputError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd = sub.add_parser("leases", help="list the build leases of a store; --break KEY clears one")
     cmd.add_argument("spec", nargs="?", help="build spec YAML whose publish.store to read (or give --store)")
     destination_flags(cmd, mlflow=False)
@@ -22,8 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
-    from enginefoundry.lease import break_lease, list_leases
-    from enginefoundry.store import open_store
+    from enginefoundry.store.backends import open_store
+    from enginefoundry.store.lease import break_lease, list_leases
 
     if args.spec:
         spec, _ = load(args.spec, args)  # --store and --s3-endpoint-url outrank the spec (settings)

@@ -8,7 +8,7 @@ from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lens = sub.add_parser("lengths", help="observed prompt lengths → percentiles, max_input_len/max_seq_len")
     lens.add_argument("file", help='JSONL: {"tokens": N} / {"input_tokens": N}, or {"prompt": …} / {"messages": …}')
     lens.add_argument("--tokenizer", help="tokenizer folder, needed for raw prompts")
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_lengths(args: argparse.Namespace) -> int:
-    from enginefoundry.lengths import analyze_lengths, read_lengths
+    from enginefoundry.spec.lengths import analyze_lengths, read_lengths
 
     r = analyze_lengths(read_lengths(args.file, args.tokenizer), output_budget=args.output_budget)
     table(f"{args.file}: {r.count} prompts", [{"p50": str(r.p50), "p90": str(r.p90), "p95": str(r.p95),

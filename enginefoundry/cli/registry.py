@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, mlflow_uri_of, wants_json
 from enginefoundry.cli.signing import trust_options
@@ -18,7 +19,7 @@ STEM_HELP = ("alias stem: the target name, or <target>-<variant>-<profile> when 
              "that target (the aliases are <stem>-candidate and <stem>-champion)")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lin = sub.add_parser("lineage", help="what produced an artifact: store URI, unit key or models:/name@alias")
     lin.add_argument("ref")
     lin.add_argument("--mlflow-uri", help=MLFLOW_HELP)
@@ -39,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from enginefoundry.lineage import lineage
+    from enginefoundry.records.lineage import lineage
 
     mlflow_uri = mlflow_uri_of(args)
     chain = lineage(args.ref, mlflow_uri)
@@ -78,17 +79,17 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _verified_line(rec: dict) -> str:
+def _verified_line(rec: dict[str, Any]) -> str:  # JSON edge: the store's verification record
     if not rec:
         return "never (enginefoundry verify REF)"
     if "verified_at" not in rec:
-        return rec.get("note", "unknown")
+        return str(rec.get("note", "unknown"))
     verdict = "ok" if rec["ok"] else f"FAILED ({len(rec.get('problems', []))} problem(s))"
     return f"{rec['verified_at']}: {verdict}, {rec['files']} files"
 
 
 def cmd_registry(args: argparse.Namespace) -> int:
-    from enginefoundry.promotion import Registry, candidate_alias
+    from enginefoundry.records.promotion import Registry, candidate_alias
 
     registry = Registry(mlflow_uri_of(args))
     model, stem = args.registered_model, args.target
@@ -115,12 +116,12 @@ def cmd_registry(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _signature_gate(args: argparse.Namespace, version) -> None:
+def _signature_gate(args: argparse.Namespace, version: Any) -> None:  # an MLflow ModelVersion (untyped)
     """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
     are required."""
-    from enginefoundry.attest import promotion_refusal
     from enginefoundry.cli.signing import SignatureRefused, policy_of
-    from enginefoundry.promotion import manifest_uri_of
+    from enginefoundry.evidence.attest import promotion_refusal
+    from enginefoundry.records.promotion import manifest_uri_of
 
     if refusal := promotion_refusal(manifest_uri_of(version), policy_of(args)):
         raise SignatureRefused(f"promote refused: {args.registered_model} v{version.version}: {refusal}")

@@ -10,7 +10,7 @@ from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, SpecError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("search", help="predict the best serving configurations per target for the spec's search "
                                       "section (SLO, workload, objective); nothing is built")
     p.add_argument("spec", help="build spec YAML with a `search` section (docs/search.md)")
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from enginefoundry.search_plan import rows
+    from enginefoundry.search.plan import rows
 
     spec, _, report = load_searched(args.spec, args)
     if report is None:

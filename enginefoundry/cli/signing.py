@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enginefoundry.cli.common import emit_json, wants_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, InputError, PipelineError
-from enginefoundry.signing import ENV_KEY_FILE, ENV_REQUIRE_SIGNATURE, ENV_TRUST_POLICY
+from enginefoundry.evidence.signing import ENV_KEY_FILE, ENV_REQUIRE_SIGNATURE, ENV_TRUST_POLICY
+
+if TYPE_CHECKING:  # imported when a command runs: `enginefoundry --help` stays fast
+    from enginefoundry.evidence.attest import SignatureVerdict
+    from enginefoundry.evidence.signing import TrustPolicy
+    from enginefoundry.spec import BuildSpec
+    from enginefoundry.store.backends import Store
+    from enginefoundry.store.publish import PublishedBuild
 
 
 class SignatureRefused(PipelineError):
     """A build whose signatures are required and do not verify (exit 1)."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kg = sub.add_parser("keygen", help="make an ECDSA P-256 signing key pair: <out>.key (secret) and <out>.pub")
     kg.add_argument("--out", default="enginefoundry-signing",
                     help="path prefix of the two files (default: ./enginefoundry-signing); never overwritten")
@@ -24,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from enginefoundry.signing import key_id, keygen
+    from enginefoundry.evidence.signing import key_id, keygen
 
     key, pub = keygen(Path(args.out))
     kid = key_id(pub.read_bytes())
@@ -47,10 +55,10 @@ def trust_options(cmd: argparse.ArgumentParser) -> None:
                      help=f"refuse an unsigned or unverifiable build (also ${ENV_REQUIRE_SIGNATURE}=1 or the policy)")
 
 
-def policy_of(args: argparse.Namespace):  # -> TrustPolicy
+def policy_of(args: argparse.Namespace) -> TrustPolicy:
     """The command line's trust options merged with the spec's (publish.require_signature, trusted_keys,
     trust_policy) when a spec is given: keys from both, signatures required when either requires them."""
-    from enginefoundry.signing import consumer_policy, merged_policy, spec_policy
+    from enginefoundry.evidence.signing import consumer_policy, merged_policy, spec_policy
 
     spec = _spec_of(args)
     if spec is not None and spec.publish.trust_policy and args.trust_policy:
@@ -60,16 +68,16 @@ def policy_of(args: argparse.Namespace):  # -> TrustPolicy
     return cli if spec is None else merged_policy(cli, spec_policy(spec))
 
 
-def _spec_of(args: argparse.Namespace):  # -> BuildSpec | None
+def _spec_of(args: argparse.Namespace) -> BuildSpec | None:
     from enginefoundry.spec import load_spec
 
     path = getattr(args, "spec", None)
     return load_spec(path) if path else None
 
 
-def check_signatures(args: argparse.Namespace, store, build, what: str):  # -> SignatureVerdict
+def check_signatures(args: argparse.Namespace, store: Store, build: PublishedBuild, what: str) -> SignatureVerdict:
     """The signature verdict of a build; SignatureRefused naming each cause when it is required and fails."""
-    from enginefoundry.attest import verify_attestations
+    from enginefoundry.evidence.attest import verify_attestations
 
     verdict = verify_attestations(store, build, policy_of(args))
     if not verdict.ok:
@@ -81,7 +89,7 @@ def export_trust(args: argparse.Namespace) -> None:
     """The trust options as environment for a flow in this process (rollout's promotion step); checked now."""
     import os
 
-    from enginefoundry.signing import ENV_TRUSTED_KEYS
+    from enginefoundry.evidence.signing import ENV_TRUSTED_KEYS
 
     policy_of(args)  # a bad key or policy file (also the spec's) fails before any build
     if args.require_signature:
@@ -94,8 +102,8 @@ def export_trust(args: argparse.Namespace) -> None:
 
 def signing_line() -> str:
     """What a run will do about signatures; loads the signer so a bad key fails before any work."""
-    from enginefoundry.attest import UNSIGNED_HINT
-    from enginefoundry.signing import signer_from_env
+    from enginefoundry.evidence.attest import UNSIGNED_HINT
+    from enginefoundry.evidence.signing import signer_from_env
 
     signer = signer_from_env()
     return f"signing: new builds signed by {signer.identity}" if signer else \

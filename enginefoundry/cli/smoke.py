@@ -14,7 +14,7 @@ from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("smoke", help="judge a running OpenAI-compatible endpoint against a Hugging Face reference")
     p.add_argument("--endpoint", required=True, help="base URL of the server, e.g. http://gpu-node:8000")
     p.add_argument("--served-model", required=True, help="the `model` name the server expects in requests")
@@ -46,7 +46,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from enginefoundry.smoke import load_prompt_set, run_smoke, write_report
     from enginefoundry.smoke.policy import FAMILY_OF
     from enginefoundry.spec import SmokeSpec
-    from enginefoundry.store import open_store
+    from enginefoundry.store.backends import open_store
 
     ref = Path(args.reference)
     if not (ref / "config.json").is_file():

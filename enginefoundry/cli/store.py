@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, load
 from enginefoundry.cli.signing import check_signatures, trust_options
 from enginefoundry.console import console, error
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError
+
+if TYPE_CHECKING:  # imported when a command runs: `enginefoundry --help` stays fast
+    from enginefoundry.store.backends import Store
+    from enginefoundry.store.publish import PublishedBuild
+    from enginefoundry.store.verify import VerifyReport
 
 REF_HELP = ("a build: its store URI (<store>/manifests/<model>/<key>[/<build-id>.json], or a version 1 "
             "<store>/artifacts/<model>/<key>), a unit key (with --store or --spec), or models:/name@alias")
@@ -27,7 +33,7 @@ def _common(cmd: argparse.ArgumentParser) -> None:
     trust_options(cmd)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ver = sub.add_parser("verify", help="re-hash every file of a published build; exit 1 naming each bad file")
     _common(ver)
     ver.add_argument("--repair", action="store_true",
@@ -43,9 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     pul.set_defaults(handler=cmd_pull)
 
 
-def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
-    from enginefoundry.store import open_store
-    from enginefoundry.verify import find_by_key, open_build
+def _resolve(args: argparse.Namespace) -> tuple[Store, PublishedBuild]:
+    from enginefoundry.store.backends import open_store
+    from enginefoundry.store.verify import find_by_key, open_build
 
     ref: str = args.ref
     if args.workers < 1:
@@ -58,7 +64,7 @@ def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
         model = model or spec.model.name
         endpoint = spec.publish.s3_endpoint_url
     if ref.startswith("models:/"):
-        from enginefoundry.lineage import registry_anchor, resolve
+        from enginefoundry.records.lineage import registry_anchor, resolve
 
         _, uri, registry = resolve(ref, args.mlflow_uri)
         return open_build(uri, endpoint, anchor=registry_anchor(registry))
@@ -71,9 +77,9 @@ def _resolve(args: argparse.Namespace):  # -> (Store, PublishedBuild)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from enginefoundry.attest import verify_attestations
     from enginefoundry.cli.signing import policy_of
-    from enginefoundry.verify import VerifyReport, verify_build
+    from enginefoundry.evidence.attest import verify_attestations
+    from enginefoundry.store.verify import VerifyReport, verify_build
 
     store, build = _resolve(args)
     verdict = verify_attestations(store, build, policy_of(args))
@@ -107,7 +113,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_PIPELINE
 
 
-def _fix(report, ref: str) -> str:  # report: VerifyReport
+def _fix(report: VerifyReport, ref: str) -> str:
     """What to do next, for what was found: only fixes that work."""
     lines = [f"  quarantined {q}" for q in report.quarantined]
     if report.quarantined:
@@ -123,7 +129,7 @@ def _fix(report, ref: str) -> str:  # report: VerifyReport
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from enginefoundry.verify import pull
+    from enginefoundry.store.verify import pull
 
     store, build = _resolve(args)
     verdict = check_signatures(args, store, build, "pull")  # before any byte is downloaded

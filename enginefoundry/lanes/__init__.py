@@ -1,25 +1,10 @@
-"""Lanes: one module per toolchain behind one interface (base.py), listed once in registry.py.
-
-Attributes load lazily, so the spec can consult the registry while it is being imported."""
+"""Lanes: one module per toolchain behind one interface (base.py), registered once in registry.py into the spec's
+lane catalog (enginefoundry.spec.lane_catalog)."""
 
 from __future__ import annotations
 
-from typing import Any
+from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
+from enginefoundry.lanes.registry import LaneEntry, get_lane, register_lane
 
-_LAZY = {
-    "BuildResult": "enginefoundry.lanes.base", "Command": "enginefoundry.lanes.base",
-    "ConvertResult": "enginefoundry.lanes.base", "Lane": "enginefoundry.lanes.base",
-    "ServeCommand": "enginefoundry.lanes.base", "get_lane": "enginefoundry.lanes.registry",
-    "register_lane": "enginefoundry.lanes.registry", "LaneEntry": "enginefoundry.lanes.registry",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = sorted(_LAZY)
+__all__ = ["BuildResult", "Command", "ConvertResult", "Lane", "LaneEntry", "ServeCommand", "get_lane",
+           "register_lane"]

@@ -10,10 +10,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from enginefoundry.build.units import Unit
+from enginefoundry.errors import InputError
 from enginefoundry.spec import BuildSpec, Variant
-from enginefoundry.units import Unit
 
 
 class Command(BaseModel):
@@ -39,7 +40,7 @@ class ConvertResult(BaseModel):
     """A converted checkpoint folder (shared by every target that needs it)."""
 
     checkpoint_dir: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: recorded in the checkpoint's manifest
     commands: list[Command] = Field(default_factory=list)
 
 
@@ -47,10 +48,113 @@ class BuildResult(BaseModel):
     """The unit's bundle folder: everything the serve step and a serving team need."""
 
     bundle_dir: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    device: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the manifest's build_params
+    device: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the manifest's device facts
     commands: list[Command] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
+
+
+BUNDLE_INFO = "bundle.json"
+
+
+class _BundlePart(BaseModel):
+    """A part of bundle.json: written with the keys the lane set (no defaults added, the file's bytes stay as the
+    lane has always written them), read leniently (a bundle from before a field existed still serves)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def as_json(self) -> dict[str, Any]:  # JSON edge: the file's content
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class ServeSettings(_BundlePart):
+    """bundle.json `serve`: how the lane's server is reached and started."""
+
+    health: str = "/health"
+    yaml_flag: str | None = None  # trtllm: the trtllm-serve flag that takes the LLM API YAML (the probe's choice)
+    model_dir: str | None = None  # reference: the model folder inside the bundle
+
+
+class TritonSettings(_BundlePart):
+    """bundle.json `triton`: the Triton model repository a serving team launches (not run at build time)."""
+
+    bundle_mount: str | None = None
+    launch: list[str] = Field(default_factory=list)
+    model_repo: str | None = None  # trtllm: the LLM API model's repository folder
+    model: str | None = None
+    checkpoint: str | None = None
+
+
+class AutotunerCache(_BundlePart):
+    """bundle.json `autotuner_cache`: the warm-up's profiling cache and what it was made with."""
+
+    file: str
+    files: list[str] | None = None  # the rank files a multi-GPU warm-up saved (absent: `file` alone)
+    tensorrt_llm: str | None = None
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+
+
+class CheckpointRef(_BundlePart):
+    path: str
+
+
+class BundleInfo(_BundlePart):
+    """bundle.json: what a bundle is and how its server starts; written by the lane's build, read back by its
+    serve_command and the serving files. Every field is optional on read: each reader checks what it needs."""
+
+    format: int | None = None
+    lane: str | None = None
+    unit: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the lane's build parameters
+    versions: dict[str, str] = Field(default_factory=dict)
+    gpus: list[dict[str, Any]] = Field(default_factory=list)  # JSON edge: GPUInfo.facts()
+    host: dict[str, Any] = Field(default_factory=dict)  # JSON edge: host_facts()
+    device: dict[str, Any] = Field(default_factory=dict)  # JSON edge: reference lane, torch device facts
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    # lane trtllm
+    checkpoint: CheckpointRef | None = None
+    runtime_config: str | None = None
+    autotuner_cache: AutotunerCache | None = None
+    # lane trtllm-engine
+    engine_dir: str | None = None
+    tokenizer_dir: str | None = None
+    triton_model_repo: str | None = None
+    engine_version: Any = None  # JSON edge: the engine config's own `version`, recorded as it is
+    triton: TritonSettings | None = None
+
+    @classmethod
+    def of(cls, data: BundleInfo | dict[str, Any], where: Path | str = BUNDLE_INFO) -> BundleInfo:  # JSON edge
+        if isinstance(data, BundleInfo):
+            return data
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            raise InputError(f"{where}: {field}: {first['msg']}: not a bundle.json enginefoundry wrote; rebuild "
+                             "the bundle") from None
+
+    @classmethod
+    def read(cls, bundle_dir: Path) -> BundleInfo:
+        """The bundle's bundle.json; InputError when the folder has none or it is not one enginefoundry wrote."""
+        import json
+
+        path = Path(bundle_dir) / BUNDLE_INFO
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise InputError(f"{path} does not exist: {bundle_dir} is not a bundle built by enginefoundry") from None
+        except ValueError as err:
+            raise InputError(f"{path} is not JSON ({err}): rebuild the bundle") from None
+        if not isinstance(data, dict):
+            raise InputError(f"{path} is not a JSON object: rebuild the bundle")
+        return cls.of(data, path)
+
+    def write(self, bundle_dir: Path) -> None:
+        import json
+
+        (Path(bundle_dir) / BUNDLE_INFO).write_text(json.dumps(self.as_json(), indent=2, sort_keys=True))
 
 
 class ServeCommand(BaseModel):
@@ -73,7 +177,7 @@ class Lane(ABC):
     sizes_kv_pool: bool = True  # the runtime gives the free memory to a KV pool (the KV budget check applies)
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
-        """This lane's own preflight checks (enginefoundry.preflight.Check) for a unit; `shape` may be None."""
+        """This lane's own preflight checks (enginefoundry.build.model_shape.Check) for a unit; `shape` may be None."""
         return []
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,

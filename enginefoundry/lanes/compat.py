@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from enginefoundry.build.toolchain import parse_version
 from enginefoundry.lanes.trtllm_flags import (
     EMITTED,
     KNOWN_IMAGES,
@@ -25,7 +26,6 @@ from enginefoundry.lanes.trtllm_flags import (
     TRITON_TEMPLATE_KEYS,
     Flag,
 )
-from enginefoundry.toolchain import parse_version
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trtllm-compat.md"
 TRTLLM_RELEASES = ("1.0", "1.1", "1.2", "1.3")  # 1.3: the line that removed the engine path ("post-removal")
@@ -118,8 +118,8 @@ def render() -> str:
     lines.append("| `nvcr.io/nvidia/tensorrt-llm/release:<v>` | `<v>` | the tag names the release |")
     lines += ["", "## ModelOpt pinned by a TensorRT-LLM release (used to render `plan` before the probe)", "",
               "| TensorRT-LLM | ModelOpt | source |", "|---|---|---|"]
-    for release, (modelopt, source) in MODELOPT_PINS.items():
-        lines.append(f"| {release} | {modelopt} | {source} |")
+    for release, (pinned_modelopt, source) in MODELOPT_PINS.items():
+        lines.append(f"| {release} | {pinned_modelopt} | {source} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -6,24 +6,32 @@ accuracy reference for the TensorRT-LLM lanes.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from enginefoundry.build.units import Unit
 from enginefoundry.confine import check_name
-from enginefoundry.devices import host_facts, torch_device_facts
-from enginefoundry.errors import PreflightError, ToolError
-from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, Lane, ServeCommand
-from enginefoundry.precisions import TORCH_DTYPE
+from enginefoundry.errors import InputError, PreflightError, ToolError
+from enginefoundry.gpu.devices import host_facts, torch_device_facts
+from enginefoundry.gpu.precisions import TORCH_DTYPE
+from enginefoundry.lanes.base import (
+    BUNDLE_INFO,
+    BuildResult,
+    BundleInfo,
+    Command,
+    ConvertResult,
+    Lane,
+    ServeCommand,
+    ServeSettings,
+)
 from enginefoundry.spec import Arch, BuildSpec, Variant
-from enginefoundry.store import link_or_copy
-from enginefoundry.units import Unit
+from enginefoundry.store.backends import link_or_copy
 
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
-BUNDLE_INFO = "bundle.json"
 
 
 def _device_for(arch: Arch) -> str:
@@ -60,10 +68,10 @@ class ReferenceLane(Lane):
             ) from None
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
-        """Cast to the variant's dtype, one tensor at a time (enginefoundry/checkpoint_cast.py): peak memory is
+        """Cast to the variant's dtype, one tensor at a time (enginefoundry/build/checkpoint_cast.py): peak memory is
         one tensor, and shards and tokenizer files that need no cast are hard-linked, not copied. The
         tokenizer files stay byte-identical to the source (the smoke stage compares tokenizer digests)."""
-        from enginefoundry.checkpoint_cast import cast_checkpoint
+        from enginefoundry.build.checkpoint_cast import cast_checkpoint
 
         dtype = TORCH_DTYPES[variant.precision]
         out = workdir / "checkpoint"
@@ -90,7 +98,8 @@ class ReferenceLane(Lane):
         shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR, copy_function=link_or_copy)
         facts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
-        model = AutoModelForCausalLM.from_pretrained(bundle / BUNDLE_MODEL_DIR).to(device)
+        # The ignore: transformers types PreTrainedModel.to through a decorator whose stub takes the model twice.
+        model = AutoModelForCausalLM.from_pretrained(bundle / BUNDLE_MODEL_DIR).to(device)  # type: ignore[arg-type]
         tok = AutoTokenizer.from_pretrained(bundle / BUNDLE_MODEL_DIR)
         ids = tok("warm-up", return_tensors="pt").to(device)
         with torch.no_grad():
@@ -102,18 +111,21 @@ class ReferenceLane(Lane):
             "max_batch_size": unit.profile.max_batch_size,
             "max_seq_len": unit.profile.max_seq_len,
         }
-        info = {"lane": self.name, "unit": unit.name, "params": params, "device": facts,
-                "serve": {"model_dir": BUNDLE_MODEL_DIR}}
-        (bundle / BUNDLE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
+        BundleInfo(lane=self.name, unit=unit.name, params=params, device=facts,
+                   serve=ServeSettings(model_dir=BUNDLE_MODEL_DIR)).write(bundle)
         return BuildResult(bundle_dir=str(bundle), params=params, device=facts,
                            metrics={"warmup_s": round(warmup_s, 3)})
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
-        info = json.loads((bundle_dir / BUNDLE_INFO).read_text())
+        info = BundleInfo.read(bundle_dir)
+        device = info.params.get("device")  # JSON edge: the build's params, as recorded
+        if not isinstance(device, str):
+            raise InputError(f"{bundle_dir / BUNDLE_INFO} records no params.device: not a bundle of lane "
+                             f"{self.name}; rebuild it")
         model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
         serve = Path(sys.executable).with_name("transformers")
         argv = [str(serve) if serve.exists() else "transformers", "serve", model_dir,
-                "--host", host, "--port", str(port), "--device", info["params"]["device"].split(":")[0]]
+                "--host", host, "--port", str(port), "--device", device.split(":")[0]]
         # One thread per server: on small hosts torch's default thread count fights the benchmark client.
         env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         # transformers serve pins the request `model` to the path it was started with.
@@ -134,7 +146,7 @@ class ReferenceLane(Lane):
         return cmd.model_copy(update={"command": cmd.command.model_copy(update={"argv": argv}),
                                       "model_name": name, "links": {name: cmd.model_name}})
 
-    def describe(self, spec: BuildSpec, unit: Unit) -> list[Command]:
+    def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
         return [
             Command(argv=["(in-process)", "cast_checkpoint", f"dtype={dtype}", "(streamed, one tensor at a time)"],

@@ -14,11 +14,14 @@ from __future__ import annotations
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.build.toolchain import parse_version, template_keys
+from enginefoundry.build.units import Unit
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import (
@@ -29,9 +32,8 @@ from enginefoundry.lanes.trtllm_flags import (
     TRITON_TEMPLATE_KEYS,
     arg,
 )
+from enginefoundry.lanes.trtllm_options import EngineOptions, engine_options
 from enginefoundry.runner import run_tool
-from enginefoundry.toolchain import parse_version, template_keys
-from enginefoundry.units import Unit
 
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 TEMPLATES = Path("all_models") / "inflight_batcher_llm"
@@ -71,22 +73,23 @@ class TritonParams(BaseModel):
         return self.model_copy(update={"prompt_table_templates": have})
 
     @classmethod
-    def for_unit(cls, unit: Unit, opts: dict[str, Any], *, engine_dir: str, tokenizer_dir: str,
+    def for_unit(cls, unit: Unit, opts: EngineOptions | Mapping[str, Any], *, engine_dir: str, tokenizer_dir: str,
                  model_dtype: str, chunked_context: bool | None = None) -> TritonParams:
+        opts = engine_options(opts)  # a raw mapping: every option by name (resolve_options)
         p = unit.profile
         return cls(
             engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, triton_max_batch_size=p.max_batch_size,
             kv_cache_free_gpu_mem_fraction=p.kv_cache_free_gpu_memory_fraction,
-            decoupled_mode=opts["triton_decoupled_mode"],
-            max_queue_delay_microseconds=opts["triton_max_queue_delay_microseconds"],
-            max_beam_width=opts["max_beam_width"], instance_count=opts["triton_instance_count"],
+            decoupled_mode=opts.triton_decoupled_mode,
+            max_queue_delay_microseconds=opts.triton_max_queue_delay_microseconds,
+            max_beam_width=opts.max_beam_width, instance_count=opts.triton_instance_count,
             model_dtype=model_dtype if model_dtype in DATA_TYPES else "float16",
             # Chunked context needs the paged context FMHA in the engine (lane option, default on; off with an
             # INT8 KV cache, which builder.py turns it off for).
-            enable_chunked_context=bool(opts["use_paged_context_fmha"] if chunked_context is None
+            enable_chunked_context=bool(opts.use_paged_context_fmha if chunked_context is None
                                         else chunked_context),
-            batch_scheduler_policy=opts["triton_batch_scheduler_policy"],
-            enable_kv_cache_reuse=opts["triton_enable_kv_cache_reuse"],
+            batch_scheduler_policy=opts.triton_batch_scheduler_policy,
+            enable_kv_cache_reuse=opts.triton_enable_kv_cache_reuse,
         )
 
 

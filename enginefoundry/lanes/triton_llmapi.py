@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
+from enginefoundry.build.toolchain import LLMAPI_FILES, LLMAPI_TEMPLATE
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import LAUNCH_TRITON, LLMAPI_TRITON, arg, flag
-from enginefoundry.toolchain import LLMAPI_FILES, LLMAPI_TEMPLATE
 
 MODEL = "tensorrt_llm"  # the model's name in the repository (the template's config.pbtxt `name`)
 REPO = "triton_model_repo"
@@ -32,7 +32,8 @@ LAUNCH = Path("scripts") / "launch_triton_server.py"
 TEMPLATE_KEYS = ("model", "backend", "triton_config", "triton_config.max_batch_size", "triton_config.decoupled")
 
 
-def model_yaml(runtime_config: dict[str, Any], model_path: str, decoupled: bool) -> dict[str, Any]:
+def model_yaml(runtime_config: dict[str, Any], model_path: str,  # JSON edge: the LLM API YAML
+               decoupled: bool) -> dict[str, Any]:  # JSON edge: model.yaml
     """The model.yaml: the bundle's LLM API options, the checkpoint and the two Triton settings model.py reads."""
     for key in TEMPLATE_KEYS:
         flag(LLMAPI_TRITON, key)  # registered with its evidence (KeyError otherwise)
@@ -55,7 +56,8 @@ def missing_template(triton_dir: Path | str) -> str | None:
             "triton_backend/, or /app in a tritonserver trtllm-python image), or set triton: false")
 
 
-def build_repository(triton_dir: Path | str, dest: Path, yaml_body: dict[str, Any]) -> Path:
+def build_repository(triton_dir: Path | str, dest: Path,
+                     yaml_body: dict[str, Any]) -> Path:  # JSON edge: model.yaml
     """Copy the installed LLM API model into `dest/tensorrt_llm` and write its 1/model.yaml. Returns the repo."""
     why = missing_template(triton_dir)
     if why:

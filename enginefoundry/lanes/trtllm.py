@@ -21,13 +21,27 @@ from typing import Any
 
 import yaml
 
-from enginefoundry.devices import host_facts
-from enginefoundry.errors import ToolError
-from enginefoundry.gpu import GPUInfo, detect_gpus
+from enginefoundry.build.model_shape import Check
+from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
+from enginefoundry.build.units import Unit
+from enginefoundry.errors import InputError, ToolError
+from enginefoundry.gpu.detect import GPUInfo, detect_gpus
+from enginefoundry.gpu.devices import host_facts
+from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.lanes import triton_llmapi
-from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
-from enginefoundry.lanes.trtllm_base import (
+from enginefoundry.lanes.base import (
     BUNDLE_INFO,
+    AutotunerCache,
+    BuildResult,
+    BundleInfo,
+    CheckpointRef,
+    Command,
+    ConvertResult,
+    ServeCommand,
+    ServeSettings,
+    TritonSettings,
+)
+from enginefoundry.lanes.trtllm_base import (
     WORKER_PYTHON,
     TrtllmLaneBase,
     chunked_prefill_check,
@@ -49,14 +63,10 @@ from enginefoundry.lanes.trtllm_flags import (
     llm_api_key_paths,
     unknown_llm_api_keys,
 )
-from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.precisions import TORCH_DTYPE, activation_dtype
-from enginefoundry.preflight import Check
+from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
-from enginefoundry.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
-from enginefoundry.units import Unit
 
 RUNTIME_CONFIG = "llm_api_options.yaml"
 AUTOTUNER_CACHE = "autotuner.cache"
@@ -141,18 +151,18 @@ def kv_cache_dtype_key(variant: Variant) -> str | None:
     return "fp8" if variant.kv_cache_dtype is KVCacheDtype.FP8 else None
 
 
-def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
+def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge: the LLM API YAML
     """The LLM API YAML for `trtllm-serve --extra_llm_api_options` (and the warm-up)."""
-    opts = resolve_options("trtllm", spec.lane_options)
+    opts = trtllm_options(spec.lane_options)
     v, p = unit.variant, unit.profile
-    kv: dict[str, Any] = {"free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}
+    kv: dict[str, Any] = {"free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}  # JSON edge: YAML
     if kv_cache_dtype_key(v):
         kv["dtype"] = kv_cache_dtype_key(v)
-    if opts["enable_block_reuse"] is not None:
-        kv["enable_block_reuse"] = opts["enable_block_reuse"]
-    if opts["tokens_per_block"] is not None:
-        kv["tokens_per_block"] = opts["tokens_per_block"]
-    cfg: dict[str, Any] = {
+    if opts.enable_block_reuse is not None:
+        kv["enable_block_reuse"] = opts.enable_block_reuse
+    if opts.tokens_per_block is not None:
+        kv["tokens_per_block"] = opts.tokens_per_block
+    cfg: dict[str, Any] = {  # JSON edge: the LLM API YAML
         "tensor_parallel_size": v.tp,
         "pipeline_parallel_size": v.pp,
         "max_batch_size": p.max_batch_size,
@@ -163,13 +173,13 @@ def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
     if v.precision in TORCH_DTYPE:
         # The HF checkpoint passes through unconverted: pin the compute dtype to the variant's.
         cfg["dtype"] = TORCH_DTYPE[v.precision]
-    if opts["cuda_graphs"]:
-        cap = opts["cuda_graph_max_batch_size"] or p.max_batch_size
-        cfg["cuda_graph_config"] = {"enable_padding": bool(opts["cuda_graph_padding"]),
+    if opts.cuda_graphs:
+        cap = opts.cuda_graph_max_batch_size or p.max_batch_size
+        cfg["cuda_graph_config"] = {"enable_padding": bool(opts.cuda_graph_padding),
                                     "max_batch_size": min(cap, p.max_batch_size)}
     else:
         cfg["cuda_graph_config"] = None  # null turns CUDA graphs off (the upstream default is on)
-    chunked = opts["enable_chunked_prefill"]
+    chunked = opts.enable_chunked_prefill
     if chunked is None:
         # A prompt longer than max_num_tokens cannot be scheduled in one step without chunked prefill.
         chunked = p.max_input_len > p.max_num_tokens
@@ -188,8 +198,8 @@ def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, 
     `modelopt`: the installed nvidia-modelopt (probed on the worker); flags it lacks are not emitted
     (--calib_seq from 0.39.0); --export_fmt only below 0.37.0, where the export format's default may differ (from 0.37
     it is deprecated and forced to hf, and still parsed at 0.46.0). `None`: the worker's probe decides."""
-    opts = resolve_options("trtllm", spec.lane_options)
-    root = opts["modelopt_dir"] or EnvSettings().modelopt_dir or f"${MODELOPT_ENV}"
+    opts = trtllm_options(spec.lane_options)
+    root = opts.modelopt_dir or EnvSettings().modelopt_dir or f"${MODELOPT_ENV}"
     calib = variant.calibration
     assert calib is not None  # Variant fills a default calibration for quantized precisions
     # hf_ptq.py's KV default changed between releases (fp8, later fp8_cast): always say what the variant wants.
@@ -276,6 +286,9 @@ class TrtllmLane(TrtllmLaneBase):
     convert_tools = (HF_PTQ,)
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
 
+    def options(self, spec: BuildSpec) -> TrtllmOptions:
+        return trtllm_options(spec.lane_options)
+
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
         checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c
                   for c in precision_checks(unit, self.fp8_kv_on_ampere)]
@@ -314,8 +327,8 @@ class TrtllmLane(TrtllmLaneBase):
 
     def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
         tools = {SERVE: ["trtllm-serve"]}
-        opts = resolve_options("trtllm", spec.lane_options if spec else {})
-        root = opts["modelopt_dir"] or EnvSettings().modelopt_dir
+        opts = trtllm_options(spec.lane_options if spec else None)
+        root = opts.modelopt_dir or EnvSettings().modelopt_dir
         if root and spec and any(v.precision.is_quantized for v in spec.variants):
             tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
         triton = self.triton_dir(spec)
@@ -325,8 +338,8 @@ class TrtllmLane(TrtllmLaneBase):
 
     def triton_dir(self, spec: BuildSpec | None) -> Path | None:
         """The Triton backend tree, when the spec asks for a Triton repository (lane option triton)."""
-        opts = resolve_options("trtllm", spec.lane_options if spec else {})
-        return Path(opts["triton_dir"]) if opts["triton"] else None
+        opts = trtllm_options(spec.lane_options if spec else None)
+        return Path(opts.triton_dir) if opts.triton else None
 
     # convert ------------------------------------------------------------------------------------------------
 
@@ -336,7 +349,7 @@ class TrtllmLane(TrtllmLaneBase):
             return ConvertResult(checkpoint_dir=str(source_dir),
                                  params={"format": "hf", "precision": variant.precision.value, "passthrough": True})
         opts = self.options(spec)
-        root = opts["modelopt_dir"] or EnvSettings().modelopt_dir
+        root = opts.modelopt_dir or EnvSettings().modelopt_dir
         surface = self.pinned_surface(spec)
         script = hf_ptq_script(root, surface.modelopt) if root else None
         if script is None or not script.is_file():
@@ -385,29 +398,29 @@ class TrtllmLane(TrtllmLaneBase):
         (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
         script = workdir / "warmup.py"
         script.write_text(WARMUP_SCRIPT)
-        use_cache = opts["autotuner_cache"] and autotuner_supported(surface.tensorrt_llm)
+        use_cache = opts.autotuner_cache and autotuner_supported(surface.tensorrt_llm)
         cache = bundle / AUTOTUNER_CACHE if use_cache else None
         cmd = warmup_command(self.python, script, checkpoint_dir, bundle / RUNTIME_CONFIG, cache,
-                             opts["warmup_requests"], env=gpu_env, llm_api_keys=llm_api_key_paths(cfg))
+                             opts.warmup_requests, env=gpu_env, llm_api_keys=llm_api_key_paths(cfg))
         run = run_tool(cmd.argv, logs / "warmup.log", timeout_s=WARMUP_TIMEOUT_S, env=cmd.env, cwd=workdir,
                        what="TensorRT-LLM warm-up")
         result = parse_marker_json(Path(run.log_path).read_text(errors="replace"), WARMUP_MARKER, "warm-up")
         cache_info = None
         files = autotuner_cache_files(bundle) if cache is not None else []
         if files:
-            cache_info = {"file": AUTOTUNER_CACHE, "files": [p.name for p in files],
-                          "tensorrt_llm": versions.get("tensorrt_llm"),
-                          "gpu_name": gpus[0].name, "compute_capability": gpus[0].compute_capability}
+            cache_info = AutotunerCache(file=AUTOTUNER_CACHE, files=[p.name for p in files],
+                                        tensorrt_llm=versions.get("tensorrt_llm"), gpu_name=gpus[0].name,
+                                        compute_capability=gpus[0].compute_capability)
         params = {"runtime_config": cfg, "precision": unit.variant.precision.value,
                   "kv_cache_dtype": unit.variant.kv_cache_dtype.value}
         triton_info, triton_cmds = self._triton_repository(opts, bundle, checkpoint_dir, cfg)
-        self.write_bundle_info(bundle, unit, params, gpus, versions, {
-            "checkpoint": {"path": str(Path(checkpoint_dir).resolve())},
-            "runtime_config": RUNTIME_CONFIG,
-            "autotuner_cache": cache_info,
-            "serve": {"health": "/health", "yaml_flag": serve_yaml_flag(surface)},
-            **({"triton": triton_info} if triton_info else {}),
-        })
+        lane_info = BundleInfo(checkpoint=CheckpointRef(path=str(Path(checkpoint_dir).resolve())),
+                               runtime_config=RUNTIME_CONFIG, autotuner_cache=cache_info,
+                               serve=ServeSettings(health="/health", yaml_flag=serve_yaml_flag(surface)))
+        if triton_info:
+            # the key only when there is one
+            lane_info = lane_info.model_copy(update={"triton": TritonSettings.model_validate(triton_info)})
+        self.write_bundle_info(bundle, unit, params, gpus, versions, lane_info)
         metrics = {"warmup_load_s": round(float(result.get("load_s", 0.0)), 3),
                    "warmup_generate_s": round(float(result.get("generate_s", 0.0)), 3),
                    "warmup_wall_s": round(run.wall_s, 3), "peak_host_rss_mb": round(run.peak_rss_mb, 1)}
@@ -415,21 +428,22 @@ class TrtllmLane(TrtllmLaneBase):
         return BuildResult(bundle_dir=str(bundle), params=params, device=device, commands=[cmd, *triton_cmds],
                            metrics=metrics)
 
-    def _triton_repository(self, opts: dict[str, Any], bundle: Path, checkpoint_dir: Path,
-                           cfg: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Command]]:
+    def _triton_repository(self, opts: TrtllmOptions, bundle: Path, checkpoint_dir: Path,
+                           cfg: dict[str, Any],  # JSON edge: the LLM API YAML
+                           ) -> tuple[dict[str, Any] | None, list[Command]]:  # JSON edge: bundle.json `triton`
         """With lane option triton: the LLM API Triton model under <bundle>/triton_model_repo (its model.yaml names
         the checkpoint as the serving container sees it) and the launch command, for bundle.json."""
-        if not opts["triton"]:
+        if not opts.triton:
             return None, []
-        mount = opts["triton_bundle_mount"]
+        mount = opts.triton_bundle_mount
         model = f"{mount}/checkpoint" if mount else str(Path(checkpoint_dir).resolve())
-        body = triton_llmapi.model_yaml(cfg, model, opts["triton_decoupled_mode"])
-        triton_llmapi.build_repository(opts["triton_dir"], bundle / triton_llmapi.REPO, body)
+        body = triton_llmapi.model_yaml(cfg, model, opts.triton_decoupled_mode)
+        triton_llmapi.build_repository(opts.triton_dir, bundle / triton_llmapi.REPO, body)
         repo = f"{mount or bundle.resolve()}/{triton_llmapi.REPO}"
-        launch = triton_llmapi.launch_command(opts["triton_dir"], repo, llm_api_key_paths(cfg))
-        info = {"model_repo": triton_llmapi.REPO, "model": triton_llmapi.MODEL, "checkpoint": model,
-                "bundle_mount": mount, "launch": launch.argv}
-        return info, [launch]
+        launch = triton_llmapi.launch_command(opts.triton_dir, repo, llm_api_key_paths(cfg))
+        info = TritonSettings(model_repo=triton_llmapi.REPO, model=triton_llmapi.MODEL, checkpoint=model,
+                              bundle_mount=mount, launch=launch.argv)
+        return info.as_json(), [launch]
 
     # serve --------------------------------------------------------------------------------------------------
 
@@ -440,11 +454,14 @@ class TrtllmLane(TrtllmLaneBase):
         cache = usable_autotuner_cache(Path(bundle_dir), info)
         if cache is not None:
             env[flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").name] = str(cache)
-        yaml_flag = (info.get("serve") or {}).get("yaml_flag") or "extra_llm_api_options"
+        yaml_flag = info.serve.yaml_flag or "extra_llm_api_options"
         if yaml_flag not in YAML_FLAGS:  # bundle.json is outside input: never turn it into an arbitrary flag
             raise ToolError(f"{Path(bundle_dir) / BUNDLE_INFO}: serve.yaml_flag {yaml_flag!r} is not one of "
                             f"{', '.join(YAML_FLAGS)}: rebuild the bundle")
-        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info["runtime_config"], host, port, yaml_flag)
+        if not info.runtime_config:
+            raise InputError(f"{Path(bundle_dir) / BUNDLE_INFO} names no runtime_config: not a bundle of lane "
+                             f"{self.name}; serve it with the lane that built it, or rebuild it")
+        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info.runtime_config, host, port, yaml_flag)
         return ServeCommand(command=Command(argv=argv, env=env, description="trtllm-serve (PyTorch backend)"),
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint))
 
@@ -459,65 +476,68 @@ class TrtllmLane(TrtllmLaneBase):
             ckpt = "<work>/checkpoint"
         opts = self.options(spec)
         keys = llm_api_key_paths(runtime_config(spec, unit))
-        cache = f"<bundle>/{AUTOTUNER_CACHE}" if opts["autotuner_cache"] and autotuner_supported(version) else None
+        cache = f"<bundle>/{AUTOTUNER_CACHE}" if opts.autotuner_cache and autotuner_supported(version) else None
         cmds.append(warmup_command(WORKER_PYTHON, "<work>/warmup.py", ckpt, f"<bundle>/{RUNTIME_CONFIG}", cache,
-                                   opts["warmup_requests"], llm_api_keys=keys))
+                                   opts.warmup_requests, llm_api_keys=keys))
         cmds.append(Command(argv=serve_argv(ckpt, f"<bundle>/{RUNTIME_CONFIG}", "127.0.0.1", 8000,
                                              serve_yaml_flag(surface)),
                             tool=SERVE, llm_api_keys=keys, description="serve"))
-        if opts["triton"]:
-            cmds.append(triton_llmapi.launch_command(opts["triton_dir"], f"<bundle>/{triton_llmapi.REPO}", keys,
+        if opts.triton:
+            cmds.append(triton_llmapi.launch_command(opts.triton_dir, f"<bundle>/{triton_llmapi.REPO}", keys,
                                                      WORKER_PYTHON))
         return cmds
 
 
-def bundle_checkpoint(bundle_dir: Path, info: dict[str, Any]) -> Path:
+def bundle_checkpoint(bundle_dir: Path, info: BundleInfo | dict[str, Any]) -> Path:  # JSON edge: bundle.json
     """The checkpoint a bundle serves: `<bundle>/checkpoint` when the fetch step placed it there, else the
     path recorded at build time."""
     local = bundle_dir / "checkpoint"
     if local.is_dir():
         return local.resolve()
-    recorded = Path(info["checkpoint"]["path"])
+    checkpoint = BundleInfo.of(info, bundle_dir / BUNDLE_INFO).checkpoint
+    if checkpoint is None:
+        raise InputError(f"{bundle_dir / BUNDLE_INFO} records no checkpoint: not a bundle of lane trtllm; rebuild it")
+    recorded = Path(checkpoint.path)
     if recorded.is_dir():
         return recorded
     raise ToolError(f"bundle {bundle_dir} serves the checkpoint {recorded}, which is not on this host: fetch it to "
                     f"{local}")
 
 
-def usable_autotuner_cache(bundle_dir: Path, info: dict[str, Any],
+def usable_autotuner_cache(bundle_dir: Path, info: BundleInfo | dict[str, Any],  # JSON edge: bundle.json
                            gpus: list[GPUInfo] | None = None, trtllm_version: str | None = None) -> Path | None:
     """A scratch copy of the bundle's autotuner cache when it was made by this TensorRT-LLM on this GPU model.
 
     TensorRT-LLM loads any cache it is pointed at and saves back into it (facts §1, sparkrun#256): the copy keeps
     the published bundle unchanged, and the checks keep a cache from another image or GPU out.
     """
-    meta = info.get("autotuner_cache")
+    meta = BundleInfo.of(info, bundle_dir / BUNDLE_INFO).autotuner_cache
     if not meta:
         return None
-    files = [bundle_dir / name for name in meta.get("files", [meta["file"]])]
+    files = [bundle_dir / name for name in (meta.files if meta.files is not None else [meta.file])]
     if not files or not all(f.is_file() for f in files):
         return None
     version = trtllm_version or installed_version("tensorrt-llm") or installed_version("tensorrt_llm")
-    if version != meta.get("tensorrt_llm"):
+    if version != meta.tensorrt_llm:
         return None
     if gpus is None:
         try:
             gpus = detect_gpus()
         except ToolError:
             return None
-    if not any(g.name == meta.get("gpu_name") for g in gpus):
+    if not any(g.name == meta.gpu_name for g in gpus):
         return None
     scratch = Path(tempfile.mkdtemp(prefix="ef-autotuner-"))
     for f in files:  # the path itself and/or its <stem>.rank{N}.json siblings: the same names, side by side
         shutil.copyfile(f, scratch / f.name)
-    return scratch / meta["file"]
+    return scratch / meta.file
 
 
 def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, override: str | None) -> str | None:
     """The dtype the model computes in, reading the checkpoint's config.json when it is at hand."""
     shape = None
     if checkpoint_dir is not None and (checkpoint_dir / "config.json").is_file():
-        from enginefoundry.preflight import ModelShape, read_model_config
+        from enginefoundry.build.model_shape import ModelShape, read_model_config
 
         shape = ModelShape.from_config(read_model_config(checkpoint_dir))
     return activation_dtype(variant.precision, shape, override)

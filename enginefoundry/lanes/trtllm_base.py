@@ -9,20 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enginefoundry.devices import host_facts
-from enginefoundry.errors import InputError, PreflightError, ToolError
-from enginefoundry.gpu import GPUInfo, detect_gpus, match_target
-from enginefoundry.lanes.base import Command, Lane
-from enginefoundry.lanes.trtllm_flags import (
-    TRTLLM_INSTALL_HINT,
-    image_release_problem,
-    lane_release_problem,
-    unsupported_env,
-)
-from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.preflight import Check
-from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
-from enginefoundry.toolchain import (
+from enginefoundry.build.model_shape import Check
+from enginefoundry.build.toolchain import (
     ToolchainInfo,
     ToolSurface,
     UnsupportedByRelease,
@@ -32,9 +20,20 @@ from enginefoundry.toolchain import (
     probe_surface,
     require_trtllm,
 )
-from enginefoundry.units import Unit
+from enginefoundry.build.units import Unit
+from enginefoundry.errors import PreflightError, ToolError
+from enginefoundry.gpu.detect import GPUInfo, detect_gpus, match_target
+from enginefoundry.gpu.devices import host_facts
+from enginefoundry.lanes.base import BundleInfo, Command, Lane
+from enginefoundry.lanes.trtllm_flags import (
+    TRTLLM_INSTALL_HINT,
+    image_release_problem,
+    lane_release_problem,
+    unsupported_env,
+)
+from enginefoundry.lanes.trtllm_options import OPTIONS, TrtllmOptionsBase, typed_options
+from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
 
-BUNDLE_INFO = "bundle.json"
 BUNDLE_FORMAT = 1
 # Commands that `plan` renders run on the worker, in its image: name its interpreter, never this machine's.
 WORKER_PYTHON = "python3"
@@ -150,8 +149,9 @@ class TrtllmLaneBase(Lane):
                                  "set it to true"))
         return problems
 
-    def options(self, spec: BuildSpec) -> dict[str, Any]:
-        return resolve_options(self.name, spec.lane_options)
+    def options(self, spec: BuildSpec) -> TrtllmOptionsBase:
+        """The spec's lane options as this lane's model (each lane narrows the type)."""
+        return typed_options(OPTIONS[self.name], spec.lane_options)
 
     def toolchain(self) -> ToolchainInfo:
         if self._toolchain is None:
@@ -232,21 +232,22 @@ class TrtllmLaneBase(Lane):
             env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in used)}
         return used, env
 
-    def write_bundle_info(self, bundle: Path, unit: Unit, params: dict[str, Any], gpus: list[GPUInfo],
-                          versions: dict[str, str], extra: dict[str, Any]) -> dict[str, Any]:
+    def write_bundle_info(self, bundle: Path, unit: Unit,
+                          params: dict[str, Any],  # JSON edge: the lane's build parameters
+                          gpus: list[GPUInfo],
+                          versions: dict[str, str], lane_info: BundleInfo) -> BundleInfo:
+        """bundle.json: the lane's own fields (`lane_info`) with what every TensorRT-LLM bundle records.
+        `params`: JSON edge, the lane's build parameters."""
         # TensorRT-LLM writes no GPU, SM or TensorRT version into its artifacts (facts §5): record them here.
-        info = {"format": BUNDLE_FORMAT, "lane": self.name, "unit": unit.name, "params": params,
-                "versions": versions, "gpus": [g.facts() for g in gpus], "host": host_facts(), **extra}
-        (bundle / BUNDLE_INFO).write_text(json.dumps(info, indent=2, sort_keys=True))
+        info = BundleInfo.model_validate({"format": BUNDLE_FORMAT, "lane": self.name, "unit": unit.name,
+                                          "params": params, "versions": versions, "gpus": [g.facts() for g in gpus],
+                                          "host": host_facts(), **lane_info.as_json()})
+        info.write(bundle)
         return info
 
 
-def read_bundle_info(bundle_dir: Path) -> dict[str, Any]:
-    path = Path(bundle_dir) / BUNDLE_INFO
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path} does not exist: {bundle_dir} is not a bundle built by enginefoundry") from None
+def read_bundle_info(bundle_dir: Path) -> BundleInfo:
+    return BundleInfo.read(bundle_dir)
 
 
 def fresh_dir(path: Path) -> Path:
@@ -256,9 +257,20 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
-def parse_marker_json(text: str, marker: str, what: str) -> dict[str, Any]:
+def parse_marker_json(text: str, marker: str, what: str) -> dict[str, Any]:  # JSON edge: a tool's result line
     for line in reversed(text.splitlines()):
         idx = line.find(marker)
         if idx >= 0:
-            return json.loads(line[idx + len(marker):])
+            return json_object(line[idx + len(marker):], f"{what}'s result line")
     raise ToolError(f"{what} printed no result line")
+
+
+def json_object(text: str, what: str) -> dict[str, Any]:  # JSON edge: a file or line a tool wrote
+    """`text` as a JSON object; ToolError naming `what` otherwise."""
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise ToolError(f"{what} is not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ToolError(f"{what} is not a JSON object")
+    return data

@@ -12,21 +12,37 @@ TensorRT-LLM 1.3 removes all of it (#15763, #15907, #15918, #16369): `versions()
 
 from __future__ import annotations
 
-import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from enginefoundry.build.model_shape import Check, read_model_config
+from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
+from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, ToolError
+from enginefoundry.gpu.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES
 from enginefoundry.lanes import triton
-from enginefoundry.lanes.base import BuildResult, Command, ConvertResult, ServeCommand
+from enginefoundry.lanes.base import (
+    BUNDLE_INFO,
+    BuildResult,
+    BundleInfo,
+    Command,
+    ConvertResult,
+    ServeCommand,
+    ServeSettings,
+    TritonSettings,
+)
 from enginefoundry.lanes.trtllm import model_activation_dtype
 from enginefoundry.lanes.trtllm_base import (
     WORKER_PYTHON,
     TrtllmLaneBase,
     chunked_prefill_check,
     fresh_dir,
+    json_object,
     precision_checks,
     read_bundle_info,
 )
@@ -41,14 +57,10 @@ from enginefoundry.lanes.trtllm_flags import (
     lane_release_problem,
     serve_backend_value,
 )
-from enginefoundry.lanes.trtllm_options import resolve_options
-from enginefoundry.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
-from enginefoundry.preflight import Check, read_model_config
+from enginefoundry.lanes.trtllm_options import EngineOptions, engine_options
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
-from enginefoundry.toolchain import ToolHelp, ToolSurface, check_against_surface
-from enginefoundry.units import Unit
 
 CONVERT_TIMEOUT_S = 6 * 3600.0
 BUILD_TIMEOUT_S = 4 * 3600.0  # 30–90 min for 70B (facts §12), with room for a slow host
@@ -68,7 +80,7 @@ QUANTIZE_QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.I
 CALIB_DATASETS = {"cnn_dailymail": "ccdv/cnn_dailymail"}
 
 
-def model_family(config: dict[str, Any]) -> str:
+def model_family(config: dict[str, Any]) -> str:  # JSON edge: the checkpoint's config.json
     """The example folder for a checkpoint, from config.json; InputError for a family without a script here."""
     archs = list(config.get("architectures") or [])
     for key in [*archs, config.get("model_type")]:
@@ -120,20 +132,20 @@ def quantize_argv(spec: BuildSpec, variant: Variant, python: str, script: Path |
 def paged_context_fmha(spec: BuildSpec, variant: Variant) -> bool:
     """What the engine really gets: builder.py turns use_paged_context_fmha off with an INT8 KV cache ("doesn't
     work with int8 kv cache", facts §0), and with it chunked context and KV reuse."""
-    opts = resolve_options("trtllm-engine", spec.lane_options)
-    return bool(opts["use_paged_context_fmha"]) and variant.kv_cache_dtype is not KVCacheDtype.INT8
+    opts = engine_options(spec.lane_options)
+    return bool(opts.use_paged_context_fmha) and variant.kv_cache_dtype is not KVCacheDtype.INT8
 
 
 def convert_argv(spec: BuildSpec, variant: Variant, python: str, script: Path | str, source_dir: Path | str,
                  out_dir: Path | str, dtype: str) -> list[str]:
-    opts = resolve_options("trtllm-engine", spec.lane_options)
+    opts = engine_options(spec.lane_options)
     argv = [python, str(script),
             arg(CONVERT, "model_dir"), str(source_dir),
             arg(CONVERT, "output_dir"), str(out_dir),
             arg(CONVERT, "dtype"), dtype,
             arg(CONVERT, "tp_size"), str(variant.tp),
             arg(CONVERT, "pp_size"), str(variant.pp),
-            arg(CONVERT, "workers"), str(min(opts["convert_workers"], variant.tp * variant.pp))]
+            arg(CONVERT, "workers"), str(min(opts.convert_workers, variant.tp * variant.pp))]
     p = variant.precision
     if uses_quantize(variant):  # a programming error: those go through quantize.py
         raise AssertionError(f"{variant.name} is quantized by quantize.py, not convert_checkpoint.py")
@@ -147,7 +159,7 @@ def convert_argv(spec: BuildSpec, variant: Variant, python: str, script: Path | 
         argv += [arg(CONVERT, "calib_dataset"), CALIB_DATASETS.get(c.dataset, c.dataset),
                  arg(CONVERT, "calib_size"), str(c.samples),
                  arg(CONVERT, "calib_max_seq_length"), str(c.max_seq_length)]
-    if opts["load_by_shard"]:
+    if opts.load_by_shard:
         argv.append(arg(CONVERT, "load_by_shard"))
     return argv
 
@@ -170,13 +182,13 @@ def build_argv(spec: BuildSpec, unit: Unit, checkpoint_dir: Path | str, engine_d
 
     `timing_cache` should be absolute: the default `model.cache` is relative and lands in the CWD (facts §12).
     """
-    opts = resolve_options("trtllm-engine", spec.lane_options)
+    opts = engine_options(spec.lane_options)
     p = unit.profile
     argv = ["trtllm-build",
             arg(TRTLLM_BUILD, "checkpoint_dir"), str(checkpoint_dir),
             arg(TRTLLM_BUILD, "output_dir"), str(engine_dir),
-            arg(TRTLLM_BUILD, "gemm_plugin"), opts["gemm_plugin"],
-            arg(TRTLLM_BUILD, "gpt_attention_plugin"), opts["gpt_attention_plugin"],
+            arg(TRTLLM_BUILD, "gemm_plugin"), opts.gemm_plugin,
+            arg(TRTLLM_BUILD, "gpt_attention_plugin"), opts.gpt_attention_plugin,
             # paged_kv_cache: false is refused by validate_options (in-flight batching needs it).
             arg(TRTLLM_BUILD, "kv_cache_type"), "paged" if p.paged_kv_cache else "continuous",
             arg(TRTLLM_BUILD, "remove_input_padding"), _enable(p.remove_input_padding),
@@ -185,41 +197,68 @@ def build_argv(spec: BuildSpec, unit: Unit, checkpoint_dir: Path | str, engine_d
             arg(TRTLLM_BUILD, "max_input_len"), str(p.max_input_len),
             arg(TRTLLM_BUILD, "max_seq_len"), str(p.max_seq_len),
             arg(TRTLLM_BUILD, "max_num_tokens"), str(p.max_num_tokens),
-            arg(TRTLLM_BUILD, "max_beam_width"), str(opts["max_beam_width"]),
-            arg(TRTLLM_BUILD, "workers"), str(build_workers(unit, opts["build_workers"])),
+            arg(TRTLLM_BUILD, "max_beam_width"), str(opts.max_beam_width),
+            arg(TRTLLM_BUILD, "workers"), str(build_workers(unit, opts.build_workers)),
             arg(TRTLLM_BUILD, "output_timing_cache"), str(timing_cache)]
     if input_timing_cache:
         argv += [arg(TRTLLM_BUILD, "input_timing_cache"), str(input_timing_cache)]
-    if opts["use_fused_mlp"] is not None:
-        argv += [arg(TRTLLM_BUILD, "use_fused_mlp"), _enable(opts["use_fused_mlp"])]
-    if opts["multiple_profiles"] is not None:
-        argv += [arg(TRTLLM_BUILD, "multiple_profiles"), _enable(opts["multiple_profiles"])]
-    if opts["tokens_per_block"] is not None:
-        argv += [arg(TRTLLM_BUILD, "tokens_per_block"), str(opts["tokens_per_block"])]
+    if opts.use_fused_mlp is not None:
+        argv += [arg(TRTLLM_BUILD, "use_fused_mlp"), _enable(opts.use_fused_mlp)]
+    if opts.multiple_profiles is not None:
+        argv += [arg(TRTLLM_BUILD, "multiple_profiles"), _enable(opts.multiple_profiles)]
+    if opts.tokens_per_block is not None:
+        argv += [arg(TRTLLM_BUILD, "tokens_per_block"), str(opts.tokens_per_block)]
     return argv
 
 
-def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str, unit_params: dict[str, Any], host: str,
-                      port: int, backend: str = "tensorrt") -> list[str]:
+class EngineServeSettings(BaseModel):
+    """What trtllm-serve of a prebuilt engine takes from the build: bundle.json `params` (written by build, read
+    back by serve_command), or the profile's values (describe)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    tp: int
+    pp: int
+    max_batch_size: int
+    max_num_tokens: int
+    kv_cache_free_gpu_memory_fraction: int | float  # as recorded: 1 stays "1" on the command line
+    serve_backend: str | None = None
+
+    @classmethod
+    def of(cls, params: EngineServeSettings | Mapping[str, Any],  # JSON edge: bundle.json params
+           where: Path | str = BUNDLE_INFO) -> EngineServeSettings:
+        if isinstance(params, EngineServeSettings):
+            return params
+        try:
+            return cls.model_validate(dict(params))
+        except ValidationError as err:
+            first = err.errors()[0]
+            raise InputError(f"{where}: params.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}: rebuild "
+                             "the bundle") from None
+
+
+def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str,
+                      unit_params: EngineServeSettings | Mapping[str, Any],  # JSON edge: bundle.json params
+                      host: str, port: int, backend: str = "tensorrt") -> list[str]:
     """trtllm-serve of a prebuilt engine: --backend trt|tensorrt (the default is pytorch since 1.0) + --tokenizer.
     `backend`: serve_backend_value() of the installed release."""
+    s = EngineServeSettings.of(unit_params)
     return ["trtllm-serve", str(engine_dir),
             arg(SERVE, "backend"), backend,
             arg(SERVE, "tokenizer"), str(tokenizer_dir),
-            arg(SERVE, "tp_size"), str(unit_params["tp"]),
-            arg(SERVE, "pp_size"), str(unit_params["pp"]),
-            arg(SERVE, "max_batch_size"), str(unit_params["max_batch_size"]),
-            arg(SERVE, "max_num_tokens"), str(unit_params["max_num_tokens"]),
-            arg(SERVE, "kv_cache_free_gpu_memory_fraction"), str(unit_params["kv_cache_free_gpu_memory_fraction"]),
+            arg(SERVE, "tp_size"), str(s.tp),
+            arg(SERVE, "pp_size"), str(s.pp),
+            arg(SERVE, "max_batch_size"), str(s.max_batch_size),
+            arg(SERVE, "max_num_tokens"), str(s.max_num_tokens),
+            arg(SERVE, "kv_cache_free_gpu_memory_fraction"), str(s.kv_cache_free_gpu_memory_fraction),
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
 
 
-def plugin_checks(opts: dict[str, Any], unit: Unit, shape: Any) -> list[Check]:
+def plugin_checks(opts: EngineOptions, unit: Unit, shape: Any) -> list[Check]:
     """trtllm-build plugin dtypes must be the model's dtype (or the variant's fp8/nvfp4)."""
-    model_dtype = activation_dtype(unit.variant.precision, shape, opts["dtype"])
+    model_dtype = activation_dtype(unit.variant.precision, shape, opts.dtype)
     out = []
-    for name in ("gemm_plugin", "gpt_attention_plugin"):
-        value = opts[name]
+    for name, value in (("gemm_plugin", opts.gemm_plugin), ("gpt_attention_plugin", opts.gpt_attention_plugin)):
         if value in ("auto", "disable", "int32"):
             continue
         if value in ("fp8", "nvfp4"):
@@ -240,22 +279,22 @@ def plugin_checks(opts: dict[str, Any], unit: Unit, shape: Any) -> list[Check]:
     return out
 
 
-def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:
+def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:  # JSON edge: trtllm-build's config.json
     """config.json + rank{N}.engine for every rank; the engine's config.json as a dict."""
     missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
     if not (engine_dir / "config.json").is_file():
         missing.insert(0, "config.json")
     if missing:
         raise ToolError(f"trtllm-build finished but {engine_dir} lacks {missing}")
-    return json.loads((engine_dir / "config.json").read_text())
+    return json_object((engine_dir / "config.json").read_text(), str(engine_dir / "config.json"))
 
 
-def check_checkpoint_dir(ckpt: Path, variant: Variant) -> dict[str, Any]:
+def check_checkpoint_dir(ckpt: Path, variant: Variant) -> dict[str, Any]:  # JSON edge: the checkpoint's config.json
     """The converted checkpoint: config.json whose mapping is the variant's, and rank{N}.safetensors."""
     cfg_path = ckpt / "config.json"
     if not cfg_path.is_file():
         raise ToolError(f"{ckpt} has no config.json: not a TensorRT-LLM checkpoint (convert it first)")
-    cfg = json.loads(cfg_path.read_text())
+    cfg = json_object(cfg_path.read_text(), str(cfg_path))
     mapping = cfg.get("mapping") or {}
     tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
     if (tp, pp) != (variant.tp, variant.pp):
@@ -282,12 +321,15 @@ class TrtllmEngineLane(TrtllmLaneBase):
     # convert_checkpoint's --use_parallel_embedding is off by default: every tp rank holds the whole embedding.
     embedding_sharded = False
 
+    def options(self, spec: BuildSpec) -> EngineOptions:
+        return engine_options(spec.lane_options)
+
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
         opts = self.options(spec)
         why = None
         if unit.variant.kv_cache_dtype is KVCacheDtype.INT8:
             why = "an INT8 KV cache, with which builder.py turns the paged context FMHA off"
-        elif not opts["use_paged_context_fmha"]:
+        elif not opts.use_paged_context_fmha:
             why = "lane option use_paged_context_fmha: false"
         return (precision_checks(unit, self.fp8_kv_on_ampere) + plugin_checks(opts, unit, shape)
                 + chunked_prefill_check(unit, why))
@@ -298,8 +340,8 @@ class TrtllmEngineLane(TrtllmLaneBase):
         # rank's weights and the serialized engine (facts §12: #538, #1543, #2690).
         opts = self.options(spec)
         world = unit.variant.tp * unit.variant.pp
-        convert = (2 * per_rank_bytes) if opts["load_by_shard"] else source_bytes + per_rank_bytes
-        workers = min(world, unit.target.gpu_count or 1, int(opts["build_workers"] or world))
+        convert = (2 * per_rank_bytes) if opts.load_by_shard else source_bytes + per_rank_bytes
+        workers = min(world, unit.target.gpu_count or 1, int(opts.build_workers or world))
         host = max(convert, 2 * per_rank_bytes * workers)
         return host, source_bytes + 2 * est.weights_bytes_total  # HF checkpoint + converted checkpoint + engines
 
@@ -309,7 +351,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
             problems.append(("toolchain.trtllm_version",
                              "lane trtllm-engine needs a pinned TensorRT-LLM 1.0 – 1.2.x (e.g. 1.2.1): an unpinned "
                              "or --pre install may be 1.3+, which has no engine path"))
-        load_by_shard = bool(self.options(spec)["load_by_shard"])
+        load_by_shard = bool(self.options(spec).load_by_shard)
         for i, v in enumerate(spec.variants):
             if v.kv_cache_dtype in (KVCacheDtype.FP16, KVCacheDtype.BF16):
                 same = SAME_KV_DTYPE.get(TORCH_DTYPE.get(v.precision, ""))
@@ -325,8 +367,8 @@ class TrtllmEngineLane(TrtllmLaneBase):
         return problems
 
     def _examples_dir(self, spec: BuildSpec | None) -> str | None:
-        opts = resolve_options("trtllm-engine", spec.lane_options if spec else {})
-        return opts["examples_dir"] or EnvSettings().trtllm_examples_dir
+        opts = engine_options(spec.lane_options if spec else None)
+        return opts.examples_dir or EnvSettings().trtllm_examples_dir
 
     def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
         tools = {TRTLLM_BUILD: ["trtllm-build"], SERVE: ["trtllm-serve"]}
@@ -340,7 +382,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
         return tools
 
     def triton_dir(self, spec: BuildSpec | None) -> Path | None:
-        return Path(resolve_options("trtllm-engine", spec.lane_options if spec else {})["triton_dir"])
+        return Path(engine_options(spec.lane_options if spec else None).triton_dir)
 
     # convert ------------------------------------------------------------------------------------------------
 
@@ -360,7 +402,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
                 "option examples_dir (or $EF_TRTLLM_EXAMPLES_DIR) to the examples/ folder of the installed "
                 "TensorRT-LLM release (git checkout v<version> of NVIDIA/TensorRT-LLM)"
             )
-        dtype = model_activation_dtype(variant, source_dir, self.options(spec)["dtype"]) or "auto"
+        dtype = model_activation_dtype(variant, source_dir, self.options(spec).dtype) or "auto"
         out = workdir / "checkpoint"
         if out.exists():
             shutil.rmtree(out)
@@ -410,29 +452,29 @@ class TrtllmEngineLane(TrtllmLaneBase):
                             "bundle needs the Hugging Face tokenizer")
         shutil.copytree(tokenizer_src, bundle / TOKENIZER_DIR)
 
-        mount = opts["triton_bundle_mount"] or str(bundle.resolve())
+        mount = opts.triton_bundle_mount or str(bundle.resolve())
         model_dtype = str(ckpt_cfg.get("dtype") or "float16")
         params_t = triton.TritonParams.for_unit(unit, opts, engine_dir=f"{mount}/{ENGINE_DIR}",
                                                 tokenizer_dir=f"{mount}/{TOKENIZER_DIR}", model_dtype=model_dtype,
                                                 chunked_context=paged_context_fmha(spec, unit.variant))
-        triton_cmds = triton.build_repository(Path(opts["triton_dir"]), bundle / TRITON_REPO, params_t,
+        triton_cmds = triton.build_repository(Path(opts.triton_dir), bundle / TRITON_REPO, params_t,
                                               python=self.python, log_dir=logs)
         p = unit.profile
         params = {"tp": unit.variant.tp, "pp": unit.variant.pp, "precision": unit.variant.precision.value,
                   "max_batch_size": p.max_batch_size, "max_input_len": p.max_input_len,
                   "max_seq_len": p.max_seq_len, "max_num_tokens": p.max_num_tokens,
                   "kv_cache_free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction,
-                  "gemm_plugin": opts["gemm_plugin"], "gpt_attention_plugin": opts["gpt_attention_plugin"],
+                  "gemm_plugin": opts.gemm_plugin, "gpt_attention_plugin": opts.gpt_attention_plugin,
                   "serve_backend": serve_backend_value(surface.tensorrt_llm,
                                                        (surface.tools.get(SERVE) or _NO_HELP).choices.get("backend")),
                   "build_argv": argv}
-        launch = triton.launch_command(Path(opts["triton_dir"]), f"{mount}/{TRITON_REPO}", world)
-        self.write_bundle_info(bundle, unit, params, gpus, versions, {
-            "engine_dir": ENGINE_DIR, "tokenizer_dir": TOKENIZER_DIR, "triton_model_repo": TRITON_REPO,
-            "engine_version": engine_cfg.get("version"),
-            "triton": {"bundle_mount": mount, "launch": launch.argv},
-            "serve": {"health": "/health"},
-        })
+        launch = triton.launch_command(Path(opts.triton_dir), f"{mount}/{TRITON_REPO}", world)
+        self.write_bundle_info(bundle, unit, params, gpus, versions, BundleInfo(
+            engine_dir=ENGINE_DIR, tokenizer_dir=TOKENIZER_DIR, triton_model_repo=TRITON_REPO,
+            engine_version=engine_cfg.get("version"),
+            triton=TritonSettings(bundle_mount=mount, launch=launch.argv),
+            serve=ServeSettings(health="/health"),
+        ))
         size = sum(f.stat().st_size for f in engine_dir.glob("rank*.engine"))
         metrics = {"build_s": round(run.wall_s, 3), "engine_bytes": float(size),
                    "peak_host_rss_mb": round(run.peak_rss_mb, 1)}
@@ -445,10 +487,13 @@ class TrtllmEngineLane(TrtllmLaneBase):
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
         info = read_bundle_info(bundle_dir)
         root = Path(bundle_dir).resolve()
-        engine, tok = root / info["engine_dir"], root / info["tokenizer_dir"]
-        backend = info["params"].get("serve_backend") or serve_backend_value(
-            info.get("versions", {}).get("tensorrt_llm"))
-        argv = engine_serve_argv(engine, tok, info["params"], host, port, backend)
+        if not info.engine_dir or not info.tokenizer_dir:
+            raise InputError(f"{root / BUNDLE_INFO} names no engine_dir/tokenizer_dir: not a bundle of lane "
+                             f"{self.name}; serve it with the lane that built it, or rebuild it")
+        engine, tok = root / info.engine_dir, root / info.tokenizer_dir
+        settings = EngineServeSettings.of(info.params, root / BUNDLE_INFO)
+        backend = settings.serve_backend or serve_backend_value(info.versions.get("tensorrt_llm"))
+        argv = engine_serve_argv(engine, tok, settings, host, port, backend)
         return ServeCommand(command=Command(argv=argv, description=f"trtllm-serve --backend {backend}"),
                             model_name=str(engine), health_path="/health", tokenizer_dir=str(tok))
 
@@ -459,7 +504,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
         if why:  # 1.3+ has no trtllm-build to describe: `plan` refuses with the reason, not a command list
             raise InputError(f"toolchain.trtllm_version: {why}")
         examples = self._examples_dir(spec) or "$EF_TRTLLM_EXAMPLES_DIR"
-        dtype = model_activation_dtype(unit.variant, None, opts["dtype"]) or "auto"
+        dtype = model_activation_dtype(unit.variant, None, opts.dtype) or "auto"
         if uses_quantize(unit.variant):
             first = Command(argv=quantize_argv(spec, unit.variant, WORKER_PYTHON, quantize_script(examples),
                                                "<source checkpoint>", "<work>/checkpoint", dtype),
@@ -470,9 +515,9 @@ class TrtllmEngineLane(TrtllmLaneBase):
                             tool=CONVERT, description="convert (dtype auto = the checkpoint's)")
         build = build_argv(spec, unit, "<work>/checkpoint", "<bundle>/engine", "<work>/timing.cache")
         p = unit.profile
-        serve_params = {"tp": unit.variant.tp, "pp": unit.variant.pp, "max_batch_size": p.max_batch_size,
-                        "max_num_tokens": p.max_num_tokens,
-                        "kv_cache_free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}
+        serve_params = EngineServeSettings(tp=unit.variant.tp, pp=unit.variant.pp, max_batch_size=p.max_batch_size,
+                                           max_num_tokens=p.max_num_tokens,
+                                           kv_cache_free_gpu_memory_fraction=p.kv_cache_free_gpu_memory_fraction)
         triton_params = triton.TritonParams.for_unit(unit, opts, engine_dir="<bundle>/engine",
                                                      tokenizer_dir="<bundle>/tokenizer",
                                                      model_dtype=dtype if dtype != "auto" else "float16",
@@ -484,7 +529,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
         return [
             first,
             Command(argv=build, tool=TRTLLM_BUILD, description="build"),
-            *triton.fill_commands(Path(opts["triton_dir"]), Path("<bundle>") / TRITON_REPO, triton_params,
+            *triton.fill_commands(Path(opts.triton_dir), Path("<bundle>") / TRITON_REPO, triton_params,
                                   python=WORKER_PYTHON),
             Command(argv=engine_serve_argv("<bundle>/engine", "<bundle>/tokenizer", serve_params, "127.0.0.1", 8000,
                                            backend),

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from enginefoundry.toolchain import parse_version
+from enginefoundry.build.toolchain import parse_version
 
 FLOOR = "1.0"
 ENGINE_LAST = "1.2"  # last release series with trtllm-build / convert_checkpoint.py / inflight_batcher_llm

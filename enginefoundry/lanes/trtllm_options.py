@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import difflib
 import typing
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -19,7 +20,7 @@ GemmPlugin = Literal["auto", "float16", "float32", "bfloat16", "int32", "fp8", "
 AttentionPlugin = Literal["auto", "float16", "float32", "bfloat16"]
 
 
-class _TrtllmOptionsBase(LaneOptions):
+class TrtllmOptionsBase(LaneOptions):
     lane_name: typing.ClassVar[str] = ""
 
     @classmethod
@@ -36,7 +37,7 @@ class _TrtllmOptionsBase(LaneOptions):
         return f"unknown option for lane {cls.lane_name}{hint}; valid options: {', '.join(sorted(cls.model_fields))}"
 
 
-class EngineOptions(_TrtllmOptionsBase):
+class EngineOptions(TrtllmOptionsBase):
     """Lane trtllm-engine: trtllm-build, convert_checkpoint.py / quantize.py and the Triton repository."""
 
     lane_name: typing.ClassVar[str] = "trtllm-engine"
@@ -70,7 +71,7 @@ class EngineOptions(_TrtllmOptionsBase):
         return value
 
 
-class TrtllmOptions(_TrtllmOptionsBase):
+class TrtllmOptions(TrtllmOptionsBase):
     """Lane trtllm: the LLM API YAML, the warm-up and ModelOpt PTQ."""
 
     lane_name: typing.ClassVar[str] = "trtllm"
@@ -101,7 +102,7 @@ class TrtllmOptions(_TrtllmOptionsBase):
         return super().explain_unknown(key, pinned)
 
 
-OPTIONS: dict[str, type[_TrtllmOptionsBase]] = {"trtllm": TrtllmOptions, "trtllm-engine": EngineOptions}
+OPTIONS: dict[str, type[TrtllmOptionsBase]] = {"trtllm": TrtllmOptions, "trtllm-engine": EngineOptions}
 
 
 def option_problems(model: type[LaneOptions], error: ValidationError, pinned: str | None,
@@ -114,7 +115,8 @@ def option_problems(model: type[LaneOptions], error: ValidationError, pinned: st
     return out
 
 
-def validate_lane_options(lane: str, options: dict[str, Any], pinned: str | None = None) -> list[tuple[str, str]]:
+def validate_lane_options(lane: str, options: dict[str, Any],  # JSON edge: lane_options as written
+                         pinned: str | None = None) -> list[tuple[str, str]]:
     """Every problem with raw `lane_options` for a TensorRT-LLM lane, as (field path, message)."""
     model = OPTIONS[lane]
     try:
@@ -126,7 +128,27 @@ def validate_lane_options(lane: str, options: dict[str, Any], pinned: str | None
     return []
 
 
-def resolve_options(lane: str, options: Any) -> dict[str, Any]:
+OptionsT = TypeVar("OptionsT", bound=TrtllmOptionsBase)
+
+
+def typed_options(model: type[OptionsT], options: LaneOptions | Mapping[str, Any] | None) -> OptionsT:
+    """The lane's options model: the spec's own (typed when the spec was parsed) or one validated from a raw mapping
+    (`None`: every default). Lanes read options as its attributes, defaults filled in."""
+    if isinstance(options, model):
+        return options
+    raw = options.given() if isinstance(options, LaneOptions) else dict(options or {})  # JSON edge: raw options
+    return model.model_validate(raw)
+
+
+def trtllm_options(options: LaneOptions | Mapping[str, Any] | None) -> TrtllmOptions:
+    return typed_options(TrtllmOptions, options)
+
+
+def engine_options(options: LaneOptions | Mapping[str, Any] | None) -> EngineOptions:
+    return typed_options(EngineOptions, options)
+
+
+def resolve_options(lane: str, options: Any) -> dict[str, Any]:  # JSON edge: every option by name (tests, plan)
     """Every option of the lane, defaults filled in (from a validated model, or a raw mapping)."""
     if isinstance(options, LaneOptions):
         return options.resolved()

@@ -39,7 +39,7 @@ from enginefoundry.smoke.reference import (
     load_or_compute_spread,
 )
 from enginefoundry.spec import SmokeSpec
-from enginefoundry.store import Store
+from enginefoundry.store.backends import Store
 
 __all__ = [
     "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SliceSummary",

@@ -115,13 +115,14 @@ def _rule_server(cases: list[CaseEvidence], server_message: str | None) -> GateR
 
 
 def _rule_answers(cases: list[CaseEvidence], max_new_tokens: int) -> GateRule:
-    refused = [c for c in cases if c.refused is not None and not c.server_error]
+    refused = [(c.id, c.refused) for c in cases if c.refused is not None and not c.server_error]
     cut = [c for c in cases if c.refused is None and c.served_finish == "length"
            and c.served_completion_tokens is not None and c.served_completion_tokens < max_new_tokens]
     ok = not refused and not cut
     parts = [f"{sum(c.refused is None for c in cases)}/{len(cases)} prompts answered"]
     if refused:
-        parts.append(f"refused '{refused[0].id}': {refused[0].refused[:160]}")
+        case_id, reason = refused[0]
+        parts.append(f"refused '{case_id}': {reason[:160]}")
     if cut:
         parts.append(f"{len(cut)} answers cut at length before {max_new_tokens} tokens "
                      f"(e.g. '{cut[0].id}' after {cut[0].served_completion_tokens})")

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 from enginefoundry.identity import checkpoint_digests, sha256_json
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
-from enginefoundry.store import Store
+from enginefoundry.store.backends import Store
 
 REFERENCE_FORMAT = 2
 STORE_PREFIX = "references"
@@ -166,7 +166,8 @@ def reference_answers(
 
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(dtype, torch.float32)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device)).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device))
+    model.eval()  # type: ignore[no-untyped-call]  # transformers 5.24.0: PreTrainedModel.eval is unannotated
     try:
         return _generate(model, tok, cases, max_new_tokens, progress or (lambda _: None))
     finally:

@@ -11,16 +11,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from enginefoundry.build.units import Unit
 from enginefoundry.errors import ReferenceRefused
-from enginefoundry.publish import find_current
-from enginefoundry.run_summary import UnitOutcome
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_sibling_reference
 from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.siblings import named_sibling, sibling_variant
-from enginefoundry.store import Store
-from enginefoundry.unit_status import UnitStatus
-from enginefoundry.units import Unit
+from enginefoundry.store.backends import Store
+from enginefoundry.store.publish import find_current
+from enginefoundry.store.unit_status import UnitStatus
 
 FIX = "or set smoke.reference: source"
 
@@ -64,27 +63,11 @@ def reference_waves(units: list[Unit], siblings: dict[str, SiblingRef]) -> list[
     return [waves[d] for d in sorted(waves)]
 
 
-def _refusal(label: str, status: UnitStatus, reason: str) -> str:
+def refusal_text(label: str, status: UnitStatus, reason: str) -> str:
     said = {UnitStatus.REJECTED: "was rejected by its own gate",
             UnitStatus.FAILED: "failed"}.get(status, f"is {status}")
     return (f"refused: its reference, {label}, {said} ({reason or 'no reason recorded'}); a sibling that did not "
             f"pass its own gate judges no other unit: fix the sibling, {FIX}")
-
-
-def refused_by_sibling(units: list[Unit], siblings: dict[str, SiblingRef],
-                       outcomes: dict[str, UnitOutcome]) -> dict[str, UnitOutcome]:
-    """Units of a later wave whose sibling this run built, or failed to build, without passing its gate: refused
-    before anything of theirs runs (no fetch, conversion or build on a worker)."""
-    refused = {}
-    for unit in units:
-        ref = siblings.get(unit.name)
-        sib = outcomes.get(ref.unit) if ref is not None else None
-        if ref is None or sib is None or sib.ok:
-            continue
-        label = f"sibling unit {ref.unit} (key {ref.key[:12]})"
-        refused[unit.name] = UnitOutcome(unit=unit.name, target=unit.target.name, status=UnitStatus.FAILED,
-                                         reason=_refusal(label, sib.status, sib.reason)[:300])
-    return refused
 
 
 def sibling_reference(
@@ -100,7 +83,7 @@ def sibling_reference(
         raise ReferenceRefused(f"refused: its reference, {label}, is not published (it failed or was not built); "
                                f"fix the sibling's own failure first, {FIX}")
     if manifest.status != UnitStatus.CANDIDATE:
-        raise ReferenceRefused(_refusal(label, manifest.status, manifest.status_reason))
+        raise ReferenceRefused(refusal_text(label, manifest.status, manifest.status_reason))
     found = load_sibling_reference(ref.unit, ref.key, cases, max_new_tokens=spec.smoke.max_new_tokens,
                                    dtype=ref.precision, model_dir=model_dir, store=store, cache_dir=cache_dir)
     if found is None:

@@ -16,16 +16,33 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from enginefoundry.confine import SAFE_NAME
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
+from enginefoundry.spec.lane_catalog import explain_unknown_key, lane_names, options_model
 from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
 from enginefoundry.spec.matrix import Profile, Target, Variant
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.search import LengthsFigures, SearchedUnit, SearchSpec, figures_from
 from enginefoundry.spec.siblings import sibling_problems
 from enginefoundry.spec.source import ModelSpec
+
+
+def channel_uri_problem(uri: str) -> str | None:
+    """Why a `toolchain.channel` value cannot be a channel, or None."""
+    if "://" in uri and not uri.startswith(("s3://", "file://")):
+        return f"'{uri}' has a scheme other than s3:// or file://: give s3://bucket/key, file:///path or a path"
+    if uri.startswith("s3://"):
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if not bucket or not key or key.endswith("/"):
+            return f"'{uri}' names no object: give s3://bucket/key/of/channel.yaml"
+    if uri.startswith("file://") and not uri.removeprefix("file://").startswith("/"):
+        return f"'{uri}' is not absolute: give file:///absolute/path, or a plain path relative to the spec"
+    if "\x00" in uri:
+        return "contains a NUL byte: give a plain URI"
+    return None
 
 
 class ToolchainSpec(BaseModel):
@@ -38,15 +55,13 @@ class ToolchainSpec(BaseModel):
                                 description="a toolchain channel the spec follows: s3://bucket/key, file:///path or "
                                             "a path relative to the spec, holding {trtllm_version, image, "
                                             "image_digest}; `rollout` builds with its current value "
-                                            "(enginefoundry.toolchain_channel)")
+                                            "(enginefoundry.rollout.toolchain_channel)")
 
     @field_validator("channel")
     @classmethod
     def _channel_uri(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from enginefoundry.toolchain_channel import channel_uri_problem
-
         problem = channel_uri_problem(value)
         if problem:
             raise ValueError(problem)
@@ -65,7 +80,7 @@ class BuildSpec(BaseModel):
     profiles: list[Profile] = Field(default_factory=list)
     targets: list[Target] = Field(min_length=1)
     search: SearchSpec | None = None
-    # What the search decided (enginefoundry.search_plan.materialise): ordinary units, carried in the payload.
+    # What the search decided (enginefoundry.search.plan.materialise): ordinary units, carried in the payload.
     searched: list[SearchedUnit] = Field(default_factory=list)
     # Lane-specific knobs (plugins, CUDA graphs, …): the lane's own options model, chosen by `lane` (a union
     # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
@@ -81,8 +96,6 @@ class BuildSpec(BaseModel):
     @field_validator("lane")
     @classmethod
     def _known_lane(cls, value: str) -> str:
-        from enginefoundry.lanes.registry import lane_names
-
         if value not in lane_names():
             raise ValueError(f"lane '{value}' is unknown: use one of {', '.join(lane_names())}")
         return value
@@ -90,8 +103,6 @@ class BuildSpec(BaseModel):
     @field_validator("lane_options", mode="before")
     @classmethod
     def _options_of_the_lane(cls, value: Any, info: ValidationInfo) -> Any:
-        from enginefoundry.lanes.registry import lane_names, options_model
-
         lane = info.data.get("lane")
         if lane not in lane_names():
             return NoOptions()  # the lane itself is reported
@@ -151,8 +162,6 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or check its spelling against the spec reference in README.md"
             # A removed or renamed TensorRT-LLM flag gets its history and replacement (lanes own that table).
-            from enginefoundry.lanes.trtllm_flags import explain_unknown_key
-
             known = explain_unknown_key(str(e["loc"][-1]))
             if known:
                 msg = f"unknown key: {known}"
@@ -162,10 +171,8 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
     return out
 
 
-def _lane_option_message(e: Any, data: dict[str, Any]) -> str:
+def _lane_option_message(e: ErrorDetails, data: dict[str, Any]) -> str:
     """The lane's own words for a problem in its options (a removed flag, a spec field, the valid choices)."""
-    from enginefoundry.lanes.registry import options_model
-
     try:
         model = options_model(str(data.get("lane", "reference")))
     except Exception:
@@ -191,10 +198,11 @@ def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) ->
 
 
 def with_workload_lengths(spec: BuildSpec, source: str = "spec") -> BuildSpec:
-    """`search.workload.lengths_file` read (relative to the spec) and analysed by enginefoundry.lengths: its ISL mean
+    """`search.workload.lengths_file` read (relative to the spec) and analysed by
+    enginefoundry.spec.lengths: its ISL mean
     and stddev become the workload's. A payload that carries the figures but not the file keeps them."""
     from enginefoundry.errors import InputError
-    from enginefoundry.lengths import file_lengths
+    from enginefoundry.spec.lengths import file_lengths
 
     w = spec.search.workload if spec.search else None
     if w is None or w.lengths_file is None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic_core import ErrorDetails
 
 
 class LaneOptions(BaseModel):
@@ -68,7 +69,7 @@ class NoOptions(LaneOptions):
         return "this lane has no options: remove lane_options"
 
 
-def option_message(model: type[LaneOptions], err: Any, pinned: str | None) -> str:
+def option_message(model: type[LaneOptions], err: ErrorDetails, pinned: str | None) -> str:
     """One pydantic error of a lane's options, in words a spec author acts on (loc relative to lane_options)."""
     key = str(err["loc"][0]) if err["loc"] else ""
     kind, value = err["type"], err.get("input")

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from enginefoundry.errors import SpecError
 from enginefoundry.spec.matrix import Precision, Profile, Variant
 
 
@@ -19,7 +20,8 @@ class Objective(StrEnum):
 
 
 class LengthsFigures(BaseModel):
-    """What `workload.lengths_file` held, analysed by enginefoundry.lengths (the code behind `enginefoundry lengths`).
+    """What `workload.lengths_file` held, analysed by enginefoundry.spec.lengths
+    (the code behind `enginefoundry lengths`).
     Filled when the spec is parsed and carried in a payload, so a worker without the file sees the same workload."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -67,6 +69,14 @@ class Workload(BaseModel):
                              "and keep lengths_file")
         return self
 
+    @property
+    def mean_isl(self) -> int:
+        """`isl` once known: given, or filled from lengths_file when the spec is parsed (with_workload_lengths)."""
+        if self.isl is None:
+            raise SpecError([("search.workload.lengths_file", "not read yet: load the spec with load_spec or "
+                                                              "parse_spec, which fill isl from it")])
+        return self.isl
+
     def source(self) -> str:
         """Where the ISL came from, for `search` and `plan`."""
         if self.lengths is None:
@@ -110,7 +120,8 @@ class GoodputSearch(BaseModel):
 
 class Prices(BaseModel):
     """$/GPU-hour by SKU (case-insensitive substring of a target's SKU) over the shipped table
-    (enginefoundry/costs.py); a `file` (YAML mapping SKU → $/GPU-hour) outranks the table, `gpu_hour` outranks both."""
+    (enginefoundry/bench/costs.py);
+    a `file` (YAML mapping SKU → $/GPU-hour) outranks the table, `gpu_hour` outranks both."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -141,7 +152,7 @@ class SearchSpec(BaseModel):
 
 class SearchedUnit(BaseModel):
     """What the search decided for one target: an ordinary variant and profile, and why (the prediction, or the
-    reason it fell back to a measured search). Written by enginefoundry.search_plan, never by hand."""
+    reason it fell back to a measured search). Written by enginefoundry.search.plan, never by hand."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

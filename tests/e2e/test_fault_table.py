@@ -164,7 +164,7 @@ def _mlflow_runs(row: Row) -> list[tuple[str, str]]:
 def _assert_store_complete(row: Row) -> None:
     """Every current build in the store verifies (each blob's size and sha256 against its manifest), and no
     partial file is left anywhere: not in the store, not in the work folder."""
-    from enginefoundry.verify import open_build, verify_build
+    from enginefoundry.store.verify import open_build, verify_build
 
     pointers = sorted((row.store / "manifests").glob("*/*/current.json"))
     assert pointers, "the next run published nothing"
@@ -344,7 +344,7 @@ def test_force_while_another_run_publishes_makes_a_second_build(row: Row) -> Non
     _assert_no_orphans(row.marker, within_s=5)
     builds = _builds_by_key(row.store)
     assert builds and all(len(ids) == 2 for ids in builds.values()), builds
-    from enginefoundry.verify import open_build, verify_build
+    from enginefoundry.store.verify import open_build, verify_build
 
     for key_dir, ids in builds.items():
         folder = next(row.store.glob(f"manifests/*/{key_dir}"))

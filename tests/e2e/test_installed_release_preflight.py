@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.build.units import expand_units
 from enginefoundry.errors import PreflightError
 from enginefoundry.flows.build_engines import build_engines
 from enginefoundry.lanes.trtllm import TrtllmLane
 from enginefoundry.spec import parse_spec
-from enginefoundry.units import expand_units
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

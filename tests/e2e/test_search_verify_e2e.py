@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from enginefoundry.bench.goodput import verify_unit
+from enginefoundry.build.units import expand_units
 from enginefoundry.model_server import Endpoint
-from enginefoundry.search_plan import materialise
+from enginefoundry.search.plan import materialise
 from enginefoundry.spec import load_spec
-from enginefoundry.units import expand_units
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from enginefoundry.attest import TAG_SIGNATURE, TAG_SIGNER
-from enginefoundry.signing import keygen
+from enginefoundry.evidence.attest import TAG_SIGNATURE, TAG_SIGNER
+from enginefoundry.evidence.signing import keygen
 from tests.support.cluster import write_spec
 from tests.support.paths import REPO, TINY_MODEL
 

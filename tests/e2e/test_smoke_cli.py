@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from enginefoundry.build.units import expand_units
 from enginefoundry.lanes.reference import BUNDLE_MODEL_DIR, ReferenceLane
 from enginefoundry.model_server import Endpoint, free_port, serving
 from enginefoundry.spec import load_spec
-from enginefoundry.units import expand_units
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 
 SPEC = load_spec(REPO / "configs" / "tiny-cpu.yaml")

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.attest import KINDS, index_key, read_index, sign_published, verify_attestations
+from enginefoundry.build.units import key_of
 from enginefoundry.cli import main
-from enginefoundry.publish import build_manifest_key, publish_build, read_build
-from enginefoundry.signing import (
+from enginefoundry.evidence.attest import KINDS, index_key, read_index, sign_published, verify_attestations
+from enginefoundry.evidence.signing import (
     ENV_KEY,
     ENV_KEY_FILE,
     KeyPairSigner,
@@ -26,8 +26,8 @@ from enginefoundry.signing import (
     pae,
     signer_from_env,
 )
-from enginefoundry.store import FileStore, Store, blob_key
-from enginefoundry.units import key_of
+from enginefoundry.store.backends import FileStore, Store, blob_key
+from enginefoundry.store.publish import build_manifest_key, publish_build, read_build
 from tests.support.stores import QUIET, store_fixture
 
 store = store_fixture("attest")
@@ -238,8 +238,8 @@ def test_trust_policy_from_the_environment(tmp_path, keys, monkeypatch):
 def test_a_build_is_signed_before_it_becomes_current(tmp_path, keys, monkeypatch):
     """The publish stage signs between the manifest and the pointer: at the moment the pointer moves, the build's
     attestation index is in the store, so a reader requiring signatures never sees a current unsigned build."""
-    from enginefoundry.manifest import Manifest
     from enginefoundry.spec import load_spec
+    from enginefoundry.store.manifest import Manifest
     from enginefoundry.tasks.publish import publish_unit
 
     store_dir = tmp_path / "store"
@@ -335,7 +335,7 @@ def test_a_quarantined_and_healed_build_keeps_its_signatures_and_a_rebuild_gets_
         assert store.exists(blob_key(e.sha256))
 
     # A --force rebuild of the same bytes, signed as the pipeline signs (before its pointer moves).
-    from enginefoundry.attest import sign_before_current
+    from enginefoundry.evidence.attest import sign_before_current
 
     comps = {"unit": "a"}
     fields = json.loads(store.read_bytes(first.manifest_key))

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.attest import TAG_DIGEST, TAG_SIGNATURE, TAG_SIGNER_KEY_ID, read_index, sign_published
+from enginefoundry.build.units import expand_units, key_of
 from enginefoundry.cli import main
-from enginefoundry.promotion import PromotionPolicy, Registry, decide, decide_promotions, unit_alias_stem
-from enginefoundry.publish import publish_build, read_build
-from enginefoundry.run_records import tracker_for
-from enginefoundry.signing import ENV_KEY, keygen, signer_from_env
+from enginefoundry.evidence.attest import TAG_DIGEST, TAG_SIGNATURE, TAG_SIGNER_KEY_ID, read_index, sign_published
+from enginefoundry.evidence.signing import ENV_KEY, keygen, signer_from_env
+from enginefoundry.records.promotion import PromotionPolicy, Registry, decide, decide_promotions, unit_alias_stem
+from enginefoundry.records.run_records import tracker_for
 from enginefoundry.spec import load_spec
-from enginefoundry.store import S3Store
+from enginefoundry.store.backends import S3Store
+from enginefoundry.store.publish import publish_build, read_build
 from enginefoundry.tasks.track import register_published_unit
-from enginefoundry.units import expand_units, key_of
 
 pytestmark = pytest.mark.services
 REPO = Path(__file__).resolve().parents[2]

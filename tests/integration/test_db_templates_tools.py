@@ -1,4 +1,4 @@
-"""The migrated-template start of new SQLite files against the real tools (enginefoundry/db_templates.py):
+"""The migrated-template start of new SQLite files against the real tools (enginefoundry/records/db_templates.py):
 MLflow's tracking file through `Tracker`, and the temporary Prefect server's database through
 `flows.ephemeral_server.prepare_database` (Prefect's own migrations, in this process: no server)."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry import db_templates
 from enginefoundry.identity import sha256_file
+from enginefoundry.records import db_templates
 from tests.support.paths import REPO
 
 
@@ -26,7 +26,7 @@ def _experiments(db: Path) -> list[tuple[int, str, str]]:
 def test_a_second_new_mlflow_file_is_a_copy_with_its_own_experiments(monkeypatch, tmp_path: Path) -> None:
     import mlflow
 
-    from enginefoundry.tracking import Tracker
+    from enginefoundry.records.tracking import Tracker
 
     monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
     template = db_templates.template_path("mlflow", mlflow.__version__)
@@ -122,7 +122,7 @@ def test_a_hostile_or_corrupt_mlflow_template_never_reaches_a_new_file(monkeypat
                                                                         damage: str) -> None:
     import mlflow
 
-    from enginefoundry.tracking import Tracker
+    from enginefoundry.records.tracking import Tracker
 
     monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -141,7 +141,7 @@ def test_a_hostile_or_corrupt_mlflow_template_never_reaches_a_new_file(monkeypat
         assert db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name = 'plant'").fetchall() == []
     err = capsys.readouterr().err
     assert f"database template {template}" in err and "removed it" in err
-    from enginefoundry.tracking import _mlflow_template_rules
+    from enginefoundry.records.tracking import _mlflow_template_rules
 
     # Rebuilt from MLflow's own migrations, and it passes the checks (its one trigger is MLflow's).
     assert db_templates.template_problem(template, db_templates.digest_path(template), _mlflow_template_rules()) is None

@@ -93,9 +93,9 @@ PUBLISH = """
 import sys
 from pathlib import Path
 from enginefoundry.errors import EngineFoundryError
-from enginefoundry.publish import publish_build
-from enginefoundry.store import open_store
-from enginefoundry.units import key_of
+from enginefoundry.store.publish import publish_build
+from enginefoundry.store.backends import open_store
+from enginefoundry.build.units import key_of
 
 def publish() -> int:
     comps = {"unit": "s3-restart"}

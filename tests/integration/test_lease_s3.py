@@ -9,8 +9,8 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
-from enginefoundry.lease import Lease, lease_key, list_leases, read_lease, try_acquire
-from enginefoundry.store import S3Store
+from enginefoundry.store.backends import S3Store
+from enginefoundry.store.lease import Lease, lease_key, list_leases, read_lease, try_acquire
 
 pytestmark = pytest.mark.services
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from enginefoundry.cli import main
-from enginefoundry.predictor import find_tool
+from enginefoundry.search.predictor import find_tool
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "configs" / "model-configs" / "llama-3.1-8b-instruct.json"

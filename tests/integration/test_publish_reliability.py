@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from enginefoundry.build.units import key_of
 from enginefoundry.errors import StoreError
 from enginefoundry.model_server import free_port
-from enginefoundry.publish import find_current, pointer_key, publish_build
-from enginefoundry.store import S3Store
-from enginefoundry.units import key_of
+from enginefoundry.store.backends import S3Store
+from enginefoundry.store.publish import find_current, pointer_key, publish_build
 from tests.support.paths import REPO
 
 STACK = [sys.executable, str(REPO / "scripts" / "stack.py")]

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.manifest import Manifest
-from enginefoundry.publish import PublishedBuild, build_manifest_key
-from enginefoundry.registration import candidate_alias_of, ensure_registered, find_registered, version_tags
-from enginefoundry.run_records import record_hit, start_parent, tracker_for
+from enginefoundry.build.units import expand_units
+from enginefoundry.records.registration import candidate_alias_of, ensure_registered, find_registered, version_tags
+from enginefoundry.records.run_records import record_hit, start_parent, tracker_for
 from enginefoundry.spec import load_spec
-from enginefoundry.units import expand_units
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.publish import PublishedBuild, build_manifest_key
 
 pytestmark = pytest.mark.services
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ the run lists the LoggedModel as its output (the run page's "Logged models")."""
 
 from __future__ import annotations
 
-from enginefoundry.tracking import Tracker, register_unit
+from enginefoundry.records.tracking import Tracker, register_unit
 
 
 def test_version_logged_model_and_run_link_each_other(stack: dict[str, str], unique: str) -> None:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.tracking import Tracker, register_unit
+from enginefoundry.records.tracking import Tracker, register_unit
 
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import os, signal, sys, time
-from enginefoundry.tracking import Tracker
+from enginefoundry.records.tracking import Tracker
 mode, uri = sys.argv[1], sys.argv[2]
 tracker = Tracker(uri, "ends")
 parent = tracker.start_run("parent", {})
@@ -90,7 +90,7 @@ def test_logged_models_end_ready_or_failed(tmp_path: Path) -> None:
 
 EXIT_WITH_SERVER_GONE = """
 from mlflow.tracking import MlflowClient
-from enginefoundry.tracking import OPEN_RUNS
+from enginefoundry.records.tracking import OPEN_RUNS
 OPEN_RUNS.add("0" * 32, MlflowClient(tracking_uri="http://127.0.0.1:" + __import__("sys").argv[1]))
 """
 

@@ -17,8 +17,8 @@ import pytest
 
 from enginefoundry.confine import UnsafePathError
 from enginefoundry.lanes import get_lane
-from enginefoundry.permissions import current_umask
-from enginefoundry.serve_files import SERVE_SH, SERVE_YAML, ServingPlan, serving_plan, write_serving_files
+from enginefoundry.lanes.serve_files import SERVE_SH, SERVE_YAML, ServingPlan, serving_plan, write_serving_files
+from enginefoundry.store.permissions import current_umask
 
 # Each would create PWNED (or print) if a shell ever evaluated it.
 HOSTILE = [
@@ -149,3 +149,30 @@ def test_serving_files_follow_the_umask_and_serve_sh_stays_executable(tmp_path: 
         assert stat.S_IMODE((out / SERVE_SH).stat().st_mode) == 0o777 & ~umask
         assert stat.S_IMODE((out / SERVE_YAML).stat().st_mode) == 0o666 & ~umask
         assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_the_link_folder_is_reused_and_must_be_this_users(tmp_path: Path) -> None:
+    """Every start of serve.sh uses one folder per set of link targets, so nothing piles up in $TMPDIR; a
+    folder root that is a symlink (planted by someone else) is refused before anything runs."""
+    plan = ServingPlan(unit="u", lane="reference", model="m", key="k", artifact_uri="file:///s", argv=["srv", "m"],
+                       env={}, health_path="/health", openai_model_name="m", links={"m": "${EF_UNIT_DIR}/model"})
+    write_serving_files(plan, tmp_path / "serving")
+    script = tmp_path / "serving" / SERVE_SH
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    for unit_dir in ("/units/a", "/units/a", "/units/b"):
+        got = _run_sandboxed(script, sandbox, "srv", [], {"EF_UNIT_DIR": unit_dir}, "sh")
+        assert got["links"] == {"m": f"{unit_dir}/model"}
+    root = sandbox / f"ef-serve-{os.getuid()}"
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert len(list(root.iterdir())) == 2  # one per unit folder, not one per start
+
+    elsewhere = tmp_path / "planted"
+    elsewhere.mkdir()
+    root.rename(tmp_path / "old-root")
+    root.symlink_to(elsewhere)
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(sandbox), "EF_UNIT_DIR": "/units/a"}
+    done = subprocess.run(["sh", str(script)], cwd=sandbox, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert "not a private folder of this user" in done.stderr
+    assert not list(elsewhere.iterdir())

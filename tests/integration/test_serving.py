@@ -20,9 +20,9 @@ from enginefoundry.errors import ToolError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.base import Command, ServeCommand
 from enginefoundry.lanes.reference import ReferenceLane
+from enginefoundry.lanes.serve_files import serving_plan, write_serving_files
 from enginefoundry.model_server import free_port, serving, start_server
 from enginefoundry.runner import run_tool
-from enginefoundry.serve_files import serving_plan, write_serving_files
 from tests.support.bundle import build_tiny_bundle
 
 # A server that answers /health and spawns a grandchild, so a process-group kill can be checked.

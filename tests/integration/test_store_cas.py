@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from enginefoundry.build.units import key_of
 from enginefoundry.cli import main
 from enginefoundry.errors import StoreError
-from enginefoundry.lineage import lineage
-from enginefoundry.manifest import FileEntry, Manifest
-from enginefoundry.publish import (
+from enginefoundry.records.lineage import lineage
+from enginefoundry.store.backends import FileStore, Store, blob_key, current_umask
+from enginefoundry.store.manifest import FileEntry, Manifest
+from enginefoundry.store.publish import (
     check_hit,
     find_checkpoint_build,
     find_current,
@@ -22,9 +24,7 @@ from enginefoundry.publish import (
     publish_build,
     publish_checkpoint,
 )
-from enginefoundry.store import FileStore, Store, blob_key, current_umask
-from enginefoundry.units import key_of
-from enginefoundry.verify import last_verified, pull, verify_build
+from enginefoundry.store.verify import last_verified, pull, verify_build
 from tests.support.stores import QUIET, small_bundle, store_fixture, unit_fields
 
 store = store_fixture("cas")
@@ -247,7 +247,7 @@ def test_a_stored_manifest_with_a_hostile_path_is_refused_before_any_file_is_tou
     """Written straight into the store (as an attacker with write access would), pointer and all."""
     import hashlib
 
-    from enginefoundry.publish import Pointer, build_manifest_key
+    from enginefoundry.store.publish import Pointer, build_manifest_key
 
     fields = unit_fields()
     data = json.dumps({**fields, "schema_version": 2, "build_id": "20260101T000000000000Z-evil",

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.cache_plan import find_hit
 from enginefoundry.cli import main
 from enginefoundry.errors import StoreError
-from enginefoundry.publish import find_current, publish_build, read_build, read_pointer
-from enginefoundry.store import FileStore, Store, blob_key
-from enginefoundry.verify import open_build, pull, verify_build
+from enginefoundry.planning.cache_plan import find_hit
+from enginefoundry.store.backends import FileStore, Store, blob_key
+from enginefoundry.store.publish import find_current, publish_build, read_build, read_pointer
+from enginefoundry.store.verify import open_build, pull, verify_build
 from tests.support.stores import QUIET, small_bundle, store_fixture, unit_fields
 
 _bundle = functools.partial(small_bundle, serving=True)  # as the pipeline lays a unit out: serving/serve.sh
@@ -209,7 +209,7 @@ def test_registry_versions_anchor_their_manifest_for_verify_pull_and_rollback(st
     `verify models:/…`, and `rollback` refuses to put it back as champion."""
     from mlflow.tracking import MlflowClient
 
-    from enginefoundry.promotion import Registry, champion_alias
+    from enginefoundry.records.promotion import Registry, champion_alias
 
     store = FileStore(f"file://{tmp_path / 'store'}")
     model = f"anchor-{unique}"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from enginefoundry.build.units import key_of
 from enginefoundry.cli import main
-from enginefoundry.publish import build_manifest_key, find_current, publish_build
-from enginefoundry.store import FileStore, blob_key
-from enginefoundry.units import key_of
+from enginefoundry.store.backends import FileStore, blob_key
+from enginefoundry.store.publish import build_manifest_key, find_current, publish_build
 from tests.support.paths import CONFIGS, FIXTURES, REPO
 from tests.support.stores import QUIET, small_bundle, unit_fields
 
@@ -86,7 +86,7 @@ def test_pull_reads_no_more_than_the_manifest_says(store, tmp_path):
     """A blob that grew (or an endpoint that streams without end) is refused once it passes the manifest's size:
     main wrote the whole 64 MiB for a 100 kB file before the refusal."""
     from enginefoundry.errors import StoreError
-    from enginefoundry.verify import pull
+    from enginefoundry.store.verify import pull
 
     published = _published(store, tmp_path)
     entry = next(e for e in published.manifest.files if e.path.endswith("weights.safetensors"))
@@ -198,11 +198,11 @@ def test_a_store_uri_of_an_unknown_kind_is_an_input_error_naming_its_flag(tmp_pa
 def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, monkeypatch):
     """One decision: a current build whose blob is gone is refused by `run` (it rebuilds), so `explain` must
     not call it a hit."""
-    from enginefoundry.explain import explain
+    from enginefoundry.build.sources import fetch
+    from enginefoundry.build.units import expand_units, toolchain_identity, unit_key_components
     from enginefoundry.lanes import get_lane
-    from enginefoundry.sources import fetch
+    from enginefoundry.planning.explain import explain
     from enginefoundry.spec import load_spec
-    from enginefoundry.units import expand_units, toolchain_identity, unit_key_components
 
     monkeypatch.delenv("EF_STORE", raising=False)
     spec = load_spec(_spec_for(store, tmp_path))
@@ -223,7 +223,7 @@ def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_pa
     """After `run --force` a key has two builds (and two unit runs in MLflow): `lineage <key>` answers for the
     current one and lists both, instead of "ambiguous (2 units)"."""
     from enginefoundry import tracking_tags as mltags
-    from enginefoundry.tracking import Tracker
+    from enginefoundry.records.tracking import Tracker
 
     first = _published(store, tmp_path)
     second = publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, "b2", seed=b"2")},
@@ -247,7 +247,7 @@ def test_lineage_of_a_key_published_in_two_stores_sharing_one_mlflow_names_both(
     """One key published to two stores (staging and prod, one MLflow): `lineage <key>` must not answer with
     whichever store's build sorts last; it refuses, naming both stores and what to give instead."""
     from enginefoundry import tracking_tags as mltags
-    from enginefoundry.tracking import Tracker
+    from enginefoundry.records.tracking import Tracker
 
     results = [publish_build(FileStore(f"file://{tmp_path / name}"), "m", unit_fields(),
                              {"bundle": small_bundle(tmp_path, f"b-{name}")}, **QUIET) for name in ("prod", "staging")]
@@ -265,20 +265,20 @@ def test_lineage_of_a_key_published_in_two_stores_sharing_one_mlflow_names_both(
 
 @pytest.mark.parametrize("folder", ["/usr", "/"])
 def test_a_system_folder_as_source_is_refused_before_it_is_walked(folder, monkeypatch):
+    from enginefoundry.build.sources import fetch
     from enginefoundry.errors import SourceError
-    from enginefoundry.sources import fetch
     from enginefoundry.spec.source import parse_source_uri
 
     def walked(*_a, **_k):
         raise AssertionError("the folder was walked before its refusal")
 
-    monkeypatch.setattr("enginefoundry.sources.symlinks_leaving", walked)
+    monkeypatch.setattr("enginefoundry.build.sources.symlinks_leaving", walked)
     with pytest.raises(SourceError, match="system folder"):
         fetch(parse_source_uri(folder), progress=lambda _: None)
 
 
 def test_a_source_folder_with_more_entries_than_any_checkpoint_is_refused(tmp_path, monkeypatch):
-    from enginefoundry import sources
+    from enginefoundry.build import sources
     from enginefoundry.errors import SourceError
     from enginefoundry.spec.source import parse_source_uri
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from enginefoundry.errors import SpecError
+from enginefoundry.rollout.toolchain_channel import MAX_BYTES, ChannelDocument, channel_status, read_channel
 from enginefoundry.spec import parse_spec
-from enginefoundry.toolchain_channel import MAX_BYTES, ChannelDocument, channel_status, read_channel
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.services

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from enginefoundry.build.toolchain import detect_toolchain, installed_version, require_trtllm
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.trtllm import TrtllmLane
 from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane
-from enginefoundry.toolchain import detect_toolchain, installed_version, require_trtllm
 
 
 def test_probe_of_this_interpreter(tmp_path):

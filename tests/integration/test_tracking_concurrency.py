@@ -12,7 +12,7 @@ from tests.support.paths import REPO
 
 OPEN_AND_RUN = """
 import sys
-from enginefoundry.tracking import Tracker
+from enginefoundry.records.tracking import Tracker
 tracker = Tracker(sys.argv[1], "together")
 run = tracker.start_run("r", {})
 tracker.end_run(run, ok=True)

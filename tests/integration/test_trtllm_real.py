@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.gpu import detect_gpus, gpu_unavailable_reason
+from enginefoundry.build.toolchain import installed_version
+from enginefoundry.build.units import expand_units
+from enginefoundry.gpu.detect import detect_gpus, gpu_unavailable_reason
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.trtllm import BUNDLE_INFO, RUNTIME_CONFIG, TrtllmLane
 from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane
 from enginefoundry.model_server import free_port
 from enginefoundry.spec import BuildSpec, parse_spec
-from enginefoundry.toolchain import installed_version
-from enginefoundry.units import expand_units
 from tests.support.paths import CONFIGS, TINY_MODEL
 
 TINY = TINY_MODEL

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from enginefoundry.build.units import expand_units
 from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.spec import load_spec
-from enginefoundry.units import expand_units
 from tests.support.paths import CONFIGS, TINY_MODEL
 
 TINY_SPEC = CONFIGS / "tiny-cpu.yaml"

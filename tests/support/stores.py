@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from enginefoundry.store import FileStore, S3Store, Store
-from enginefoundry.units import key_of
+from enginefoundry.build.units import key_of
+from enginefoundry.store.backends import FileStore, S3Store, Store
 
 QUIET = {"progress": lambda _: None}
 

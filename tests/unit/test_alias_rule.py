@@ -9,11 +9,11 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.manifest import Manifest
-from enginefoundry.promotion import Registry, alias_stems, candidate_alias, champion_alias
+from enginefoundry.build.units import expand_units
+from enginefoundry.records.promotion import Registry, alias_stems, candidate_alias, champion_alias
 from enginefoundry.spec import load_spec
+from enginefoundry.store.manifest import Manifest
 from enginefoundry.tasks.track import register_published_unit
-from enginefoundry.units import expand_units
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from enginefoundry.explain import diff_components
+from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.identity import canonical_json, sha256_file
-from enginefoundry.manifest import SCHEMA_PATH, Manifest, generated_schema, validate_against_schema
+from enginefoundry.planning.explain import diff_components
 from enginefoundry.spec import load_spec
-from enginefoundry.units import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.store.manifest import SCHEMA_PATH, Manifest, generated_schema, validate_against_schema
 from tests.support.paths import REPO
 
 
@@ -66,7 +66,7 @@ def test_sha256_streams_large_files(tmp_path: Path):
 
 
 def test_best_profile_per_target_is_chosen_on_slo_throughput():
-    from enginefoundry.run_summary import UnitOutcome, best_profiles
+    from enginefoundry.records.run_summary import UnitOutcome, best_profiles
 
     def unit(name: str, slo: list[dict], status: str = "candidate") -> UnitOutcome:
         return UnitOutcome(unit=name, target=name.split(".")[2], status=status, bench={"slo": slo})

@@ -12,11 +12,11 @@ from uuid import uuid4
 import pytest
 import yaml
 
-from enginefoundry.cluster_jobs import UnitJobVariables, secret_env_map, unit_job_variables
+from enginefoundry.build.units import expand_units
 from enginefoundry.errors import InputError
 from enginefoundry.gpu_targets import gpu_target
+from enginefoundry.planning.cluster_jobs import UnitJobVariables, secret_env_map, unit_job_variables
 from enginefoundry.spec import BuildSpec, parse_spec
-from enginefoundry.units import expand_units
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "registry.example/enginefoundry-trtllm:1.2.1"

@@ -1,4 +1,4 @@
-"""enginefoundry/db_templates.py: a new SQLite file starts as a copy of the tool release's migrated template;
+"""enginefoundry/records/db_templates.py: a new SQLite file starts as a copy of the tool release's migrated template;
 a file that exists (or appears meanwhile) is never replaced; the template keeps none of one file's own rows;
 a killed seed's temporary copy is removed by the next seed, a live process's is not."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry import db_templates
 from enginefoundry.identity import sha256_file
+from enginefoundry.records import db_templates
 
 
 def _db(path: Path, rows: list[tuple[int, str]]) -> Path:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from enginefoundry.errors import PreflightError, ToolError
-from enginefoundry.gpu import (
+from enginefoundry.gpu.detect import (
     NVIDIA_SMI_ARGV,
     QUERY_FIELDS,
     GPUInfo,
@@ -170,7 +170,7 @@ def test_detection_on_this_host_reports_the_truth():
 @pytest.mark.gpu
 @pytest.mark.skipif(NO_GPU is not None, reason=f"no GPU: {NO_GPU}")
 def test_nvml_and_nvidia_smi_agree_on_a_real_gpu(tmp_path):
-    from enginefoundry.gpu import _smi, nvml_snapshot
+    from enginefoundry.gpu.detect import _smi, nvml_snapshot
 
     assert parse_nvml_json(nvml_snapshot()) == _smi(tmp_path)
     assert set(QUERY_FIELDS) >= {"name", "compute_cap", "memory.total"}

@@ -79,7 +79,7 @@ def test_a_drifted_file_is_named(tmp_path: Path) -> None:
 
 def test_target_skus_narrow_the_products() -> None:
     sm90 = gt.gpu_target("sm90")
-    # substrings, as placement matches the GPU name (enginefoundry.gpu.match_target)
+    # substrings, as placement matches the GPU name (enginefoundry.gpu.detect.match_target)
     assert sm90.products_for(["H100"]) == ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-NVL", "NVIDIA-H100-PCIe")
     assert sm90.products_for(["h200 "]) == ("NVIDIA-H200", "NVIDIA-GH200-480GB")
     assert sm90.products_for([]) == sm90.products

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
-from enginefoundry.preflight import preflight
+from enginefoundry.planning.preflight import preflight
 from enginefoundry.spec import BuildSpec, parse_spec
-from enginefoundry.units import Unit, expand_units
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -236,7 +236,7 @@ def test_plan_commands_use_the_worker_interpreter_name():
 
 
 def test_a_rank_file_cache_is_served_under_the_names_it_was_saved_with(tmp_path):
-    from enginefoundry.gpu import GPUInfo
+    from enginefoundry.gpu.detect import GPUInfo
     from enginefoundry.lanes.trtllm import AUTOTUNER_CACHE, usable_autotuner_cache
 
     for rank in (0, 1):

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import enginefoundry.preflight as preflight_module
+import enginefoundry.planning.preflight as preflight_module
+from enginefoundry.build.units import expand_units
 from enginefoundry.errors import SpecError
 from enginefoundry.lanes.registry import LaneEntry, get_lane, lane_names, register_lane, unregister_lane
-from enginefoundry.plan_report import plan_report
-from enginefoundry.preflight import preflight
+from enginefoundry.planning.plan_report import plan_report
+from enginefoundry.planning.preflight import preflight
 from enginefoundry.spec import Target, parse_spec
-from enginefoundry.units import expand_units
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.cache_plan import CachePlan, plan_cache
+from enginefoundry.build.units import expand_units, key_of
 from enginefoundry.cli import main
-from enginefoundry.lease import (
+from enginefoundry.planning.cache_plan import CachePlan, plan_cache
+from enginefoundry.spec import load_spec
+from enginefoundry.store.backends import FileStore
+from enginefoundry.store.lease import (
     Lease,
     break_lease,
     lease_key,
@@ -25,10 +28,7 @@ from enginefoundry.lease import (
     try_acquire,
     wait_for,
 )
-from enginefoundry.publish import build_manifest_key, pointer_key, publish_build
-from enginefoundry.spec import load_spec
-from enginefoundry.store import FileStore
-from enginefoundry.units import expand_units, key_of
+from enginefoundry.store.publish import build_manifest_key, pointer_key, publish_build
 from tests.support.processes import poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,8 +86,8 @@ def test_expired_lease_is_taken_over(store: FileStore):
 
 _HOLDER = """
 import sys, time
-from enginefoundry.lease import try_acquire
-from enginefoundry.store import FileStore
+from enginefoundry.store.lease import try_acquire
+from enginefoundry.store.backends import FileStore
 held = try_acquire(FileStore(sys.argv[1]), sys.argv[2], "child", ttl_s=3600)
 print("held" if held else "refused", flush=True)
 time.sleep(600)

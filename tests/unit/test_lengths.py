@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from enginefoundry.errors import InputError
-from enginefoundry.lengths import (
+from enginefoundry.spec.lengths import (
     MIN_SAMPLES_FOR_P99,
     ROUND_TO,
     analyze_lengths,

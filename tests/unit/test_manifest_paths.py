@@ -11,9 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from enginefoundry.errors import InputError, StoreError
-from enginefoundry.manifest import FileEntry, Manifest
-from enginefoundry.publish import locate, manifests_prefix
-from enginefoundry.store import FileStore, S3Store, link_or_copy, store_key
+from enginefoundry.store.backends import FileStore, S3Store, link_or_copy, store_key
+from enginefoundry.store.manifest import FileEntry, Manifest
+from enginefoundry.store.publish import locate, manifests_prefix
 
 DIGEST = "a" * 64
 HOSTILE = ["../x", "/etc/passwd", "a/../../b", "a\\b", "./a", "", "a\x00b", "a//b", "a/", "a/./b", "..", ".",

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import pytest
 
-from enginefoundry import noop_run
+from enginefoundry.planning import noop_run
 
 
 @pytest.fixture

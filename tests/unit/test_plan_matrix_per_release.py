@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.build.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
+from enginefoundry.build.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm_flags import unsupported_env
-from enginefoundry.preflight import preflight
+from enginefoundry.planning.preflight import preflight
 from enginefoundry.spec import KVCacheDtype, Precision, parse_spec
-from enginefoundry.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
-from enginefoundry.units import expand_units
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

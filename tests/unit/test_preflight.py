@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PreflightError
-from enginefoundry.gpu import parse_nvml_json, parse_smi_csv
-from enginefoundry.preflight import (
+from enginefoundry.gpu.detect import parse_nvml_json, parse_smi_csv
+from enginefoundry.planning.preflight import (
     GIB,
     OVERSUBSCRIPTION_LIMIT,
     ModelShape,
@@ -18,7 +19,6 @@ from enginefoundry.preflight import (
     preflight,
 )
 from enginefoundry.spec import BuildSpec, Profile, Target, Variant, load_spec
-from enginefoundry.units import Unit, expand_units
 from tests.support.paths import CONFIGS, FIXTURES, REPO
 
 ROOT = REPO

@@ -11,13 +11,13 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.manifest import Manifest
-from enginefoundry.promotion import PromotionPolicy, Registry, alias_stems, candidate_alias, decide_promotions
-from enginefoundry.publish import publish_build
+from enginefoundry.build.units import expand_units
+from enginefoundry.records.promotion import PromotionPolicy, Registry, alias_stems, candidate_alias, decide_promotions
 from enginefoundry.spec import BuildSpec, load_spec
-from enginefoundry.store import FileStore
+from enginefoundry.store.backends import FileStore
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.publish import publish_build
 from enginefoundry.tasks.track import register_published_unit
-from enginefoundry.units import expand_units
 
 REPO = Path(__file__).resolve().parents[2]
 

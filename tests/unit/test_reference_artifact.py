@@ -9,7 +9,7 @@ import pytest
 from enginefoundry.smoke import reference as refmod
 from enginefoundry.smoke.prompts import load_prompt_set
 from enginefoundry.smoke.reference import load_or_compute_reference, reference_key, store_key
-from enginefoundry.store import open_store
+from enginefoundry.store.backends import open_store
 from tests.support.paths import TINY_MODEL, TINY_PROMPTS
 
 CASES = load_prompt_set(TINY_PROMPTS).cases[:4]

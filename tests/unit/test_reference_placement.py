@@ -8,10 +8,11 @@ from typing import Any
 
 import yaml
 
-from enginefoundry.gpu import GPUInfo
-from enginefoundry.preflight import GIB, ModelShape, preflight, reference_check, reference_fit
+from enginefoundry.build.model_shape import ModelShape
+from enginefoundry.build.units import Unit, expand_units
+from enginefoundry.gpu.detect import GPUInfo
+from enginefoundry.planning.preflight import GIB, preflight, reference_check, reference_fit
 from enginefoundry.spec import ReferenceDevice, parse_spec
-from enginefoundry.units import Unit, expand_units
 from tests.support.paths import CONFIGS
 
 LLAMA_70B = json.loads((CONFIGS / "model-configs" / "llama-3-70b-instruct.json").read_text())

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from enginefoundry.preflight import GIB, preflight
+from enginefoundry.build.units import expand_units
+from enginefoundry.planning.preflight import GIB, preflight
 from enginefoundry.spec import load_spec
-from enginefoundry.units import expand_units
 from tests.support.paths import REPO
 
 LLAMA_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,

@@ -11,7 +11,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from enginefoundry.tracking import ensure_registered_model
+from enginefoundry.records.tracking import ensure_registered_model
 
 
 class OtherUnitCreatesItFirst:

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from enginefoundry.errors import InputError, PreflightError
+from enginefoundry.gpu.placement import check_placement
 from enginefoundry.lanes import get_lane
-from enginefoundry.manifest import Manifest
-from enginefoundry.placement import check_placement
-from enginefoundry.promotion import PromotionPolicy, Registry, compare
-from enginefoundry.serve_files import serve_script, serving_plan, write_serving_files
-from enginefoundry.source_change import SourceState, differs
+from enginefoundry.lanes.serve_files import serve_script, serving_plan, write_serving_files
+from enginefoundry.records.promotion import PromotionPolicy, Registry, compare
+from enginefoundry.rollout.source_change import SourceState, differs
 from enginefoundry.spec import SourceKind, Target
+from enginefoundry.store.manifest import Manifest
 
 
 def manifest(status: str = "candidate", agreement: float = 1.0, tok_s: float = 100.0, ttft: float = 50.0,

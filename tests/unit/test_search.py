@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.bench.costs import unit_cost
 from enginefoundry.bench.result import BenchPoint, Percentiles
-from enginefoundry.costs import unit_cost
+from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.errors import SpecError
-from enginefoundry.manifest import Manifest
-from enginefoundry.predictor import AIConfigurator, choose_db_version, system_of
-from enginefoundry.search_plan import materialise, profile_for, searched_units
+from enginefoundry.search.plan import materialise, profile_for, searched_units
+from enginefoundry.search.predictor import AIConfigurator, choose_db_version, system_of
 from enginefoundry.spec import Precision, SearchedUnit, Target, Variant, load_spec, parse_spec
-from enginefoundry.units import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.store.manifest import Manifest
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -132,6 +132,16 @@ def test_profile_covers_the_workload_spread():
     assert (p.max_batch_size, p.max_input_len, p.max_seq_len) == (64, 36, 52)
 
 
+def test_a_workload_whose_lengths_file_was_not_read_is_refused_before_profiles_are_sized():
+    from enginefoundry.spec.search import Workload
+
+    w = Workload(lengths_file="prompts.jsonl", osl=16)  # built directly, not through parse_spec: isl not filled
+    assert w.isl is None
+    with pytest.raises(SpecError, match=r"search\.workload\.lengths_file: not read yet"):
+        _ = w.mean_isl
+    assert Workload(isl=24, osl=16).mean_isl == 24
+
+
 def test_searched_unit_round_trips_through_a_payload():
     spec, report = materialise(load_spec(CONFIGS / "tiny-search.yaml"), progress=lambda _: None)
     again = parse_spec(spec.model_dump(mode="json"), base_dir=CONFIGS)
@@ -178,7 +188,7 @@ def _searched_manifest(usd: float | None, slo: dict | None = None) -> Manifest:
 
 
 def test_promotion_holds_a_candidate_that_costs_more_at_the_same_slo():
-    from enginefoundry.promotion import PromotionPolicy, compare
+    from enginefoundry.records.promotion import PromotionPolicy, compare
 
     policy = PromotionPolicy(max_cost_increase=0.1)
     held = compare(_searched_manifest(1.2), _searched_manifest(1.0), policy)
@@ -190,8 +200,8 @@ def test_promotion_holds_a_candidate_that_costs_more_at_the_same_slo():
 
 
 def test_run_summary_and_lineage_show_cost_and_unavailable_energy():
-    from enginefoundry.lineage import serving_cost
-    from enginefoundry.run_summary import UnitOutcome, search_rows
+    from enginefoundry.records.lineage import serving_cost
+    from enginefoundry.records.run_summary import UnitOutcome, search_rows
 
     m = _searched_manifest(0.5)
     outcome = UnitOutcome(unit=m.unit, target="cpu", status="candidate", bench=m.benchmark)
@@ -203,8 +213,8 @@ def test_run_summary_and_lineage_show_cost_and_unavailable_energy():
 
 
 def test_ranking_without_a_predicted_power_falls_back_to_tokens_per_gpu_and_says_so():
-    from enginefoundry.predictor import Coverage, Predicted, Prediction
-    from enginefoundry.search_plan import _choose
+    from enginefoundry.search.plan import _choose
+    from enginefoundry.search.predictor import Coverage, Predicted, Prediction
 
     data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
     data["search"]["objective"] = "tokens_per_joule"
@@ -234,7 +244,7 @@ def test_search_command_refuses_a_spec_without_a_search_section_and_plans_the_fa
 def test_an_e2e_slo_goes_to_the_predictor_and_its_own_tpot_pairs_are_held_to_the_slo(tmp_path):
     """AIConfigurator 0.12.0 takes `request_latency` in an experiment and then enumerates its own (TTFT, TPOT)
     pairs: the e2e SLO is passed, keyed, and configurations beyond the ITL or TTFT SLO are dropped."""
-    from enginefoundry.predictor import Coverage, experiment, read_experiment, requests_for
+    from enginefoundry.search.predictor import Coverage, experiment, read_experiment, requests_for
 
     data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
     data["search"]["slo"]["e2e_p95_ms"] = 9000
@@ -257,8 +267,8 @@ def test_an_e2e_slo_goes_to_the_predictor_and_its_own_tpot_pairs_are_held_to_the
 
 def test_the_predictors_pareto_front_travels_with_the_unit_and_is_drawn(tmp_path):
     from enginefoundry.bench.goodput import Probe, SearchVerdict, figure, plot
-    from enginefoundry.predictor import Coverage, Predicted, Prediction
-    from enginefoundry.search_plan import SearchReport, _choose
+    from enginefoundry.search.plan import SearchReport, _choose
+    from enginefoundry.search.predictor import Coverage, Predicted, Prediction
 
     spec = parse_spec(yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text()), base_dir=CONFIGS)
     best = Predicted(precision="fp8", tp=1, pp=1, batch_size=160, concurrency=160, tokens_per_s_gpu=8022.0,
@@ -282,7 +292,7 @@ def test_the_predictors_pareto_front_travels_with_the_unit_and_is_drawn(tmp_path
 
 def test_a_prompt_length_file_gives_the_workload_isl_like_the_lengths_command(tmp_path, capsys):
     from enginefoundry.cli import main
-    from enginefoundry.lengths import analyze_lengths
+    from enginefoundry.spec.lengths import analyze_lengths
 
     counts = [10, 20, 30, 40, 100]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"tokens": c}) + "\n" for c in counts))

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from enginefoundry.build.units import expand_units, key_of
 from enginefoundry.errors import ReferenceRefused
-from enginefoundry.publish import publish_build
-from enginefoundry.run_summary import UnitOutcome
+from enginefoundry.records.run_summary import UnitOutcome, refused_by_sibling
 from enginefoundry.smoke.prompts import load_prompt_set
 from enginefoundry.smoke.reference import (
     ReferenceAnswer,
@@ -26,14 +26,13 @@ from enginefoundry.smoke.reference import (
 from enginefoundry.smoke.sibling import (
     SiblingRef,
     reference_waves,
-    refused_by_sibling,
     serves_as_sibling,
     sibling_reference,
     sibling_refs,
 )
 from enginefoundry.spec import parse_spec
-from enginefoundry.store import open_store
-from enginefoundry.units import expand_units, key_of
+from enginefoundry.store.backends import open_store
+from enginefoundry.store.publish import publish_build
 from tests.support.paths import CONFIGS, TINY_MODEL, TINY_PROMPTS
 
 CASES = load_prompt_set(TINY_PROMPTS).cases[:3]

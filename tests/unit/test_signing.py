@@ -9,7 +9,7 @@ import json
 import pytest
 
 from enginefoundry.errors import InputError
-from enginefoundry.signing import (
+from enginefoundry.evidence.signing import (
     BUNDLE_MEDIA_TYPE,
     STATEMENT_TYPE,
     check_signature,
@@ -70,7 +70,7 @@ _PLUGIN_KEY: list[str] = []
 
 def plugin_signer():
     """A Signer factory as ENGINEFOUNDRY_SIGNER=module:factory names it (a PKI or Sigstore signer in practice)."""
-    from enginefoundry.signing import KeyPairSigner
+    from enginefoundry.evidence.signing import KeyPairSigner
 
     return KeyPairSigner(_PLUGIN_KEY[0].encode(), name="plugged")
 
@@ -106,8 +106,8 @@ def _spec_with(tmp_path, **publish):
 
 def test_spec_signature_policy_refuses_a_missing_key_file_and_a_missing_signing_key(tmp_path, monkeypatch):
     from enginefoundry.errors import SpecError
-    from enginefoundry.signing import ENV_KEY, ENV_KEY_FILE
-    from enginefoundry.validate import validate_deep
+    from enginefoundry.evidence.signing import ENV_KEY, ENV_KEY_FILE
+    from enginefoundry.planning.validate import validate_deep
 
     for var in (ENV_KEY, ENV_KEY_FILE, "ENGINEFOUNDRY_SIGNER"):
         monkeypatch.delenv(var, raising=False)

@@ -15,6 +15,7 @@ import pytest
 
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.model_server import free_port
+from enginefoundry.planning.validate import _prompt_problems
 from enginefoundry.smoke import ask_all, check_prompt_count, last_error_line, load_prompt_set, run_smoke
 from enginefoundry.smoke import reference as reference_mod
 from enginefoundry.smoke.client import ChatClient
@@ -22,7 +23,6 @@ from enginefoundry.smoke.gate import CaseEvidence, judge
 from enginefoundry.smoke.policy import policy_for
 from enginefoundry.smoke.prompts import PromptSet
 from enginefoundry.spec import SmokeSpec, load_spec
-from enginefoundry.validate import _prompt_problems
 from tests.support.paths import CONFIGS, TINY_MODEL, TINY_PROMPTS
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.build.units import expand_units
 from enginefoundry.errors import SpecError
 from enginefoundry.spec import Precision, load_spec, parse_source_uri, parse_spec
-from enginefoundry.units import expand_units
 from tests.support.paths import REPO
 
 TINY = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())

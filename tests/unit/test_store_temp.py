@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from enginefoundry.store import TEMP_DIR, open_store
+from enginefoundry.store.backends import TEMP_DIR, open_store
 
 
 def test_temp_files_of_dead_writers_are_removed_and_never_land_beside_published_files(tmp_path: Path) -> None:

@@ -3,10 +3,10 @@ lane version against the baseline's recorded toolchain is a change; the old-vs-n
 
 from __future__ import annotations
 
-from enginefoundry.manifest import Manifest
-from enginefoundry.promotion import Decision, PromotionPolicy
-from enginefoundry.rollout_compare import comparison_row, describe_toolchain, markdown
-from enginefoundry.source_change import toolchain_differs
+from enginefoundry.records.promotion import Decision, PromotionPolicy
+from enginefoundry.rollout.compare import comparison_row, describe_toolchain, markdown
+from enginefoundry.rollout.source_change import toolchain_differs
+from enginefoundry.store.manifest import Manifest
 
 OLD = {"lane": "reference", "trtllm_version": None, "image_digest": "sha256:" + "a" * 64,
        "versions": {"torch": "2.5.1", "transformers": "4.57.0"}}

@@ -10,8 +10,7 @@ import pytest
 import yaml
 
 from enginefoundry.errors import SpecError, ToolError
-from enginefoundry.spec import parse_spec
-from enginefoundry.toolchain_channel import (
+from enginefoundry.rollout.toolchain_channel import (
     MAX_BYTES,
     channel_moved,
     channel_status,
@@ -19,6 +18,7 @@ from enginefoundry.toolchain_channel import (
     read_channel,
     with_channel,
 )
+from enginefoundry.spec import parse_spec
 from tests.support.paths import REPO
 
 DIGEST = "sha256:" + "c" * 64

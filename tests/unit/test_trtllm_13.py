@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.errors import InputError
-from enginefoundry.lanes import get_lane
-from enginefoundry.lanes.trtllm_flags import HF_PTQ, LLMAPI_TRITON, MODELOPT, SERVE, emitted_names, flag
-from enginefoundry.plan_report import plan_report
-from enginefoundry.spec import BuildSpec, parse_spec
-from enginefoundry.toolchain import (
+from enginefoundry.build.toolchain import (
     LLMAPI_TEMPLATE,
     ToolSurface,
     UnsupportedByRelease,
     check_against_surface,
     llmapi_template_keys,
 )
-from enginefoundry.units import expand_units
+from enginefoundry.build.units import expand_units
+from enginefoundry.errors import InputError
+from enginefoundry.lanes import get_lane
+from enginefoundry.lanes.trtllm_flags import HF_PTQ, LLMAPI_TRITON, MODELOPT, SERVE, emitted_names, flag
+from enginefoundry.planning.plan_report import plan_report
+from enginefoundry.spec import BuildSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"

@@ -17,9 +17,9 @@ from enginefoundry.cli import main
 from enginefoundry.errors import SpecError
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.trtllm_flags import KNOWN_IMAGES, image_release_problem
-from enginefoundry.plan_report import plan_report
+from enginefoundry.planning.plan_report import plan_report
+from enginefoundry.planning.validate import validate_file
 from enginefoundry.spec import Arch, Precision, parse_spec
-from enginefoundry.validate import validate_file
 from tests.support.fill_template import FILL_STAND_IN
 from tests.support.paths import CONFIGS, FIXTURES
 

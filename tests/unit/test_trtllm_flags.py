@@ -6,6 +6,12 @@ import copy
 
 import pytest
 
+from enginefoundry.build.toolchain import (
+    PROBE_MARKER,
+    parse_probe_output,
+    parse_version,
+    toolchain_from_probe,
+)
 from enginefoundry.errors import SpecError, ToolError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm_flags import (
@@ -24,12 +30,6 @@ from enginefoundry.lanes.trtllm_flags import (
 )
 from enginefoundry.lanes.trtllm_options import EngineOptions, TrtllmOptions, resolve_options, validate_lane_options
 from enginefoundry.spec import load_spec, parse_spec
-from enginefoundry.toolchain import (
-    PROBE_MARKER,
-    parse_probe_output,
-    parse_version,
-    toolchain_from_probe,
-)
 from tests.support.paths import REPO
 from tests.support.trtllm_facts import FACTS_BUILD_FLAGS, FACTS_CONVERT_FLAGS, FACTS_REMOVED, FACTS_SERVE_FLAGS
 
@@ -215,3 +215,5 @@ def test_probe_output_is_read_from_the_marker_line_only():
         parse_probe_output("[TensorRT-LLM] TensorRT LLM version: 1.2.1\nSegmentation fault\n")
     with pytest.raises(ToolError, match="malformed"):
         parse_probe_output(PROBE_MARKER + "{oops\n")
+    with pytest.raises(ToolError, match=r"malformed result line \(not an object\)"):
+        parse_probe_output(PROBE_MARKER + '["3.12.3"]\n')

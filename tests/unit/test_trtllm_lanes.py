@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from enginefoundry.build.toolchain import ToolchainInfo
+from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, ToolError
-from enginefoundry.gpu import GPUInfo
+from enginefoundry.gpu.detect import GPUInfo
 from enginefoundry.lanes import get_lane, triton
 from enginefoundry.lanes.trtllm import (
     AUTOTUNER_CACHE,
@@ -49,8 +51,6 @@ from enginefoundry.lanes.trtllm_flags import (
 )
 from enginefoundry.lanes.trtllm_options import resolve_options
 from enginefoundry.spec import BuildSpec, Variant, load_spec
-from enginefoundry.toolchain import ToolchainInfo
-from enginefoundry.units import Unit, expand_units
 from tests.support.fill_template import FILL_STAND_IN
 from tests.support.paths import CONFIGS, REPO, TINY_MODEL
 from tests.support.trtllm_facts import FACTS_BUILD_FLAGS, FACTS_CONVERT_FLAGS, FACTS_SERVE_FLAGS

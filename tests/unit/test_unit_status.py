@@ -9,9 +9,9 @@ import jsonschema
 import pydantic
 import pytest
 
-from enginefoundry.manifest import Manifest, validate_against_schema
-from enginefoundry.outcomes import verdict
-from enginefoundry.unit_status import UnitStatus
+from enginefoundry.records.outcomes import verdict
+from enginefoundry.store.manifest import Manifest, validate_against_schema
+from enginefoundry.store.unit_status import UnitStatus
 
 
 def _manifest(status: str) -> Manifest:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginefoundry.publish import publish_checkpoint
-from enginefoundry.store import open_store
-from enginefoundry.units import key_of
-from enginefoundry.verify import open_build, verify_build
+from enginefoundry.build.units import key_of
+from enginefoundry.store.backends import open_store
+from enginefoundry.store.publish import publish_checkpoint
+from enginefoundry.store.verify import open_build, verify_build
 from tests.support.paths import TINY_MODEL
 
 

@@ -1,0 +1,114 @@
+"""What every lane's preflight speaks: the model's shape (from its Hugging Face config.json) and one check's verdict.
+
+Lanes add their own checks (`Lane.preflight_checks`) in these terms; planning.preflight runs them with the rules
+that hold for every lane.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.errors import InputError
+from enginefoundry.gpu.precisions import TORCH_BYTES
+
+# --- the model's shape ---------------------------------------------------------------------------------------
+
+class ModelShape(BaseModel):
+    """What the estimates need from a Hugging Face config.json."""
+
+    architectures: list[str] = Field(default_factory=list)
+    model_type: str | None = None
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    gated_mlp: bool = True
+    num_experts: int = 1
+    dtype: str | None = None
+    max_position_embeddings: int | None = None
+    rope_scaling: dict[str, Any] | None = None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        text = config.get("text_config")
+        cfg: dict[str, Any] = text if isinstance(text, dict) else config
+        try:
+            heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            return cls(
+                architectures=list(config.get("architectures") or []),
+                model_type=config.get("model_type"),
+                num_hidden_layers=int(cfg["num_hidden_layers"]),
+                hidden_size=hidden,
+                num_attention_heads=heads,
+                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                intermediate_size=int(cfg["intermediate_size"]),
+                vocab_size=int(cfg["vocab_size"]),
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+                gated_mlp=str(cfg.get("hidden_act", "silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "geglu"),
+                num_experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 1),
+                # transformers 5 writes `dtype`; older configs `torch_dtype`.
+                dtype=cfg.get("dtype") or cfg.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype"),
+                max_position_embeddings=cfg.get("max_position_embeddings"),
+                rope_scaling=cfg.get("rope_scaling"),
+            )
+        except KeyError as err:
+            raise InputError(f"config.json lacks {err.args[0]}: not a decoder-only transformer config") from None
+
+    @property
+    def dtype_bytes(self) -> int:
+        return TORCH_BYTES.get(str(self.dtype), 2)
+
+    @property
+    def context_limit(self) -> int | None:
+        """Longest sequence the model supports (linear/dynamic RoPE scaling extends max_position_embeddings)."""
+        if not self.max_position_embeddings:
+            return None
+        rope = self.rope_scaling or {}
+        kind = rope.get("rope_type") or rope.get("type")
+        if kind in ("linear", "dynamic") and rope.get("factor"):
+            return int(self.max_position_embeddings * float(rope["factor"]))
+        return int(self.max_position_embeddings)
+
+    def params(self) -> dict[str, int]:
+        """Parameter count by part (biases ignored: Llama-family models have none)."""
+        h, hd = self.hidden_size, self.head_dim
+        attn = h * self.num_attention_heads * hd * 2 + h * self.num_key_value_heads * hd * 2
+        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size * self.num_experts
+        router = h * self.num_experts if self.num_experts > 1 else 0
+        return {
+            "embedding": self.vocab_size * h,
+            "linear": self.num_hidden_layers * (attn + mlp + router),
+            "norms": self.num_hidden_layers * 2 * h + h,
+            "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h,
+        }
+
+    def param_count(self) -> int:
+        return sum(self.params().values())
+
+
+def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:  # JSON edge: a Hugging Face config.json
+    path = Path(checkpoint_dir) / "config.json"
+    try:
+        config: dict[str, Any] = json.loads(path.read_text())
+        return config
+    except FileNotFoundError:
+        raise InputError(f"{path} does not exist: the checkpoint folder needs a Hugging Face config.json") from None
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path} is not valid JSON ({err})") from None
+
+
+class Check(BaseModel):
+    name: str
+    ok: bool
+    message: str
+    fix: str | None = None

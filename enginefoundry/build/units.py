@@ -1,0 +1,179 @@
+"""The unit matrix: variant × profile × target, and the cache keys of docs/architecture.md#units-and-cache-keys."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from enginefoundry.identity import sha256_json
+from enginefoundry.spec import BuildSpec, Profile, SearchedUnit, Target, Variant
+from enginefoundry.spec.lane_options import LaneOptions
+
+# Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
+# 2: the weights digest of an hf source covers only the files the build reads (duplicate formats such as
+#    original/*.pth are no longer fetched or hashed; enginefoundry.build.sources.DEFAULT_IGNORE_PATTERNS).
+FORMAT_VERSION = 2
+
+
+class Unit(BaseModel):
+    """One buildable unit: a variant of the checkpoint, a shape profile, a target architecture."""
+
+    model_config = ConfigDict(frozen=True)
+
+    variant: Variant
+    profile: Profile
+    target: Target
+    # Set when the search proposed this unit (its prediction, or why it fell back); never part of a key.
+    searched: SearchedUnit | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}.{self.profile.name}.{self.target.name}"
+
+
+def expand_units(spec: BuildSpec, only_targets: list[str] | None = None) -> list[Unit]:
+    """Every unit the spec asks for, in a stable order; `only_targets` filters by target name."""
+    if only_targets:
+        known = {t.name for t in spec.targets}
+        unknown = sorted(set(only_targets) - known)
+        if unknown:
+            from enginefoundry.errors import InputError
+
+            raise InputError(f"targets {unknown} are not in the spec; known targets: {sorted(known)}")
+    units = []
+    for variant in spec.variants:
+        for target in spec.targets:
+            if variant.targets is not None and target.name not in variant.targets:
+                continue
+            if only_targets and target.name not in only_targets:
+                continue
+            for profile in spec.profiles:
+                units.append(Unit(variant=variant, profile=profile, target=target))
+    return _with_searched(spec, only_targets, units)
+
+
+def _with_searched(spec: BuildSpec, only_targets: list[str] | None, units: list[Unit]) -> list[Unit]:
+    """The units the search decided, after the hand-written ones. One the spec already names is the same unit
+    (same key): it keeps its place and gains the search's prediction."""
+    by_name = {t.name: t for t in spec.targets}
+    index = {u.name: i for i, u in enumerate(units)}
+    for s in spec.searched:
+        if s.target not in by_name or (only_targets and s.target not in only_targets):
+            continue
+        unit = Unit(variant=s.variant, profile=s.profile, target=by_name[s.target], searched=s)
+        if unit.name in index:
+            units[index[unit.name]] = unit
+        else:
+            index[unit.name] = len(units)
+            units.append(unit)
+    return units
+
+
+def toolchain_identity(spec: BuildSpec, lane_versions: dict[str, str]) -> dict[str, Any]:
+    """The toolchain part of a key: pinned versions and image digest, plus what the lane reports."""
+    return {
+        "lane": spec.lane,
+        "trtllm_version": spec.toolchain.trtllm_version,
+        "image_digest": spec.toolchain.image_digest,
+        "versions": dict(sorted(lane_versions.items())),
+    }
+
+
+def target_identity(target: Target) -> dict[str, Any]:
+    """Architecture and SKU class; never the host name or GPU UUID (those are not build inputs)."""
+    return {"arch": target.arch.value, "sku": sorted(s.lower() for s in target.sku), "gpu_count": target.gpu_count}
+
+
+def checkpoint_key_components(
+    spec: BuildSpec, variant: Variant, weights_digest: str, tokenizer_digest: str, toolchain: dict[str, Any]
+) -> dict[str, Any]:
+    calib = variant.calibration.model_dump(mode="json") if variant.calibration else None
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": "checkpoint",
+        "weights_digest": weights_digest,
+        "tokenizer_digest": tokenizer_digest,
+        "lane": spec.lane,
+        "toolchain": toolchain,
+        "variant": variant.model_dump(mode="json", exclude={"targets"}),
+        "calibration": calib,
+    }
+
+
+def unit_key_components(
+    spec: BuildSpec, unit: Unit, weights_digest: str, tokenizer_digest: str, toolchain: dict[str, Any],
+    lane_options: LaneOptions | dict[str, Any] | None = None,  # JSON edge: the options the spec set
+) -> dict[str, Any]:
+    """Everything that changes what a unit's build produces. No paths, clocks or credentials."""
+    calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": "unit",
+        "weights_digest": weights_digest,
+        "tokenizer_digest": tokenizer_digest,
+        "lane": spec.lane,
+        "toolchain": toolchain,
+        "variant": unit.variant.model_dump(mode="json", exclude={"targets"}),
+        "profile": unit.profile.model_dump(mode="json"),
+        "target": target_identity(unit.target),
+        "calibration": calib,
+        "lane_options": dict(sorted((lane_options or {}).items())),
+    }
+
+
+class ToolchainIdentity(BaseModel):
+    """The toolchain part of a key (`toolchain_identity`): the spec's pins and the versions the lane reports."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lane: str
+    trtllm_version: str | None
+    image_digest: str | None
+    versions: dict[str, str]
+
+
+class TargetIdentity(BaseModel):
+    """The target part of a unit key (`target_identity`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    arch: str
+    sku: list[str]
+    gpu_count: int
+
+
+class KeyComponents(BaseModel):
+    """A key's components, typed: what stages read (the toolchain a worker must match) and what travels to a
+    worker. Made from, and hashed and recorded as, the JSON of `unit_key_components` /
+    `checkpoint_key_components` (`as_json` gives back exactly the keys it was made from), so no key changes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format_version: int
+    kind: Literal["unit", "checkpoint"]
+    weights_digest: str
+    tokenizer_digest: str
+    lane: str
+    toolchain: ToolchainIdentity
+    variant: dict[str, Any]  # JSON edge: the variant as hashed (spec fields, without its target list)
+    calibration: dict[str, Any] | None  # JSON edge: the calibration as hashed
+    profile: dict[str, Any] | None = None  # JSON edge: the profile as hashed; unit keys only
+    target: TargetIdentity | None = None  # unit keys only
+    lane_options: dict[str, Any] | None = None  # JSON edge: the options the spec set; unit keys only
+
+    @classmethod
+    def of(cls, components: dict[str, Any]) -> KeyComponents:  # JSON edge: components as made or recorded
+        return cls.model_validate(components)
+
+    def as_json(self) -> dict[str, Any]:  # JSON edge: the form keys hash and manifests record
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    @property
+    def key(self) -> str:
+        return key_of(self)
+
+
+def key_of(components: KeyComponents | dict[str, Any]) -> str:
+    """The key: the hash of the components' canonical JSON (typed or as recorded: the same key)."""
+    return sha256_json(components.as_json() if isinstance(components, KeyComponents) else components)

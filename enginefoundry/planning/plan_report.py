@@ -1,0 +1,93 @@
+"""What `plan` shows: the unit matrix, each unit's commands and preflight verdicts; nothing runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from enginefoundry.build.model_shape import Check
+from enginefoundry.build.units import Unit, expand_units
+from enginefoundry.lanes import get_lane
+from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight
+from enginefoundry.spec import BuildSpec, SourceKind
+
+# Known model configs, so the VRAM estimates work before anything is downloaded.
+KNOWN_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "model-configs"
+
+
+class PlanReport(BaseModel):
+    rows: list[dict[str, str]]
+    commands: dict[str, list[str]]
+    preflight: dict[str, PreflightReport]
+
+    @property
+    def refused(self) -> int:
+        return sum(not r.ok for r in self.preflight.values())
+
+
+def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:
+    """The checkpoint's config.json without downloading: a local source, else a known config by model name."""
+    src = spec.model.parsed_source(spec.base_path)
+    candidates = [Path(src.location) / "config.json"] if src.kind is SourceKind.LOCAL else []
+    candidates.append(KNOWN_CONFIGS / f"{spec.model.name}.json")
+    for path in candidates:
+        if path.is_file():
+            return json.loads(path.read_text())
+    return None
+
+
+# Check.name of a lane-option refusal (`Lane.validate_options`) copied into a unit's verdict; `validate` reports
+# those by field already.
+SPEC_CHECK = "spec"
+
+
+def spec_checks(spec: BuildSpec, unit: Unit, problems: list[tuple[str, str]]) -> list[Check]:
+    """The lane's refusals that concern this unit: its variant's (`variants.<i>…`) and the lane-wide ones."""
+    index = next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None)
+    out = []
+    for field, message in problems:
+        parts = field.split(".")
+        if parts[0] == "variants" and len(parts) > 1 and parts[1] != str(index):
+            continue
+        out.append(Check(name=SPEC_CHECK, ok=False, message=f"{field}: {message}"))
+    return out
+
+
+def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanReport:
+    lane = get_lane(spec.lane)
+    config = model_config_for(spec)
+    lane_problems = list(lane.validate_options(spec))
+    rows, commands, reports = [], {}, {}
+    for unit in expand_units(spec, only_targets):
+        report = preflight(spec, unit, config, None)
+        refused_by_spec = spec_checks(spec, unit, lane_problems)
+        report.checks[:0] = refused_by_spec
+        reports[unit.name] = report
+        problems = report.problems
+        rows.append({
+            "unit": unit.name, "precision": unit.variant.precision.value,
+            "tp×pp": f"{unit.variant.tp}×{unit.variant.pp}", "target": unit.target.name,
+            "arch": unit.target.arch.value, "pool": unit.target.pool,
+            "batch/in/seq": f"{unit.profile.max_batch_size}/{unit.profile.max_input_len}/{unit.profile.max_seq_len}",
+            "memory estimate": format_estimates(report).rsplit(" · ", 1)[0],
+            "verdict": "ok" if not problems else "refused: " + "; ".join(
+                f"{c.message}" + (f" (fix: {c.fix})" if c.fix else "") for c in problems),
+        })
+        if refused_by_spec:  # the lane cannot render what it refuses (e.g. a precision it has no route for)
+            commands[unit.name] = ["(not rendered: the lane refuses this unit, see its verdict)"]
+        else:
+            commands[unit.name] = [f"[{c.description}] {c.shell()}" for c in lane.describe(spec, unit)]
+    return PlanReport(rows=rows, commands=commands, preflight=reports)
+
+
+def refuse_on_preflight(spec: BuildSpec, only_targets: list[str] | None = None) -> None:
+    """Raise PreflightError listing every refused unit, before any download or GPU time."""
+    from enginefoundry.errors import PreflightError
+
+    report = plan_report(spec, only_targets)
+    if report.refused:
+        lines = [f"  {row['unit']}: {row['verdict']}" for row in report.rows if row["verdict"] != "ok"]
+        raise PreflightError(f"{report.refused} unit(s) cannot succeed:\n" + "\n".join(lines))

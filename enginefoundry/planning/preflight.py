@@ -1,0 +1,506 @@
+"""Preflight: can this unit succeed on its target? Every problem at once, before any download or GPU time.
+
+Preflight knows no lane by name: the unit's lane adds its own checks (precision × architecture, plugins, chunked
+prefill: `Lane.preflight_checks`) and answers for its memory model (`needs_gpu`, `embedding_sharded`,
+`sizes_kv_pool`, `build_footprint`). The rules here hold for every lane (facts/trtllm.md §2, §12):
+- max_input_len < max_seq_len ≤ the model's context;
+- tp × pp ≤ the target's GPU count; attention heads divisible by tp, KV heads divisible by tp (or tp by them);
+- VRAM: weights per GPU, then the KV pool TensorRT-LLM sizes from what is left (see `estimate_memory`);
+- host memory and disk for the build, measured where the build runs.
+
+`model_config` is the checkpoint's Hugging Face config.json; without it the shape-dependent checks are skipped
+with a note (configs/model-configs/ has the Llama 3 configs, so `plan` can estimate without a download).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.build.model_shape import Check, ModelShape
+from enginefoundry.build.units import Unit
+from enginefoundry.errors import PreflightError
+from enginefoundry.gpu.detect import GPUInfo, match_target
+from enginefoundry.gpu.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
+from enginefoundry.lanes.registry import get_lane
+from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
+
+GIB = 1024**3
+
+# Share of the memory left after the weights that TensorRT-LLM spends before it sizes the KV pool: CUDA context,
+# activation buffers (max_num_tokens), cuBLAS workspaces, CUDA graphs. The KV fraction then applies to the rest.
+RUNTIME_MARGIN = 0.12
+# Refuse a profile whose max_batch_size × max_seq_len is more than this many times the tokens the KV pool holds.
+# Paged KV admits requests while blocks are free, so 2–10× is normal (real requests are shorter than
+# max_seq_len, and the scheduler queues the rest); at typical lengths (≈ half of max_seq_len) 16× full-length
+# means ≈ 8× oversubscription, where max_batch_size is fiction and its buffers are waste.
+OVERSUBSCRIPTION_LIMIT = 16.0
+
+# Bytes per weight of the quantized linear layers, scales included: int4 AWQ/weight-only keep a 16-bit scale per
+# group of 128; NVFP4 an FP8 scale per block of 16. Embeddings, lm_head and norms stay in the activation dtype
+# (ModelOpt and convert_checkpoint leave lm_head unquantized by default).
+LINEAR_BYTES = {
+    Precision.FP32: 4.0, Precision.FP16: 2.0, Precision.BF16: 2.0, Precision.FP8: 1.0, Precision.INT8_WO: 1.0,
+    Precision.INT4_WO: 0.5 + 2 / 128, Precision.INT4_AWQ: 0.5 + 2 / 128, Precision.NVFP4: 0.5 + 1 / 16,
+}
+
+# --- report --------------------------------------------------------------------------------------------------
+
+
+class MemoryEstimate(BaseModel):
+    params: int
+    weights_bytes_total: int
+    weights_bytes_per_gpu: int
+    kv_bytes_per_token_per_gpu: int
+    gpu_memory_bytes: int | None = None
+    gpu_memory_source: str | None = None
+    kv_budget_bytes: int | None = None
+    kv_tokens_fit: int | None = None
+    full_sequences_fit: int | None = None
+    oversubscription: float | None = Field(default=None, description="max_batch_size × max_seq_len / tokens_fit")
+    host_needed_bytes: int | None = None
+    host_available_bytes: int | None = None
+    disk_needed_bytes: int | None = None
+    disk_free_bytes: int | None = None
+
+
+class PreflightReport(BaseModel):
+    unit: str
+    lane: str
+    target: str
+    checks: list[Check] = Field(default_factory=list)
+    estimates: MemoryEstimate | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def problems(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def raise_for_problems(self) -> None:
+        if self.ok:
+            return
+        lines = [f"  {c.name}: {c.message}" + (f" — fix: {c.fix}" if c.fix else "") for c in self.problems]
+        raise PreflightError(f"unit {self.unit} cannot succeed on target {self.target} "
+                             f"({len(lines)} problem(s)):\n" + "\n".join(lines))
+
+
+# --- host resources ------------------------------------------------------------------------------------------
+
+def host_memory_bytes(cgroup_root: Path = Path("/sys/fs/cgroup"), meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Memory a build may use: the cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) capped by MemTotal."""
+    total = None
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+                break
+    except OSError:
+        pass
+    limit = None
+    for f in (cgroup_root / "memory.max", cgroup_root / "memory" / "memory.limit_in_bytes"):
+        try:
+            raw = f.read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 2**60:  # "max" / a huge number: no limit
+            limit = int(raw)
+        break
+    values = [v for v in (total, limit) if v]
+    return min(values) if values else None
+
+
+def free_disk_bytes(path: Path) -> int | None:
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+# --- the checks ----------------------------------------------------------------------------------------------
+
+def _cc(arch: Arch) -> tuple[int, int] | None:
+    return arch.compute_capability
+
+
+def _length_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
+    p = unit.profile
+    out = []
+    if p.max_input_len >= p.max_seq_len:
+        out.append(Check(name="lengths", ok=False,
+                         message=f"max_input_len ({p.max_input_len}) must be < max_seq_len ({p.max_seq_len})",
+                         fix="max_seq_len counts input plus output tokens: raise it or lower max_input_len"))
+    else:
+        out.append(Check(name="lengths", ok=True, message=f"input ≤ {p.max_input_len}, sequence ≤ {p.max_seq_len}"))
+    limit = shape.context_limit if shape else None
+    if limit and p.max_seq_len > limit:
+        out.append(Check(name="context_window", ok=False,
+                         message=f"max_seq_len {p.max_seq_len} exceeds the model's context of {limit} tokens",
+                         fix=f"max_seq_len ≤ {limit}"))
+    return out
+
+
+def _parallel_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
+    v, t = unit.variant, unit.target
+    world = v.tp * v.pp
+    out = []
+    if t.arch is Arch.CPU:
+        if get_lane(spec.lane).needs_gpu:
+            out.append(Check(name="device", ok=False, message=f"lane {spec.lane} needs an NVIDIA GPU; target "
+                                                               f"{t.name} is cpu",
+                             fix="use a lane that runs on cpu targets, or a GPU target (sm80+)"))
+        return out
+    if world > t.gpu_count:
+        out.append(Check(name="parallelism", ok=False,
+                         message=f"tp × pp = {world} GPUs, target {t.name} has gpu_count {t.gpu_count}",
+                         fix=f"gpu_count ≥ {world} on the target, or lower tp/pp"))
+    else:
+        extra = f" (uses {world} of {t.gpu_count})" if world < t.gpu_count else ""
+        out.append(Check(name="parallelism", ok=True, message=f"tp {v.tp} × pp {v.pp} on {t.gpu_count} GPU(s){extra}"))
+    if shape:
+        problems = []
+        if shape.num_attention_heads % v.tp:
+            problems.append(f"{shape.num_attention_heads} attention heads are not divisible by tp {v.tp}")
+        kv = shape.num_key_value_heads
+        if kv % v.tp and v.tp % kv:
+            problems.append(f"{kv} KV heads are not divisible by tp {v.tp} (nor tp by them)")
+        if v.pp > shape.num_hidden_layers:
+            problems.append(f"pp {v.pp} exceeds the {shape.num_hidden_layers} layers")
+        if problems:
+            divisors = [d for d in (1, 2, 4, 8, 16)
+                        if shape.num_attention_heads % d == 0 and (kv % d == 0 or d % kv == 0)]
+            out.append(Check(name="heads_divisible", ok=False, message="; ".join(problems),
+                             fix=f"tp in {divisors}"))
+        else:
+            note = " (KV heads replicated: tp > KV heads)" if v.tp > kv else ""
+            out.append(Check(name="heads_divisible", ok=True,
+                             message=f"{shape.num_attention_heads} heads / {kv} KV heads split over tp {v.tp}{note}"))
+    return out
+
+
+# --- memory --------------------------------------------------------------------------------------------------
+
+def _gpu_memory(target: Target, gpus: Sequence[GPUInfo] | None) -> tuple[int | None, str | None]:
+    if gpus:
+        try:
+            used = match_target(target, gpus)
+        except PreflightError:
+            used = []
+        if used:
+            g = min(used, key=lambda x: x.memory_total_mib)
+            return g.memory_total_mib * 1024 * 1024, f"detected {g.name}"
+    if target.memory_gib:
+        return int(target.memory_gib * GIB), "target.memory_gib"
+    return None, None
+
+
+def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_bytes: int | None,
+                    gpu_memory_source: str | None = None) -> MemoryEstimate:
+    """Weights per GPU, KV bytes per token per GPU, and how many tokens the KV pool holds.
+
+    TensorRT-LLM loads the weights, allocates activations, then gives `kv_cache_free_gpu_memory_fraction` of the
+    free memory to the KV pool. Estimate: kv_budget = (memory − weights) × (1 − RUNTIME_MARGIN) × fraction.
+    The engine lane replicates the embedding on every TP rank (convert_checkpoint's --use_parallel_embedding
+    is off by default); the PyTorch backend shards it.
+    """
+    v, p = unit.variant, unit.profile
+    act = activation_dtype(v.precision, shape) or "bfloat16"
+    act_bytes = TORCH_BYTES.get(act, 2)
+    parts = shape.params()
+    linear_bytes = parts["linear"] * LINEAR_BYTES[v.precision]
+    other_bytes = (parts["lm_head"] + parts["norms"]) * act_bytes
+    embed_bytes = parts["embedding"] * act_bytes
+    world = v.tp * v.pp
+    total = int(linear_bytes + other_bytes + embed_bytes)
+    embed_per_gpu = embed_bytes / world if get_lane(spec.lane).embedding_sharded else embed_bytes / v.pp
+    per_gpu = int((linear_bytes + other_bytes) / world + embed_per_gpu)
+
+    kv_bytes = KV_BYTES.get(
+        v.kv_cache_dtype, act_bytes)
+    layers_per_stage = math.ceil(shape.num_hidden_layers / v.pp)
+    kv_heads_per_gpu = math.ceil(shape.num_key_value_heads / v.tp)
+    kv_per_token = layers_per_stage * 2 * kv_heads_per_gpu * shape.head_dim * kv_bytes
+
+    est = MemoryEstimate(params=shape.param_count(), weights_bytes_total=total, weights_bytes_per_gpu=per_gpu,
+                         kv_bytes_per_token_per_gpu=kv_per_token, gpu_memory_bytes=gpu_memory_bytes,
+                         gpu_memory_source=gpu_memory_source)
+    if gpu_memory_bytes:
+        free = max(0, gpu_memory_bytes - per_gpu)
+        budget = int(free * (1 - RUNTIME_MARGIN) * p.kv_cache_free_gpu_memory_fraction)
+        tokens = budget // kv_per_token if kv_per_token else 0
+        est.kv_budget_bytes = budget
+        est.kv_tokens_fit = tokens
+        est.full_sequences_fit = tokens // p.max_seq_len
+        est.oversubscription = round(p.max_batch_size * p.max_seq_len / tokens, 2) if tokens else math.inf
+    return est
+
+
+def _vram_checks(spec: BuildSpec, unit: Unit, shape: ModelShape, est: MemoryEstimate) -> list[Check]:
+    v, p, t = unit.variant, unit.profile, unit.target
+    if not est.gpu_memory_bytes:
+        return []
+    mem = est.gpu_memory_bytes
+    out = []
+    usable = mem * (1 - RUNTIME_MARGIN)
+    if est.weights_bytes_per_gpu > usable:
+        need_tp = next((n for n in (2, 4, 8, 16) if est.weights_bytes_per_gpu * v.tp / n <= usable), None)
+        fixes = []
+        if need_tp:
+            fixes.append(f"tp {need_tp} on {need_tp}+ GPUs")
+        cc = _cc(t.arch) or (0, 0)
+        smaller = ["fp8"] if cc >= (8, 9) else []
+        smaller += ["nvfp4"] if cc >= (10, 0) else ["int4_awq", "int8_wo"]
+        fixes.append(f"a smaller precision on {t.arch.value} ({', '.join(smaller)})")
+        fixes.append("GPUs with more memory")
+        out.append(Check(name="weights_fit", ok=False,
+                         message=f"weights need {_gib(est.weights_bytes_per_gpu)} per GPU; {_gib(mem)} GPUs "
+                                 f"({est.gpu_memory_source}) leave {_gib(usable)} after the runtime margin",
+                         fix="; or ".join(fixes)))
+        return out
+    out.append(Check(name="weights_fit", ok=True,
+                     message=f"weights {_gib(est.weights_bytes_per_gpu)} per GPU of {_gib(mem)}"))
+    if not get_lane(spec.lane).sizes_kv_pool:
+        return out
+    tokens = est.kv_tokens_fit or 0
+    if tokens < p.max_seq_len:
+        out.append(Check(name="kv_budget", ok=False,
+                         message=f"the KV cache holds ≈{tokens} tokens, less than one sequence of max_seq_len "
+                                 f"{p.max_seq_len}",
+                         fix="lower max_seq_len, raise kv_cache_free_gpu_memory_fraction, use an fp8 KV cache "
+                             "(sm89+), or raise tp"))
+    elif (est.oversubscription or 0) > OVERSUBSCRIPTION_LIMIT:
+        fit_batch = int(OVERSUBSCRIPTION_LIMIT * tokens // p.max_seq_len)
+        out.append(Check(name="kv_budget", ok=False,
+                         message=f"max_batch_size {p.max_batch_size} × max_seq_len {p.max_seq_len} is "
+                                 f"{est.oversubscription:.0f}× the ≈{tokens} tokens the KV cache holds (limit "
+                                 f"{OVERSUBSCRIPTION_LIMIT:.0f}×)",
+                         fix=f"max_batch_size ≤ {max(fit_batch, 1)}, a shorter max_seq_len, an fp8 KV cache, or "
+                             "more GPUs (tp)"))
+    else:
+        over = est.oversubscription or 0
+        tail = (f"; max_batch_size {p.max_batch_size} full-length would need {over:.1f}× that: paged KV admits "
+                "fewer at once" if over > 1 else "")
+        out.append(Check(name="kv_budget", ok=True,
+                         message=f"KV cache ≈{tokens} tokens = {est.full_sequences_fit} sequences of "
+                                 f"{p.max_seq_len}{tail}"))
+    return out
+
+
+def _host_checks(spec: BuildSpec, unit: Unit, shape: ModelShape, est: MemoryEstimate, on_worker: bool,
+                 workdir: Path, host_memory: int | None) -> list[Check]:
+    v = unit.variant
+    world = v.tp * v.pp
+    source_bytes = shape.param_count() * shape.dtype_bytes
+    per_rank = est.weights_bytes_total // world
+    host, disk = get_lane(spec.lane).build_footprint(spec, unit, est, source_bytes, per_rank)
+    host = int(host * 1.1)
+    est.host_needed_bytes, est.host_available_bytes = host, host_memory
+    free = free_disk_bytes(workdir)
+    est.disk_needed_bytes, est.disk_free_bytes = int(disk), free
+    out = []
+    where = "this host" if on_worker else "this host (not the build worker: informational)"
+    if host_memory is not None:
+        ok = host <= host_memory or not on_worker
+        out.append(Check(name="host_memory", ok=ok,
+                         message=f"the build needs ≈{_gib(host)} host memory; {where} allows {_gib(host_memory)}",
+                         fix=None if ok else "lane option load_by_shard: true, build_workers: 1, or a bigger host"))
+    if free is not None:
+        ok = disk <= free or not on_worker
+        out.append(Check(name="disk", ok=ok,
+                         message=f"checkpoint + artifacts need ≈{_gib(disk)}; {where} has {_gib(free)} free at "
+                                 f"{workdir}",
+                         fix=None if ok else "free disk space or point the work folder at a larger volume"))
+    return out
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+REFERENCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class ReferenceFit(BaseModel):
+    """Where a source reference of one dtype would run, what it needs and what that place allows."""
+
+    dtype: str
+    device: ReferenceDevice
+    need: int
+    limit: int | None  # None: unknown here (no spec limit, no detected host or GPUs, no memory_gib)
+    where: str  # what sets the limit, e.g. "smoke.reference_host_memory_gib allows"
+    place: str = "the host CPU"
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.limit is None else self.need <= self.limit
+
+
+def reference_need(shape: ModelShape, dtype: str) -> int:
+    """The whole source in `dtype` (params × bytes), +20% for activations, the KV of greedy decoding and the
+    tokenizer."""
+    return int(shape.param_count() * REFERENCE_DTYPE_BYTES.get(dtype, 4) * 1.2)
+
+
+def reference_fit(spec: BuildSpec, unit: Unit, shape: ModelShape, dtype: str, device: ReferenceDevice,
+                  host_memory: int | None, gpus: Sequence[GPUInfo] | None) -> ReferenceFit:
+    """cpu: host RAM (`smoke.reference_host_memory_gib`, else this host's). gpu: the unit's GPUs on its worker
+    (the model sharded by device_map="auto"): the detected GPUs of the target, else tp × pp GPUs of the
+    target's memory_gib, less the runtime margin; a cpu target has none."""
+    need = reference_need(shape, dtype)
+    if device is ReferenceDevice.CPU:
+        allowed = spec.smoke.reference_host_memory_gib
+        if allowed is not None:
+            return ReferenceFit(dtype=dtype, device=device, need=need, limit=int(allowed * GIB),
+                                where="smoke.reference_host_memory_gib allows")
+        return ReferenceFit(dtype=dtype, device=device, need=need, limit=host_memory, where="this host has")
+    t = unit.target
+    if t.arch is Arch.CPU or t.gpu_count == 0:
+        return ReferenceFit(dtype=dtype, device=device, need=need, limit=0, where=f"target {t.name} has no GPU:")
+    mem, source = _gpu_memory(t, gpus)
+    if mem is None:
+        return ReferenceFit(dtype=dtype, device=device, need=need, limit=None,
+                            where=f"target {t.name}'s GPU memory is unknown (no detected GPU, no memory_gib)")
+    count = unit.variant.tp * unit.variant.pp
+    if gpus:
+        with contextlib.suppress(PreflightError):  # GPUs that do not match: gpu_match refuses them
+            count = max(count, len(match_target(t, gpus)))
+    usable = int(count * mem * (1 - RUNTIME_MARGIN))
+    place = f"{count}× {_gib(mem)} GPUs of target {t.name} ({source})"
+    return ReferenceFit(dtype=dtype, device=device, need=need, limit=usable, where=f"{place} leave", place=place)
+
+
+def _fit_text(fit: ReferenceFit) -> str:
+    where = fit.where if fit.limit is None else f"{fit.where} {_gib(fit.limit)}"
+    what = "host memory" if fit.device is ReferenceDevice.CPU else "on GPUs"
+    return f"the {fit.dtype} smoke reference needs ≈{_gib(fit.need)} {what}; {where}"
+
+
+def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None, *, on_worker: bool,
+                    gpus: Sequence[GPUInfo] | None = None) -> Check:
+    """The smoke reference of one unit, before any download. A unit judged against its sibling loads no model.
+    A source reference loads the whole source in `smoke.reference_precision` on `smoke.reference_device`
+    (reference_fit). It is refused when it exceeds what the spec allows (reference_host_memory_gib, the
+    target's GPUs) or, on the worker, the host's memory; the fix lists every option that fits in this spec."""
+    from enginefoundry.spec.siblings import sibling_variant
+
+    sibling = sibling_variant(spec, unit.variant)
+    if sibling is not None:
+        return Check(name="reference_memory", ok=True,
+                     message=f"judged against sibling unit {sibling.name}.{unit.profile.name}.{unit.target.name}'s "
+                             "served answers: no reference model is loaded")
+    dtype, device = spec.smoke.reference_precision, spec.smoke.reference_device
+    fit = reference_fit(spec, unit, shape, dtype, device, host_memory, gpus)
+    host_unchecked = device is ReferenceDevice.CPU and spec.smoke.reference_host_memory_gib is None and not on_worker
+    ok = fit.fits is not False or host_unchecked
+    if fit.limit is None or ok:
+        return Check(name="reference_memory", ok=True, message=_fit_text(fit))
+    return Check(name="reference_memory", ok=False, message=_fit_text(fit),
+                 fix="; or ".join(reference_fixes(spec, unit, shape, host_memory, gpus, fit)))
+
+
+def reference_fixes(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None,
+                    gpus: Sequence[GPUInfo] | None, failed: ReferenceFit) -> list[str]:
+    """Every way to a reference that fits in this spec: another precision, another device, a sibling unit whose
+    own reference fits, a larger host or GPUs, or answers already published."""
+    from enginefoundry.spec.siblings import higher_precision_variants
+
+    fixes = []
+    for dtype in ("bf16",) if failed.dtype == "fp32" else ():
+        alt = reference_fit(spec, unit, shape, dtype, failed.device, host_memory, gpus)
+        if alt.fits:
+            fixes.append(f"smoke.reference_precision: {dtype} (≈{_gib(alt.need)} on {alt.device.value})")
+    other = ReferenceDevice.GPU if failed.device is ReferenceDevice.CPU else ReferenceDevice.CPU
+    for dtype in dict.fromkeys((failed.dtype, "bf16") if failed.dtype == "fp32" else (failed.dtype,)):
+        alt = reference_fit(spec, unit, shape, dtype, other, host_memory, gpus)
+        if alt.fits:
+            extra = f" with smoke.reference_precision: {dtype}" if dtype != failed.dtype else ""
+            fixes.append(f"smoke.reference_device: {other.value}{extra} (≈{_gib(alt.need)} on {alt.place})")
+            break
+    for variant in higher_precision_variants(spec, unit.variant, unit.target.name):
+        sib = Unit(variant=variant, profile=unit.profile, target=unit.target)
+        if reference_fit(spec, sib, shape, failed.dtype, failed.device, host_memory, gpus).fits:
+            fixes.append(f"smoke.reference: sibling with smoke.reference_sibling: {variant.name} (unit {sib.name}, "
+                         f"whose own {failed.dtype} reference fits, judges this unit by its served answers)")
+            break
+    fixes.append("a larger reference host (smoke.reference_host_memory_gib ≥ "
+                 f"{math.ceil(failed.need / GIB)})" if failed.device is ReferenceDevice.CPU else
+                 f"GPUs with more memory for target {unit.target.name} (≥ {_gib(failed.need)} in all)")
+    fixes.append("reference answers already published for this source (computed once where they fit)")
+    return fixes
+
+
+# --- entry points --------------------------------------------------------------------------------------------
+
+def preflight(spec: BuildSpec, unit: Unit, model_config: dict[str, Any] | None, gpus: list[GPUInfo] | None,
+              *, workdir: Path | None = None, host_memory: int | None = None) -> PreflightReport:
+    """Check one unit. `gpus` = the build worker's detected GPUs (None when planning elsewhere): with them the
+    GPU match, host memory and disk checks can refuse; without them they only inform."""
+    report = PreflightReport(unit=unit.name, lane=spec.lane, target=unit.target.name)
+    t = unit.target
+    shape = ModelShape.from_config(model_config) if model_config else None
+    if shape is not None:
+        report.checks.append(reference_check(spec, unit, shape, host_memory if host_memory is not None else
+                                             host_memory_bytes(), on_worker=gpus is not None, gpus=gpus))
+    lane = get_lane(spec.lane)
+    if t.arch is Arch.CPU and not lane.needs_gpu:
+        report.checks.append(Check(name="device", ok=True, message="cpu target: no GPU checks apply"))
+        report.notes.append(f"cpu target on lane {spec.lane}: precision, VRAM and parallelism checks do not apply")
+        return report
+    if gpus is not None and t.arch is not Arch.CPU:
+        try:
+            used = match_target(t, gpus)
+            report.checks.append(Check(name="gpu_match", ok=True,
+                                       message=f"{len(used)}× {used[0].name} ({used[0].arch})" if used else "ok"))
+        except PreflightError as err:
+            report.checks.append(Check(name="gpu_match", ok=False, message=str(err),
+                                       fix=f"run on a worker of pool {t.pool}"))
+    report.checks += lane.preflight_checks(spec, unit, shape)  # precision × arch, plugins, chunked prefill
+    report.checks += _length_checks(spec, unit, shape)
+    report.checks += _parallel_checks(spec, unit, shape)
+    if t.arch is Arch.CPU:
+        return report
+    if shape is None:
+        report.notes.append("model config unknown: head-divisibility, VRAM, host-memory and disk estimates skipped")
+        return report
+    mem, source = _gpu_memory(t, gpus)
+    est = estimate_memory(spec, unit, shape, mem, source)
+    report.estimates = est
+    if mem is None:
+        report.notes.append(f"GPU memory unknown (no detected GPU, no memory_gib on target {t.name}): VRAM check "
+                            "skipped")
+    else:
+        report.checks += _vram_checks(spec, unit, shape, est)
+    host = host_memory if host_memory is not None else host_memory_bytes()
+    report.checks += _host_checks(spec, unit, shape, est, gpus is not None, workdir or Path(os.getcwd()), host)
+    return report
+
+
+def format_estimates(report: PreflightReport) -> str:
+    """One line for the plan table: params, weights per GPU, KV per token, tokens and sequences that fit."""
+    e = report.estimates
+    if e is None:
+        return "; ".join(report.notes) or "no estimates"
+    parts = [f"{e.params / 1e9:.1f}B params", f"weights {_gib(e.weights_bytes_per_gpu)}/GPU",
+             f"KV {e.kv_bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU"]
+    if e.kv_tokens_fit is not None:
+        parts.append(f"KV pool ≈{e.kv_tokens_fit / 1000:.1f}k tokens ({e.full_sequences_fit} full sequences)")
+        if e.oversubscription is not None and e.oversubscription > 1:
+            parts.append(f"batch × seq = {e.oversubscription:.1f}× pool")
+    else:
+        parts.append("GPU memory unknown")
+    problems = report.problems
+    status = "ok" if not problems else "REFUSED: " + ", ".join(c.name for c in problems)
+    return " · ".join(parts) + f" · {status}"

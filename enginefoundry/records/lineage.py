@@ -1,0 +1,188 @@
+"""`lineage`: what produced this artifact? Answered from MLflow and the manifest alone.
+
+A reference is a store URI (of the manifest or its folder), a unit key, or `models:/name@alias`
+(or `models:/name/version`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from enginefoundry import tracking_tags as mltags
+from enginefoundry.errors import InputError
+from enginefoundry.store.manifest import Manifest
+
+_KEY = re.compile(r"^[0-9a-f]{12,64}$")
+
+
+def read_manifest_uri(uri: str, anchor: tuple[str, str] | None = None) -> Manifest:
+    """The unit manifest of a store URI: a build's manifest, a key folder (its current build), or a version 1
+    `…/artifacts/<model>/<key>[/manifest.json]`. StoreError when its bytes differ from a digest recorded for it
+    (the key's pointer history; `anchor`: (where, sha256) from the reference it came from)."""
+    from enginefoundry.errors import StoreError
+    from enginefoundry.store.publish import anchor_problems
+    from enginefoundry.store.verify import open_build
+
+    store, build = open_build(uri, anchor=anchor)
+    changed = [p.line() for p in anchor_problems(store, build) if p.expected]
+    if changed:
+        raise StoreError(f"{uri} is not the manifest that was published: {'; '.join(changed)}")
+    if build.manifest is None:
+        raise InputError(f"{uri} is a converted checkpoint, not a unit")
+    return build.manifest
+
+
+def _client(mlflow_uri: str):  # -> MlflowClient
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=mlflow_uri)
+
+
+def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
+    """(manifest, manifest URI, registry facts) for any kind of reference."""
+    registry: dict[str, Any] = {}
+    if ref.startswith("models:/"):
+        from mlflow.exceptions import MlflowException
+
+        body = ref.removeprefix("models:/")
+        try:
+            if "@" in body:
+                name, alias = body.split("@", 1)
+                version = _client(mlflow_uri).get_model_version_by_alias(name, alias)
+                registry["alias"] = alias
+            else:
+                name, number = body.rsplit("/", 1)
+                version = _client(mlflow_uri).get_model_version(name, number)
+        except (MlflowException, ValueError) as err:
+            raise InputError(f"{ref}: not found in the MLflow registry at {mlflow_uri} ({str(err)[:150]})") from None
+        registry.update({"registered_model": name, "version": version.version, "source": version.source,
+                         "manifest_sha256": version.tags.get(mltags.MANIFEST_SHA256, "")})
+        uri = version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/")
+        return read_manifest_uri(uri, registry_anchor(registry)), uri, registry
+    if ref.startswith(("file://", "s3://")):
+        return read_manifest_uri(ref), ref, registry
+    if _KEY.match(ref):
+        runs = _client(mlflow_uri).search_runs(
+            experiment_ids=[e.experiment_id for e in _client(mlflow_uri).search_experiments()],
+            filter_string=f"tags.`{mltags.CACHE_HIT}` = 'false'", max_results=5000,
+        )
+        # Builds of one key (a `--force` makes another) are one unit: keyed by the full key, each with its builds.
+        units: dict[str, set[str]] = {}
+        for r in runs:
+            key, uri = r.data.tags.get(mltags.KEY, ""), r.data.tags.get(mltags.MANIFEST_URI)
+            if key.startswith(ref) and uri:
+                units.setdefault(key, set()).add(uri)
+        if not units:
+            raise InputError(f"no published unit with key {ref} in MLflow at {mlflow_uri}")
+        if len(units) > 1:
+            raise InputError(f"key prefix {ref} is ambiguous ({len(units)} units); give more characters")
+        builds = sorted(units.popitem()[1])
+        stores = sorted({b.rsplit("/manifests/", 1)[0] for b in builds})
+        if len(stores) > 1:  # one key published to several stores that share this MLflow: never guess which
+            raise InputError(f"key {ref} is published in {len(stores)} stores ({', '.join(stores)}); give the "
+                             "build's store URI (<store>/manifests/<model>/<key>) or a models:/ reference")
+        registry["builds"] = builds
+        uri = builds[-1] if len(builds) == 1 else _current_of(builds)
+        return read_manifest_uri(uri), uri, registry
+    raise InputError(f"'{ref}' is not a store URI, a unit key or models:/name@alias")
+
+
+def registry_anchor(registry: dict[str, Any]) -> tuple[str, str]:
+    """(where, sha256) of the manifest digest a registry version recorded ("" when it predates the tag)."""
+    return (f"models:/{registry['registered_model']}/{registry['version']}", registry.get("manifest_sha256", ""))
+
+
+def _current_of(builds: list[str]) -> str:
+    """The key's current build (its pointer) among several build URIs of one key; the latest when the pointer
+    cannot be read. Build ids sort by time."""
+    from enginefoundry.store.verify import open_build
+
+    folder = builds[-1].rsplit("/", 1)[0]
+    try:
+        return open_build(folder)[1].uri
+    except Exception:  # the store is unreachable or the pointer refused: the newest build MLflow knows
+        return builds[-1]
+
+
+def _last_verified(uri: str) -> dict[str, Any]:
+    """When `enginefoundry verify` last checked this build, and its verdict (empty when never)."""
+    from enginefoundry.store.verify import last_verified, open_build
+
+    try:
+        store, build = open_build(uri)
+        record = last_verified(store, build)
+    except Exception as err:  # the store is unreachable: lineage still answers from the manifest
+        return {"note": f"cannot read verification records ({type(err).__name__})"}
+    return record.model_dump() if record else {}
+
+
+def _signature(uri: str) -> dict[str, Any]:
+    """Who signed this build and whether its attestations verify (against $ENGINEFOUNDRY_TRUST_POLICY /
+    $ENGINEFOUNDRY_TRUSTED_KEYS when set)."""
+    from enginefoundry.evidence.attest import verify_attestations
+    from enginefoundry.evidence.signing import consumer_policy
+    from enginefoundry.store.verify import open_build
+
+    try:
+        store, build = open_build(uri)
+        verdict = verify_attestations(store, build, consumer_policy())
+    except Exception as err:  # the store is unreachable: lineage still answers from the manifest
+        return {"state": "unknown", "line": f"cannot read attestations ({type(err).__name__})"}
+    return {**verdict.model_dump(mode="json"), "line": verdict.line()}
+
+
+def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
+    manifest, uri, registry = resolve(ref, mlflow_uri)
+    runs: dict[str, Any] = {}
+    if manifest.mlflow_run_id:
+        try:
+            client = _client(mlflow_uri)
+            run = client.get_run(manifest.mlflow_run_id)
+            parent_id = run.data.tags.get("mlflow.parentRunId")
+            parent = client.get_run(parent_id) if parent_id else None
+            runs = {
+                "unit_run_id": run.info.run_id, "unit_run_name": run.info.run_name,
+                "experiment_id": run.info.experiment_id, "parent_run_id": parent_id,
+                "git_commit": run.data.tags.get(mltags.GIT_COMMIT),
+                "prefect_flow_run_id": run.data.tags.get(mltags.PREFECT_FLOW_RUN_ID) or manifest.prefect_flow_run_id,
+                "prefect_flow_run_url": run.data.tags.get(mltags.PREFECT_FLOW_RUN_URL),
+                "parent_prefect_flow_run_url": parent.data.tags.get(mltags.PREFECT_FLOW_RUN_URL) if parent else None,
+            }
+        except Exception as err:  # MLflow unreachable: the manifest alone still answers
+            runs = {"unit_run_id": manifest.mlflow_run_id, "note": f"MLflow not reachable ({type(err).__name__})"}
+    src = manifest.source
+    return {
+        "verification": _last_verified(uri),
+        "signature": _signature(uri),
+        "artifact": {"manifest_uri": uri, "key": manifest.key, "unit": manifest.unit, "status": manifest.status,
+                     "status_reason": manifest.status_reason, "created_at": manifest.created_at,
+                     "files": len(manifest.files), "bytes": sum(f.size for f in manifest.files)},
+        "source": {"uri": src.get("uri"), "commit_sha": src.get("revision"),
+                   "requested_revision": src.get("requested_revision"),
+                   "weights_digest": src.get("weights_digest"), "tokenizer_digest": src.get("tokenizer_digest"),
+                   "identity": src.get("identity")},
+        "converted_checkpoint": {"key": manifest.checkpoint_key, "uri": manifest.checkpoint_uri},
+        "lane": manifest.lane, "versions": manifest.versions,
+        "target": manifest.target, "built_on": manifest.device,
+        "build": {"variant": manifest.variant, "profile": manifest.profile, "params": manifest.build_params},
+        "smoke": manifest.smoke,
+        "benchmark": {k: v for k, v in manifest.benchmark.items() if k not in ("points", "search")},
+        "serving_cost": serving_cost(manifest.benchmark.get("search")),
+        "search": manifest.benchmark.get("search"),
+        "benchmark_points": manifest.benchmark.get("points", []),
+        "builds": registry.pop("builds", [uri]),
+        "mlflow": {**runs, **({"registry": registry} if registry else {})},
+    }
+
+
+def serving_cost(search: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Cost and energy at the SLO point, from a searched unit's verification (None for a unit never searched)."""
+    if not isinstance(search, dict):
+        return None
+    cost = search.get("cost") or {}
+    return {"goodput_concurrency": search.get("goodput_concurrency"), "usd_per_mtok": cost.get("usd_per_mtok"),
+            "usd_per_hour": cost.get("usd_per_hour"), "price_source": cost.get("price_source"),
+            "tokens_per_joule": cost.get("tokens_per_joule", "unavailable"),
+            "avg_watts_per_gpu": cost.get("avg_watts_per_gpu", "unavailable"),
+            "prediction_error": search.get("prediction_error"), "flagged": search.get("flagged")}

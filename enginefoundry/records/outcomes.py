@@ -1,0 +1,154 @@
+"""What a unit's run comes to: the verdict of its gates, the manifest that records it, the MLflow
+parameters, tags and metrics of its run, and the outcome row the summary shows. Built here, in the domain,
+so the flows only compose stages; no Prefect here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from enginefoundry import tracking_tags as mltags
+from enginefoundry.bench import SweepReport
+from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.units import Unit
+from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.prompts import prompt_set_digest
+from enginefoundry.spec import BuildSpec
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.publish import PublishedBuild
+from enginefoundry.store.unit_status import UnitStatus
+
+
+class UnitVerdict(BaseModel):
+    status: Literal[UnitStatus.CANDIDATE, UnitStatus.REJECTED]  # a verdict is on a unit that ran to its end
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == UnitStatus.CANDIDATE
+
+
+class UnitCommands(BaseModel):
+    """The exact commands a unit ran, per stage (command lines with their environment): an auditor reads them on
+    the unit's MLflow run (artifact `reports/commands.json`, tag `enginefoundry.commands`). A lane that works in
+    process (the reference lane's cast and bundle) contributes its `(in-process) …` description instead."""
+
+    convert: list[str] = Field(default_factory=list)
+    build: list[str] = Field(default_factory=list)
+    serve: list[str] = Field(default_factory=list)
+    bench: list[str] = Field(default_factory=list)
+
+    def tag(self, limit: int = 4800) -> str:
+        """One `stage: command` line each, cut to fit an MLflow tag value (5000 characters on a server)."""
+        text = "\n".join(f"{stage}: {line}" for stage in ("convert", "build", "serve", "bench")
+                         for line in getattr(self, stage))
+        return text if len(text) <= limit else text[: limit - 40] + "\n… (every command in commands.json)"
+
+
+def stage_commands(ran: list[Any], described: list[Any], stage: str) -> list[str]:
+    """What a stage ran (`Command`s of its result), else the lane's own description of that stage."""
+    return [c.shell() for c in (ran or [c for c in described if c.description == stage])]
+
+
+def verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> UnitVerdict:
+    """A unit is a candidate when its smoke gate passed and its benchmark is valid."""
+    if smoke is not None and not smoke.passed:
+        return UnitVerdict(status=UnitStatus.REJECTED, reason=f"smoke gate: {smoke.verdict.reason}")
+    if sweep is not None and not sweep.valid:
+        bad = [f"{p.scenario} c={p.concurrency}: {'; '.join(p.problems)}" for p in sweep.points if not p.valid]
+        return UnitVerdict(status=UnitStatus.REJECTED, reason="benchmark invalid: " + "; ".join(bad + sweep.failures))
+    return UnitVerdict(status=UnitStatus.CANDIDATE)
+
+
+def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
+    if sweep is None:
+        return {}
+    return {**sweep.summary(),
+            "points": [{"scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
+                        **p.metrics()} for p in sweep.points],
+            "slo": [s.model_dump() for s in sweep.slo],
+            **({"search": sweep.search} if sweep.search is not None else {})}
+
+
+def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
+    """The MLflow parameters of a unit's run."""
+    return {"unit": unit.name, "lane": spec.lane, "variant": unit.variant.model_dump(mode="json"),
+            "profile": unit.profile.model_dump(mode="json"), "target": unit.target.model_dump(mode="json"),
+            "lane_options": spec.lane_options.given(), "toolchain": spec.toolchain.model_dump(mode="json")}
+
+
+def build_run_tags(spec: BuildSpec, unit: Unit, key: str) -> dict[str, str]:
+    """The tags a unit's MLflow run starts with when the unit is built."""
+    return {mltags.KEY: key, mltags.TARGET: unit.target.name, mltags.ARCH: unit.target.arch.value,
+            mltags.LANE: spec.lane, mltags.WORK_POOL: unit.target.pool, mltags.CACHE_HIT: "false"}
+
+
+def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
+    """The tags of a cache hit's MLflow run: which run built the unit, and where it lies."""
+    return {mltags.KEY: key, mltags.CACHE_HIT: "true", mltags.BUILT_BY_RUN: hit.manifest.mlflow_run_id or "",
+            mltags.MANIFEST_URI: hit.uri, mltags.MANIFEST_SHA256: hit.manifest_sha256,
+            mltags.STATUS: hit.manifest.status}
+
+
+def unit_manifest(
+    spec: BuildSpec, unit: Unit, key: str, key_components: dict[str, Any], snapshot: SourceSnapshot, *,
+    checkpoint_key: str | None, checkpoint_uri: str | None, device: dict[str, Any], build_params: dict[str, Any],
+    smoke: SmokeReport | None, sweep: SweepReport | None, mlflow_run_id: str | None,
+    prefect_flow_run_id: str | None,
+) -> Manifest:
+    """The manifest of a built unit, without its files: publishing adds them from the upload pass."""
+    judged = verdict(smoke, sweep)
+    return Manifest(
+        key=key, key_components=key_components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
+        model=spec.model.name, unit=unit.name, lane=spec.lane,
+        target=unit.target.model_dump(mode="json"), variant=unit.variant.model_dump(mode="json"),
+        profile=unit.profile.model_dump(mode="json"),
+        source={k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
+        versions=key_components["toolchain"]["versions"], device=device, build_params=build_params,
+        files=[], smoke=smoke.summary() if smoke else {}, benchmark=bench_summary(sweep),
+        prompts_digest=prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
+        gate=spec.smoke.model_dump(mode="json"),
+        status=judged.status, status_reason=judged.reason, mlflow_run_id=mlflow_run_id,
+        prefect_flow_run_id=prefect_flow_run_id,
+    )
+
+
+def unit_metrics(stages: dict[str, float], build_metrics: dict[str, float], artifact_bytes: int,
+                 smoke: SmokeReport | None, sweep: SweepReport | None) -> dict[str, float]:
+    metrics: dict[str, float] = {f"{k}_s": v for k, v in stages.items()}
+    metrics.update(build_metrics)
+    metrics["artifact_bytes"] = artifact_bytes
+    if smoke:
+        metrics.update({k: float(v) for k, v in smoke.summary().items()})
+    if sweep:
+        metrics.update(sweep.summary())
+    return metrics
+
+
+def built_outcome(unit: Unit, manifest: Manifest, uri: str, run_id: str, stages: dict[str, float]) -> UnitOutcome:
+    return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, reason=manifest.status_reason,
+                       key=manifest.key, manifest_uri=uri, mlflow_run_id=run_id,
+                       stage_seconds={k: round(v, 2) for k, v in stages.items()}, smoke=manifest.smoke,
+                       bench=manifest.benchmark)
+
+
+def failed_outcome(unit: Unit, key: str, err: BaseException, run_id: str, stages: dict[str, float]) -> UnitOutcome:
+    return UnitOutcome(unit=unit.name, target=unit.target.name, status=UnitStatus.FAILED,
+                       reason=(str(err).splitlines() or [type(err).__name__])[0][:300], key=key, mlflow_run_id=run_id,
+                       stage_seconds=stages)
+
+
+def hit_outcome(unit: Unit, key: str, hit: PublishedBuild, run_id: str | None) -> UnitOutcome:
+    manifest = hit.manifest
+    return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
+                       reason=manifest.status_reason, key=key, manifest_uri=hit.uri,
+                       built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,
+                       smoke=manifest.smoke, bench={k: v for k, v in manifest.benchmark.items() if k != "points"})
+
+
+def duplicate_outcome(first: UnitOutcome, unit: Unit) -> UnitOutcome:
+    """A unit of the same key as one this run built and could not publish: it shares its fate."""
+    return first.model_copy(update={"unit": unit.name, "target": unit.target.name})

@@ -1,0 +1,475 @@
+"""Promotion: is a candidate unit at least as good as the current champion, the registry moves that promote
+and roll back (docs/architecture.md#mlflow-schema: aliases `<stem>-candidate`, `<stem>-champion`), and THE
+promotion rule (`decide_promotions`) that rollout applies to every alias stem, built or not.
+
+The gates read only what every published manifest carries (smoke summary, benchmark points), so a
+decision can be re-derived from the store alone. The registry keeps a per-target champion history as a
+registered-model tag, so `rollback` can step back more than once. No Prefect here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from enginefoundry import tracking_tags as mltags
+from enginefoundry.build.units import Unit, expand_units
+from enginefoundry.errors import InputError
+from enginefoundry.evidence.signing import TrustPolicy
+from enginefoundry.records.lineage import read_manifest_uri
+from enginefoundry.spec import BuildSpec
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
+
+ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
+HISTORY_TAG = mltags.CHAMPION_HISTORY  # registered-model tag: comma-separated champion versions
+
+
+class PromotionPolicy(BaseModel):
+    """When a candidate may replace the champion. Ratios are candidate / champion."""
+
+    max_accuracy_drop: float = Field(default=0.02, ge=0.0, le=1.0,
+                                     description="largest allowed absolute drop in smoke agreement/accuracy")
+    min_throughput_ratio: float = Field(default=0.9, gt=0.0,
+                                        description="output tok/s at the reference concurrency, at least this × "
+                                                    "the champion's")
+    max_ttft_p95_factor: float = Field(default=1.25, gt=0.0,
+                                       description="p95 TTFT at the reference concurrency, at most this × the "
+                                                   "champion's")
+    reference_concurrency: int | None = Field(default=None, ge=1,
+                                              description="concurrency to compare at; default: the highest both "
+                                                          "measured")
+    max_cost_increase: float | None = Field(default=None, ge=0.0,
+                                            description="$/1M output tokens at the SLO point may exceed the "
+                                                        "champion's by at most this fraction (0.1 = 10%); off when "
+                                                        "unset; compared only at the same SLO")
+
+
+class Gate(BaseModel):
+    name: str
+    passed: bool
+    detail: str
+
+
+class Verdict(BaseModel):
+    promote: bool
+    gates: list[Gate]
+
+    @property
+    def reasons(self) -> list[str]:
+        return [g.detail for g in self.gates if not g.passed] or [g.detail for g in self.gates]
+
+
+def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(p["scenario"], int(p["concurrency"])): p for p in manifest.benchmark.get("points", [])
+            if p.get("valid", True)}
+
+
+def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPolicy) -> Verdict:
+    """Every gate with its numbers. A rejected candidate never passes; with no champion the candidate's own
+    gates (smoke, benchmark validity: its status) decide."""
+    gates = [Gate(name="own gates", passed=candidate.status == UnitStatus.CANDIDATE,
+                  detail="smoke and benchmark gates passed" if candidate.status == UnitStatus.CANDIDATE
+                  else f"unit is {candidate.status}: {candidate.status_reason or 'gates failed'}")]
+    if champion is None:
+        gates.append(Gate(name="champion", passed=True, detail="no champion yet: first promotion"))
+        return Verdict(promote=all(g.passed for g in gates), gates=gates)
+    gates += _accuracy_gates(candidate, champion, policy)
+    gates += _performance_gates(candidate, champion, policy)
+    if policy.max_cost_increase is not None:
+        gates.append(cost_gate(candidate, champion, policy.max_cost_increase))
+    return Verdict(promote=all(g.passed for g in gates), gates=gates)
+
+
+def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> Gate:
+    """$/1M output tokens at the SLO point (a searched unit's verification), same SLO only. A champion without a
+    measured cost is not compared (said so); a candidate without one when the champion has one is held."""
+    new, old = candidate.benchmark.get("search") or {}, champion.benchmark.get("search") or {}
+    new_cost, old_cost = (new.get("cost") or {}).get("usd_per_mtok"), (old.get("cost") or {}).get("usd_per_mtok")
+    if old_cost is None:
+        return Gate(name="cost", passed=True, detail="champion has no $/1M tokens at an SLO: cost not compared")
+    if new.get("slo") != old.get("slo"):
+        return Gate(name="cost", passed=True, detail=f"SLOs differ ({new.get('slo')} vs {old.get('slo')}): cost "
+                                                     "not compared")
+    if new_cost is None:
+        return Gate(name="cost", passed=False, detail="candidate has no $/1M tokens at the SLO; the champion has")
+    ratio = float(new_cost) / float(old_cost)
+    return Gate(name="cost", passed=ratio <= 1 + max_increase + 1e-12,
+                detail=f"$/1M output tokens {new_cost:.4g} vs champion {old_cost:.4g} (×{ratio:.2f}, needs ≤ "
+                       f"×{1 + max_increase:.2f})")
+
+
+def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
+    gates = []
+    for key in ACCURACY_KEYS:
+        new, old = candidate.smoke.get(key), champion.smoke.get(key)
+        if new is None or old is None:
+            continue
+        ok = float(new) >= float(old) - policy.max_accuracy_drop - 1e-12
+        gates.append(Gate(name=key, passed=ok,
+                          detail=f"{key} {float(new):.3f} vs champion {float(old):.3f} "
+                                 f"(allowed drop {policy.max_accuracy_drop:.3f})"))
+    if not gates:
+        gates.append(Gate(name="accuracy", passed=False,
+                          detail="no smoke agreement recorded on both units: accuracy cannot be compared"))
+    return gates
+
+
+def _common_points(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[tuple[str, int]]:
+    common = sorted(set(_points(candidate)) & set(_points(champion)))
+    if policy.reference_concurrency is not None:
+        common = [k for k in common if k[1] == policy.reference_concurrency]
+    return common
+
+
+def operating_point(candidate: Manifest, champion: Manifest,
+                    policy: PromotionPolicy) -> tuple[tuple[str, int], dict[str, Any], dict[str, Any]] | None:
+    """The first (scenario, concurrency) the performance gates compare at, with the candidate's and the
+    champion's benchmark points there; None when they share none."""
+    common = _common_points(candidate, champion, policy)
+    if not common:
+        return None
+    concurrency = max(c for _, c in common)
+    key = next(k for k in common if k[1] == concurrency)
+    return key, _points(candidate)[key], _points(champion)[key]
+
+
+def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
+    new_pts, old_pts = _points(candidate), _points(champion)
+    if not old_pts:
+        return [Gate(name="benchmark", passed=True, detail="champion has no benchmark: performance not compared")]
+    common = _common_points(candidate, champion, policy)
+    if not common:
+        at = f" at concurrency {policy.reference_concurrency}" if policy.reference_concurrency else ""
+        return [Gate(name="benchmark", passed=False,
+                     detail=f"no valid benchmark point in common with the champion{at}: performance unproven")]
+    concurrency = max(c for _, c in common)
+    gates = []
+    for scenario, c in (k for k in common if k[1] == concurrency):
+        new, old = new_pts[(scenario, c)], old_pts[(scenario, c)]
+        gates.append(_ratio_gate(f"{scenario} c={c} output tok/s", new.get("output_tokens_per_s"),
+                                 old.get("output_tokens_per_s"), policy.min_throughput_ratio, higher_is_better=True))
+        gates.append(_ratio_gate(f"{scenario} c={c} TTFT p95 ms", new.get("ttft_ms_p95"), old.get("ttft_ms_p95"),
+                                 policy.max_ttft_p95_factor, higher_is_better=False))
+    return gates
+
+
+def _ratio_gate(name: str, new: float | None, old: float | None, bound: float, *, higher_is_better: bool) -> Gate:
+    if new is None or old is None or old <= 0:
+        return Gate(name=name, passed=False, detail=f"{name}: not measured on both units")
+    ratio = float(new) / float(old)
+    if higher_is_better:
+        return Gate(name=name, passed=ratio >= bound,
+                    detail=f"{name} {new:.1f} vs champion {old:.1f} (×{ratio:.2f}, needs ≥ ×{bound:.2f})")
+    return Gate(name=name, passed=ratio <= bound,
+                detail=f"{name} {new:.0f} vs champion {old:.0f} (×{ratio:.2f}, needs ≤ ×{bound:.2f})")
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+def champion_alias(stem: str) -> str:
+    return f"{stem}-champion"
+
+
+def previous_alias(stem: str) -> str:
+    return f"{stem}-previous-champion"
+
+
+def candidate_alias(stem: str) -> str:
+    return f"{stem}-candidate"
+
+
+class RegistryMove(BaseModel):
+    """What a promote or rollback did, for the CLI, the flow's report and MLflow tags."""
+
+    registered_model: str
+    stem: str
+    action: Literal["promoted", "unchanged", "rolled back"]
+    champion: str  # version now behind <stem>-champion
+    previous: str | None  # version now behind <stem>-previous-champion
+    detail: str
+
+
+def _unreachable(err: Exception) -> bool:
+    """MLflow's REST client reports a server it cannot reach as an MlflowException too: never read it as
+    "no such alias"."""
+    return "API request to" in str(err) and "failed" in str(err)
+
+
+class Registry:
+    """The champion/candidate aliases of one MLflow registry."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    def version_by_alias(self, model: str, alias: str) -> Any | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version_by_alias(model, alias)
+        except MlflowException as err:
+            if _unreachable(err):
+                raise
+            return None
+
+    def aliases(self, model: str) -> list[str]:
+        """Every alias of the registered model (empty when it does not exist)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return sorted(self.client.get_registered_model(model).aliases)
+        except MlflowException as err:
+            if _unreachable(err):
+                raise
+            return []
+
+    def version(self, model: str, number: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version(model, str(number))
+        except MlflowException as err:
+            raise InputError(f"{model} version {number} is not in the registry at {self.uri} "
+                             f"({str(err).splitlines()[0][:120]})") from None
+
+    def versions_with(self, model: str, tag: str, value: str) -> list[Any]:
+        """Versions whose tag equals value, newest first. Filtered here: tag names with dots need quoting
+        that differs between MLflow stores."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            found = self.client.search_model_versions(f"name = '{model}'", max_results=10_000)
+        except MlflowException:
+            return []
+        return sorted((v for v in found if v.tags.get(tag) == value), key=lambda v: int(v.version), reverse=True)
+
+    def history(self, model: str, stem: str) -> list[str]:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            tags = self.client.get_registered_model(model).tags
+        except MlflowException as err:
+            raise InputError(f"registered model {model} is not in the registry at {self.uri} "
+                             f"({str(err).splitlines()[0][:120]})") from None
+        raw = tags.get(HISTORY_TAG.format(stem=stem), "")
+        history = [v for v in raw.split(",") if v]
+        if not history:  # promoted before the history existed, or by hand in the MLflow UI
+            history = [str(v.version) for v in (self.version_by_alias(model, previous_alias(stem)),
+                                                self.version_by_alias(model, champion_alias(stem))) if v is not None]
+        return history
+
+    def _save_history(self, model: str, stem: str, history: list[str]) -> None:
+        # MLflow tag values are bounded (5000 chars); the recent past is what a rollback needs.
+        self.client.set_registered_model_tag(model, HISTORY_TAG.format(stem=stem), ",".join(history[-200:]))
+
+    def tag_version(self, model: str, number: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(model, number, key, value)
+
+    def set_status(self, model: str, number: str, status: RegistryStatus) -> None:
+        """The version's `enginefoundry.status` and its MLflow run's: what the registry and the run page show
+        follows promotion and rollback."""
+        self.client.set_model_version_tag(model, number, mltags.STATUS, status)
+        from mlflow.exceptions import MlflowException
+
+        run_id = self.client.get_model_version(model, number).run_id
+        if run_id:
+            try:
+                self.client.set_tag(run_id, mltags.STATUS, status)
+            except MlflowException as err:  # a run deleted since: the registry's move stands
+                if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+
+    def promote(self, model: str, stem: str, number: str, reason: str) -> RegistryMove:
+        """Move `<stem>-champion` to the version; the old champion becomes `<stem>-previous-champion`."""
+        version = self.version(model, number)
+        number = str(version.version)
+        status = version.tags.get(mltags.STATUS, "")
+        if status not in PASSED_GATES:
+            raise InputError(f"{model} version {number} is '{status or 'untracked'}', not a candidate: a rejected "
+                             "unit is never promoted")
+        found = self.version_by_alias(model, champion_alias(stem))
+        current = str(found.version) if found is not None else None
+        history = self.history(model, stem)
+        if current == number:
+            prev = history[-2] if len(history) > 1 else None
+            return RegistryMove(registered_model=model, stem=stem, action="unchanged", champion=number,
+                                previous=prev, detail=f"version {number} already is {champion_alias(stem)}")
+        before = self.version_by_alias(model, previous_alias(stem))
+        self.client.set_registered_model_alias(model, champion_alias(stem), number)
+        self.set_status(model, number, RegistryStatus.CHAMPION)
+        if current is not None:
+            self.client.set_registered_model_alias(model, previous_alias(stem), current)
+            self.client.set_model_version_tag(model, current, mltags.SUPERSEDED_BY, number)
+            self.set_status(model, current, RegistryStatus.PREVIOUS_CHAMPION)
+            if before is not None and str(before.version) not in (current, number):
+                self.set_status(model, str(before.version), RegistryStatus.SUPERSEDED)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        tags = {mltags.PROMOTED_AT: now, mltags.PROMOTION_REASON: reason[:4000],
+                mltags.PREVIOUS_CHAMPION: current or ""}
+        self.tag_version(model, number, tags)
+        if current is not None and (not history or history[-1] != current):
+            history.append(current)
+        history.append(number)
+        self._save_history(model, stem, history)
+        return RegistryMove(registered_model=model, stem=stem, action="promoted", champion=number, previous=current,
+                            detail=f"{champion_alias(stem)} → version {number}"
+                                   + (f" (was {current})" if current is not None else " (first champion)"))
+
+    def _check_restorable(self, model: str, number: str) -> None:
+        """The version's manifest must be the one that was published (its digest on the version, in the key's
+        pointer history): a build edited in the store is never put back into service. StoreError (exit 1) when it
+        cannot be read or differs."""
+        from enginefoundry.errors import StoreError
+
+        version = self.version(model, number)
+        if not version.tags.get(mltags.MANIFEST_URI):
+            return  # registered outside this project (by hand): no published build to hold it to
+        try:
+            read_version_manifest(model, version)
+        except StoreError as err:
+            raise StoreError(f"not rolled back: {model} version {number}: {err}; the aliases are unchanged. "
+                             f"Check it with `enginefoundry verify models:/{model}/{number}`, or promote a build "
+                             "that verifies (`enginefoundry promote --version N`)") from None
+
+    def rollback(self, model: str, stem: str) -> RegistryMove:
+        """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
+        so that a second rollback goes one step further back."""
+        history = self.history(model, stem)
+        found = self.version_by_alias(model, champion_alias(stem))
+        if found is not None and (not history or history[-1] != str(found.version)):
+            history.append(str(found.version))
+        if len(history) < 2:
+            raise InputError(f"{model} has no previous champion for {stem}: nothing to roll back to "
+                             f"(history: {', '.join(history) or 'empty'})")
+        dropped = history.pop()
+        restored = history[-1]
+        self._check_restorable(model, restored)
+        self.client.set_registered_model_alias(model, champion_alias(stem), restored)
+        self.set_status(model, restored, RegistryStatus.CHAMPION)
+        if len(history) > 1:
+            self.client.set_registered_model_alias(model, previous_alias(stem), history[-2])
+            self.set_status(model, history[-2], RegistryStatus.PREVIOUS_CHAMPION)
+        else:
+            self.client.delete_registered_model_alias(model, previous_alias(stem))
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.client.set_model_version_tag(model, dropped, mltags.ROLLED_BACK_AT, now)
+        self.set_status(model, dropped, RegistryStatus.ROLLED_BACK)
+        self._save_history(model, stem, history)
+        return RegistryMove(registered_model=model, stem=stem, action="rolled back", champion=restored,
+                            previous=history[-2] if len(history) > 1 else None,
+                            detail=f"{champion_alias(stem)} → version {restored} (was {dropped})")
+
+
+class Decision(BaseModel):
+    """Promote or hold one unit, with every reason."""
+
+    stem: str  # alias prefix (alias_stems): the target name, or target-variant-profile when it has several units
+    unit: str
+    action: Literal["promoted", "held"]
+    candidate_version: str | None = None
+    champion_before: str | None = None
+    reasons: list[str] = Field(default_factory=list)
+    serving_uri: str | None = None
+    move: RegistryMove | None = Field(default=None, description="the registry move, when promoted: the flow "
+                                                                   "emits its event")
+
+    def row(self) -> dict[str, str]:
+        return {"target": self.stem, "unit": self.unit, "decision": self.action,
+                "candidate": self.candidate_version or "-", "champion before": self.champion_before or "-",
+                "reasons": "; ".join(self.reasons), "serving": self.serving_uri or "-"}
+
+
+def alias_stems(spec: BuildSpec) -> dict[str, str]:
+    """THE alias rule (registration, `promote`, `rollback` and rollout all use it): per unit name, the stem of
+    its aliases `<stem>-candidate` / `<stem>-champion`. The target's name when the spec has one unit for that
+    target, else `<target>-<variant>-<profile>`, so units of one target never take each other's aliases. It
+    depends on the spec only, not on which targets one run builds."""
+    units = expand_units(spec)
+    per_target = Counter(u.target.name for u in units)
+    return {u.name: u.target.name if per_target[u.target.name] == 1
+            else f"{u.target.name}-{u.variant.name}-{u.profile.name}".replace(".", "-") for u in units}
+
+
+def unit_alias_stem(spec: BuildSpec, unit: Unit) -> str:
+    return alias_stems(spec)[unit.name]
+
+
+def manifest_uri_of(version: Any) -> str:
+    """The store URI of a registered version's unit manifest."""
+    return version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/") + "/manifest.json"
+
+
+def anchor_of(model: str, version: Any) -> tuple[str, str]:
+    """(where, sha256): the manifest digest a registered version recorded ("" when it predates the tag)."""
+    return f"models:/{model}/{version.version}", version.tags.get(mltags.MANIFEST_SHA256, "")
+
+
+def read_version_manifest(model: str, version: Any) -> Manifest:
+    """A registered version's manifest, held to every digest recorded for it (the version's tag, the key's
+    pointer history): StoreError when its bytes changed after it was published."""
+    return read_manifest_uri(manifest_uri_of(version), anchor_of(model, version))
+
+
+def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
+           notes: list[str] | None = None, trust: TrustPolicy | None = None) -> Decision:
+    """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
+    passed), if newer than `<stem>-champion` or with no champion, is compared with the champion and promoted or
+    held. Whether this rollout built anything does not matter; `notes` (what this rollout's build did) are
+    reported first. A rejected unit is never promoted, and a version rolled back from is only put back by hand."""
+    notes = list(notes or [])
+    candidate = registry.version_by_alias(model, candidate_alias(stem))
+    champion = registry.version_by_alias(model, champion_alias(stem))
+    held = Decision(stem=stem, unit=unit, action="held",
+                    candidate_version=str(candidate.version) if candidate is not None else None,
+                    champion_before=str(champion.version) if champion is not None else None)
+    if candidate is None:
+        return held.model_copy(update={"reasons": [*notes, f"nothing to promote: no {candidate_alias(stem)}"]})
+    number = str(candidate.version)
+    if champion is not None and int(champion.version) >= int(number):
+        why = "already is the champion" if str(champion.version) == number \
+            else f"is older than champion v{champion.version}"
+        return held.model_copy(update={"reasons": [*notes, f"nothing new: candidate v{number} {why}"]})
+    if candidate.tags.get(mltags.ROLLED_BACK_AT):
+        return held.model_copy(update={"reasons": [*notes, f"candidate v{number} was rolled back from: only "
+                                                           "`enginefoundry promote --version` puts it back"]})
+    cand_manifest = read_version_manifest(model, candidate)
+    champ_manifest = read_version_manifest(model, champion) if champion is not None else None
+    verdict = compare(cand_manifest, champ_manifest, policy)
+    if not verdict.promote or candidate.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
+        reasons = verdict.reasons if not verdict.promote else \
+            [f"version {number} is tagged '{candidate.tags.get(mltags.STATUS) or 'untracked'}', not a candidate"]
+        return held.model_copy(update={"reasons": [*notes, *reasons]})
+    from enginefoundry.evidence.attest import promotion_refusal
+
+    if refusal := promotion_refusal(manifest_uri_of(candidate), trust):
+        return held.model_copy(update={"reasons": [*notes, refusal]})
+    move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
+    serving = None
+    from enginefoundry.lanes.serve_files import SERVE_SH
+
+    if any(f.path == f"serving/{SERVE_SH}" for f in cand_manifest.files):
+        # The build to pull (`enginefoundry pull URI DEST`): the store keeps blobs by digest, not the unit folder.
+        serving = manifest_uri_of(candidate)
+        registry.tag_version(model, number, {mltags.SERVING_URI: serving})
+    return held.model_copy(update={"action": "promoted", "serving_uri": serving, "move": move,
+                                   "reasons": [*notes, move.detail, *(g.detail for g in verdict.gates)]})
+
+
+def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPolicy,
+                      targets: list[str] | None = None, notes: dict[str, list[str]] | None = None) -> list[Decision]:
+    """`decide` for every alias stem of the spec (only these targets' units, when given), in unit order. `notes`:
+    per unit name, what this rollout's build did with it."""
+    from enginefoundry.evidence.signing import consumer_policy, merged_policy, spec_policy
+
+    stems = alias_stems(spec)
+    trust = merged_policy(consumer_policy(), spec_policy(spec))  # the environment's and the spec's signature policy
+    return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy, (notes or {}).get(u.name),
+                   trust) for u in expand_units(spec, targets)]

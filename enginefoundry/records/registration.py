@@ -1,0 +1,121 @@
+"""A published unit in the MLflow registry, idempotently.
+
+Registration is keyed by the unit's manifest URI (one registered-model version per published build): a
+second call finds the version instead of adding one. A cache hit calls it too, so a unit published while
+MLflow was unreachable (or whose version or alias was deleted) is registered and aliased by the next run
+that finds it in the store. A hit restores a missing alias; it never moves an alias that points at another
+existing version (a newer build may hold it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from enginefoundry import tracking_tags as mltags
+from enginefoundry.build.units import Unit
+from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
+from enginefoundry.records.tracking import Tracker, register_unit
+from enginefoundry.spec import BuildSpec
+from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.unit_status import UnitStatus
+
+MANIFEST_URI_TAG = mltags.MANIFEST_URI
+
+
+class Registration(BaseModel):
+    version: str
+    created: bool  # False: the version existed already
+    alias: str | None  # the alias that points at this version now (None: none asked or another holds it)
+    alias_set: bool  # this call (re)pointed the alias
+
+
+def candidate_alias_of(spec: BuildSpec, unit: Unit, manifest: Manifest) -> str | None:
+    """`<stem>-candidate` (promotion.alias_stems) for a unit that passed its gates, else None."""
+    return candidate_alias(unit_alias_stem(spec, unit)) if manifest.status == UnitStatus.CANDIDATE else None
+
+
+def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: str, run_url: str,
+                 prefect: dict[str, str], manifest_sha256: str = "") -> dict[str, str]:
+    """What an auditor asks first, on the model version itself, so `@<stem>-candidate` answers in one hop:
+    source and revision, digests, toolchain, gate verdict, the headline throughput, links to the run, the
+    manifest and its sha256 (which `verify`, `pull` and `rollback` hold the manifest to) and the Prefect flow run
+    (`prefect`: the registering flow run's context, if any)."""
+    from enginefoundry.bench.report import best_throughput
+
+    best = best_throughput(manifest.benchmark)
+    agreement = manifest.smoke.get("smoke_agreement")
+    toolchain = manifest.key_components.get("toolchain", {}) if isinstance(manifest.key_components, dict) else {}
+    tags = {
+        mltags.KEY: manifest.key, mltags.TARGET: unit.target.name, mltags.ARCH: unit.target.arch.value,
+        mltags.LANE: manifest.lane, mltags.STATUS: manifest.status, mltags.MANIFEST_URI: manifest_uri,
+        mltags.MANIFEST_SHA256: manifest_sha256,
+        mltags.ALIAS_STEM: unit_alias_stem(spec, unit),
+        mltags.SOURCE_URI: manifest.source.get("uri", ""),
+        mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
+        mltags.WEIGHTS_DIGEST: manifest.source.get("weights_digest", ""),
+        mltags.TOKENIZER_DIGEST: manifest.source.get("tokenizer_digest", ""),
+        mltags.TOOLCHAIN_IMAGE: "@".join(x for x in (toolchain.get("image"), toolchain.get("image_digest")) if x),
+        mltags.GATE_VERDICT: manifest.status + (f": {manifest.status_reason}" if manifest.status_reason else
+                                                 ": smoke and benchmark gates passed"),
+        mltags.SMOKE_AGREEMENT: "" if agreement is None else f"{float(agreement):.4f}",
+        mltags.PROMPTS_DIGEST: manifest.prompts_digest or "",
+        mltags.BEST_OUTPUT_TPS: f"{best.output_tokens_per_s:.1f}" if best else "",
+        mltags.BEST_AT: best.label() if best else "no benchmark point qualifies",
+        mltags.RUN_URL: run_url,
+        mltags.PREFECT_FLOW_RUN_ID: prefect.get(mltags.PREFECT_FLOW_RUN_ID) or manifest.prefect_flow_run_id or "",
+        mltags.PREFECT_FLOW_RUN_URL: prefect.get(mltags.PREFECT_FLOW_RUN_URL, ""),
+        **{mltags.version_tag(k): v for k, v in manifest.versions.items()},
+    }
+    return {k: v for k, v in tags.items() if v}
+
+
+def find_registered(client: Any, registered_model: str, manifest_uri: str) -> Any | None:
+    """The newest version registered for this manifest URI. Tags are filtered here: tag names with dots
+    need quoting that differs between MLflow stores (as promotion.Registry.versions_with does)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = client.search_model_versions(f"name = '{registered_model}'", max_results=10_000)
+    except MlflowException:
+        return None
+    mine = [v for v in found if v.tags.get(MANIFEST_URI_TAG) == manifest_uri]
+    return max(mine, key=lambda v: int(v.version)) if mine else None
+
+
+def ensure_registered(
+    tracker: Tracker, *, registered_model: str, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str,
+    alias: str | None, tags: dict[str, str], move_alias: bool,
+) -> Registration:
+    """Register the published unit (with `tags`: `version_tags`) unless a version of it exists; point `alias`
+    (its candidate alias, None when it did not pass its gates) at it when the alias is missing (or always,
+    with `move_alias`: a fresh build)."""
+    from mlflow.exceptions import MlflowException
+
+    client = tracker.client
+    existing = find_registered(client, registered_model, manifest_uri)
+    if existing is None:
+        version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,
+                                artifact_uri=manifest_uri.rsplit("/", 1)[0],
+                                tags={**tags, MANIFEST_URI_TAG: manifest_uri}, params=manifest.build_params,
+                                alias=None)
+        created = True
+    else:
+        version, created = str(existing.version), False
+        if tags.get(mltags.MANIFEST_SHA256) and not existing.tags.get(mltags.MANIFEST_SHA256):
+            # Registered before digests were recorded: anchor it now, from a build the store's record checked.
+            client.set_model_version_tag(registered_model, version, mltags.MANIFEST_SHA256,
+                                         tags[mltags.MANIFEST_SHA256])
+    if alias is None:
+        return Registration(version=version, created=created, alias=None, alias_set=False)
+    try:
+        holder = str(client.get_model_version_by_alias(registered_model, alias).version)
+    except MlflowException:
+        holder = None
+    if holder == version:
+        return Registration(version=version, created=created, alias=alias, alias_set=False)
+    if holder is not None and not (move_alias or created):
+        return Registration(version=version, created=created, alias=None, alias_set=False)
+    client.set_registered_model_alias(registered_model, alias, version)
+    return Registration(version=version, created=created, alias=alias, alias_set=True)

@@ -1,0 +1,134 @@
+"""Old vs new per target after a rollout rebuilt it (a new source or a toolchain bump): the champion before and the
+candidate, with their toolchains, accuracy, output tok/s and p95 TTFT at the same operating point (the one the
+promotion rule compares at), the decision and the regressions that held it. No Prefect here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.records.lineage import read_manifest_uri
+from enginefoundry.records.promotion import (
+    ACCURACY_KEYS,
+    Decision,
+    PromotionPolicy,
+    Registry,
+    compare,
+    manifest_uri_of,
+    operating_point,
+)
+from enginefoundry.store.manifest import Manifest
+
+
+class ComparisonRow(BaseModel):
+    target: str = Field(description="the alias stem")
+    unit: str
+    decision: str
+    champion: str | None = None
+    candidate: str | None = None
+    old_toolchain: str = "-"
+    new_toolchain: str = "-"
+    operating_point: str = "-"
+    accuracy_old: float | None = None
+    accuracy_new: float | None = None
+    tokens_per_s_old: float | None = None
+    tokens_per_s_new: float | None = None
+    ttft_p95_ms_old: float | None = None
+    ttft_p95_ms_new: float | None = None
+    usd_per_mtok_old: float | None = Field(default=None, description="$/1M output tokens at the SLO point (a "
+                                                                     "searched unit's verification); None: unknown")
+    usd_per_mtok_new: float | None = None
+    regressions: list[str] = Field(default_factory=list, description="the failed gates (accuracy, tokens/s, TTFT, "
+                                                                     "cost when max_cost_increase is set)")
+
+    def row(self) -> dict[str, str]:
+        def pair(old: float | None, new: float | None, fmt: str) -> str:
+            return f"{'-' if old is None else format(old, fmt)} → {'-' if new is None else format(new, fmt)}"
+        return {"target": self.target, "champion → candidate": f"v{self.champion or '-'} → v{self.candidate or '-'}",
+                "toolchain": f"{self.old_toolchain} → {self.new_toolchain}", "at": self.operating_point,
+                "accuracy": pair(self.accuracy_old, self.accuracy_new, ".3f"),
+                "output tok/s": pair(self.tokens_per_s_old, self.tokens_per_s_new, ".1f"),
+                "TTFT p95 ms": pair(self.ttft_p95_ms_old, self.ttft_p95_ms_new, ".0f"),
+                "$/1M tok": self.cost_cell(),
+                "decision": self.decision, "regressions": "; ".join(self.regressions) or "-"}
+
+
+    def cost_cell(self) -> str:
+        """Old → new $/1M output tokens where both are known; "unavailable" otherwise (never zero)."""
+        if self.usd_per_mtok_old is None or self.usd_per_mtok_new is None:
+            return "unavailable"
+        return f"{self.usd_per_mtok_old:.4g} → {self.usd_per_mtok_new:.4g}"
+
+
+def describe_toolchain(identity: dict[str, Any]) -> str:
+    """One line for a toolchain identity (units.toolchain_identity): release, image digest, lane versions."""
+    parts = [f"TensorRT-LLM {identity['trtllm_version']}"] if identity.get("trtllm_version") else []
+    if identity.get("image_digest"):
+        parts.append(f"image {str(identity['image_digest'])[:19]}")
+    parts += [f"{k} {v}" for k, v in sorted((identity.get("versions") or {}).items()) if k != "surface"]
+    return ", ".join(parts) or "-"
+
+
+def _accuracy(manifest: Manifest) -> float | None:
+    for key in ACCURACY_KEYS:
+        if manifest.smoke.get(key) is not None:
+            return float(manifest.smoke[key])
+    return None
+
+
+def _cost(manifest: Manifest) -> float | None:
+    """$/1M output tokens at the SLO point, as the promotion cost gate reads it (promotion.cost_gate)."""
+    value = ((manifest.benchmark.get("search") or {}).get("cost") or {}).get("usd_per_mtok")
+    return None if value is None else float(value)
+
+
+def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest | None,
+                   policy: PromotionPolicy) -> ComparisonRow:
+    row = ComparisonRow(target=decision.stem, unit=decision.unit, decision=decision.action,
+                        champion=decision.champion_before, candidate=decision.candidate_version,
+                        new_toolchain=describe_toolchain(candidate.key_components.get("toolchain") or {}),
+                        accuracy_new=_accuracy(candidate), usd_per_mtok_new=_cost(candidate))
+    if champion is None:
+        return row
+    verdict = compare(candidate, champion, policy)
+    row.old_toolchain = describe_toolchain(champion.key_components.get("toolchain") or {})
+    row.accuracy_old, row.usd_per_mtok_old = _accuracy(champion), _cost(champion)
+    row.regressions = [f"cost regression: {g.detail}" if g.name == "cost" else g.detail
+                       for g in verdict.gates if not g.passed]
+    point = operating_point(candidate, champion, policy)
+    if point is not None:
+        (scenario, concurrency), new, old = point
+        row.operating_point = f"{scenario} c={concurrency}"
+        row.tokens_per_s_new, row.tokens_per_s_old = _num(new, "output_tokens_per_s"), _num(old, "output_tokens_per_s")
+        row.ttft_p95_ms_new, row.ttft_p95_ms_old = _num(new, "ttft_ms_p95"), _num(old, "ttft_ms_p95")
+    return row
+
+
+def _num(point: dict[str, Any], key: str) -> float | None:
+    value = point.get(key)
+    return None if value is None else float(value)
+
+
+def comparison_rows(registry: Registry, model: str, decisions: list[Decision], policy: PromotionPolicy,
+                    stems: set[str]) -> list[ComparisonRow]:
+    """One row per decision of these alias stems that had a candidate (the rebuilt targets)."""
+    rows = []
+    for d in decisions:
+        if d.stem not in stems or d.candidate_version is None:
+            continue
+        candidate = read_manifest_uri(manifest_uri_of(registry.version(model, d.candidate_version)))
+        champion = (read_manifest_uri(manifest_uri_of(registry.version(model, d.champion_before)))
+                    if d.champion_before else None)
+        rows.append(comparison_row(d, candidate, champion, policy))
+    return rows
+
+
+def markdown(title: str, rows: list[ComparisonRow]) -> str:
+    if not rows:
+        return f"## {title}\n\nNo target was rebuilt.\n"
+    cells = [r.row() for r in rows]
+    head = list(cells[0])
+    lines = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(c[h].replace("|", "\\|") for h in head) + " |" for c in cells]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,160 @@
+"""A toolchain channel: a small document, published by whoever qualifies toolchains, naming the current one.
+
+`toolchain.channel` in the spec is an `s3://bucket/key`, a `file:///absolute/path` or a path relative to the spec,
+holding YAML or JSON `{trtllm_version, image, image_digest}` (at least one of them). `rollout` reads it and builds
+with its value, so a platform team that moves the channel moves every spec that follows it; the change report
+then says "channel <uri> moved from X to Y". The document is hostile input: at most MAX_BYTES, a strict typed
+model (unknown keys refused), every refusal names the field and the fix. A read that fails for a reason the same
+call may not have next time (network, missing object) is a ToolError; a document that is wrong is an InputError.
+No Prefect here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from enginefoundry.errors import SpecError, ToolError, is_transient
+from enginefoundry.spec import BuildSpec
+
+MAX_BYTES = 64 * 1024
+VERSION_PATTERN = r"^[0-9]+\.[0-9]+(\.[0-9]+)?([a-z0-9.+-]{0,32})$"
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
+
+
+class ChannelDocument(BaseModel):
+    """What a channel names: the toolchain a rollout builds with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trtllm_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="e.g. 1.3.0rc23")
+    image: str | None = Field(default=None, pattern=IMAGE_PATTERN, description="e.g. nvcr.io/…/tritonserver:26.07")
+    image_digest: str | None = Field(default=None, pattern=DIGEST_PATTERN, description="sha256:<64 hex>")
+
+    @model_validator(mode="after")
+    def _names_something(self) -> ChannelDocument:
+        if self.trtllm_version is None and self.image_digest is None:
+            raise ValueError("names neither trtllm_version nor image_digest: publish at least one")
+        return self
+
+    def describe(self) -> str:
+        parts = [f"TensorRT-LLM {self.trtllm_version}"] if self.trtllm_version else []
+        if self.image_digest:
+            parts.append(f"image {self.image_digest[:19]}")
+        return ", ".join(parts)
+
+
+class ChannelStatus(BaseModel):
+    """What `plan` and `validate` show: the channel's current value, or why it could not be read."""
+
+    uri: str
+    value: ChannelDocument | None = None
+    error: str | None = None
+    transient: bool = False
+
+    def line(self) -> str:
+        if self.value is not None:
+            return f"toolchain channel {self.uri}: {self.value.describe()}"
+        what = "could not be read now" if self.transient else "is invalid"
+        return f"toolchain channel {self.uri} {what}: {self.error}"
+
+
+def read_channel(uri: str, base: Path) -> ChannelDocument:
+    """The channel's current document (InputError: the document is wrong; ToolError: it could not be read)."""
+    raw = _s3_bytes(uri) if uri.startswith("s3://") else _file_bytes(uri, base)
+    return parse_channel(uri, raw)
+
+
+def parse_channel(uri: str, raw: bytes) -> ChannelDocument:
+    field = "toolchain.channel"
+    if len(raw) > MAX_BYTES:
+        raise SpecError([(field, f"{uri} is larger than {MAX_BYTES} bytes: publish only "
+                                 "{trtllm_version, image, image_digest}")])
+    try:
+        data: Any = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as err:
+        raise SpecError([(field, f"{uri} is not YAML or JSON ({str(err).splitlines()[0]}): publish a mapping "
+                                 "{trtllm_version, image, image_digest}")]) from None
+    if not isinstance(data, dict):
+        raise SpecError([(field, f"{uri} holds a {type(data).__name__}, not a mapping: publish "
+                                 "{trtllm_version, image, image_digest}")])
+    try:
+        return ChannelDocument.model_validate(data)
+    except ValidationError as err:
+        problems = [(f"{field} ({uri}) " + ".".join(str(p) for p in e["loc"]) if e["loc"] else f"{field} ({uri})",
+                     _message(e)) for e in err.errors()]
+        raise SpecError(problems) from None
+
+
+def _message(e: Any) -> str:
+    if e["type"] == "extra_forbidden":
+        return "unknown key: a channel holds only trtllm_version, image, image_digest"
+    if e["type"] == "string_type":
+        return f"must be a string (got {e['input']!r}): quote it, e.g. \"1.3.0\""
+    if e["type"] == "string_pattern_mismatch":
+        return f"{e['msg']} (got {str(e['input'])[:80]!r})"
+    return str(e["msg"]).removeprefix("Value error, ")
+
+
+def _file_bytes(uri: str, base: Path) -> bytes:
+    given = uri.removeprefix("file://")
+    path = Path(given) if Path(given).is_absolute() else (base / given).resolve()
+    try:
+        with path.open("rb") as handle:
+            return handle.read(MAX_BYTES + 1)
+    except OSError as err:
+        raise ToolError(f"toolchain channel {uri} cannot be read ({err.strerror or err}): check that the "
+                        "publisher wrote it and that this worker can read it") from None
+
+
+def _s3_bytes(uri: str) -> bytes:
+    from enginefoundry.store.s3 import s3_client
+
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    try:
+        body = s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{MAX_BYTES}")["Body"]
+        data: bytes = body.read(MAX_BYTES + 1)  # a botocore StreamingBody
+        return data
+    except Exception as err:  # botocore's errors: missing object, no access, endpoint down
+        if is_transient(err):
+            raise  # the network task retries it (tasks._retry)
+        raise ToolError(f"toolchain channel {uri} cannot be read ({type(err).__name__}: {err}): check the "
+                        "object and this worker's S3 endpoint and credentials") from None
+
+
+def with_channel(spec: BuildSpec) -> tuple[BuildSpec, ChannelDocument | None]:
+    """The spec with the channel's current toolchain in place of its pinned fields (those the channel names)."""
+    if not spec.toolchain.channel:
+        return spec, None
+    doc = read_channel(spec.toolchain.channel, spec.base_path)
+    named = doc.model_dump(exclude_none=True)
+    return spec.model_copy(update={"toolchain": spec.toolchain.model_copy(update=named)}), doc
+
+
+def channel_status(spec: BuildSpec) -> ChannelStatus | None:
+    """For `plan` and `validate`: the channel's value, or why not; a read failure is reported, not raised."""
+    uri = spec.toolchain.channel
+    if not uri:
+        return None
+    try:
+        return ChannelStatus(uri=uri, value=read_channel(uri, spec.base_path))
+    except SpecError as err:
+        return ChannelStatus(uri=uri, error="; ".join(f"{p}: {m}" for p, m in err.problems))
+    except ToolError as err:
+        return ChannelStatus(uri=uri, error=str(err), transient=True)
+
+
+def channel_moved(uri: str, recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """'channel <uri> moved from X to Y' when the channel's fields differ from the baseline's; else None."""
+    keys = ("trtllm_version", "image_digest")
+    if not recorded or all(current.get(k) == recorded.get(k) for k in keys):
+        return None
+
+    def ident(d: dict[str, Any]) -> str:
+        return ", ".join(f"{k} {str(d.get(k))[:19] if k == 'image_digest' else d.get(k)}" for k in keys
+                         if d.get(k) is not None) or "nothing pinned"
+    return f"channel {uri} moved from {ident(recorded)} to {ident(current)}"

@@ -1,0 +1,236 @@
+"""Decide what to build from a spec's `search` section: predict per target, rank by the objective, keep the top-k
+that pass preflight, and write them into the spec as ordinary units (`BuildSpec.searched`). A target the predictor
+does not cover gets a measured search instead (units of the allowed precisions; the benchmark finds their goodput),
+with the reason stated."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel, Field
+
+from enginefoundry.bench.costs import cost_per_mtok
+from enginefoundry.planning.plan_report import model_config_for
+from enginefoundry.search.predictor import (
+    AIConfigurator,
+    Coverage,
+    Predicted,
+    Prediction,
+    Predictor,
+    config_digest,
+    requests_for,
+)
+from enginefoundry.spec import BuildSpec, Objective, Precision, Profile, SearchedUnit, Target, Variant
+from enginefoundry.spec.search import SearchSpec
+
+
+class Candidate(BaseModel):
+    rank: int
+    predicted: Predicted
+    objective_value: float | None
+    usd_per_mtok: float | None
+    unit: str
+    chosen: bool = False
+    verdict: str = ""  # "unit", "refused by preflight: …", "below top_k"
+
+
+class TargetSearch(BaseModel):
+    target: str
+    covered: bool
+    reason: str = ""
+    predictor: str = ""
+    note: str = ""
+    candidates: list[Candidate] = Field(default_factory=list)
+    problems: dict[str, str] = Field(default_factory=dict)  # precision → why the predictor has no answer
+    pareto: dict[str, list[tuple[float, float]]] = Field(default_factory=dict)
+    units: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    cached: int = 0
+
+
+class SearchReport(BaseModel):
+    objective: Objective
+    targets: list[TargetSearch]
+    seconds: float
+
+
+def objective_value(objective: Objective, spec: BuildSpec, target: Target, p: Predicted) -> float | None:
+    """Larger is better for every objective (cost is negated), None when it cannot be computed."""
+    if objective is Objective.TOKENS_PER_GPU:
+        return p.tokens_per_s_gpu
+    if objective is Objective.COST_PER_MTOK:
+        cost = cost_per_mtok(spec, target, p.tokens_per_s_gpu)
+        return -cost if cost is not None else None
+    return p.tokens_per_s_gpu / p.power_w if p.power_w else None
+
+
+def profile_for(search: SearchSpec, batch_size: int, name: str) -> Profile:
+    w = search.workload
+    max_in = w.mean_isl + 3 * w.isl_stddev
+    return Profile(name=name, max_batch_size=min(batch_size, 4096), max_input_len=max_in,
+                   max_seq_len=max_in + w.osl + 3 * w.osl_stddev, max_num_tokens=max(8192, max_in))
+
+
+def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor: Predictor | None = None,
+               progress: Callable[[str], None] = print) -> SearchReport:
+    """Predict for every searched target (one predictor call for all misses) and choose the units."""
+    assert spec.search is not None
+    t0 = time.monotonic()
+    search = spec.search
+    predictor = predictor or AIConfigurator()
+    config = model_config_for(spec)
+    digest = config_digest(config) if config else ""
+    targets = [t for t in spec.targets if (search.targets is None or t.name in search.targets)
+               and (not only_targets or t.name in only_targets)]
+    coverage = {t.name: predictor.coverage(spec, t, config) for t in targets}
+    requests = [r for t in targets if coverage[t.name].covered
+                for r in requests_for(search, t, coverage[t.name], digest)]
+    predictions = predictor.predict(config, requests, progress) if requests and config else []
+    by_target: dict[str, list[Prediction]] = {}
+    for r, p in zip(requests, predictions, strict=True):
+        by_target.setdefault(r.target, []).append(p)
+    out = []
+    for t in targets:
+        cov = coverage[t.name]
+        if not cov.covered:
+            out.append(_fallback(spec, t, cov))
+            continue
+        out.append(_choose(spec, t, cov, by_target.get(t.name, []), getattr(predictor, "name", "predictor")))
+    return SearchReport(objective=search.objective, targets=out, seconds=round(time.monotonic() - t0, 2))
+
+
+def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Prediction], tool: str) -> TargetSearch:
+    from enginefoundry.build.units import Unit
+    from enginefoundry.planning.preflight import preflight
+
+    search = spec.search
+    assert search is not None
+    ts = TargetSearch(target=target.name, covered=True, predictor=cov.label(tool), note=cov.note,
+                      seconds=max((p.seconds for p in predictions), default=0.0),
+                      cached=sum(p.cached for p in predictions))
+    pool: list[Predicted] = []
+    for prediction in predictions:
+        if prediction.problem:
+            ts.problems[prediction.precision.value] = prediction.problem
+        pool += prediction.ranked
+        if prediction.pareto:
+            ts.pareto[prediction.precision.value] = prediction.pareto
+    objective = search.objective
+    if objective is not Objective.TOKENS_PER_GPU and all(objective_value(objective, spec, target, p) is None
+                                                          for p in pool) and pool:
+        # tokens_per_joule without a predicted power (AIConfigurator 0.12.0 writes power_w 0.0 for these systems), or
+        # cost_per_mtok without a price: rank by tokens/s/GPU, and say so.
+        ts.note = "; ".join(filter(None, [ts.note, f"no predicted figure for {objective.value}: ranked by "
+                                                   "tokens_per_gpu (the measured verify step gives the real one)"]))
+        objective = Objective.TOKENS_PER_GPU
+    scored = sorted(pool, key=lambda p: -(objective_value(objective, spec, target, p) or float("-inf")))
+    seen: set[str] = set()
+    config = model_config_for(spec)
+    for p in scored:
+        variant = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
+        unit = Unit(variant=variant, profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"),
+                    target=target)
+        if unit.name in seen:
+            continue
+        seen.add(unit.name)
+        value = objective_value(objective, spec, target, p)
+        cand = Candidate(rank=len(ts.candidates) + 1, predicted=p, objective_value=value, unit=unit.name,
+                         usd_per_mtok=cost_per_mtok(spec, target, p.tokens_per_s_gpu))
+        if len(ts.units) >= search.top_k:
+            cand.verdict = "below top_k"
+        else:
+            report = preflight(spec, unit, config, None)
+            if report.ok:
+                cand.chosen, cand.verdict = True, "unit"
+                ts.units.append(unit.name)
+            else:
+                cand.verdict = "refused by preflight: " + "; ".join(c.message for c in report.problems)
+        ts.candidates.append(cand)
+    if not ts.units:
+        ts.reason = "no predicted configuration became a unit: " + (
+            "; ".join(f"{k}: {v}" for k, v in ts.problems.items()) or "every one was refused by preflight")
+    return ts
+
+
+def _fallback(spec: BuildSpec, target: Target, cov: Coverage) -> TargetSearch:
+    """A measured search: one unit per allowed precision (up to top_k) that passes preflight, tp = 1."""
+    from enginefoundry.build.units import Unit
+    from enginefoundry.planning.preflight import preflight
+
+    search = spec.search
+    assert search is not None
+    ts = TargetSearch(target=target.name, covered=False, reason=cov.reason)
+    config = model_config_for(spec)
+    precisions = list(search.precisions)
+    if target.arch.value == "cpu" and Precision.FP32 not in precisions:
+        precisions.append(Precision.FP32)  # the reference lane's own precision on a cpu
+    for precision in precisions:
+        if len(ts.units) >= search.top_k:
+            break
+        unit = Unit(variant=Variant(precision=precision),
+                    profile=profile_for(search, search.goodput.max_concurrency, "search-measured"), target=target)
+        report = preflight(spec, unit, config, None)
+        if report.ok:
+            ts.units.append(unit.name)
+        else:
+            ts.problems[precision.value] = "refused by preflight: " + "; ".join(c.message for c in report.problems)
+    return ts
+
+
+def searched_units(spec: BuildSpec, report: SearchReport) -> list[SearchedUnit]:
+    search = spec.search
+    assert search is not None
+    out = []
+    for ts in report.targets:
+        if ts.covered:
+            for c in ts.candidates:
+                if c.chosen:
+                    p = c.predicted
+                    out.append(SearchedUnit(
+                        target=ts.target, variant=Variant(precision=p.precision, tp=p.tp, pp=p.pp),
+                        profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"), rank=c.rank,
+                        predicted=p.figures(), predictor=ts.predictor, note=ts.note,
+                        pareto=ts.pareto.get(p.precision.value) or None))
+            continue
+        for i, name in enumerate(ts.units, start=1):
+            precision = Precision(name.split("-", 1)[0])
+            out.append(SearchedUnit(
+                target=ts.target, variant=Variant(precision=precision),
+                profile=profile_for(search, search.goodput.max_concurrency, "search-measured"), rank=i,
+                note=f"measured search: {ts.reason}"))
+    return out
+
+
+def materialise(spec: BuildSpec, only_targets: list[str] | None = None, predictor: Predictor | None = None,
+                progress: Callable[[str], None] = print) -> tuple[BuildSpec, SearchReport | None]:
+    """The spec with the search's units written into `searched` (a spec that already carries them, e.g. a flow
+    payload, is returned as it is: the decision is made once, where the predictor runs)."""
+    if spec.search is None or spec.searched:
+        return spec, None
+    report = run_search(spec, only_targets, predictor, progress)
+    return spec.model_copy(update={"searched": searched_units(spec, report)}), report
+
+
+def rows(report: SearchReport) -> list[dict[str, str]]:
+    """The ranked table per target, for the console."""
+    out = []
+    for ts in report.targets:
+        if not ts.covered:
+            out.append({"target": ts.target, "rank": "-", "config": "measured search",
+                        "tok/s/GPU": "-", "tok/s/user": "-", "TTFT ms": "-", "$/1M tok": "-",
+                        "unit": ", ".join(ts.units) or "none", "why": ts.reason})
+            continue
+        shown = [c for c in ts.candidates if c.chosen or c.rank <= max(5, 2 * len(ts.units))]
+        for c in shown:
+            p = c.predicted
+            out.append({"target": ts.target, "rank": str(c.rank),
+                        "config": f"{p.precision.value} tp{p.tp}pp{p.pp} bs{p.batch_size}",
+                        "tok/s/GPU": f"{p.tokens_per_s_gpu:.0f}", "tok/s/user": f"{p.tokens_per_s_user:.1f}",
+                        "TTFT ms": f"{p.ttft_ms:.0f}",
+                        "$/1M tok": f"{c.usd_per_mtok:.3f}" if c.usd_per_mtok is not None else "-",
+                        "unit": c.unit if c.chosen else "-", "why": c.verdict})
+        for precision, why in ts.problems.items():
+            out.append({"target": ts.target, "rank": "-", "config": precision, "tok/s/GPU": "-",
+                        "tok/s/user": "-", "TTFT ms": "-", "$/1M tok": "-", "unit": "-", "why": why})
+    return out
