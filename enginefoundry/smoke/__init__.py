@@ -262,7 +262,10 @@ def run_smoke(
     scores = score_all(client, cases, refs, tok, concurrency=spec.concurrency, progress=progress)
     teacher = compare_teacher_forced(scores, refs, unavailable=client.scoring_unavailable)
     progress(f"smoke: teacher-forced log-probs: {teacher.detail}")
-    like = reference_outcome.sibling_unit is None and reference_outcome.dtype == precision
+    # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
+    # is measured only where like with like was asked for (`unit`), never behind a pipeline's memory preflight.
+    like = (spec.reference_precision == UNIT_PRECISION and reference_outcome.sibling_unit is None
+            and reference_outcome.dtype == precision)
     if reference_outcome.sibling_unit is not None:
         reference_why = f"the gated higher-precision sibling unit {reference_outcome.sibling_unit} (smoke.reference)"
     spread = None
