@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import shlex
 import shutil
 import signal
@@ -35,6 +34,7 @@ from enginefoundry.runner import (
     reap_with_this_process,
     signals_held,
     tail,
+    tool_env,
 )
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
@@ -107,7 +107,7 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
             with signals_held():
                 proc = subprocess.Popen(
                     cmd.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**os.environ, **cmd.command.env}, start_new_session=True, cwd=cwd,
+                    env=tool_env(cmd.command.env), start_new_session=True, cwd=cwd,
                     preexec_fn=die_with_parent() if main else None,
                 )
                 reap_with_this_process(proc.pid)  # registered before a held signal can end this process

@@ -269,6 +269,18 @@ def install_sigterm_as_exit() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+# Secrets of this process that no tool or server needs (evidence/signing.py: the private key's PEM text and its
+# password): never in a child's environment, so a tool that prints its environment (a crash report, a launcher's
+# `env` dump) cannot put them in a log that is kept or uploaded. Signing happens in this process only.
+NOT_FOR_TOOLS = ("ENGINEFOUNDRY_SIGNING_KEY", "ENGINEFOUNDRY_SIGNING_KEY_PASSWORD")
+
+
+def tool_env(extra: Mapping[str, str] | None = None, unset: Sequence[str] = ()) -> dict[str, str]:
+    """The environment of a tool or server: this process's, with `extra`, without `unset` and NOT_FOR_TOOLS."""
+    drop = {*unset, *NOT_FOR_TOOLS}
+    return {k: v for k, v in {**os.environ, **(extra or {})}.items() if k not in drop}
+
+
 def _children_peak_rss_mb() -> float:
     # ru_maxrss of reaped children is in KiB on Linux; it is the max over all children so far.
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -285,11 +297,13 @@ def run_tool(
     what: str | None = None,
     progress: Callable[[str], None] | None = None,
     progress_every_s: float = 10.0,
+    check: bool = True,
 ) -> ToolRun:
-    """Run a command to completion. Raises ToolError (with the log tail) on a missing tool, timeout or failure."""
+    """Run a command to completion. Raises ToolError (with the log tail) on a missing tool, timeout or failure
+    (with `check` False a failure is returned: the caller reads the tool's own account of it)."""
     what = what or Path(argv[0]).name
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset_env}
+    full_env = tool_env(env, unset_env)
     start = time.monotonic()
     with log_path.open("wb") as log:
         proc: subprocess.Popen[bytes] | None = None
@@ -332,7 +346,7 @@ def run_tool(
     wall = time.monotonic() - start
     run = ToolRun(argv=list(argv), returncode=proc.returncode, wall_s=wall,
                   peak_rss_mb=_children_peak_rss_mb(), log_path=str(log_path))
-    if proc.returncode != 0:
+    if proc.returncode != 0 and check:
         raise ToolError(f"{what} failed with exit code {proc.returncode}; log {log_path}:\n{tail(log_path)}")
     return run
 

@@ -29,7 +29,7 @@ from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
-from enginefoundry.planning.cache_plan import CachePlan, find_hit, plan_cache, unit_keys
+from enginefoundry.planning.cache_plan import CachePlan, find_hit, hit_signature_policy, plan_cache, unit_keys
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records.outcomes import duplicate_outcome
 from enginefoundry.records.run_records import mlflow_run_link, run_metrics
@@ -232,7 +232,7 @@ def build_engines(
     artifacts = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
     log = progress_logger()  # Prefect's run logger: waiting for another run's lease shows in the UI
     plan = plan_cache(build_spec.model.name, units, keyed.keys, artifacts, force=force, rehash=verify_hits,
-                      progress=log)
+                      progress=log, signatures=hit_signature_policy(build_spec))
     # smoke.reference: sibling: a unit judged by its sibling's served answers runs in a later wave than it.
     siblings = sibling_refs(build_spec, units, keyed.keys)
     waves = reference_waves(plan.misses, siblings)

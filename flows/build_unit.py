@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from enginefoundry.build.sources import SourceIdentity
 from enginefoundry.build.units import KeyComponents, Unit, expand_units
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError
+from enginefoundry.evidence.signing import require_signer_for
 from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.dispatch import save_outcome
 from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
@@ -38,8 +39,8 @@ quiet_expected_failures()  # a refused or failed unit's Failed end logs no engin
 
 @task(name="check placement", task_run_name="check placement of {unit.name}", cache_policy=NO_CACHE)
 def check_worker(unit: Unit, key_components: KeyComponents | None, lane_name: str, spec: BuildSpec) -> str:
-    """Refuse before any download: wrong pool, wrong GPU, a toolchain other than the one in the key, or an
-    installed release that cannot run the unit."""
+    """Refuse before any download: wrong pool, wrong GPU, a toolchain other than the one in the key, an
+    installed release that cannot run the unit, or no signing key when the spec requires signatures."""
     from prefect.context import FlowRunContext
 
     ctx = FlowRunContext.get()
@@ -49,6 +50,7 @@ def check_worker(unit: Unit, key_components: KeyComponents | None, lane_name: st
     planned = key_components.toolchain.versions if key_components else {}
     local = get_lane(lane_name).versions()
     get_lane(lane_name).check_installed(spec, unit)
+    require_signer_for(spec)  # this worker publishes: with publish.require_signature it needs a key of its own
     if planned and dict(sorted(local.items())) != planned:
         diff = ", ".join(f"{k} {planned.get(k)} → {local.get(k)}" for k in sorted(set(planned) | set(local))
                          if planned.get(k) != local.get(k))

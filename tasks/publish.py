@@ -8,7 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.evidence.attest import sign_before_current
-from enginefoundry.evidence.signing import signer_from_env
+from enginefoundry.evidence.signing import require_signer_for, signer_from_env
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import open_store
@@ -36,6 +36,9 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     exit_if_terminating()  # a cancelled run publishes nothing, whatever its stages made of the cancel
     log = progress_logger()
     signer = signer_from_env()  # a bad key fails here, before any byte is uploaded
+    # validate/run checked the process that started the run; in cluster mode this worker publishes, and without
+    # a key of its own it must not publish an unsigned build that the spec's own consumers refuse.
+    require_signer_for(spec)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
     result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},

@@ -211,7 +211,14 @@ def attest_build(store: Store, build: PublishedBuild, signer: Signer,
 
 
 def read_index(store: Store, build: PublishedBuild) -> AttestationIndex | None:
+    """The build's attestation index, None when there is none; StoreError for one that is too large (refused by
+    its size, unread) or not valid."""
     ikey = index_key(build)
+    size = store.size(ikey)
+    if size is None:
+        return None
+    if size > MAX_BUNDLE_BYTES:
+        raise StoreError(f"{store.url(ikey)} is {size} bytes: not an attestation index (at most {MAX_BUNDLE_BYTES})")
     got = store.read_versioned(ikey)
     if got is None:
         return None
@@ -345,7 +352,10 @@ def _check_entry(store: Store, build: PublishedBuild, entry: IndexEntry, index: 
                     f"({index.signer.identity}): not among the trusted keys")
     public = trusted.public_key if trusted else index.signer.public_key
     signer = trusted.label() if trusted else index.signer.identity
-    if not public or not _verifies(bundle, public):
+    if not public:  # a certificate or keyless signer: its index carries no key to check the statement with
+        return fail(f"signed by {signer}, whose index names no public key: give the signer's key with "
+                    "--trusted-key PUB (or --trust-policy FILE) to check it", signer)
+    if not _verifies(bundle, public):
         return fail(f"signature does not verify with {signer}: the statement was altered after signing", signer)
     problem = (_time_problem(trusted, bundle.statement.get("predicate"), signer) if trusted else None) or \
         _subject_problem(build, bundle.statement.get("subject"))
@@ -411,15 +421,22 @@ def sign_published(store: Store, model: str, key: str, build_id: str, signer: Si
 
 def tags_for(manifest_uri: str, endpoint_url: str | None = None) -> dict[str, str]:
     """MLflow tags for a published build, read from its attestation index in the store ("unknown" when the
-    store cannot be read now: registration does not fail for it)."""
+    store cannot be read now: registration does not fail for it). `signed` and the signer only when the
+    attestations check out against the key the index names (digests, signatures, subject: a few KiB read);
+    "invalid: <why>" otherwise, so a version page never shows a forged index as signed evidence. Whether
+    that key is trusted is the consumer's question (`verify --trusted-key`)."""
     from enginefoundry.errors import EngineFoundryError
     from enginefoundry.store.verify import open_build
 
     try:
         store, build = open_build(manifest_uri, endpoint_url)
-        return mlflow_tags(read_index(store, build), store, build)
+        index = read_index(store, build)
+        verdict = verify_attestations(store, build, TrustPolicy()) if index is not None else None
     except EngineFoundryError as err:
         return {TAG_SIGNATURE: f"unknown: {' '.join(str(err).split())[:200]}"}
+    if verdict is not None and verdict.state == "failed":
+        return {TAG_SIGNATURE: f"invalid: {' '.join('; '.join(verdict.problems).split())[:240]}"}
+    return mlflow_tags(index, store, build)
 
 
 def promotion_refusal(manifest_uri: str, policy: TrustPolicy | None = None) -> str | None:

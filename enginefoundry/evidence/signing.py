@@ -237,6 +237,17 @@ class OpenedBundle(BaseModel):
     signatures: list[tuple[str, bytes]]  # (keyid or hint, signature)
 
 
+def _field(doc: dict[str, Any], name: str, default: Any, kind: type = dict) -> Any:
+    """doc[name] when it has the expected shape, default when absent; SignatureError for any other shape (a
+    bundle is read from a store that anyone with write access can fill)."""
+    value = doc.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise SignatureError(f"{name} is not a {'mapping' if kind is dict else kind.__name__}")
+    return value
+
+
 def open_bundle(data: bytes) -> OpenedBundle:
     """Parse a bundle (or a bare DSSE envelope) without checking signatures."""
     try:
@@ -246,12 +257,12 @@ def open_bundle(data: bytes) -> OpenedBundle:
     if not isinstance(doc, dict):
         raise SignatureError("not a bundle or DSSE envelope")
     env = doc.get("dsseEnvelope", doc)
-    hint = ((doc.get("verificationMaterial") or {}).get("publicKey") or {}).get("hint", "")
+    hint = _field(_field(_field(doc, "verificationMaterial", {}), "publicKey", {}), "hint", "", str)
     if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE:
         raise SignatureError(f"payloadType is not {PAYLOAD_TYPE}")
     payload = _unb64(env.get("payload"), "payload")
     sigs = [(str(s.get("keyid") or hint), _unb64(s.get("sig"), "signature"))
-            for s in env.get("signatures") or [] if isinstance(s, dict)]
+            for s in _field(env, "signatures", [], list) if isinstance(s, dict)]
     try:
         statement = json.loads(payload)
     except ValueError:
@@ -344,8 +355,9 @@ def consumer_policy(trusted_keys: list[str] | None = None, policy_file: str | No
     file = policy_file or env.get(ENV_TRUST_POLICY)
     policy = load_trust_policy(Path(file)) if file else TrustPolicy()
     from_env = [k for k in (env.get(ENV_TRUSTED_KEYS) or "").split(os.pathsep) if k]
-    for k in [*from_env, *(trusted_keys or [])]:
-        policy.keys.append(TrustedKey(name=Path(k).stem, public_key=_pem_file(Path(k), "--trusted-key")))
+    named = [(k, f"${ENV_TRUSTED_KEYS}") for k in from_env] + [(k, "--trusted-key") for k in trusted_keys or []]
+    for k, what in named:
+        policy.keys.append(TrustedKey(name=Path(k).stem, public_key=_pem_file(Path(k), what)))
     if require or truthy(env.get(ENV_REQUIRE_SIGNATURE)):
         policy.require_signature = True
     return policy

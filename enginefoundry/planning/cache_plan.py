@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from enginefoundry.build.units import KeyComponents, Unit, toolchain_identity, unit_key_components
 from enginefoundry.errors import PipelineError, StoreError
+from enginefoundry.evidence.signing import TrustPolicy, spec_policy
 from enginefoundry.lanes import get_lane
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec
@@ -34,13 +35,34 @@ WAIT_FOR_OTHER_RUN_S = EnvSettings().lease_wait_s
 Progress = Callable[[str], None]
 
 
+def hit_signature_policy(spec: BuildSpec) -> TrustPolicy | None:
+    """What a cache hit's attestations must pass when the spec requires signatures (publish.require_signature):
+    signed, consistent, and by one of the spec's trusted keys when it names any; None when it does not require
+    them. An unsigned hit is refused (and rebuilt, signed): a run must not report a build as its result that its
+    own spec's pull, promote and rollout then refuse."""
+    if not spec.publish.require_signature:
+        return None
+    return spec_policy(spec).model_copy(update={"require_signature": False})
+
+
+def _signature_refusal(store: Store, build: PublishedBuild, policy: TrustPolicy) -> str | None:
+    from enginefoundry.evidence.attest import verify_attestations
+
+    verdict = verify_attestations(store, build, policy)
+    if verdict.state in ("verified", "untrusted"):
+        return None
+    return f"publish.require_signature is true: {verdict.line()}"
+
+
 def find_hit(store: Store, model: str, key: str, rehash: bool = False,
-             progress: Progress = lambda _: None, quarantine: bool = True) -> PublishedBuild | None:
+             progress: Progress = lambda _: None, quarantine: bool = True,
+             signatures: TrustPolicy | None = None) -> PublishedBuild | None:
     """The current build of a key when it can be trusted as a cache hit (`publish.check_hit`: schema, key
     recomputed from its key components and matching its location, every blob present with its size; with
-    `rehash` every sha256 too); None for a miss or a refused build (which the run then rebuilds). A refused
-    build's corrupt blobs are quarantined (unless `quarantine` is False: `explain` only reads), so the rebuild
-    writes fresh ones instead of listing them again."""
+    `rehash` every sha256 too; with `signatures` (`hit_signature_policy`) its attestations too); None for a miss
+    or a refused build (which the run then rebuilds). A refused build's corrupt blobs are quarantined (unless
+    `quarantine` is False: `explain` only reads), so the rebuild writes fresh ones instead of listing them
+    again."""
     try:
         build = find_current(store, model, key)
     except StoreError as err:
@@ -54,6 +76,9 @@ def find_hit(store: Store, model: str, key: str, rehash: bool = False,
         progress(f"cache: {key[:12]}: build {build.build_id} refused: " + "; ".join(p.line() for p in problems[:5])
                  + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
                  + "".join(f"; quarantined {m}" for m in moved) + "; rebuilding")
+        return None
+    if signatures is not None and (why := _signature_refusal(store, build, signatures)):
+        progress(f"cache: {key[:12]}: build {build.build_id} refused: {why}; rebuilding")
         return None
     return build
 
@@ -86,11 +111,11 @@ class CachePlan(BaseModel):
 def plan_cache(
     model: str, units: list[Unit], keys: dict[str, str], store: Store, *, force: bool = False,
     rehash: bool = False, owner: str | None = None, progress: Progress = print, lease_ttl_s: float = DEFAULT_TTL_S,
-    wait_timeout_s: float = WAIT_FOR_OTHER_RUN_S,
+    wait_timeout_s: float = WAIT_FOR_OTHER_RUN_S, signatures: TrustPolicy | None = None,
 ) -> CachePlan:
     """Decide hits, misses and duplicates; take the build lease of every miss (waiting for a live run that
     builds the same key). `rehash`: a hit's files are re-hashed too (`--verify-hits`). The caller releases
-    the leases with `plan.release()` when its builds are done."""
+    the leases with `plan.release()` when its builds are done. `signatures`: `hit_signature_policy`."""
     owner = owner or new_owner()
     plan = CachePlan()
     first_with_key: dict[str, str] = {}
@@ -101,10 +126,10 @@ def plan_cache(
                 plan.duplicates[unit.name] = first_with_key[key]
                 continue
             first_with_key[key] = unit.name
-            hit = None if force else find_hit(store, model, key, rehash, progress)
+            hit = None if force else find_hit(store, model, key, rehash, progress, signatures=signatures)
             if hit is None:
                 held, hit = _lease_or_wait(store, model, key, owner, force=force, progress=progress,
-                                           ttl_s=lease_ttl_s, timeout_s=wait_timeout_s)
+                                           ttl_s=lease_ttl_s, timeout_s=wait_timeout_s, signatures=signatures)
                 if held is not None:
                     plan.leases[key] = held
                     plan.misses.append(unit)
@@ -119,7 +144,7 @@ def plan_cache(
 
 def _lease_or_wait(
     store: Store, model: str, key: str, owner: str, *, force: bool, progress: Progress, ttl_s: float,
-    timeout_s: float,
+    timeout_s: float, signatures: TrustPolicy | None = None,
 ) -> tuple[HeldLease | None, PublishedBuild | None]:
     """Take the build lease for a key, or wait for the live run that holds it: without `force` until its
     build is published (a hit), with `force` until its lease is gone (then build our own)."""
@@ -136,10 +161,10 @@ def _lease_or_wait(
                 f"building it, clear it with `enginefoundry leases --break {key[:12]}`")
 
         def published() -> bool:
-            return not force and find_hit(store, model, key) is not None
+            return not force and find_hit(store, model, key, signatures=signatures) is not None
 
         if wait_for(store, published, lkey, timeout_s=left, progress=progress):
-            hit = find_hit(store, model, key, progress=progress)
+            hit = find_hit(store, model, key, progress=progress, signatures=signatures)
             if hit is not None:
                 return None, hit
         # The holder finished without publishing (it failed), or died, or we force a build: take it over.

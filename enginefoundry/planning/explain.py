@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.lanes import get_lane
-from enginefoundry.planning.cache_plan import find_hit
+from enginefoundry.planning.cache_plan import find_hit, hit_signature_policy
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import Store
 from enginefoundry.store.publish import find_current
@@ -67,7 +67,8 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
         key = key_of(comps)
         # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
         said: list[str] = []
-        if find_hit(store, spec.model.name, key, progress=said.append, quarantine=False) is not None:
+        if find_hit(store, spec.model.name, key, progress=said.append, quarantine=False,
+                    signatures=hit_signature_policy(spec)) is not None:
             out.append(UnitExplanation(unit=unit.name, key=key, hit=True))
             continue
         refused = said[0] if said else None

@@ -18,6 +18,7 @@ leases. The store is read only through `cache_plan.find_hit`, the same check the
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
-from enginefoundry.planning.cache_plan import find_hit, unit_keys
+from enginefoundry.planning.cache_plan import find_hit, hit_signature_policy, unit_keys
 from enginefoundry.records.run_summary import RunSummary, work_root
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.store.backends import open_store
@@ -63,7 +64,8 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     for unit in units:
         key = keyed.keys[unit.name]
         found = (next((hits[u] for u in hits if keyed.keys[u] == key), None)
-                 or find_hit(store, spec.model.name, key, rehash, progress))
+                 or find_hit(store, spec.model.name, key, rehash, progress,
+                             signatures=hit_signature_policy(spec)))
         if found is None:
             return None
         hits[unit.name] = found
@@ -203,12 +205,31 @@ class RefusedRecord(ValueError):
     """A pending file that is not a record of this store's hits: dropped, never recorded."""
 
 
+PENDING_MAX_BYTES = 16 << 20  # a record lists a run's hits: a few KiB per unit
+
+
+def _pending_bytes(path: Path) -> bytes:
+    """A pending file's bytes: a regular file (never read through a link, never a FIFO or device that would hang
+    or never end the read) of at most PENDING_MAX_BYTES; RefusedRecord otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as err:
+        raise RefusedRecord(f"not a readable regular file ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise RefusedRecord("not a regular file")
+        if info.st_size > PENDING_MAX_BYTES:
+            raise RefusedRecord(f"{info.st_size} bytes: larger than any record ({PENDING_MAX_BYTES})")
+        return f.read(PENDING_MAX_BYTES + 1)
+
+
 def read_pending(path: Path, dest: RecorderDestinations) -> tuple[BuildSpec, AllHits] | None:
     """A pending file's spec (with `dest` as its destinations) and hits; None when it belongs to another store
     (left for a run of that store); RefusedRecord when it is malformed, names destinations of its own, or lists a
     build that is not published in its store under the digest it names."""
     try:
-        pending = PendingHits.model_validate_json(path.read_bytes())
+        pending = PendingHits.model_validate_json(_pending_bytes(path))
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in err.errors()[:3])
         raise RefusedRecord(f"not a valid pending record ({problems})") from None
@@ -274,11 +295,11 @@ def flush_pending(dest: RecorderDestinations, progress: Callable[[str], None] = 
     if not folder.is_dir():
         return 0
     for stuck in folder.glob("*.recording"):  # its recorder was killed: give it back
-        if time.time() - stuck.stat().st_mtime > 600:
+        if time.time() - stuck.lstat().st_mtime > 600:
             os.replace(stuck, folder / f"{stuck.name.split('.')[0]}.json")
     done = 0
     for path in sorted(folder.glob("*.json")):
-        age = time.time() - path.stat().st_mtime
+        age = time.time() - path.lstat().st_mtime  # a dangling link is dropped, not a crash
         if age < min_age_s:
             continue
         if age > max_age_s:

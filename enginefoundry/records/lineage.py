@@ -125,8 +125,12 @@ def _signature(uri: str) -> dict[str, Any]:
     from enginefoundry.store.verify import open_build
 
     try:
+        policy = consumer_policy()
+    except InputError as err:  # the user's trust settings, not the store: say which and how to fix them
+        return {"state": "unknown", "line": f"not checked: {err}"}
+    try:
         store, build = open_build(uri)
-        verdict = verify_attestations(store, build, consumer_policy())
+        verdict = verify_attestations(store, build, policy)
     except Exception as err:  # the store is unreachable: lineage still answers from the manifest
         return {"state": "unknown", "line": f"cannot read attestations ({type(err).__name__})"}
     return {**verdict.model_dump(mode="json"), "line": verdict.line()}

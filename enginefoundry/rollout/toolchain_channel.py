@@ -103,6 +103,8 @@ def _message(e: Any) -> str:
 def _file_bytes(uri: str, base: Path) -> bytes:
     given = uri.removeprefix("file://")
     path = Path(given) if Path(given).is_absolute() else (base / given).resolve()
+    if path.exists() and not path.is_file():  # a FIFO would block the read for ever, a device never end it
+        raise SpecError([("toolchain.channel", f"{uri} is not a regular file: name the file the publisher writes")])
     try:
         with path.open("rb") as handle:
             return handle.read(MAX_BYTES + 1)

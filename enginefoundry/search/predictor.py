@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,11 +32,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from enginefoundry.errors import ToolError
+from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, Precision, SearchSpec, Target
 
 REPO = Path(__file__).resolve().parents[2]
 PREDICT_VENV = REPO / ".venv-predict"
 CACHE_FORMAT = 1
+CACHE_MAX_BYTES = 1 << 20  # a cached prediction is a few KiB
 
 # A target's SKU (case-insensitive substring, most specific first) → AIConfigurator system name
 # (aiconfigurator_core/systems/<name>.yaml in 0.12.0).
@@ -309,6 +310,9 @@ class AIConfigurator:
     def _cached(self, key: str) -> Prediction | None:
         path = self.cache_dir / f"{key}.json"
         try:
+            # Local state: only a regular file of a prediction's size (a FIFO or a device would hang the read).
+            if path.is_symlink() or not path.is_file() or path.stat().st_size > CACHE_MAX_BYTES:
+                return None
             p = Prediction.model_validate_json(path.read_bytes())
         except (OSError, ValidationError):
             return None  # absent or unreadable: predicted again, the bad file replaced
@@ -329,12 +333,13 @@ class AIConfigurator:
             names = {f"e{i}_{r.precision.value}": r for i, r in enumerate(requests)}
             (Path(tmp) / "exp.yaml").write_text(yaml.safe_dump(
                 {name: experiment(r, model_dir) for name, r in names.items()}, sort_keys=False))
-            t0 = time.monotonic()
-            done = subprocess.run([str(self.tool), "cli", "exp", "--yaml-path", str(Path(tmp) / "exp.yaml"),
-                                   "--save-dir", str(Path(tmp) / "out"), "--top-n", "16"],
-                                  capture_output=True, text=True, timeout=1800, env=_quiet_env(), cwd=tmp)
-            seconds = round(time.monotonic() - t0, 2)
-            log = done.stdout + done.stderr
+            # Through the runner, like every tool: its own process group, killed with this process however it
+            # dies (kill -9 included), a clean ToolError on timeout.
+            done = run_tool([str(self.tool), "cli", "exp", "--yaml-path", str(Path(tmp) / "exp.yaml"),
+                             "--save-dir", str(Path(tmp) / "out"), "--top-n", "16"], Path(tmp) / "cli-exp.log",
+                            timeout_s=1800, env=_quiet_env(), cwd=Path(tmp), what=self.name, check=False)
+            seconds = round(done.wall_s, 2)
+            log = Path(done.log_path).read_text(errors="replace")
             return [read_experiment(Path(tmp) / "out", name, r, r.key(version), seconds, done.returncode, log)
                     for name, r in names.items()]
 

@@ -18,9 +18,10 @@ class PublishSpec(BaseModel):
         default=None, description="S3 endpoint (SeaweedFS, MinIO); defaults to $EF_S3_ENDPOINT or AWS"
     )
     require_signature: bool = Field(
-        default=False, description="builds must be signed: `run`/`rollout` refuse to start without a signing key, "
-                                   "and pull, promote and rollout with this spec refuse a build whose signatures "
-                                   "do not verify against the trusted keys")
+        default=False, description="builds must be signed: `run`/`rollout` refuse to start without a signing key "
+                                   "and rebuild (signed) a cache hit that is unsigned or signed by an untrusted "
+                                   "key, and pull, promote and rollout with this spec refuse a build whose "
+                                   "signatures do not verify against the trusted keys")
     trusted_keys: list[str] = Field(
         default_factory=list, description="public key files whose signatures are accepted (`enginefoundry keygen` "
                                           "writes <name>.pub), relative to the spec; added to --trusted-key")

@@ -303,6 +303,9 @@ def anchor_problems(store: Store, build: PublishedBuild) -> list[Problem]:
             if sha != build.manifest_sha256]
 
 
+WRONG_SIZE = "wrong size"  # a size the manifest claims: evidence only when the manifest itself checks out
+
+
 def check_file(store: Store, build: PublishedBuild, entry: FileEntry, rehash: bool) -> list[Problem]:
     okey = build.object_key(entry)
     try:
@@ -314,7 +317,7 @@ def check_file(store: Store, build: PublishedBuild, entry: FileEntry, rehash: bo
     if size is None:
         return [Problem(path=entry.path, problem=f"missing: {store.url(okey)} does not exist")]
     if size != entry.size:
-        return [Problem(path=entry.path, problem="wrong size", expected=f"{entry.size} bytes", actual=f"{size} bytes",
+        return [Problem(path=entry.path, problem=WRONG_SIZE, expected=f"{entry.size} bytes", actual=f"{size} bytes",
                         corrupt=True)]
     if rehash:
         h = hashlib.sha256()
@@ -332,11 +335,15 @@ def check_file(store: Store, build: PublishedBuild, entry: FileEntry, rehash: bo
 def quarantine_problems(store: Store, build: PublishedBuild, problems: list[Problem]) -> list[str]:
     """Move aside every object of `build` that a check found corrupt (`Store.quarantine`), so that the next
     publish of those bytes writes fresh ones and every build that lists them is whole again. The URLs of what
-    was moved; a store this credential cannot write to moves nothing (the caller's refusal stands)."""
+    was moved; a store this credential cannot write to moves nothing (the caller's refusal stands). A blob is named
+    by its digest and shared by every build that lists those bytes, so a size is evidence only from a manifest with
+    no problem of its own (consistent, and anchored to the digest recorded for it): an edited or unanchored manifest
+    moves aside only objects corrupt by themselves (bytes that do not hash to their name, a link in place of a blob)."""
+    trusted = not any(p.path == "manifest" for p in problems)
     by_path = {e.path: e for e in build.files}
     moved = []
     for p in problems:
-        if p.corrupt and p.path in by_path:
+        if p.corrupt and p.path in by_path and (trusted or p.problem != WRONG_SIZE):
             try:
                 dest = store.quarantine(build.object_key(by_path[p.path]))
             except (StoreError, OSError):

@@ -350,3 +350,179 @@ def test_a_quarantined_and_healed_build_keeps_its_signatures_and_a_rebuild_gets_
     assert main(["verify", uri, *trusted]) == 0  # the first build: whole again, still signed by the old key
     assert "provenance, gate and benchmark verified" in capsys.readouterr().out
     assert main(["verify", rebuilt.uri, "--trusted-key", str(keys["new"][1])]) == 0
+
+
+def test_a_spec_that_requires_signatures_does_not_take_an_unsigned_cache_hit(tmp_path, keys, monkeypatch):
+    """publish.require_signature: the run's own pull, promote and rollout refuse an unsigned build, so the run
+    must not report one as its cache hit (exit 0, a green state) either: it is a miss, rebuilt and signed. A hit
+    signed by the spec's key is taken; one signed by another key is refused too. `run`'s all-hits fast path
+    (`decide_all_hits`) and the flow's plan share `cache_plan.find_hit`."""
+    import yaml
+
+    from enginefoundry.build.sources import fetch
+    from enginefoundry.build.units import expand_units
+    from enginefoundry.planning.cache_plan import unit_keys
+    from enginefoundry.planning.noop_run import decide_all_hits
+    from enginefoundry.spec import load_spec
+
+    for var in ("ENGINEFOUNDRY_TRUST_POLICY", "ENGINEFOUNDRY_TRUSTED_KEYS", "ENGINEFOUNDRY_REQUIRE_SIGNATURE"):
+        monkeypatch.delenv(var, raising=False)
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    doc = yaml.safe_load((configs / "tiny-cpu.yaml").read_text())
+    doc["model"]["source"] = str((configs / doc["model"]["source"]).resolve())
+    doc["smoke"]["prompts"] = str((configs / doc["smoke"]["prompts"]).resolve())
+
+    def spec_with(store: FileStore):
+        doc["publish"] = {"store": store.uri, "require_signature": True, "trusted_keys": [str(keys["old"][1])]}
+        path = tmp_path / f"{store.root.name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return load_spec(path)
+
+    def publish_each_unit(store: FileStore, signer) -> None:
+        spec = spec_with(store)
+        units = expand_units(spec)
+        snap = fetch(spec.model.parsed_source(spec.base_path), progress=lambda _: None)
+        keyed = unit_keys(spec, units, snap.weights_digest, snap.tokenizer_digest)
+        for unit in units:
+            root = tmp_path / f"bundle-{store.root.name}-{unit.name}"
+            (root / "model").mkdir(parents=True)
+            (root / "model" / "weights.safetensors").write_bytes(b"W" * 5_000)
+            fields = dict(key=keyed.keys[unit.name], key_components=keyed.components[unit.name].as_json(),
+                          model="tiny-chat", unit=unit.name, lane="reference", target={}, variant={}, profile={},
+                          source={"uri": "hf://org/m@abc", "weights_digest": "1" * 64}, status="candidate",
+                          gate={}, smoke={}, benchmark={})
+            result = publish_build(store, "tiny-chat", fields, {"bundle": root}, **QUIET)
+            sign_published(store, "tiny-chat", result.manifest.key, result.build_id, signer, **QUIET)
+
+    said: list[str] = []
+    for name, signer, hit in (("unsigned", None, False), ("stranger", _signer(keys, "stranger"), False),
+                              ("signed", _signer(keys, "old"), True)):
+        store = FileStore(f"file://{tmp_path / name}")
+        publish_each_unit(store, signer)
+        found = decide_all_hits(spec_with(store), progress=said.append)
+        assert (found is not None) == hit, (name, said)
+    assert any("publish.require_signature" in line and "UNSIGNED" in line for line in said), said
+    assert any("unknown key" in line for line in said), said
+
+
+def test_mlflow_is_not_told_signed_when_the_attestations_do_not_check(tmp_path, keys):
+    """The MLflow tags (`attest.tags_for`: the unit run and model version of a publish or a cache hit) say
+    `signed` and name the signer only when the build's attestations check out (digests, signatures by the
+    key the index names, subject): a gate bundle rewritten in the bucket and an index naming it is not
+    "signed by ci-old" on the version page an auditor reads; it says the check failed and why."""
+    import hashlib
+
+    from enginefoundry.evidence.attest import TAG_SIGNATURE, TAG_SIGNER, tags_for
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    assert tags_for(uri)[TAG_SIGNATURE] == "signed"
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    index = read_index(store, build)
+    gate = next(e for e in index.attestations if e.kind == "gate")
+    bundle = json.loads(store.read_bytes(blob_key(gate.sha256)))
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    statement["predicate"]["enginefoundry"]["metrics"]["smoke_agreement"] = 1.0
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = json.dumps(bundle).encode()
+    digest = hashlib.sha256(forged).hexdigest()
+    store.create_if_absent(blob_key(digest), forged)
+    _rewrite(store, index_key(build), index.model_copy(update={"attestations": [
+        e.model_copy(update={"sha256": digest, "size": len(forged)}) if e.kind == "gate" else e
+        for e in index.attestations]}).model_dump_json().encode())
+    tags = tags_for(uri)
+    assert tags[TAG_SIGNATURE].startswith("invalid: gate: signature does not verify"), tags
+    assert TAG_SIGNER not in tags
+
+
+def test_tools_and_servers_never_get_the_private_key_in_their_environment(tmp_path, keys, monkeypatch):
+    """The key (and its password) given as environment variables stay in this process: a tool that prints its
+    environment into its log (a launcher's `env` dump, a crash report) has nothing to print. The build's
+    other environment still reaches it."""
+    import sys
+
+    from enginefoundry.evidence.signing import ENV_KEY, ENV_KEY_PASSWORD
+    from enginefoundry.runner import run_tool
+
+    pem = keys["old"][0].read_text()
+    monkeypatch.setenv(ENV_KEY, pem)
+    monkeypatch.setenv(ENV_KEY_PASSWORD, "pw-never-printed")
+    monkeypatch.setenv("EF_TEST_VISIBLE", "visible-to-tools")
+    log = tmp_path / "tool.log"
+    run_tool([sys.executable, "-c", "import os; print(dict(os.environ))"], log, timeout_s=60)
+    text = log.read_text()
+    assert "visible-to-tools" in text
+    assert pem.splitlines()[1] not in text and "pw-never-printed" not in text and ENV_KEY not in text
+
+
+def test_a_worker_without_the_key_does_not_publish_unsigned_for_a_spec_that_requires_signatures(tmp_path,
+                                                                                                monkeypatch):
+    """`validate`/`run` check for a signing key in the process that starts the run; in cluster mode the workers
+    publish, and one without the key must refuse (naming the field and the fix) rather than publish an unsigned
+    build that the spec's own consumers then refuse."""
+    from enginefoundry.errors import InputError
+    from enginefoundry.spec import load_spec
+    from enginefoundry.store.manifest import Manifest
+    from enginefoundry.tasks.publish import publish_unit
+
+    for var in (ENV_KEY_FILE, "ENGINEFOUNDRY_SIGNING_KEY", "ENGINEFOUNDRY_SIGNER"):
+        monkeypatch.delenv(var, raising=False)
+    store_dir = tmp_path / "store"
+    spec = load_spec(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml")
+    spec = spec.model_copy(update={"publish": spec.publish.model_copy(update={
+        "store": f"file://{store_dir}", "require_signature": True})})
+    root = tmp_path / "bundle"
+    root.mkdir()
+    (root / "weights.bin").write_bytes(b"w" * 1000)
+    comps = {"unit": "u"}
+    draft = Manifest.model_validate(dict(
+        key=key_of(comps), key_components=comps, model=spec.model.name, unit="u", lane="reference", target={},
+        variant={}, profile={}, source={}, status="candidate", files=[], build_id="draft"))
+    with pytest.raises(InputError, match=r"publish\.require_signature"):
+        publish_unit.fn(spec, draft, {"bundle": str(root)})
+    assert not list(store_dir.rglob("current.json")) and not list(store_dir.rglob("blobs/**/*"))
+
+
+def test_a_signer_without_a_public_key_is_not_reported_as_tampering(tmp_path, keys):
+    """A certificate or keyless signer (a `Signer` whose public_pem() is None) leaves no public key in the index:
+    with no trusted key given, the statement cannot be checked, which `verify` must say (and how to fix it),
+    not "the statement was altered after signing"."""
+    class CertificateSigner:
+        def __init__(self, inner: KeyPairSigner) -> None:
+            self._inner, self.identity, self.key_id = inner, "ci@example.com (certificate)", inner.key_id
+
+        def sign(self, data: bytes) -> bytes:
+            return self._inner.sign(data)
+
+        def verification_material(self) -> dict:
+            return {"x509CertificateChain": {"certificates": []}}
+
+        def public_pem(self) -> None:
+            return None
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", CertificateSigner(_signer(keys, "old")))
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    verdict = verify_attestations(store, build, TrustPolicy())
+    assert verdict.state == "failed"
+    assert all("--trusted-key" in p and "altered" not in p for p in verdict.problems), verdict.problems
+    trusted = TrustPolicy(keys=[TrustedKey(name="old", public_key=keys["old"][1].read_text())])
+    assert verify_attestations(store, build, trusted).state == "verified"  # the key itself checks it
+
+
+def test_an_oversized_attestation_index_is_refused_unread(tmp_path, keys, monkeypatch):
+    """The per-build index is a few hundred bytes; one planted in the bucket at gigabytes must be refused by its
+    size, before verify, pull, promote, lineage or MLflow registration read it into memory."""
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    _rewrite(store, index_key(build), b" " * (5 << 20))
+    real = FileStore.read_versioned
+
+    def no_big_reads(self, key):
+        assert not key.startswith("attestations/"), f"read {key} whole"
+        return real(self, key)
+
+    monkeypatch.setattr(FileStore, "read_versioned", no_big_reads)
+    verdict = verify_attestations(store, build, TrustPolicy())
+    assert verdict.state == "failed" and "bytes" in verdict.problems[0], verdict.problems

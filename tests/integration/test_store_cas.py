@@ -235,6 +235,18 @@ def test_lineage_shows_when_the_build_was_last_verified(tmp_path):
     assert chain["verification"]["ok"] is True and chain["verification"]["files"] == 3
 
 
+def test_lineage_names_a_trusted_key_it_cannot_read_instead_of_blaming_the_attestations(tmp_path, monkeypatch):
+    """$ENGINEFOUNDRY_TRUSTED_KEYS naming a file that is gone is the user's setting to fix: lineage's signature
+    line says which and how, not "cannot read attestations (InputError)" (the store was fine)."""
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    result = publish_build(store, "m", {**unit_fields(), "mlflow_run_id": None}, {"bundle": small_bundle(tmp_path)},
+                           **QUIET)
+    monkeypatch.setenv("ENGINEFOUNDRY_TRUSTED_KEYS", str(tmp_path / "gone.pub"))
+    line = lineage(result.uri, "http://127.0.0.1:9")["signature"]["line"]
+    assert "gone.pub" in line and "attestations" not in line, line
+    assert "$ENGINEFOUNDRY_TRUSTED_KEYS" in line and "--trusted-key" not in line, line  # where it was set
+
+
 @pytest.mark.parametrize("argv", [["verify", "not-a-ref"], ["verify", "abc", "--store", "file:///nonexistent"],
                                   ["verify", "file:///tmp/x/other/m/k"], ["pull", "nope", "/tmp/x"]])
 def test_verify_and_pull_refuse_bad_input_with_exit_2(argv, capsys, tmp_path):

@@ -260,3 +260,26 @@ def test_a_blob_that_an_earlier_release_hard_linked_becomes_private_when_publish
     assert blob.stat().st_nlink == 1 and weights.stat().st_nlink == 1
     assert blob.stat().st_ino != weights.stat().st_ino and stat.S_IMODE(blob.stat().st_mode) == 0o444
     assert blob.read_bytes() == weights.read_bytes()
+
+
+def test_a_tampered_manifest_never_quarantines_a_healthy_blob_other_builds_share(store, tmp_path, capsys):
+    """A blob is named by its digest, so it is corrupt only by evidence a trusted manifest gives. A manifest that
+    changed after it was published (here: one file's size edited) is refused as a hit and by `verify --repair`,
+    but its claims about sizes are not evidence: the healthy blob it names is shared by another build, which
+    must stay whole (on main, both the refused hit and the repair moved it aside)."""
+    intact = publish_build(store, "m", unit_fields("a"), {"bundle": _bundle(tmp_path, "ba")}, **QUIET)
+    edited = publish_build(store, "m", unit_fields("b"), {"bundle": _bundle(tmp_path, "bb")}, **QUIET)
+    shared = _entry(edited, "weights.safetensors")
+    assert shared.sha256 == _entry(intact, "weights.safetensors").sha256  # one blob, two builds
+
+    def wrong_size(doc: dict) -> None:
+        for f in doc["files"]:
+            if f["sha256"] == shared.sha256:
+                f["size"] += 1
+
+    _edit_manifest(store, edited.uri.removeprefix(store.uri + "/"), wrong_size)
+    assert find_hit(store, "m", edited.manifest.key) is None  # refused …
+    code, out = _cli(capsys, "verify", edited.uri, "--repair")
+    assert code == 1 and "changed after it was published" in out, out
+    assert store.size(blob_key(shared.sha256)) == shared.size  # … and the shared blob is where it was
+    assert verify_build(store, read_build(store, "m", intact.manifest.key, intact.build_id), record=False).ok

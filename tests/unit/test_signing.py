@@ -12,6 +12,7 @@ from enginefoundry.errors import InputError
 from enginefoundry.evidence.signing import (
     BUNDLE_MEDIA_TYPE,
     STATEMENT_TYPE,
+    SignatureError,
     check_signature,
     keygen,
     load_trust_policy,
@@ -142,3 +143,24 @@ def test_spec_signature_policy_joins_the_command_lines(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="give one of them"):
         policy_of(argparse.Namespace(spec=str(path), trusted_key=None, trust_policy=str(tmp_path / "other.yaml"),
                                      require_signature=None))
+
+
+@pytest.mark.parametrize("doc", [
+    {"verificationMaterial": "x"},
+    {"verificationMaterial": {"publicKey": "x"}},
+    {"verificationMaterial": {"publicKey": {"hint": 7}}},
+    {"signatures": 5},
+    {"signatures": {"sig": "AAAA"}},
+], ids=["material-not-a-mapping", "public-key-not-a-mapping", "hint-not-text", "signatures-a-number",
+        "signatures-a-mapping"])
+def test_a_hostile_bundle_is_a_signature_error_not_a_crash(doc):
+    """A bundle is read from the store, which anyone with bucket write access can fill: any shape of it is a
+    SignatureError (verify says "not a valid signed statement"), never an AttributeError/TypeError traceback."""
+    payload = base64.b64encode(json.dumps({"_type": STATEMENT_TYPE, "subject": []}).encode()).decode()
+    envelope = {"payloadType": "application/vnd.in-toto+json", "payload": payload, "signatures": []}
+    if "signatures" in doc:
+        envelope["signatures"] = doc["signatures"]
+    bundle = {"dsseEnvelope": envelope, **({"verificationMaterial": doc["verificationMaterial"]}
+                                           if "verificationMaterial" in doc else {})}
+    with pytest.raises(SignatureError):
+        open_bundle(json.dumps(bundle).encode())
