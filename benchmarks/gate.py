@@ -10,10 +10,14 @@ For each model (benchmarks/gate_models.py builds them on demand from PyPI packag
     lm_head rows permuted; and the faults that keep task accuracy (gate_models.SUBTLE): attention noise and a
     zeroed MLP at the first, middle and last layer, final norm scaled, rope theta × 4, 4-bit k/v simulated,
     a chat template without its default system turn. `--builds a,b` judges only those.
-Each build is served by `transformers serve` (OMP_NUM_THREADS=1, --continuous-batching but for the tiny model)
-and judged by `enginefoundry smoke` at its default settings against the model's fp32 source (the reference
-answers are computed once, then reused). The `judge s` column is one judgement: the `smoke` command's wall time,
-server up and reference cached.
+Each build is served by the reference lane's scoring server (`--server ef`, enginefoundry/smoke/serve.py: log-probs,
+and the prompt log-probs teacher forcing needs; `--server transformers`: `transformers serve`, OMP_NUM_THREADS=1,
+--continuous-batching but for the tiny model, no log-probs) and judged by `enginefoundry smoke` at its default
+settings but `--reference-precision unit` (like with like: a bf16 build against a bf16 reference, its log-prob
+limits derived from the spread measured at bf16; `--reference-precision fp32` judges every build against the fp32
+source as before). References and spreads are computed once per dtype, then reused. The `judge s` column is one
+judgement: the `smoke` command's wall time, server up and reference cached. `tf |Δlp|` and `tf top-1` are the
+teacher-forced mean |Δ log-prob| and top-1 agreement, `lp limit` their limit and where it comes from.
 Prints one row per build, then false-reject and false-accept rates and the sample sizes. gate_prompts.jsonl ends
 with a long-context slice (benchmarks/make_long_prompts.py) that the gate also judges on its own; the
 `slice first-N` column shows its first-N-token agreement.
@@ -42,8 +46,9 @@ import gate_models  # noqa: E402
 
 from enginefoundry.lanes.base import Command, ServeCommand  # noqa: E402
 from enginefoundry.model_server import free_port, serving  # noqa: E402
+from enginefoundry.smoke import reference_precision_for  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
-from enginefoundry.smoke.reference import load_or_compute_reference  # noqa: E402
+from enginefoundry.smoke.reference import load_or_compute_reference, load_or_compute_spread  # noqa: E402
 
 PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
 HEALTHY = ("fp32", "bf16", "fp16")
@@ -53,7 +58,9 @@ DEFAULT_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "tiny-chat")
 TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
 
 
-def serve_command(model_dir: Path, port: int, *, batching: bool = True) -> ServeCommand:
+def serve_command(model_dir: Path, port: int, *, batching: bool = True, server: str = "ef") -> ServeCommand:
+    if server == "ef":
+        return ef_serve_command(model_dir, port)
     exe = Path(sys.executable).with_name("transformers")
     argv = [str(exe) if exe.exists() else "transformers", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(port), "--device", "cpu"]
@@ -70,15 +77,31 @@ def serve_command(model_dir: Path, port: int, *, batching: bool = True) -> Serve
                         model_name=str(model_dir), tokenizer_dir=str(model_dir))
 
 
+def ef_serve_command(model_dir: Path, port: int) -> ServeCommand:
+    """The reference lane's scoring server (enginefoundry/smoke/serve.py): greedy answers with log-probs, and the
+    prompt log-probs teacher forcing needs; one request at a time. The short-max_seq_len build's limit is the
+    server's own --max-seq-len."""
+    argv = [sys.executable, "-m", "enginefoundry.smoke.serve", str(model_dir), "--host", "127.0.0.1",
+            "--port", str(port), "--name", str(model_dir)]
+    cap = json.loads((model_dir / "config.json").read_text()).get("ef_max_seq_len")
+    if cap is not None:
+        argv += ["--max-seq-len", str(cap)]
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    return ServeCommand(command=Command(argv=argv, env=env, description="enginefoundry scoring server"),
+                        model_name=str(model_dir), tokenizer_dir=str(model_dir))
+
+
 def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, max_new_tokens: int,
-                small_sample: str, logs: Path, batching: bool = True) -> dict:
+                small_sample: str, logs: Path, batching: bool = True, server: str = "ef",
+                reference_precision: str = "unit") -> dict:
     """Serve one build and run the `smoke` command against it; the command's JSON report and exit code."""
-    cmd = serve_command(build, free_port(), batching=batching)
+    cmd = serve_command(build, free_port(), batching=batching, server=server)
     t0 = time.monotonic()
     with serving(cmd, logs / f"{build.name}.server.log", timeout_s=600) as ep:
         argv = [sys.executable, "-m", "enginefoundry.cli", "smoke", "--endpoint", ep.base_url,
                 "--served-model", ep.model_name, "--reference", str(reference), "--prompts", str(prompts),
                 "--precision", precision, "--max-new-tokens", str(max_new_tokens), "--small-sample", small_sample,
+                "--reference-precision", reference_precision, "--server-log", str(logs / f"{build.name}.server.log"),
                 "--json"]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         t_judge = time.monotonic()
@@ -98,13 +121,26 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
     graded = next((x["detail"] for x in v["rules"] if x["name"] == "sample size"), "")
     acc = (f"{r['served_accuracy']:.2f}/{r['reference_accuracy']:.2f}"
            if r["served_accuracy"] is not None and r["reference_accuracy"] is not None else "n/a")
+    tf = r.get("teacher_forced") or {}
     return {"model": model, "build": build, "kind": kind, "precision": precision,
+            "reference": r["reference"]["dtype"],
             "verdict": "pass" if result["rc"] == 0 else "reject", "failed rules": ", ".join(failed) or "-",
             "prompts": r["n"], "min n": graded.split(" needed")[0].split()[-1] if graded else "?",
             "acc unit/ref": acc, "first-N": f"{r['first_n_agreement']:.2f}", "prefix": f"{r['mean_prefix_share']:.2f}",
             "full agree": f"{r['agree']}/{r['n']}",
             "slice first-N": ", ".join(f"{x['name']} {x['first_n_agree']}/{x['n']}" for x in r.get("slices", []))
-            or "-", "s": result["seconds"], "judge s": result["judge_s"]}
+            or "-",
+            "tf |Δlp|": "-" if tf.get("mean_abs_diff") is None else f"{tf['mean_abs_diff']:.3f}",
+            "tf top-1": "-" if tf.get("top1_agreement") is None else f"{tf['top1_agreement']:.3f}",
+            "lp limit": _limit(r),
+            "s": result["seconds"], "judge s": result["judge_s"]}
+
+
+def _limit(report: dict) -> str:
+    spread = report.get("spread")
+    if spread:
+        return f"{spread['factor'] * spread['mean_abs_diff'] + spread['margin_logprob']:.3f} (spread)"
+    return f"{report['verdict']['policy']['max_logprob_diff']} (table)"
 
 
 def print_table(rows: list[dict]) -> None:
@@ -128,6 +164,11 @@ def main() -> int:
                          f"{', '.join([*gate_models.BREAKAGES, *gate_models.SUBTLE])}")
     ap.add_argument("--jobs", type=int, default=1, help="builds judged at the same time")
     ap.add_argument("--json-out", help="write every row and report here")
+    ap.add_argument("--server", choices=("ef", "transformers"), default="ef",
+                    help="what serves each build: ef, the reference lane's scoring server with log-probs "
+                         "(enginefoundry/smoke/serve.py, default), or transformers serve (no log-probs)")
+    ap.add_argument("--reference-precision", default="unit",
+                    help="the `smoke` command's --reference-precision: unit (like with like, default) or a dtype")
     ap.add_argument("--work", default=str(gate_models.CACHE / "runs"), help="server and smoke logs")
     args = ap.parse_args()
 
@@ -140,8 +181,8 @@ def main() -> int:
                                  *gate_models.SUBTLE}
         if unknown:
             ap.error(f"--builds: unknown {', '.join(sorted(unknown))}")
-        healthy = tuple(b for b in healthy if b in chosen)
-        breakages = tuple(b for b in breakages if b in chosen)
+        healthy = tuple(b for b in chosen if b in healthy)  # in the order given
+        breakages = tuple(b for b in chosen if b in breakages)
     logs = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
     logs.mkdir(parents=True, exist_ok=True)
     rows, reports = [], []
@@ -154,9 +195,15 @@ def main() -> int:
             prompts = reduced
         cases = load_prompt_set(prompts).cases
         max_new = 6 if model == "tiny-chat" else args.max_new_tokens
-        # The reference once per model; every `smoke` call below finds it in the cache by key.
-        ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=max_new,
-                                                 progress=lambda m: print(m, file=sys.stderr))
+        # The references once per model and dtype (with their log-prob spread); every `smoke` call below finds
+        # them in the cache by key.
+        say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+        precisions = {name.removesuffix("-sim") for name in healthy} | ({"bf16"} if breakages else set())
+        for dtype in sorted(precisions):
+            ref_dtype = reference_precision_for(args.reference_precision, dtype)[0]
+            ref, _ = load_or_compute_reference(src, cases, dtype=ref_dtype, max_new_tokens=max_new, progress=say)
+            if args.server == "ef" and ref_dtype == dtype:
+                load_or_compute_spread(src, cases, ref, store=None, progress=say)
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
         plan = [(d, "healthy", gate_models.simulated_build(model, d) if d.endswith("-sim") else
                  gate_models.dtype_build(model, d)) for d in healthy]
@@ -169,7 +216,8 @@ def main() -> int:
             # The tiny fixture model is served one request at a time, as the e2e tests serve it.
             result = judge_build(build, reference=src, prompts=prompts, precision=precision,
                                  max_new_tokens=max_new, small_sample="refuse", logs=logs,
-                                 batching=model != "tiny-chat")
+                                 batching=model != "tiny-chat", server=args.server,
+                                 reference_precision=args.reference_precision)
             r = row(model, name, kind, precision, result)
             print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
             return r, {"model": model, "build": name, "kind": kind, **result}
@@ -179,6 +227,9 @@ def main() -> int:
             for r, rep in pool.map(one, plan):
                 rows.append(r)
                 reports.append(rep)
+                if args.json_out:  # each judgement as it completes: a stopped run keeps what it judged
+                    with open(args.json_out + ".partial.jsonl", "a") as f:
+                        f.write(json.dumps({"row": r, "report": rep}) + "\n")
     print_table(rows)
     healthy_rows = [r for r in rows if r["kind"] == "healthy"]
     broken_rows = [r for r in rows if r["kind"] == "broken"]

@@ -19,10 +19,16 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
-from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
+from enginefoundry.smoke.client import ChatClient, ScoredToken, ServedAnswer, TokenLogprob
 from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
-from enginefoundry.smoke.logprobs import LogprobComparison, compare_logprobs
+from enginefoundry.smoke.logprobs import (
+    LogprobComparison,
+    LogprobSpread,
+    TeacherForced,
+    compare_logprobs,
+    compare_teacher_forced,
+)
 from enginefoundry.smoke.policy import GatePolicy, policy_for, policy_table_markdown
 from enginefoundry.smoke.prompts import PromptCase, PromptSet, load_prompt_set
 from enginefoundry.smoke.reference import (
@@ -30,6 +36,7 @@ from enginefoundry.smoke.reference import (
     ReferenceOutcome,
     ReferenceSet,
     load_or_compute_reference,
+    load_or_compute_spread,
 )
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.store.backends import Store
@@ -103,6 +110,8 @@ class SmokeReport(BaseModel):
     duration_s: float
     cases: list[CaseResult]
     logprobs: LogprobComparison | None = None
+    teacher_forced: TeacherForced | None = None  # the reference's answers scored under the served model
+    spread: LogprobSpread | None = None  # measured at the reference's precision: the log-prob bounds follow from it
     lm_eval: LmEvalResult | None = None
     slices: list[SliceSummary] = []  # one per named slice of the prompt set; empty when it has none
     # What the endpoint answered, in the reference's form: a sibling unit's answers judge lower precisions
@@ -129,6 +138,10 @@ class SmokeReport(BaseModel):
             out["smoke_accuracy"] = self.served_accuracy
         if self.reference_accuracy is not None:
             out["smoke_reference_accuracy"] = self.reference_accuracy
+        if self.teacher_forced is not None and self.teacher_forced.mean_abs_diff is not None:
+            out["smoke_tf_logprob_mean_abs_diff"] = self.teacher_forced.mean_abs_diff
+            if self.teacher_forced.top1_agreement is not None:
+                out["smoke_tf_top1_agreement"] = self.teacher_forced.top1_agreement
         if self.logprobs is not None and self.logprobs.mean_abs_diff is not None:
             out["smoke_logprob_mean_abs_diff"] = self.logprobs.mean_abs_diff
             out["smoke_logprob_max_abs_diff"] = self.logprobs.max_abs_diff or 0.0
@@ -158,6 +171,7 @@ class SmokeReport(BaseModel):
         rows = [
             "| metric | value |", "|---|---|",
             f"| judged against | {self.reference.label()} |",
+            f"| why that reference | {self.verdict.reference_why or 'n/a'} |",
             f"| policy | {self.policy.family.value if self.policy else 'n/a'} ({self.precision}) |",
             f"| prompts | {self.n} |",
             f"| full-answer agreement | {self.agree}/{self.n} ({self.agreement:.3f}) |",
@@ -166,6 +180,8 @@ class SmokeReport(BaseModel):
             f"| accuracy (served / reference) | {_fmt(self.served_accuracy)} / {_fmt(self.reference_accuracy)} |",
             f"| tokenizer digest match | {_yes(self.tokenizer_match)} |",
             f"| log-probs vs reference | {self.logprobs.detail if self.logprobs else 'not checked'} |",
+            f"| teacher-forced log-probs | {self.teacher_forced.detail if self.teacher_forced else 'not checked'} |",
+            f"| log-prob spread at the reference's precision | {self.spread.describe() if self.spread else 'none'} |",
         ]
         for sl in self.slices:
             rows.append(f"| slice {sl.name} | {sl.n} prompts; first-N {sl.first_n_agree}/{sl.n} "
@@ -221,9 +237,10 @@ def run_smoke(
     check_prompt_count(prompts, policy, spec.small_sample, precision)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     _probe(client, cases, server_alive, progress)
+    ref_dtype, reference_why = reference_precision_for(spec.reference_precision, precision)
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
-            reference_dir, cases, dtype=spec.reference_precision, max_new_tokens=spec.max_new_tokens, store=store,
+            reference_dir, cases, dtype=ref_dtype, max_new_tokens=spec.max_new_tokens, store=store,
             weights_digest=weights_digest, progress=progress, device=reference_device)
     refs = reference.by_id
     from transformers import AutoTokenizer
@@ -242,6 +259,19 @@ def run_smoke(
         evidence.append(_evidence(case, answer, refs[case.id], tok))
     logprobs = compare_logprobs(served_logprobs, refs, refused=client.logprobs_refused)
     progress(f"smoke: log-probs: {logprobs.detail}")
+    scores = score_all(client, cases, refs, tok, concurrency=spec.concurrency, progress=progress)
+    teacher = compare_teacher_forced(scores, refs, unavailable=client.scoring_unavailable)
+    progress(f"smoke: teacher-forced log-probs: {teacher.detail}")
+    # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
+    # is measured only where like with like was asked for (`unit`), never behind a pipeline's memory preflight.
+    like = (spec.reference_precision == UNIT_PRECISION and reference_outcome.sibling_unit is None
+            and reference_outcome.dtype == precision)
+    if reference_outcome.sibling_unit is not None:
+        reference_why = f"the gated higher-precision sibling unit {reference_outcome.sibling_unit} (smoke.reference)"
+    spread = None
+    if like and (teacher.available or logprobs.mean_abs_diff is not None):
+        spread = load_or_compute_spread(reference_dir, cases, reference, store=store, device=reference_device,
+                                        progress=progress)
     served_tok = tokenizer_digest(served_tokenizer_dir) if served_tokenizer_dir is not None else None
     ref_tok = tokenizer_digest(reference_dir)
     verdict = judge(evidence, policy, max_new_tokens=spec.max_new_tokens, reference_tokenizer_digest=ref_tok,
@@ -251,7 +281,8 @@ def run_smoke(
                     reference=reference_outcome.label(),
                     logprob_unavailable=(None if logprobs.mean_abs_diff is not None
                                          else logprobs.detail.removeprefix("not available: ")),
-                    server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None)
+                    server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None,
+                    teacher_forced=teacher, spread=spread, reference_why=reference_why)
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -266,7 +297,7 @@ def run_smoke(
                             if graded_cases else None),
         tokenizer_match=None if served_tok is None else served_tok == ref_tok, served_tokenizer_digest=served_tok,
         reference_tokenizer_digest=ref_tok, precision=precision, reference=reference_outcome, verdict=verdict,
-        duration_s=round(time.monotonic() - t0, 2), logprobs=logprobs,
+        duration_s=round(time.monotonic() - t0, 2), logprobs=logprobs, teacher_forced=teacher, spread=spread,
         cases=[CaseResult(id=c.id, served=c.served, reference=c.reference, agree=c.agree,
                           first_n_agree=c.first_n_agree(k), matched_prefix=c.matched_prefix,
                           served_correct=c.served_correct, reference_correct=c.reference_correct,
@@ -275,6 +306,50 @@ def run_smoke(
                 for name in slice_names(evidence)],
         served_answers=served_answers,
     )
+
+
+UNIT_PRECISION = "unit"  # smoke.reference_precision / --reference-precision: the unit's own, where computable
+COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a reference in
+
+
+def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
+    """The dtype of the source reference and why: `unit` judges like with like (a bf16 unit against a bf16
+    reference); a precision transformers cannot compute (int8_wo, fp8, int4) is judged against fp32 (or, with
+    smoke.reference: sibling, against the gated higher-precision sibling)."""
+    if setting != UNIT_PRECISION:
+        like = " (like with like)" if setting == precision else ""
+        return setting, f"reference precision {setting} as configured{like}"
+    if precision in COMPUTABLE:
+        return precision, f"the unit's own precision {precision} (like with like)"
+    return "fp32", (f"{precision} has no transformers reference of its own precision: the fp32 source, the family's "
+                    "table bounds (a sibling reference: smoke.reference: sibling)")
+
+
+def score_all(client: ChatClient, cases: list[PromptCase], refs: dict[str, ReferenceAnswer], tok: Any, *,
+              concurrency: int, progress: Callable[[str], None]) -> dict[str, list[ScoredToken]]:
+    """Teacher forcing: each reference answer scored under the served model (ChatClient.score), `concurrency` at a
+    time, after one probe request says whether the endpoint returns prompt log-probs at all."""
+    todo = [(c, refs[c.id]) for c in cases if refs[c.id].token_ids and refs[c.id].token_logprobs]
+    if not todo:
+        return {}
+
+    def one(item: tuple[PromptCase, ReferenceAnswer]) -> tuple[str, list[ScoredToken] | None]:
+        case, ref = item
+        prompt = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)["input_ids"]
+        return case.id, client.score(case.id, list(prompt), ref.token_ids)
+
+    t = time.monotonic()
+    first = one(todo[0])
+    if first[1] is None:
+        return {}
+    scored = {first[0]: first[1]}
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="score") as pool:
+        for cid, got in pool.map(one, todo[1:]):
+            if got is not None:
+                scored[cid] = got
+    progress(f"smoke: {len(scored)} reference answers scored under the served model in "
+             f"{time.monotonic() - t:.1f} s")
+    return scored
 
 
 def check_prompt_count(prompts: PromptSet, policy: GatePolicy, small_sample: str, precision: str) -> None:

@@ -18,6 +18,13 @@ class TokenLogprob(BaseModel):
     logprob: float
 
 
+class ScoredToken(BaseModel):
+    """One reference token, scored under the served model with the reference's prompt and answer before it."""
+
+    logprob: float  # the served model's log-prob of the reference token
+    top1: bool | None = None  # the reference token is the served model's argmax (None: no top log-probs returned)
+
+
 class ServedAnswer(BaseModel):
     text: str
     logprobs: list[TokenLogprob] | None = None  # None: the endpoint returned no log-probs for this answer
@@ -49,6 +56,7 @@ class ChatClient:
         self.want_logprobs = want_logprobs
         self.timeout_s = timeout_s
         self.logprobs_refused: str | None = None
+        self.scoring_unavailable: str | None = None  # why teacher forcing cannot run against this endpoint
 
     def answer(self, case: PromptCase, *, max_tokens: int | None = None) -> ServedAnswer:
         """Thread-safe: `run_smoke` asks several prompts at once (the only shared state is `logprobs_refused`,
@@ -64,6 +72,40 @@ class ChatClient:
         """One token of the first prompt, before any reference work: a dead endpoint, a wrong URL or model name
         is found in a second (ToolError), not after the reference is computed or loaded."""
         return self.answer(case, max_tokens=1)
+
+    def score(self, case_id: str, prompt_ids: list[int], answer_ids: list[int]) -> list[ScoredToken] | None:
+        """Teacher forcing: the reference's answer scored under the served model, through the legacy completions
+        API with the templated prompt and the answer as token ids, `echo: true, logprobs: 1, max_tokens: 1`
+        (vLLM's and this package's own server, enginefoundry/smoke/serve.py, return the prompt tokens' log-probs
+        then). None, with `scoring_unavailable` set to why, where the endpoint returns none for the prompt: it
+        ignores the fields (transformers serve 5.24), or returns log-probs of generated tokens only (trtllm-serve:
+        tensorrt_llm/serve/postprocess_handlers.py `completion_response_post_processor`, echo prepends the prompt
+        text, log-probs cover `output.token_ids`)."""
+        if self.scoring_unavailable is not None:
+            return None
+        ids = prompt_ids + answer_ids
+        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1,
+                "temperature": 0.0, "stream": False}
+        url = self.base_url.rstrip("/") + "/v1/completions"
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                payload = json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:200]
+            self.scoring_unavailable = (f"the endpoint answered HTTP {err.code} to /v1/completions with echo and "
+                                        f"logprobs ('{case_id}': {detail})")
+            return None
+        except (urllib.error.URLError, OSError) as err:
+            raise ToolError(f"smoke: the endpoint {self.base_url} stopped answering while scoring '{case_id}': "
+                            f"{getattr(err, 'reason', err)}") from None
+        except json.JSONDecodeError:
+            raise ToolError(f"smoke: the endpoint answered the scoring of '{case_id}' with something other than "
+                            "JSON") from None
+        scored, why = parse_prompt_logprobs(payload, len(prompt_ids), answer_ids)
+        if scored is None:
+            self.scoring_unavailable = why
+        return scored
 
     def _ask(self, case: PromptCase, *, logprobs: bool, max_tokens: int | None = None) -> ServedAnswer:
         body: dict[str, Any] = {"model": self.model, "messages": case.chat(),
@@ -116,3 +158,32 @@ def parse_logprobs(block: Any) -> list[TokenLogprob] | None:
         except (KeyError, TypeError, ValueError):
             return None
     return out
+
+
+def parse_prompt_logprobs(payload: Any, n_prompt: int,
+                          answer_ids: list[int]) -> tuple[list[ScoredToken] | None, str]:
+    """The answer tokens' log-probs from a legacy completions response with echo (`choices[0].logprobs`:
+    `token_logprobs` and `top_logprobs` over prompt + generated tokens); None and why when it has none."""
+    try:
+        block = payload["choices"][0].get("logprobs")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None, f"unexpected response shape from /v1/completions: {str(payload)[:200]}"
+    need = n_prompt + len(answer_ids)
+    if not isinstance(block, dict) or not isinstance(block.get("token_logprobs"), list):
+        return None, ("the endpoint returned no log-probs for `echo: true, logprobs: 1` on /v1/completions (it "
+                      "ignores the fields)")
+    lps = block["token_logprobs"]
+    if len(lps) < need:
+        return None, (f"the endpoint returned {len(lps)} token log-probs for an echoed prompt of {need} tokens "
+                      "(log-probs of generated tokens only, none of the prompt's)")
+    tops = block.get("top_logprobs") if isinstance(block.get("top_logprobs"), list) else None
+    out = []
+    for i in range(n_prompt, need):
+        lp = lps[i]
+        if not isinstance(lp, int | float) or isinstance(lp, bool):
+            return None, f"token log-prob {i} is not a number: {lp!r}"
+        top = tops[i] if tops is not None and i < len(tops) else None
+        best = max((v for v in top.values() if isinstance(v, int | float)), default=None) \
+            if isinstance(top, dict) else None
+        out.append(ScoredToken(logprob=float(lp), top1=None if best is None else float(lp) >= best - 1e-6))
+    return out, ""

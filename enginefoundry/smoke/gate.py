@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from enginefoundry.smoke.logprobs import LogprobSpread, TeacherForced
 from enginefoundry.smoke.policy import GatePolicy
 from enginefoundry.smoke.stats import NonInferiority, paired_noninferiority, wilson_lower_bound
 
@@ -32,6 +33,7 @@ class GateVerdict(BaseModel):
     passed: bool
     rules: list[GateRule]
     reference: str = ""  # which reference the unit was judged against
+    reference_why: str = ""  # why that one (like with like, or why no reference of the unit's precision)
     policy: GatePolicy | None = None
 
     def with_rule(self, rule: GateRule) -> GateVerdict:
@@ -242,6 +244,7 @@ def judge(
     logprob_tokens: int = 0, small_sample: Literal["refuse", "warn"] = "refuse",
     min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
     server_message: str | None = None, logprob_unavailable: str | None = None,
+    teacher_forced: TeacherForced | None = None, spread: LogprobSpread | None = None, reference_why: str = "",
 ) -> GateVerdict:
     """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
     the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
@@ -265,15 +268,8 @@ def judge(
     rules += _divergence_rules(cases, policy, confidence)
     for name in slice_names(cases):
         rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name)
-    if logprob_mean_abs_diff is not None:
-        ok = logprob_mean_abs_diff <= policy.max_logprob_diff
-        rules.append(GateRule(name="log-prob distance", ok=ok, kind="divergence",
-                              detail=f"mean |Δ log-prob| {logprob_mean_abs_diff:.4f} over {logprob_tokens} tokens "
-                                     f"{'≤' if ok else '>'} limit {policy.max_logprob_diff}"))
-    elif logprob_unavailable is not None:  # the check that could not run is named, not silently left out
-        rules.append(GateRule(name="log-prob distance", ok=True, kind="info", warning=True,
-                              detail=f"not run: {logprob_unavailable}; judged on the other rules "
-                                     "(docs/smoke-gate.md, 'Where log-probs are unavailable')"))
+    rules += _logprob_rules(policy, logprob_mean_abs_diff, logprob_tokens, logprob_unavailable, teacher_forced,
+                            spread)
     n = len(cases)
     agree = sum(c.agree for c in cases)
     if min_full_agreement is not None:
@@ -285,4 +281,59 @@ def judge(
     else:
         rules.append(GateRule(name="full-answer agreement", ok=True, kind="info",
                               detail=f"{agree}/{n} (reported, not judged: late drift is expected below fp32)"))
-    return GateVerdict(passed=all(r.ok for r in rules), rules=rules, reference=reference, policy=policy)
+    return GateVerdict(passed=all(r.ok for r in rules), rules=rules, reference=reference, policy=policy,
+                       reference_why=reference_why)
+
+
+def logprob_bound(policy: GatePolicy, spread: LogprobSpread | None) -> tuple[float, str]:
+    """The limit on mean |Δ log-prob| and where it comes from: the spread measured at the reference's precision
+    when the unit is judged like with like, else the family's table value."""
+    if spread is not None:
+        return spread.max_mean_abs_diff, (f"{spread.factor:g} × spread {spread.mean_abs_diff:.4f} + "
+                                          f"{spread.margin_logprob:g}, measured at {spread.precision}")
+    return policy.max_logprob_diff, f"the {policy.family.value} family's table limit"
+
+
+def _logprob_rules(policy: GatePolicy, chat_mean: float | None, chat_tokens: int, chat_unavailable: str | None,
+                   teacher: TeacherForced | None, spread: LogprobSpread | None) -> list[GateRule]:
+    """Log-prob distance on the agreeing prefix of the greedy answers (chat log-probs), and the teacher-forced
+    checks (the reference's answers scored under the served model): each judged where the endpoint returned the
+    log-probs, each named as not run (info) where it did not."""
+    bound, why = logprob_bound(policy, spread)
+    rules = []
+    if chat_mean is not None:
+        ok = chat_mean <= bound
+        rules.append(GateRule(name="log-prob distance", ok=ok, kind="divergence",
+                              detail=f"mean |Δ log-prob| {chat_mean:.4f} over {chat_tokens} tokens "
+                                     f"{'≤' if ok else '>'} limit {bound} (the answers' agreeing prefix; {why})"))
+    elif chat_unavailable is not None:  # the check that could not run is named, not silently left out
+        rules.append(GateRule(name="log-prob distance", ok=True, kind="info", warning=True,
+                              detail=f"not run: {chat_unavailable}; judged on the other rules "
+                                     "(docs/smoke-gate.md, 'Where log-probs are unavailable')"))
+    if teacher is None:
+        return rules
+    if not teacher.available or teacher.mean_abs_diff is None:
+        rules.append(GateRule(name="teacher-forced log-probs", ok=True, kind="info", warning=True,
+                              detail=f"not run: {teacher.detail.removeprefix('not available: ')}; judged on the "
+                                     "other rules (docs/smoke-gate.md, 'Where log-probs are unavailable')"))
+        return rules
+    ok = teacher.mean_abs_diff <= bound
+    rules.append(GateRule(name="teacher-forced log-prob distance", ok=ok, kind="divergence",
+                          detail=f"mean |Δ log-prob| {teacher.mean_abs_diff:.4f} over {teacher.tokens} reference "
+                                 f"tokens of {teacher.prompts} answers {'≤' if ok else '>'} limit {bound} ({why}); "
+                                 f"worst '{teacher.worst_case}'"))
+    if teacher.top1_agreement is None:
+        return rules
+    miss = 1 - teacher.top1_agreement
+    if spread is None:
+        rules.append(GateRule(name="teacher-forced top-1 agreement", ok=True, kind="info",
+                              detail=f"{teacher.top1_agreement:.4f} of reference tokens are the unit's argmax "
+                                     "(reported, not judged: no spread measured at the unit's precision)"))
+        return rules
+    ok = miss <= spread.max_top1_disagreement
+    rules.append(GateRule(name="teacher-forced top-1 agreement", ok=ok, kind="divergence",
+                          detail=f"{miss:.4f} of {teacher.tokens} reference tokens are not the unit's argmax "
+                                 f"{'≤' if ok else '>'} limit {spread.max_top1_disagreement} ({spread.factor:g} × "
+                                 f"spread {spread.top1_disagreement:.4f} + {spread.margin_top1:g}, measured at "
+                                 f"{spread.precision})"))
+    return rules

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from enginefoundry.smoke.client import TokenLogprob
+from enginefoundry.smoke.client import ScoredToken, TokenLogprob
 from enginefoundry.smoke.reference import ReferenceAnswer
 
 
@@ -60,3 +60,105 @@ def compare_logprobs(
         detail=f"mean |Δ log-prob| {sum(diffs) / len(diffs):.4f} over {len(diffs)} tokens "
                f"(max {max(diffs):.4f} in '{worst[1]}')",
     )
+
+
+# --- teacher forcing: the reference's own continuation scored under the served model ----------------------------
+
+class LogprobSpread(BaseModel):
+    """The measured spread of token log-probs between two healthy computations of the reference at its precision,
+    stored beside the reference answers; the log-prob bounds of a unit of that precision follow from it.
+
+    Computation a: the reference's greedy decoding (transformers, incremental with a KV cache) in the reference's
+    dtype; its token log-probs are the reference answers' own. Computation b: the same weights, teacher-forced in
+    one forward pass over prompt + answer, in wider arithmetic (float32 for a 16-bit reference, float64 for fp32).
+    A healthy engine serving weights of that precision rounds no more coarsely than computation a does, so it lies
+    within the spread s of b; by the triangle inequality it lies within 2·s of a (the reference). The bound is
+    `factor · s + margin`, the margin covering sampling noise over a prompt set of this size.
+    """
+
+    reference_key: str
+    precision: str
+    computation_a: str
+    computation_b: str
+    prompts: int
+    tokens: int
+    mean_abs_diff: float  # token mean of |lp_a − lp_b| over every reference token
+    p95_prompt_mean_abs_diff: float  # 95th percentile over prompts of the per-prompt mean
+    top1_disagreement: float  # share of reference tokens that are not computation b's argmax
+    factor: float = 2.0
+    margin_logprob: float = 0.02
+    margin_top1: float = 0.02
+
+    @property
+    def max_mean_abs_diff(self) -> float:
+        return round(self.factor * self.mean_abs_diff + self.margin_logprob, 4)
+
+    @property
+    def max_top1_disagreement(self) -> float:
+        return round(self.factor * self.top1_disagreement + self.margin_top1, 4)
+
+    def describe(self) -> str:
+        return (f"spread of the {self.precision} reference {self.reference_key[:12]} over {self.tokens} tokens: "
+                f"mean |Δ log-prob| {self.mean_abs_diff:.4f}, top-1 disagreement {self.top1_disagreement:.4f} "
+                f"({self.computation_a} vs {self.computation_b})")
+
+
+def measure_spread(a: list[list[float]], b: list[tuple[list[float], list[bool]]], *, reference_key: str,
+                   precision: str, computation_a: str, computation_b: str) -> LogprobSpread:
+    """`a`: per prompt the reference's token log-probs; `b`: per prompt the second computation's log-probs of the
+    same tokens and whether each token was its argmax."""
+    diffs: list[float] = []
+    per_prompt: list[float] = []
+    agree: list[bool] = []
+    for lp_a, (lp_b, top1) in zip(a, b, strict=True):
+        d = [abs(x - y) for x, y in zip(lp_a, lp_b, strict=True)]
+        if d:
+            per_prompt.append(sum(d) / len(d))
+        diffs += d
+        agree += top1
+    if not diffs:
+        raise ValueError("no reference tokens to measure the spread on")
+    per_prompt.sort()
+    return LogprobSpread(
+        reference_key=reference_key, precision=precision, computation_a=computation_a, computation_b=computation_b,
+        prompts=len(per_prompt), tokens=len(diffs), mean_abs_diff=round(sum(diffs) / len(diffs), 6),
+        p95_prompt_mean_abs_diff=round(per_prompt[min(len(per_prompt) - 1, int(0.95 * len(per_prompt)))], 6),
+        top1_disagreement=round(1 - sum(agree) / len(agree), 6))
+
+
+class TeacherForced(BaseModel):
+    """The reference's answers scored under the served model, compared token by token with the reference."""
+
+    available: bool
+    detail: str
+    prompts: int = 0
+    tokens: int = 0
+    mean_abs_diff: float | None = None  # mean |served − reference| log-prob of the reference tokens
+    top1_agreement: float | None = None  # share of reference tokens that are the served model's argmax
+    worst_case: str | None = None
+
+
+def compare_teacher_forced(scores: dict[str, list[ScoredToken]], refs: dict[str, ReferenceAnswer], *,
+                           unavailable: str | None = None) -> TeacherForced:
+    """Every scored answer against the reference's log-probs of the same tokens; 'not available' with why."""
+    if unavailable is not None or not scores:
+        return TeacherForced(available=False, detail=f"not available: {unavailable or 'no answer was scored'}")
+    diffs: list[float] = []
+    tops: list[bool] = []
+    worst: tuple[float, str] = (-1.0, "")
+    for cid, toks in scores.items():
+        d = [abs(s.logprob - lp) for s, lp in zip(toks, refs[cid].token_logprobs, strict=False)]
+        diffs += d
+        tops += [s.top1 for s in toks if s.top1 is not None]
+        if d and sum(d) / len(d) > worst[0]:
+            worst = (sum(d) / len(d), cid)
+    if not diffs:
+        return TeacherForced(available=False, detail="not available: the reference answers have no token log-probs")
+    mean = sum(diffs) / len(diffs)
+    top1 = sum(tops) / len(tops) if tops else None
+    return TeacherForced(
+        available=True, prompts=len(scores), tokens=len(diffs), mean_abs_diff=round(mean, 6),
+        top1_agreement=None if top1 is None else round(top1, 6), worst_case=worst[1],
+        detail=(f"{len(diffs)} reference tokens of {len(scores)} answers: mean |Δ log-prob| {mean:.4f} (worst "
+                f"'{worst[1]}' {worst[0]:.4f})" + (f", top-1 agreement {top1:.4f}" if top1 is not None else
+                                                    ", no top log-probs for top-1 agreement")))

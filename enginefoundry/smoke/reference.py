@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -328,3 +329,109 @@ def load_sibling_reference(
     return ref, ReferenceOutcome(key=key.digest, source=source, dtype=dtype, model_dir=str(model_dir),
                                  store_url=store.url(store_key(key)) if store is not None else None,
                                  sibling_unit=sibling_unit, sibling_key=sibling_key)
+
+
+# --- the spread between two healthy computations at the reference's precision (smoke/logprobs.LogprobSpread) ---
+
+SPREAD_DTYPES = ("fp32", "bf16", "fp16")  # a reference transformers computes: the spread is measurable
+
+
+def spread_store_key(key: ReferenceKey) -> str:
+    return f"{STORE_PREFIX}/{key.digest}.spread.json"
+
+
+def _wider(dtype: str) -> str:
+    return "float64" if dtype == "fp32" else "float32"
+
+
+def teacher_forced(model: Any, tok: Any, cases: list[PromptCase],
+                   answers: list[ReferenceAnswer]) -> list[tuple[list[float], list[bool]]]:
+    """Each answer's tokens scored in one forward pass over the templated prompt + the answer: the log-prob of
+    each answer token and whether it is the model's argmax."""
+    import torch
+
+    out: list[tuple[list[float], list[bool]]] = []
+    with torch.no_grad():
+        for case, ans in zip(cases, answers, strict=True):
+            prompt = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)["input_ids"]
+            if not ans.token_ids:
+                out.append(([], []))
+                continue
+            ids = torch.tensor([list(prompt) + ans.token_ids], device=model.device)
+            rows = torch.log_softmax(model(ids).logits[0].double(), dim=-1)[len(prompt) - 1:-1]
+            t = torch.tensor(ans.token_ids, device=rows.device)
+            out.append((rows.gather(1, t[:, None])[:, 0].tolist(), (rows.argmax(-1) == t).tolist()))
+    return out
+
+
+def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, *, device: str = "cpu",
+                   progress: Callable[[str], None] = print) -> Any:
+    """Computation b of LogprobSpread: the reference's weights in its dtype, run in wider arithmetic."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from enginefoundry.smoke.logprobs import measure_spread
+
+    key = ref.key
+    assert isinstance(key, ReferenceKey)
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[key.dtype]
+    wide = _wider(key.dtype)
+    t0 = time.monotonic()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device))
+    model = model.eval().to(getattr(torch, wide))  # the same (rounded) weights, wider arithmetic
+    by_id = ref.by_id
+    answers = [by_id[c.id] for c in cases]
+    try:
+        b = teacher_forced(model, tok, cases, answers)
+    finally:
+        del model
+    spread = measure_spread(
+        [a.token_logprobs for a in answers], b, reference_key=key.digest, precision=key.dtype,
+        computation_a=f"greedy decoding in {key.dtype} (transformers, KV cache)",
+        computation_b=f"one teacher-forced forward pass of the {key.dtype} weights in {wide}")
+    progress(f"smoke: log-prob spread of the {key.dtype} reference measured in {time.monotonic() - t0:.0f} s: "
+             f"mean |Δ log-prob| {spread.mean_abs_diff:.4f}, top-1 disagreement {spread.top1_disagreement:.4f}")
+    return spread
+
+
+def load_or_compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, *, store: Store | None,
+                           cache_dir: Path | None = None, device: str = "cpu",
+                           progress: Callable[[str], None] = print) -> Any:
+    """The spread of this source reference, stored beside it (`<key>.spread.json`, create-if-absent); None for a
+    reference whose precision transformers does not compute or a sibling's answers (no second computation)."""
+    from enginefoundry.smoke.logprobs import LogprobSpread
+
+    key = ref.key
+    if not isinstance(key, ReferenceKey) or key.dtype not in SPREAD_DTYPES:
+        return None
+    cache = (cache_dir or default_cache_dir()) / f"{key.digest}.spread.json"
+
+    def read(source: str) -> bytes | None:
+        if source == "local cache":
+            return cache.read_bytes() if cache.is_file() else None
+        skey = spread_store_key(key)
+        return store.read_bytes(skey) if store is not None and store.exists(skey) else None
+
+    for source in ("local cache", "store"):
+        data = read(source)
+        if data is None:
+            continue
+        try:
+            spread = LogprobSpread.model_validate_json(data)
+        except ValueError:
+            cache.unlink(missing_ok=True)  # damaged: measured again, never trusted
+            continue
+        if spread.reference_key == key.digest:
+            _write_atomic(cache, data)
+            progress(f"smoke: log-prob spread of reference {key.digest[:12]} from the {source}")
+            return spread
+    progress(f"smoke: measuring the log-prob spread of the {key.dtype} reference ({len(cases)} prompts)")
+    spread = compute_spread(model_dir, cases, ref, device=resolve_device(device), progress=progress)
+    data = json.dumps(spread.model_dump(mode="json"), sort_keys=True).encode()
+    _write_atomic(cache, data)
+    if store is not None and not store.create_if_absent(spread_store_key(key), data):
+        data = store.read_bytes(spread_store_key(key))
+        _write_atomic(cache, data)
+        spread = LogprobSpread.model_validate_json(data)
+    return spread

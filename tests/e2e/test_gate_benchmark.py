@@ -1,5 +1,6 @@
 """CI's reduced gate benchmark: a real pretrained chat model from PyPI, its bf16 build and three broken builds,
-each served by `transformers serve` and judged by `enginefoundry smoke` at default settings."""
+each served by the reference lane's scoring server (benchmarks/gate.py --server ef, the default) and judged by
+`enginefoundry smoke` at default settings but --reference-precision unit (issue 24)."""
 
 from __future__ import annotations
 

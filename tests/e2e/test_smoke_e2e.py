@@ -50,10 +50,15 @@ def test_correct_bundle_passes_the_gate(tiny_served: Endpoint, tmp_path: Path):
     assert report.tokenizer_match and report.first_n_agreement == 1.0 and report.mean_prefix_share == 1.0
     assert [r.name for r in report.verdict.rules] == [
         "truncation", "tokenizer and chat template", "EOS handling", "degenerate answers", "sample size",
-        "task accuracy", "first-4-token agreement", "matched prefix", "log-prob distance", "full-answer agreement"]
+        "task accuracy", "first-4-token agreement", "matched prefix", "log-prob distance", "teacher-forced log-probs",
+        "full-answer agreement"]
     # Issue 24: the log-prob check that could not run is named in the verdict (an info rule), not left out.
     (lp,) = [r for r in report.verdict.rules if r.name == "log-prob distance"]
     assert lp.kind == "info" and lp.ok and lp.detail.startswith("not run: the endpoint returned no log-probs")
+    # transformers serve 5.24 refuses a prompt of token ids ("prompt must be a string.") and ignores echo/logprobs:
+    # teacher forcing cannot run there, and the verdict says so.
+    (tf,) = [r for r in report.verdict.rules if r.name == "teacher-forced log-probs"]
+    assert tf.kind == "info" and tf.ok and tf.detail.startswith("not run: the endpoint answered HTTP 400")
     assert report.verdict.policy is not None and report.verdict.policy.family.value == "full"
     assert report.verdict.reference.startswith(f"fp32 reference {report.reference.key[:12]} of {TINY_MODEL}")
     # transformers serve 5.24 accepts `logprobs`/`top_logprobs` and ignores them: recorded, not guessed.

@@ -1,0 +1,121 @@
+"""Teacher-forced log-prob checks and the bounds derived from the spread measured at the reference's precision
+(issue 24): parsing a server's prompt log-probs, the comparison, the derivation, the rules and which reference a
+unit is judged against. Hand-made numbers; the real server is in tests/integration/test_scoring_server.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from enginefoundry.smoke import reference_precision_for
+from enginefoundry.smoke.client import ScoredToken, parse_prompt_logprobs
+from enginefoundry.smoke.gate import CaseEvidence, judge, logprob_bound
+from enginefoundry.smoke.logprobs import compare_teacher_forced, measure_spread
+from enginefoundry.smoke.policy import policy_for
+from enginefoundry.smoke.reference import ReferenceAnswer
+
+
+def _ref(cid: str, lps: list[float]) -> ReferenceAnswer:
+    return ReferenceAnswer(id=cid, text="x", token_ids=list(range(len(lps))), token_logprobs=lps,
+                           token_texts=["t"] * len(lps))
+
+
+def _spread(mean: float, top1: float = 0.0):
+    a = [[-1.0, -2.0]] * 10
+    b = [([-1.0 + mean, -2.0 - mean], [True, True] if i >= top1 * 10 else [False, False]) for i in range(10)]
+    return measure_spread(a, b, reference_key="k" * 64, precision="bf16", computation_a="a", computation_b="b")
+
+
+def test_spread_and_the_bound_that_follows_from_it():
+    s = _spread(0.01, top1=0.1)
+    assert (s.tokens, s.prompts) == (20, 10)
+    assert s.mean_abs_diff == pytest.approx(0.01) and s.top1_disagreement == pytest.approx(0.1)
+    # 2 × spread + margin: a healthy engine within s of the wide computation is within 2·s of the reference
+    assert s.max_mean_abs_diff == pytest.approx(2 * 0.01 + 0.02)
+    assert s.max_top1_disagreement == pytest.approx(2 * 0.1 + 0.02)
+    bound, why = logprob_bound(policy_for("bf16"), s)
+    assert bound == s.max_mean_abs_diff and "2 × spread 0.0100 + 0.02, measured at bf16" in why
+    assert logprob_bound(policy_for("bf16"), None) == (0.15, "the 16-bit family's table limit")
+    with pytest.raises(ValueError, match="no reference tokens"):
+        measure_spread([[]], [([], [])], reference_key="k", precision="bf16", computation_a="a", computation_b="b")
+
+
+def test_prompt_logprobs_are_read_from_an_echoed_completion():
+    # prompt of 3 tokens, answer of 2, one generated token: the answer's are positions 3 and 4
+    payload = {"choices": [{"text": "…", "logprobs": {
+        "token_logprobs": [None, -0.5, -0.6, -0.1, -2.0, -0.3],
+        "top_logprobs": [None, {"a": -0.5}, {"b": -0.6}, {"c": -0.1}, {"d": -0.2}, {"e": -0.3}]}}]}
+    scored, why = parse_prompt_logprobs(payload, 3, [7, 8])
+    assert why == "" and scored == [ScoredToken(logprob=-0.1, top1=True), ScoredToken(logprob=-2.0, top1=False)]
+
+
+@pytest.mark.parametrize(("choice", "said"), [
+    ({"text": "x", "logprobs": None}, "returned no log-probs for `echo: true, logprobs: 1`"),  # transformers serve
+    # trtllm-serve: echo prepends the prompt text; log-probs cover generated tokens only
+    ({"text": "x", "logprobs": {"token_logprobs": [-0.2], "tokens": ["x"]}},
+     "returned 1 token log-probs for an echoed prompt of 5 tokens"),
+])
+def test_an_endpoint_without_prompt_logprobs_says_why(choice: dict, said: str):
+    scored, why = parse_prompt_logprobs({"choices": [choice]}, 3, [7, 8])
+    assert scored is None and said in why
+
+
+def test_teacher_forced_comparison_covers_every_reference_token():
+    refs = {"a": _ref("a", [-0.1, -0.2]), "b": _ref("b", [-1.0])}
+    scores = {"a": [ScoredToken(logprob=-0.1, top1=True), ScoredToken(logprob=-0.4, top1=True)],
+              "b": [ScoredToken(logprob=-2.0, top1=False)]}
+    tf = compare_teacher_forced(scores, refs)
+    assert tf.available and tf.tokens == 3 and tf.prompts == 2 and tf.worst_case == "b"
+    assert tf.mean_abs_diff == pytest.approx((0 + 0.2 + 1.0) / 3) and tf.top1_agreement == pytest.approx(2 / 3)
+    off = compare_teacher_forced({}, refs, unavailable="the endpoint returned no log-probs")
+    assert not off.available and off.detail == "not available: the endpoint returned no log-probs"
+
+
+def _cases(n: int = 60) -> list[CaseEvidence]:
+    return [CaseEvidence(id=f"q{i}", served="a b c", reference="a b c", served_ids=[1, 2, 3], reference_ids=[1, 2, 3],
+                         served_correct=True, reference_correct=True, served_finish="stop", reference_finish="stop")
+            for i in range(n)]
+
+
+def _judge(**kw):
+    return judge(_cases(), policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+                 reference="bf16 reference abc", **kw)
+
+
+def test_a_scaled_final_norm_keeps_greedy_text_and_fails_the_teacher_forced_distance():
+    """The issue's false accept: every greedy token intact (text rules pass), the distribution moved."""
+    tf = compare_teacher_forced({f"q{i}": [ScoredToken(logprob=-1.5, top1=True)] for i in range(60)},
+                                {f"q{i}": _ref(f"q{i}", [-0.2]) for i in range(60)})
+    v = _judge(teacher_forced=tf, spread=_spread(0.017), reference_why="the unit's own precision bf16")
+    assert [r.name for r in v.failed] == ["teacher-forced log-prob distance"]
+    assert "mean |Δ log-prob| 1.3000 over 60 reference tokens of 60 answers > limit 0.054" in v.reason
+    assert v.reference_why == "the unit's own precision bf16"
+
+
+def test_top1_disagreement_beyond_the_spread_fails_and_is_only_reported_without_one():
+    tf = compare_teacher_forced({f"q{i}": [ScoredToken(logprob=-0.2, top1=i % 5 != 0)] for i in range(60)},
+                                {f"q{i}": _ref(f"q{i}", [-0.2]) for i in range(60)})
+    v = _judge(teacher_forced=tf, spread=_spread(0.017, top1=0.0))
+    assert [r.name for r in v.failed] == ["teacher-forced top-1 agreement"]
+    assert "0.2000 of 60 reference tokens are not the unit's argmax > limit 0.02" in v.reason
+    no_spread = _judge(teacher_forced=tf)
+    assert no_spread.passed
+    info = next(r for r in no_spread.rules if r.name == "teacher-forced top-1 agreement")
+    assert info.kind == "info" and "no spread measured" in info.detail
+
+
+def test_teacher_forcing_that_could_not_run_is_named():
+    tf = compare_teacher_forced({}, {}, unavailable="the endpoint returned no log-probs for `echo: true`")
+    v = _judge(teacher_forced=tf, logprob_unavailable="the endpoint returned no log-probs in 60 answers")
+    assert v.passed
+    notes = {r.name: r for r in v.rules if r.kind == "info" and r.warning}
+    assert "not run: the endpoint returned no log-probs for `echo: true`" in notes["teacher-forced log-probs"].detail
+    assert "not run: the endpoint returned no log-probs in 60 answers" in notes["log-prob distance"].detail
+
+
+def test_like_with_like_reference_precision():
+    assert reference_precision_for("unit", "bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
+    assert reference_precision_for("unit", "fp32")[0] == "fp32"
+    dtype, why = reference_precision_for("unit", "int8_wo")
+    assert dtype == "fp32" and "no transformers reference of its own precision" in why
+    assert reference_precision_for("fp32", "bf16") == ("fp32", "reference precision fp32 as configured")
+    assert reference_precision_for("bf16", "bf16")[1].endswith("(like with like)")
