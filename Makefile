@@ -54,12 +54,16 @@ demo: $(BIN)/enginefoundry
 # Two pytest-xdist workers (this machine has 2 cores; most of a test's time is a real process starting or a model
 # answering): each worker runs its share; the tests of the session's Prefect server stay on one (tests/conftest.py).
 TEST_WORKERS ?= 2
+# mypy: strict on enginefoundry/ (pyproject.toml [tool.mypy]); default settings on scripts/ and benchmarks/.
+MYPY_ELSEWHERE := $(BIN)/mypy --config-file= --python-version 3.11 --ignore-missing-imports --follow-imports=silent \
+	scripts benchmarks
 PYTEST := $(BIN)/pytest -p no:dash -n $(TEST_WORKERS) --dist loadgroup
 
 test: $(BIN)/enginefoundry $(PREDICT_VENV)/bin/aiconfigurator
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
+	$(MYPY_ELSEWHERE)
 	$(PYTEST) --durations=15
 
 # One tier at a time: unit (no process, no network), integration (real services), e2e (CLI and flows).
@@ -76,6 +80,7 @@ lint: $(BIN)/enginefoundry
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
+	$(MYPY_ELSEWHERE)
 
 plan: $(BIN)/enginefoundry
 	$(BIN)/enginefoundry plan configs/llama-3-70b-tp2-a100.yaml

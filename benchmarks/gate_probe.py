@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -76,7 +77,8 @@ def main() -> int:
         return [{"role": "user", "content": f"{doc}\n\n---\n\n{c.messages[-1].content}"}]
 
     def prompt_ids(messages: list[dict]) -> list[int]:
-        return list(tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+        templated: Any = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        return list(templated["input_ids"])
 
     def long_answers(model) -> tuple[list[list[int]], int]:
         out, n = [], 0
@@ -99,7 +101,7 @@ def main() -> int:
         diffs: list[float] = []
         for c in cases if not args.skip_short else []:
             a = answers[c.id]
-            p = prompt_ids([m.model_dump() for m in c.messages])
+            p = prompt_ids([m.model_dump() for m in c.messages or []])
             with torch.no_grad():
                 lp = torch.log_softmax(model(torch.tensor([p + a.token_ids])).logits[0].float(), -1)
             for i, (tid, ref_lp) in enumerate(zip(a.token_ids, a.token_logprobs, strict=False)):
@@ -112,9 +114,9 @@ def main() -> int:
         full = sum(x == y for x, y in zip(got, ref_long, strict=True))
         if args.slice:
             share = sum(_prefix(x, y) / max(len(y), 1) for x, y in zip(got, ref_long, strict=True)) / len(got)
-            right = sum(bool(c.is_correct(tok.decode(x, skip_special_tokens=True)))
+            right = sum(bool(c.is_correct(str(tok.decode(x, skip_special_tokens=True))))
                         for c, x in zip(long_cases, got, strict=True))
-            ref_right = sum(bool(c.is_correct(tok.decode(y, skip_special_tokens=True)))
+            ref_right = sum(bool(c.is_correct(str(tok.decode(y, skip_special_tokens=True))))
                             for c, y in zip(long_cases, ref_long, strict=True))
             lower = wilson_lower_bound(first4, len(got), 0.95)
             print(f"{args.model} {name}: slice {args.slice}: first-4 {first4}/{len(got)} (Wilson 95% lower bound "

@@ -337,7 +337,7 @@ SPREAD_DTYPES = ("fp32", "bf16", "fp16")  # a reference transformers computes: t
 
 
 def spread_store_key(key: ReferenceKey) -> str:
-    return f"{STORE_PREFIX}/{key.digest}.spread.json"
+    return layout.reference_spread_key(key.digest)
 
 
 def _wider(dtype: str) -> str:
