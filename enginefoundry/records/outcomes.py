@@ -19,6 +19,7 @@ from enginefoundry.build.units import Unit
 from enginefoundry.errors import StoreError
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.gate import GateRule, GateVerdict
 from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import Store
@@ -28,13 +29,22 @@ from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.store.unit_status import UnitStatus
 
 
-class UnitVerdict(BaseModel):
-    status: Literal[UnitStatus.CANDIDATE, UnitStatus.REJECTED]  # a verdict is on a unit that ran to its end
-    reason: str = ""
+class UnitVerdict(GateVerdict):
+    """A unit's verdict: the one verdict shape (smoke.gate.GateVerdict: `passed`, one rule per gate: the smoke gate,
+    the benchmark), read as the status of a unit that ran to its end."""
+
+    @property
+    def status(self) -> Literal[UnitStatus.CANDIDATE, UnitStatus.REJECTED]:
+        return UnitStatus.CANDIDATE if self.passed else UnitStatus.REJECTED
 
     @property
     def ok(self) -> bool:
-        return self.status == UnitStatus.CANDIDATE
+        return self.passed
+
+    @property
+    def reason(self) -> str:
+        """The failed gate's words (the manifest's `status_reason`); empty for a candidate."""
+        return "" if self.passed else super().reason
 
 
 class UnitCommands(BaseModel):
@@ -61,12 +71,16 @@ def stage_commands(ran: list[Any], described: list[Any], stage: str) -> list[str
 
 def verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> UnitVerdict:
     """A unit is a candidate when its smoke gate passed and its benchmark is valid."""
-    if smoke is not None and not smoke.passed:
-        return UnitVerdict(status=UnitStatus.REJECTED, reason=f"smoke gate: {smoke.verdict.reason}")
-    if sweep is not None and not sweep.valid:
+    rules: list[GateRule] = []
+    if smoke is not None:
+        rules.append(GateRule(name="smoke gate", ok=smoke.passed, detail=smoke.verdict.reason, kind="hard"))
+        if not smoke.passed:  # the first failed gate decides: a rejected unit's benchmark is not judged
+            return UnitVerdict(passed=False, rules=rules)
+    if sweep is not None:
         bad = [f"{p.scenario} c={p.concurrency}: {'; '.join(p.problems)}" for p in sweep.points if not p.valid]
-        return UnitVerdict(status=UnitStatus.REJECTED, reason="benchmark invalid: " + "; ".join(bad + sweep.failures))
-    return UnitVerdict(status=UnitStatus.CANDIDATE)
+        rules.append(GateRule(name="benchmark" if sweep.valid else "benchmark invalid", ok=sweep.valid,
+                              detail="valid" if sweep.valid else "; ".join(bad + sweep.failures), kind="hard"))
+    return UnitVerdict(passed=all(r.ok for r in rules), rules=rules)
 
 
 def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:

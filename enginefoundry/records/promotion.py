@@ -21,6 +21,7 @@ from enginefoundry.errors import InputError
 from enginefoundry.evidence.signing import TrustPolicy
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.tracking import mlflow_client
+from enginefoundry.smoke.gate import GateRule, GateVerdict
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.layout import legacy_manifest_uri
 from enginefoundry.store.manifest import Manifest
@@ -50,19 +51,21 @@ class PromotionPolicy(BaseModel):
                                                         "unset; compared only at the same SLO")
 
 
-class Gate(BaseModel):
-    name: str
-    passed: bool
-    detail: str
+class Verdict(GateVerdict):
+    """The promotion rule's verdict: the one verdict shape (smoke.gate.GateVerdict: `passed`, one rule per gate),
+    read as whether to promote and through which gates."""
 
+    @property
+    def promote(self) -> bool:
+        return self.passed
 
-class Verdict(BaseModel):
-    promote: bool
-    gates: list[Gate]
+    @property
+    def gates(self) -> list[GateRule]:
+        return self.rules
 
     @property
     def reasons(self) -> list[str]:
-        return [g.detail for g in self.gates if not g.passed] or [g.detail for g in self.gates]
+        return [g.detail for g in self.gates if not g.ok] or [g.detail for g in self.gates]
 
 
 def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:
@@ -73,49 +76,49 @@ def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:
 def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPolicy) -> Verdict:
     """Every gate with its numbers. A rejected candidate never passes; with no champion the candidate's own
     gates (smoke, benchmark validity: its status) decide."""
-    gates = [Gate(name="own gates", passed=candidate.status == UnitStatus.CANDIDATE,
+    gates = [GateRule(name="own gates", ok=candidate.status == UnitStatus.CANDIDATE,
                   detail="smoke and benchmark gates passed" if candidate.status == UnitStatus.CANDIDATE
                   else f"unit is {candidate.status}: {candidate.status_reason or 'gates failed'}")]
     if champion is None:
-        gates.append(Gate(name="champion", passed=True, detail="no champion yet: first promotion"))
-        return Verdict(promote=all(g.passed for g in gates), gates=gates)
+        gates.append(GateRule(name="champion", ok=True, detail="no champion yet: first promotion"))
+        return Verdict(passed=all(g.ok for g in gates), rules=gates)
     gates += _accuracy_gates(candidate, champion, policy)
     gates += _performance_gates(candidate, champion, policy)
     if policy.max_cost_increase is not None:
         gates.append(cost_gate(candidate, champion, policy.max_cost_increase))
-    return Verdict(promote=all(g.passed for g in gates), gates=gates)
+    return Verdict(passed=all(g.ok for g in gates), rules=gates)
 
 
-def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> Gate:
+def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> GateRule:
     """$/1M output tokens at the SLO point (a searched unit's verification), same SLO only. A champion without a
     measured cost is not compared (said so); a candidate without one when the champion has one is held."""
     new, old = candidate.benchmark.get("search") or {}, champion.benchmark.get("search") or {}
     new_cost, old_cost = (new.get("cost") or {}).get("usd_per_mtok"), (old.get("cost") or {}).get("usd_per_mtok")
     if old_cost is None:
-        return Gate(name="cost", passed=True, detail="champion has no $/1M tokens at an SLO: cost not compared")
+        return GateRule(name="cost", ok=True, detail="champion has no $/1M tokens at an SLO: cost not compared")
     if new.get("slo") != old.get("slo"):
-        return Gate(name="cost", passed=True, detail=f"SLOs differ ({new.get('slo')} vs {old.get('slo')}): cost "
+        return GateRule(name="cost", ok=True, detail=f"SLOs differ ({new.get('slo')} vs {old.get('slo')}): cost "
                                                      "not compared")
     if new_cost is None:
-        return Gate(name="cost", passed=False, detail="candidate has no $/1M tokens at the SLO; the champion has")
+        return GateRule(name="cost", ok=False, detail="candidate has no $/1M tokens at the SLO; the champion has")
     ratio = float(new_cost) / float(old_cost)
-    return Gate(name="cost", passed=ratio <= 1 + max_increase + 1e-12,
+    return GateRule(name="cost", ok=ratio <= 1 + max_increase + 1e-12,
                 detail=f"$/1M output tokens {new_cost:.4g} vs champion {old_cost:.4g} (×{ratio:.2f}, needs ≤ "
                        f"×{1 + max_increase:.2f})")
 
 
-def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
+def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[GateRule]:
     gates = []
     for key in ACCURACY_KEYS:
         new, old = candidate.smoke.get(key), champion.smoke.get(key)
         if new is None or old is None:
             continue
         ok = float(new) >= float(old) - policy.max_accuracy_drop - 1e-12
-        gates.append(Gate(name=key, passed=ok,
+        gates.append(GateRule(name=key, ok=ok,
                           detail=f"{key} {float(new):.3f} vs champion {float(old):.3f} "
                                  f"(allowed drop {policy.max_accuracy_drop:.3f})"))
     if not gates:
-        gates.append(Gate(name="accuracy", passed=False,
+        gates.append(GateRule(name="accuracy", ok=False,
                           detail="no smoke agreement recorded on both units: accuracy cannot be compared"))
     return gates
 
@@ -139,14 +142,14 @@ def operating_point(candidate: Manifest, champion: Manifest,
     return key, _points(candidate)[key], _points(champion)[key]
 
 
-def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[Gate]:
+def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[GateRule]:
     new_pts, old_pts = _points(candidate), _points(champion)
     if not old_pts:
-        return [Gate(name="benchmark", passed=True, detail="champion has no benchmark: performance not compared")]
+        return [GateRule(name="benchmark", ok=True, detail="champion has no benchmark: performance not compared")]
     common = _common_points(candidate, champion, policy)
     if not common:
         at = f" at concurrency {policy.reference_concurrency}" if policy.reference_concurrency else ""
-        return [Gate(name="benchmark", passed=False,
+        return [GateRule(name="benchmark", ok=False,
                      detail=f"no valid benchmark point in common with the champion{at}: performance unproven")]
     concurrency = max(c for _, c in common)
     gates = []
@@ -159,14 +162,14 @@ def _performance_gates(candidate: Manifest, champion: Manifest, policy: Promotio
     return gates
 
 
-def _ratio_gate(name: str, new: float | None, old: float | None, bound: float, *, higher_is_better: bool) -> Gate:
+def _ratio_gate(name: str, new: float | None, old: float | None, bound: float, *, higher_is_better: bool) -> GateRule:
     if new is None or old is None or old <= 0:
-        return Gate(name=name, passed=False, detail=f"{name}: not measured on both units")
+        return GateRule(name=name, ok=False, detail=f"{name}: not measured on both units")
     ratio = float(new) / float(old)
     if higher_is_better:
-        return Gate(name=name, passed=ratio >= bound,
+        return GateRule(name=name, ok=ratio >= bound,
                     detail=f"{name} {new:.1f} vs champion {old:.1f} (×{ratio:.2f}, needs ≥ ×{bound:.2f})")
-    return Gate(name=name, passed=ratio <= bound,
+    return GateRule(name=name, ok=ratio <= bound,
                 detail=f"{name} {new:.0f} vs champion {old:.0f} (×{ratio:.2f}, needs ≤ ×{bound:.2f})")
 
 

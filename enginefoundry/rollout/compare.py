@@ -95,7 +95,7 @@ def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest |
     row.old_toolchain = describe_toolchain(champion.key_components.get("toolchain") or {})
     row.accuracy_old, row.usd_per_mtok_old = _accuracy(champion), _cost(champion)
     row.regressions = [f"cost regression: {g.detail}" if g.name == "cost" else g.detail
-                       for g in verdict.gates if not g.passed]
+                       for g in verdict.gates if not g.ok]
     point = operating_point(candidate, champion, policy)
     if point is not None:
         (scenario, concurrency), new, old = point
