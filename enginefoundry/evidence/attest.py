@@ -100,20 +100,21 @@ def _canonical_digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# JSON edge: an in-toto statement and predicate
 def _statement(build: PublishedBuild, predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]:
     return {"_type": STATEMENT_TYPE,
             "subject": [{"name": build.manifest_key, "digest": {"sha256": build.manifest_sha256}}],
             "predicateType": predicate_type, "predicate": predicate}
 
 
-def provenance_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:
+def provenance_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:  # JSON edge: in-toto predicate
     """SLSA v1 (slsa.dev/spec/v1.0/provenance): builder, external parameters (unit key and its components),
     resolved dependencies (source, weights, tokenizer, calibration, prompt set, toolchain image), run ids/times."""
     m = build.manifest
     assert m is not None
     comps = m.key_components
     toolchain = comps.get("toolchain", {}) if isinstance(comps.get("toolchain"), dict) else {}
-    deps: list[dict[str, Any]] = []
+    deps: list[dict[str, Any]] = []  # JSON edge: SLSA resolvedDependencies entries
 
     def dep(name: str, digest: Any, uri: str | None = None, **extra: Any) -> None:
         d = _digest(digest)
@@ -152,7 +153,7 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any
     }
 
 
-def gate_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:
+def gate_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:  # JSON edge: an in-toto predicate
     """The in-toto test-result predicate (in-toto/attestation spec/predicates/test-result.md v0.1): result,
     configuration (gate policy and prompt set digests), passed/failed tests; the metrics and sample sizes under
     `enginefoundry`."""
@@ -170,7 +171,7 @@ def gate_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:
             "signedAt": signed_at}
 
 
-def benchmark_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:
+def benchmark_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:  # JSON edge: an in-toto predicate
     """The benchmark as published in the manifest: tool and version, scenarios, per-point figures, goodput."""
     m = build.manifest
     assert m is not None
@@ -179,7 +180,7 @@ def benchmark_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]
                 "tool"))), "result": bench, "signedAt": signed_at}
 
 
-PREDICATES: dict[Kind, Callable[[PublishedBuild, str], dict[str, Any]]] = {
+PREDICATES: dict[Kind, Callable[[PublishedBuild, str], dict[str, Any]]] = {  # JSON edge: in-toto predicates
     "provenance": provenance_predicate, "gate": gate_predicate, "benchmark": benchmark_predicate}
 
 

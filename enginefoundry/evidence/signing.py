@@ -141,7 +141,7 @@ class Signer(Protocol):
 
     def sign(self, data: bytes) -> bytes: ...
 
-    def verification_material(self) -> dict[str, Any]:
+    def verification_material(self) -> dict[str, Any]:  # JSON edge: a Sigstore bundle's verificationMaterial
         """The bundle's `verificationMaterial` (a key hint, or a certificate chain)."""
         ...
 
@@ -174,7 +174,7 @@ class KeyPairSigner:
 
         return self._key.sign(data, ec.ECDSA(hashes.SHA256()))
 
-    def verification_material(self) -> dict[str, Any]:
+    def verification_material(self) -> dict[str, Any]:  # JSON edge: a Sigstore bundle's verificationMaterial
         return {"publicKey": {"hint": self.key_id}}
 
     def public_pem(self) -> str | None:
@@ -218,7 +218,7 @@ def signer_from_env(environ: Mapping[str, str] | None = None) -> Signer | None:
 # Envelopes
 
 
-def sign_statement(statement: dict[str, Any], signer: Signer) -> bytes:
+def sign_statement(statement: dict[str, Any], signer: Signer) -> bytes:  # JSON edge: an in-toto statement
     """A Sigstore bundle (JSON bytes) holding a DSSE envelope over the statement."""
     payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
     sig = signer.sign(pae(PAYLOAD_TYPE, payload))
@@ -232,12 +232,12 @@ def sign_statement(statement: dict[str, Any], signer: Signer) -> bytes:
 
 
 class OpenedBundle(BaseModel):
-    statement: dict[str, Any]
+    statement: dict[str, Any]  # JSON edge: the in-toto statement read from a bundle
     payload: bytes
     signatures: list[tuple[str, bytes]]  # (keyid or hint, signature)
 
 
-def _field(doc: dict[str, Any], name: str, default: Any, kind: type = dict) -> Any:
+def _field(doc: dict[str, Any], name: str, default: Any, kind: type = dict) -> Any:  # JSON edge: Sigstore bundle
     """doc[name] when it has the expected shape, default when absent; SignatureError for any other shape (a
     bundle is read from a store that anyone with write access can fill)."""
     value = doc.get(name)

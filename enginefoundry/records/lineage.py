@@ -39,9 +39,9 @@ def _client(mlflow_uri: str) -> RetryingClient:
     return mlflow_client(mlflow_uri)
 
 
-def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
+def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:  # JSON edge: lineage JSON
     """(manifest, manifest URI, registry facts) for any kind of reference."""
-    registry: dict[str, Any] = {}
+    registry: dict[str, Any] = {}  # JSON edge: MLflow registry facts, in the lineage JSON output
     if ref.startswith("models:/"):
         from mlflow.exceptions import MlflowException
 
@@ -88,7 +88,7 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]:
     raise InputError(f"'{ref}' is not a store URI, a unit key or models:/name@alias")
 
 
-def registry_anchor(registry: dict[str, Any]) -> tuple[str, str]:
+def registry_anchor(registry: dict[str, Any]) -> tuple[str, str]:  # JSON edge: MLflow registry facts
     """(where, sha256) of the manifest digest a registry version recorded ("" when it predates the tag)."""
     return (f"models:/{registry['registered_model']}/{registry['version']}", registry.get("manifest_sha256", ""))
 
@@ -105,7 +105,7 @@ def _current_of(builds: list[str]) -> str:
         return builds[-1]
 
 
-def _last_verified(uri: str) -> dict[str, Any]:
+def _last_verified(uri: str) -> dict[str, Any]:  # JSON edge: a verification record, in the lineage JSON output
     """When `enginefoundry verify` last checked this build, and its verdict (empty when never)."""
     from enginefoundry.store.verify import last_verified, open_build
 
@@ -117,7 +117,7 @@ def _last_verified(uri: str) -> dict[str, Any]:
     return record.model_dump() if record else {}
 
 
-def _signature(uri: str) -> dict[str, Any]:
+def _signature(uri: str) -> dict[str, Any]:  # JSON edge: an attestation verdict, in the lineage JSON output
     """Who signed this build and whether its attestations verify (against $ENGINEFOUNDRY_TRUST_POLICY /
     $ENGINEFOUNDRY_TRUSTED_KEYS when set)."""
     from enginefoundry.evidence.attest import verify_attestations
@@ -136,9 +136,9 @@ def _signature(uri: str) -> dict[str, Any]:
     return {**verdict.model_dump(mode="json"), "line": verdict.line()}
 
 
-def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
+def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:  # JSON edge: the `lineage --json` document
     manifest, uri, registry = resolve(ref, mlflow_uri)
-    runs: dict[str, Any] = {}
+    runs: dict[str, Any] = {}  # JSON edge: MLflow run facts, in the lineage JSON output
     if manifest.mlflow_run_id:
         try:
             client = _client(mlflow_uri)
@@ -180,7 +180,7 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:
     }
 
 
-def serving_cost(search: dict[str, Any] | None) -> dict[str, Any] | None:
+def serving_cost(search: dict[str, Any] | None) -> dict[str, Any] | None:  # JSON edge: manifest search summary
     """Cost and energy at the SLO point, from a searched unit's verification (None for a unit never searched)."""
     if not isinstance(search, dict):
         return None

@@ -83,7 +83,7 @@ def verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> UnitVerdict
     return UnitVerdict(passed=all(r.ok for r in rules), rules=rules)
 
 
-def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
+def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:  # JSON edge: manifest benchmark
     if sweep is None:
         return {}
     return {**sweep.summary(),
@@ -93,7 +93,7 @@ def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:
             **({"search": sweep.search} if sweep.search is not None else {})}
 
 
-def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:
+def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge: an MLflow params payload
     """The MLflow parameters of a unit's run."""
     return {"unit": unit.name, "lane": spec.lane, "variant": unit.variant.model_dump(mode="json"),
             "profile": unit.profile.model_dump(mode="json"), "target": unit.target.model_dump(mode="json"),
@@ -122,7 +122,9 @@ def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
 
 
 def unit_manifest(
+    # JSON edge: manifest key components, as published
     spec: BuildSpec, unit: Unit, key: str, key_components: dict[str, Any], snapshot: SourceSnapshot, *,
+    # JSON edge: manifest device and build_params, as published
     checkpoint_key: str | None, checkpoint_uri: str | None, device: dict[str, Any], build_params: dict[str, Any],
     smoke: SmokeReport | None, sweep: SweepReport | None, mlflow_run_id: str | None,
     prefect_flow_run_id: str | None,

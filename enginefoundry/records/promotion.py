@@ -68,7 +68,7 @@ class Verdict(GateVerdict):
         return [g.detail for g in self.gates if not g.ok] or [g.detail for g in self.gates]
 
 
-def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:
+def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:  # JSON edge: manifest benchmark points
     return {(p["scenario"], int(p["concurrency"])): p for p in manifest.benchmark.get("points", [])
             if p.get("valid", True)}
 
@@ -131,6 +131,7 @@ def _common_points(candidate: Manifest, champion: Manifest, policy: PromotionPol
 
 
 def operating_point(candidate: Manifest, champion: Manifest,
+                    # JSON edge: benchmark points of published manifests
                     policy: PromotionPolicy) -> tuple[tuple[str, int], dict[str, Any], dict[str, Any]] | None:
     """The first (scenario, concurrency) the performance gates compare at, with the candidate's and the
     champion's benchmark points there; None when they share none."""

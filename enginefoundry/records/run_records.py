@@ -66,6 +66,7 @@ def context_tags() -> dict[str, str]:
     return tags
 
 
+# JSON edge: the manifest's source field, as published
 def start_parent(tracker: Tracker, spec: BuildSpec, source: dict[str, Any], extra_tags: dict[str, str]) -> str:
     # Runs a kill -9-ed run of this host left RUNNING end KILLED now: no run stays RUNNING for ever.
     tracker.end_dead_runs()

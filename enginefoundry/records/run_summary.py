@@ -23,8 +23,8 @@ class UnitOutcome(BaseModel):
     built_by_run: str | None = None  # MLflow run that built a cache-hit unit
     mlflow_run_id: str | None = None
     stage_seconds: dict[str, float] = Field(default_factory=dict)
-    smoke: dict[str, Any] = Field(default_factory=dict)
-    bench: dict[str, Any] = Field(default_factory=dict)
+    smoke: dict[str, Any] = Field(default_factory=dict)  # JSON edge: run outcome JSON
+    bench: dict[str, Any] = Field(default_factory=dict)  # JSON edge: run outcome JSON
 
     @property
     def ok(self) -> bool:
@@ -136,7 +136,7 @@ def search_rows(outcomes: list[UnitOutcome], objective: str = "tokens_per_gpu") 
     return rows
 
 
-def _objective_value(objective: str, s: dict[str, Any]) -> float | None:
+def _objective_value(objective: str, s: dict[str, Any]) -> float | None:  # JSON edge: run outcome bench summary
     cost, meas = s.get("cost") or {}, s.get("measured") or {}
     if objective == "cost_per_mtok":
         return -cost["usd_per_mtok"] if cost.get("usd_per_mtok") else None

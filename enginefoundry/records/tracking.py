@@ -23,13 +23,16 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import PipelineError
 from enginefoundry.locks import host_lock
 from enginefoundry.records import db_templates
 from enginefoundry.retry import retry_transient
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 HOST_TAG, PID_TAG, START_TAG = mltags.OWNER_HOST, mltags.OWNER_PID, mltags.OWNER_PID_START
 
@@ -48,7 +51,7 @@ def redact(value: Any) -> str:
     return text
 
 
-def flatten(prefix: str, data: dict[str, Any]) -> dict[str, str]:
+def flatten(prefix: str, data: dict[str, Any]) -> dict[str, str]:  # JSON edge: an MLflow params payload (nested)
     out: dict[str, str] = {}
     for k, v in data.items():
         name = f"{prefix}.{k}" if prefix else k
@@ -130,12 +133,12 @@ class _OpenRuns:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[str, Any] = {}
+        self._runs: dict[str, RetryingClient | MlflowClient] = {}  # run id → the client that ends it
         self.interrupted = False
         self._handlers = False
         atexit.register(self._end_all_at_exit)
 
-    def add(self, run_id: str, client: Any) -> None:
+    def add(self, run_id: str, client: RetryingClient | MlflowClient) -> None:
         with self._lock:
             self._runs[run_id] = client
         self.install_handlers()
@@ -272,7 +275,7 @@ class Tracker:
                 raise
             return str(exp.experiment_id)  # another run created it between our read and our create
 
-    def start_run(self, name: str, tags: dict[str, Any], parent_id: str | None = None) -> str:
+    def start_run(self, name: str, tags: dict[str, Any], parent_id: str | None = None) -> str:  # JSON edge: MLflow tags
         all_tags = {k: redact(v) for k, v in tags.items()}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
@@ -299,7 +302,7 @@ class Tracker:
             ended.append(run.info.run_id)
         return ended
 
-    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:  # JSON edge: an MLflow params payload (nested)
         from mlflow.entities import Param
 
         flat = flatten("", params)
@@ -307,7 +310,7 @@ class Tracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
 
-    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:  # JSON edge: an MLflow tags payload
         for k, v in tags.items():
             self.client.set_tag(run_id, k, redact(v))
 
@@ -351,7 +354,7 @@ def ensure_registered_model(client: Any, name: str) -> None:
 
 def register_unit(
     tracker: Tracker, *, registered_model: str, unit_name: str, run_id: str, artifact_uri: str,
-    tags: dict[str, str], params: dict[str, Any], alias: str | None,
+    tags: dict[str, str], params: dict[str, Any], alias: str | None,  # JSON edge: an MLflow params payload (nested)
 ) -> str:
     """An external MLflow model pointing at the store (weights never travel through MLflow), a version of
     the registered model, and the alias moved to it. Returns the version number."""

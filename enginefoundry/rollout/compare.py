@@ -61,7 +61,7 @@ class ComparisonRow(BaseModel):
         return f"{self.usd_per_mtok_old:.4g} → {self.usd_per_mtok_new:.4g}"
 
 
-def describe_toolchain(identity: dict[str, Any]) -> str:
+def describe_toolchain(identity: dict[str, Any]) -> str:  # JSON edge: key_components.toolchain of a published manifest
     """One line for a toolchain identity (units.toolchain_identity): release, image digest, lane versions."""
     parts = [f"TensorRT-LLM {identity['trtllm_version']}"] if identity.get("trtllm_version") else []
     if identity.get("image_digest"):
@@ -105,7 +105,7 @@ def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest |
     return row
 
 
-def _num(point: dict[str, Any], key: str) -> float | None:
+def _num(point: dict[str, Any], key: str) -> float | None:  # JSON edge: a benchmark point of a published manifest
     value = point.get(key)
     return None if value is None else float(value)
 

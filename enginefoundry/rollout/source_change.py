@@ -52,7 +52,8 @@ class Baseline(BaseModel):
     version: str
     alias: str | None  # `<target>-champion`, or None for the newest registered version
     manifest_uri: str
-    source: dict[str, Any]
+    source: dict[str, Any]  # JSON edge: the manifest's source field, as published
+    # JSON edge: key_components.toolchain of a published manifest
     toolchain: dict[str, Any] = Field(default_factory=dict, description="key_components.toolchain of its unit")
 
 
@@ -118,7 +119,7 @@ def baseline_for(registry: Registry, model: str, target: Target) -> Baseline | N
                     source=manifest.source, toolchain=dict(manifest.key_components.get("toolchain") or {}))
 
 
-def differs(state: SourceState, recorded: dict[str, Any]) -> str | None:
+def differs(state: SourceState, recorded: dict[str, Any]) -> str | None:  # JSON edge: manifest source
     """Why the source differs from what a baseline was built from, or None when it is the same."""
     if recorded.get("uri") != state.uri:
         return f"source changed from {recorded.get('uri')} to {state.uri}"
@@ -138,6 +139,7 @@ def differs(state: SourceState, recorded: dict[str, Any]) -> str | None:
     return f"local files changed (weights {str(state.weights_digest)[:12]})"
 
 
+# JSON edge: toolchain identities (manifest key_components.toolchain)
 def toolchain_differs(current: dict[str, Any], recorded: dict[str, Any]) -> str | None:
     """Why the toolchain differs from the one a baseline was built with, or None. A baseline that recorded no
     toolchain (an older manifest) is not a bump."""
@@ -150,14 +152,14 @@ def toolchain_differs(current: dict[str, Any], recorded: dict[str, Any]) -> str 
     if not changed:
         return None
 
-    def value(d: dict[str, Any], k: str) -> Any:
+    def value(d: dict[str, Any], k: str) -> Any:  # JSON edge: a toolchain identity (manifest key_components.toolchain)
         return d.get(k) if k in ("trtllm_version", "image_digest") else (d.get("versions") or {}).get(k)
 
     return "toolchain changed: " + ", ".join(f"{k} {value(recorded, k)} → {value(current, k)}" for k in changed)
 
 
 def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] | None = None,
-                  toolchain: dict[str, Any] | None = None) -> ChangeReport:
+                  toolchain: dict[str, Any] | None = None) -> ChangeReport:  # JSON edge: toolchain identity
     """Per target of the spec: is there something new to build (the source, or the toolchain when `toolchain`,
     this run's identity, is given)? A target never built is new. With `toolchain.channel`, `spec` is the one the
     channel was applied to (toolchain_channel.with_channel), and a bump of its fields says the channel moved."""

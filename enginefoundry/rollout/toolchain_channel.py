@@ -150,13 +150,14 @@ def channel_status(spec: BuildSpec) -> ChannelStatus | None:
         return ChannelStatus(uri=uri, error=str(err), transient=True)
 
 
+# JSON edge: key_components.toolchain of a manifest, and the channel's
 def channel_moved(uri: str, recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
     """'channel <uri> moved from X to Y' when the channel's fields differ from the baseline's; else None."""
     keys = ("trtllm_version", "image_digest")
     if not recorded or all(current.get(k) == recorded.get(k) for k in keys):
         return None
 
-    def ident(d: dict[str, Any]) -> str:
+    def ident(d: dict[str, Any]) -> str:  # JSON edge: a toolchain identity (manifest key_components.toolchain)
         return ", ".join(f"{k} {str(d.get(k))[:19] if k == 'image_digest' else d.get(k)}" for k in keys
                          if d.get(k) is not None) or "nothing pinned"
     return f"channel {uri} moved from {ident(recorded)} to {ident(current)}"

@@ -534,12 +534,11 @@ class S3Store(Store):
         key = store_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    # JSON edge: `fn` is a boto3 client method; its response is a dict of the S3 API's fields
-    def _call(self, what: str, fn: Callable[..., Any], **kwargs: object) -> dict[str, Any]:
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: object) -> dict[str, Any]:  # JSON edge: S3 response
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            response: dict[str, Any] = fn(**kwargs)
+            response: dict[str, Any] = fn(**kwargs)  # JSON edge: an S3 API response (boto3)
             return response
         except ClientError as err:
             code = err.response.get("Error", {}).get("Code", "?")
@@ -557,6 +556,7 @@ class S3Store(Store):
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
+            # JSON edge: HeadObject's response
             head: dict[str, Any] = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
             return head
         except ClientError as err:

@@ -92,23 +92,26 @@ class Manifest(BaseModel):
     schema_version: int = MANIFEST_SCHEMA_VERSION
     key: str
     build_id: str | None = Field(default=None, description="this build of the key (None: a version 1 manifest)")
-    key_components: dict[str, Any]
+    key_components: dict[str, Any]  # JSON edge: free-form manifest field, as published
     checkpoint_key: str | None = None
     checkpoint_uri: str | None = None
     model: str
     unit: str
     lane: str
-    target: dict[str, Any]
-    variant: dict[str, Any]
-    profile: dict[str, Any]
+    target: dict[str, Any]  # JSON edge: free-form manifest field, as published
+    variant: dict[str, Any]  # JSON edge: free-form manifest field, as published
+    profile: dict[str, Any]  # JSON edge: free-form manifest field, as published
+    # JSON edge: free-form manifest field, as published
     source: dict[str, Any] = Field(description="uri, kind, resolved revision, identity, digests")
     versions: dict[str, str] = Field(default_factory=dict)
+    # JSON edge: free-form manifest field, as published
     device: dict[str, Any] = Field(default_factory=dict, description="what the unit was built on")
-    build_params: dict[str, Any] = Field(default_factory=dict)
+    build_params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: free-form manifest field, as published
     files: list[FileEntry]
-    smoke: dict[str, Any] = Field(default_factory=dict)
-    benchmark: dict[str, Any] = Field(default_factory=dict)
+    smoke: dict[str, Any] = Field(default_factory=dict)  # JSON edge: free-form manifest field, as published
+    benchmark: dict[str, Any] = Field(default_factory=dict)  # JSON edge: free-form manifest field, as published
     prompts_digest: str | None = Field(default=None, description="sha256 of the smoke prompt set that gated the unit")
+    # JSON edge: free-form manifest field, as published
     gate: dict[str, Any] = Field(default_factory=dict, description="the smoke gate settings the unit was judged by")
     status: Literal[UnitStatus.CANDIDATE, UnitStatus.REJECTED] = Field(
         description="candidate | rejected (a failed unit is never published)")
@@ -136,7 +139,7 @@ class Manifest(BaseModel):
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "manifest.schema.json"
 
 
-def generated_schema() -> dict[str, Any]:
+def generated_schema() -> dict[str, Any]:  # JSON edge: a JSON Schema document
     """The JSON Schema of `manifest.json`, versioned by MANIFEST_SCHEMA_VERSION. The committed copy in
     enginefoundry/schemas/ is what readers use; a test keeps the two equal."""
     schema = Manifest.model_json_schema()
@@ -151,12 +154,13 @@ def generated_schema() -> dict[str, Any]:
 
 
 @cache
+# JSON edge: the committed JSON Schema document
 def _committed_schema() -> dict[str, Any]:
     schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())  # JSON edge: a JSON Schema document
     return schema
 
 
-def validate_against_schema(data: dict[str, Any]) -> None:
+def validate_against_schema(data: dict[str, Any]) -> None:  # JSON edge: a manifest's JSON form
     import jsonschema
 
     jsonschema.validate(data, _committed_schema())

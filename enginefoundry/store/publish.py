@@ -84,11 +84,11 @@ class Pointer(BaseModel):
 class CheckpointManifest(BaseModel):
     key: str
     build_id: str | None = None
-    key_components: dict[str, Any]
+    key_components: dict[str, Any]  # JSON edge: a checkpoint manifest's key components, as published
     model: str
     variant: str
     lane: str
-    params: dict[str, Any]
+    params: dict[str, Any]  # JSON edge: a checkpoint manifest's lane parameters, as published
     files: list[FileEntry]
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
@@ -135,7 +135,7 @@ class PublishedBuild(BaseModel):
         return doc.files if doc else []
 
     @property
-    def key_components(self) -> dict[str, Any]:
+    def key_components(self) -> dict[str, Any]:  # JSON edge: the key components of a published manifest
         doc = self.manifest or self.checkpoint
         return doc.key_components if doc else {}
 
@@ -417,7 +417,7 @@ def _commit(store: Store, model: str, key: str, build_id: str, data: bytes, repl
 
 
 def publish_build(
-    store: Store, model: str, manifest_fields: dict[str, Any], folders: dict[str, Path],
+    store: Store, model: str, manifest_fields: dict[str, Any], folders: dict[str, Path],  # JSON edge: manifest fields
     progress: Callable[[str], None] = print, replace: bool = False, replaces: str | None = None,
     verify_blobs: bool = False, before_current: Callable[[PublishedBuild], None] | None = None,
 ) -> PublishResult:
@@ -440,6 +440,7 @@ def publish_build(
 
 
 def publish_checkpoint(
+    # JSON edge: the checkpoint manifest's fields, validated by CheckpointManifest
     store: Store, manifest_fields: dict[str, Any], folder: Path, progress: Callable[[str], None] = print,
 ) -> CheckpointManifest:
     entries, _, _ = upload_folders(store, {"checkpoint": folder}, progress)
