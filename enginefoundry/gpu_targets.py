@@ -102,7 +102,8 @@ def gpu_pools() -> list[GpuTarget]:
 
 # --- generated files ---------------------------------------------------------------------------------------
 
-def job_template(target: GpuTarget, prefect_default: dict[str, Any]) -> dict[str, Any]:
+def job_template(target: GpuTarget,
+                 prefect_default: dict[str, Any]) -> dict[str, Any]:  # JSON edge: Prefect's job template
     """The pool's base job template: Prefect's default for the `kubernetes` worker type plus what a GPU build
     needs: the GPU products as a required node affinity and the compute capability as a node selector (a guard
     against a wrong product), an `nvidia.com/gpu` limit (the scheduler then gives each build its own GPUs), the
@@ -139,7 +140,7 @@ def job_template(target: GpuTarget, prefect_default: dict[str, Any]) -> dict[str
     return base
 
 
-def render_job_template(target: GpuTarget, prefect_default: dict[str, Any]) -> str:
+def render_job_template(target: GpuTarget, prefect_default: dict[str, Any]) -> str:  # JSON edge: Prefect's job template
     return json.dumps(job_template(target, prefect_default), indent=2) + "\n"
 
 

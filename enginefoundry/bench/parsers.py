@@ -10,7 +10,7 @@ from enginefoundry.bench.result import BenchPoint, avg, pct, validate
 
 
 def parse_aiperf(
-    export: Path | dict[str, Any], *, scenario: str, concurrency: int, requested: int,
+    export: Path | dict[str, Any], *, scenario: str, concurrency: int, requested: int,  # JSON edge: the export
     expected_output_len: int | None = None,
 ) -> BenchPoint:
     """AIPerf 0.13 `profile_export_aiperf.json` (schema 1.4)."""
@@ -31,7 +31,7 @@ def parse_aiperf(
 
 
 def parse_genai_perf(
-    export: Path | dict[str, Any], *, scenario: str, concurrency: int, requested: int,
+    export: Path | dict[str, Any], *, scenario: str, concurrency: int, requested: int,  # JSON edge: the export
     expected_output_len: int | None = None,
 ) -> BenchPoint:
     """genai-perf 0.0.16 `profile_export_genai_perf.json`. It has no error or completion fields, so the

@@ -36,7 +36,7 @@ class BestThroughput(BaseModel):
         return f"{self.output_tokens_per_s:.1f} ({where}{', within SLOs' if self.within_slo else ''})"
 
 
-def best_throughput(bench: dict[str, Any]) -> BestThroughput | None:
+def best_throughput(bench: dict[str, Any]) -> BestThroughput | None:  # JSON edge: bench summary in manifests
     """From a benchmark summary as manifests and outcomes carry it ({"slo": [...], "points": [...]}). None when
     nothing qualifies: no valid point, or SLOs were checked and no concurrency met them."""
     slo = bench.get("slo") or []
@@ -88,7 +88,7 @@ class ComparisonReport(BaseModel):
     rows: list[ComparisonRow]
     plot: str | None = None
 
-    def table(self) -> list[dict[str, Any]]:
+    def table(self) -> list[dict[str, Any]]:  # JSON edge: Prefect table/MLflow rows
         """Rows for a Prefect table artifact or MLflow: plain values, numbers rounded for reading."""
         return [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.model_dump().items()}
                 for r in self.rows]
@@ -122,7 +122,7 @@ class SweepReport(BaseModel):
     comparison: ComparisonReport | None = None
     # A searched unit's verification (enginefoundry.bench.goodput.SearchVerdict as JSON): goodput at the SLO,
     # predicted_* beside measured_*, prediction_error, $/1M output tokens, tokens/joule.
-    search: dict[str, Any] | None = None
+    search: dict[str, Any] | None = None  # JSON edge: SearchVerdict as JSON
     search_metrics: dict[str, float] = Field(default_factory=dict)
 
     @property
@@ -136,11 +136,11 @@ class SweepReport(BaseModel):
         return {"bench_points": len(self.points), "bench_valid": float(self.valid),
                 "bench_best_output_tokens_per_s": best.output_tokens_per_s if best else 0.0, **self.search_metrics}
 
-    def table(self) -> list[dict[str, Any]]:
+    def table(self) -> list[dict[str, Any]]:  # JSON edge: Prefect table/MLflow rows
         """One row per point: what a platform team reads first, invalid points with their reasons."""
         rows = []
         for p in self.points:
-            row: dict[str, Any] = {
+            row: dict[str, Any] = {  # JSON edge: a table row
                 "scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
                 "completed": f"{p.completed}/{p.requested}",
                 "output_tok_s": _round(p.output_tokens_per_s), "requests_s": _round(p.requests_per_s),

@@ -117,11 +117,11 @@ def short_output_warning(points: list[BenchPoint], requested: dict[str, int]) ->
             "benchmark.extra_inputs where the server supports it)")
 
 
-def pct(data: dict[str, Any], key: str) -> Percentiles:
+def pct(data: dict[str, Any], key: str) -> Percentiles:  # JSON edge: a benchmark export
     m = data.get(key) or {}
     return Percentiles(avg=m.get("avg"), p50=m.get("p50"), p95=m.get("p95"), p99=m.get("p99"))
 
 
-def avg(data: dict[str, Any], key: str) -> float | None:
+def avg(data: dict[str, Any], key: str) -> float | None:  # JSON edge: a benchmark export
     m = data.get(key)
     return None if not m else m.get("avg")

@@ -34,7 +34,7 @@ ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16":
 
 
 # JSON edge: a safetensors header, tensor name (or "__metadata__") → {"dtype", "shape", "data_offsets"}
-Header = dict[str, dict[str, Any]]
+Header = dict[str, dict[str, Any]]  # JSON edge: a safetensors header
 
 
 class CastReport(BaseModel):

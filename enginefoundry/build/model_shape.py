@@ -34,12 +34,12 @@ class ModelShape(BaseModel):
     num_experts: int = 1
     dtype: str | None = None
     max_position_embeddings: int | None = None
-    rope_scaling: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None  # JSON edge: config.json rope_scaling
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelShape:
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:  # JSON edge: a parsed config.json
         text = config.get("text_config")
-        cfg: dict[str, Any] = text if isinstance(text, dict) else config
+        cfg: dict[str, Any] = text if isinstance(text, dict) else config  # JSON edge: config.json
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -99,7 +99,7 @@ class ModelShape(BaseModel):
 def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:  # JSON edge: a Hugging Face config.json
     path = Path(checkpoint_dir) / "config.json"
     try:
-        config: dict[str, Any] = json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())  # JSON edge: config.json
         return config
     except FileNotFoundError:
         raise InputError(f"{path} does not exist: the checkpoint folder needs a Hugging Face config.json") from None

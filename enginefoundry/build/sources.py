@@ -27,7 +27,8 @@ class SourceSnapshot(BaseModel):
     local_dir: str
     revision: str | None = Field(default=None, description="hf: the commit sha the revision resolved to")
     requested_revision: str | None = None
-    identity: dict[str, Any] = Field(default_factory=dict, description="commit sha, S3 versions/ETags or sha256s")
+    identity: dict[str, Any] = Field(  # JSON edge: recorded in manifests
+        default_factory=dict, description="commit sha, S3 versions/ETags or sha256s")
     weights_digest: str
     tokenizer_digest: str
     files: dict[str, str] = Field(default_factory=dict, description="relative path → sha256")
@@ -212,7 +213,8 @@ def _hf_cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def _fetch_hf(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path, dict[str, Any], str]:
+def _fetch_hf(source: SourceURI, progress: Callable[[str], None],
+              ) -> tuple[Path, dict[str, Any], str]:  # JSON edge: the source identity, recorded
     """Resolve the revision to a commit sha, then download the selected files of exactly that commit into the
     standard HF cache, with huggingface_hub's progress bars. A download resumes file by file: an interrupted
     fetch keeps the files it finished and the next one downloads only the rest (the progress line says how
@@ -319,7 +321,8 @@ def _selection_view(snapshot: Path, files: list[str]) -> Path:
     return view
 
 
-def _fetch_s3(source: SourceURI, progress: Callable[[str], None]) -> tuple[Path, dict[str, Any]]:
+def _fetch_s3(source: SourceURI, progress: Callable[[str], None],
+              ) -> tuple[Path, dict[str, Any]]:  # JSON edge: the source identity, recorded
     """Download every object under the prefix into a cache folder named by the objects' versions/ETags."""
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -399,8 +402,8 @@ def remove_stale_partials(dest: Path) -> list[Path]:
     return removed
 
 
-def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:  # JSON edge: S3 Contents
+    out: list[dict[str, Any]] = []  # JSON edge: S3 Contents
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         out.extend(page.get("Contents", []))
     return out

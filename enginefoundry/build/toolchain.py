@@ -139,7 +139,7 @@ def parse_probe_output(text: str) -> dict[str, Any]:  # JSON edge: the probe's r
 
 
 # JSON edge: `data` is parse_probe_output's object, validated by ToolchainInfo
-def toolchain_from_probe(data: dict[str, Any], driver: str | None = None,
+def toolchain_from_probe(data: dict[str, Any], driver: str | None = None,  # JSON edge: parse_probe_output's object
                          cuda_driver: str | None = None) -> ToolchainInfo:
     fields = {k: data.get(k) for k in ("python", "tensorrt_llm", "tensorrt", "torch", "cuda", "cuda_available",
                                         "modelopt")}

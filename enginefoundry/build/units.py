@@ -70,7 +70,8 @@ def _with_searched(spec: BuildSpec, only_targets: list[str] | None, units: list[
     return units
 
 
-def toolchain_identity(spec: BuildSpec, lane_versions: dict[str, str]) -> dict[str, Any]:
+def toolchain_identity(spec: BuildSpec,
+                       lane_versions: dict[str, str]) -> dict[str, Any]:  # JSON edge: key components, hashed
     """The toolchain part of a key: pinned versions and image digest, plus what the lane reports."""
     return {
         "lane": spec.lane,
@@ -80,14 +81,15 @@ def toolchain_identity(spec: BuildSpec, lane_versions: dict[str, str]) -> dict[s
     }
 
 
-def target_identity(target: Target) -> dict[str, Any]:
+def target_identity(target: Target) -> dict[str, Any]:  # JSON edge: the key's target components (hashed)
     """Architecture and SKU class; never the host name or GPU UUID (those are not build inputs)."""
     return {"arch": target.arch.value, "sku": sorted(s.lower() for s in target.sku), "gpu_count": target.gpu_count}
 
 
 def checkpoint_key_components(
-    spec: BuildSpec, variant: Variant, weights_digest: str, tokenizer_digest: str, toolchain: dict[str, Any]
-) -> dict[str, Any]:
+    spec: BuildSpec, variant: Variant, weights_digest: str, tokenizer_digest: str,
+    toolchain: dict[str, Any],  # JSON edge: toolchain_identity's JSON
+) -> dict[str, Any]:  # JSON edge: key components, hashed and recorded
     calib = variant.calibration.model_dump(mode="json") if variant.calibration else None
     return {
         "format_version": FORMAT_VERSION,
@@ -102,9 +104,10 @@ def checkpoint_key_components(
 
 
 def unit_key_components(
-    spec: BuildSpec, unit: Unit, weights_digest: str, tokenizer_digest: str, toolchain: dict[str, Any],
+    spec: BuildSpec, unit: Unit, weights_digest: str, tokenizer_digest: str,
+    toolchain: dict[str, Any],  # JSON edge: toolchain_identity's JSON
     lane_options: LaneOptions | dict[str, Any] | None = None,  # JSON edge: the options the spec set
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # JSON edge: key components, hashed and recorded
     """Everything that changes what a unit's build produces. No paths, clocks or credentials."""
     calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None
     return {
@@ -174,6 +177,6 @@ class KeyComponents(BaseModel):
         return key_of(self)
 
 
-def key_of(components: KeyComponents | dict[str, Any]) -> str:
+def key_of(components: KeyComponents | dict[str, Any]) -> str:  # JSON edge: components as recorded
     """The key: the hash of the components' canonical JSON (typed or as recorded: the same key)."""
     return sha256_json(components.as_json() if isinstance(components, KeyComponents) else components)

@@ -58,7 +58,7 @@ class GPUInfo(BaseModel):
     def memory_gib(self) -> float:
         return self.memory_total_mib / 1024
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> dict[str, Any]:  # JSON edge: the manifest's GPU facts
         """What a manifest records about the build GPU."""
         return {"name": self.name, "compute_capability": self.compute_capability, "arch": self.arch,
                 "memory_total_mib": self.memory_total_mib, "driver_version": self.driver_version}
@@ -121,7 +121,7 @@ def parse_smi_csv(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GPUIn
     return gpus
 
 
-def parse_nvml_json(data: dict[str, Any]) -> list[GPUInfo]:
+def parse_nvml_json(data: dict[str, Any]) -> list[GPUInfo]:  # JSON edge: an NVML snapshot (nvml.json)
     """The NVML snapshot shape (tests/fixtures/gpu/*/nvml.json, also what `nvml_snapshot` returns)."""
     driver = data.get("driver")
     gpus = []
@@ -141,7 +141,7 @@ def cuda_driver_text(value: int | None) -> str | None:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-def nvml_snapshot() -> dict[str, Any]:
+def nvml_snapshot() -> dict[str, Any]:  # JSON edge: an NVML snapshot (nvml.json)
     """Driver and per-GPU facts through NVML. Raises ToolError when pynvml or the driver is missing."""
     try:
         import pynvml
@@ -155,7 +155,7 @@ def nvml_snapshot() -> dict[str, Any]:
         def text(v: Any) -> str:
             return v.decode() if isinstance(v, bytes) else str(v)
 
-        snap: dict[str, Any] = {"driver": text(pynvml.nvmlSystemGetDriverVersion()),
+        snap: dict[str, Any] = {"driver": text(pynvml.nvmlSystemGetDriverVersion()),  # JSON edge: nvml.json
                                 "cuda_driver": pynvml.nvmlSystemGetCudaDriverVersion(), "gpus": []}
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)

@@ -7,7 +7,7 @@ import platform
 from typing import Any
 
 
-def host_facts() -> dict[str, Any]:
+def host_facts() -> dict[str, Any]:  # JSON edge: the manifest's host facts
     return {
         "hostname_hash": _short_hash(platform.node()),  # identifies the builder without leaking its name
         "machine": platform.machine(),
@@ -17,11 +17,11 @@ def host_facts() -> dict[str, Any]:
     }
 
 
-def torch_device_facts(device: str) -> dict[str, Any]:
+def torch_device_facts(device: str) -> dict[str, Any]:  # JSON edge: the manifest's device facts
     """What torch sees for `device` ("cpu" or "cuda:N")."""
     import torch
 
-    facts: dict[str, Any] = {"device": device, "torch": torch.__version__}
+    facts: dict[str, Any] = {"device": device, "torch": torch.__version__}  # JSON edge: device facts
     if device.startswith("cuda"):
         idx = int(device.split(":", 1)[1]) if ":" in device else 0
         props = torch.cuda.get_device_properties(idx)

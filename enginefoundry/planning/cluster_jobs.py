@@ -45,7 +45,7 @@ class UnitJobVariables(BaseModel):
     image: str | None = Field(default=None, description="toolchain.image, pinned @ toolchain.image_digest")
     env: dict[str, str] = Field(default_factory=dict, description="name → '{{ prefect.blocks.secret.<block> }}'")
 
-    def as_job_variables(self) -> dict[str, Any]:
+    def as_job_variables(self) -> dict[str, Any]:  # JSON edge: Prefect job variables
         return self.model_dump(exclude_none=True, exclude_defaults=True)
 
 

@@ -36,13 +36,13 @@ def _flatten(prefix: str, value: Any) -> dict[str, str]:
     return {prefix: json.dumps(value, sort_keys=True)}
 
 
-def diff_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def diff_components(old: dict[str, Any], new: dict[str, Any]) -> list[str]:  # JSON edge: recorded key components
     a, b = _flatten("", old), _flatten("", new)
     return [f"{k}: {a.get(k, '(absent)')} → {b.get(k, '(absent)')}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
 
 
-def published_manifests(store: Store, model: str) -> list[dict[str, Any]]:
+def published_manifests(store: Store, model: str) -> list[dict[str, Any]]:  # JSON edge: manifest.json
     """The current build's manifest of every unit key of the model, in either layout."""
     keys = {found[2] for prefix in layout.listing_folders(model, units_only=True) for name in store.list(prefix)
             if (found := layout.key_of_listing(name, model)) is not None}

@@ -136,13 +136,13 @@ class PendingHits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     store: str
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # JSON edge: the spec as recorded
     base_dir: str | None
     run: AllHits
 
     @field_validator("spec")
     @classmethod
-    def _no_destinations(cls, spec: dict[str, Any]) -> dict[str, Any]:
+    def _no_destinations(cls, spec: dict[str, Any]) -> dict[str, Any]:  # JSON edge: the spec as recorded
         if any(not isinstance(spec.get(section) or {}, dict) for section in ("publish", "tracking")):
             raise ValueError("publish and tracking must be mappings")
         named = [".".join(f) for f in _DESTINATION_FIELDS if isinstance(spec.get(f[0]), dict) and f[1] in spec[f[0]]]
@@ -158,7 +158,7 @@ class PendingHits(BaseModel):
         return self
 
 
-def _without_destinations(spec: BuildSpec) -> dict[str, Any]:
+def _without_destinations(spec: BuildSpec) -> dict[str, Any]:  # JSON edge: the spec as recorded
     data = spec.model_dump(mode="json")
     for section, field in _DESTINATION_FIELDS:
         data.get(section, {}).pop(field, None)

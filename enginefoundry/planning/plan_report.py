@@ -28,14 +28,14 @@ class PlanReport(BaseModel):
         return sum(not r.ok for r in self.preflight.values())
 
 
-def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:
+def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: config.json
     """The checkpoint's config.json without downloading: a local source, else a known config by model name."""
     src = spec.model.parsed_source(spec.base_path)
     candidates = [Path(src.location) / "config.json"] if src.kind is SourceKind.LOCAL else []
     candidates.append(KNOWN_CONFIGS / f"{spec.model.name}.json")
     for path in candidates:
         if path.is_file():
-            config: dict[str, Any] = json.loads(path.read_text())
+            config: dict[str, Any] = json.loads(path.read_text())  # JSON edge: config.json
             return config
     return None
 

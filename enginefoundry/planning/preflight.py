@@ -444,7 +444,9 @@ def reference_fixes(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory:
 
 # --- entry points --------------------------------------------------------------------------------------------
 
-def preflight(spec: BuildSpec, unit: Unit, model_config: dict[str, Any] | None, gpus: list[GPUInfo] | None,
+def preflight(spec: BuildSpec, unit: Unit,
+              model_config: dict[str, Any] | None,  # JSON edge: the checkpoint's config.json
+              gpus: list[GPUInfo] | None,
               *, workdir: Path | None = None, host_memory: int | None = None) -> PreflightReport:
     """Check one unit. `gpus` = the build worker's detected GPUs (None when planning elsewhere): with them the
     GPU match, host memory and disk checks can refuse; without them they only inform."""

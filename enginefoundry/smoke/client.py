@@ -108,7 +108,7 @@ class ChatClient:
         return scored
 
     def _ask(self, case: PromptCase, *, logprobs: bool, max_tokens: int | None = None) -> ServedAnswer:
-        body: dict[str, Any] = {"model": self.model, "messages": case.chat(),
+        body: dict[str, Any] = {"model": self.model, "messages": case.chat(),  # JSON edge: the request body
                                 "max_tokens": max_tokens or self.max_tokens, "temperature": 0.0, "stream": False}
         if logprobs:
             body.update({"logprobs": True, "top_logprobs": 1})

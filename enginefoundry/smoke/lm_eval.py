@@ -106,7 +106,8 @@ def find_results_file(out: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def parse_lm_eval_results(data: dict[str, Any] | Path) -> tuple[list[LmEvalScore], dict[str, int]]:
+def parse_lm_eval_results(data: dict[str, Any] | Path,  # JSON edge: lm-eval's results JSON
+                          ) -> tuple[list[LmEvalScore], dict[str, int]]:
     """`results` → one score per (task, metric, filter), with its stderr; `n-samples` → examples per task.
 
     Metric keys look like "exact_match,strict-match" and "exact_match_stderr,strict-match"; "alias" and

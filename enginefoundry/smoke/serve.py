@@ -78,7 +78,8 @@ class Scorer:
         pairs = zip(vals.tolist(), idx.tolist(), strict=True)
         return [(str(self.tok.decode([int(i)])), clamp(float(v))) for v, i in pairs]
 
-    def chat(self, messages: list[dict[str, Any]], max_tokens: int, top: int | None) -> dict[str, Any]:
+    def chat(self, messages: list[dict[str, Any]],  # JSON edge: the request's OpenAI chat messages
+             max_tokens: int, top: int | None) -> dict[str, Any]:  # JSON edge: OpenAI chat response
         try:
             enc: Any = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                     return_dict=True)
@@ -98,18 +99,20 @@ class Scorer:
                 if t in self.special:
                     continue
                 row = self.torch.log_softmax(gen.logits[i][0].float(), dim=-1)
-                item: dict[str, Any] = {"token": self.tok.decode([t]), "logprob": clamp(float(row[t]))}
+                item: dict[str, Any] = {  # JSON edge: a response logprob entry
+                    "token": self.tok.decode([t]), "logprob": clamp(float(row[t]))}
                 if top:
                     item["top_logprobs"] = [{"token": s, "logprob": v} for s, v in self._top(row, top)]
                 content.append(item)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop" if stopped else "length",
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop" if stopped else "length",  # JSON edge
                                   "message": {"role": "assistant",
                                               "content": self.tok.decode(new, skip_special_tokens=True)},
                                   "logprobs": {"content": content} if top is not None else None}
         return {"object": "chat.completion", "choices": [choice],
                 "usage": {"prompt_tokens": n, "completion_tokens": len(new), "total_tokens": n + len(new)}}
 
-    def complete(self, prompt: str | list[int], max_tokens: int, echo: bool, top: int | None) -> dict[str, Any]:
+    def complete(self, prompt: str | list[int], max_tokens: int, echo: bool,
+                 top: int | None) -> dict[str, Any]:  # JSON edge: OpenAI completions response
         ids: list[int] = prompt if isinstance(prompt, list) else \
             list(self.tok(prompt, add_special_tokens=False)["input_ids"])
         if not ids:
@@ -155,7 +158,8 @@ class Scorer:
                 "usage": {"prompt_tokens": n, "completion_tokens": len(new), "total_tokens": n + len(new)}}
 
 
-def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
+def _int_field(body: dict[str, Any],  # JSON edge: the request body
+               name: str, default: int | None, lo: int, hi: int) -> int | None:
     v = body.get(name, default)
     if v is None:
         return None
@@ -166,7 +170,7 @@ def _int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi
     return v
 
 
-def _handle(scorer: Scorer, name: str, path: str, body: Any) -> dict[str, Any]:
+def _handle(scorer: Scorer, name: str, path: str, body: Any) -> dict[str, Any]:  # JSON edge: the response body
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     if body.get("model") not in (None, name):
@@ -200,7 +204,7 @@ def make_server(scorer: Scorer, name: str, host: str, port: int) -> ThreadingHTT
         def log_message(self, fmt: str, *args: Any) -> None:
             log.info("%s %s", self.address_string(), fmt % args)
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
+        def _send(self, status: int, payload: dict[str, Any]) -> None:  # JSON edge: the response body
             data = json.dumps(payload, allow_nan=False, default=_finite).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

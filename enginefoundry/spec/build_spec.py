@@ -151,7 +151,7 @@ class BuildSpec(BaseModel):
         return self.tracking.registered_model or self.model.name
 
 
-def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str]]:
+def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str]]:  # JSON edge: the parsed spec file
     out = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -171,7 +171,7 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
     return out
 
 
-def _lane_option_message(e: ErrorDetails, data: dict[str, Any]) -> str:
+def _lane_option_message(e: ErrorDetails, data: dict[str, Any]) -> str:  # JSON edge: the parsed spec file
     """The lane's own words for a problem in its options (a removed flag, a spec field, the valid choices)."""
     try:
         model = options_model(str(data.get("lane", "reference")))

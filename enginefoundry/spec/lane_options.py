@@ -24,14 +24,14 @@ class LaneOptions(BaseModel):
         return None
 
     @model_serializer(mode="wrap")
-    def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _only_given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON edge: options as written
         # A spec dumps (and round-trips) as written: defaults stay out of keys, manifests and model_dump().
         return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
-    def given(self) -> dict[str, Any]:
+    def given(self) -> dict[str, Any]:  # JSON edge: options as written
         return self.model_dump(mode="json")
 
-    def resolved(self) -> dict[str, Any]:
+    def resolved(self) -> dict[str, Any]:  # JSON edge: every option by name (resolve_options)
         """Every option, defaults filled in."""
         return {name: getattr(self, name) for name in type(self).model_fields}
 

@@ -100,7 +100,7 @@ def analyze_lengths(counts: list[int], output_budget: int = 1024, headroom: floa
     )
 
 
-def _token_count(record: dict[str, Any], tokenizer: Any, where: str) -> int:
+def _token_count(record: dict[str, Any], tokenizer: Any, where: str) -> int:  # JSON edge: a JSONL dataset record
     for key in ("tokens", "input_tokens"):
         if key in record:
             value = record[key]
