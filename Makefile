@@ -14,19 +14,14 @@ $(BIN)/enginefoundry: pyproject.toml
 	$(BIN)/pip install -q -e '.[reference,bench,test,server]'
 	touch $@
 
-# A tool in a venv of its own: $(call tool-venv,VENV,REQUIREMENT) installs REQUIREMENT there and touches the target.
-define tool-venv
-	test -x $(1)/bin/python || $(PY) -m venv $(1)
-	$(1)/bin/pip install -q -U pip
-	$(1)/bin/pip install -q '$(2)'
-	touch $@
-endef
-
 # AIPerf in its own venv, so its pins (rich~=14.1, pandas, pyzmq) never meet TensorRT-LLM's; the bench stage
 # finds .venv-bench/bin/aiperf before PATH (EF_AIPERF overrides both). Same pin as the `bench` extra.
 BENCH_VENV := .venv-bench
 $(BENCH_VENV)/bin/aiperf:
-	$(call tool-venv,$(BENCH_VENV),aiperf==0.13.0)
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q -U pip
+	$(BENCH_VENV)/bin/pip install -q 'aiperf==0.13.0'
+	touch $@
 
 bench-venv: $(BENCH_VENV)/bin/aiperf
 
@@ -35,7 +30,10 @@ bench-venv: $(BENCH_VENV)/bin/aiperf
 # overrides). `make test` installs it so the integration tier runs the predictor for real.
 PREDICT_VENV := .venv-predict
 $(PREDICT_VENV)/bin/aiconfigurator:
-	$(call tool-venv,$(PREDICT_VENV),aiconfigurator==0.12.0)
+	test -x $(PREDICT_VENV)/bin/python || $(PY) -m venv $(PREDICT_VENV)
+	$(PREDICT_VENV)/bin/pip install -q -U pip
+	$(PREDICT_VENV)/bin/pip install -q 'aiconfigurator==0.12.0'
+	touch $@
 
 predict-venv: $(PREDICT_VENV)/bin/aiconfigurator
 
