@@ -212,9 +212,15 @@ class Store(ABC):
     def delete_if(self, key: str, version: str) -> bool:
         """Delete the object only if its version tag is still `version`; True when this call deleted it."""
 
-    @abstractmethod
     def download(self, key: str, local: Path) -> str:
         """Download to `local`; return the sha256 of what was written."""
+        local.parent.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        with local.open("wb") as out:
+            for chunk in self.iter_bytes(key):
+                h.update(chunk)
+                out.write(chunk)
+        return h.hexdigest()
 
     @abstractmethod
     def list(self, prefix: str) -> list[str]: ...
@@ -480,15 +486,6 @@ class FileStore(Store):
             dest.unlink()
             return True
 
-    def download(self, key: str, local: Path) -> str:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        h = hashlib.sha256()
-        with local.open("wb") as out:
-            for chunk in self.iter_bytes(key):
-                h.update(chunk)
-                out.write(chunk)
-        return h.hexdigest()
-
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
         if not base.is_dir() or base.is_symlink():
@@ -721,15 +718,6 @@ class S3Store(Store):
                 return False
             raise StoreError(f"deleting {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
         return True
-
-    def download(self, key: str, local: Path) -> str:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        h = hashlib.sha256()
-        with local.open("wb") as out:
-            for chunk in self.iter_bytes(key):
-                h.update(chunk)
-                out.write(chunk)
-        return h.hexdigest()
 
     def list(self, prefix: str) -> list[str]:
         out = []
