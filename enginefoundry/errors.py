@@ -12,6 +12,10 @@ import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 EXIT_OK = 0
 EXIT_PIPELINE = 1
@@ -164,3 +168,9 @@ def naming_full_disk(path: str | Path, fix: str) -> Iterator[None]:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFull(disk_full_message(path, fix)) from err
         raise
+
+
+def first_problem(err: ValidationError) -> tuple[str, str]:
+    """A pydantic error's first problem as (dotted field path, message): for one-line refusals."""
+    first = err.errors()[0]
+    return ".".join(str(p) for p in first["loc"]), first["msg"]

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from enginefoundry.build.sources import SourceIdentity
 from enginefoundry.build.units import KeyComponents, Unit, expand_units
-from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError
+from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError, first_problem
 from enginefoundry.evidence.signing import require_signer_for
 from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
@@ -76,9 +76,8 @@ def unit_components(raw: dict[str, Any]) -> KeyComponents | None:  # JSON edge: 
     try:
         return KeyComponents.of(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"key_components.{where}: {first['msg']}; the parent flow (build-engines, mode cluster) "
+        where, msg = first_problem(err)
+        raise InputError(f"key_components.{where}: {msg}; the parent flow (build-engines, mode cluster) "
                          "sends each unit's key components: start units through it") from None
 
 

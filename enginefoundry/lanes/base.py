@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from enginefoundry.build.units import Unit
-from enginefoundry.errors import InputError
+from enginefoundry.errors import InputError, first_problem
 from enginefoundry.spec import BuildSpec, Variant
 
 
@@ -130,9 +130,8 @@ class BundleInfo(_BundlePart):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            raise InputError(f"{where}: {field}: {first['msg']}: not a bundle.json enginefoundry wrote; rebuild "
+            field, msg = first_problem(err)
+            raise InputError(f"{where}: {field}: {msg}: not a bundle.json enginefoundry wrote; rebuild "
                              "the bundle") from None
 
     @classmethod

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from enginefoundry.build.model_shape import Check, read_model_config
 from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
 from enginefoundry.build.units import Unit
-from enginefoundry.errors import InputError, ToolError
+from enginefoundry.errors import InputError, ToolError, first_problem
 from enginefoundry.gpu.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES
 from enginefoundry.lanes import triton
@@ -232,8 +232,8 @@ class EngineServeSettings(BaseModel):
         try:
             return cls.model_validate(dict(params))
         except ValidationError as err:
-            first = err.errors()[0]
-            raise InputError(f"{where}: params.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}: rebuild "
+            field, msg = first_problem(err)
+            raise InputError(f"{where}: params.{field}: {msg}: rebuild "
                              "the bundle") from None
 
 

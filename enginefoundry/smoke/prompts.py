@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from enginefoundry.errors import InputError
+from enginefoundry.errors import InputError, first_problem
 
 # A slice name: short, lowercase, words joined by hyphens ("long-context"); it appears in rule names and metric keys.
 SLICE_NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -112,9 +112,8 @@ def load_prompt_set(path: Path) -> PromptSet:
             problems.append(f"line {n}: not JSON ({err.msg})")
             continue
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            problems.append(f"line {n}: {where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}")
+            where, msg = first_problem(err)
+            problems.append(f"line {n}: {where + ': ' if where else ''}{msg.removeprefix('Value error, ')}")
             continue
         if case.id in ids:
             problems.append(f"line {n}: duplicate id '{case.id}'")
