@@ -31,6 +31,7 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
+from enginefoundry.spec.checks import UNIT_PRECISION
 
 GIB = 1024**3
 
@@ -366,6 +367,21 @@ def unit_reference(spec: BuildSpec, unit: Unit) -> tuple[str, bool]:
     computes it, else fp32) and whether its log-prob spread is measured (like with like)."""
     precision = unit.variant.precision.value
     return spec.smoke.reference_for(precision)[0], spec.smoke.like_with_like(precision)
+
+
+def reference_summary(spec: BuildSpec, unit: Unit) -> str:
+    """The reference the unit's smoke verdict will be judged against, as `plan` and `validate` show it."""
+    from enginefoundry.spec.siblings import sibling_variant
+
+    sibling = sibling_variant(spec, unit.variant)
+    if sibling is not None:
+        return f"sibling {sibling.name}"
+    dtype, spread = unit_reference(spec, unit)
+    if spread:
+        return f"{dtype} (like with like)"
+    if spec.smoke.reference_precision == UNIT_PRECISION:
+        return f"{dtype} (no {unit.variant.precision.value} reference)"
+    return f"{dtype} (smoke.reference_precision)"
 
 
 def reference_fit(spec: BuildSpec, unit: Unit, shape: ModelShape, dtype: str, device: ReferenceDevice,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -29,7 +29,7 @@ class ReferenceSource(StrEnum):
     SIBLING = "sibling"
 
 
-UNIT_PRECISION = "unit"  # smoke.reference_precision: the unit's own precision, where transformers computes it
+UNIT_PRECISION: Final = "unit"  # smoke.reference_precision: the unit's own precision, where transformers computes it
 COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a reference in
 REFERENCE_PRECISIONS = (UNIT_PRECISION, *COMPUTABLE)
 ReferencePrecision = Literal["unit", "fp32", "bf16", "fp16"]
