@@ -40,7 +40,7 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         log(f"smoke: judged against {outcome.label()}")
         return ref, outcome
     dtype, why = spec.smoke.reference_for(precision)
-    log(f"smoke: a {precision} unit is judged against the {dtype} source reference: {why}")
+    log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
     ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
                                              max_new_tokens=spec.smoke.max_new_tokens, store=store,
                                              weights_digest=weights_digest, progress=log,
