@@ -26,7 +26,7 @@ from enginefoundry.tasks._log import progress_logger
 @task(name="smoke reference", cache_policy=NO_CACHE)
 def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | None = None,
                     sibling: SiblingRef | None = None, *,
-                    precision: str = "fp32") -> tuple[ReferenceSet, ReferenceOutcome]:
+                    precision: str) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The answers the unit (of `precision`) is judged against, found by key in the artifact store: its sibling
     unit's served answers (refused when the sibling was rejected or never served these prompts), else the
     source's greedy answers in the dtype `smoke.reference_precision` gives this unit (`unit`: its own where

@@ -12,6 +12,7 @@ from pathlib import Path
 from enginefoundry.cli.common import emit_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
+from enginefoundry.spec.checks import REFERENCE_PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompts", required=True, help="JSONL prompt set (prompt or messages, optional expected/match)")
     p.add_argument("--precision", default="fp32",
                    help="precision of the unit under test; picks the policy family (default fp32)")
-    p.add_argument("--reference-precision", default="fp32",
+    p.add_argument("--reference-precision", default="fp32", choices=REFERENCE_PRECISIONS,
                    help="dtype the reference answers are computed in (default fp32), or `unit`: the unit's own "
                         "precision where transformers computes it (fp32, bf16, fp16; like with like, with log-prob "
                         "bounds derived from the spread measured at that precision), else fp32")
