@@ -97,3 +97,18 @@ def test_plan_shows_the_reference_each_unit_is_judged_against():
                     "fp8": "fp32 (no fp8 reference)"}
     sib = _spec([{"precision": "bf16"}, {"precision": "fp8"}], reference="sibling", reference_sibling="bf16")
     assert {r["precision"]: r["reference"] for r in plan_report(sib).rows}["fp8"] == "sibling bf16-tp1"
+
+
+def test_validate_names_the_reference_of_each_unit(tmp_path, capsys):
+    from enginefoundry.cli import main
+    from tests.support.paths import TINY_MODEL, TINY_PROMPTS
+
+    data = yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text())
+    data["variants"] = [{"precision": "fp32"}, {"precision": "bf16"}]
+    data["smoke"]["prompts"], data["model"]["source"] = str(TINY_PROMPTS), str(TINY_MODEL)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    assert main(["validate", str(tmp_path / "spec.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["references"] == {
+        "fp32-tp1.chat.cpu": "fp32 (like with like)", "bf16-tp1.chat.cpu": "bf16 (like with like)"}
+    assert main(["validate", str(tmp_path / "spec.yaml")]) == 0
+    assert "judged against bf16 (like with like): bf16-tp1.chat.cpu" in capsys.readouterr().out
