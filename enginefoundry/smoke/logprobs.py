@@ -72,6 +72,7 @@ class PromptSpread(BaseModel):
     tokens: int
     sum_abs_diff: float
     top1_misses: int
+    first_miss: int | None = None  # the first reference token that is not b's argmax: where b's greedy text leaves
 
 
 class LogprobSpread(BaseModel):
@@ -142,7 +143,8 @@ def measure_spread(a: list[list[float]], b: list[tuple[list[float], list[bool]]]
             per_prompt.append(sum(d) / len(d))
         if ids is not None:
             parts.append(PromptSpread(id=ids[i], tokens=len(d), sum_abs_diff=round(sum(d), 6),
-                                      top1_misses=sum(not t for t in top1)))
+                                      top1_misses=sum(not t for t in top1),
+                                      first_miss=next((k for k, t in enumerate(top1) if not t), None)))
         diffs += d
         agree += top1
     if not diffs:
