@@ -275,7 +275,7 @@ def run_smoke(
                       for name in dict.fromkeys(c.slice for c in cases if c.slice is not None)} \
         if teacher.available else {}
     # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
-    # is measured only where like with like was asked for (`unit`), never behind a pipeline's memory preflight.
+    # is measured only where like with like applies (`unit`, the spec's default; the pipeline's preflight budgets it).
     like = (spec.reference_precision == UNIT_PRECISION and reference_outcome.sibling_unit is None
             and reference_outcome.dtype == precision)
     if reference_outcome.sibling_unit is not None:
