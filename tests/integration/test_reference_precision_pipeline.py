@@ -14,6 +14,7 @@ from enginefoundry.lanes.base import Command, ServeCommand
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.smoke.reference import ReferenceKey
 from enginefoundry.spec import parse_spec
+from enginefoundry.store.layout import reference_spread_key
 from enginefoundry.tasks.smoke import smoke_reference, smoke_test
 from tests.support.paths import CONFIGS, REPO, TINY_MODEL
 
@@ -47,6 +48,6 @@ def test_a_bf16_unit_of_a_unit_spec_is_judged_against_a_bf16_reference(tmp_path:
     # The scoring server returns log-probs: the spread is measured at bf16, beside the bf16 reference.
     assert report.spread is not None and report.spread.precision == "bf16"
     assert report.spread.reference_key == outcome.key
-    assert (tmp_path / "refs" / f"{outcome.key}.spread.json").is_file()
+    assert (tmp_path / "refs" / reference_spread_key(outcome.key).rsplit("/", 1)[-1]).is_file()  # beside it
     md = (tmp_path / "report" / "smoke.md").read_text()
     assert "| why that reference | the unit's own precision bf16 (like with like) |" in md
