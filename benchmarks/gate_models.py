@@ -413,7 +413,7 @@ SIMULATE: dict[str, Callable[[dict], None]] = {
 
 
 def _template_no_system(dst: Path) -> None:
-    """The model's template with its default system turn taken out (SmolLM2 adds one when none is given)."""
+    """The model's template with its default system turn taken out (SmolLM2 and Qwen2.5 add one when none is given)."""
     jinja = dst / "chat_template.jinja"
     cfg = json.loads((dst / "tokenizer_config.json").read_text())
     template = jinja.read_text() if jinja.exists() else cfg.get("chat_template")
@@ -422,6 +422,8 @@ def _template_no_system(dst: Path) -> None:
 
     cut = re.sub(r"\{%-? if loop\.first and messages\[0\]\[.role.\] != .system. -?%\}.*?\{%-? endif -?%\}", "",
                  template, count=1, flags=re.S)
+    if cut == template:  # Qwen2.5: the default system turn is a string literal in an else branch
+        cut = re.sub(r"'<\|im_start\|>system\\n[^'+]+<\|im_end\|>\\n'", "''", template)
     assert cut != template, "no default system turn found in the template"
     if jinja.exists():
         jinja.write_text(cut)
