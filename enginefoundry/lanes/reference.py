@@ -184,8 +184,6 @@ class ReferenceLane(Lane):
                     description="convert"),
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
-            Command(argv=["transformers", "serve", spec.model.name, *at, "--device", device], env=dict(SERVE_ENV),
-                    description=f"serve (from a folder where {spec.model.name} links to <bundle>/model)"),
         ]
         if reference_options(spec.lane_options).smoke_server == "scoring":
             commands.append(Command(
@@ -193,4 +191,7 @@ class ReferenceLane(Lane):
                       f"--name={spec.model.name}", "--device", device, "--max-seq-len", str(unit.profile.max_seq_len)],
                 env=dict(SERVE_ENV),
                 description="smoke serve (returns log-probs; the benchmark and serve.sh run transformers serve)"))
+        commands.append(Command(argv=["transformers", "serve", spec.model.name, *at, "--device", device],
+                                env=dict(SERVE_ENV),
+                                description=f"serve (from a folder where {spec.model.name} links to <bundle>/model)"))
         return commands
