@@ -58,9 +58,10 @@ DEFAULT_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "tiny-chat")
 TINY_PROMPTS = REPO / "configs" / "prompts" / "tiny-chat.jsonl"
 
 
-def serve_command(model_dir: Path, port: int, *, batching: bool = True, server: str = "ef") -> ServeCommand:
+def serve_command(model_dir: Path, port: int, *, batching: bool = True, server: str = "ef",
+                  threads: int = 1) -> ServeCommand:
     if server == "ef":
-        return ef_serve_command(model_dir, port)
+        return ef_serve_command(model_dir, port, threads=threads)
     exe = Path(sys.executable).with_name("transformers")
     argv = [str(exe) if exe.exists() else "transformers", "serve", str(model_dir), "--host", "127.0.0.1",
             "--port", str(port), "--device", "cpu"]
@@ -77,12 +78,12 @@ def serve_command(model_dir: Path, port: int, *, batching: bool = True, server: 
                         model_name=str(model_dir), tokenizer_dir=str(model_dir))
 
 
-def ef_serve_command(model_dir: Path, port: int) -> ServeCommand:
+def ef_serve_command(model_dir: Path, port: int, *, threads: int = 1) -> ServeCommand:
     """The reference lane's scoring server (enginefoundry/smoke/serve.py): greedy answers with log-probs, and the
-    prompt log-probs teacher forcing needs; one request at a time. The short-max_seq_len build's limit is the
-    server's own --max-seq-len."""
+    prompt log-probs teacher forcing needs; requests in flight run as one batch. The short-max_seq_len build's
+    limit is the server's own --max-seq-len."""
     argv = [sys.executable, "-m", "enginefoundry.smoke.serve", str(model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--name", str(model_dir)]
+            "--port", str(port), "--name", str(model_dir), "--threads", str(threads)]
     cap = json.loads((model_dir / "config.json").read_text()).get("ef_max_seq_len")
     if cap is not None:
         argv += ["--max-seq-len", str(cap)]
@@ -93,9 +94,9 @@ def ef_serve_command(model_dir: Path, port: int) -> ServeCommand:
 
 def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, max_new_tokens: int,
                 small_sample: str, logs: Path, batching: bool = True, server: str = "ef",
-                reference_precision: str = "unit") -> dict:
+                reference_precision: str = "unit", threads: int = 1) -> dict:
     """Serve one build and run the `smoke` command against it; the command's JSON report and exit code."""
-    cmd = serve_command(build, free_port(), batching=batching, server=server)
+    cmd = serve_command(build, free_port(), batching=batching, server=server, threads=threads)
     t0 = time.monotonic()
     with serving(cmd, logs / f"{build.name}.server.log", timeout_s=600) as ep:
         argv = [sys.executable, "-m", "enginefoundry.cli", "smoke", "--endpoint", ep.base_url,
@@ -114,6 +115,37 @@ def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, 
     return {"rc": proc.returncode, "report": report, "seconds": round(time.monotonic() - t0, 1), "judge_s": judge_s}
 
 
+# The breakage families of issue 24, and the healthy family each precision stands for.
+FAMILIES = {
+    "attention fault (one layer)": ("attn-noise-first", "attn-noise-mid", "attn-noise-last"),
+    "MLP fault (one layer)": ("mlp-zeroed-first", "mlp-zeroed-mid", "mlp-zeroed-last", "layer-zeroed"),
+    "positional encoding": ("rope-theta", "rope-theta-x4"),
+    "norm and scaling": ("final-norm-scaled", "lm-head-permuted"),
+    "KV-cache precision": ("kv-int4-sim",),
+    "tokenizer and template": ("wrong-tokenizer", "wrong-chat-template", "template-no-system"),
+    "serving limits": ("max-seq-len-short",),
+}
+
+
+def family(build: str, kind: str, precision: str) -> str:
+    if kind == "healthy":
+        return f"healthy {precision}" + (" (simulated)" if build.endswith("-sim") else "")
+    return next((f for f, names in FAMILIES.items() if build in names), "other")
+
+
+def family_table(rows: list[dict]) -> None:
+    """The confusion table per family: how many builds, how many the gate judged right."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["model"], r["family"]), []).append(r)
+    print("\nmodel | family | builds | rejected | accepted | wrong verdicts | rules that decided")
+    for (model, fam), rs in out.items():
+        rejected = sum(r["verdict"] == "reject" for r in rs)
+        wrong = rejected if fam.startswith("healthy") else len(rs) - rejected
+        rules = sorted({x.strip().split(" [")[0] for r in rs for x in r["failed rules"].split(",") if x.strip() != "-"})
+        print(f"{model} | {fam} | {len(rs)} | {rejected} | {len(rs) - rejected} | {wrong} | {', '.join(rules) or '-'}")
+
+
 def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict:
     r = result["report"]
     v = r["verdict"]
@@ -122,7 +154,8 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
     acc = (f"{r['served_accuracy']:.2f}/{r['reference_accuracy']:.2f}"
            if r["served_accuracy"] is not None and r["reference_accuracy"] is not None else "n/a")
     tf = r.get("teacher_forced") or {}
-    return {"model": model, "build": build, "kind": kind, "precision": precision,
+    return {"model": model, "build": build, "kind": kind, "family": family(build, kind, precision),
+            "precision": precision,
             "reference": r["reference"]["dtype"],
             "verdict": "pass" if result["rc"] == 0 else "reject", "failed rules": ", ".join(failed) or "-",
             "prompts": r["n"], "min n": graded.split(" needed")[0].split()[-1] if graded else "?",
@@ -132,6 +165,9 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
             or "-",
             "tf |Δlp|": "-" if tf.get("mean_abs_diff") is None else f"{tf['mean_abs_diff']:.3f}",
             "tf top-1": "-" if tf.get("top1_agreement") is None else f"{tf['top1_agreement']:.3f}",
+            "slice tf |Δlp|": ", ".join(f"{x['name']} {x['tf_mean_abs_diff']:.3f}" for x in r.get("slices", [])
+                                        if x.get("tf_mean_abs_diff") is not None) or "-",
+            "why that reference": v.get("reference_why") or "-",
             "lp limit": _limit(r),
             "s": result["seconds"], "judge s": result["judge_s"]}
 
@@ -163,6 +199,8 @@ def main() -> int:
                          f"{', '.join([*HEALTHY, *gate_models.SIMULATED_HEALTHY])}; broken "
                          f"{', '.join([*gate_models.BREAKAGES, *gate_models.SUBTLE])}")
     ap.add_argument("--jobs", type=int, default=1, help="builds judged at the same time")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads per scoring server (default 1)")
     ap.add_argument("--json-out", help="write every row and report here")
     ap.add_argument("--server", choices=("ef", "transformers"), default="ef",
                     help="what serves each build: ef, the reference lane's scoring server with log-probs "
@@ -171,6 +209,7 @@ def main() -> int:
                     help="the `smoke` command's --reference-precision: unit (like with like, default) or a dtype")
     ap.add_argument("--work", default=str(gate_models.CACHE / "runs"), help="server and smoke logs")
     args = ap.parse_args()
+    threads = args.threads or 1  # one per server: more fight the client and the other judgements on a small host
 
     models = args.models.split(",") if args.models else (["smollm2-135m"] if args.reduced else list(DEFAULT_MODELS))
     healthy = ("bf16",) if args.reduced else (*HEALTHY, *gate_models.SIMULATED_HEALTHY)
@@ -217,7 +256,7 @@ def main() -> int:
             result = judge_build(build, reference=src, prompts=prompts, precision=precision,
                                  max_new_tokens=max_new, small_sample="refuse", logs=logs,
                                  batching=model != "tiny-chat", server=args.server,
-                                 reference_precision=args.reference_precision)
+                                 reference_precision=args.reference_precision, threads=threads)
             r = row(model, name, kind, precision, result)
             print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
             return r, {"model": model, "build": name, "kind": kind, **result}
@@ -231,6 +270,7 @@ def main() -> int:
                     with open(args.json_out + ".partial.jsonl", "a") as f:
                         f.write(json.dumps({"row": r, "report": rep}) + "\n")
     print_table(rows)
+    family_table(rows)
     healthy_rows = [r for r in rows if r["kind"] == "healthy"]
     broken_rows = [r for r in rows if r["kind"] == "broken"]
     fr = sum(r["verdict"] == "reject" for r in healthy_rows)

@@ -282,9 +282,13 @@ BREAKAGES = ("wrong-tokenizer", "wrong-chat-template", "layer-zeroed", "rope-the
 # without the model's default system turn (a template of another revision).
 SUBTLE = ("attn-noise-first", "attn-noise-mid", "attn-noise-last", "mlp-zeroed-first", "mlp-zeroed-mid",
           "mlp-zeroed-last", "final-norm-scaled", "rope-theta-x4", "kv-int4-sim", "template-no-system")
-# Healthy builds the lanes' precisions stand for, simulated: int8 weight-only (round to nearest, per output
-# channel, every linear layer but the embeddings), from the fp32 source.
-SIMULATED_HEALTHY = ("int8_wo-sim",)
+# Healthy builds the lanes' precisions stand for, simulated in the weights of every linear projection (not the
+# embeddings), from the fp32 source: `int8_wo-sim` int8 weight-only (round to nearest, per output channel);
+# `fp8-sim` float8 e4m3 with one scale per tensor (ModelOpt's FP8 recipe for weights; TensorRT-LLM's fp8 also
+# quantizes activations, not simulated); `int4_awq-sim` int4 in groups of 128 with round to nearest (AWQ's
+# grouping without its activation-aware scales: cruder than AWQ); `nvfp4-sim` FP4 e2m1 in blocks of 16 with an
+# e4m3 scale per block (NVFP4's weight format; activations not simulated).
+SIMULATED_HEALTHY = ("int8_wo-sim", "fp8-sim", "int4_awq-sim", "nvfp4-sim")
 
 
 def _layers(tensors: dict) -> int:
@@ -345,6 +349,67 @@ def _int8_wo(tensors: dict) -> None:
         tensors[k] = _round_rows(tensors[k], 8)
 
 
+def _round_groups(w: object, bits: int, group: int) -> object:
+    """Symmetric round to nearest in groups of `group` input columns, one scale per group."""
+    import torch
+
+    assert isinstance(w, torch.Tensor)
+    x = w.float()
+    rows, cols = x.shape
+    g = x.reshape(rows, cols // group, group) if cols % group == 0 else x.reshape(rows, 1, cols)
+    top = 2 ** (bits - 1) - 1
+    scale = g.abs().amax(dim=2, keepdim=True).clamp(min=1e-12) / top
+    return ((g / scale).round().clamp(-top - 1, top) * scale).reshape(rows, cols).to(w.dtype)
+
+
+def _fp8_tensor(w: object) -> object:
+    """float8 e4m3 (max 448) with one scale per tensor, as ModelOpt's per-tensor FP8 weights."""
+    import torch
+
+    assert isinstance(w, torch.Tensor)
+    x = w.float()
+    scale = x.abs().amax().clamp(min=1e-12) / 448.0
+    return ((x / scale).to(torch.float8_e4m3fn).float() * scale).to(w.dtype)
+
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes FP4 e2m1 represents
+
+
+def _nvfp4(w: object) -> object:
+    """FP4 e2m1 in blocks of 16 input columns, each block's scale in float8 e4m3 (NVFP4's weight format; the
+    per-tensor fp32 second-level scale is folded in)."""
+    import torch
+
+    assert isinstance(w, torch.Tensor)
+    x = w.float()
+    rows, cols = x.shape
+    if cols % 16:
+        return _round_groups(w, 4, cols)
+    b = x.reshape(rows, cols // 16, 16)
+    global_scale = b.abs().amax().clamp(min=1e-12) / (6.0 * 448.0)
+    block = (b.abs().amax(dim=2, keepdim=True) / 6.0 / global_scale).to(torch.float8_e4m3fn).float() * global_scale
+    block = block.clamp(min=1e-12)
+    grid = torch.tensor(_E2M1)
+    mag = (b / block).abs().clamp(max=6.0)
+    nearest = grid[(mag.unsqueeze(-1) - grid).abs().argmin(dim=-1)]
+    return (nearest * (b / block).sign() * block).reshape(rows, cols).to(w.dtype)
+
+
+def _each_projection(fn: Callable[[object], object]) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        for k in [k for k in tensors if k.endswith("proj.weight")]:
+            tensors[k] = fn(tensors[k])
+    return edit
+
+
+SIMULATE: dict[str, Callable[[dict], None]] = {
+    "int8_wo-sim": _int8_wo,
+    "fp8-sim": _each_projection(_fp8_tensor),
+    "int4_awq-sim": _each_projection(lambda w: _round_groups(w, 4, 128)),
+    "nvfp4-sim": _each_projection(_nvfp4),
+}
+
+
 def _template_no_system(dst: Path) -> None:
     """The model's template with its default system turn taken out (SmolLM2 adds one when none is given)."""
     jinja = dst / "chat_template.jinja"
@@ -364,12 +429,12 @@ def _template_no_system(dst: Path) -> None:
 
 def simulated_build(name: str, kind: str) -> Path:
     """A healthy build of a precision the lanes build, simulated in the weights (from the fp32 source)."""
-    assert kind == "int8_wo-sim", kind
+    edit = SIMULATE[kind]
     base = dtype_build(name, "fp32")
 
     def make(tmp: Path) -> None:
         _copy(base, tmp)
-        _edit_weights(tmp, _int8_wo)
+        _edit_weights(tmp, edit)
 
     return _atomic_dir(CACHE / "builds" / f"{name}-{kind}", make)
 

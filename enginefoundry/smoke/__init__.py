@@ -75,9 +75,11 @@ class SliceSummary(BaseModel):
     mean_prefix_share: float
     served_accuracy: float | None
     reference_accuracy: float | None
+    tf_mean_abs_diff: float | None = None  # teacher-forced mean |Δ log-prob| of the slice's reference tokens
 
     @classmethod
-    def of(cls, name: str, cases: list[CaseEvidence], first_n: int, confidence: float) -> SliceSummary:
+    def of(cls, name: str, cases: list[CaseEvidence], first_n: int, confidence: float,
+           teacher: TeacherForced | None = None) -> SliceSummary:
         n = len(cases)
         first = sum(c.first_n_agree(first_n) for c in cases)
         graded = [c for c in cases if c.served_correct is not None and c.reference_correct is not None]
@@ -86,7 +88,8 @@ class SliceSummary(BaseModel):
             first_n_lower_bound=round(wilson_lower_bound(first, n, confidence), 4),
             mean_prefix_share=round(sum(c.prefix_share for c in cases) / n, 4),
             served_accuracy=sum(bool(c.served_correct) for c in graded) / len(graded) if graded else None,
-            reference_accuracy=sum(bool(c.reference_correct) for c in graded) / len(graded) if graded else None)
+            reference_accuracy=sum(bool(c.reference_correct) for c in graded) / len(graded) if graded else None,
+            tf_mean_abs_diff=teacher.mean_abs_diff if teacher is not None else None)
 
     def metric_prefix(self) -> str:
         return "smoke_slice_" + self.name.replace("-", "_")
@@ -155,6 +158,8 @@ class SmokeReport(BaseModel):
             out[f"{key}_prefix_share"] = sl.mean_prefix_share
             if sl.served_accuracy is not None:
                 out[f"{key}_accuracy"] = sl.served_accuracy
+            if sl.tf_mean_abs_diff is not None:
+                out[f"{key}_tf_logprob_mean_abs_diff"] = sl.tf_mean_abs_diff
         if self.lm_eval is not None:
             out.update(self.lm_eval.summary())
         return out
@@ -193,7 +198,9 @@ class SmokeReport(BaseModel):
             rows.append(f"| slice {sl.name} | {sl.n} prompts; first-N {sl.first_n_agree}/{sl.n} "
                         f"({sl.first_n_agreement:.3f}, lower bound {sl.first_n_lower_bound:.3f}); "
                         f"prefix share {sl.mean_prefix_share:.3f}; full "
-                        f"{sl.agree}/{sl.n}; accuracy {_fmt(sl.served_accuracy)} / {_fmt(sl.reference_accuracy)} |")
+                        f"{sl.agree}/{sl.n}; accuracy {_fmt(sl.served_accuracy)} / {_fmt(sl.reference_accuracy)}"
+                        + (f"; teacher-forced mean |Δ log-prob| {sl.tf_mean_abs_diff:.4f}"
+                           if sl.tf_mean_abs_diff is not None else "") + " |")
         if self.lm_eval is not None:
             rows.append(f"| lm-eval ({self.lm_eval.status}) | {self.lm_eval.detail} |")
         rows.append(f"| verdict | {'PASS' if self.passed else 'FAIL'}: {self.verdict.reason} |")
@@ -268,6 +275,10 @@ def run_smoke(
     scores = score_all(client, cases, refs, tok, concurrency=spec.concurrency, progress=progress)
     teacher = compare_teacher_forced(scores, refs, unavailable=client.scoring_unavailable)
     progress(f"smoke: teacher-forced log-probs: {teacher.detail}")
+    slice_of = {c.id: c.slice for c in cases}
+    teacher_slices = {name: compare_teacher_forced({k: v for k, v in scores.items() if slice_of[k] == name}, refs)
+                      for name in dict.fromkeys(c.slice for c in cases if c.slice is not None)} \
+        if teacher.available else {}
     # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
     # is measured only where like with like was asked for (`unit`), never behind a pipeline's memory preflight.
     like = (spec.reference_precision == UNIT_PRECISION and reference_outcome.sibling_unit is None
@@ -288,7 +299,8 @@ def run_smoke(
                     logprob_unavailable=(None if logprobs.mean_abs_diff is not None
                                          else logprobs.detail.removeprefix("not available: ")),
                     server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None,
-                    teacher_forced=teacher, spread=spread, reference_why=reference_why)
+                    teacher_forced=teacher, spread=spread, reference_why=reference_why,
+                    teacher_forced_slices={k: v for k, v in teacher_slices.items() if v.available})
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -308,8 +320,8 @@ def run_smoke(
                           first_n_agree=c.first_n_agree(k), matched_prefix=c.matched_prefix,
                           served_correct=c.served_correct, reference_correct=c.reference_correct,
                           finish_reason=c.served_finish, refused=c.refused, slice=c.slice) for c in evidence],
-        slices=[SliceSummary.of(name, [c for c in evidence if c.slice == name], k, spec.confidence)
-                for name in slice_names(evidence)],
+        slices=[SliceSummary.of(name, [c for c in evidence if c.slice == name], k, spec.confidence,
+                                teacher_slices.get(name)) for name in slice_names(evidence)],
         served_answers=served_answers,
     )
 

@@ -245,10 +245,12 @@ def judge(
     min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
     server_message: str | None = None, logprob_unavailable: str | None = None,
     teacher_forced: TeacherForced | None = None, spread: LogprobSpread | None = None, reference_why: str = "",
+    teacher_forced_slices: dict[str, TeacherForced] | None = None,
 ) -> GateVerdict:
     """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
     the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
-    the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`."""
+    the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`. So are the teacher-forced
+    rules (`teacher_forced_slices`), each slice against the spread of its own prompts (LogprobSpread.restricted)."""
     if not cases:
         raise ValueError("no cases to judge")
     server = _rule_server(cases, server_message)
@@ -270,6 +272,10 @@ def judge(
         rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name)
     rules += _logprob_rules(policy, logprob_mean_abs_diff, logprob_tokens, logprob_unavailable, teacher_forced,
                             spread)
+    for name, part in (teacher_forced_slices or {}).items():  # a fault of positions shows at a distance
+        ids = {c.id for c in cases if c.slice == name}
+        part_spread = spread.restricted(ids) if spread is not None else None
+        rules += _teacher_rules(part, policy, part_spread if part_spread is not None else spread, slice_name=name)
     n = len(cases)
     agree = sum(c.agree for c in cases)
     if min_full_agreement is not None:
@@ -317,21 +323,32 @@ def _logprob_rules(policy: GatePolicy, chat_mean: float | None, chat_tokens: int
                               detail=f"not run: {teacher.detail.removeprefix('not available: ')}; judged on the "
                                      "other rules (docs/smoke-gate.md, 'Where log-probs are unavailable')"))
         return rules
+    return rules + _teacher_rules(teacher, policy, spread)
+
+
+def _teacher_rules(teacher: TeacherForced, policy: GatePolicy, spread: LogprobSpread | None,
+                   slice_name: str | None = None) -> list[GateRule]:
+    """Teacher-forced log-prob distance and top-1 agreement, on the whole set or on one named slice (then against
+    the spread of that slice's prompts, measured the same way)."""
+    if teacher.mean_abs_diff is None:
+        return []
+    tag = f" [{slice_name}]" if slice_name else ""
+    bound, why = logprob_bound(policy, spread)
     ok = teacher.mean_abs_diff <= bound
-    rules.append(GateRule(name="teacher-forced log-prob distance", ok=ok, kind="divergence",
-                          detail=f"mean |Δ log-prob| {teacher.mean_abs_diff:.4f} over {teacher.tokens} reference "
-                                 f"tokens of {teacher.prompts} answers {'≤' if ok else '>'} limit {bound} ({why}); "
-                                 f"worst '{teacher.worst_case}'"))
+    rules = [GateRule(name=f"teacher-forced log-prob distance{tag}", ok=ok, kind="divergence",
+                      detail=f"mean |Δ log-prob| {teacher.mean_abs_diff:.4f} over {teacher.tokens} reference "
+                             f"tokens of {teacher.prompts} answers {'≤' if ok else '>'} limit {bound} ({why}); "
+                             f"worst '{teacher.worst_case}'")]
     if teacher.top1_agreement is None:
         return rules
     miss = 1 - teacher.top1_agreement
     if spread is None:
-        rules.append(GateRule(name="teacher-forced top-1 agreement", ok=True, kind="info",
+        rules.append(GateRule(name=f"teacher-forced top-1 agreement{tag}", ok=True, kind="info",
                               detail=f"{teacher.top1_agreement:.4f} of reference tokens are the unit's argmax "
                                      "(reported, not judged: no spread measured at the unit's precision)"))
         return rules
     ok = miss <= spread.max_top1_disagreement
-    rules.append(GateRule(name="teacher-forced top-1 agreement", ok=ok, kind="divergence",
+    rules.append(GateRule(name=f"teacher-forced top-1 agreement{tag}", ok=ok, kind="divergence",
                           detail=f"{miss:.4f} of {teacher.tokens} reference tokens are not the unit's argmax "
                                  f"{'≤' if ok else '>'} limit {spread.max_top1_disagreement} ({spread.factor:g} × "
                                  f"spread {spread.top1_disagreement:.4f} + {spread.margin_top1:g}, measured at "

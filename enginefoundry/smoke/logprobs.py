@@ -64,6 +64,17 @@ def compare_logprobs(
 
 # --- teacher forcing: the reference's own continuation scored under the served model ----------------------------
 
+class PromptSpread(BaseModel):
+    """One prompt's share of a spread: how many reference tokens, their summed |lp_a − lp_b|, and how many were
+    not computation b's argmax; a slice's spread is the sum over its prompts."""
+
+    id: str
+    tokens: int
+    sum_abs_diff: float
+    top1_misses: int
+    first_miss: int | None = None  # the first reference token that is not b's argmax: where b's greedy text leaves
+
+
 class LogprobSpread(BaseModel):
     """The measured spread of token log-probs between two healthy computations of the reference at its precision,
     stored beside the reference answers; the log-prob bounds of a unit of that precision follow from it.
@@ -88,6 +99,20 @@ class LogprobSpread(BaseModel):
     factor: float = 2.0
     margin_logprob: float = 0.02
     margin_top1: float = 0.02
+    per_prompt: list[PromptSpread] = []  # the same measurement per prompt: a slice's spread is taken from it
+
+    def restricted(self, ids: set[str]) -> LogprobSpread | None:
+        """The spread of these prompts alone (a slice judged on its own): None when none of them was measured."""
+        part = [p for p in self.per_prompt if p.id in ids]
+        tokens = sum(p.tokens for p in part)
+        if not tokens:
+            return None
+        means = sorted(p.sum_abs_diff / p.tokens for p in part if p.tokens)
+        return self.model_copy(update={
+            "prompts": len(part), "tokens": tokens,
+            "mean_abs_diff": round(sum(p.sum_abs_diff for p in part) / tokens, 6),
+            "p95_prompt_mean_abs_diff": round(means[min(len(means) - 1, int(0.95 * len(means)))], 6),
+            "top1_disagreement": round(sum(p.top1_misses for p in part) / tokens, 6), "per_prompt": part})
 
     @property
     def max_mean_abs_diff(self) -> float:
@@ -104,16 +129,22 @@ class LogprobSpread(BaseModel):
 
 
 def measure_spread(a: list[list[float]], b: list[tuple[list[float], list[bool]]], *, reference_key: str,
-                   precision: str, computation_a: str, computation_b: str) -> LogprobSpread:
+                   precision: str, computation_a: str, computation_b: str,
+                   ids: list[str] | None = None) -> LogprobSpread:
     """`a`: per prompt the reference's token log-probs; `b`: per prompt the second computation's log-probs of the
-    same tokens and whether each token was its argmax."""
+    same tokens and whether each token was its argmax; `ids`: the prompts' ids (kept per prompt, for slices)."""
     diffs: list[float] = []
     per_prompt: list[float] = []
     agree: list[bool] = []
-    for lp_a, (lp_b, top1) in zip(a, b, strict=True):
+    parts: list[PromptSpread] = []
+    for i, (lp_a, (lp_b, top1)) in enumerate(zip(a, b, strict=True)):
         d = [abs(x - y) for x, y in zip(lp_a, lp_b, strict=True)]
         if d:
             per_prompt.append(sum(d) / len(d))
+        if ids is not None:
+            parts.append(PromptSpread(id=ids[i], tokens=len(d), sum_abs_diff=round(sum(d), 6),
+                                      top1_misses=sum(not t for t in top1),
+                                      first_miss=next((k for k, t in enumerate(top1) if not t), None)))
         diffs += d
         agree += top1
     if not diffs:
@@ -123,7 +154,7 @@ def measure_spread(a: list[list[float]], b: list[tuple[list[float], list[bool]]]
         reference_key=reference_key, precision=precision, computation_a=computation_a, computation_b=computation_b,
         prompts=len(per_prompt), tokens=len(diffs), mean_abs_diff=round(sum(diffs) / len(diffs), 6),
         p95_prompt_mean_abs_diff=round(per_prompt[min(len(per_prompt) - 1, int(0.95 * len(per_prompt)))], 6),
-        top1_disagreement=round(1 - sum(agree) / len(agree), 6))
+        top1_disagreement=round(1 - sum(agree) / len(agree), 6), per_prompt=parts)
 
 
 class TeacherForced(BaseModel):

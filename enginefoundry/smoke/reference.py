@@ -389,7 +389,8 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     spread = measure_spread(
         [a.token_logprobs for a in answers], b, reference_key=key.digest, precision=key.dtype,
         computation_a=f"greedy decoding in {key.dtype} (transformers, KV cache)",
-        computation_b=f"one teacher-forced forward pass of the {key.dtype} weights in {wide}")
+        computation_b=f"one teacher-forced forward pass of the {key.dtype} weights in {wide}",
+        ids=[c.id for c in cases])
     progress(f"smoke: log-prob spread of the {key.dtype} reference measured in {time.monotonic() - t0:.0f} s: "
              f"mean |Δ log-prob| {spread.mean_abs_diff:.4f}, top-1 disagreement {spread.top1_disagreement:.4f}")
     return spread
@@ -398,14 +399,14 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
 def load_or_compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, *, store: Store | None,
                            cache_dir: Path | None = None, device: str = "cpu",
                            progress: Callable[[str], None] = print) -> Any:
-    """The spread of this source reference, stored beside it (`<key>.spread.json`, create-if-absent); None for a
+    """The spread of this source reference, stored beside it (`<key>.spread.v2.json`, create-if-absent); None for a
     reference whose precision transformers does not compute or a sibling's answers (no second computation)."""
     from enginefoundry.smoke.logprobs import LogprobSpread
 
     key = ref.key
     if not isinstance(key, ReferenceKey) or key.dtype not in SPREAD_DTYPES:
         return None
-    cache = (cache_dir or default_cache_dir()) / f"{key.digest}.spread.json"
+    cache = (cache_dir or default_cache_dir()) / spread_store_key(key).rsplit("/", 1)[-1]
 
     def read(source: str) -> bytes | None:
         if source == "local cache":

@@ -1,6 +1,7 @@
 """A small OpenAI-compatible model server that returns log-probs: the reference lane's scoring endpoint.
 
     python -m enginefoundry.smoke.serve MODEL_DIR --host 127.0.0.1 --port 8000 [--device cpu] [--name NAME]
+        [--max-seq-len N] [--max-batch 16] [--threads N]
 
 Why it exists: `transformers serve` (5.24.0) ignores `logprobs`, `top_logprobs` (transformers/cli/serving/
 chat_completion.py, UNUSED_CHAT_COMPLETION_FIELDS) and `echo` (cli/serving/completion.py,
@@ -14,9 +15,12 @@ This server answers, with the same Hugging Face model code and greedy decoding:
     does: that is how the gate scores the reference's continuation under the served model (teacher forcing);
   * `GET /health`, `GET /v1/models`.
 
-Requests are answered one at a time (one model, one lock); a request for another model name gets 404, a prompt
-longer than the model's positions 400, a failure inside the model 500 with the error on the log's last line.
-No Prefect, no network beyond the socket it listens on.
+Requests are batched: one worker thread owns the model and runs the requests that arrived together (within a few
+milliseconds, up to --max-batch) as one batch: greedy generation over left-padded prompts, and one forward pass
+over right-padded prompts for echoed log-probs. A batch that fails is retried one request at a time, so one bad
+request fails alone. A request for another model name gets 404, a prompt longer than the model's positions 400,
+a failure inside the model 500 with the error on the log's last line. No Prefect, no network beyond the socket it
+listens on.
 """
 
 from __future__ import annotations
@@ -25,14 +29,27 @@ import argparse
 import json
 import logging
 import math
+import queue
 import threading
+import time
 import traceback
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("enginefoundry.smoke.serve")
 MAX_TOP = 20
+LOGITS_BUDGET_BYTES = 1 << 30  # float32 logits of one echo batch (tokens × vocabulary × 4 bytes)
+# Generation-config fields that leave greedy decoding the raw argmax (no logits processor): with only these
+# set, an echoed prompt's next token is read off the same forward pass instead of a second one.
+_PLAIN_GREEDY_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0), "bad_words_ids": (None,),
+    "suppress_tokens": (None,), "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,), "min_length": (None, 0), "min_new_tokens": (None, 0),
+    "sequence_bias": (None,), "encoder_repetition_penalty": (None, 1.0), "exponential_decay_length_penalty": (None,),
+}
 
 
 class RequestError(Exception):
@@ -41,8 +58,26 @@ class RequestError(Exception):
         self.status = status
 
 
+@dataclass
+class Result:
+    """What the model computed for one request: generated ids, and where asked, log-probs with their top-k."""
+
+    new: list[int]
+    gen: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # per generated token
+    prompt: list[tuple[float, list[tuple[int, float]]]] | None = None  # per prompt token after the first
+
+
+@dataclass
+class Job:
+    ids: list[int]
+    max_tokens: int
+    top: int | None  # log-probs (with this many alternatives) of the generated tokens; None: none
+    echo_top: int | None = None  # log-probs of the prompt tokens too (completions with echo)
+    done: Future[Result] = field(default_factory=Future)
+
+
 class Scorer:
-    """The model and its tokenizer, and the two things the server does with them."""
+    """The model and its tokenizer: batches of jobs in, results out. Only the batcher's thread calls `run`."""
 
     def __init__(self, model_dir: Path, device: str = "cpu", max_seq_len: int | None = None) -> None:
         import torch
@@ -53,15 +88,22 @@ class Scorer:
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
         self.model: Any = model.to(device).eval()
         self.device = device
-        self.lock = threading.Lock()
         self.special = set(self.tok.all_special_ids)
-        eos = self.model.generation_config.eos_token_id
+        gc = self.model.generation_config
+        eos = gc.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        pad = gc.pad_token_id if gc.pad_token_id is not None else self.tok.pad_token_id
+        self.pad = int(pad if pad is not None else min(self.eos, default=0))
+        self.plain_greedy = all(getattr(gc, k, None) in ok for k, ok in _PLAIN_GREEDY_DEFAULTS.items())
         cfg = self.model.config
+        self.vocab = int(cfg.vocab_size)
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 0) or 0) or None
         self.max_seq_len = max_seq_len
+        self._texts: dict[int, str] = {}
 
-    def _fit(self, n: int, new: int) -> int:
+    # --- requests → jobs (in the request's thread) --------------------------------------------------------------
+
+    def fit(self, n: int, new: int) -> int:
         """max_tokens for a prompt of n tokens: a prompt that does not fit is refused (400); with --max-seq-len an
         answer gets at most max_seq_len − n tokens (finish_reason "length"), as an engine clamps a request."""
         if self.max_seq_len is not None:
@@ -73,89 +115,263 @@ class Scorer:
                                     f"{self.max_positions} positions")
         return new
 
-    def _top(self, row: Any, k: int) -> list[tuple[str, float]]:
-        vals, idx = self.torch.topk(row, k)
-        pairs = zip(vals.tolist(), idx.tolist(), strict=True)
-        return [(str(self.tok.decode([int(i)])), clamp(float(v))) for v, i in pairs]
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:  # JSON edge: the request's chat messages
+        try:
+            enc: Any = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+        except ValueError as err:  # e.g. no chat template: the server's failure, said in its log
+            raise RequestError(500, f"{type(err).__name__}: {err}") from None
+        return [int(t) for t in enc["input_ids"]]
+
+    def text(self, token: int) -> str:
+        got = self._texts.get(token)
+        if got is None:
+            got = self._texts[token] = str(self.tok.decode([token]))
+        return got
+
+    # --- batches (the batcher's thread) ------------------------------------------------------------------------
+
+    def groups(self, jobs: list[Job], max_batch: int) -> list[list[Job]]:
+        """Jobs that run well together: the same kind (echo or generation) and max_tokens, prompts of similar
+        length (padding at most doubles a group's tokens), an echo batch's logits within LOGITS_BUDGET_BYTES."""
+        budget = max(1, LOGITS_BUDGET_BYTES // (4 * self.vocab))
+        out: list[list[Job]] = []
+        by_kind: dict[tuple[bool, int], list[Job]] = {}
+        for j in jobs:
+            by_kind.setdefault((j.echo_top is not None, j.max_tokens), []).append(j)
+        for (echo, _), same in by_kind.items():
+            group: list[Job] = []
+            for j in sorted(same, key=lambda j: len(j.ids)):
+                n = len(j.ids)
+                full = group and (len(group) >= max_batch or n > 2 * len(group[0].ids) + 64
+                                  or (echo and (len(group) + 1) * n > budget))
+                if full:
+                    out.append(group)
+                    group = []
+                group.append(j)
+            if group:
+                out.append(group)
+        return out
+
+    def run(self, group: list[Job]) -> list[Result]:
+        with self.torch.inference_mode():
+            if group[0].echo_top is None:
+                return self._generate(group)
+            results = self._echo(group)
+            if group[0].max_tokens > 0 and not self.plain_greedy:
+                for r, g in zip(results, self._generate(group), strict=True):
+                    r.new, r.gen = g.new, g.gen
+            return results
+
+    def _pick(self, lsm: Any, tokens: list[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """Each row's log-prob of its token and its top-k (at least the argmax), in one topk call."""
+        torch = self.torch
+        idx = torch.tensor(tokens, device=lsm.device).unsqueeze(1)
+        lps = lsm.gather(1, idx).squeeze(1).tolist()
+        vals, ids = torch.topk(lsm, max(k, 1), dim=-1)
+        return [(clamp(lp), [(int(i), clamp(v)) for i, v in zip(ii, vv, strict=True)])
+                for lp, ii, vv in zip(lps, ids.tolist(), vals.tolist(), strict=True)]
+
+    def _generate(self, group: list[Job]) -> list[Result]:
+        torch = self.torch
+        width = max(len(j.ids) for j in group)
+        x = torch.tensor([[self.pad] * (width - len(j.ids)) + j.ids for j in group], device=self.device)
+        mask = torch.tensor([[0] * (width - len(j.ids)) + [1] * len(j.ids) for j in group], device=self.device)
+        steps = max(j.max_tokens for j in group)
+        gen = self.model.generate(input_ids=x, attention_mask=mask, max_new_tokens=steps, do_sample=False,
+                                  pad_token_id=self.pad, output_logits=True, return_dict_in_generate=True)
+        out = []
+        for b, j in enumerate(group):
+            new: list[int] = []
+            for t in gen.sequences[b, width:].tolist()[:j.max_tokens]:
+                new.append(int(t))
+                if t in self.eos:
+                    break
+            res = Result(new=new)
+            if j.top is not None and new:
+                rows = torch.stack([gen.logits[i][b] for i in range(len(new))]).float()
+                res.gen = self._pick(torch.log_softmax(rows, dim=-1), new, j.top)
+            out.append(res)
+        return out
+
+    def _echo(self, group: list[Job]) -> list[Result]:
+        torch = self.torch
+        width = max(len(j.ids) for j in group)
+        x = torch.tensor([j.ids + [self.pad] * (width - len(j.ids)) for j in group], device=self.device)
+        mask = torch.tensor([[1] * len(j.ids) + [0] * (width - len(j.ids)) for j in group], device=self.device)
+        logits = self.model(input_ids=x, attention_mask=mask).logits
+        out = []
+        for b, j in enumerate(group):
+            n = len(j.ids)
+            lsm = torch.log_softmax(logits[b, :n].float(), dim=-1)
+            k = j.echo_top if j.echo_top is not None else 0
+            res = Result(new=[], prompt=self._pick(lsm[:-1], j.ids[1:], k) if n > 1 else [])
+            if j.max_tokens > 0:  # greedy: the argmax of the last row (run() regenerates when that is not greedy)
+                nxt = int(torch.argmax(lsm[-1]))
+                res.new = [nxt]
+                if j.top is not None:
+                    res.gen = self._pick(lsm[-1:], [nxt], j.top)
+            out.append(res)
+        return out
+
+
+class Batcher:
+    """One worker thread owns the model; request threads hand it jobs and wait for their results."""
+
+    def __init__(self, scorer: Scorer, max_batch: int = 16, window_s: float = 0.005) -> None:
+        self.scorer, self.max_batch, self.window_s = scorer, max_batch, window_s
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> Result:
+        self.jobs.put(job)
+        return job.done.result()
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+    def _take(self) -> list[Job] | None:
+        first = self.jobs.get()
+        if first is None:
+            return None
+        batch = [first]
+        deadline = time.monotonic() + self.window_s
+        while len(batch) < 4 * self.max_batch:
+            try:
+                nxt = self.jobs.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if nxt is None:
+                self.jobs.put(None)
+                break
+            batch.append(nxt)
+        return batch
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            for group in self.scorer.groups(batch, self.max_batch):
+                self._run(group)
+
+    def _run(self, group: list[Job]) -> None:
+        t = time.monotonic()
+        try:
+            results = self.scorer.run(group)
+        except Exception as err:
+            if len(group) > 1:  # one bad request fails alone
+                for j in group:
+                    self._run([j])
+                return
+            log.error("%s", traceback.format_exc().rstrip())
+            log.error("%s: %s", type(err).__name__, err)
+            group[0].done.set_exception(RequestError(500, f"{type(err).__name__}: {err}"))
+            return
+        lengths = sorted(len(j.ids) for j in group)
+        log.info("batch of %d %s request%s, prompts of %d-%d tokens, in %.2f s", len(group),
+                 "echo" if group[0].echo_top is not None else "generation", "s" * (len(group) > 1), lengths[0],
+                 lengths[-1], time.monotonic() - t)
+        for j, r in zip(group, results, strict=True):
+            j.done.set_result(r)
+
+
+class Api:
+    """The OpenAI shapes around the batcher."""
+
+    def __init__(self, scorer: Scorer, batcher: Batcher, name: str) -> None:
+        self.scorer, self.batcher, self.name = scorer, batcher, name
+
+    def _stopped(self, new: list[int], max_tokens: int) -> bool:
+        return bool(new) and (new[-1] in self.scorer.eos or len(new) < max_tokens)
 
     def chat(self, messages: list[dict[str, Any]],  # JSON edge: the request's OpenAI chat messages
              max_tokens: int, top: int | None) -> dict[str, Any]:  # JSON edge: OpenAI chat response
-        try:
-            enc: Any = self.tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                    return_dict=True)
-        except ValueError as err:  # e.g. no chat template: the server's failure, said in its log
-            raise RequestError(500, f"{type(err).__name__}: {err}") from None
-        n = int(enc["input_ids"].shape[1])
-        max_tokens = self._fit(n, max_tokens)
-        with self.lock, self.torch.no_grad():
-            gen = self.model.generate(**enc.to(self.device), max_new_tokens=max_tokens, do_sample=False,
-                                      pad_token_id=self.tok.pad_token_id, output_logits=True,
-                                      return_dict_in_generate=True)
-        new = gen.sequences[0, n:].tolist()
-        stopped = bool(new) and (new[-1] in self.eos or len(new) < max_tokens)
+        s = self.scorer
+        ids = s.chat_ids(messages)
+        n = len(ids)
+        max_tokens = s.fit(n, max_tokens)
+        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top))
         content = []
         if top is not None:
-            for i, t in enumerate(new):
-                if t in self.special:
+            for t, (lp, alts) in zip(res.new, res.gen, strict=False):
+                if t in s.special:
                     continue
-                row = self.torch.log_softmax(gen.logits[i][0].float(), dim=-1)
-                item: dict[str, Any] = {  # JSON edge: a response logprob entry
-                    "token": self.tok.decode([t]), "logprob": clamp(float(row[t]))}
+                item: dict[str, Any] = {"token": s.text(t), "logprob": lp}  # JSON edge: a response logprob entry
                 if top:
-                    item["top_logprobs"] = [{"token": s, "logprob": v} for s, v in self._top(row, top)]
+                    item["top_logprobs"] = [{"token": s.text(i), "logprob": v} for i, v in alts[:top]]
                 content.append(item)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop" if stopped else "length",  # JSON edge
-                                  "message": {"role": "assistant",
-                                              "content": self.tok.decode(new, skip_special_tokens=True)},
-                                  "logprobs": {"content": content} if top is not None else None}
+        choice: dict[str, Any] = {  # JSON edge: an OpenAI chat choice
+            "index": 0, "finish_reason": "stop" if self._stopped(res.new, max_tokens) else "length",
+            "message": {"role": "assistant", "content": s.tok.decode(res.new, skip_special_tokens=True)},
+            "logprobs": {"content": content} if top is not None else None}
         return {"object": "chat.completion", "choices": [choice],
-                "usage": {"prompt_tokens": n, "completion_tokens": len(new), "total_tokens": n + len(new)}}
+                "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
 
     def complete(self, prompt: str | list[int], max_tokens: int, echo: bool,
                  top: int | None) -> dict[str, Any]:  # JSON edge: OpenAI completions response
+        s = self.scorer
         ids: list[int] = prompt if isinstance(prompt, list) else \
-            list(self.tok(prompt, add_special_tokens=False)["input_ids"])
+            [int(t) for t in s.tok(prompt, add_special_tokens=False)["input_ids"]]
         if not ids:
             raise RequestError(400, "empty prompt")
         n = len(ids)
-        max_tokens = self._fit(n, max_tokens)
-        torch = self.torch
-        x = torch.tensor([ids], device=self.device)
-        with self.lock, torch.no_grad():
-            prompt_rows = torch.log_softmax(self.model(x).logits[0].float(), dim=-1) if echo and top is not None \
-                else None
-            new: list[int] = []
-            rows: list[Any] = []
-            if max_tokens > 0:
-                gen = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens,
-                                          do_sample=False, pad_token_id=self.tok.pad_token_id, output_logits=True,
-                                          return_dict_in_generate=True)
-                new = gen.sequences[0, n:].tolist()
-                rows = [torch.log_softmax(lg[0].float(), dim=-1) for lg in gen.logits]
-        text = self.tok.decode(new, skip_special_tokens=True)
+        max_tokens = s.fit(n, max_tokens)
+        echo_top = top if echo and top is not None else None
+        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, echo_top=echo_top))
         logprobs = None
         if top is not None:
-            toks, lps, tops = [], [], []
-            if prompt_rows is not None:
-                for i, t in enumerate(ids):
-                    toks.append(self.tok.decode([t]))
-                    lps.append(None if i == 0 else clamp(float(prompt_rows[i - 1][t])))
-                    tops.append(None if i == 0 else dict(self._top(prompt_rows[i - 1], max(top, 1))))
-            for t, row in zip(new, rows, strict=False):
-                toks.append(self.tok.decode([t]))
-                lps.append(clamp(float(row[t])))
-                tops.append(dict(self._top(row, max(top, 1))))
+            toks: list[str] = []
+            lps: list[float | None] = []
+            tops: list[dict[str, float] | None] = []
+            if res.prompt is not None:
+                toks.append(s.text(ids[0]))
+                lps.append(None)
+                tops.append(None)
+                for t, (lp, alts) in zip(ids[1:], res.prompt, strict=True):
+                    toks.append(s.text(t))
+                    lps.append(lp)
+                    tops.append({s.text(i): v for i, v in alts[:max(top, 1)]})
+            for t, (lp, alts) in zip(res.new, res.gen, strict=False):
+                toks.append(s.text(t))
+                lps.append(lp)
+                tops.append({s.text(i): v for i, v in alts[:max(top, 1)]})
             offsets, at = [], 0
-            for s in toks:
+            for tx in toks:
                 offsets.append(at)
-                at += len(s)
+                at += len(tx)
             logprobs = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-        full = (str(self.tok.decode(ids)) if echo else "") + str(text)
-        stopped = bool(new) and (new[-1] in self.eos or len(new) < max_tokens)
+        text = str(s.tok.decode(res.new, skip_special_tokens=True))
+        full = (str(s.tok.decode(ids)) if echo else "") + text
         return {"object": "text_completion",
                 "choices": [{"index": 0, "text": full, "logprobs": logprobs,
-                             "finish_reason": "stop" if stopped else "length"}],
-                "usage": {"prompt_tokens": n, "completion_tokens": len(new), "total_tokens": n + len(new)}}
+                             "finish_reason": "stop" if self._stopped(res.new, max_tokens) else "length"}],
+                "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
+
+    def handle(self, path: str, body: Any) -> dict[str, Any]:  # JSON edge: the response body
+        if not isinstance(body, dict):
+            raise RequestError(400, "the request body must be a JSON object")
+        if body.get("model") not in (None, self.name):
+            raise RequestError(404, f"model '{body.get('model')}' is not served here; this server serves "
+                                    f"'{self.name}'")
+        if body.get("stream"):
+            raise RequestError(400, "stream is not supported")
+        if path == "/v1/chat/completions":
+            messages: Any = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise RequestError(400, "messages must be a non-empty list")
+            max_tokens = _int_field(body, "max_tokens", 16, 1, 1 << 16) or 16
+            want = bool(body.get("logprobs"))
+            top = _int_field(body, "top_logprobs", 0, 0, MAX_TOP) if want else None
+            return self.chat(messages, max_tokens, top)
+        if path == "/v1/completions":
+            prompt: Any = body.get("prompt")
+            ok_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            if not (isinstance(prompt, str) or ok_ids):
+                raise RequestError(400, "prompt must be a string or a list of token ids")
+            if ok_ids and any(not 0 <= t < self.scorer.vocab for t in prompt):
+                raise RequestError(400, f"prompt token ids must be in [0, {self.scorer.vocab})")
+            top = _int_field(body, "logprobs", None, 0, MAX_TOP)
+            return self.complete(prompt, _int_field(body, "max_tokens", 16, 0, 1 << 16) or 0,
+                                 bool(body.get("echo")), top)
+        raise RequestError(404, f"no route {path}")
 
 
 def _int_field(body: dict[str, Any],  # JSON edge: the request body
@@ -170,36 +386,7 @@ def _int_field(body: dict[str, Any],  # JSON edge: the request body
     return v
 
 
-def _handle(scorer: Scorer, name: str, path: str, body: Any) -> dict[str, Any]:  # JSON edge: the response body
-    if not isinstance(body, dict):
-        raise RequestError(400, "the request body must be a JSON object")
-    if body.get("model") not in (None, name):
-        raise RequestError(404, f"model '{body.get('model')}' is not served here; this server serves '{name}'")
-    if body.get("stream"):
-        raise RequestError(400, "stream is not supported")
-    if path == "/v1/chat/completions":
-        messages: Any = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "messages must be a non-empty list")
-        max_tokens = _int_field(body, "max_tokens", 16, 1, 1 << 16) or 16
-        want = bool(body.get("logprobs"))
-        top = _int_field(body, "top_logprobs", 0, 0, MAX_TOP) if want else None
-        return scorer.chat(messages, max_tokens, top)
-    if path == "/v1/completions":
-        prompt: Any = body.get("prompt")
-        ok_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        if not (isinstance(prompt, str) or ok_ids):
-            raise RequestError(400, "prompt must be a string or a list of token ids")
-        vocab = scorer.model.config.vocab_size
-        if ok_ids and any(not 0 <= t < vocab for t in prompt):
-            raise RequestError(400, f"prompt token ids must be in [0, {vocab})")
-        top = _int_field(body, "logprobs", None, 0, MAX_TOP)
-        return scorer.complete(prompt, _int_field(body, "max_tokens", 16, 0, 1 << 16) or 0, bool(body.get("echo")),
-                               top)
-    raise RequestError(404, f"no route {path}")
-
-
-def make_server(scorer: Scorer, name: str, host: str, port: int) -> ThreadingHTTPServer:
+def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *args: Any) -> None:
             log.info("%s %s", self.address_string(), fmt % args)
@@ -216,7 +403,7 @@ def make_server(scorer: Scorer, name: str, host: str, port: int) -> ThreadingHTT
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": name, "object": "model"}]})
+                self._send(200, {"object": "list", "data": [{"id": api.name, "object": "model"}]})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -229,12 +416,12 @@ def make_server(scorer: Scorer, name: str, host: str, port: int) -> ThreadingHTT
                     body = json.loads(self.rfile.read(length) or b"null")
                 except json.JSONDecodeError:
                     raise RequestError(400, "the request body is not JSON") from None
-                self._send(200, _handle(scorer, name, self.path, body))
+                self._send(200, api.handle(self.path, body))
             except RequestError as err:
                 if err.status >= 500:
                     log.error("%s", err)
                 self._send(err.status, {"error": {"message": str(err), "code": err.status}})
-            except Exception as err:  # the model failed: a 5xx with the cause on the log's last line
+            except Exception as err:  # a failure outside the model: a 5xx with the cause on the log's last line
                 log.error("%s", traceback.format_exc().rstrip())
                 log.error("%s: %s", type(err).__name__, err)
                 self._send(500, {"error": {"message": f"{type(err).__name__}: {err}", "code": 500}})
@@ -259,21 +446,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--name", help="the `model` requests must carry (default: model_dir as given)")
     ap.add_argument("--max-seq-len", type=int, help="prompt + answer tokens per request, as an engine's limit")
+    ap.add_argument("--max-batch", type=int, default=16, help="requests run together at most (default 16)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: OMP_NUM_THREADS, else 1)")
     args = ap.parse_args(argv)
+    if args.max_batch < 1:
+        ap.error("--max-batch must be at least 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import os
 
     import torch
 
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
+    threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
+    torch.set_num_threads(max(1, threads))
     scorer = Scorer(Path(args.model_dir), device=args.device, max_seq_len=args.max_seq_len)
-    server = make_server(scorer, args.name or args.model_dir, args.host, args.port)
-    log.info("serving %s on http://%s:%d", args.name or args.model_dir, args.host, args.port)
+    batcher = Batcher(scorer, max_batch=args.max_batch)
+    name = args.name or args.model_dir
+    server = make_server(Api(scorer, batcher, name), args.host, args.port)
+    log.info("serving %s on http://%s:%d (batches of up to %d)", name, args.host, args.port, args.max_batch)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
+        batcher.close()
         server.server_close()
     return 0
 

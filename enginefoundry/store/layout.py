@@ -8,7 +8,7 @@
     leases/<model>/<unit key>.json                              a build lease (+ `.broken-<holder>` notes beside it)
     quarantine/<key>.<time>-<random>                            a corrupt object, moved aside
     references/<digest>.json                                    smoke-gate reference answers
-    references/<digest>.spread.json                             their measured spread at the reference's precision
+    references/<digest>.spread.v2.json                          their measured spread at the reference's precision
     runs/<model>/<parent run id>/<unit>.json                    a cluster unit's outcome, read by its parent run
     artifacts/<model>/<key>/manifest.json (+ files)             version 1 units (read only)
     checkpoints/<model>/<key>/manifest.json (+ files)           version 1 converted checkpoints (read only)
@@ -124,8 +124,9 @@ def reference_answers_key(digest: str) -> str:
 
 
 def reference_spread_key(digest: str) -> str:
-    """The spread between two healthy computations of those reference answers (smoke/reference.py)."""
-    return f"{REFERENCES}/{digest}.spread.json"
+    """The spread between two healthy computations of those reference answers (smoke/reference.py). v2: with
+    each prompt's share (LogprobSpread.per_prompt, for slices); a v1 `<digest>.spread.json` is never read."""
+    return f"{REFERENCES}/{digest}.spread.v2.json"
 
 
 def run_outcome_key(model: str, parent_run_id: str, unit_name: str) -> str:

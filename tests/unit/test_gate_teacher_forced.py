@@ -119,3 +119,32 @@ def test_like_with_like_reference_precision():
     assert dtype == "fp32" and "no transformers reference of its own precision" in why
     assert reference_precision_for("fp32", "bf16") == ("fp32", "reference precision fp32 as configured")
     assert reference_precision_for("bf16", "bf16")[1].endswith("(like with like)")
+
+
+def test_a_slice_is_judged_on_its_own_against_its_own_spread():
+    """A fault of positions (a rope base changed) moves only the long prompts: outvoted on the whole set, caught on
+    the slice, whose limit comes from the spread of its own prompts (measured per prompt, stored in the spread)."""
+    cases = _cases()
+    for c in cases[:12]:
+        c.slice = "long-context"
+    ids = [c.id for c in cases]
+    # the spread: 0.01 per token on short prompts, 0.02 on long ones (longer contexts round more)
+    a = [[-1.0, -2.0] for _ in ids]
+    b = [([-1.0 + (0.02 if i < 12 else 0.01), -2.0], [True, True]) for i in range(len(ids))]
+    spread = measure_spread(a, b, reference_key="k" * 64, precision="bf16", computation_a="a", computation_b="b",
+                            ids=ids)
+    long = spread.restricted(set(ids[:12]))
+    assert long is not None and long.tokens == 24 and long.mean_abs_diff == pytest.approx(0.01)
+    assert spread.restricted({"nowhere"}) is None
+    refs = {cid: _ref(cid, [-0.2, -0.3]) for cid in ids}
+    # long prompts 0.09 off per token, short ones 0.005: the whole set's mean 0.022 is within 2·0.006+0.02
+    scores = {cid: [ScoredToken(logprob=-0.2 + (0.09 if i < 12 else 0.005), top1=True),
+                    ScoredToken(logprob=-0.3, top1=True)] for i, cid in enumerate(ids)}
+    whole = compare_teacher_forced(scores, refs)
+    part = compare_teacher_forced({k: v for k, v in scores.items() if k in ids[:12]}, refs)
+    v = judge(cases, policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+              teacher_forced=whole, spread=spread, teacher_forced_slices={"long-context": part})
+    assert [r.name for r in v.failed] == ["teacher-forced log-prob distance [long-context]"]
+    assert "over 24 reference tokens of 12 answers > limit 0.04 (2 × spread 0.0100 + 0.02" in v.reason
+    assert judge(cases, policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+                 teacher_forced=whole, spread=spread).passed  # without the slice: the false accept
