@@ -144,7 +144,8 @@ class ReferenceLane(Lane):
 
     def smoke_serve_command(self, bundle_dir: Path, host: str, port: int, name: str,
                             options: LaneOptions | None = None) -> ServeCommand:
-        """The scoring server (enginefoundry/smoke/serve.py) on the bundle's model, device and max_seq_len: the
+        """The scoring server (enginefoundry/smoke/serve.py) on the bundle's model, device, max_seq_len and
+        max_batch_size (the unit's profile, as an engine's limits): the
         same transformers model code and greedy decoding as `transformers serve`, plus the log-probs both of the
         gate's log-prob checks need (transformers serve 5.24 ignores `logprobs` and `echo`: docs/smoke-gate.md).
         `smoke_server: transformers` judges `transformers serve` itself."""
@@ -155,9 +156,10 @@ class ReferenceLane(Lane):
         # `--name=`: a model name that starts with `-` stays a value.
         argv = [sys.executable, "-m", "enginefoundry.smoke.serve", model_dir, "--host", host, "--port", str(port),
                 f"--name={name}", "--device", _device(bundle_dir, info)]
-        max_seq_len = info.params.get("max_seq_len")  # JSON edge: the build's params, as recorded
-        if isinstance(max_seq_len, int) and not isinstance(max_seq_len, bool) and max_seq_len > 0:
-            argv += ["--max-seq-len", str(max_seq_len)]
+        for flag, param in (("--max-seq-len", "max_seq_len"), ("--max-batch", "max_batch_size")):
+            value = info.params.get(param)  # JSON edge: the build's params (the unit's profile), as recorded
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                argv += [flag, str(value)]
         return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description=SCORING_SERVER),
                             model_name=name, tokenizer_dir=model_dir, shipped=False)
 
@@ -188,7 +190,8 @@ class ReferenceLane(Lane):
         if reference_options(spec.lane_options).smoke_server == "scoring":
             commands.append(Command(
                 argv=["python", "-m", "enginefoundry.smoke.serve", "<bundle>/model", *at,
-                      f"--name={spec.model.name}", "--device", device, "--max-seq-len", str(unit.profile.max_seq_len)],
+                      f"--name={spec.model.name}", "--device", device, "--max-seq-len", str(unit.profile.max_seq_len),
+                      "--max-batch", str(unit.profile.max_batch_size)],
                 env=dict(SERVE_ENV),
                 description="smoke serve (returns log-probs; the benchmark and serve.sh run transformers serve)"))
         commands.append(Command(argv=["transformers", "serve", spec.model.name, *at, "--device", device],

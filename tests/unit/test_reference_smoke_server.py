@@ -23,10 +23,11 @@ from tests.support.paths import REPO
 SERVE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _bundle(tmp: Path, device: str = "cpu", max_seq_len: object = 256) -> Path:
+def _bundle(tmp: Path, device: str = "cpu", max_seq_len: object = 256, max_batch_size: object = 4) -> Path:
     bundle = tmp / "bundle"
     (bundle / "model").mkdir(parents=True)
-    (bundle / "bundle.json").write_text(json.dumps({"params": {"device": device, "max_seq_len": max_seq_len}}))
+    params = {"device": device, "max_seq_len": max_seq_len, "max_batch_size": max_batch_size}
+    (bundle / "bundle.json").write_text(json.dumps({"params": params}))
     return bundle
 
 
@@ -42,7 +43,8 @@ def test_the_default_smoke_server_is_the_scoring_server_on_the_bundle(tmp_path: 
     cmd = ReferenceLane().smoke_serve_command(bundle, "127.0.0.1", 8123, "tiny-chat", _spec().lane_options)
     model = str((bundle / "model").resolve())
     assert cmd.command.argv == [sys.executable, "-m", "enginefoundry.smoke.serve", model, "--host", "127.0.0.1",
-                                "--port", "8123", "--name=tiny-chat", "--device", "cpu", "--max-seq-len", "256"]
+                                "--port", "8123", "--name=tiny-chat", "--device", "cpu", "--max-seq-len", "256",
+                                "--max-batch", "4"]
     assert cmd.command.env == SERVE_ENV  # the transformers serve command's hygiene
     assert cmd.command.description == "enginefoundry scoring server"
     assert (cmd.model_name, cmd.tokenizer_dir, cmd.links, cmd.shipped) == ("tiny-chat", model, {}, False)
@@ -53,10 +55,11 @@ def test_the_default_smoke_server_is_the_scoring_server_on_the_bundle(tmp_path: 
     assert "secret" not in cmd.command.shell()
 
 
-def test_device_and_max_seq_len_come_from_the_bundle(tmp_path: Path):
-    cmd = ReferenceLane().smoke_serve_command(_bundle(tmp_path, "cuda:0", None), "h", 1, "-odd", None)
+def test_device_and_limits_come_from_the_bundle(tmp_path: Path):
+    cmd = ReferenceLane().smoke_serve_command(_bundle(tmp_path, "cuda:0", None, True), "h", 1, "-odd", None)
     argv = cmd.command.argv
-    assert argv[argv.index("--device") + 1] == "cuda" and "--max-seq-len" not in argv
+    assert argv[argv.index("--device") + 1] == "cuda"
+    assert "--max-seq-len" not in argv and "--max-batch" not in argv  # no usable limit recorded: the server's own
     assert "--name=-odd" in argv  # a name that starts with `-` stays a value
 
 
@@ -98,7 +101,7 @@ def test_plan_shows_the_smoke_server_and_the_commands_record_both_servers():
     described = {c.description.split(" (")[0]: c for c in ReferenceLane().describe(spec, unit)}
     smoke = described["smoke serve"]
     assert smoke.argv[:4] == ["python", "-m", "enginefoundry.smoke.serve", "<bundle>/model"]
-    assert "--name=tiny-chat" in smoke.argv and smoke.argv[-2:] == ["--max-seq-len", "256"]
+    assert "--name=tiny-chat" in smoke.argv and smoke.argv[-4:] == ["--max-seq-len", "256", "--max-batch", "4"]
     assert described["serve"].argv[:3] == ["transformers", "serve", "tiny-chat"]
     plain = _spec(smoke_server="transformers")
     assert "smoke serve" not in {c.description.split(" (")[0] for c in ReferenceLane().describe(plain, unit)}
