@@ -287,8 +287,9 @@ SUBTLE = ("attn-noise-first", "attn-noise-mid", "attn-noise-last", "mlp-zeroed-f
 # `fp8-sim` float8 e4m3 with one scale per tensor (ModelOpt's FP8 recipe for weights; TensorRT-LLM's fp8 also
 # quantizes activations, not simulated); `int4_awq-sim` int4 in groups of 128 with round to nearest (AWQ's
 # grouping without its activation-aware scales: cruder than AWQ); `nvfp4-sim` FP4 e2m1 in blocks of 16 with an
-# e4m3 scale per block (NVFP4's weight format; activations not simulated).
-SIMULATED_HEALTHY = ("int8_wo-sim", "fp8-sim", "int4_awq-sim", "nvfp4-sim")
+# e4m3 scale per block (NVFP4's weight format; activations not simulated); `int4_wo-sim` int4 weight-only, one
+# scale per output channel (W4A16 per channel).
+SIMULATED_HEALTHY = ("int8_wo-sim", "fp8-sim", "int4_awq-sim", "nvfp4-sim", "int4_wo-sim")
 
 
 def _layers(tensors: dict) -> int:
@@ -407,6 +408,7 @@ SIMULATE: dict[str, Callable[[dict], None]] = {
     "fp8-sim": _each_projection(_fp8_tensor),
     "int4_awq-sim": _each_projection(lambda w: _round_groups(w, 4, 128)),
     "nvfp4-sim": _each_projection(_nvfp4),
+    "int4_wo-sim": _each_projection(lambda w: _round_rows(w, 4)),
 }
 
 

@@ -95,7 +95,8 @@ def run_unit_stages(
         # The reference first: a refused one (a rejected sibling) costs no build, and a GPU reference needs
         # the unit's GPUs before its server takes them.
         t = time.monotonic()
-        reference = smoke_reference(spec, snapshot.local_dir, snapshot.weights_digest, sibling)
+        reference = smoke_reference(spec, snapshot.local_dir, snapshot.weights_digest, sibling,
+                                    precision=unit.variant.precision.value)
         stages["reference"] = time.monotonic() - t
 
         t = time.monotonic()

@@ -14,6 +14,7 @@ from enginefoundry.smoke.reference import (
     ReferenceOutcome,
     ReferenceSet,
     load_or_compute_reference,
+    load_or_compute_spread,
     publish_sibling_reference,
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
@@ -24,11 +25,13 @@ from enginefoundry.tasks._log import progress_logger
 
 @task(name="smoke reference", cache_policy=NO_CACHE)
 def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | None = None,
-                    sibling: SiblingRef | None = None) -> tuple[ReferenceSet, ReferenceOutcome]:
-    """The answers the unit is judged against, found by key in the artifact store: its sibling unit's served
-    answers (refused when the sibling was rejected or never served these prompts), else the source's greedy
-    answers, computed and published on a miss (on the host CPU, or on the unit's GPUs before its server
-    takes them)."""
+                    sibling: SiblingRef | None = None, *,
+                    precision: str) -> tuple[ReferenceSet, ReferenceOutcome]:
+    """The answers the unit (of `precision`) is judged against, found by key in the artifact store: its sibling
+    unit's served answers (refused when the sibling was rejected or never served these prompts), else the
+    source's greedy answers in the dtype `smoke.reference_precision` gives this unit (`unit`: its own where
+    transformers computes it), computed and published on a miss (on the host CPU, or on the unit's GPUs before
+    its server takes them; like with like on GPUs also measures the log-prob spread there, before the server)."""
     log = progress_logger()
     cases = load_prompt_set(spec.resolve_path(spec.smoke.prompts)).cases
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
@@ -36,10 +39,15 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         ref, outcome = sibling_reference(sibling, spec, cases, store=store, model_dir=Path(reference_dir))
         log(f"smoke: judged against {outcome.label()}")
         return ref, outcome
-    return load_or_compute_reference(Path(reference_dir), cases, dtype=spec.smoke.reference_precision,
-                                     max_new_tokens=spec.smoke.max_new_tokens, store=store,
-                                     weights_digest=weights_digest, progress=log,
-                                     device=spec.smoke.reference_device.value)
+    dtype, why = spec.smoke.reference_for(precision)
+    log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
+    ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
+                                             max_new_tokens=spec.smoke.max_new_tokens, store=store,
+                                             weights_digest=weights_digest, progress=log,
+                                             device=spec.smoke.reference_device.value)
+    if spec.smoke.like_with_like(precision) and outcome.device == "gpu":
+        load_or_compute_spread(Path(reference_dir), cases, ref, store=store, device="gpu", progress=log)
+    return ref, outcome
 
 
 @task(name="smoke test", cache_policy=NO_CACHE)

@@ -151,6 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from enginefoundry.build.units import expand_units
+    from enginefoundry.planning.preflight import reference_summary
     from enginefoundry.planning.validate import validate_file
     from enginefoundry.rollout.toolchain_channel import channel_status
     from enginefoundry.settings import effective_spec
@@ -162,17 +163,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from enginefoundry.search.plan import materialise
 
         spec, _ = materialise(spec, args.targets, progress=say)
-    units = len(expand_units(spec, args.targets))
+    expanded = expand_units(spec, args.targets)
+    units = len(expanded)
+    references = {u.name: reference_summary(spec, u) for u in expanded}
     channel = channel_status(spec)
     bad_channel = channel is not None and channel.value is None and not channel.transient
     if wants_json(args):
         emit_json({"ok": not bad_channel, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest,
+                   "references": references,
                    "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if bad_channel else EXIT_OK
     if bad_channel and channel is not None:
         error(channel.line())
         return EXIT_INPUT
     console.print(f"[green]ok[/green]: {args.spec} is valid: lane {spec.lane}, {units} unit(s), preflight passed")
+    by_reference: dict[str, list[str]] = {}
+    for name, reference in references.items():
+        by_reference.setdefault(reference, []).append(name)
+    for reference, names in by_reference.items():
+        console.print(f"  judged against {reference}: {', '.join(names)}", markup=False, highlight=False)
     if channel is not None:
         console.print(f"  {channel.line()}", markup=False, highlight=False)
     table("effective settings (flag > environment > spec > default)", dest.rows())
@@ -235,6 +244,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     table(f"{spec.name}: cache against {spec.publish.store}", [
         {"unit": r.unit, "status": "hit" if r.hit else "miss", "key": r.key[:12],
          "nearest published": (r.nearest or "-")[:12],
+         "judged against": r.reference or "-",
          "what differs": "\n".join([*([r.refused] if r.refused else []), *r.differences])} for r in rows])
     return EXIT_OK
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from enginefoundry.cli.common import emit_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
+from enginefoundry.spec.checks import REFERENCE_PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,10 +23,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompts", required=True, help="JSONL prompt set (prompt or messages, optional expected/match)")
     p.add_argument("--precision", default="fp32",
                    help="precision of the unit under test; picks the policy family (default fp32)")
-    p.add_argument("--reference-precision", default="fp32",
-                   help="dtype the reference answers are computed in (default fp32), or `unit`: the unit's own "
-                        "precision where transformers computes it (fp32, bf16, fp16; like with like, with log-prob "
-                        "bounds derived from the spread measured at that precision), else fp32")
+    p.add_argument("--reference-precision", default="unit", choices=REFERENCE_PRECISIONS,
+                   help="`unit` (default, as the spec's smoke.reference_precision): the unit's own precision where "
+                        "transformers computes it (fp32, bf16, fp16; like with like, with log-prob bounds derived "
+                        "from the spread measured at that precision), else fp32; or one dtype for the reference")
     p.add_argument("--reference-device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where the reference answers are computed on a cache miss: a GPU where one is visible "
                         "(auto, the default), or cpu / gpu")

@@ -12,6 +12,7 @@ from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.cache_plan import find_hit, hit_signature_policy
+from enginefoundry.planning.preflight import reference_summary
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store import layout
 from enginefoundry.store.backends import Store
@@ -25,6 +26,7 @@ class UnitExplanation(BaseModel):
     nearest: str | None = None  # key of the nearest published unit of the same target
     differences: list[str] = []
     refused: str | None = None  # a published build that `run` would refuse as a hit, and why
+    reference: str | None = None  # a miss: the reference its smoke stage will judge it against (preflight)
 
 
 def _flatten(prefix: str, value: Any) -> dict[str, str]:
@@ -80,5 +82,6 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
             unit=unit.name, key=key, hit=False, nearest=best["key"] if best else None,
             differences=diff_components(best["key_components"], comps) if best else
             ["no published unit of this model and target yet"], refused=refused,
+            reference=reference_summary(spec, unit),
         ))
     return out

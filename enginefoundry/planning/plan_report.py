@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from enginefoundry.build.model_shape import Check
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
-from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight
+from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight, reference_summary
 from enginefoundry.spec import BuildSpec, SourceKind
 
 # Known model configs, so the VRAM estimates work before anything is downloaded.
@@ -73,6 +73,7 @@ def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanR
             "tp×pp": f"{unit.variant.tp}×{unit.variant.pp}", "target": unit.target.name,
             "arch": unit.target.arch.value, "pool": unit.target.pool,
             "batch/in/seq": f"{unit.profile.max_batch_size}/{unit.profile.max_input_len}/{unit.profile.max_seq_len}",
+            "reference": reference_summary(spec, unit),
             "memory estimate": format_estimates(report).rsplit(" · ", 1)[0],
             "verdict": "ok" if not problems else "refused: " + "; ".join(
                 f"{c.message}" + (f" (fix: {c.fix})" if c.fix else "") for c in problems),

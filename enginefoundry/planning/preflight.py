@@ -31,6 +31,7 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
+from enginefoundry.spec.checks import UNIT_PRECISION
 
 GIB = 1024**3
 
@@ -331,6 +332,10 @@ def _gib(n: float) -> str:
 
 
 REFERENCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# The log-prob spread's second pass (smoke/reference.compute_spread): the reference's weights, rounded to its dtype,
+# run in wider arithmetic: float64 for fp32, float32 for a 16-bit reference (reference._wider).
+SPREAD_DTYPE_BYTES = {"fp32": 8, "bf16": 4, "fp16": 4}
+NO_SPREAD = "one dtype for every unit: no log-prob spread is measured, the family's table bounds"
 
 
 class ReferenceFit(BaseModel):
@@ -342,24 +347,56 @@ class ReferenceFit(BaseModel):
     limit: int | None  # None: unknown here (no spec limit, no detected host or GPUs, no memory_gib)
     where: str  # what sets the limit, e.g. "smoke.reference_host_memory_gib allows"
     place: str = "the host CPU"
+    spread: bool = False  # like with like: the log-prob spread's wider-arithmetic pass is budgeted too
 
     @property
     def fits(self) -> bool | None:
         return None if self.limit is None else self.need <= self.limit
 
 
-def reference_need(shape: ModelShape, dtype: str) -> int:
+def reference_need(shape: ModelShape, dtype: str, spread: bool = False) -> int:
     """The whole source in `dtype` (params × bytes), +20% for activations, the KV of greedy decoding and the
-    tokenizer."""
-    return int(shape.param_count() * REFERENCE_DTYPE_BYTES.get(dtype, 4) * 1.2)
+    tokenizer. With the spread (like with like), the larger of that and the spread's pass: the same weights in
+    wider arithmetic (the reference's model is freed before it loads; `.to()` converts one tensor at a time)."""
+    per_param = max(REFERENCE_DTYPE_BYTES.get(dtype, 4), SPREAD_DTYPE_BYTES.get(dtype, 8) if spread else 0)
+    return int(shape.param_count() * per_param * 1.2)
+
+
+def unit_reference(spec: BuildSpec, unit: Unit) -> tuple[str, bool]:
+    """The dtype of the unit's source reference (smoke.reference_precision; `unit`: its own where transformers
+    computes it, else fp32) and whether its log-prob spread is measured (like with like)."""
+    precision = unit.variant.precision.value
+    return spec.smoke.reference_for(precision)[0], spec.smoke.like_with_like(precision)
+
+
+def reference_summary(spec: BuildSpec, unit: Unit) -> str:
+    """The reference the unit's smoke verdict will be judged against, as `plan` and `validate` show it."""
+    from enginefoundry.spec.siblings import sibling_variant
+
+    sibling = sibling_variant(spec, unit.variant)
+    if sibling is not None:
+        return f"sibling {sibling.name}"
+    dtype, spread = unit_reference(spec, unit)
+    if spread:
+        return f"{dtype} (like with like)"
+    if spec.smoke.reference_precision == UNIT_PRECISION:
+        return f"{dtype} (no {unit.variant.precision.value} reference)"
+    return f"{dtype} (smoke.reference_precision)"
 
 
 def reference_fit(spec: BuildSpec, unit: Unit, shape: ModelShape, dtype: str, device: ReferenceDevice,
-                  host_memory: int | None, gpus: Sequence[GPUInfo] | None) -> ReferenceFit:
+                  host_memory: int | None, gpus: Sequence[GPUInfo] | None, spread: bool = False) -> ReferenceFit:
     """cpu: host RAM (`smoke.reference_host_memory_gib`, else this host's). gpu: the unit's GPUs on its worker
     (the model sharded by device_map="auto"): the detected GPUs of the target, else tp × pp GPUs of the
-    target's memory_gib, less the runtime margin; a cpu target has none."""
-    need = reference_need(shape, dtype)
+    target's memory_gib, less the runtime margin; a cpu target has none. `spread`: budget the log-prob spread's
+    wider-arithmetic pass too (reference_need)."""
+    need = reference_need(shape, dtype, spread)
+    fit = _fit(spec, unit, dtype, device, need, host_memory, gpus)
+    return fit.model_copy(update={"spread": spread})
+
+
+def _fit(spec: BuildSpec, unit: Unit, dtype: str, device: ReferenceDevice, need: int, host_memory: int | None,
+         gpus: Sequence[GPUInfo] | None) -> ReferenceFit:
     if device is ReferenceDevice.CPU:
         allowed = spec.smoke.reference_host_memory_gib
         if allowed is not None:
@@ -385,15 +422,21 @@ def reference_fit(spec: BuildSpec, unit: Unit, shape: ModelShape, dtype: str, de
 def _fit_text(fit: ReferenceFit) -> str:
     where = fit.where if fit.limit is None else f"{fit.where} {_gib(fit.limit)}"
     what = "host memory" if fit.device is ReferenceDevice.CPU else "on GPUs"
-    return f"the {fit.dtype} smoke reference needs ≈{_gib(fit.need)} {what}; {where}"
+    spread = f" and its log-prob spread ({_wide(fit.dtype)} pass, like with like)" if fit.spread else ""
+    return f"the {fit.dtype} smoke reference{spread} needs ≈{_gib(fit.need)} {what}; {where}"
+
+
+def _wide(dtype: str) -> str:
+    return "float64" if dtype == "fp32" else "float32"
 
 
 def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None, *, on_worker: bool,
                     gpus: Sequence[GPUInfo] | None = None) -> Check:
     """The smoke reference of one unit, before any download. A unit judged against its sibling loads no model.
-    A source reference loads the whole source in `smoke.reference_precision` on `smoke.reference_device`
-    (reference_fit). It is refused when it exceeds what the spec allows (reference_host_memory_gib, the
-    target's GPUs) or, on the worker, the host's memory; the fix lists every option that fits in this spec."""
+    A source reference loads the whole source in the unit's reference dtype (unit_reference) on
+    `smoke.reference_device`, like with like then its spread's wider pass (reference_fit). It is refused when it
+    exceeds what the spec allows (reference_host_memory_gib, the target's GPUs) or, on the worker, the host's
+    memory; the fix lists every option that fits in this spec."""
     from enginefoundry.spec.siblings import sibling_variant
 
     sibling = sibling_variant(spec, unit.variant)
@@ -401,8 +444,9 @@ def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory:
         return Check(name="reference_memory", ok=True,
                      message=f"judged against sibling unit {sibling.name}.{unit.profile.name}.{unit.target.name}'s "
                              "served answers: no reference model is loaded")
-    dtype, device = spec.smoke.reference_precision, spec.smoke.reference_device
-    fit = reference_fit(spec, unit, shape, dtype, device, host_memory, gpus)
+    dtype, spread = unit_reference(spec, unit)
+    device = spec.smoke.reference_device
+    fit = reference_fit(spec, unit, shape, dtype, device, host_memory, gpus, spread)
     host_unchecked = device is ReferenceDevice.CPU and spec.smoke.reference_host_memory_gib is None and not on_worker
     ok = fit.fits is not False or host_unchecked
     if fit.limit is None or ok:
@@ -414,26 +458,31 @@ def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory:
 def reference_fixes(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None,
                     gpus: Sequence[GPUInfo] | None, failed: ReferenceFit) -> list[str]:
     """Every way to a reference that fits in this spec: another precision, another device, a sibling unit whose
-    own reference fits, a larger host or GPUs, or answers already published."""
+    own reference fits, a larger host or GPUs, or answers already published. Like with like (the spread
+    budgeted), a fixed dtype comes first: the same reference without the spread's wider pass."""
     from enginefoundry.spec.siblings import higher_precision_variants
 
     fixes = []
-    for dtype in ("bf16",) if failed.dtype == "fp32" else ():
+    fixed = dict.fromkeys(([failed.dtype] if failed.spread else []) + (["bf16"] if failed.dtype == "fp32" else []))
+    for dtype in fixed:
         alt = reference_fit(spec, unit, shape, dtype, failed.device, host_memory, gpus)
         if alt.fits:
-            fixes.append(f"smoke.reference_precision: {dtype} (≈{_gib(alt.need)} on {alt.device.value})")
+            note = f"; {NO_SPREAD}" if failed.spread else ""
+            fixes.append(f"smoke.reference_precision: {dtype} (≈{_gib(alt.need)} on {alt.device.value}{note})")
+            break
     other = ReferenceDevice.GPU if failed.device is ReferenceDevice.CPU else ReferenceDevice.CPU
-    for dtype in dict.fromkeys((failed.dtype, "bf16") if failed.dtype == "fp32" else (failed.dtype,)):
-        alt = reference_fit(spec, unit, shape, dtype, other, host_memory, gpus)
+    for dtype, spread in dict.fromkeys([(failed.dtype, failed.spread), *((d, False) for d in fixed)]):
+        alt = reference_fit(spec, unit, shape, dtype, other, host_memory, gpus, spread)
         if alt.fits:
-            extra = f" with smoke.reference_precision: {dtype}" if dtype != failed.dtype else ""
+            extra = "" if spread == failed.spread else f" with smoke.reference_precision: {dtype}"
             fixes.append(f"smoke.reference_device: {other.value}{extra} (≈{_gib(alt.need)} on {alt.place})")
             break
     for variant in higher_precision_variants(spec, unit.variant, unit.target.name):
         sib = Unit(variant=variant, profile=unit.profile, target=unit.target)
-        if reference_fit(spec, sib, shape, failed.dtype, failed.device, host_memory, gpus).fits:
+        sib_dtype, sib_spread = unit_reference(spec, sib)
+        if reference_fit(spec, sib, shape, sib_dtype, failed.device, host_memory, gpus, sib_spread).fits:
             fixes.append(f"smoke.reference: sibling with smoke.reference_sibling: {variant.name} (unit {sib.name}, "
-                         f"whose own {failed.dtype} reference fits, judges this unit by its served answers)")
+                         f"whose own {sib_dtype} reference fits, judges this unit by its served answers)")
             break
     fixes.append("a larger reference host (smoke.reference_host_memory_gib ≥ "
                  f"{math.ceil(failed.need / GIB)})" if failed.device is ReferenceDevice.CPU else

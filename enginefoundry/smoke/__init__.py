@@ -39,13 +39,14 @@ from enginefoundry.smoke.reference import (
     load_or_compute_spread,
 )
 from enginefoundry.spec import SmokeSpec
+from enginefoundry.spec.checks import COMPUTABLE, UNIT_PRECISION, reference_precision_for
 from enginefoundry.store.backends import Store
 
 __all__ = [
-    "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult", "LogprobComparison", "SliceSummary",
-    "SmokeReport", "ask_all", "check_prompt_count", "last_error_line",
-    "load_or_compute_reference", "load_prompt_set", "policy_for", "policy_table_markdown", "run_lm_eval",
-    "run_smoke", "tokenizer_digest", "wilson_lower_bound", "write_report",
+    "COMPUTABLE", "UNIT_PRECISION", "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult",
+    "LogprobComparison", "SliceSummary", "SmokeReport", "ask_all", "check_prompt_count", "last_error_line",
+    "load_or_compute_reference", "load_prompt_set", "policy_for", "policy_table_markdown", "reference_precision_for",
+    "run_lm_eval", "run_smoke", "tokenizer_digest", "wilson_lower_bound", "write_report",
 ]
 
 
@@ -280,7 +281,7 @@ def run_smoke(
                       for name in dict.fromkeys(c.slice for c in cases if c.slice is not None)} \
         if teacher.available else {}
     # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
-    # is measured only where like with like was asked for (`unit`), never behind a pipeline's memory preflight.
+    # is measured only where like with like applies (`unit`, the spec's default; the pipeline's preflight budgets it).
     like = (spec.reference_precision == UNIT_PRECISION and reference_outcome.sibling_unit is None
             and reference_outcome.dtype == precision)
     if reference_outcome.sibling_unit is not None:
@@ -324,23 +325,6 @@ def run_smoke(
                                 teacher_slices.get(name)) for name in slice_names(evidence)],
         served_answers=served_answers,
     )
-
-
-UNIT_PRECISION = "unit"  # smoke.reference_precision / --reference-precision: the unit's own, where computable
-COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a reference in
-
-
-def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
-    """The dtype of the source reference and why: `unit` judges like with like (a bf16 unit against a bf16
-    reference); a precision transformers cannot compute (int8_wo, fp8, int4) is judged against fp32 (or, with
-    smoke.reference: sibling, against the gated higher-precision sibling)."""
-    if setting != UNIT_PRECISION:
-        like = " (like with like)" if setting == precision else ""
-        return setting, f"reference precision {setting} as configured{like}"
-    if precision in COMPUTABLE:
-        return precision, f"the unit's own precision {precision} (like with like)"
-    return "fp32", (f"{precision} has no transformers reference of its own precision: the fp32 source, the family's "
-                    "table bounds (a sibling reference: smoke.reference: sibling)")
 
 
 def score_all(client: ChatClient, cases: list[PromptCase], refs: dict[str, ReferenceAnswer], tok: Any, *,

@@ -155,7 +155,7 @@ class Scorer:
     def run(self, group: list[Job]) -> list[Result]:
         with self.torch.inference_mode():
             if group[0].echo_top is None:
-                return self._generate(group)
+                return self._generate(group) if group[0].max_tokens > 0 else [Result(new=[]) for _ in group]
             results = self._echo(group)
             if group[0].max_tokens > 0 and not self.plain_greedy:
                 for r, g in zip(results, self._generate(group), strict=True):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class LmEvalSpec(BaseModel):
@@ -29,6 +29,25 @@ class ReferenceSource(StrEnum):
     SIBLING = "sibling"
 
 
+UNIT_PRECISION: Final = "unit"  # smoke.reference_precision: the unit's own precision, where transformers computes it
+COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a reference in
+REFERENCE_PRECISIONS = (UNIT_PRECISION, *COMPUTABLE)
+ReferencePrecision = Literal["unit", "fp32", "bf16", "fp16"]
+
+
+def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
+    """The dtype of a unit's source reference and why: `unit` judges like with like (a bf16 unit against a bf16
+    reference); a precision transformers cannot compute (int8_wo, fp8, int4) is judged against fp32 (or, with
+    smoke.reference: sibling, against the gated higher-precision sibling)."""
+    if setting != UNIT_PRECISION:
+        like = " (like with like)" if setting == precision else ""
+        return setting, f"reference precision {setting} as configured{like}"
+    if precision in COMPUTABLE:
+        return precision, f"the unit's own precision {precision} (like with like)"
+    return "fp32", (f"{precision} has no transformers reference of its own precision: the fp32 source, the family's "
+                    "table bounds (a sibling reference: smoke.reference: sibling)")
+
+
 class ReferenceDevice(StrEnum):
     """Where a source reference is computed: the host CPU, or the unit's GPUs (device_map="auto")."""
 
@@ -43,7 +62,10 @@ class SmokeSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompts: str = Field(description="JSONL prompt set; relative paths are taken from the spec's folder")
-    reference_precision: str = Field(default="fp32", description="dtype of the local Hugging Face reference")
+    reference_precision: ReferencePrecision = Field(
+        default=UNIT_PRECISION, description="the source reference's dtype: unit (each unit's own precision where "
+        "transformers computes it: fp32, bf16, fp16, with log-prob bounds from the spread measured there; fp32 for "
+        "the others), or one dtype for every unit: fp32, bf16, fp16")
     max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
     accuracy_margin: Annotated[float, Field(gt=0.0, lt=1.0)] | None = Field(
         default=None, description="non-inferiority margin δ on task accuracy (paired against the reference)")
@@ -79,6 +101,25 @@ class SmokeSpec(BaseModel):
         default=ReferenceDevice.CPU, description="where the source reference runs: cpu (host RAM) or gpu (the "
         "unit's GPUs on its worker, the model sharded with device_map=auto)")
     lm_eval: LmEvalSpec | None = None
+
+    @field_validator("reference_precision", mode="before")
+    @classmethod
+    def _known_reference_precision(cls, value: object) -> object:
+        if value not in REFERENCE_PRECISIONS:
+            raise ValueError(f"{value!r} is not a reference precision: use unit (each unit judged against a "
+                             "reference of its own precision where transformers computes one, fp32 otherwise) or "
+                             f"one dtype for every unit: {', '.join(COMPUTABLE)} (a quantized precision has no "
+                             "reference of its own; smoke.reference: sibling judges it against a sibling unit)")
+        return value
+
+    def reference_for(self, precision: str) -> tuple[str, str]:
+        """The dtype of the source reference a unit of `precision` is judged against, and why."""
+        return reference_precision_for(self.reference_precision, precision)
+
+    def like_with_like(self, precision: str) -> bool:
+        """A unit judged against a source reference of its own precision, its log-prob bounds from the spread
+        measured there (a second pass over the reference's weights in wider arithmetic)."""
+        return self.reference_precision == UNIT_PRECISION and precision in COMPUTABLE
 
     @model_validator(mode="after")
     def _sibling_named(self) -> SmokeSpec:

@@ -53,7 +53,9 @@ def test_healthy_endpoint_passes_with_exit_0(bundle: Path, tmp_path: Path):
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report["verdict"]["passed"] and report["verdict"]["policy"]["family"] == "16-bit"
-    assert report["verdict"]["reference"].startswith(f"fp32 reference {report['reference']['key'][:12]}")
+    # the default reference precision is the unit's own (like with like), as the spec's smoke.reference_precision
+    assert report["verdict"]["reference"].startswith(f"bf16 reference {report['reference']['key'][:12]}")
+    assert report["verdict"]["reference_why"] == "the unit's own precision bf16 (like with like)"
     assert report["reference"]["source"] == "computed" and (tmp_path / "r" / "smoke.md").is_file()
     assert (tmp_path / "refs" / f"{report['reference']['key']}.json").is_file()  # the next run reuses it
 

@@ -217,6 +217,7 @@ def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, mon
     store.delete(blob_key(entry.sha256))
     [row] = explain(spec, snapshot, store)
     assert not row.hit and row.refused and "refused" in row.refused and "weights.safetensors" in row.refused
+    assert row.reference == "fp32 (like with like)"  # what the rebuild's smoke stage judges it against
 
 
 def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_path, capsys):

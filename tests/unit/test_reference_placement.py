@@ -58,14 +58,14 @@ def test_detected_gpus_count_instead_of_tp_times_pp():
 
 def test_a_gpu_reference_on_a_cpu_target_is_refused_with_the_cpu_fix():
     spec = _spec([{"precision": "fp32"}], [{"name": "cpu", "arch": "cpu", "gpu_count": 0}],
-                 reference_device="gpu", reference_host_memory_gib=400)
+                 reference_device="gpu", reference_host_memory_gib=400, reference_precision="fp32")
     check = _check(spec, "fp32-tp1")
     assert not check.ok and "target cpu has no GPU" in check.message
     assert "smoke.reference_device: cpu (≈315.4 GiB on the host CPU)" in check.fix
 
 
 def test_the_fix_lists_bf16_a_gpu_reference_a_larger_host_and_published_answers():
-    spec = _spec([{"precision": "fp32", "tp": 8}], reference_host_memory_gib=64)
+    spec = _spec([{"precision": "fp32", "tp": 8}], reference_host_memory_gib=64, reference_precision="fp32")
     check = _check(spec, "fp32-tp8")
     assert not check.ok
     options = check.fix.split("; or ")
@@ -78,7 +78,7 @@ def test_the_fix_lists_bf16_a_gpu_reference_a_larger_host_and_published_answers(
 
 
 def test_bf16_on_the_gpus_is_offered_when_only_bf16_fits_there():
-    spec = _spec([{"precision": "fp32", "tp": 4}], reference_device="gpu")
+    spec = _spec([{"precision": "fp32", "tp": 4}], reference_device="gpu", reference_precision="fp32")
     check = _check(spec, "fp32-tp4")  # fp32 315 GiB > 281.6 GiB; bf16 158 GiB fits
     assert not check.ok
     assert check.fix.split("; or ")[0] == "smoke.reference_precision: bf16 (≈157.7 GiB on gpu)"

@@ -23,7 +23,7 @@ def _check(spec, **kw):
 
 
 def test_a_70b_fp32_reference_is_refused_where_the_spec_allows_64_gib_with_the_fix():
-    check, report = _check(_spec(reference_host_memory_gib=64))
+    check, report = _check(_spec(reference_host_memory_gib=64, reference_precision="fp32"))
     assert not check.ok and check in report.problems
     assert check.message.startswith("the fp32 smoke reference needs ≈")
     assert "smoke.reference_host_memory_gib allows 64.0 GiB" in check.message

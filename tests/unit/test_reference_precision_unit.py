@@ -1,0 +1,114 @@
+"""`smoke.reference_precision: unit` (the default, issue 24): each unit judged against a source reference of its own
+precision where transformers computes one, fp32 otherwise; preflight budgets that reference and the log-prob
+spread's wider-arithmetic pass, and refuses with the field and the fix before any download."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from enginefoundry.build.model_shape import ModelShape
+from enginefoundry.build.units import Unit, expand_units
+from enginefoundry.errors import SpecError
+from enginefoundry.planning.plan_report import plan_report
+from enginefoundry.planning.preflight import GIB, reference_check, unit_reference
+from enginefoundry.spec import parse_spec
+from tests.support.paths import CONFIGS
+
+LLAMA_70B = json.loads((CONFIGS / "model-configs" / "llama-3-70b-instruct.json").read_text())
+SHAPE = ModelShape.from_config(LLAMA_70B)
+PARAMS = SHAPE.param_count()
+VARIANTS = [{"precision": p} for p in ("fp32", "bf16", "fp16", "int8_wo", "fp8")]
+
+
+H100 = {"name": "h100", "arch": "sm90", "sku": ["H100"], "gpu_count": 8, "memory_gib": 80}
+
+
+def _spec(variants: list[dict[str, Any]] | None = None, targets: list[dict[str, Any]] | None = None, **smoke: Any):
+    data = yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text())
+    data["variants"] = variants or VARIANTS
+    data["targets"] = targets or data["targets"]
+    data["smoke"].update(smoke)
+    return parse_spec(data, source="test spec", base_dir=CONFIGS)
+
+
+def _unit(spec, precision: str) -> Unit:
+    return next(u for u in expand_units(spec) if u.variant.precision.value == precision)
+
+
+def test_unit_is_the_default_and_anything_but_unit_or_a_computable_dtype_is_refused_with_the_field_and_fix():
+    assert _spec().smoke.reference_precision == "unit"
+    assert _spec(reference_precision="bf16").smoke.reference_precision == "bf16"
+    with pytest.raises(SpecError) as err:
+        _spec(reference_precision="fp8")
+    ((field, message),) = err.value.problems
+    assert field == "smoke.reference_precision"
+    assert message.startswith("'fp8' is not a reference precision: use unit (each unit judged against a reference "
+                              "of its own precision")
+    assert "fp32, bf16, fp16" in message and "smoke.reference: sibling" in message
+
+
+def test_each_unit_gets_the_reference_of_its_own_precision_where_transformers_computes_one():
+    spec = _spec()
+    got = {p["precision"]: unit_reference(spec, _unit(spec, p["precision"])) for p in VARIANTS}
+    # (reference dtype, whether the spread is measured: like with like)
+    assert got == {"fp32": ("fp32", True), "bf16": ("bf16", True), "fp16": ("fp16", True),
+                   "int8_wo": ("fp32", False), "fp8": ("fp32", False)}
+    assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
+    assert spec.smoke.reference_for("fp8")[1].startswith("fp8 has no transformers reference of its own precision")
+    fixed = _spec(reference_precision="bf16")
+    assert {unit_reference(fixed, u) for u in expand_units(fixed)} == {("bf16", False)}  # one dtype, no spread
+
+
+def test_preflight_budgets_the_spread_pass_in_wider_arithmetic():
+    spec = _spec(reference_host_memory_gib=2000)
+    checks = {p: reference_check(spec, _unit(spec, p), SHAPE, None, on_worker=False) for p in ("fp32", "bf16", "fp8")}
+    # bf16: the float32 pass (4 bytes a parameter) outweighs the bf16 reference (2); fp32: float64 (8); fp8: the
+    # fp32 reference alone (no spread).
+    assert checks["bf16"].message.startswith(
+        f"the bf16 smoke reference and its log-prob spread (float32 pass, like with like) needs "
+        f"≈{PARAMS * 4 * 1.2 / GIB:.1f} GiB host memory")
+    assert f"needs ≈{PARAMS * 8 * 1.2 / GIB:.1f} GiB" in checks["fp32"].message
+    assert checks["fp8"].message.startswith(f"the fp32 smoke reference needs ≈{PARAMS * 4 * 1.2 / GIB:.1f} GiB")
+    assert all(c.ok for c in checks.values())
+
+
+def test_a_spread_that_does_not_fit_is_refused_with_the_field_and_the_fixed_dtype_fix():
+    spec = _spec([{"precision": "bf16", "tp": 4}], [H100], reference_host_memory_gib=200)  # bf16 158, float32 315
+    check = reference_check(spec, _unit(spec, "bf16"), SHAPE, None, on_worker=False)
+    assert not check.ok and "log-prob spread (float32 pass" in check.message
+    assert "smoke.reference_host_memory_gib allows 200.0 GiB" in check.message
+    options = check.fix.split("; or ")
+    assert options[0] == ("smoke.reference_precision: bf16 (≈157.7 GiB on cpu; one dtype for every unit: no "
+                          "log-prob spread is measured, the family's table bounds)")
+    # The unit's 4 × 80 GiB GPUs leave 281.6 GiB: too little for the float32 pass (≈315 GiB), enough for bf16 alone.
+    assert options[1] == ("smoke.reference_device: gpu with smoke.reference_precision: bf16 (≈157.7 GiB on 4× 80.0 "
+                          "GiB GPUs of target h100 (target.memory_gib))")
+    assert "a larger reference host (smoke.reference_host_memory_gib ≥ 316)" in options
+
+
+def test_plan_shows_the_reference_each_unit_is_judged_against():
+    rows = {r["precision"]: r["reference"] for r in plan_report(_spec()).rows}
+    assert rows == {"fp32": "fp32 (like with like)", "bf16": "bf16 (like with like)",
+                    "fp16": "fp16 (like with like)", "int8_wo": "fp32 (no int8_wo reference)",
+                    "fp8": "fp32 (no fp8 reference)"}
+    sib = _spec([{"precision": "bf16"}, {"precision": "fp8"}], reference="sibling", reference_sibling="bf16")
+    assert {r["precision"]: r["reference"] for r in plan_report(sib).rows}["fp8"] == "sibling bf16-tp1"
+
+
+def test_validate_names_the_reference_of_each_unit(tmp_path, capsys):
+    from enginefoundry.cli import main
+    from tests.support.paths import TINY_MODEL, TINY_PROMPTS
+
+    data = yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text())
+    data["variants"] = [{"precision": "fp32"}, {"precision": "bf16"}]
+    data["smoke"]["prompts"], data["model"]["source"] = str(TINY_PROMPTS), str(TINY_MODEL)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    assert main(["validate", str(tmp_path / "spec.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["references"] == {
+        "fp32-tp1.chat.cpu": "fp32 (like with like)", "bf16-tp1.chat.cpu": "bf16 (like with like)"}
+    assert main(["validate", str(tmp_path / "spec.yaml")]) == 0
+    assert "judged against bf16 (like with like): bf16-tp1.chat.cpu" in capsys.readouterr().out
