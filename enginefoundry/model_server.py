@@ -52,6 +52,8 @@ class Endpoint(BaseModel):
     log_path: str
     startup_s: float
     command: str = ""  # the server's exact command line (env and argv), as the unit's MLflow run records it
+    server: str = ""  # which server it is (its command's description: "transformers serve", …)
+    shipped: bool = True  # False: a server only the smoke stage runs (ServeCommand.shipped)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -130,7 +132,8 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
         raise
     return Endpoint(base_url=base, model_name=cmd.model_name, tokenizer_dir=cmd.tokenizer_dir,
                     pid=proc.pid, log_path=str(log_path), startup_s=round(time.monotonic() - t0, 2),
-                    command=(f"cd {shlex.quote(str(cwd))} && " if cwd else "") + cmd.command.shell())
+                    command=(f"cd {shlex.quote(str(cwd))} && " if cwd else "") + cmd.command.shell(),
+                    server=cmd.command.description, shipped=cmd.shipped)
 
 
 def _link_folder(cmd: ServeCommand, folder: Path) -> Path | None:

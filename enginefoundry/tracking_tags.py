@@ -71,6 +71,7 @@ def version_tag(tool: str) -> str:
 SMOKE_REFERENCE_KEY = "enginefoundry.smoke_reference_key"
 SMOKE_REFERENCE = "enginefoundry.smoke_reference"
 SMOKE_POLICY = "enginefoundry.smoke_policy"
+SMOKE_SERVER = "enginefoundry.smoke_server"  # the server the smoke stage judged ("enginefoundry scoring server", …)
 
 # Runs that a run of this host started and that never ended (kill -9): who owned them, and why they ended.
 OWNER_HOST = "enginefoundry.host"

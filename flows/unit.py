@@ -1,5 +1,6 @@
 """One unit that is not published yet: reference → build → serve → smoke → bench → serving files → publish →
-track.
+track. The smoke stage judges the lane's smoke server; where that is not the server the unit ships with (the
+reference lane's scoring server, which returns log-probs), the benchmark starts the shipped one.
 
 `run_unit_stages` is the composition both modes share: embedded mode calls it inside the `unit-in-process`
 subflow (`unit_pipeline`) of the parent's process; cluster mode inside the `build-unit` deployment flow on a
@@ -24,6 +25,7 @@ from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.lanes import get_lane
+from enginefoundry.model_server import Endpoint
 from enginefoundry.records.outcomes import (
     UnitCommands,
     build_run_tags,
@@ -105,9 +107,9 @@ def run_unit_stages(
         smoke: SmokeReport | None = None
         sweep: SweepReport | None = None
         t = time.monotonic()
-        endpoint = start_unit_server(spec, build.bundle_dir, str(report_dir))
+        endpoint = start_unit_server(spec, build.bundle_dir, str(report_dir), for_smoke=True)
         stages["serve"] = time.monotonic() - t
-        commands.serve = [endpoint.command]
+        commands.add_server(endpoint.command, endpoint.shipped)
         try:
             t = time.monotonic()
             smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir),
@@ -116,6 +118,7 @@ def run_unit_stages(
                                serves_unit=(unit.name, key) if serves_as_sibling(spec, unit) else None)
             stages["smoke"] = time.monotonic() - t
             if spec.benchmark.enabled:
+                endpoint = shipped_server(spec, endpoint, build.bundle_dir, str(report_dir), stages, commands)
                 t = time.monotonic()
                 sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}",
                                   unit=unit)
@@ -171,6 +174,21 @@ def run_unit_stages(
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
                                  description=f"smoke gate of {unit.name}")
     return built_outcome(unit, published.manifest, published.uri, run_id, stages)
+
+
+def shipped_server(spec: BuildSpec, endpoint: Endpoint, bundle_dir: str, report_dir: str,
+                   stages: dict[str, float], commands: UnitCommands) -> Endpoint:
+    """The server the benchmark measures: the smoke stage's where it is the one the unit ships with, else that one
+    stopped and the shipped one started (the reference lane's scoring server returns log-probs but does not
+    stream)."""
+    if endpoint.shipped:
+        return endpoint
+    stop_unit_server(endpoint)
+    t = time.monotonic()
+    shipped = start_unit_server(spec, bundle_dir, report_dir)
+    stages["serve"] += time.monotonic() - t
+    commands.add_server(shipped.command, shipped.shipped)
+    return shipped
 
 
 def write_commands(unit_dir: Path, commands: UnitCommands) -> str:

@@ -50,7 +50,9 @@ def main() -> int:
             t1 = time.monotonic()
             build = lane.build(spec, unit, Path(ckpt.checkpoint_dir), work)
             t2 = time.monotonic()
-            cmd = lane.named_serve_command(Path(build.bundle_dir), "127.0.0.1", free_port(), spec.model.name)
+            # The server the pipeline's smoke stage judges (the reference lane: its scoring server, with log-probs).
+            cmd = lane.smoke_serve_command(Path(build.bundle_dir), "127.0.0.1", free_port(), spec.model.name,
+                                           spec.lane_options)
             with serving(cmd, work / "server.log") as endpoint:
                 t3 = time.monotonic()
                 smoke = run_smoke(spec.smoke, load_prompt_set(spec.resolve_path(spec.smoke.prompts)),
@@ -64,7 +66,7 @@ def main() -> int:
                 "device": build.device, "preflight_ok": report.ok,
                 "seconds": {"convert": round(t1 - t0, 2), "build": round(t2 - t1, 2),
                             "serve_start": endpoint.startup_s, "smoke": round(t4 - t3, 2)},
-                "smoke": smoke.summary(), "verdict": smoke.verdict.reason,
+                "smoke": smoke.summary(), "verdict": smoke.verdict.reason, "server": endpoint.server,
             }
             results.append(result)
             print(json.dumps(result), flush=True)

@@ -1,4 +1,8 @@
-"""Stage: serve the bundle on a free loopback port; always stopped by `stop_server`."""
+"""Stage: serve the bundle on a free loopback port; always stopped by `stop_server`.
+
+The smoke stage judges the lane's smoke server (`Lane.smoke_serve_command`: for the reference lane, one that
+returns log-probs); the benchmark measures the server the unit ships with. Where they are the same server, one
+start serves both."""
 
 from __future__ import annotations
 
@@ -14,11 +18,15 @@ from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="start server", cache_policy=NO_CACHE)
-def start_unit_server(spec: BuildSpec, bundle_dir: str, log_dir: str) -> Endpoint:
+def start_unit_server(spec: BuildSpec, bundle_dir: str, log_dir: str, for_smoke: bool = False) -> Endpoint:
+    """The unit's own server, or with `for_smoke` the one its smoke stage judges (which may be another: its
+    Endpoint says `shipped=False`, and its log is smoke-server.log)."""
     log = progress_logger()
-    cmd = get_lane(spec.lane).named_serve_command(Path(bundle_dir), "127.0.0.1", free_port(), spec.model.name)
-    log(f"serve: {cmd.command.description} starting")
-    endpoint = start_server(cmd, Path(log_dir) / "server.log")
+    lane, bundle, port = get_lane(spec.lane), Path(bundle_dir), free_port()
+    cmd = (lane.smoke_serve_command(bundle, "127.0.0.1", port, spec.model.name, spec.lane_options) if for_smoke
+           else lane.named_serve_command(bundle, "127.0.0.1", port, spec.model.name))
+    log(f"serve: {cmd.command.description} starting" + ("" if cmd.shipped else " (for the smoke stage only)"))
+    endpoint = start_server(cmd, Path(log_dir) / ("server.log" if cmd.shipped else "smoke-server.log"))
     log(f"serve: healthy at {endpoint.base_url} after {endpoint.startup_s}s")
     return endpoint
 

@@ -58,8 +58,9 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                serves_unit: tuple[str, str] | None = None) -> SmokeReport:
     """The gate on the spec's prompt set, with the unit's precision-family policy, against `reference` (from
     `smoke_reference`; without it the source reference is looked up by key, computed and published on a miss).
-    `serves_unit` (name, key): this unit is a sibling reference, its served answers are published for the units
-    it judges. Optional lm-eval tasks are reported beside it, not gated."""
+    The report names the server it judged (`endpoint.server`). `serves_unit` (name, key): this unit is a
+    sibling reference, its served answers are published for the units it judges. Optional lm-eval tasks are
+    reported beside it, not gated."""
     log = progress_logger()
     prompts = load_prompt_set(spec.resolve_path(spec.smoke.prompts))
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
@@ -70,6 +71,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
                        reference=ref, reference_outcome=outcome, server_log=Path(endpoint.log_path),
                        reference_device=spec.smoke.reference_device.value)
+    report.server = endpoint.server or None
     if serves_unit is not None:
         name, key = serves_unit
         published = publish_sibling_reference(report.served_answers, unit=name, unit_key=key, cases=prompts.cases,
@@ -82,5 +84,5 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
         log(f"smoke: lm-eval {report.lm_eval.status}: {report.lm_eval.detail}")
     write_report(report, Path(report_dir))
     log(f"smoke: {'PASS' if report.passed else 'FAIL'}: {report.verdict.reason} "
-        f"(judged against {report.reference.label()})")
+        f"(judged against {report.reference.label()}; server {endpoint.server or endpoint.base_url})")
     return report

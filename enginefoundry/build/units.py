@@ -121,8 +121,16 @@ def unit_key_components(
         "profile": unit.profile.model_dump(mode="json"),
         "target": target_identity(unit.target),
         "calibration": calib,
-        "lane_options": dict(sorted((lane_options or {}).items())),
+        "lane_options": dict(sorted(_keyed(lane_options).items())),
     }
+
+
+def _keyed(lane_options: LaneOptions | dict[str, Any] | None) -> dict[str, Any]:  # JSON edge: options hashed
+    """The options a unit key hashes: those the spec set, less the lane's `unkeyed` ones (how a build is judged,
+    not what it is: the reference lane's smoke_server)."""
+    if isinstance(lane_options, LaneOptions):
+        return lane_options.keyed()
+    return dict(lane_options or {})
 
 
 class ToolchainIdentity(BaseModel):

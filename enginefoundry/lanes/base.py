@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, first_problem
 from enginefoundry.spec import BuildSpec, Variant
+from enginefoundry.spec.lane_options import LaneOptions
 
 
 class Command(BaseModel):
@@ -164,6 +165,9 @@ class ServeCommand(BaseModel):
     # Names the server's working folder must hold, as symbolic links to these paths: a server that pins the
     # request `model` to the (relative) path it was started with then answers to the model's name.
     links: dict[str, str] = Field(default_factory=dict)
+    # False: a server only the smoke stage runs (one that returns log-probs, `Lane.smoke_serve_command`); the
+    # benchmark and the published serving files run the lane's own server.
+    shipped: bool = True
 
 
 class Lane(ABC):
@@ -214,6 +218,13 @@ class Lane(ABC):
         """`serve_command`, answering to the model's name (the spec's `model.name`) where the lane's server can;
         by default the lane's own `model` name stands."""
         return self.serve_command(bundle_dir, host, port)
+
+    def smoke_serve_command(self, bundle_dir: Path, host: str, port: int, name: str,
+                            options: LaneOptions | None = None) -> ServeCommand:
+        """The server the pipeline's smoke stage judges (`options`: the spec's lane_options). By default the one the
+        unit ships with (`named_serve_command`); a lane whose own server returns no log-probs may start one that
+        does, with the same weights and model code, marked `shipped=False` (the benchmark then starts its own)."""
+        return self.named_serve_command(bundle_dir, host, port, name)
 
     def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
         """The commands this lane would run for a unit, without running anything (for `plan`). `surface`: what

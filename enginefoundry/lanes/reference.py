@@ -1,7 +1,9 @@
 """The reference lane: Hugging Face transformers + PyTorch, served by `transformers serve`.
 
 It is how the whole DAG runs on a laptop, in CI and on GPUs without TensorRT-LLM, and it is the
-accuracy reference for the TensorRT-LLM lanes.
+accuracy reference for the TensorRT-LLM lanes. Its smoke stage judges the scoring server
+(enginefoundry/smoke/serve.py: the same model code, with log-probs) unless `lane_options.smoke_server` is
+`transformers`; the benchmark and the published serve.sh run `transformers serve`.
 """
 
 from __future__ import annotations
@@ -27,15 +29,30 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
 )
+from enginefoundry.lanes.reference_options import reference_options
 from enginefoundry.spec import Arch, BuildSpec, Variant
+from enginefoundry.spec.lane_options import LaneOptions
 from enginefoundry.store.backends import link_or_copy
 
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
+# One thread per server: on small hosts torch's default thread count fights the benchmark client. No hub access:
+# the bundle holds the model.
+SERVE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+SCORING_SERVER = "enginefoundry scoring server"  # enginefoundry/smoke/serve.py: returns log-probs, does not stream
 
 
 def _device_for(arch: Arch) -> str:
     return "cpu" if arch is Arch.CPU else "cuda:0"
+
+
+def _device(bundle_dir: Path, info: BundleInfo) -> str:
+    """The device kind the bundle was built and warmed up on (`cpu`, `cuda`), from its bundle.json."""
+    device = info.params.get("device")  # JSON edge: the build's params, as recorded
+    if not isinstance(device, str):
+        raise InputError(f"{bundle_dir / BUNDLE_INFO} records no params.device: not a bundle of lane "
+                         f"{ReferenceLane.name}; rebuild it")
+    return device.split(":")[0]
 
 
 class ReferenceLane(Lane):
@@ -117,20 +134,34 @@ class ReferenceLane(Lane):
                            metrics={"warmup_s": round(warmup_s, 3)})
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
-        info = BundleInfo.read(bundle_dir)
-        device = info.params.get("device")  # JSON edge: the build's params, as recorded
-        if not isinstance(device, str):
-            raise InputError(f"{bundle_dir / BUNDLE_INFO} records no params.device: not a bundle of lane "
-                             f"{self.name}; rebuild it")
         model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
         serve = Path(sys.executable).with_name("transformers")
         argv = [str(serve) if serve.exists() else "transformers", "serve", model_dir,
-                "--host", host, "--port", str(port), "--device", device.split(":")[0]]
-        # One thread per server: on small hosts torch's default thread count fights the benchmark client.
-        env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+                "--host", host, "--port", str(port), "--device", _device(bundle_dir, BundleInfo.read(bundle_dir))]
         # transformers serve pins the request `model` to the path it was started with.
-        return ServeCommand(command=Command(argv=argv, env=env, description="transformers serve"),
+        return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description="transformers serve"),
                             model_name=model_dir, tokenizer_dir=model_dir)
+
+    def smoke_serve_command(self, bundle_dir: Path, host: str, port: int, name: str,
+                            options: LaneOptions | None = None) -> ServeCommand:
+        """The scoring server (enginefoundry/smoke/serve.py) on the bundle's model, device, max_seq_len and
+        max_batch_size (the unit's profile, as an engine's limits): the
+        same transformers model code and greedy decoding as `transformers serve`, plus the log-probs both of the
+        gate's log-prob checks need (transformers serve 5.24 ignores `logprobs` and `echo`: docs/smoke-gate.md).
+        `smoke_server: transformers` judges `transformers serve` itself."""
+        if reference_options(options).smoke_server == "transformers":
+            return self.named_serve_command(bundle_dir, host, port, name)
+        info = BundleInfo.read(bundle_dir)
+        model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
+        # `--name=`: a model name that starts with `-` stays a value.
+        argv = [sys.executable, "-m", "enginefoundry.smoke.serve", model_dir, "--host", host, "--port", str(port),
+                f"--name={name}", "--device", _device(bundle_dir, info)]
+        for flag, param in (("--max-seq-len", "max_seq_len"), ("--max-batch", "max_batch_size")):
+            value = info.params.get(param)  # JSON edge: the build's params (the unit's profile), as recorded
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                argv += [flag, str(value)]
+        return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description=SCORING_SERVER),
+                            model_name=name, tokenizer_dir=model_dir, shipped=False)
 
     def named_serve_command(self, bundle_dir: Path, host: str, port: int, name: str) -> ServeCommand:
         """Serve as `transformers serve <name>` from a folder where `<name>` links to the bundle's model: the
@@ -148,12 +179,22 @@ class ReferenceLane(Lane):
 
     def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
-        return [
+        device = _device_for(unit.target.arch).split(":")[0]
+        at = ["--host", "127.0.0.1", "--port", "<free>"]
+        commands = [
             Command(argv=["(in-process)", "cast_checkpoint", f"dtype={dtype}", "(streamed, one tensor at a time)"],
                     description="convert"),
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
-            Command(argv=["transformers", "serve", spec.model.name, "--host", "127.0.0.1", "--port", "<free>",
-                          "--device", _device_for(unit.target.arch).split(":")[0]],
-                    description=f"serve (from a folder where {spec.model.name} links to <bundle>/model)"),
         ]
+        if reference_options(spec.lane_options).smoke_server == "scoring":
+            commands.append(Command(
+                argv=["python", "-m", "enginefoundry.smoke.serve", "<bundle>/model", *at,
+                      f"--name={spec.model.name}", "--device", device, "--max-seq-len", str(unit.profile.max_seq_len),
+                      "--max-batch", str(unit.profile.max_batch_size)],
+                env=dict(SERVE_ENV),
+                description="smoke serve (returns log-probs; the benchmark and serve.sh run transformers serve)"))
+        commands.append(Command(argv=["transformers", "serve", spec.model.name, *at, "--device", device],
+                                env=dict(SERVE_ENV),
+                                description=f"serve (from a folder where {spec.model.name} links to <bundle>/model)"))
+        return commands

@@ -43,7 +43,7 @@ on_change(get_lane.cache_clear)
 
 # --- the lanes ---------------------------------------------------------------------------------------------------
 register_lane(LaneEntry("reference", "enginefoundry.lanes.reference:ReferenceLane",
-                        "enginefoundry.spec.lane_options:NoOptions", "transformers + PyTorch, any device"))
+                        "enginefoundry.lanes.reference_options:ReferenceOptions", "transformers + PyTorch, any device"))
 register_lane(LaneEntry("trtllm", "enginefoundry.lanes.trtllm:TrtllmLane",
                         "enginefoundry.lanes.trtllm_options:TrtllmOptions", "TensorRT-LLM ≥ 1.0, PyTorch backend",
                         explain_key="enginefoundry.lanes.trtllm_flags:explain_unknown_key"))

@@ -54,12 +54,17 @@ class UnitCommands(BaseModel):
 
     convert: list[str] = Field(default_factory=list)
     build: list[str] = Field(default_factory=list)
-    serve: list[str] = Field(default_factory=list)
+    smoke_serve: list[str] = Field(default_factory=list)  # a server only the smoke stage ran (ServeCommand.shipped)
+    serve: list[str] = Field(default_factory=list)  # the server the unit ships with
     bench: list[str] = Field(default_factory=list)
+
+    def add_server(self, command: str, shipped: bool) -> None:
+        """A started server's command line, under `serve` when it is the one the unit ships with."""
+        (self.serve if shipped else self.smoke_serve).append(command)
 
     def tag(self, limit: int = 4800) -> str:
         """One `stage: command` line each, cut to fit an MLflow tag value (5000 characters on a server)."""
-        text = "\n".join(f"{stage}: {line}" for stage in ("convert", "build", "serve", "bench")
+        text = "\n".join(f"{stage}: {line}" for stage in ("convert", "build", "smoke_serve", "serve", "bench")
                          for line in getattr(self, stage))
         return text if len(text) <= limit else text[: limit - 40] + "\n… (every command in commands.json)"
 

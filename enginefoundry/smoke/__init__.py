@@ -118,6 +118,9 @@ class SmokeReport(BaseModel):
     spread: LogprobSpread | None = None  # measured at the reference's precision: the log-prob bounds follow from it
     lm_eval: LmEvalResult | None = None
     slices: list[SliceSummary] = []  # one per named slice of the prompt set; empty when it has none
+    # Which server was judged, where the pipeline started it (its command's description: "transformers serve",
+    # "enginefoundry scoring server"); None where a URL was judged (`enginefoundry smoke`).
+    server: str | None = None
     # What the endpoint answered, in the reference's form: a sibling unit's answers judge lower precisions
     # (reference.publish_sibling_reference). Not written to smoke.json (reports stay as they were).
     served_answers: list[ReferenceAnswer] = Field(default_factory=list, exclude=True)
@@ -171,12 +174,15 @@ class SmokeReport(BaseModel):
         tags = {mltags.SMOKE_REFERENCE_KEY: self.reference.key, mltags.SMOKE_REFERENCE: self.reference.label()}
         if self.policy is not None:
             tags[mltags.SMOKE_POLICY] = self.policy.family.value
+        if self.server is not None:
+            tags[mltags.SMOKE_SERVER] = self.server
         return tags
 
     def markdown(self) -> str:
         rows = [
             "| metric | value |", "|---|---|",
             f"| judged against | {self.reference.label()} |",
+            *([f"| server judged | {self.server} |"] if self.server is not None else []),
             f"| why that reference | {self.verdict.reference_why or 'n/a'} |",
             f"| policy | {self.policy.family.value if self.policy else 'n/a'} ({self.precision}) |",
             f"| prompts | {self.n} |",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 from pydantic_core import ErrorDetails
@@ -17,6 +17,8 @@ class LaneOptions(BaseModel):
     which is what unit keys and manifests record: adding an option with a default does not change old keys."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # Options that change how the pipeline judges a build, not what it builds: unit keys leave them out (`keyed`).
+    unkeyed: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def explain_unknown(cls, key: str, pinned: str | None) -> str | None:
@@ -30,6 +32,10 @@ class LaneOptions(BaseModel):
 
     def given(self) -> dict[str, Any]:  # JSON edge: options as written
         return self.model_dump(mode="json")
+
+    def keyed(self) -> dict[str, Any]:  # JSON edge: the options a unit key hashes
+        """The options the spec set, less the `unkeyed` ones: what a unit's key hashes."""
+        return {k: v for k, v in self.given().items() if k not in self.unkeyed}
 
     def resolved(self) -> dict[str, Any]:  # JSON edge: every option by name (resolve_options)
         """Every option, defaults filled in."""

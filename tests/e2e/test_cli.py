@@ -22,6 +22,7 @@ def test_validate_ok_and_plan_lists_units():
     plan = _cli("plan", "configs/tiny-cpu.yaml")
     assert plan.returncode == 0, plan.stderr
     assert "fp32-tp1.chat.cpu" in plan.stdout and "transformers serve" in plan.stdout
+    assert "[smoke serve" in plan.stdout and "-m enginefoundry.smoke.serve" in plan.stdout  # the smoke stage's server
 
 
 def test_invalid_spec_is_exit_2_with_field_paths_and_no_traceback(tmp_path):

@@ -98,6 +98,13 @@ def test_tiny_spec_end_to_end_hub_s3_mlflow(stack, run_env, s3, tmp_path, unique
     ref_key = child.data.tags["enginefoundry.smoke_reference_key"]  # the reference answers the unit was judged by
     assert len(ref_key) == 64 and ref_key[:12] in child.data.tags["enginefoundry.smoke_reference"]
     assert child.data.metrics["build_s"] > 0
+    # The smoke stage judged the reference lane's scoring server, so both log-prob checks ran; the benchmark
+    # measured `transformers serve`, the server serve.sh starts (issue 24).
+    assert child.data.tags["enginefoundry.smoke_server"] == "enginefoundry scoring server"
+    assert {"smoke_tf_logprob_mean_abs_diff", "smoke_logprob_mean_abs_diff"} <= set(manifest["smoke"])
+    ran = dict(line.split(": ", 1) for line in child.data.tags["enginefoundry.commands"].splitlines())
+    assert "-m enginefoundry.smoke.serve" in ran["smoke_serve"] and "--name=tiny-chat" in ran["smoke_serve"]
+    assert "transformers serve tiny-chat" in ran["serve"] and "aiperf" in ran["bench"]
     history = client.get_metric_history(child.info.run_id, "bench.short.output_tokens_per_s")
     assert [m.step for m in history] == [2] and history[0].value > 0
     assert manifest["mlflow_run_id"] == child.info.run_id

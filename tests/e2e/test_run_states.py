@@ -132,6 +132,8 @@ def test_a_rejected_unit_fails_the_unit_and_the_parent_run(tmp_path: Path, uniqu
     unit_run = next(r for r in runs if "enginefoundry.commands" in r.data.tags)
     commands = unit_run.data.tags["enginefoundry.commands"].splitlines()
     assert commands[0].startswith("convert: '(in-process)' cast_checkpoint dtype=float32"), commands
-    assert any(c.startswith("serve: ") and " serve " in c and "--port" in c for c in commands), commands
+    # The server the smoke stage judged (the reference lane's scoring server); no benchmark, so no shipped one.
+    assert any(c.startswith("smoke_serve: ") and "-m enginefoundry.smoke.serve" in c and "--port" in c
+               for c in commands), commands
     assert "commands.json" in [a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(unit_run.info.run_id,
                                                                                         "reports")]

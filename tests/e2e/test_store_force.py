@@ -1,5 +1,6 @@
 """The issue 9 scenario through the CLI on a file:// store: `run --force` after a run makes a second build and
-leaves the first intact (verify passes on both); a hit whose blob was damaged is refused and rebuilt."""
+leaves the first intact (verify passes on both); a hit whose blob was damaged is refused and rebuilt. The forced
+rebuild also judges `transformers serve` instead of the scoring server (issue 24: the smoke server option)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def _builds(store: Path) -> dict[str, dict]:
             if "unit" in json.loads(p.read_text())}
 
 
+def _smoke_report(store: Path, manifest: dict) -> dict:
+    """The smoke.json a published build carries, read from its blob."""
+    entry = next(f for f in manifest["files"] if f["path"] == "reports/smoke.json")
+    return json.loads((store / "blobs" / "sha256" / entry["sha256"][:2] / entry["sha256"]).read_text())
+
+
 def test_force_keeps_the_earlier_build_and_a_damaged_hit_is_rebuilt(tmp_path: Path):
     spec = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
     spec["model"]["source"] = str(TINY_MODEL)
@@ -39,11 +46,23 @@ def test_force_keeps_the_earlier_build_and_a_damaged_hit_is_rebuilt(tmp_path: Pa
 
     first = _run(["run", str(path)], env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    # The rebuild judges `transformers serve` itself (lane option smoke_server): the same key (the option changes
+    # how a build is judged, not what it is), and the log-prob checks are reported as not run (issue 24).
+    spec["lane_options"] = {"smoke_server": "transformers"}
+    path.write_text(yaml.safe_dump(spec))
     forced = _run(["run", str(path), "--force"], env)
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
     assert "adopted" not in forced.stdout + forced.stderr
     builds = _builds(store)
     assert len(builds) == 2
+    (scored, served) = [_smoke_report(store, builds[uri]) for uri in sorted(builds)]
+    assert len({b["key"] for b in builds.values()}) == 1
+    assert scored["server"] == "enginefoundry scoring server"
+    assert scored["teacher_forced"]["available"] and scored["logprobs"]["available"]
+    assert served["server"] == "transformers serve"
+    assert not served["teacher_forced"]["available"] and not served["logprobs"]["available"]
+    not_run = {r["name"]: r["detail"] for r in served["verdict"]["rules"] if r["detail"].startswith("not run")}
+    assert {"log-prob distance", "teacher-forced log-probs"} <= set(not_run), served["verdict"]["rules"]
     for uri in builds:
         check = _run(["verify", uri], env)
         assert check.returncode == 0, check.stdout + check.stderr
