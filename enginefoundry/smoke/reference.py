@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.errors import ToolError
 from enginefoundry.identity import checkpoint_digests, sha256_json
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
@@ -378,14 +379,29 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     wide = _wider(key.dtype)
     t0 = time.monotonic()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device))
-    model = model.eval().to(getattr(torch, wide))  # the same (rounded) weights, wider arithmetic
+    # Loaded in the wider dtype, so that device_map="auto" places the size it will hold (a model accelerate has
+    # dispatched cannot be cast with .to(): "You can't move a model that has some modules offloaded"), then each
+    # weight rounded to the reference's dtype in place: the same (rounded) weights, wider arithmetic.
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, wide), **load_options(device))
+    model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.device.type == "meta":
+                raise ToolError(f"smoke: the spread's {wide} pass of {model_dir} does not fit the free memory of "
+                                f"the GPUs and the host ({name} was offloaded to disk): set "
+                                "smoke.reference_device: cpu, or smoke.reference_precision to one dtype")
+            p.data.copy_(p.data.to(torch_dtype))
     by_id = ref.by_id
     answers = [by_id[c.id] for c in cases]
     try:
         b = teacher_forced(model, tok, cases, answers)
     finally:
         del model
+        if device == "gpu":  # the unit's server holds these GPUs: give back what the pass reserved
+            import gc
+
+            gc.collect()
+            torch.cuda.empty_cache()
     spread = measure_spread(
         [a.token_logprobs for a in answers], b, reference_key=key.digest, precision=key.dtype,
         computation_a=f"greedy decoding in {key.dtype} (transformers, KV cache)",
