@@ -49,8 +49,13 @@ def test_the_bf16_unit_is_judged_against_its_fp32_sibling_and_loads_no_reference
     assert out.index("smoke: computing 108") < out.index("smoke: judged against sibling unit fp32-tp1.chat.cpu")
     assert "served answers of fp32-tp1.chat.cpu published as the sibling reference" in out
 
-    docs = [json.loads(p.read_text()) for p in (tmp_path / "store" / "references").glob("*.json")]
+    stored = sorted((tmp_path / "store" / "references").glob("*.json"))
+    docs = [json.loads(p.read_text()) for p in stored if not p.name.endswith(".spread.v2.json")]
     assert sorted(d["key"].get("kind", "source") for d in docs) == ["sibling", "source"]
+    # the fp32 unit is judged like with like on the scoring server: its reference's spread is stored beside it
+    source = next(p for p, d in zip([p for p in stored if not p.name.endswith(".spread.v2.json")], docs, strict=True)
+                  if d["key"].get("kind", "source") == "source")
+    assert [p.name for p in stored if p.name.endswith(".spread.v2.json")] == [f"{source.stem}.spread.v2.json"]
     sibling_doc = next(d for d in docs if d["key"].get("kind") == "sibling")
     assert sibling_doc["served_by"] == "fp32-tp1.chat.cpu" and len(sibling_doc["answers"]) == 108
 
