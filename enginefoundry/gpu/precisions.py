@@ -10,6 +10,9 @@ from enginefoundry.spec import KVCacheDtype, Precision
 TORCH_DTYPE: dict[Precision, str] = {Precision.FP32: "float32", Precision.FP16: "float16",
                                      Precision.BF16: "bfloat16"}
 TORCH_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
+# The smoke gate's log-prob spread (smoke/reference.compute_spread): a reference's weights, rounded to its dtype,
+# run again in wider arithmetic.
+SPREAD_DTYPE: dict[str, str] = {"fp32": "float64", "bf16": "float32", "fp16": "float32"}
 # A KV cache of the model's own dtype, by torch dtype name.
 SAME_KV_DTYPE: dict[str, KVCacheDtype] = {"float16": KVCacheDtype.FP16, "bfloat16": KVCacheDtype.BF16}
 KV_BYTES: dict[KVCacheDtype, int] = {KVCacheDtype.FP8: 1, KVCacheDtype.INT8: 1, KVCacheDtype.FP16: 2,

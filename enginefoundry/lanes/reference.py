@@ -46,6 +46,18 @@ def _device_for(arch: Arch) -> str:
     return "cpu" if arch is Arch.CPU else "cuda:0"
 
 
+def _scoring_args(model_dir: str, host: str, port: str, name: str, device: str, max_seq_len: int | None,
+                  max_batch: int | None) -> list[str]:
+    """The scoring server's arguments after the interpreter, for the smoke stage and for `plan`."""
+    # `--name=`: a model name that starts with `-` stays a value.
+    args = ["-m", "enginefoundry.smoke.serve", model_dir, "--host", host, "--port", port, f"--name={name}",
+            "--device", device]
+    for flag, value in (("--max-seq-len", max_seq_len), ("--max-batch", max_batch)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
 def _device(bundle_dir: Path, info: BundleInfo) -> str:
     """The device kind the bundle was built and warmed up on (`cpu`, `cuda`), from its bundle.json."""
     device = info.params.get("device")  # JSON edge: the build's params, as recorded
@@ -153,13 +165,9 @@ class ReferenceLane(Lane):
             return self.named_serve_command(bundle_dir, host, port, name)
         info = BundleInfo.read(bundle_dir)
         model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
-        # `--name=`: a model name that starts with `-` stays a value.
-        argv = [sys.executable, "-m", "enginefoundry.smoke.serve", model_dir, "--host", host, "--port", str(port),
-                f"--name={name}", "--device", _device(bundle_dir, info)]
-        for flag, param in (("--max-seq-len", "max_seq_len"), ("--max-batch", "max_batch_size")):
-            value = info.params.get(param)  # JSON edge: the build's params (the unit's profile), as recorded
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                argv += [flag, str(value)]
+        seq, batch = (v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None  # the recorded profile
+                      for v in (info.params.get("max_seq_len"), info.params.get("max_batch_size")))
+        argv = [sys.executable, *_scoring_args(model_dir, host, str(port), name, _device(bundle_dir, info), seq, batch)]
         return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description=SCORING_SERVER),
                             model_name=name, tokenizer_dir=model_dir, shipped=False)
 
@@ -189,9 +197,8 @@ class ReferenceLane(Lane):
         ]
         if reference_options(spec.lane_options).smoke_server == "scoring":
             commands.append(Command(
-                argv=["python", "-m", "enginefoundry.smoke.serve", "<bundle>/model", *at,
-                      f"--name={spec.model.name}", "--device", device, "--max-seq-len", str(unit.profile.max_seq_len),
-                      "--max-batch", str(unit.profile.max_batch_size)],
+                argv=["python", *_scoring_args("<bundle>/model", "127.0.0.1", "<free>", spec.model.name, device,
+                                               unit.profile.max_seq_len, unit.profile.max_batch_size)],
                 env=dict(SERVE_ENV),
                 description="smoke serve (returns log-probs; the benchmark and serve.sh run transformers serve)"))
         commands.append(Command(argv=["transformers", "serve", spec.model.name, *at, "--device", device],

@@ -28,7 +28,7 @@ from enginefoundry.build.model_shape import Check, ModelShape
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import PreflightError
 from enginefoundry.gpu.detect import GPUInfo, match_target
-from enginefoundry.gpu.precisions import KV_BYTES, TORCH_BYTES, activation_dtype
+from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
 from enginefoundry.spec.checks import UNIT_PRECISION
@@ -332,9 +332,6 @@ def _gib(n: float) -> str:
 
 
 REFERENCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# The log-prob spread's second pass (smoke/reference.compute_spread): the reference's weights, rounded to its dtype,
-# run in wider arithmetic: float64 for fp32, float32 for a 16-bit reference (reference._wider).
-SPREAD_DTYPE_BYTES = {"fp32": 8, "bf16": 4, "fp16": 4}
 NO_SPREAD = "one dtype for every unit: no log-prob spread is measured, the family's table bounds"
 
 
@@ -358,7 +355,8 @@ def reference_need(shape: ModelShape, dtype: str, spread: bool = False) -> int:
     """The whole source in `dtype` (params × bytes), +20% for activations, the KV of greedy decoding and the
     tokenizer. With the spread (like with like), the larger of that and the spread's pass: the same weights in
     wider arithmetic (the reference's model is freed before it loads; `.to()` converts one tensor at a time)."""
-    per_param = max(REFERENCE_DTYPE_BYTES.get(dtype, 4), SPREAD_DTYPE_BYTES.get(dtype, 8) if spread else 0)
+    wide = (8 if SPREAD_DTYPE.get(dtype, "float64") == "float64" else 4) if spread else 0
+    per_param = max(REFERENCE_DTYPE_BYTES.get(dtype, 4), wide)
     return int(shape.param_count() * per_param * 1.2)
 
 
@@ -422,12 +420,8 @@ def _fit(spec: BuildSpec, unit: Unit, dtype: str, device: ReferenceDevice, need:
 def _fit_text(fit: ReferenceFit) -> str:
     where = fit.where if fit.limit is None else f"{fit.where} {_gib(fit.limit)}"
     what = "host memory" if fit.device is ReferenceDevice.CPU else "on GPUs"
-    spread = f" and its log-prob spread ({_wide(fit.dtype)} pass, like with like)" if fit.spread else ""
+    spread = f" and its log-prob spread ({SPREAD_DTYPE[fit.dtype]} pass, like with like)" if fit.spread else ""
     return f"the {fit.dtype} smoke reference{spread} needs ≈{_gib(fit.need)} {what}; {where}"
-
-
-def _wide(dtype: str) -> str:
-    return "float64" if dtype == "fp32" else "float32"
 
 
 def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None, *, on_worker: bool,

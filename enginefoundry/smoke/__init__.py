@@ -251,7 +251,7 @@ def run_smoke(
     check_prompt_count(prompts, policy, spec.small_sample, precision)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     _probe(client, cases, server_alive, progress)
-    ref_dtype, reference_why = reference_precision_for(spec.reference_precision, precision)
+    ref_dtype, reference_why = spec.reference_for(precision)
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
             reference_dir, cases, dtype=ref_dtype, max_new_tokens=spec.max_new_tokens, store=store,
@@ -278,11 +278,10 @@ def run_smoke(
     progress(f"smoke: teacher-forced log-probs: {teacher.detail}")
     slice_of = {c.id: c.slice for c in cases}
     teacher_slices = {name: compare_teacher_forced({k: v for k, v in scores.items() if slice_of[k] == name}, refs)
-                      for name in dict.fromkeys(c.slice for c in cases if c.slice is not None)} \
-        if teacher.available else {}
+                      for name in slice_names(evidence)} if teacher.available else {}
     # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
     # is measured only where like with like applies (`unit`, the spec's default; the pipeline's preflight budgets it).
-    like = (spec.reference_precision == UNIT_PRECISION and reference_outcome.sibling_unit is None
+    like = (spec.like_with_like(precision) and reference_outcome.sibling_unit is None
             and reference_outcome.dtype == precision)
     if reference_outcome.sibling_unit is not None:
         reference_why = f"the gated higher-precision sibling unit {reference_outcome.sibling_unit} (smoke.reference)"

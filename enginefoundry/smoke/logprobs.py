@@ -104,15 +104,8 @@ class LogprobSpread(BaseModel):
     def restricted(self, ids: set[str]) -> LogprobSpread | None:
         """The spread of these prompts alone (a slice judged on its own): None when none of them was measured."""
         part = [p for p in self.per_prompt if p.id in ids]
-        tokens = sum(p.tokens for p in part)
-        if not tokens:
-            return None
-        means = sorted(p.sum_abs_diff / p.tokens for p in part if p.tokens)
-        return self.model_copy(update={
-            "prompts": len(part), "tokens": tokens,
-            "mean_abs_diff": round(sum(p.sum_abs_diff for p in part) / tokens, 6),
-            "p95_prompt_mean_abs_diff": round(means[min(len(means) - 1, int(0.95 * len(means)))], 6),
-            "top1_disagreement": round(sum(p.top1_misses for p in part) / tokens, 6), "per_prompt": part})
+        totals = _totals([(p.tokens, p.sum_abs_diff, p.top1_misses) for p in part])
+        return None if totals is None else self.model_copy(update={**totals, "per_prompt": part})
 
     @property
     def max_mean_abs_diff(self) -> float:
@@ -128,33 +121,36 @@ class LogprobSpread(BaseModel):
                 f"({self.computation_a} vs {self.computation_b})")
 
 
+def _totals(rows: list[tuple[int, float, int]]) -> dict[str, int | float] | None:
+    """A spread's numbers from its prompts' (tokens, summed |Δ log-prob|, top-1 misses); None without a token."""
+    tokens = sum(n for n, _, _ in rows)
+    if not tokens:
+        return None
+    means = sorted(s / n for n, s, _ in rows if n)
+    return {"prompts": len(means), "tokens": tokens, "mean_abs_diff": round(sum(s for _, s, _ in rows) / tokens, 6),
+            "p95_prompt_mean_abs_diff": round(means[min(len(means) - 1, int(0.95 * len(means)))], 6),
+            "top1_disagreement": round(sum(m for _, _, m in rows) / tokens, 6)}
+
+
 def measure_spread(a: list[list[float]], b: list[tuple[list[float], list[bool]]], *, reference_key: str,
                    precision: str, computation_a: str, computation_b: str,
                    ids: list[str] | None = None) -> LogprobSpread:
     """`a`: per prompt the reference's token log-probs; `b`: per prompt the second computation's log-probs of the
     same tokens and whether each token was its argmax; `ids`: the prompts' ids (kept per prompt, for slices)."""
-    diffs: list[float] = []
-    per_prompt: list[float] = []
-    agree: list[bool] = []
+    rows: list[tuple[int, float, int]] = []
     parts: list[PromptSpread] = []
     for i, (lp_a, (lp_b, top1)) in enumerate(zip(a, b, strict=True)):
         d = [abs(x - y) for x, y in zip(lp_a, lp_b, strict=True)]
-        if d:
-            per_prompt.append(sum(d) / len(d))
+        rows.append((len(d), sum(d), sum(not t for t in top1)))
         if ids is not None:
-            parts.append(PromptSpread(id=ids[i], tokens=len(d), sum_abs_diff=round(sum(d), 6),
-                                      top1_misses=sum(not t for t in top1),
+            parts.append(PromptSpread(id=ids[i], tokens=len(d), sum_abs_diff=round(sum(d), 6), top1_misses=rows[-1][2],
                                       first_miss=next((k for k, t in enumerate(top1) if not t), None)))
-        diffs += d
-        agree += top1
-    if not diffs:
+    totals = _totals(rows)
+    if totals is None:
         raise ValueError("no reference tokens to measure the spread on")
-    per_prompt.sort()
-    return LogprobSpread(
-        reference_key=reference_key, precision=precision, computation_a=computation_a, computation_b=computation_b,
-        prompts=len(per_prompt), tokens=len(diffs), mean_abs_diff=round(sum(diffs) / len(diffs), 6),
-        p95_prompt_mean_abs_diff=round(per_prompt[min(len(per_prompt) - 1, int(0.95 * len(per_prompt)))], 6),
-        top1_disagreement=round(1 - sum(agree) / len(agree), 6), per_prompt=parts)
+    return LogprobSpread.model_validate({
+        "reference_key": reference_key, "precision": precision, "computation_a": computation_a,
+        "computation_b": computation_b, **totals, "per_prompt": parts})
 
 
 class TeacherForced(BaseModel):

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import ToolError
+from enginefoundry.gpu.precisions import SPREAD_DTYPE
 from enginefoundry.identity import checkpoint_digests, sha256_json
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
@@ -173,11 +174,19 @@ def reference_answers(
         return _generate(model, tok, cases, max_new_tokens, progress or (lambda _: None))
     finally:
         del model
-        if device == "gpu":  # the unit's server takes these GPUs next
-            import gc
+        _release(device)
 
-            gc.collect()
-            torch.cuda.empty_cache()
+
+def _release(device: str) -> None:
+    """After a reference model is dropped: on GPUs, give back the memory torch still reserves (the unit's server
+    takes these GPUs next, or holds them already)."""
+    if device == "gpu":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _generate(model: Any, tok: Any, cases: list[PromptCase], max_new_tokens: int,
@@ -334,15 +343,13 @@ def load_sibling_reference(
 
 # --- the spread between two healthy computations at the reference's precision (smoke/logprobs.LogprobSpread) ---
 
-SPREAD_DTYPES = ("fp32", "bf16", "fp16")  # a reference transformers computes: the spread is measurable
+SPREAD_DTYPES = tuple(SPREAD_DTYPE)  # a reference transformers computes: the spread is measurable
 
 
 def spread_store_key(key: ReferenceKey) -> str:
     return layout.reference_spread_key(key.digest)
 
 
-def _wider(dtype: str) -> str:
-    return "float64" if dtype == "fp32" else "float32"
 
 
 def teacher_forced(model: Any, tok: Any, cases: list[PromptCase],
@@ -376,7 +383,7 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     key = ref.key
     assert isinstance(key, ReferenceKey)
     torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[key.dtype]
-    wide = _wider(key.dtype)
+    wide = SPREAD_DTYPE[key.dtype]
     t0 = time.monotonic()
     tok = AutoTokenizer.from_pretrained(model_dir)
     # Loaded in the wider dtype, so that device_map="auto" places the size it will hold (a model accelerate has
@@ -397,11 +404,7 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
         b = teacher_forced(model, tok, cases, answers)
     finally:
         del model
-        if device == "gpu":  # the unit's server holds these GPUs: give back what the pass reserved
-            import gc
-
-            gc.collect()
-            torch.cuda.empty_cache()
+        _release(device)
     spread = measure_spread(
         [a.token_logprobs for a in answers], b, reference_key=key.digest, precision=key.dtype,
         computation_a=f"greedy decoding in {key.dtype} (transformers, KV cache)",
