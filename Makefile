@@ -11,7 +11,7 @@ $(BIN)/enginefoundry: pyproject.toml
 	$(BIN)/pip install -q -U pip
 	# torch 2.13.0 CPU: pip takes the local wheel where one lies on disk (uv would download CUDA builds).
 	# server: the full MLflow for `make stack`'s tracking server (the core needs only mlflow-skinny).
-	$(BIN)/pip install -q -e '.[reference,bench,test,server]'
+	$(BIN)/pip install -q -e '.[reference,bench,test,server,simulate]'
 	touch $@
 
 # AIPerf in its own venv, so its pins (rich~=14.1, pandas, pyzmq) never meet TensorRT-LLM's; the bench stage

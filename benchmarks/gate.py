@@ -10,6 +10,12 @@ For each model (benchmarks/gate_models.py builds them on demand from PyPI packag
     lm_head rows permuted; and the faults that keep task accuracy (gate_models.SUBTLE): attention noise and a
     zeroed MLP at the first, middle and last layer, final norm scaled, rope theta × 4, 4-bit k/v simulated,
     a chat template without its default system turn. `--builds a,b` judges only those.
+With nvidia-modelopt installed (the `simulate` extra), builds quantized by the quantization tool itself
+(gate_models.QUANTIZED: `int8_wo-mo`, `int4_wo-mo`, `int4_awq-mo`, ModelOpt's weights served in bf16) and faults made
+on the int4_awq one (gate_models.QUANTIZED_BREAKAGES: AWQ's pre-quant scale dropped, attention noise, a zeroed MLP,
+the final norm scaled, rope theta × 4) are judged with `--reference-precision simulated`: against ModelOpt's
+simulated model of the source (enginefoundry/smoke/simulated.py, calibrated on the judged prompts), computed in
+bf16, with limits from the spread measured on it, and the quantization's own cost as a rule apart.
 Each build is served by the reference lane's scoring server (`--server ef`, enginefoundry/smoke/serve.py: log-probs,
 and the prompt log-probs teacher forcing needs; `--server transformers`: `transformers serve`, OMP_NUM_THREADS=1,
 --continuous-batching but for the tiny model, no log-probs) and judged by `enginefoundry smoke` at its default
@@ -49,6 +55,8 @@ from enginefoundry.model_server import free_port, serving  # noqa: E402
 from enginefoundry.smoke import reference_precision_for  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
 from enginefoundry.smoke.reference import load_or_compute_reference, load_or_compute_spread  # noqa: E402
+from enginefoundry.smoke.simulated import can_simulate, simulate  # noqa: E402
+from enginefoundry.spec.checks import SIMULATED_DTYPE, SIMULATED_REFERENCE  # noqa: E402
 
 PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
 HEALTHY = ("fp32", "bf16", "fp16")
@@ -127,17 +135,32 @@ FAMILIES = {
 }
 
 
+QUANTIZATION_COST = "quantization cost"  # the rule run_smoke adds against a simulated reference
+
+
 def kind_of(build: str) -> str:
     """healthy, lossy (gate_models.LOSSY: a simulation that costs these small models task accuracy) or broken."""
     if build in gate_models.LOSSY:
         return "lossy"
-    return "healthy" if build in (*HEALTHY, *gate_models.SIMULATED_HEALTHY) else "broken"
+    return "healthy" if build in (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.QUANTIZED) else "broken"
+
+
+def precision_of(build: str, kind: str) -> str:
+    """The precision a build is judged as: its own for healthy and quantized builds, bf16 for the bf16 faults."""
+    if "-mo" in build:
+        return gate_models.quantized_precision(build)
+    return build.removesuffix("-sim") if kind != "broken" else "bf16"
 
 
 def family(build: str, kind: str, precision: str) -> str:
     if kind in ("healthy", "lossy"):
-        return f"{kind} {precision}" + (" (simulated)" if build.endswith("-sim") else "")
-    return next((f for f, names in FAMILIES.items() if build in names), "other")
+        how = " (simulated)" if build.endswith("-sim") else " (ModelOpt)" if build.endswith("-mo") else ""
+        return f"{kind} {precision}{how}"
+    fault = build.split("+")[-1]
+    on = f" on {precision} (ModelOpt)" if "+" in build else ""
+    if fault == "prescale-dropped":
+        return f"quantization{on}"
+    return next((f for f, names in FAMILIES.items() if fault in names), "other") + on
 
 
 def family_table(rows: list[dict]) -> None:
@@ -221,14 +244,21 @@ def main() -> int:
     if args.summarize:
         return resummarize(args.summarize)
     threads = args.threads or 1  # one per server: more fight the client and the other judgements on a small host
+    # Builds quantized by ModelOpt need nvidia-modelopt (the `simulate` extra): left out, and said, without it.
+    quantized: tuple[str, ...] = gate_models.QUANTIZED
+    quantized_broken: tuple[str, ...] = gate_models.QUANTIZED_BREAKAGES
+    if can_simulate("int4_awq") is not None:
+        print(f"[gate] no ModelOpt builds: {can_simulate('int4_awq')}", file=sys.stderr)
+        quantized, quantized_broken = (), ()
 
     models = args.models.split(",") if args.models else (["smollm2-135m"] if args.reduced else list(DEFAULT_MODELS))
-    healthy = ("bf16",) if args.reduced else (*HEALTHY, *gate_models.SIMULATED_HEALTHY)
-    breakages = REDUCED_BREAKAGES if args.reduced else (*gate_models.BREAKAGES, *gate_models.SUBTLE)
+    healthy = ("bf16",) if args.reduced else (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *quantized)
+    breakages = REDUCED_BREAKAGES if args.reduced else (*gate_models.BREAKAGES, *gate_models.SUBTLE,
+                                                        *quantized_broken)
     if args.builds:
         chosen = args.builds.split(",")
         unknown = set(chosen) - {*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.BREAKAGES,
-                                 *gate_models.SUBTLE}
+                                 *gate_models.SUBTLE, *gate_models.QUANTIZED, *gate_models.QUANTIZED_BREAKAGES}
         if unknown:
             ap.error(f"--builds: unknown {', '.join(sorted(unknown))}")
         healthy = tuple(b for b in chosen if b in healthy)  # in the order given
@@ -248,27 +278,48 @@ def main() -> int:
         # The references once per model and dtype (with their log-prob spread); every `smoke` call below finds
         # them in the cache by key.
         say = lambda m: print(m, file=sys.stderr)  # noqa: E731
-        precisions = {name.removesuffix("-sim") for name in healthy} | ({"bf16"} if breakages else set())
+        mo = [n for n in (*healthy, *breakages) if "-mo" in n]
+        precisions = ({name.removesuffix("-sim") for name in healthy if "-mo" not in name}
+                      | ({"bf16"} if breakages or mo else set()))
         for dtype in sorted(precisions):
             ref_dtype = reference_precision_for(args.reference_precision, dtype)[0]
             ref, _ = load_or_compute_reference(src, cases, dtype=ref_dtype, max_new_tokens=max_new, progress=say)
             if args.server == "ef" and ref_dtype == dtype:
                 load_or_compute_spread(src, cases, ref, store=None, progress=say)
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
-        plan = [(d, kind_of(d), gate_models.simulated_build(model, d) if d.endswith("-sim") else
-                 gate_models.dtype_build(model, d)) for d in healthy]
-        plan += [(b, "broken", gate_models.broken_build(model, b, prompt_tokens=median_prompt)) for b in breakages]
+        for q in sorted({gate_models.quantized_precision(n) for n in mo}):  # the simulated references, once each
+            sim = simulate(src, q, cases, progress=say)
+            sim_ref, _ = load_or_compute_reference(sim.folder, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new,
+                                                   progress=say)
+            load_or_compute_spread(sim.folder, cases, sim_ref, store=None, progress=say)
+
+        def build_of(name: str, model: str = model, cases: list = cases, median_prompt: int = median_prompt) -> Path:
+            if "-mo" in name:
+                return gate_models.quantized_build(model, name, cases, prompt_tokens=median_prompt)
+            if name.endswith("-sim"):
+                return gate_models.simulated_build(model, name)
+            if name in HEALTHY:
+                return gate_models.dtype_build(model, name)
+            return gate_models.broken_build(model, name, prompt_tokens=median_prompt)
+
+        plan = [(d, kind_of(d), build_of(d)) for d in (*healthy, *breakages)]
         def one(item: tuple[str, str, Path], prompts: Path = prompts, max_new: int = max_new,
                 src: Path = src, model: str = model) -> tuple[dict, dict]:
             name, kind, build = item
-            precision = name.removesuffix("-sim") if kind != "broken" else "bf16"
+            precision = precision_of(name, kind)
             print(f"[gate] {model} {name}: serving {build}", file=sys.stderr, flush=True)
             # The tiny fixture model is served one request at a time, as the e2e tests serve it.
             result = judge_build(build, reference=src, prompts=prompts, precision=precision,
                                  max_new_tokens=max_new, small_sample="refuse", logs=logs,
                                  batching=model != "tiny-chat", server=args.server,
-                                 reference_precision=args.reference_precision, threads=threads)
+                                 reference_precision=(SIMULATED_REFERENCE if "-mo" in name
+                                                      else args.reference_precision), threads=threads)
             r = row(model, name, kind, precision, result)
+            if kind == "healthy" and r["failed rules"] == QUANTIZATION_COST:
+                # The build is its quantization's, faithfully; the quantization itself costs task accuracy:
+                # measured (the rule), not presumed as gate_models.LOSSY is. Reported apart, like those.
+                r["kind"] = "lossy"
+                r["family"] = family(name, "lossy", precision)
             print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
             return r, {"model": model, "build": name, "kind": kind, **result}
 
@@ -320,6 +371,8 @@ def resummarize(paths: list[str]) -> int:
             if path.endswith(".jsonl") else json.loads(text)["rows"]
         for r in saved:
             r["kind"] = kind_of(r["build"])
+            if r["kind"] == "healthy" and r["failed rules"] == QUANTIZATION_COST:
+                r["kind"] = "lossy"
             r["family"] = family(r["build"], r["kind"], r["precision"])
             rows.append(r)
     return summarize(rows)

@@ -454,36 +454,89 @@ def broken_build(name: str, breakage: str, *, prompt_tokens: int = 32) -> Path:
 
     def make(tmp: Path) -> None:
         _copy(base, tmp)
-        if breakage == "wrong-tokenizer":
-            _wrong_tokenizer(tmp)
-        elif breakage == "wrong-chat-template":
-            _wrong_template(tmp)
-        elif breakage == "layer-zeroed":
-            _edit_weights(tmp, _zero_layer)
-        elif breakage == "rope-theta":
-            _edit_json(tmp / "config.json", _rope)
-        elif breakage == "max-seq-len-short":
-            _cap_seq_len(tmp, prompt_tokens)
-        elif breakage == "lm-head-permuted":
-            _edit_weights(tmp, _permute_lm_head)
-            _untie(tmp)
-        elif breakage.startswith("attn-noise-"):
-            _edit_weights(tmp, _attn_noise(breakage.rsplit("-", 1)[1]))
-        elif breakage.startswith("mlp-zeroed-"):
-            _edit_weights(tmp, _mlp_zeroed(breakage.rsplit("-", 1)[1]))
-        elif breakage == "final-norm-scaled":
-            _edit_weights(tmp, _final_norm_scaled)
-        elif breakage == "rope-theta-x4":
-            _edit_json(tmp / "config.json", _rope_times(4.0))
-        elif breakage == "kv-int4-sim":
-            _edit_weights(tmp, _kv_int4)
-        elif breakage == "template-no-system":
-            _template_no_system(tmp)
-        else:
-            raise ValueError(breakage)
+        _break(tmp, breakage, prompt_tokens)
 
     suffix = f"-{prompt_tokens}" if breakage == "max-seq-len-short" else ""
     return _atomic_dir(CACHE / "builds" / f"{name}-{breakage}{suffix}", make)
+
+
+def _break(tmp: Path, breakage: str, prompt_tokens: int) -> None:
+    if breakage == "wrong-tokenizer":
+        _wrong_tokenizer(tmp)
+    elif breakage == "wrong-chat-template":
+        _wrong_template(tmp)
+    elif breakage == "layer-zeroed":
+        _edit_weights(tmp, _zero_layer)
+    elif breakage == "rope-theta":
+        _edit_json(tmp / "config.json", _rope)
+    elif breakage == "max-seq-len-short":
+        _cap_seq_len(tmp, prompt_tokens)
+    elif breakage == "lm-head-permuted":
+        _edit_weights(tmp, _permute_lm_head)
+        _untie(tmp)
+    elif breakage.startswith("attn-noise-"):
+        _edit_weights(tmp, _attn_noise(breakage.rsplit("-", 1)[1]))
+    elif breakage.startswith("mlp-zeroed-"):
+        _edit_weights(tmp, _mlp_zeroed(breakage.rsplit("-", 1)[1]))
+    elif breakage == "final-norm-scaled":
+        _edit_weights(tmp, _final_norm_scaled)
+    elif breakage == "rope-theta-x4":
+        _edit_json(tmp / "config.json", _rope_times(4.0))
+    elif breakage == "kv-int4-sim":
+        _edit_weights(tmp, _kv_int4)
+    elif breakage == "template-no-system":
+        _template_no_system(tmp)
+    else:
+        raise ValueError(breakage)
+
+
+# --- builds quantized by the quantization tool itself (ModelOpt, enginefoundry/smoke/simulated.py) ----------------
+# `<precision>-mo`: a healthy weight-only build: ModelOpt's quantized weights (its simulated model, calibrated on the
+# judged prompts as `smoke --reference-precision simulated` calibrates it), stored and served in bf16 as a
+# TensorRT-LLM weight-only engine computes (bf16 activations). Judged against the simulated model (like with like).
+QUANTIZED = ("int8_wo-mo", "int4_wo-mo", "int4_awq-mo")
+# `int4_awq-mo+<fault>`: that build with one thing wrong. `prescale-dropped`: AWQ's per-channel pre-quant scale left
+# out of every layer (the quantized weights served without the input scaling they were searched with: a converter
+# that ignores `pre_quant_scale`); the others are the bf16 faults above, made on the quantized build.
+QUANTIZED_BREAKAGES = ("int4_awq-mo+prescale-dropped", "int4_awq-mo+attn-noise-mid", "int4_awq-mo+mlp-zeroed-mid",
+                       "int4_awq-mo+final-norm-scaled", "int4_awq-mo+rope-theta-x4")
+
+
+def quantized_precision(build: str) -> str:
+    return build.split("+")[0].removesuffix("-mo")
+
+
+def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 32) -> Path:
+    """A `<precision>-mo[+fault]` build of `name`, made from the simulated model of `cases` (computed once)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from enginefoundry.smoke.simulated import simulate
+
+    sim = simulate(source_dir(name), quantized_precision(build), cases,
+                   progress=lambda m: print(m, file=sys.stderr, flush=True))
+    fault = build.split("+")[1] if "+" in build else None
+
+    def make(tmp: Path) -> None:
+        for f in sim.folder.iterdir():
+            if f.name not in ("simulated.json", "quantizers.safetensors"):
+                shutil.copy2(f, tmp / f.name)
+
+        def to_bf16(tensors: dict) -> None:
+            scales = load_file(sim.folder / "quantizers.safetensors") if fault == "prescale-dropped" else {}
+            for k, v in tensors.items():
+                pqs = scales.get(k.removesuffix(".weight") + ".pre_quant_scale")
+                if pqs is not None:  # W_eff = Q(W') · diag(s): without s
+                    v = v / pqs.reshape(1, -1)
+                tensors[k] = v.to(torch.bfloat16)
+            assert fault != "prescale-dropped" or scales, "no AWQ pre-quant scales in this simulation"
+
+        _edit_weights(tmp, to_bf16)
+        _edit_json(tmp / "config.json", lambda c: c.update({"dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+        if fault not in (None, "prescale-dropped"):
+            _break(tmp, fault, prompt_tokens)
+
+    return _atomic_dir(CACHE / "builds" / f"{name}-{build}-{sim.key.digest[:12]}", make)
 
 
 if __name__ == "__main__":

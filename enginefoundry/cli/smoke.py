@@ -12,7 +12,7 @@ from pathlib import Path
 from enginefoundry.cli.common import emit_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
-from enginefoundry.spec.checks import REFERENCE_PRECISIONS
+from enginefoundry.spec.checks import REFERENCE_PRECISIONS, SIMULATED_PRECISIONS, SIMULATED_REFERENCE, UNIT_PRECISION
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,10 +23,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompts", required=True, help="JSONL prompt set (prompt or messages, optional expected/match)")
     p.add_argument("--precision", default="fp32",
                    help="precision of the unit under test; picks the policy family (default fp32)")
-    p.add_argument("--reference-precision", default="unit", choices=REFERENCE_PRECISIONS,
+    p.add_argument("--reference-precision", default="unit", choices=(*REFERENCE_PRECISIONS, SIMULATED_REFERENCE),
                    help="`unit` (default, as the spec's smoke.reference_precision): the unit's own precision where "
                         "transformers computes it (fp32, bf16, fp16; like with like, with log-prob bounds derived "
-                        "from the spread measured at that precision), else fp32; or one dtype for the reference")
+                        "from the spread measured at that precision), else fp32; one dtype for the reference; or "
+                        f"`simulated` ({', '.join(SIMULATED_PRECISIONS)}): the quantization tool's simulated model "
+                        "of --reference (ModelOpt fake quant, calibrated on --prompts; the simulate extra), computed "
+                        "in bf16, and the quantization's own accuracy cost judged apart")
     p.add_argument("--reference-device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where the reference answers are computed on a cache miss: a GPU where one is visible "
                         "(auto, the default), or cpu / gpu")
@@ -60,7 +63,9 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         raise InputError(f"smoke: --endpoint '{args.endpoint}' must start with http:// or https://")
     prompts = load_prompt_set(Path(args.prompts))
     try:
-        spec = SmokeSpec(prompts=args.prompts, reference_precision=args.reference_precision,
+        simulated = args.reference_precision == SIMULATED_REFERENCE
+        spec = SmokeSpec(prompts=args.prompts,
+                         reference_precision=UNIT_PRECISION if simulated else args.reference_precision,
                          max_new_tokens=args.max_new_tokens, small_sample=args.small_sample,
                          concurrency=args.concurrency)
     except ValueError as err:
@@ -77,7 +82,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                            served_tokenizer_dir=Path(args.served_tokenizer) if args.served_tokenizer else None,
                            precision=args.precision, progress=say, store=store,
                            server_log=Path(args.server_log) if args.server_log else None,
-                           reference_device=args.reference_device)
+                           reference_device=args.reference_device, simulated=simulated)
     except ToolError as err:
         if "(0/" in str(err):  # not a single answer: the endpoint or the model name is wrong
             raise InputError(str(err).splitlines()[0]) from None

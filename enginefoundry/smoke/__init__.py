@@ -38,8 +38,10 @@ from enginefoundry.smoke.reference import (
     load_or_compute_reference,
     load_or_compute_spread,
 )
+from enginefoundry.smoke.simulated import SimulatedModel, can_simulate, simulate
+from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
-from enginefoundry.spec.checks import COMPUTABLE, UNIT_PRECISION, reference_precision_for
+from enginefoundry.spec.checks import COMPUTABLE, SIMULATED_DTYPE, UNIT_PRECISION, reference_precision_for
 from enginefoundry.store.backends import Store
 
 __all__ = [
@@ -230,7 +232,7 @@ def run_smoke(
     server_alive: Callable[[], bool] | None = None, max_logprob_diff: float | None = None,
     store: Store | None = None, weights_digest: str | None = None, reference: ReferenceSet | None = None,
     reference_outcome: ReferenceOutcome | None = None, server_log: Path | None = None,
-    reference_device: str = "cpu",
+    reference_device: str = "cpu", simulated: bool = False,
 ) -> SmokeReport:
     """Every prompt through the endpoint (`spec.concurrency` at a time), compared with the reference answers
     (computed once per key), then the gate.
@@ -241,17 +243,36 @@ def run_smoke(
     `server_alive` lets it say that the server process died rather than "connection refused" (asked until the
     process has had time to exit: runner.exited_after_error). `server_log`: the server's log, whose last error
     line names the cause of HTTP 5xx answers in the verdict.
+
+    `simulated`: a weight-only quantized unit is judged against the quantization tool's simulated model of the
+    source (smoke/simulated.py; calibrated on the prompt set) at SIMULATED_DTYPE, like with like: the compute
+    dtype's policy, log-prob limits from the spread measured on the simulated model; and the quantization's own
+    cost is a rule of its own (`quantization cost`: the simulated model's task accuracy against the source's at
+    the same dtype, with the precision family's margin).
     """
     t0 = time.monotonic()
     cases = prompts.cases
     overrides = spec.policy_overrides()
     if max_logprob_diff is not None:
         overrides["max_logprob_diff"] = max_logprob_diff
-    policy = policy_for(precision, **overrides)
+    source_dir = reference_dir
+    if simulated:
+        why_not = can_simulate(precision)
+        if why_not is not None:
+            raise InputError(f"smoke: --reference-precision simulated: {why_not}")
+    # Against its simulation a quantized unit drifts as its compute dtype does: that dtype's policy judges it.
+    policy = policy_for(SIMULATED_DTYPE if simulated else precision, **overrides)
     check_prompt_count(prompts, policy, spec.small_sample, precision)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     _probe(client, cases, server_alive, progress)
     ref_dtype, reference_why = spec.reference_for(precision)
+    sim: SimulatedModel | None = None
+    if simulated:
+        sim = simulate(source_dir, precision, cases, progress=progress)
+        reference_dir, ref_dtype = sim.folder, SIMULATED_DTYPE
+        reference_why = (f"the quantization tool's simulated {precision} model, computed in {SIMULATED_DTYPE} "
+                         f"(like with like; the {policy.family.value} policy of its compute dtype): {sim.label()}")
+        reference = reference_outcome = None
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
             reference_dir, cases, dtype=ref_dtype, max_new_tokens=spec.max_new_tokens, store=store,
@@ -259,7 +280,7 @@ def run_smoke(
     refs = reference.by_id
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(reference_dir)
+    tok = AutoTokenizer.from_pretrained(source_dir)
     t_ask = time.monotonic()
     answers = ask_all(client, cases, concurrency=spec.concurrency, progress=progress, server_alive=server_alive)
     progress(f"smoke: {len(cases)} prompts answered in {time.monotonic() - t_ask:.1f} s "
@@ -281,8 +302,8 @@ def run_smoke(
                       for name in slice_names(evidence)} if teacher.available else {}
     # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
     # is measured only where like with like applies (`unit`, the spec's default; the pipeline's preflight budgets it).
-    like = (spec.like_with_like(precision) and reference_outcome.sibling_unit is None
-            and reference_outcome.dtype == precision)
+    like = sim is not None or (spec.like_with_like(precision) and reference_outcome.sibling_unit is None
+                               and reference_outcome.dtype == precision)
     if reference_outcome.sibling_unit is not None:
         reference_why = f"the gated higher-precision sibling unit {reference_outcome.sibling_unit} (smoke.reference)"
     spread = None
@@ -290,7 +311,7 @@ def run_smoke(
         spread = load_or_compute_spread(reference_dir, cases, reference, store=store, device=reference_device,
                                         progress=progress)
     served_tok = tokenizer_digest(served_tokenizer_dir) if served_tokenizer_dir is not None else None
-    ref_tok = tokenizer_digest(reference_dir)
+    ref_tok = tokenizer_digest(source_dir)
     verdict = judge(evidence, policy, max_new_tokens=spec.max_new_tokens, reference_tokenizer_digest=ref_tok,
                     served_tokenizer_digest=served_tok, logprob_mean_abs_diff=logprobs.mean_abs_diff,
                     logprob_tokens=logprobs.tokens_compared, small_sample=spec.small_sample,
@@ -301,6 +322,10 @@ def run_smoke(
                     server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None,
                     teacher_forced=teacher, spread=spread, reference_why=reference_why,
                     teacher_forced_slices={k: v for k, v in teacher_slices.items() if v.available})
+    if sim is not None:
+        verdict = verdict.with_rule(quantization_cost(
+            source_dir, cases, reference, precision=precision, max_new_tokens=spec.max_new_tokens, store=store,
+            device=reference_device, progress=progress))
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -324,6 +349,31 @@ def run_smoke(
                                 teacher_slices.get(name)) for name in slice_names(evidence)],
         served_answers=served_answers,
     )
+
+
+def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,
+                      max_new_tokens: int, store: Store | None, device: str,
+                      progress: Callable[[str], None]) -> GateRule:
+    """The quantization's own cost, apart from the build's fidelity: the simulated model's task accuracy against
+    the source's at the same dtype (paired non-inferiority at the margin of the precision's family)."""
+    source, _ = load_or_compute_reference(source_dir, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens,
+                                          store=store, progress=progress, device=device)
+    graded = [c for c in cases if c.expected is not None]
+    if not graded:
+        return GateRule(name="quantization cost", ok=True, kind="info",
+                        detail="not judged: the prompt set has no graded prompts")
+    policy = policy_for(precision)
+    test = paired_noninferiority([bool(c.is_correct(source.by_id[c.id].text)) for c in graded],
+                                 [bool(c.is_correct(simulated.by_id[c.id].text)) for c in graded],
+                                 margin=policy.accuracy_margin, alpha=policy.alpha)
+    ok = test.non_inferior
+    return GateRule(name="quantization cost", ok=ok, kind="statistical",
+                    detail=(f"the simulated {precision} model {test.unit_correct}/{test.n} vs the {SIMULATED_DTYPE} "
+                            f"source {test.reference_correct}/{test.n} (paired: {test.b} only the source right, "
+                            f"{test.c} only the simulation right); non-inferiority at the {policy.family.value} "
+                            f"margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α "
+                            f"{test.alpha}" + ("" if ok else ": the quantization itself loses task accuracy, "
+                                               "whatever the build does")))
 
 
 def score_all(client: ChatClient, cases: list[PromptCase], refs: dict[str, ReferenceAnswer], tok: Any, *,

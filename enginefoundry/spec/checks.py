@@ -32,6 +32,11 @@ class ReferenceSource(StrEnum):
 UNIT_PRECISION: Final = "unit"  # smoke.reference_precision: the unit's own precision, where transformers computes it
 COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a reference in
 REFERENCE_PRECISIONS = (UNIT_PRECISION, *COMPUTABLE)
+# The `smoke` command's --reference-precision simulated: a weight-only quantized unit judged against the
+# quantization tool's simulated model (enginefoundry/smoke/simulated.py), computed in SIMULATED_DTYPE.
+SIMULATED_REFERENCE: Final = "simulated"
+SIMULATED_PRECISIONS = ("int4_awq", "int4_wo", "int8_wo")
+SIMULATED_DTYPE: Final = "bf16"  # the activations of a TensorRT-LLM weight-only build of a bf16 model
 ReferencePrecision = Literal["unit", "fp32", "bf16", "fp16"]
 
 

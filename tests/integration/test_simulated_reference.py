@@ -1,0 +1,128 @@
+"""A quantized unit judged against the quantization tool's simulated model (enginefoundry/smoke/simulated.py):
+ModelOpt's fake quantization, written as a plain checkpoint, served and judged by the real gate (issue 24).
+The tiny fixture model; ModelOpt for real (the `simulate` extra)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from enginefoundry.errors import InputError, ToolError
+from enginefoundry.lanes.base import Command, ServeCommand
+from enginefoundry.model_server import free_port, serving
+from enginefoundry.smoke import load_prompt_set, run_smoke
+from enginefoundry.smoke.simulated import SIMULATED, _fold, config_for, simulate
+from enginefoundry.spec import SmokeSpec
+from enginefoundry.spec.checks import SIMULATED_PRECISIONS
+from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
+
+pytest.importorskip("modelopt", reason="the `simulate` extra (nvidia-modelopt) is not installed")
+
+
+def test_the_simulation_is_the_tools_quantization_written_as_a_plain_checkpoint(tmp_path: Path):
+    cases = load_prompt_set(TINY_PROMPTS).cases
+    sim = simulate(TINY_MODEL, "int4_wo", cases, root=tmp_path, progress=lambda _: None)
+    assert sim.source == "computed" and sim.modules == 14 and sim.awq_scaled == 0  # 2 layers × 7 projections
+    src, got = load_file(TINY_MODEL / "model.safetensors"), load_file(sim.folder / "model.safetensors")
+    q = got["model.layers.0.self_attn.q_proj.weight"]
+    assert all(len(torch.unique(row)) <= 16 for row in q)  # int4 per output channel: 16 levels a row at most
+    assert not torch.equal(q, src["model.layers.0.self_attn.q_proj.weight"])
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.1.input_layernorm.weight"):
+        assert torch.equal(got[name], src[name])  # only the linear projections are quantized
+    assert (sim.folder / "tokenizer.json").read_bytes() == (TINY_MODEL / "tokenizer.json").read_bytes()
+    again = simulate(TINY_MODEL, "int4_wo", cases, root=tmp_path, progress=lambda _: None)
+    assert again.source == "local cache" and again.key == sim.key
+    assert not list(tmp_path.glob(".*partial"))
+    other = simulate(TINY_MODEL, "int4_wo", cases[:3], root=tmp_path, progress=lambda _: None)
+    assert other.key.digest != sim.key.digest  # the calibration prompts are part of the key
+
+
+def test_awq_scales_fold_into_the_weights_and_an_activation_quantizer_is_refused(tmp_path: Path):
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoModelForCausalLM
+
+    cases = load_prompt_set(TINY_PROMPTS).cases[:4]
+    sim = simulate(TINY_MODEL, "int4_awq", cases, root=tmp_path, progress=lambda _: None)  # logits checked
+    assert sim.awq_scaled == sim.modules > 0
+    assert "pre_quant_scale" in " ".join(load_file(sim.folder / "quantizers.safetensors"))
+    assert set(SIMULATED) == set(SIMULATED_PRECISIONS) and config_for("int4_wo") != config_for("int8_wo")
+
+    w8a8 = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+    mtq.quantize(w8a8, mtq.INT8_DEFAULT_CFG, lambda m: m(torch.tensor([[1, 5, 9]])))
+    with pytest.raises(ToolError, match="quantizes its input"):
+        _fold(w8a8)
+
+
+def _serve(model: Path, tmp: Path):
+    port = free_port()
+    argv = [sys.executable, "-m", "enginefoundry.smoke.serve", str(model), "--port", str(port), "--name", "tiny"]
+    cmd = ServeCommand(command=Command(argv=argv, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                                       description="enginefoundry scoring server"),
+                       model_name="tiny", tokenizer_dir=str(model))
+    return serving(cmd, tmp / f"{model.name}.log", timeout_s=120)
+
+
+def _bf16_build(sim_folder: Path, dst: Path, *, norm_scale: float = 1.0) -> Path:
+    """The simulated weights stored in bf16, as a weight-only engine computes; optionally the final norm scaled."""
+    dst.mkdir()
+    for f in sim_folder.iterdir():
+        if f.name not in ("simulated.json", "quantizers.safetensors"):
+            shutil.copy2(f, dst / f.name)
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(dst / "model.safetensors").items()}
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * norm_scale
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_a_quantized_unit_is_judged_against_its_simulation(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("EF_REFERENCE_CACHE", str(tmp_path / "refs"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    prompts = load_prompt_set(TINY_PROMPTS)
+    spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn")
+    sim = simulate(TINY_MODEL, "int4_wo", prompts.cases, progress=lambda _: None)
+
+    def judge(model: Path):
+        with _serve(model, tmp_path) as ep:
+            return run_smoke(spec, prompts, reference_dir=TINY_MODEL, base_url=ep.base_url,
+                             model_name=ep.model_name, served_tokenizer_dir=model, precision="int4_wo",
+                             progress=lambda _: None, simulated=True)
+
+    healthy = judge(_bf16_build(sim.folder, tmp_path / "int4_wo"))
+    assert healthy.passed, healthy.verdict.reason
+    assert "simulated int4_wo" in healthy.verdict.reference_why and healthy.reference.dtype == "bf16"
+    assert healthy.spread is not None and healthy.spread.precision == "bf16"  # measured on the simulation
+    assert healthy.policy is not None and healthy.policy.family.value == "16-bit"
+    rules = {r.name: r for r in healthy.verdict.rules}
+    assert "quantization cost" in rules and "the simulated int4_wo model" in rules["quantization cost"].detail
+    assert healthy.tokenizer_match is True
+
+    # The final norm × 0.25: flatter logits (the tiny model is very sure of its tokens), the same greedy text.
+    broken = judge(_bf16_build(sim.folder, tmp_path / "int4_wo-norm", norm_scale=0.25))
+    assert not broken.passed
+    assert "teacher-forced log-prob distance" in [r.name for r in broken.verdict.failed]
+
+
+def test_a_precision_without_a_simulation_is_refused_before_the_endpoint_is_asked():
+    spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn")
+    with pytest.raises(InputError, match="fp8 is not simulated"):
+        run_smoke(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL, base_url="http://127.0.0.1:9",
+                  model_name="tiny", served_tokenizer_dir=None, precision="fp8", progress=lambda _: None,
+                  simulated=True)
+
+
+def test_the_smoke_command_says_which_precisions_it_simulates(tmp_path: Path):
+    import subprocess
+
+    argv = [sys.executable, "-m", "enginefoundry.cli", "smoke", "--endpoint", "http://127.0.0.1:9",
+            "--served-model", "tiny", "--reference", str(TINY_MODEL), "--prompts", str(TINY_PROMPTS),
+            "--precision", "nvfp4", "--reference-precision", "simulated", "--small-sample", "warn"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr  # bad input: nothing judged, no traceback
+    assert "nvfp4 is not simulated" in proc.stderr and "Traceback" not in proc.stderr
+    assert "int4_awq, int4_wo, int8_wo" in proc.stderr
