@@ -273,6 +273,7 @@ def run_smoke(
         reference_why = (f"the quantization tool's simulated {precision} model, computed in {SIMULATED_DTYPE} "
                          f"(like with like; the {policy.family.value} policy of its compute dtype): {sim.label()}")
         reference = reference_outcome = None
+        weights_digest = None  # the caller's digest is the source's: the simulation's own is read from its folder
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
             reference_dir, cases, dtype=ref_dtype, max_new_tokens=spec.max_new_tokens, store=store,
