@@ -55,7 +55,7 @@ from enginefoundry.model_server import free_port, serving  # noqa: E402
 from enginefoundry.smoke import reference_precision_for  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
 from enginefoundry.smoke.reference import load_or_compute_reference, load_or_compute_spread  # noqa: E402
-from enginefoundry.smoke.simulated import can_simulate, simulate  # noqa: E402
+from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulate  # noqa: E402
 from enginefoundry.spec.checks import SIMULATED_DTYPE, SIMULATED_REFERENCE  # noqa: E402
 
 PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
@@ -135,9 +135,6 @@ FAMILIES = {
 }
 
 
-QUANTIZATION_COST = "quantization cost"  # the rule run_smoke adds against a simulated reference
-
-
 def kind_of(build: str) -> str:
     """healthy, lossy (gate_models.LOSSY: a simulation that costs these small models task accuracy) or broken."""
     if build in gate_models.LOSSY:
@@ -147,20 +144,30 @@ def kind_of(build: str) -> str:
 
 def precision_of(build: str, kind: str) -> str:
     """The precision a build is judged as: its own for healthy and quantized builds, bf16 for the bf16 faults."""
-    if "-mo" in build:
+    if gate_models.is_quantized(build):
         return gate_models.quantized_precision(build)
     return build.removesuffix("-sim") if kind != "broken" else "bf16"
 
 
 def family(build: str, kind: str, precision: str) -> str:
     if kind in ("healthy", "lossy"):
-        how = " (simulated)" if build.endswith("-sim") else " (ModelOpt)" if build.endswith("-mo") else ""
+        how = " (simulated)" if build.endswith("-sim") else " (ModelOpt)" if gate_models.is_quantized(build) else ""
         return f"{kind} {precision}{how}"
     fault = build.split("+")[-1]
     on = f" on {precision} (ModelOpt)" if "+" in build else ""
     if fault == "prescale-dropped":
         return f"quantization{on}"
     return next((f for f, names in FAMILIES.items() if fault in names), "other") + on
+
+
+def classified(r: dict) -> dict:
+    """The row's kind and family by today's tables. A healthy build failing only `quantization cost` is its
+    quantization's, faithfully, and the quantization itself costs task accuracy: lossy, measured (the rule), not
+    presumed as gate_models.LOSSY is; reported apart, like those."""
+    kind = kind_of(r["build"])
+    if kind == "healthy" and r["failed rules"] == QUANTIZATION_COST:
+        kind = "lossy"
+    return {**r, "kind": kind, "family": family(r["build"], kind, r["precision"])}
 
 
 def missed(r: dict) -> bool:
@@ -285,8 +292,8 @@ def main() -> int:
         # The references once per model and dtype (with their log-prob spread); every `smoke` call below finds
         # them in the cache by key.
         say = lambda m: print(m, file=sys.stderr)  # noqa: E731
-        mo = [n for n in (*healthy, *breakages) if "-mo" in n]
-        precisions = ({name.removesuffix("-sim") for name in healthy if "-mo" not in name}
+        mo = [n for n in (*healthy, *breakages) if gate_models.is_quantized(n)]
+        precisions = ({name.removesuffix("-sim") for name in healthy if name not in mo}
                       | ({"bf16"} if breakages or mo else set()))
         for dtype in sorted(precisions):
             ref_dtype = reference_precision_for(args.reference_precision, dtype)[0]
@@ -301,7 +308,7 @@ def main() -> int:
             load_or_compute_spread(sim.folder, cases, sim_ref, store=None, progress=say)
 
         def build_of(name: str, model: str = model, cases: list = cases, median_prompt: int = median_prompt) -> Path:
-            if "-mo" in name:
+            if gate_models.is_quantized(name):
                 return gate_models.quantized_build(model, name, cases, prompt_tokens=median_prompt)
             if name.endswith("-sim"):
                 return gate_models.simulated_build(model, name)
@@ -319,14 +326,9 @@ def main() -> int:
             result = judge_build(build, reference=src, prompts=prompts, precision=precision,
                                  max_new_tokens=max_new, small_sample="refuse", logs=logs,
                                  batching=model != "tiny-chat", server=args.server,
-                                 reference_precision=(SIMULATED_REFERENCE if "-mo" in name
+                                 reference_precision=(SIMULATED_REFERENCE if gate_models.is_quantized(name)
                                                       else args.reference_precision), threads=threads)
-            r = row(model, name, kind, precision, result)
-            if kind == "healthy" and r["failed rules"] == QUANTIZATION_COST:
-                # The build is its quantization's, faithfully; the quantization itself costs task accuracy:
-                # measured (the rule), not presumed as gate_models.LOSSY is. Reported apart, like those.
-                r["kind"] = "lossy"
-                r["family"] = family(name, "lossy", precision)
+            r = classified(row(model, name, kind, precision, result))
             print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
             return r, {"model": model, "build": name, "kind": kind, **result}
 
@@ -364,7 +366,8 @@ def summarize(rows: list[dict]) -> int:
           f"{statistics.median(judged):.1f} s, range {judged[0]:.1f}-{judged[-1]:.1f} s over {len(judged)} builds")
     models = list(dict.fromkeys(r["model"] for r in rows))
     def minimum(m: str) -> str:  # the 16-bit policy's (bf16 units, and quantized ones judged against a simulation)
-        r = next((r for r in rows if r["model"] == m and (r["precision"] == "bf16" or "-mo" in r["build"])), None)
+        r = next((r for r in rows if r["model"] == m
+                  and (r["precision"] == "bf16" or gate_models.is_quantized(r["build"]))), None)
         return f"policy minimum {r['min n']} for 16-bit" if r is not None else "no 16-bit judgement"
 
     print("sample sizes: " + "; ".join(
@@ -379,12 +382,7 @@ def resummarize(paths: list[str]) -> int:
         text = Path(path).read_text()
         saved = [json.loads(line)["row"] for line in text.splitlines() if line.strip()] \
             if path.endswith(".jsonl") else json.loads(text)["rows"]
-        for r in saved:
-            r["kind"] = kind_of(r["build"])
-            if r["kind"] == "healthy" and r["failed rules"] == QUANTIZATION_COST:
-                r["kind"] = "lossy"
-            r["family"] = family(r["build"], r["kind"], r["precision"])
-            rows.append(r)
+        rows += [classified(r) for r in saved]
     return summarize(rows)
 
 

@@ -502,6 +502,11 @@ QUANTIZED_BREAKAGES = ("int4_awq-mo+prescale-dropped", "int4_awq-mo+attn-noise-m
                        "int4_awq-mo+final-norm-scaled", "int4_awq-mo+rope-theta-x4")
 
 
+def is_quantized(build: str) -> bool:
+    """A build of QUANTIZED or QUANTIZED_BREAKAGES (judged against ModelOpt's simulation)."""
+    return build.split("+")[0] in QUANTIZED
+
+
 def quantized_precision(build: str) -> str:
     return build.split("+")[0].removesuffix("-mo")
 

@@ -38,7 +38,7 @@ from enginefoundry.smoke.reference import (
     load_or_compute_reference,
     load_or_compute_spread,
 )
-from enginefoundry.smoke.simulated import SimulatedModel, can_simulate, simulate
+from enginefoundry.smoke.simulated import QUANTIZATION_COST, SimulatedModel, can_simulate, simulate
 from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import COMPUTABLE, SIMULATED_DTYPE, UNIT_PRECISION, reference_precision_for
@@ -361,14 +361,14 @@ def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: Refe
                                           store=store, progress=progress, device=device)
     graded = [c for c in cases if c.expected is not None]
     if not graded:
-        return GateRule(name="quantization cost", ok=True, kind="info",
+        return GateRule(name=QUANTIZATION_COST, ok=True, kind="info",
                         detail="not judged: the prompt set has no graded prompts")
     policy = policy_for(precision)
     test = paired_noninferiority([bool(c.is_correct(source.by_id[c.id].text)) for c in graded],
                                  [bool(c.is_correct(simulated.by_id[c.id].text)) for c in graded],
                                  margin=policy.accuracy_margin, alpha=policy.alpha)
     ok = test.non_inferior
-    return GateRule(name="quantization cost", ok=ok, kind="statistical",
+    return GateRule(name=QUANTIZATION_COST, ok=ok, kind="statistical",
                     detail=(f"the simulated {precision} model {test.unit_correct}/{test.n} vs the {SIMULATED_DTYPE} "
                             f"source {test.reference_correct}/{test.n} (paired: {test.b} only the source right, "
                             f"{test.c} only the simulation right); non-inferiority at the {policy.family.value} "

@@ -54,6 +54,7 @@ SIMULATED: dict[str, tuple[str, int | None, str]] = {
     "int8_wo": ("INT8_WEIGHT_ONLY_CFG", None, "int8 weights per output channel, max calibration"),
 }
 FORMAT = 1  # of the folder this module writes
+QUANTIZATION_COST = "quantization cost"  # the rule judging the simulation against the source (run_smoke)
 CALIBRATION_TOKENS = 512  # each calibration prompt is cut here
 MAX_RELATIVE_LOGIT_ERROR = 1e-3  # the written model against ModelOpt's own, on the first calibration prompt
 
