@@ -18,6 +18,7 @@ from enginefoundry.smoke.reference import (
     publish_sibling_reference,
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
+from enginefoundry.smoke.simulated import simulated_reference
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -30,7 +31,9 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     """The answers the unit (of `precision`) is judged against, found by key in the artifact store: its sibling
     unit's served answers (refused when the sibling was rejected or never served these prompts), else the
     source's greedy answers in the dtype `smoke.reference_precision` gives this unit (`unit`: its own where
-    transformers computes it), computed and published on a miss (on the host CPU, or on the unit's GPUs before
+    transformers computes it; `simulated`: a weight-only quantized unit's are its quantization's simulated model's,
+    simulated on the host CPU, and the source's in the same dtype for the quantization-cost rule), computed and
+    published on a miss (on the host CPU, or on the unit's GPUs before
     its server takes them; like with like on GPUs also measures the log-prob spread there, before the server)."""
     log = progress_logger()
     cases = load_prompt_set(spec.resolve_path(spec.smoke.prompts)).cases
@@ -40,13 +43,19 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         log(f"smoke: judged against {outcome.label()}")
         return ref, outcome
     dtype, why = spec.smoke.reference_for(precision)
-    log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
-    ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
-                                             max_new_tokens=spec.smoke.max_new_tokens, store=store,
-                                             weights_digest=weights_digest, progress=log,
-                                             device=spec.smoke.reference_device.value)
+    device = spec.smoke.reference_device.value
+    if spec.smoke.simulates(precision):
+        log(f"smoke: the reference of this {precision} unit: {why}")
+        ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
+                                           max_new_tokens=spec.smoke.max_new_tokens, store=store, device=device,
+                                           weights_digest=weights_digest, progress=log)
+    else:
+        log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
+        ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
+                                                 max_new_tokens=spec.smoke.max_new_tokens, store=store,
+                                                 weights_digest=weights_digest, progress=log, device=device)
     if spec.smoke.like_with_like(precision) and outcome.device == "gpu":
-        load_or_compute_spread(Path(reference_dir), cases, ref, store=store, device="gpu", progress=log)
+        load_or_compute_spread(Path(outcome.model_dir), cases, ref, store=store, device="gpu", progress=log)
     return ref, outcome
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from enginefoundry.cli.common import emit_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
-from enginefoundry.spec.checks import REFERENCE_PRECISIONS, SIMULATED_PRECISIONS, SIMULATED_REFERENCE, UNIT_PRECISION
+from enginefoundry.spec.checks import REFERENCE_PRECISIONS, SIMULATED_PRECISIONS, SIMULATED_REFERENCE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,13 +23,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompts", required=True, help="JSONL prompt set (prompt or messages, optional expected/match)")
     p.add_argument("--precision", default="fp32",
                    help="precision of the unit under test; picks the policy family (default fp32)")
-    p.add_argument("--reference-precision", default="unit", choices=(*REFERENCE_PRECISIONS, SIMULATED_REFERENCE),
+    p.add_argument("--reference-precision", default="unit", choices=REFERENCE_PRECISIONS,
                    help="`unit` (default, as the spec's smoke.reference_precision): the unit's own precision where "
                         "transformers computes it (fp32, bf16, fp16; like with like, with log-prob bounds derived "
                         "from the spread measured at that precision), else fp32; one dtype for the reference; or "
                         f"`simulated` ({', '.join(SIMULATED_PRECISIONS)}): the quantization tool's simulated model "
                         "of --reference (ModelOpt fake quant, calibrated on --prompts; the simulate extra), computed "
-                        "in bf16, and the quantization's own accuracy cost judged apart")
+                        "in bf16, and the quantization's own accuracy cost judged apart (as the spec's "
+                        "smoke.reference_precision: simulated; here --precision must be one of those)")
     p.add_argument("--reference-device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where the reference answers are computed on a cache miss: a GPU where one is visible "
                         "(auto, the default), or cpu / gpu")
@@ -64,8 +65,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     prompts = load_prompt_set(Path(args.prompts))
     try:
         simulated = args.reference_precision == SIMULATED_REFERENCE
-        spec = SmokeSpec(prompts=args.prompts,
-                         reference_precision=UNIT_PRECISION if simulated else args.reference_precision,
+        spec = SmokeSpec(prompts=args.prompts, reference_precision=args.reference_precision,
                          max_new_tokens=args.max_new_tokens, small_sample=args.small_sample,
                          concurrency=args.concurrency)
     except ValueError as err:

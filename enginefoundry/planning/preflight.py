@@ -31,7 +31,7 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
-from enginefoundry.spec.checks import UNIT_PRECISION
+from enginefoundry.spec.checks import SIMULATED_REFERENCE, UNIT_PRECISION
 
 GIB = 1024**3
 
@@ -375,9 +375,11 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
     if sibling is not None:
         return f"sibling {sibling.name}"
     dtype, spread = unit_reference(spec, unit)
+    if spec.smoke.simulates(unit.variant.precision.value):
+        return f"simulated {unit.variant.precision.value} (ModelOpt, {dtype}; like with like)"
     if spread:
         return f"{dtype} (like with like)"
-    if spec.smoke.reference_precision == UNIT_PRECISION:
+    if spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE):
         return f"{dtype} (no {unit.variant.precision.value} reference)"
     return f"{dtype} (smoke.reference_precision)"
 
@@ -449,6 +451,43 @@ def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory:
                  fix="; or ".join(reference_fixes(spec, unit, shape, host_memory, gpus, fit)))
 
 
+SIMULATION_COPIES = 2  # the source in fp32 under ModelOpt's quantizers, then its folded weights beside a plain copy
+
+
+def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None, *,
+                     on_worker: bool) -> Check:
+    """smoke.reference_precision: simulated, a weight-only quantized unit: ModelOpt simulates its quantization on
+    the host CPU (smoke/simulated.py) before its reference is computed: ModelOpt must be installed, the host hold
+    the source in fp32 twice (+20%), and the cache root the simulated fp32 checkpoint. Refused on the worker (or
+    against smoke.reference_host_memory_gib); elsewhere it informs."""
+    from enginefoundry.settings import cache_root
+    from enginefoundry.smoke.simulated import can_simulate
+
+    precision = unit.variant.precision.value
+    need = int(shape.param_count() * 4 * SIMULATION_COPIES * 1.2)
+    disk = int(shape.param_count() * 4)
+    what = (f"the {precision} simulation (ModelOpt, host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} "
+            "under the cache root, once per source, prompt set and ModelOpt version")
+    why_not = can_simulate(precision)
+    if why_not is not None:
+        return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",
+                     fix="pip install 'enginefoundry[simulate]' on the workers that run the smoke reference, or "
+                         "smoke.reference_precision: unit (the fp32 source judges the quantized units)")
+    allowed = spec.smoke.reference_host_memory_gib
+    limit, where = ((int(allowed * GIB), "smoke.reference_host_memory_gib allows") if allowed is not None
+                    else (host_memory, "this host has"))
+    if limit is not None and need > limit and (on_worker or allowed is not None):
+        return Check(name="simulation", ok=False, message=f"{what}; {where} {_gib(limit)}",
+                     fix=f"a reference host with ≥ {math.ceil(need / GIB)} GiB (smoke.reference_host_memory_gib), "
+                         "or smoke.reference_precision: unit (no simulation)")
+    root = cache_root()
+    free = free_disk_bytes(root)
+    if on_worker and free is not None and disk > free:
+        return Check(name="simulation", ok=False, message=f"{what}; {root} has {_gib(free)} free",
+                     fix="free space under the cache root (EF_CACHE_DIR) or point it at a larger disk")
+    return Check(name="simulation", ok=True, message=what)
+
+
 def reference_fixes(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None,
                     gpus: Sequence[GPUInfo] | None, failed: ReferenceFit) -> list[str]:
     """Every way to a reference that fits in this spec: another precision, another device, a sibling unit whose
@@ -497,8 +536,10 @@ def preflight(spec: BuildSpec, unit: Unit,
     t = unit.target
     shape = ModelShape.from_config(model_config) if model_config else None
     if shape is not None:
-        report.checks.append(reference_check(spec, unit, shape, host_memory if host_memory is not None else
-                                             host_memory_bytes(), on_worker=gpus is not None, gpus=gpus))
+        host = host_memory if host_memory is not None else host_memory_bytes()
+        report.checks.append(reference_check(spec, unit, shape, host, on_worker=gpus is not None, gpus=gpus))
+        if spec.smoke.simulates(unit.variant.precision.value):
+            report.checks.append(simulation_check(spec, unit, shape, host, on_worker=gpus is not None))
     lane = get_lane(spec.lane)
     if t.arch is Arch.CPU and not lane.needs_gpu:
         report.checks.append(Check(name="device", ok=True, message="cpu target: no GPU checks apply"))

@@ -38,10 +38,16 @@ from enginefoundry.smoke.reference import (
     load_or_compute_reference,
     load_or_compute_spread,
 )
-from enginefoundry.smoke.simulated import QUANTIZATION_COST, SimulatedModel, can_simulate, simulate
+from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulated_reference
 from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
-from enginefoundry.spec.checks import COMPUTABLE, SIMULATED_DTYPE, UNIT_PRECISION, reference_precision_for
+from enginefoundry.spec.checks import (
+    COMPUTABLE,
+    SIMULATED_DTYPE,
+    SIMULATED_REFERENCE,
+    UNIT_PRECISION,
+    reference_precision_for,
+)
 from enginefoundry.store.backends import Store
 
 __all__ = [
@@ -244,11 +250,13 @@ def run_smoke(
     process has had time to exit: runner.exited_after_error). `server_log`: the server's log, whose last error
     line names the cause of HTTP 5xx answers in the verdict.
 
-    `simulated`: a weight-only quantized unit is judged against the quantization tool's simulated model of the
-    source (smoke/simulated.py; calibrated on the prompt set) at SIMULATED_DTYPE, like with like: the compute
-    dtype's policy, log-prob limits from the spread measured on the simulated model; and the quantization's own
-    cost is a rule of its own (`quantization cost`: the simulated model's task accuracy against the source's at
-    the same dtype, with the precision family's margin).
+    `simulated` (the `smoke` command's --reference-precision simulated), or `spec.simulates(precision)` (the spec's
+    smoke.reference_precision: simulated): a weight-only quantized unit is judged against the quantization tool's
+    simulated model of the source (smoke/simulated.py; calibrated on the prompt set) at SIMULATED_DTYPE, like with
+    like: the compute dtype's policy, log-prob limits from the spread measured on the simulated model; and the
+    quantization's own cost is a rule of its own (`quantization cost`: the simulated model's task accuracy against
+    the source's at the same dtype, with the precision family's margin). `simulated` refuses a precision that is
+    not simulated; both refuse a missing ModelOpt (InputError, before the endpoint is asked).
     """
     t0 = time.monotonic()
     cases = prompts.cases
@@ -256,24 +264,25 @@ def run_smoke(
     if max_logprob_diff is not None:
         overrides["max_logprob_diff"] = max_logprob_diff
     source_dir = reference_dir
+    simulated = simulated or spec.simulates(precision)
     if simulated:
         why_not = can_simulate(precision)
         if why_not is not None:
-            raise InputError(f"smoke: --reference-precision simulated: {why_not}")
+            raise InputError(f"smoke: reference precision simulated: {why_not}")
     # Against its simulation a quantized unit drifts as its compute dtype does: that dtype's policy judges it.
     policy = policy_for(SIMULATED_DTYPE if simulated else precision, **overrides)
     check_prompt_count(prompts, policy, spec.small_sample, precision)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     _probe(client, cases, server_alive, progress)
-    ref_dtype, reference_why = spec.reference_for(precision)
-    sim: SimulatedModel | None = None
+    ref_dtype, reference_why = (SIMULATED_DTYPE, reference_precision_for(SIMULATED_REFERENCE, precision)[1]) \
+        if simulated else spec.reference_for(precision)
     if simulated:
-        sim = simulate(source_dir, precision, cases, progress=progress)
-        reference_dir, ref_dtype = sim.folder, SIMULATED_DTYPE
-        reference_why = (f"the quantization tool's simulated {precision} model, computed in {SIMULATED_DTYPE} "
-                         f"(like with like; the {policy.family.value} policy of its compute dtype): {sim.label()}")
-        reference = reference_outcome = None
-        weights_digest = None  # the caller's digest is the source's: the simulation's own is read from its folder
+        if reference_outcome is None or reference_outcome.simulated is None:  # else from the reference stage
+            reference, reference_outcome = simulated_reference(
+                source_dir, cases, precision, max_new_tokens=spec.max_new_tokens, store=store,
+                device=reference_device, weights_digest=weights_digest, progress=progress)
+        reference_dir = Path(reference_outcome.model_dir)
+        reference_why = f"{reference_why}: {reference_outcome.simulated}"
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
             reference_dir, cases, dtype=ref_dtype, max_new_tokens=spec.max_new_tokens, store=store,
@@ -303,7 +312,7 @@ def run_smoke(
                       for name in slice_names(evidence)} if teacher.available else {}
     # The spread loads the reference's weights again in wider arithmetic (float64 for fp32: twice its memory), so it
     # is measured only where like with like applies (`unit`, the spec's default; the pipeline's preflight budgets it).
-    like = sim is not None or (spec.like_with_like(precision) and reference_outcome.sibling_unit is None
+    like = simulated or (spec.like_with_like(precision) and reference_outcome.sibling_unit is None
                                and reference_outcome.dtype == precision)
     if reference_outcome.sibling_unit is not None:
         reference_why = f"the gated higher-precision sibling unit {reference_outcome.sibling_unit} (smoke.reference)"
@@ -323,10 +332,10 @@ def run_smoke(
                     server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None,
                     teacher_forced=teacher, spread=spread, reference_why=reference_why,
                     teacher_forced_slices={k: v for k, v in teacher_slices.items() if v.available})
-    if sim is not None:
+    if simulated:
         verdict = verdict.with_rule(quantization_cost(
             source_dir, cases, reference, precision=precision, max_new_tokens=spec.max_new_tokens, store=store,
-            device=reference_device, progress=progress))
+            device=reference_device, weights_digest=weights_digest, progress=progress))
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -353,12 +362,13 @@ def run_smoke(
 
 
 def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,
-                      max_new_tokens: int, store: Store | None, device: str,
+                      max_new_tokens: int, store: Store | None, device: str, weights_digest: str | None = None,
                       progress: Callable[[str], None]) -> GateRule:
     """The quantization's own cost, apart from the build's fidelity: the simulated model's task accuracy against
     the source's at the same dtype (paired non-inferiority at the margin of the precision's family)."""
     source, _ = load_or_compute_reference(source_dir, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens,
-                                          store=store, progress=progress, device=device)
+                                          store=store, weights_digest=weights_digest, progress=progress,
+                                          device=device)
     graded = [c for c in cases if c.expected is not None]
     if not graded:
         return GateRule(name=QUANTIZATION_COST, ok=True, kind="info",

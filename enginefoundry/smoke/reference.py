@@ -104,6 +104,7 @@ class ReferenceOutcome(BaseModel):
     device: str = "cpu"
     sibling_unit: str | None = None  # judged against this sibling unit's served answers
     sibling_key: str | None = None
+    simulated: str | None = None  # the answers of the quantization tool's simulated model (SimulatedModel.label)
 
     def label(self) -> str:
         where = f", {self.store_url}" if self.store_url else ""
@@ -111,7 +112,8 @@ class ReferenceOutcome(BaseModel):
             return (f"sibling unit {self.sibling_unit} (key {(self.sibling_key or '')[:12]}; {self.dtype} served "
                     f"answers {self.key[:12]}, {self.source}{where})")
         on = " on gpu" if self.device != "cpu" else ""
-        return f"{self.dtype} reference {self.key[:12]} of {self.model_dir}{on} ({self.source}{where})"
+        of = self.simulated or self.model_dir
+        return f"{self.dtype} reference {self.key[:12]} of {of}{on} ({self.source}{where})"
 
 
 def prompts_digest(cases: list[PromptCase]) -> str:

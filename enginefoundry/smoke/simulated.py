@@ -42,7 +42,9 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, list_files, sha256_json
 from enginefoundry.settings import cache_root
 from enginefoundry.smoke.prompts import PromptCase
-from enginefoundry.spec.checks import SIMULATED_PRECISIONS
+from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
+from enginefoundry.spec.checks import SIMULATED_DTYPE, SIMULATED_PRECISIONS
+from enginefoundry.store.backends import Store
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -174,6 +176,22 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *, max_new_tokens: int,
+                        store: Store | None, device: str = "cpu", weights_digest: str | None = None,
+                        progress: Callable[[str], None] = print) -> tuple[ReferenceSet, ReferenceOutcome]:
+    """The answers a `precision` unit is judged against: the simulated model's (simulated on the host CPU,
+    calibrated on `cases`), greedy in SIMULATED_DTYPE on `device`; cached and published by key as any reference.
+    The source's own SIMULATED_DTYPE answers (`weights_digest`: the source's, where the caller has it), which the
+    `quantization cost` rule judges the simulation against, are computed here too: on a GPU before a server takes
+    it."""
+    sim = simulate(source, precision, cases, progress=progress)
+    ref, outcome = load_or_compute_reference(sim.folder, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens,
+                                             store=store, progress=progress, device=device)
+    load_or_compute_reference(source, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens, store=store,
+                              weights_digest=weights_digest, progress=progress, device=device)
+    return ref, outcome.model_copy(update={"simulated": sim.label()})
 
 
 def _compute(source: Path, precision: str, calibration: list[PromptCase], key: SimulatedKey, out: Path,

@@ -31,19 +31,31 @@ class ReferenceSource(StrEnum):
 
 UNIT_PRECISION: Final = "unit"  # smoke.reference_precision: the unit's own precision, where transformers computes it
 COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a reference in
-REFERENCE_PRECISIONS = (UNIT_PRECISION, *COMPUTABLE)
-# The `smoke` command's --reference-precision simulated: a weight-only quantized unit judged against the
-# quantization tool's simulated model (enginefoundry/smoke/simulated.py), computed in SIMULATED_DTYPE.
+# smoke.reference_precision: simulated (and the `smoke` command's --reference-precision simulated): a weight-only
+# quantized unit judged against the quantization tool's simulated model of the source
+# (enginefoundry/smoke/simulated.py), computed in SIMULATED_DTYPE; every other unit as `unit`.
 SIMULATED_REFERENCE: Final = "simulated"
 SIMULATED_PRECISIONS = ("int4_awq", "int4_wo", "int8_wo")
 SIMULATED_DTYPE: Final = "bf16"  # the activations of a TensorRT-LLM weight-only build of a bf16 model
-ReferencePrecision = Literal["unit", "fp32", "bf16", "fp16"]
+REFERENCE_PRECISIONS = (UNIT_PRECISION, SIMULATED_REFERENCE, *COMPUTABLE)
+ReferencePrecision = Literal["unit", "simulated", "fp32", "bf16", "fp16"]
+
+
+def simulates(setting: str, precision: str) -> bool:
+    """A unit of `precision` is judged against the quantization tool's simulated model under `setting`."""
+    return setting == SIMULATED_REFERENCE and precision in SIMULATED_PRECISIONS
 
 
 def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
     """The dtype of a unit's source reference and why: `unit` judges like with like (a bf16 unit against a bf16
     reference); a precision transformers cannot compute (int8_wo, fp8, int4) is judged against fp32 (or, with
-    smoke.reference: sibling, against the gated higher-precision sibling)."""
+    smoke.reference: sibling, against the gated higher-precision sibling); `simulated` judges a weight-only
+    quantized unit against the quantization tool's simulated model in SIMULATED_DTYPE, any other as `unit`."""
+    if simulates(setting, precision):
+        return SIMULATED_DTYPE, (f"the quantization tool's simulated {precision} model of the source, computed in "
+                                 f"{SIMULATED_DTYPE} (like with like; the policy of its compute dtype)")
+    if setting == SIMULATED_REFERENCE:
+        setting = UNIT_PRECISION
     if setting != UNIT_PRECISION:
         like = " (like with like)" if setting == precision else ""
         return setting, f"reference precision {setting} as configured{like}"
@@ -70,7 +82,9 @@ class SmokeSpec(BaseModel):
     reference_precision: ReferencePrecision = Field(
         default=UNIT_PRECISION, description="the source reference's dtype: unit (each unit's own precision where "
         "transformers computes it: fp32, bf16, fp16, with log-prob bounds from the spread measured there; fp32 for "
-        "the others), or one dtype for every unit: fp32, bf16, fp16")
+        "the others), simulated (as unit, and each weight-only quantized unit, int4_awq, int4_wo, int8_wo, against "
+        "ModelOpt's simulated model of the source in bf16; needs the simulate extra), or one dtype for every unit: "
+        "fp32, bf16, fp16")
     max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
     accuracy_margin: Annotated[float, Field(gt=0.0, lt=1.0)] | None = Field(
         default=None, description="non-inferiority margin δ on task accuracy (paired against the reference)")
@@ -112,25 +126,37 @@ class SmokeSpec(BaseModel):
     def _known_reference_precision(cls, value: object) -> object:
         if value not in REFERENCE_PRECISIONS:
             raise ValueError(f"{value!r} is not a reference precision: use unit (each unit judged against a "
-                             "reference of its own precision where transformers computes one, fp32 otherwise) or "
-                             f"one dtype for every unit: {', '.join(COMPUTABLE)} (a quantized precision has no "
-                             "reference of its own; smoke.reference: sibling judges it against a sibling unit)")
+                             "reference of its own precision where transformers computes one, fp32 otherwise), "
+                             f"simulated (as unit, and {', '.join(SIMULATED_PRECISIONS)} units against the "
+                             "quantization tool's simulated model) or one dtype for every unit: "
+                             f"{', '.join(COMPUTABLE)} (smoke.reference: sibling judges a quantized unit against a "
+                             "sibling unit)")
         return value
 
     def reference_for(self, precision: str) -> tuple[str, str]:
         """The dtype of the source reference a unit of `precision` is judged against, and why."""
         return reference_precision_for(self.reference_precision, precision)
 
+    def simulates(self, precision: str) -> bool:
+        """A unit of `precision` is judged against the quantization tool's simulated model of the source."""
+        return simulates(self.reference_precision, precision)
+
     def like_with_like(self, precision: str) -> bool:
-        """A unit judged against a source reference of its own precision, its log-prob bounds from the spread
-        measured there (a second pass over the reference's weights in wider arithmetic)."""
-        return self.reference_precision == UNIT_PRECISION and precision in COMPUTABLE
+        """A unit judged against a source reference of its own precision (or its quantization's simulation), its
+        log-prob bounds from the spread measured there (a second pass over the reference's weights in wider
+        arithmetic)."""
+        own = self.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE) and precision in COMPUTABLE
+        return own or self.simulates(precision)
 
     @model_validator(mode="after")
     def _sibling_named(self) -> SmokeSpec:
         if self.reference is ReferenceSource.SIBLING and not self.reference_sibling:
             raise ValueError("smoke.reference: sibling needs smoke.reference_sibling, the variant whose served "
                              "answers judge the lower-precision units (e.g. reference_sibling: bf16)")
+        if self.reference is ReferenceSource.SIBLING and self.reference_precision == SIMULATED_REFERENCE:
+            raise ValueError("smoke.reference: sibling and smoke.reference_precision: simulated both choose what a "
+                             "quantized unit is judged against: keep one (simulated: the quantization tool's "
+                             "simulated model; sibling: the higher-precision sibling's served answers)")
         if self.reference_sibling and self.reference is not ReferenceSource.SIBLING:
             raise ValueError("smoke.reference_sibling is set but smoke.reference is source: set reference: sibling, "
                              "or remove reference_sibling")

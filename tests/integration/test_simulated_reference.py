@@ -126,3 +126,40 @@ def test_the_smoke_command_says_which_precisions_it_simulates(tmp_path: Path):
     assert proc.returncode == 2, proc.stderr  # bad input: nothing judged, no traceback
     assert "nvfp4 is not simulated" in proc.stderr and "Traceback" not in proc.stderr
     assert "int4_awq, int4_wo, int8_wo" in proc.stderr
+
+
+def test_the_pipelines_stages_judge_a_quantized_unit_against_its_simulation(tmp_path: Path, monkeypatch):
+    """`smoke.reference_precision: simulated` in a spec: the reference stage simulates and computes both references
+    (the simulation's and the source's for the quantization-cost rule); the smoke stage judges with them."""
+    import yaml
+
+    from enginefoundry.spec import parse_spec
+    from enginefoundry.tasks.smoke import smoke_reference, smoke_test
+    from tests.support.paths import CONFIGS
+
+    monkeypatch.setenv("EF_REFERENCE_CACHE", str(tmp_path / "refs"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    data = yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text())
+    data["smoke"].update(reference_precision="simulated", max_new_tokens=6, small_sample="warn",
+                         prompts=str(TINY_PROMPTS))
+    data["publish"]["store"] = (tmp_path / "store").as_uri()
+    spec = parse_spec(data, source="test spec", base_dir=CONFIGS)
+
+    ref, outcome = smoke_reference.fn(spec, str(TINY_MODEL), precision="int8_wo")
+    assert outcome.simulated is not None and "simulated int8_wo" in outcome.simulated
+    assert outcome.dtype == "bf16" and Path(outcome.model_dir).parent == tmp_path / "cache" / "simulated"
+    assert outcome.label().startswith(f"bf16 reference {outcome.key[:12]} of ModelOpt ")
+    published = sorted(p.name for p in (tmp_path / "store").rglob("*.json"))
+    assert len([n for n in published if "spread" not in n]) == 2  # the simulation's answers and the source's
+
+    build = _bf16_build(Path(outcome.model_dir), tmp_path / "int8_wo")
+    with _serve(build, tmp_path) as ep:
+        report = smoke_test.fn(spec, ep, str(TINY_MODEL), str(tmp_path / "report"), precision="int8_wo",
+                               reference=(ref, outcome))
+    assert report.passed, report.verdict.reason
+    assert report.reference.key == outcome.key and report.verdict.reference_why.startswith(
+        "the quantization tool's simulated int8_wo model of the source")
+    assert report.spread is not None and report.spread.reference_key == outcome.key  # measured on the simulation
+    assert "quantization cost" in [r.name for r in report.verdict.rules]
+    assert "| why that reference | the quantization tool's simulated int8_wo" in \
+        (tmp_path / "report" / "smoke.md").read_text()

@@ -14,7 +14,7 @@ from enginefoundry.build.model_shape import ModelShape
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import SpecError
 from enginefoundry.planning.plan_report import plan_report
-from enginefoundry.planning.preflight import GIB, reference_check, unit_reference
+from enginefoundry.planning.preflight import GIB, preflight, reference_check, unit_reference
 from enginefoundry.spec import parse_spec
 from tests.support.paths import CONFIGS
 
@@ -112,3 +112,58 @@ def test_validate_names_the_reference_of_each_unit(tmp_path, capsys):
         "fp32-tp1.chat.cpu": "fp32 (like with like)", "bf16-tp1.chat.cpu": "bf16 (like with like)"}
     assert main(["validate", str(tmp_path / "spec.yaml")]) == 0
     assert "judged against bf16 (like with like): bf16-tp1.chat.cpu" in capsys.readouterr().out
+
+
+QUANTIZED = [{"precision": p} for p in ("bf16", "int8_wo", "int4_wo", "int4_awq", "fp8")]
+
+
+def test_simulated_judges_each_weight_only_unit_against_its_simulation_and_every_other_as_unit():
+    spec = _spec(QUANTIZED, reference_precision="simulated")
+    got = {p["precision"]: unit_reference(spec, _unit(spec, p["precision"])) for p in QUANTIZED}
+    assert got == {"bf16": ("bf16", True), "int8_wo": ("bf16", True), "int4_wo": ("bf16", True),
+                   "int4_awq": ("bf16", True), "fp8": ("fp32", False)}  # fp8 quantizes activations: not simulated
+    assert spec.smoke.reference_for("int4_awq")[1].startswith(
+        "the quantization tool's simulated int4_awq model of the source, computed in bf16 (like with like")
+    assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
+    rows = {r["precision"]: r["reference"] for r in plan_report(spec).rows}
+    assert rows == {"bf16": "bf16 (like with like)", "int8_wo": "simulated int8_wo (ModelOpt, bf16; like with like)",
+                    "int4_wo": "simulated int4_wo (ModelOpt, bf16; like with like)",
+                    "int4_awq": "simulated int4_awq (ModelOpt, bf16; like with like)", "fp8": "fp32 (no fp8 reference)"}
+    with pytest.raises(SpecError) as err:  # two answers to one question: refused when the spec is read
+        _spec(QUANTIZED, reference_precision="simulated", reference="sibling", reference_sibling="bf16")
+    ((field, message),) = err.value.problems
+    assert field == "smoke" and "keep one" in message
+
+
+def _checks(spec, precision: str, **kw) -> dict[str, Any]:
+    report = preflight(spec, _unit(spec, precision), LLAMA_70B, None, **kw)
+    return {c.name: c for c in report.checks}
+
+
+def test_preflight_budgets_the_simulation_on_the_host_and_refuses_what_does_not_fit():
+    pytest.importorskip("modelopt", reason="the `simulate` extra (nvidia-modelopt) is not installed")
+    fits = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=2000), "int4_awq",
+                   host_memory=1)
+    assert fits["simulation"].ok and fits["simulation"].message.startswith(
+        f"the int4_awq simulation (ModelOpt, host CPU) needs ≈{PARAMS * 4 * 2 * 1.2 / GIB:.1f} GiB host memory "
+        f"and ≈{PARAMS * 4 / GIB:.1f} GiB under the cache root")
+    assert "simulation" not in _checks(_spec(QUANTIZED, reference_host_memory_gib=2000), "int4_awq")  # unit
+    assert "simulation" not in _checks(_spec(QUANTIZED, reference_precision="simulated"), "fp8")
+    small = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=200), "int8_wo")
+    assert not small["simulation"].ok and "smoke.reference_host_memory_gib allows 200.0 GiB" in \
+        small["simulation"].message
+    assert small["simulation"].fix.startswith("a reference host with ≥ 631 GiB (smoke.reference_host_memory_gib)")
+
+
+def test_a_missing_modelopt_is_refused_on_the_worker_with_the_install_command(monkeypatch):
+    import enginefoundry.smoke.simulated as simulated
+
+    monkeypatch.setattr(simulated, "modelopt_version", lambda: None)  # an environment without the extra
+    spec = _spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=2000)
+    unit = _unit(spec, "int4_wo")
+    from enginefoundry.planning.preflight import simulation_check
+
+    on_worker = simulation_check(spec, unit, SHAPE, None, on_worker=True)
+    assert not on_worker.ok and "nvidia-modelopt is not installed" in on_worker.message
+    assert on_worker.fix.startswith("pip install 'enginefoundry[simulate]'")
+    assert simulation_check(spec, unit, SHAPE, None, on_worker=False).ok  # planning elsewhere: it informs
