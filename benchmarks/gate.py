@@ -139,7 +139,8 @@ def kind_of(build: str) -> str:
     """healthy, lossy (gate_models.LOSSY: a simulation that costs these small models task accuracy) or broken."""
     if build in gate_models.LOSSY:
         return "lossy"
-    return "healthy" if build in (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.QUANTIZED) else "broken"
+    healthy = (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.QUANTIZED, *gate_models.OTHER_CALIBRATED)
+    return "healthy" if build in healthy else "broken"
 
 
 def precision_of(build: str, kind: str) -> str:
@@ -151,7 +152,9 @@ def precision_of(build: str, kind: str) -> str:
 
 def family(build: str, kind: str, precision: str) -> str:
     if kind in ("healthy", "lossy"):
-        how = " (simulated)" if build.endswith("-sim") else " (ModelOpt)" if gate_models.is_quantized(build) else ""
+        how = (" (simulated)" if build.endswith("-sim") else
+               " (ModelOpt, calibrated on other prompts)" if build in gate_models.OTHER_CALIBRATED else
+               " (ModelOpt)" if gate_models.is_quantized(build) else "")
         return f"{kind} {precision}{how}"
     fault = build.split("+")[-1]
     on = f" on {precision} (ModelOpt)" if "+" in build else ""
@@ -272,10 +275,12 @@ def main() -> int:
     if args.builds:
         chosen = args.builds.split(",")
         unknown = set(chosen) - {*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.BREAKAGES,
-                                 *gate_models.SUBTLE, *gate_models.QUANTIZED, *gate_models.QUANTIZED_BREAKAGES}
+                                 *gate_models.SUBTLE, *gate_models.QUANTIZED, *gate_models.QUANTIZED_BREAKAGES,
+                                 *gate_models.OTHER_CALIBRATED}
         if unknown:
             ap.error(f"--builds: unknown {', '.join(sorted(unknown))}")
-        healthy = tuple(b for b in chosen if b in healthy)  # in the order given
+        probes = gate_models.OTHER_CALIBRATED if quantized else ()
+        healthy = tuple(b for b in chosen if b in (*healthy, *probes))  # in the order given
         breakages = tuple(b for b in chosen if b in breakages)
     logs = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
     logs.mkdir(parents=True, exist_ok=True)

@@ -495,6 +495,12 @@ def _break(tmp: Path, breakage: str, prompt_tokens: int) -> None:
 # judged prompts as `smoke --reference-precision simulated` calibrates it), stored and served in bf16 as a
 # TensorRT-LLM weight-only engine computes (bf16 activations). Judged against the simulated model (like with like).
 QUANTIZED = ("int8_wo-mo", "int4_wo-mo", "int4_awq-mo")
+# `int4_awq-mo-othercal` (asked for by --builds, not in the default run): int4_awq calibrated on other prompts
+# (configs/prompts/general.jsonl), as a lane's build is calibrated on its own dataset (variant.calibration), judged
+# against the simulation calibrated on the judged prompts: why the spec's `simulated` leaves int4_awq out
+# (spec.checks.CALIBRATION_FREE).
+OTHER_CALIBRATED = ("int4_awq-mo-othercal",)
+OTHER_CALIBRATION = Path(__file__).resolve().parent.parent / "configs" / "prompts" / "general.jsonl"
 # `int4_awq-mo+<fault>`: that build with one thing wrong. `prescale-dropped`: AWQ's per-channel pre-quant scale left
 # out of every layer (the quantized weights served without the input scaling they were searched with: a converter
 # that ignores `pre_quant_scale`); the others are the bf16 faults above, made on the quantized build.
@@ -504,11 +510,11 @@ QUANTIZED_BREAKAGES = ("int4_awq-mo+prescale-dropped", "int4_awq-mo+attn-noise-m
 
 def is_quantized(build: str) -> bool:
     """A build of QUANTIZED or QUANTIZED_BREAKAGES (judged against ModelOpt's simulation)."""
-    return build.split("+")[0] in QUANTIZED
+    return build.split("+")[0] in (*QUANTIZED, *OTHER_CALIBRATED)
 
 
 def quantized_precision(build: str) -> str:
-    return build.split("+")[0].removesuffix("-mo")
+    return build.split("+")[0].removesuffix("-othercal").removesuffix("-mo")
 
 
 def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 32) -> Path:
@@ -516,8 +522,11 @@ def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 
     import torch
     from safetensors.torch import load_file
 
+    from enginefoundry.smoke.prompts import load_prompt_set
     from enginefoundry.smoke.simulated import simulate
 
+    if build.split("+")[0].endswith("-othercal"):
+        cases = load_prompt_set(OTHER_CALIBRATION).cases
     sim = simulate(source_dir(name), quantized_precision(build), cases,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
     fault = build.split("+")[1] if "+" in build else None

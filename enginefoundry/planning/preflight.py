@@ -31,7 +31,7 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
-from enginefoundry.spec.checks import SIMULATED_REFERENCE, UNIT_PRECISION
+from enginefoundry.spec.checks import SIMULATED_PRECISIONS, SIMULATED_REFERENCE, UNIT_PRECISION
 
 GIB = 1024**3
 
@@ -379,6 +379,8 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
         return f"simulated {unit.variant.precision.value} (ModelOpt, {dtype}; like with like)"
     if spread:
         return f"{dtype} (like with like)"
+    if spec.smoke.reference_precision == SIMULATED_REFERENCE and unit.variant.precision.value in SIMULATED_PRECISIONS:
+        return f"{dtype} (no {unit.variant.precision.value} simulation: calibrated on the lane's data)"
     if spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE):
         return f"{dtype} (no {unit.variant.precision.value} reference)"
     return f"{dtype} (smoke.reference_precision)"

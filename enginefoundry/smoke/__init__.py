@@ -44,9 +44,9 @@ from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import (
     COMPUTABLE,
     SIMULATED_DTYPE,
-    SIMULATED_REFERENCE,
     UNIT_PRECISION,
     reference_precision_for,
+    simulated_why,
 )
 from enginefoundry.store.backends import Store
 
@@ -274,8 +274,8 @@ def run_smoke(
     check_prompt_count(prompts, policy, spec.small_sample, precision)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     _probe(client, cases, server_alive, progress)
-    ref_dtype, reference_why = (SIMULATED_DTYPE, reference_precision_for(SIMULATED_REFERENCE, precision)[1]) \
-        if simulated else spec.reference_for(precision)
+    ref_dtype, reference_why = (SIMULATED_DTYPE, simulated_why(precision)) if simulated else \
+        spec.reference_for(precision)
     if simulated:
         if reference_outcome is None or reference_outcome.simulated is None:  # else from the reference stage
             reference, reference_outcome = simulated_reference(

@@ -120,15 +120,18 @@ QUANTIZED = [{"precision": p} for p in ("bf16", "int8_wo", "int4_wo", "int4_awq"
 def test_simulated_judges_each_weight_only_unit_against_its_simulation_and_every_other_as_unit():
     spec = _spec(QUANTIZED, reference_precision="simulated")
     got = {p["precision"]: unit_reference(spec, _unit(spec, p["precision"])) for p in QUANTIZED}
+    # fp8 quantizes activations: not simulated; int4_awq's scales depend on the lane's calibration data.
     assert got == {"bf16": ("bf16", True), "int8_wo": ("bf16", True), "int4_wo": ("bf16", True),
-                   "int4_awq": ("bf16", True), "fp8": ("fp32", False)}  # fp8 quantizes activations: not simulated
-    assert spec.smoke.reference_for("int4_awq")[1].startswith(
-        "the quantization tool's simulated int4_awq model of the source, computed in bf16 (like with like")
+                   "int4_awq": ("fp32", False), "fp8": ("fp32", False)}
+    assert spec.smoke.reference_for("int4_wo")[1].startswith(
+        "the quantization tool's simulated int4_wo model of the source, computed in bf16 (like with like")
+    assert spec.smoke.reference_for("int4_awq")[1].startswith("int4_awq is not simulated for a lane's build")
     assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
     rows = {r["precision"]: r["reference"] for r in plan_report(spec).rows}
     assert rows == {"bf16": "bf16 (like with like)", "int8_wo": "simulated int8_wo (ModelOpt, bf16; like with like)",
                     "int4_wo": "simulated int4_wo (ModelOpt, bf16; like with like)",
-                    "int4_awq": "simulated int4_awq (ModelOpt, bf16; like with like)", "fp8": "fp32 (no fp8 reference)"}
+                    "int4_awq": "fp32 (no int4_awq simulation: calibrated on the lane's data)",
+                    "fp8": "fp32 (no fp8 reference)"}
     with pytest.raises(SpecError) as err:  # two answers to one question: refused when the spec is read
         _spec(QUANTIZED, reference_precision="simulated", reference="sibling", reference_sibling="bf16")
     ((field, message),) = err.value.problems
@@ -142,13 +145,14 @@ def _checks(spec, precision: str, **kw) -> dict[str, Any]:
 
 def test_preflight_budgets_the_simulation_on_the_host_and_refuses_what_does_not_fit():
     pytest.importorskip("modelopt", reason="the `simulate` extra (nvidia-modelopt) is not installed")
-    fits = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=2000), "int4_awq",
+    fits = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=2000), "int4_wo",
                    host_memory=1)
     assert fits["simulation"].ok and fits["simulation"].message.startswith(
-        f"the int4_awq simulation (ModelOpt, host CPU) needs ≈{PARAMS * 4 * 2 * 1.2 / GIB:.1f} GiB host memory "
+        f"the int4_wo simulation (ModelOpt, host CPU) needs ≈{PARAMS * 4 * 2 * 1.2 / GIB:.1f} GiB host memory "
         f"and ≈{PARAMS * 4 / GIB:.1f} GiB under the cache root")
     assert "simulation" not in _checks(_spec(QUANTIZED, reference_host_memory_gib=2000), "int4_awq")  # unit
-    assert "simulation" not in _checks(_spec(QUANTIZED, reference_precision="simulated"), "fp8")
+    for other in ("fp8", "int4_awq"):
+        assert "simulation" not in _checks(_spec(QUANTIZED, reference_precision="simulated"), other)
     small = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=200), "int8_wo")
     assert not small["simulation"].ok and "smoke.reference_host_memory_gib allows 200.0 GiB" in \
         small["simulation"].message
