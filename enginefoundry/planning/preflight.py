@@ -469,7 +469,7 @@ def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory
     need = int(shape.param_count() * 4 * SIMULATION_COPIES * 1.2)
     disk = int(shape.param_count() * 4)
     what = (f"the {precision} simulation (ModelOpt, host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} "
-            "under the cache root, once per source, prompt set and ModelOpt version")
+            "under the cache root, once per source and ModelOpt version (the weights alone)")
     why_not = can_simulate(precision)
     if why_not is not None:
         return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",

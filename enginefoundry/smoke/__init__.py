@@ -252,8 +252,8 @@ def run_smoke(
 
     `simulated` (the `smoke` command's --reference-precision simulated), or `spec.simulates(precision)` (the spec's
     smoke.reference_precision: simulated): a weight-only quantized unit is judged against the quantization tool's
-    simulated model of the source (smoke/simulated.py; calibrated on the prompt set) at SIMULATED_DTYPE, like with
-    like: the compute dtype's policy, log-prob limits from the spread measured on the simulated model; and the
+    simulated model of the source (smoke/simulated.py; int4_awq calibrated on the prompt set) at SIMULATED_DTYPE,
+    like with like: the compute dtype's policy, log-prob limits from the spread measured on the simulated model; and the
     quantization's own cost is a rule of its own (`quantization cost`: the simulated model's task accuracy against
     the source's at the same dtype, with the precision family's margin). `simulated` refuses a precision that is
     not simulated; both refuse a missing ModelOpt (InputError, before the endpoint is asked).

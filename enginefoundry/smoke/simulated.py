@@ -5,12 +5,12 @@ grid, scaled per group or channel; its answers drift from the fp32 source by the
 nothing about whether the build is right. NVIDIA ModelOpt, the tool the TensorRT-LLM lanes quantize with, simulates
 the quantization in PyTorch ("fake quant": `mtq.quantize` inserts quantizers that round the weights in place of the
 kernels). For weight-only formats the simulated model is again a plain checkpoint: each quantized linear layer
-computes `(x · s) @ Q(W')ᵀ` (AWQ's pre-quant scale s on the input, none for the others), the same as
-`x @ (Q(W') · diag(s))ᵀ`, so its effective weights are written into a copy of the source and served, referenced
-and spread like any model. `simulate` does that once per key (source, format, calibration prompts, ModelOpt and
-torch versions) under the cache root, checks the written model against ModelOpt's own (logits equal to 1e-3
-relative), and keeps ModelOpt's per-layer parameters beside it (`quantizers.safetensors`: the weight quantizer's
-amax, AWQ's pre-quant scale).
+computes `(x · s) @ Q(W')ᵀ` (AWQ's pre-quant scale s on the input, none for the others), the same as `x @ (Q(W') ·
+diag(s))ᵀ`, so its effective weights are written into a copy of the source and served, referenced and spread like
+any model. `simulate` does that once per key (source, format, calibration prompts where the format reads any,
+ModelOpt and torch versions) under the cache root, checks the written model against ModelOpt's own (logits equal to
+1e-3 relative), and keeps ModelOpt's per-layer parameters beside it (`quantizers.safetensors`: the weight
+quantizer's amax, AWQ's pre-quant scale).
 
 Not simulated: formats that quantize activations (fp8, nvfp4: the input quantizer changes every activation, which
 no plain checkpoint carries; ModelOpt 0.47.0's NVFP4 fake quant also asserts CUDA tensors,
@@ -43,7 +43,7 @@ from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, list_fil
 from enginefoundry.settings import cache_root
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
-from enginefoundry.spec.checks import SIMULATED_DTYPE, SIMULATED_PRECISIONS
+from enginefoundry.spec.checks import CALIBRATION_FREE, SIMULATED_DTYPE, SIMULATED_PRECISIONS
 from enginefoundry.store.backends import Store
 
 if TYPE_CHECKING:
@@ -58,6 +58,11 @@ SIMULATED: dict[str, tuple[str, int | None, str]] = {
 FORMAT = 1  # of the folder this module writes
 QUANTIZATION_COST = "quantization cost"  # the rule judging the simulation against the source (run_smoke)
 CALIBRATION_TOKENS = 512  # each calibration prompt is cut here
+# A weight-only max calibration needs no data: ModelOpt 0.47.0 calibrates every weight quantizer on the weight itself
+# (model_calib.py `max_calibrate`: "Always run weight calibration on the weight tensor directly"; with no forward
+# loop, `_run_and_load_max_stats` calls `weight_only_quantize`). CALIBRATION_FREE formats are quantized so, and their
+# key holds no prompts: one simulation per source, whatever the prompt set.
+NO_CALIBRATION_DATA = "none: max calibration of the weights"
 MAX_RELATIVE_LOGIT_ERROR = 1e-3  # the written model against ModelOpt's own, on the first calibration prompt
 
 
@@ -133,7 +138,8 @@ def simulated_key(source: Path, precision: str, calibration: list[PromptCase]) -
     w, t, _ = checkpoint_digests(source)
     return SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=precision,
                         config=json.dumps(config_for(precision), default=str),
-                        calibration_digest=sha256_json([c.model_dump(mode="json") for c in calibration]),
+                        calibration_digest=(NO_CALIBRATION_DATA if precision in CALIBRATION_FREE else
+                                            sha256_json([c.model_dump(mode="json") for c in calibration])),
                         modelopt=modelopt_version() or "absent", torch=torch.__version__)
 
 
@@ -151,7 +157,8 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
     if why is not None:
         raise InputError(f"smoke: no simulated reference for {precision}: {why}")
     if not calibration:
-        raise InputError("smoke: a simulated reference needs calibration prompts; the prompt set is empty")
+        raise InputError("smoke: a simulated reference needs prompts (calibration, and the check of the written "
+                         "model); the prompt set is empty")
     key = simulated_key(source, precision, calibration)
     final = (root or default_root()) / key.digest
     meta = final / "simulated.json"
@@ -208,8 +215,9 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
                for c in calibration]
     model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     model.eval()
+    data_free = precision in CALIBRATION_FREE
     progress(f"smoke: simulating {precision} with ModelOpt {key.modelopt} ({SIMULATED[precision][2]}; "
-             f"{len(batches)} calibration prompts)")
+             + ("the weights alone, no calibration data)" if data_free else f"{len(batches)} calibration prompts)"))
 
     def forward_loop(m: Any) -> None:
         with torch.no_grad():
@@ -218,7 +226,7 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
                 if i % 16 == 0:
                     progress(f"smoke: calibration {i}/{len(batches)} ({time.monotonic() - t0:.0f} s)")
 
-    mtq.quantize(model, config_for(precision), forward_loop)
+    mtq.quantize(model, config_for(precision), None if data_free else forward_loop)
     with torch.no_grad():
         expected = model(batches[0]).logits
         folded, params = _fold(model)

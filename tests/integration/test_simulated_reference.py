@@ -16,7 +16,7 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.lanes.base import Command, ServeCommand
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.smoke import load_prompt_set, run_smoke
-from enginefoundry.smoke.simulated import SIMULATED, _fold, config_for, simulate
+from enginefoundry.smoke.simulated import SIMULATED, _fold, config_for, simulate, simulated_key
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import SIMULATED_PRECISIONS
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
@@ -38,8 +38,33 @@ def test_the_simulation_is_the_tools_quantization_written_as_a_plain_checkpoint(
     again = simulate(TINY_MODEL, "int4_wo", cases, root=tmp_path, progress=lambda _: None)
     assert again.source == "local cache" and again.key == sim.key
     assert not list(tmp_path.glob(".*partial"))
-    other = simulate(TINY_MODEL, "int4_wo", cases[:3], root=tmp_path, progress=lambda _: None)
-    assert other.key.digest != sim.key.digest  # the calibration prompts are part of the key
+    # Max calibration reads the weights alone: another prompt set finds the same simulation; AWQ's prompts are keyed.
+    assert simulate(TINY_MODEL, "int4_wo", cases[:3], root=tmp_path, progress=lambda _: None).source == "local cache"
+    assert simulated_key(TINY_MODEL, "int4_awq", cases) != simulated_key(TINY_MODEL, "int4_awq", cases[:3])
+
+
+def test_a_max_calibrated_format_is_what_modelopt_makes_with_calibration_data(tmp_path: Path):
+    """The simulation of int8_wo runs no calibration data through the model; ModelOpt's own, calibrated with a forward
+    loop over the prompts, has the same quantized weights (a weight quantizer's max is the weight's)."""
+    import modelopt.torch.quantization as mtq
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cases = load_prompt_set(TINY_PROMPTS).cases
+    sim = simulate(TINY_MODEL, "int8_wo", cases, root=tmp_path, progress=lambda _: None)
+    tok = AutoTokenizer.from_pretrained(TINY_MODEL)
+    calibrated = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+
+    def loop(m):
+        with torch.no_grad():
+            for c in cases:
+                m(tok.apply_chat_template(c.chat(), add_generation_prompt=True, return_tensors="pt",
+                                          return_dict=True)["input_ids"])
+
+    mtq.quantize(calibrated, config_for("int8_wo"), loop)
+    with torch.no_grad():
+        folded, _ = _fold(calibrated)
+    got = load_file(sim.folder / "model.safetensors")
+    assert folded and all(torch.equal(got[k], v) for k, v in folded.items())
 
 
 def test_awq_scales_fold_into_the_weights_and_an_activation_quantizer_is_refused(tmp_path: Path):
