@@ -30,7 +30,6 @@ import importlib.metadata
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from enginefoundry.build.sources import remove_stale_partials
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, list_files, sha256_json
 from enginefoundry.settings import cache_root
@@ -166,13 +166,16 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
         done = SimulatedModel.model_validate_json(meta.read_text())
         return done.model_copy(update={"folder": final, "source": "local cache"})
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{key.digest[:12]}.", suffix=".partial"))
+    remove_stale_partials(final)  # a killed simulation's folder (its process gone): never read, only taking space
+    tmp = final.with_name(f"{final.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
         made = _compute(source, precision, calibration, key, tmp, progress)
         made.folder = final
         (tmp / "simulated.json").write_text(made.model_dump_json(indent=2))
         try:
-            os.rename(tmp, final)  # whole or absent: a kill leaves only a .partial folder, never read
+            os.rename(tmp, final)  # whole or absent: a kill leaves only a .partial-<pid> folder, never read
         except OSError:
             if not meta.is_file():  # not someone else's finished copy
                 raise

@@ -25,8 +25,16 @@ pytest.importorskip("modelopt", reason="the `simulate` extra (nvidia-modelopt) i
 
 
 def test_the_simulation_is_the_tools_quantization_written_as_a_plain_checkpoint(tmp_path: Path):
+    import subprocess
+
     cases = load_prompt_set(TINY_PROMPTS).cases
+    exited = subprocess.Popen(["true"])  # a process that has exited: its pid is dead (and not reused this soon)
+    exited.wait()
+    killed = tmp_path / f"{simulated_key(TINY_MODEL, 'int4_wo', cases).digest}.partial-{exited.pid}"
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"half a simulation")  # what a kill -9 leaves
     sim = simulate(TINY_MODEL, "int4_wo", cases, root=tmp_path, progress=lambda _: None)
+    assert not killed.exists()  # cleared before the simulation starts
     assert sim.source == "computed" and sim.modules == 14 and sim.awq_scaled == 0  # 2 layers × 7 projections
     src, got = load_file(TINY_MODEL / "model.safetensors"), load_file(sim.folder / "model.safetensors")
     q = got["model.layers.0.self_attn.q_proj.weight"]
@@ -37,7 +45,7 @@ def test_the_simulation_is_the_tools_quantization_written_as_a_plain_checkpoint(
     assert (sim.folder / "tokenizer.json").read_bytes() == (TINY_MODEL / "tokenizer.json").read_bytes()
     again = simulate(TINY_MODEL, "int4_wo", cases, root=tmp_path, progress=lambda _: None)
     assert again.source == "local cache" and again.key == sim.key
-    assert not list(tmp_path.glob(".*partial"))
+    assert not list(tmp_path.glob("*partial*"))
     # Max calibration reads the weights alone: another prompt set finds the same simulation; AWQ's prompts are keyed.
     assert simulate(TINY_MODEL, "int4_wo", cases[:3], root=tmp_path, progress=lambda _: None).source == "local cache"
     assert simulated_key(TINY_MODEL, "int4_awq", cases) != simulated_key(TINY_MODEL, "int4_awq", cases[:3])
