@@ -490,10 +490,12 @@ def _break(tmp: Path, breakage: str, prompt_tokens: int) -> None:
         raise ValueError(breakage)
 
 
-# --- builds quantized by the quantization tool itself (ModelOpt, enginefoundry/smoke/simulated.py) ----------------
-# `<precision>-mo`: a healthy weight-only build: ModelOpt's quantized weights (its simulated model, calibrated on the
-# judged prompts as `smoke --reference-precision simulated` calibrates it), stored and served in bf16 as a
-# TensorRT-LLM weight-only engine computes (bf16 activations). Judged against the simulated model (like with like).
+# --- builds quantized by the quantization tool itself (enginefoundry/smoke/simulated.py) ------------------------------
+# `<precision>-mo`: a healthy weight-only build: the quantization tool's weights (its simulated model: ModelOpt's
+# int4_awq, calibrated on the judged prompts as `smoke --reference-precision simulated` calibrates it; TensorRT-LLM's
+# own weight-only quantizer for int8_wo and int4_wo, from the weights alone; ModelOpt's INT8_WEIGHT_ONLY_CFG before
+# 2026-12-02's format 2), stored and served in bf16 as a TensorRT-LLM weight-only engine computes (bf16
+# activations). Judged against the simulated model (like with like).
 QUANTIZED = ("int8_wo-mo", "int4_wo-mo", "int4_awq-mo")
 # `int4_awq-mo-othercal` (asked for by --builds, not in the default run): int4_awq calibrated on other prompts
 # (configs/prompts/general.jsonl), as a lane's build is calibrated on its own dataset (variant.calibration), judged

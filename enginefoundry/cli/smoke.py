@@ -28,9 +28,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "transformers computes it (fp32, bf16, fp16; like with like, with log-prob bounds derived "
                         "from the spread measured at that precision), else fp32; one dtype for the reference; or "
                         f"`simulated` ({', '.join(SIMULATED_PRECISIONS)}): the quantization tool's simulated model "
-                        "of --reference (ModelOpt fake quant; int4_awq calibrated on --prompts; the simulate "
-                        "extra), computed in bf16, and the quantization's own accuracy cost judged apart (as the "
-                        "spec's smoke.reference_precision: simulated; here --precision must be one of those)")
+                        "of --reference (int4_awq: ModelOpt's fake quant calibrated on --prompts, the simulate "
+                        "extra; int8_wo, int4_wo: TensorRT-LLM's weight-only quantizer), computed in bf16, and the "
+                        "quantization's own accuracy cost judged apart (as the spec's smoke.reference_precision: "
+                        "simulated; here --precision must be one of those)")
     p.add_argument("--reference-device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where the reference answers are computed on a cache miss: a GPU where one is visible "
                         "(auto, the default), or cpu / gpu")

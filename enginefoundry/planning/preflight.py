@@ -376,7 +376,7 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
         return f"sibling {sibling.name}"
     dtype, spread = unit_reference(spec, unit)
     if spec.smoke.simulates(unit.variant.precision.value):
-        return f"simulated {unit.variant.precision.value} (ModelOpt, {dtype}; like with like)"
+        return f"simulated {unit.variant.precision.value} (TensorRT-LLM's quantizer, {dtype}; like with like)"
     if spread:
         return f"{dtype} (like with like)"
     if spec.smoke.reference_precision == SIMULATED_REFERENCE and unit.variant.precision.value in SIMULATED_PRECISIONS:
@@ -453,23 +453,24 @@ def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory:
                  fix="; or ".join(reference_fixes(spec, unit, shape, host_memory, gpus, fit)))
 
 
-SIMULATION_COPIES = 2  # the source in fp32 under ModelOpt's quantizers, then its folded weights beside a plain copy
+SIMULATION_COPIES = 1  # the source in fp32, its linear weights replaced in place (smoke/simulated.py)
 
 
 def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None, *,
                      on_worker: bool) -> Check:
-    """smoke.reference_precision: simulated, a weight-only quantized unit: ModelOpt simulates its quantization on
-    the host CPU (smoke/simulated.py) before its reference is computed: ModelOpt must be installed, the host hold
-    the source in fp32 twice (+20%), and the cache root the simulated fp32 checkpoint. Refused on the worker (or
-    against smoke.reference_host_memory_gib); elsewhere it informs."""
+    """smoke.reference_precision: simulated, an int8_wo or int4_wo unit: its quantization is simulated on the host
+    CPU (smoke/simulated.py: TensorRT-LLM's weight-only quantizer, from the weights alone) before its reference is
+    computed: the host holds the source in fp32 (+20%), the cache root the simulated fp32 checkpoint (and a format
+    that needs ModelOpt needs it installed). Refused on the worker (or against smoke.reference_host_memory_gib);
+    elsewhere it informs."""
     from enginefoundry.settings import cache_root
     from enginefoundry.smoke.simulated import can_simulate
 
     precision = unit.variant.precision.value
     need = int(shape.param_count() * 4 * SIMULATION_COPIES * 1.2)
     disk = int(shape.param_count() * 4)
-    what = (f"the {precision} simulation (ModelOpt, host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} "
-            "under the cache root, once per source and ModelOpt version (the weights alone)")
+    what = (f"the {precision} simulation (host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} under the "
+            "cache root, once per source (the weights alone)")
     why_not = can_simulate(precision)
     if why_not is not None:
         return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",

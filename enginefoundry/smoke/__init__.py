@@ -256,7 +256,8 @@ def run_smoke(
     like with like: the compute dtype's policy, log-prob limits from the spread measured on the simulated model; and the
     quantization's own cost is a rule of its own (`quantization cost`: the simulated model's task accuracy against
     the source's at the same dtype, with the precision family's margin). `simulated` refuses a precision that is
-    not simulated; both refuse a missing ModelOpt (InputError, before the endpoint is asked).
+    not simulated; both refuse a format whose simulation needs ModelOpt where it is missing (InputError, before the
+    endpoint is asked).
     """
     t0 = time.monotonic()
     cases = prompts.cases

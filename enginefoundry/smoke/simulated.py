@@ -2,25 +2,25 @@
 
 A weight-only quantized build (int4_awq, int4_wo, int8_wo) serves the source model with its weights rounded to a
 grid, scaled per group or channel; its answers drift from the fp32 source by the quantization itself, which says
-nothing about whether the build is right. NVIDIA ModelOpt, the tool the TensorRT-LLM lanes quantize with, simulates
-the quantization in PyTorch ("fake quant": `mtq.quantize` inserts quantizers that round the weights in place of the
-kernels). For weight-only formats the simulated model is again a plain checkpoint: each quantized linear layer
-computes `(x · s) @ Q(W')ᵀ` (AWQ's pre-quant scale s on the input, none for the others), the same as `x @ (Q(W') ·
-diag(s))ᵀ`, so its effective weights are written into a copy of the source and served, referenced and spread like
-any model. `simulate` does that once per key (source, format, calibration prompts where the format reads any,
-ModelOpt and torch versions) under the cache root, checks the written model against ModelOpt's own (logits equal to
-1e-3 relative), and keeps ModelOpt's per-layer parameters beside it (`quantizers.safetensors`: the weight
-quantizer's amax, AWQ's pre-quant scale).
+nothing about whether the build is right. The simulated model is that quantization written into a plain copy of
+the source (each quantized linear layer computes `(x · s) @ Q(W')ᵀ`, AWQ's pre-quant scale s on the input and none
+for the others, the same as `x @ (Q(W') · diag(s))ᵀ`), served, referenced and spread like any model:
+
+* int4_awq by NVIDIA ModelOpt, the tool the lanes quantize it with (quantize.py, hf_ptq.py): its fake quantization
+  (`mtq.quantize`, INT4_AWQ_CFG: int4 weights in blocks of 128 along the input, awq_lite calibration on the prompts;
+  nvidia-modelopt 0.47.0, modelopt/torch/quantization/config.py), folded and checked against ModelOpt's own logits
+  (1e-3 relative); ModelOpt's amax and pre-quant scales kept beside it.
+* int8_wo and int4_wo by TensorRT-LLM's own weight-only quantizer, which the engine lane's convert_checkpoint.py
+  runs (not ModelOpt; sources at TRTLLM_WEIGHT_ONLY_BITS): from the weights alone, no calibration data; its stored
+  per-channel scales kept beside it.
+
+`simulate` writes one folder per key (source, format and its configuration, the calibration prompts where the
+format reads any, the ModelOpt and torch versions) under the cache root, whole or not at all.
 
 Not simulated: formats that quantize activations (fp8, nvfp4: the input quantizer changes every activation, which
 no plain checkpoint carries; ModelOpt 0.47.0's NVFP4 fake quant also asserts CUDA tensors,
 modelopt/torch/quantization/tensor_quant.py `_dynamic_block_quantize_impl`). Those keep the fp32 source or a
 gated sibling as their reference.
-
-Sources (nvidia-modelopt 0.47.0, the wheel on PyPI): INT4_AWQ_CFG (int4 weights in blocks of 128 along the input,
-awq_lite calibration), INT8_WEIGHT_ONLY_CFG (int8 per output channel, max calibration), in
-modelopt/torch/quantization/config.py; int4_wo is TensorRT-LLM's per-channel int4 weight-only
-(convert_checkpoint.py --weight_only_precision int4), INT8_WEIGHT_ONLY_CFG with num_bits 4.
 """
 
 from __future__ import annotations
@@ -49,21 +49,30 @@ from enginefoundry.store.backends import Store
 if TYPE_CHECKING:
     from torch import Tensor
 
-# precision -> (ModelOpt config attribute, num_bits override, what it is); keys: spec.checks.SIMULATED_PRECISIONS
-SIMULATED: dict[str, tuple[str, int | None, str]] = {
-    "int4_awq": ("INT4_AWQ_CFG", None, "int4 weights, blocks of 128, AWQ (awq_lite) calibration"),
-    "int4_wo": ("INT8_WEIGHT_ONLY_CFG", 4, "int4 weights per output channel, max calibration"),
-    "int8_wo": ("INT8_WEIGHT_ONLY_CFG", None, "int8 weights per output channel, max calibration"),
+# precision -> what simulates it; keys: spec.checks.SIMULATED_PRECISIONS. int4_awq is ModelOpt's (the lanes quantize
+# it with ModelOpt: quantize.py, hf_ptq.py); int8_wo and int4_wo are TensorRT-LLM's own weight-only quantizer (the
+# engine lane's convert_checkpoint.py --use_weight_only), written out below (trtllm_weight_only).
+SIMULATED: dict[str, str] = {
+    "int4_awq": "ModelOpt INT4_AWQ_CFG: int4 weights, blocks of 128, AWQ (awq_lite) calibration",
+    "int4_wo": "TensorRT-LLM's weight-only int4: per output channel, step max/8, codes -8..7",
+    "int8_wo": "TensorRT-LLM's weight-only int8: per output channel, step max/128, codes -128..127",
 }
-FORMAT = 1  # of the folder this module writes
+MODELOPT_CONFIGS = {"int4_awq": "INT4_AWQ_CFG"}  # precision -> ModelOpt config attribute
+# TensorRT-LLM's weight-only quantization (convert_checkpoint.py --use_weight_only --weight_only_precision int8|int4):
+# each decoder linear's weight, cast to the model dtype (tensorrt_llm/models/llama/convert.py@0afa06ab `get_weight`),
+# goes through torch.ops.trtllm.symmetric_quantize_last_axis_of_batched_matrix (models/convert_utils.py
+# `get_tllm_linear_weight`; lm_head and the embeddings are not quantized), whose kernel
+# (cpp/tensorrt_llm/kernels/cutlass_kernels/cutlass_preprocessors.cpp@b35ac1b6 `symmetric_quantize`) takes each output
+# channel's max |w| in float, steps of max / 2^(bits-1) (max/128, max/8: the full int range, so the largest weight
+# clips to 127 or 7 steps), rounds half away from zero (C `round`), clips to [-2^(bits-1), 2^(bits-1) - 1], and
+# stores the step in the model dtype: the engine multiplies the codes by that stored scale.
+TRTLLM_WEIGHT_ONLY_BITS = {"int8_wo": 8, "int4_wo": 4}
+FORMAT = 2  # of the folder this module writes (2: int8_wo and int4_wo are TensorRT-LLM's quantizer, not ModelOpt's)
 QUANTIZATION_COST = "quantization cost"  # the rule judging the simulation against the source (run_smoke)
 CALIBRATION_TOKENS = 512  # each calibration prompt is cut here
-# A weight-only max calibration needs no data: ModelOpt 0.47.0 calibrates every weight quantizer on the weight itself
-# (model_calib.py `max_calibrate`: "Always run weight calibration on the weight tensor directly"; with no forward
-# loop, `_run_and_load_max_stats` calls `weight_only_quantize`). CALIBRATION_FREE formats are quantized so, and their
-# key holds no prompts: one simulation per source, whatever the prompt set.
-NO_CALIBRATION_DATA = "none: max calibration of the weights"
+NO_CALIBRATION_DATA = "none: the weights alone"  # CALIBRATION_FREE formats: their key holds no prompts
 MAX_RELATIVE_LOGIT_ERROR = 1e-3  # the written model against ModelOpt's own, on the first calibration prompt
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 class SimulatedKey(BaseModel):
@@ -95,8 +104,8 @@ class SimulatedModel(BaseModel):
     seconds: float
 
     def label(self) -> str:
-        return (f"ModelOpt {self.key.modelopt} simulated {self.key.precision} ({self.description}) of the source, "
-                f"{self.key.digest[:12]} ({self.source})")
+        return (f"simulated {self.key.precision} ({self.description}) of the source, {self.key.digest[:12]} "
+                f"({self.source})")
 
 
 def modelopt_version() -> str | None:
@@ -112,24 +121,36 @@ def can_simulate(precision: str) -> str | None:
     if precision not in SIMULATED_PRECISIONS:
         return (f"{precision} is not simulated: ModelOpt's simulation of it quantizes activations too, which no "
                 f"plain checkpoint carries (simulated: {', '.join(SIMULATED)})")
-    if modelopt_version() is None:
+    if precision in MODELOPT_CONFIGS and modelopt_version() is None:
         return "nvidia-modelopt is not installed: pip install 'enginefoundry[simulate]' (or nvidia-modelopt)"
     return None
 
 
-def config_for(precision: str) -> dict[str, Any]:  # JSON edge: ModelOpt's quantization config
+def config_for(precision: str) -> dict[str, Any]:  # JSON edge: the quantizer's configuration
+    """ModelOpt's config for its formats; for TensorRT-LLM's weight-only quantizer, what defines it."""
+    if precision in TRTLLM_WEIGHT_ONLY_BITS:
+        return {"quantizer": "tensorrt_llm symmetric_quantize_last_axis_of_batched_matrix",
+                "bits": TRTLLM_WEIGHT_ONLY_BITS[precision], "scale_dtype": SIMULATED_DTYPE,
+                "modules": "every linear but the output embedding", "source": "cutlass_preprocessors.cpp@b35ac1b6"}
     import modelopt.torch.quantization as mtq
 
-    name, bits, _ = SIMULATED[precision]
-    cfg = copy.deepcopy(getattr(mtq, name))
-    if bits is not None:  # 0.47.0's quant_cfg: a list of {"quantizer_name": pattern, "cfg": {...}} entries
-        entries = [e for e in cfg["quant_cfg"]
-                   if isinstance(e, dict) and e.get("quantizer_name") == "*weight_quantizer"]
-        if len(entries) != 1 or "num_bits" not in entries[0].get("cfg", {}):
-            raise ToolError(f"smoke: ModelOpt {modelopt_version()}'s {name} has no one '*weight_quantizer' entry "
-                            "with num_bits (the layout of 0.47.0): cannot derive the int4 weight-only config")
-        entries[0]["cfg"]["num_bits"] = bits
-    return dict(cfg)
+    return dict(copy.deepcopy(getattr(mtq, MODELOPT_CONFIGS[precision])))
+
+
+def trtllm_weight_only(weight: Tensor, bits: int, dtype: str = SIMULATED_DTYPE) -> tuple[Tensor, Tensor]:
+    """One [out, in] weight as TensorRT-LLM's weight-only engine holds it, dequantized: (codes × stored scale, the
+    stored scale per output channel), both float32 (module comment above TRTLLM_WEIGHT_ONLY_BITS)."""
+    import torch
+
+    w = weight.detach().to(getattr(torch, TORCH_DTYPES[dtype])).float()
+    step = w.abs().amax(dim=1, keepdim=True) / float(1 << (bits - 1))
+    x = torch.where(step != 0, w / torch.where(step != 0, step, torch.ones_like(step)), torch.zeros_like(w))
+    codes = torch.round(x)  # half to even; C's round takes ties away from zero:
+    ties = (x - torch.trunc(x)).abs() == 0.5
+    codes = torch.where(ties, torch.trunc(x) + torch.sign(x), codes)
+    codes = codes.clamp(-float(1 << (bits - 1)), float((1 << (bits - 1)) - 1))
+    scale = step.to(getattr(torch, TORCH_DTYPES[dtype])).float()
+    return codes * scale, scale.reshape(-1)
 
 
 def simulated_key(source: Path, precision: str, calibration: list[PromptCase]) -> SimulatedKey:
@@ -140,7 +161,8 @@ def simulated_key(source: Path, precision: str, calibration: list[PromptCase]) -
                         config=json.dumps(config_for(precision), default=str),
                         calibration_digest=(NO_CALIBRATION_DATA if precision in CALIBRATION_FREE else
                                             sha256_json([c.model_dump(mode="json") for c in calibration])),
-                        modelopt=modelopt_version() or "absent", torch=torch.__version__)
+                        modelopt=(modelopt_version() or "absent") if precision in MODELOPT_CONFIGS else "not used",
+                        torch=torch.__version__)
 
 
 def default_root() -> Path:
@@ -206,21 +228,69 @@ def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *
 
 def _compute(source: Path, precision: str, calibration: list[PromptCase], key: SimulatedKey, out: Path,
              progress: Callable[[str], None]) -> SimulatedModel:
-    import modelopt.torch.quantization as mtq
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     t0 = time.monotonic()
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model.eval()
+    progress(f"smoke: simulating {precision} ({SIMULATED[precision]}"
+             + ("; the weights alone)" if precision in TRTLLM_WEIGHT_ONLY_BITS else
+                f"; ModelOpt {key.modelopt}, {len(calibration)} calibration prompts)"))
+    if precision in TRTLLM_WEIGHT_ONLY_BITS:
+        params, err = _trtllm_weight_only_in_place(model, TRTLLM_WEIGHT_ONLY_BITS[precision]), None
+        check = "codes and scales checked"
+    else:
+        model, params, err = _modelopt(model, source, precision, calibration, progress, t0)
+        check = f"logits within {err:.1e} of ModelOpt's"
+    model.save_pretrained(out)
+    for f in list_files(source):  # the source's own tokenizer bytes: the served unit's tokenizer digest matches
+        if f.name in TOKENIZER_FILES and f.parent == source:
+            shutil.copyfile(f, out / f.name)
+    save_file({k: v.contiguous() for k, v in params.items()}, str(out / "quantizers.safetensors"))
+    modules = sum(k.endswith((".amax", ".per_channel_scale")) for k in params)
+    awq = sum(k.endswith(".pre_quant_scale") for k in params)
+    seconds = round(time.monotonic() - t0, 1)
+    progress(f"smoke: {precision} simulation written ({modules} layers, {awq} AWQ-scaled; {check}; {seconds:.0f} s)")
+    return SimulatedModel(folder=out, key=key, source="computed", description=SIMULATED[precision],
+                          modules=modules, awq_scaled=awq, seconds=seconds)
+
+
+def _trtllm_weight_only_in_place(model: Any, bits: int) -> dict[str, Tensor]:
+    """Every linear but the output embedding replaced by TensorRT-LLM's weight-only quantization of it (the codes
+    times the stored scale); returns each layer's stored scale. Checked: every row holds at most 2^bits codes."""
+    import torch
+
+    head = model.get_output_embeddings()
+    scales: dict[str, Tensor] = {}
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, torch.nn.Linear) or module is head:
+                continue
+            w_eff, scale = trtllm_weight_only(module.weight, bits)
+            codes = w_eff / torch.where(scale == 0, torch.ones_like(scale), scale).reshape(-1, 1)
+            if not torch.equal(codes, codes.round()) or codes.abs().max() > (1 << (bits - 1)):
+                raise ToolError(f"smoke: {name}: the simulated int{bits} weights are not whole codes of the scale")
+            module.weight.copy_(w_eff)
+            scales[f"{name}.per_channel_scale"] = scale.clone()
+    if not scales:
+        raise ToolError("smoke: the model has no linear layer to quantize")
+    return scales
+
+
+def _modelopt(model: Any, source: Path, precision: str, calibration: list[PromptCase],
+              progress: Callable[[str], None], t0: float) -> tuple[Any, dict[str, Tensor], float]:
+    """ModelOpt's fake quantization of `model`, calibrated on the prompts, folded into a plain copy of the source and
+    checked against ModelOpt's own logits: (the plain model, ModelOpt's per-layer parameters, the relative error)."""
+    import modelopt.torch.quantization as mtq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok: Any = AutoTokenizer.from_pretrained(source)
     batches = [tok.apply_chat_template(c.chat(), add_generation_prompt=True, return_tensors="pt", return_dict=True,
                                        truncation=True, max_length=CALIBRATION_TOKENS)["input_ids"]
                for c in calibration]
-    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    model.eval()
-    data_free = precision in CALIBRATION_FREE
-    progress(f"smoke: simulating {precision} with ModelOpt {key.modelopt} ({SIMULATED[precision][2]}; "
-             + ("the weights alone, no calibration data)" if data_free else f"{len(batches)} calibration prompts)"))
 
     def forward_loop(m: Any) -> None:
         with torch.no_grad():
@@ -229,7 +299,7 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
                 if i % 16 == 0:
                     progress(f"smoke: calibration {i}/{len(batches)} ({time.monotonic() - t0:.0f} s)")
 
-    mtq.quantize(model, config_for(precision), None if data_free else forward_loop)
+    mtq.quantize(model, config_for(precision), forward_loop)
     with torch.no_grad():
         expected = model(batches[0]).logits
         folded, params = _fold(model)
@@ -247,18 +317,7 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
         raise ToolError(f"smoke: the written {precision} simulation does not reproduce ModelOpt's model (largest "
                         f"logit difference {err:.2e} of the largest logit > {MAX_RELATIVE_LOGIT_ERROR}): a "
                         "quantizer this module does not fold")
-    plain.save_pretrained(out)
-    for f in list_files(source):  # the source's own tokenizer bytes: the served unit's tokenizer digest matches
-        if f.name in TOKENIZER_FILES and f.parent == source:
-            shutil.copyfile(f, out / f.name)
-    save_file({k: v.contiguous() for k, v in params.items()}, str(out / "quantizers.safetensors"))
-    modules = sum(k.endswith(".amax") for k in params)
-    awq = sum(k.endswith(".pre_quant_scale") for k in params)
-    seconds = round(time.monotonic() - t0, 1)
-    progress(f"smoke: {precision} simulation written ({modules} layers, {awq} AWQ-scaled; logits within "
-             f"{err:.1e} of ModelOpt's; {seconds:.0f} s)")
-    return SimulatedModel(folder=out, key=key, source="computed", description=SIMULATED[precision][2],
-                          modules=modules, awq_scaled=awq, seconds=seconds)
+    return plain, params, err
 
 
 def _fold(model: Any) -> tuple[dict[str, Tensor], dict[str, Tensor]]:

@@ -41,8 +41,10 @@ REFERENCE_PRECISIONS = (UNIT_PRECISION, SIMULATED_REFERENCE, *COMPUTABLE)
 ReferencePrecision = Literal["unit", "simulated", "fp32", "bf16", "fp16"]
 
 
-# Formats whose simulation does not depend on the calibration data: max calibration takes each output channel's
-# largest weight. AWQ (int4_awq) searches its scales on the calibration data, and a lane calibrates on its own
+# Formats whose simulation does not depend on the calibration data: the engine lane's int8_wo and int4_wo are
+# TensorRT-LLM's own weight-only quantizer, from each output channel's largest weight alone (smoke/simulated.py
+# TRTLLM_WEIGHT_ONLY_BITS). The trtllm lane builds neither (the PyTorch backend has no W8A16, and int4_wo no ModelOpt
+# unified export: lanes/trtllm.py). AWQ (int4_awq) searches its scales on the calibration data, and a lane calibrates on its own
 # dataset (variant.calibration), so a simulation calibrated on the prompt set is another quantization: measured,
 # SmolLM2-135M's int4_awq calibrated on other prompts is rejected against it (teacher-forced distance 0.30 against a
 # limit of 0.063; docs/smoke-gate.md 'AWQ calibrated elsewhere').
@@ -104,8 +106,8 @@ class SmokeSpec(BaseModel):
     reference_precision: ReferencePrecision = Field(
         default=UNIT_PRECISION, description="the source reference's dtype: unit (each unit's own precision where "
         "transformers computes it: fp32, bf16, fp16, with log-prob bounds from the spread measured there; fp32 for "
-        "the others), simulated (as unit, and each int8_wo and int4_wo unit against ModelOpt's simulated model of "
-        "the source in bf16; needs the simulate extra), or one dtype for every unit: fp32, bf16, fp16")
+        "the others), simulated (as unit, and each int8_wo and int4_wo unit against TensorRT-LLM's weight-only "
+        "quantization of the source, simulated in bf16), or one dtype for every unit: fp32, bf16, fp16")
     max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
     accuracy_margin: Annotated[float, Field(gt=0.0, lt=1.0)] | None = Field(
         default=None, description="non-inferiority margin δ on task accuracy (paired against the reference)")

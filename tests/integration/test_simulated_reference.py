@@ -1,6 +1,7 @@
 """A quantized unit judged against the quantization tool's simulated model (enginefoundry/smoke/simulated.py):
-ModelOpt's fake quantization, written as a plain checkpoint, served and judged by the real gate (issue 24).
-The tiny fixture model; ModelOpt for real (the `simulate` extra)."""
+TensorRT-LLM's weight-only quantizer (int8_wo, int4_wo) or ModelOpt's fake quantization (int4_awq), written as a
+plain checkpoint, served and judged by the real gate (issue 24). The tiny fixture model; ModelOpt for real (the
+`simulate` extra) where a test needs it."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.lanes.base import Command, ServeCommand
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.smoke import load_prompt_set, run_smoke
-from enginefoundry.smoke.simulated import SIMULATED, _fold, config_for, simulate, simulated_key
+from enginefoundry.smoke.simulated import SIMULATED, _fold, config_for, simulate, simulated_key, trtllm_weight_only
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import SIMULATED_PRECISIONS
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 
-pytest.importorskip("modelopt", reason="the `simulate` extra (nvidia-modelopt) is not installed")
+
+def _needs_modelopt() -> None:
+    pytest.importorskip("modelopt", reason="the `simulate` extra (nvidia-modelopt) is not installed")
 
 
 def test_the_simulation_is_the_tools_quantization_written_as_a_plain_checkpoint(tmp_path: Path):
@@ -51,31 +54,29 @@ def test_the_simulation_is_the_tools_quantization_written_as_a_plain_checkpoint(
     assert simulated_key(TINY_MODEL, "int4_awq", cases) != simulated_key(TINY_MODEL, "int4_awq", cases[:3])
 
 
-def test_a_max_calibrated_format_is_what_modelopt_makes_with_calibration_data(tmp_path: Path):
-    """The simulation of int8_wo runs no calibration data through the model; ModelOpt's own, calibrated with a forward
-    loop over the prompts, has the same quantized weights (a weight quantizer's max is the weight's)."""
-    import modelopt.torch.quantization as mtq
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_the_weight_only_simulation_is_tensorrt_llms_arithmetic(tmp_path: Path):
+    """symmetric_quantize (cutlass_preprocessors.cpp): steps of max/2^(bits-1), ties away from zero, clipped to the
+    signed range (the largest weight to 7 steps at 4 bits), the step stored in the model dtype."""
+    w = torch.tensor([[1.0, -0.5, 0.0625, 0.3, -0.0625], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    got, scale = trtllm_weight_only(w, 4)
+    # step 1/8: codes 8 → 7 (clipped), -4, 0.5 → 1 and -0.5 → -1 (away from zero, not to even), 2.4 → 2
+    assert got[0].tolist() == [0.875, -0.5, 0.125, 0.25, -0.125] and scale.tolist() == [0.125, 0.0]
+    assert got[1].tolist() == [0.0] * 5  # an all-zero channel stays zero
+    got8, _ = trtllm_weight_only(w[:1], 8)
+    assert got8[0, 0].item() == 127 / 128  # the full int8 range: max/128, the largest weight clipped to 127
 
     cases = load_prompt_set(TINY_PROMPTS).cases
     sim = simulate(TINY_MODEL, "int8_wo", cases, root=tmp_path, progress=lambda _: None)
-    tok = AutoTokenizer.from_pretrained(TINY_MODEL)
-    calibrated = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
-
-    def loop(m):
-        with torch.no_grad():
-            for c in cases:
-                m(tok.apply_chat_template(c.chat(), add_generation_prompt=True, return_tensors="pt",
-                                          return_dict=True)["input_ids"])
-
-    mtq.quantize(calibrated, config_for("int8_wo"), loop)
-    with torch.no_grad():
-        folded, _ = _fold(calibrated)
-    got = load_file(sim.folder / "model.safetensors")
-    assert folded and all(torch.equal(got[k], v) for k, v in folded.items())
+    src, out = load_file(TINY_MODEL / "model.safetensors"), load_file(sim.folder / "model.safetensors")
+    name = "model.layers.1.mlp.down_proj.weight"
+    assert torch.equal(out[name], trtllm_weight_only(src[name].float(), 8)[0])
+    assert "lm_head.weight" not in out or torch.equal(out["lm_head.weight"], src["lm_head.weight"].float())
+    assert sim.key.modelopt == "not used" and "per_channel_scale" in " ".join(
+        load_file(sim.folder / "quantizers.safetensors"))
 
 
 def test_awq_scales_fold_into_the_weights_and_an_activation_quantizer_is_refused(tmp_path: Path):
+    _needs_modelopt()
     import modelopt.torch.quantization as mtq
     from transformers import AutoModelForCausalLM
 
@@ -181,7 +182,7 @@ def test_the_pipelines_stages_judge_a_quantized_unit_against_its_simulation(tmp_
     ref, outcome = smoke_reference.fn(spec, str(TINY_MODEL), precision="int8_wo")
     assert outcome.simulated is not None and "simulated int8_wo" in outcome.simulated
     assert outcome.dtype == "bf16" and Path(outcome.model_dir).parent == tmp_path / "cache" / "simulated"
-    assert outcome.label().startswith(f"bf16 reference {outcome.key[:12]} of ModelOpt ")
+    assert outcome.label().startswith(f"bf16 reference {outcome.key[:12]} of simulated int8_wo (TensorRT-LLM's ")
     published = sorted(p.name for p in (tmp_path / "store").rglob("*.json"))
     assert len([n for n in published if "spread" not in n]) == 2  # the simulation's answers and the source's
 

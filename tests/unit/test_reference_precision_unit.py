@@ -5,6 +5,7 @@ spread's wider-arithmetic pass, and refuses with the field and the fix before an
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -128,8 +129,9 @@ def test_simulated_judges_each_weight_only_unit_against_its_simulation_and_every
     assert spec.smoke.reference_for("int4_awq")[1].startswith("int4_awq is not simulated for a lane's build")
     assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
     rows = {r["precision"]: r["reference"] for r in plan_report(spec).rows}
-    assert rows == {"bf16": "bf16 (like with like)", "int8_wo": "simulated int8_wo (ModelOpt, bf16; like with like)",
-                    "int4_wo": "simulated int4_wo (ModelOpt, bf16; like with like)",
+    assert rows == {"bf16": "bf16 (like with like)",
+                    "int8_wo": "simulated int8_wo (TensorRT-LLM's quantizer, bf16; like with like)",
+                    "int4_wo": "simulated int4_wo (TensorRT-LLM's quantizer, bf16; like with like)",
                     "int4_awq": "fp32 (no int4_awq simulation: calibrated on the lane's data)",
                     "fp8": "fp32 (no fp8 reference)"}
     with pytest.raises(SpecError) as err:  # two answers to one question: refused when the spec is read
@@ -144,11 +146,10 @@ def _checks(spec, precision: str, **kw) -> dict[str, Any]:
 
 
 def test_preflight_budgets_the_simulation_on_the_host_and_refuses_what_does_not_fit():
-    pytest.importorskip("modelopt", reason="the `simulate` extra (nvidia-modelopt) is not installed")
     fits = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=2000), "int4_wo",
                    host_memory=1)
     assert fits["simulation"].ok and fits["simulation"].message.startswith(
-        f"the int4_wo simulation (ModelOpt, host CPU) needs ≈{PARAMS * 4 * 2 * 1.2 / GIB:.1f} GiB host memory "
+        f"the int4_wo simulation (host CPU) needs ≈{PARAMS * 4 * 1.2 / GIB:.1f} GiB host memory "
         f"and ≈{PARAMS * 4 / GIB:.1f} GiB under the cache root")
     assert "simulation" not in _checks(_spec(QUANTIZED, reference_host_memory_gib=2000), "int4_awq")  # unit
     for other in ("fp8", "int4_awq"):
@@ -156,18 +157,20 @@ def test_preflight_budgets_the_simulation_on_the_host_and_refuses_what_does_not_
     small = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=200), "int8_wo")
     assert not small["simulation"].ok and "smoke.reference_host_memory_gib allows 200.0 GiB" in \
         small["simulation"].message
-    assert small["simulation"].fix.startswith("a reference host with ≥ 631 GiB (smoke.reference_host_memory_gib)")
+    assert small["simulation"].fix.startswith(
+        f"a reference host with ≥ {math.ceil(PARAMS * 4 * 1.2 / GIB)} GiB (smoke.reference_host_memory_gib)")
 
 
-def test_a_missing_modelopt_is_refused_on_the_worker_with_the_install_command(monkeypatch):
+def test_the_pipelines_simulation_needs_no_modelopt(monkeypatch):
+    """int8_wo and int4_wo are TensorRT-LLM's own quantizer, written out in smoke/simulated.py: a worker without the
+    simulate extra simulates them."""
     import enginefoundry.smoke.simulated as simulated
+    from enginefoundry.planning.preflight import simulation_check
+    from tests.support.paths import TINY_MODEL
 
     monkeypatch.setattr(simulated, "modelopt_version", lambda: None)  # an environment without the extra
-    spec = _spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=2000)
-    unit = _unit(spec, "int4_wo")
-    from enginefoundry.planning.preflight import simulation_check
-
-    on_worker = simulation_check(spec, unit, SHAPE, None, on_worker=True)
-    assert not on_worker.ok and "nvidia-modelopt is not installed" in on_worker.message
-    assert on_worker.fix.startswith("pip install 'enginefoundry[simulate]'")
-    assert simulation_check(spec, unit, SHAPE, None, on_worker=False).ok  # planning elsewhere: it informs
+    spec = _spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=1)
+    tiny = ModelShape.from_config(json.loads((TINY_MODEL / "config.json").read_text()))
+    check = simulation_check(spec, _unit(spec, "int4_wo"), tiny, None, on_worker=True)
+    assert check.ok, check.message
+    assert "nvidia-modelopt is not installed" in (simulated.can_simulate("int4_awq") or "")
