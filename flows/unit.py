@@ -96,7 +96,8 @@ def run_unit_stages(
         # the unit's GPUs before its server takes them.
         t = time.monotonic()
         reference = smoke_reference(spec, snapshot.local_dir, snapshot.weights_digest, sibling,
-                                    precision=unit.variant.precision.value)
+                                    precision=unit.variant.precision.value,
+                                    checkpoint_dir=ckpt.result.checkpoint_dir)
         stages["reference"] = time.monotonic() - t
 
         t = time.monotonic()

@@ -9,6 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.model_server import Endpoint, is_alive
+from enginefoundry.planning.preflight import dequantizes
 from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
 from enginefoundry.smoke.reference import (
     ReferenceOutcome,
@@ -18,7 +19,7 @@ from enginefoundry.smoke.reference import (
     publish_sibling_reference,
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
-from enginefoundry.smoke.simulated import simulated_reference
+from enginefoundry.smoke.simulated import EXPORTED, FROM_EXPORT_WHY, exported_quant_algo, simulated_reference
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -26,14 +27,15 @@ from enginefoundry.tasks._log import progress_logger
 
 @task(name="smoke reference", cache_policy=NO_CACHE)
 def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | None = None,
-                    sibling: SiblingRef | None = None, *,
-                    precision: str) -> tuple[ReferenceSet, ReferenceOutcome]:
+                    sibling: SiblingRef | None = None, *, precision: str,
+                    checkpoint_dir: str | None = None) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The answers the unit (of `precision`) is judged against, found by key in the artifact store: its sibling
     unit's served answers (refused when the sibling was rejected or never served these prompts), else the
     source's greedy answers in the dtype `smoke.reference_precision` gives this unit (`unit`: its own where
-    transformers computes it; `simulated`: a weight-only quantized unit's are its quantization's simulated model's,
-    simulated on the host CPU, and the source's in the same dtype for the quantization-cost rule), computed and
-    published on a miss (on the host CPU, or on the unit's GPUs before
+    transformers computes it; `simulated`: an int8_wo/int4_wo unit's are its quantization's simulated model's, and
+    an int4_awq unit's on a lane that exports ModelOpt's unified checkpoint its converted checkpoint's
+    (`checkpoint_dir`), dequantized; both on the host CPU, with the source's answers in the same dtype for the
+    quantization-cost rule), computed and published on a miss (on the host CPU, or on the unit's GPUs before
     its server takes them; like with like on GPUs also measures the log-prob spread there, before the server)."""
     log = progress_logger()
     cases = load_prompt_set(spec.resolve_path(spec.smoke.prompts)).cases
@@ -44,11 +46,17 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         return ref, outcome
     dtype, why = spec.smoke.reference_for(precision)
     device = spec.smoke.reference_device.value
-    if spec.smoke.simulates(precision):
-        log(f"smoke: the reference of this {precision} unit: {why}")
+    export = Path(checkpoint_dir) if checkpoint_dir and dequantizes(spec, precision) else None
+    if export is not None and exported_quant_algo(export) not in EXPORTED:
+        log(f"smoke: {export} is not a ModelOpt unified {precision} checkpoint ({exported_quant_algo(export)}): "
+            f"judged against the {dtype} source instead ({why})")
+        export = None
+    if spec.smoke.simulates(precision) or export is not None:
+        log(f"smoke: the reference of this {precision} unit: "
+            + (f"{FROM_EXPORT_WHY} ({export})" if export is not None else why))
         ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
                                            max_new_tokens=spec.smoke.max_new_tokens, store=store, device=device,
-                                           weights_digest=weights_digest, progress=log)
+                                           weights_digest=weights_digest, checkpoint=export, progress=log)
     else:
         log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
         ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,

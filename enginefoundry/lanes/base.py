@@ -178,6 +178,9 @@ class Lane(ABC):
     needs_gpu: bool = False  # refuse cpu targets
     embedding_sharded: bool = True  # the embedding is split over tp ranks (False: replicated on every tp rank)
     sizes_kv_pool: bool = True  # the runtime gives the free memory to a KV pool (the KV budget check applies)
+    # Precisions whose converted checkpoint is ModelOpt's unified export, which smoke.reference_precision: simulated
+    # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
+    dequantizable: frozenset[str] = frozenset()
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
         """This lane's own preflight checks (enginefoundry.build.model_shape.Check) for a unit; `shape` may be None."""

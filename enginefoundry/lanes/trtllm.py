@@ -284,6 +284,7 @@ def awq_check(unit: Unit) -> Check | None:
 class TrtllmLane(TrtllmLaneBase):
     name = "trtllm"
     convert_tools = (HF_PTQ,)
+    dequantizable = frozenset({"int4_awq"})  # hf_ptq.py's unified export (W4A16_AWQ); fp8, nvfp4 quantize activations
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:

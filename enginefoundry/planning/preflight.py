@@ -31,7 +31,7 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
-from enginefoundry.spec.checks import SIMULATED_PRECISIONS, SIMULATED_REFERENCE, UNIT_PRECISION
+from enginefoundry.spec.checks import SIMULATED_DTYPE, SIMULATED_PRECISIONS, SIMULATED_REFERENCE, UNIT_PRECISION
 
 GIB = 1024**3
 
@@ -360,10 +360,18 @@ def reference_need(shape: ModelShape, dtype: str, spread: bool = False) -> int:
     return int(shape.param_count() * per_param * 1.2)
 
 
+def dequantizes(spec: BuildSpec, precision: str) -> bool:
+    """smoke.reference_precision: simulated judges a unit of `precision` against its lane's own quantized checkpoint,
+    dequantized (the lane exports ModelOpt's unified checkpoint for it: Lane.dequantizable)."""
+    return spec.smoke.reference_precision == SIMULATED_REFERENCE and precision in get_lane(spec.lane).dequantizable
+
+
 def unit_reference(spec: BuildSpec, unit: Unit) -> tuple[str, bool]:
     """The dtype of the unit's source reference (smoke.reference_precision; `unit`: its own where transformers
     computes it, else fp32) and whether its log-prob spread is measured (like with like)."""
     precision = unit.variant.precision.value
+    if dequantizes(spec, precision):
+        return SIMULATED_DTYPE, True
     return spec.smoke.reference_for(precision)[0], spec.smoke.like_with_like(precision)
 
 
@@ -377,10 +385,12 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
     dtype, spread = unit_reference(spec, unit)
     if spec.smoke.simulates(unit.variant.precision.value):
         return f"simulated {unit.variant.precision.value} (TensorRT-LLM's quantizer, {dtype}; like with like)"
+    if dequantizes(spec, unit.variant.precision.value):
+        return f"the lane's {unit.variant.precision.value} checkpoint, dequantized ({dtype}; like with like)"
     if spread:
         return f"{dtype} (like with like)"
     if spec.smoke.reference_precision == SIMULATED_REFERENCE and unit.variant.precision.value in SIMULATED_PRECISIONS:
-        return f"{dtype} (no {unit.variant.precision.value} simulation: calibrated on the lane's data)"
+        return f"{dtype} (no {unit.variant.precision.value} simulation on lane {spec.lane}: calibrated on its data)"
     if spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE):
         return f"{dtype} (no {unit.variant.precision.value} reference)"
     return f"{dtype} (smoke.reference_precision)"
@@ -454,6 +464,7 @@ def reference_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory:
 
 
 SIMULATION_COPIES = 1  # the source in fp32, its linear weights replaced in place (smoke/simulated.py)
+DEQUANTIZATION_COPIES = 2  # the dequantized float32 tensors, then the model loaded from them to check it
 
 
 def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory: int | None, *,
@@ -467,10 +478,14 @@ def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory
     from enginefoundry.smoke.simulated import can_simulate
 
     precision = unit.variant.precision.value
-    need = int(shape.param_count() * 4 * SIMULATION_COPIES * 1.2)
+    export = dequantizes(spec, precision)
+    need = int(shape.param_count() * 4 * (DEQUANTIZATION_COPIES if export else SIMULATION_COPIES) * 1.2)
     disk = int(shape.param_count() * 4)
     what = (f"the {precision} simulation (host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} under the "
             "cache root, once per source (the weights alone)")
+    if export:
+        what = (f"dequantizing the lane's {precision} checkpoint (host CPU) needs ≈{_gib(need)} host memory and "
+                f"≈{_gib(disk)} under the cache root, once per checkpoint")
     why_not = can_simulate(precision)
     if why_not is not None:
         return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",
@@ -541,7 +556,7 @@ def preflight(spec: BuildSpec, unit: Unit,
     if shape is not None:
         host = host_memory if host_memory is not None else host_memory_bytes()
         report.checks.append(reference_check(spec, unit, shape, host, on_worker=gpus is not None, gpus=gpus))
-        if spec.smoke.simulates(unit.variant.precision.value):
+        if spec.smoke.simulates(unit.variant.precision.value) or dequantizes(spec, unit.variant.precision.value):
             report.checks.append(simulation_check(spec, unit, shape, host, on_worker=gpus is not None))
     lane = get_lane(spec.lane)
     if t.arch is Arch.CPU and not lane.needs_gpu:

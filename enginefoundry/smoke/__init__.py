@@ -265,8 +265,9 @@ def run_smoke(
     if max_logprob_diff is not None:
         overrides["max_logprob_diff"] = max_logprob_diff
     source_dir = reference_dir
-    simulated = simulated or spec.simulates(precision)
-    if simulated:
+    given = reference_outcome is not None and reference_outcome.simulated is not None  # by the reference stage
+    simulated = simulated or spec.simulates(precision) or given
+    if simulated and not given:
         why_not = can_simulate(precision)
         if why_not is not None:
             raise InputError(f"smoke: reference precision simulated: {why_not}")
@@ -283,7 +284,7 @@ def run_smoke(
                 source_dir, cases, precision, max_new_tokens=spec.max_new_tokens, store=store,
                 device=reference_device, weights_digest=weights_digest, progress=progress)
         reference_dir = Path(reference_outcome.model_dir)
-        reference_why = f"{reference_why}: {reference_outcome.simulated}"
+        reference_why = f"{reference_outcome.simulated_why or reference_why}: {reference_outcome.simulated}"
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
             reference_dir, cases, dtype=ref_dtype, max_new_tokens=spec.max_new_tokens, store=store,

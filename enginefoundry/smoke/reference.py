@@ -105,6 +105,7 @@ class ReferenceOutcome(BaseModel):
     sibling_unit: str | None = None  # judged against this sibling unit's served answers
     sibling_key: str | None = None
     simulated: str | None = None  # the answers of the quantization tool's simulated model (SimulatedModel.label)
+    simulated_why: str | None = None  # why that model is this unit's reference (smoke/simulated.py)
 
     def label(self) -> str:
         where = f", {self.store_url}" if self.store_url else ""

@@ -43,7 +43,7 @@ from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, list_fil
 from enginefoundry.settings import cache_root
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
-from enginefoundry.spec.checks import CALIBRATION_FREE, SIMULATED_DTYPE, SIMULATED_PRECISIONS
+from enginefoundry.spec.checks import CALIBRATION_FREE, SIMULATED_DTYPE, SIMULATED_PRECISIONS, simulated_why
 from enginefoundry.store.backends import Store
 
 if TYPE_CHECKING:
@@ -182,6 +182,13 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
         raise InputError("smoke: a simulated reference needs prompts (calibration, and the check of the written "
                          "model); the prompt set is empty")
     key = simulated_key(source, precision, calibration)
+    return _materialize(key, root, lambda tmp: _compute(source, precision, calibration, key, tmp, progress))
+
+
+def _materialize(key: SimulatedKey, root: Path | None,
+                 compute: Callable[[Path], SimulatedModel]) -> SimulatedModel:
+    """The folder of `key` under `root` (default_root()): found, or computed into `<key>.partial-<pid>` and renamed
+    (whole or absent; a killed computation's folder is removed by the next one of that key)."""
     final = (root or default_root()) / key.digest
     meta = final / "simulated.json"
     if meta.is_file():
@@ -193,7 +200,7 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        made = _compute(source, precision, calibration, key, tmp, progress)
+        made = compute(tmp)
         made.folder = final
         (tmp / "simulated.json").write_text(made.model_dump_json(indent=2))
         try:
@@ -210,20 +217,151 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
         raise
 
 
+# --- the lane's own quantized checkpoint, dequantized ------------------------------------------------------------
+# Lane trtllm quantizes with ModelOpt's hf_ptq.py into a unified Hugging Face checkpoint: `hf_quant_config.json`
+# beside safetensors whose quantized linears hold packed codes and scales. Dequantized, that checkpoint is exactly
+# the quantization the engine serves (the lane's calibration data, and ModelOpt's export-time resmoothing of layers
+# that share an input), where a simulation calibrated here would be another quantization (docs/smoke-gate.md 'AWQ
+# calibrated elsewhere'). Layout read (nvidia-modelopt 0.47.0, modelopt/torch/export/quant_utils.py
+# `pack_int4_in_uint8`, `to_quantized_weight`; unified_export_hf.py): W4A16_AWQ, `<linear>.weight` uint8
+# [out/2, in], two signed 4-bit codes a byte (output rows 2j in the low nibble, 2j+1 in the high one),
+# `<linear>.weight_scale` [out, in/group_size], `<linear>.pre_quant_scale` [in] (the AWQ scale on the input).
+UNIFIED_QUANT_CONFIG = "hf_quant_config.json"
+EXPORTED = {"W4A16_AWQ": "int4_awq"}  # quant_algo -> precision dequantized here
+
+
+def exported_quant_algo(checkpoint: Path) -> str | None:
+    """The quant_algo of a ModelOpt unified checkpoint, None where `checkpoint` is not one."""
+    path = checkpoint / UNIFIED_QUANT_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        algo = json.loads(path.read_text())["quantization"]["quant_algo"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ToolError(f"smoke: {path} is not a ModelOpt quantization config ({err})") from None
+    return str(algo) if algo is not None else None
+
+
+def unpack_int4(packed: Tensor) -> Tensor:
+    """[out/2, in] uint8 → [out, in] int8 codes in -8..7 (pack_int4_in_uint8's layout, above)."""
+    import torch
+
+    nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=1).to(torch.int8)  # [out/2, 2, in]
+    codes = torch.where(nibbles >= 8, nibbles - 16, nibbles)
+    return codes.reshape(-1, packed.shape[-1])
+
+
+def dequantize_w4a16_awq(tensors: dict[str, Tensor], group_size: int) -> tuple[dict[str, Tensor], int]:
+    """Every packed linear of a W4A16_AWQ checkpoint as its effective float32 weight, codes × scale of its group ×
+    the pre-quant scale of its input channel; every other tensor as float32. Refuses a scale it does not place."""
+    import torch
+
+    out: dict[str, Tensor] = {}
+    done = 0
+    for name, t in tensors.items():
+        if name.endswith((".weight_scale", ".pre_quant_scale")):
+            continue
+        if name.endswith(("_scale", "_quantizer", ".amax")):
+            raise ToolError(f"smoke: {name}: a quantization parameter W4A16_AWQ does not have; not dequantized")
+        if t.dtype != torch.uint8:
+            out[name] = t.float()
+            continue
+        base = name.removesuffix(".weight")
+        scale = tensors.get(f"{base}.weight_scale")
+        if not name.endswith(".weight") or scale is None:
+            raise ToolError(f"smoke: {name} is packed but has no {base}.weight_scale")
+        codes = unpack_int4(t).float()
+        groups = scale.float().repeat_interleave(group_size, dim=1)[:, : codes.shape[1]]
+        if groups.shape != codes.shape:
+            raise ToolError(f"smoke: {base}: scale {tuple(scale.shape)} does not cover codes {tuple(codes.shape)} "
+                            f"in groups of {group_size}")
+        weight = codes * groups
+        pqs = tensors.get(f"{base}.pre_quant_scale")
+        out[name] = weight * pqs.float().reshape(1, -1) if pqs is not None else weight
+        done += 1
+    return out, done
+
+
+def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path | None = None,
+                           progress: Callable[[str], None] = print) -> SimulatedModel:
+    """The lane's exported checkpoint as a plain float32 checkpoint (cached by the checkpoint's digest; its
+    tokenizer files, else `tokenizer_from`'s). Raises InputError for a quantization this module does not read."""
+    algo = exported_quant_algo(checkpoint)
+    if algo not in EXPORTED:
+        raise InputError(f"smoke: {checkpoint} holds {algo or 'no ModelOpt quantization'}; dequantized here: "
+                         f"{', '.join(EXPORTED)}")
+    import torch
+
+    config = json.loads((checkpoint / UNIFIED_QUANT_CONFIG).read_text())
+    w, t, _ = checkpoint_digests(checkpoint)
+    producer = config.get("producer", {})
+    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=EXPORTED[algo],
+                       config=json.dumps(config, sort_keys=True), calibration_digest="the lane's (in the checkpoint)",
+                       modelopt=f"{producer.get('name', '?')} {producer.get('version', '?')} (export)",
+                       torch=torch.__version__)
+    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, config, key, tmp, progress))
+
+
+def _dequantize(checkpoint: Path, tokenizer_from: Path, config: dict[str, Any],  # JSON edge: hf_quant_config.json
+                key: SimulatedKey, out: Path, progress: Callable[[str], None]) -> SimulatedModel:
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.monotonic()
+    tensors: dict[str, Tensor] = {}
+    for f in sorted(checkpoint.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    group = int(config["quantization"].get("group_size") or 128)
+    plain, layers = dequantize_w4a16_awq(tensors, group)
+    if not layers:
+        raise ToolError(f"smoke: {checkpoint} has no packed int4 weight to dequantize")
+    model_config = json.loads((checkpoint / "config.json").read_text())
+    model_config.pop("quantization_config", None)
+    model_config["dtype"] = model_config["torch_dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(model_config, indent=2))
+    save_file({k: v.contiguous() for k, v in plain.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    own = any(f.name in TOKENIZER_FILES for f in checkpoint.iterdir())
+    for folder in (checkpoint, *(() if own else (tokenizer_from,))):  # its tokenizer files, else the source's
+        for f in folder.iterdir():
+            if f.is_file() and (f.name in TOKENIZER_FILES or f.name == "generation_config.json") \
+                    and not (out / f.name).exists():
+                shutil.copyfile(f, out / f.name)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    info = loaded[1]
+    wrong = [*info.get("missing_keys", []), *info.get("unexpected_keys", [])]
+    if wrong:
+        raise ToolError(f"smoke: the dequantized checkpoint does not load as its model: {sorted(wrong)[:3]}")
+    seconds = round(time.monotonic() - t0, 1)
+    progress(f"smoke: the lane's int4_awq checkpoint dequantized ({layers} layers; {seconds:.0f} s)")
+    return SimulatedModel(folder=out, key=key, source="computed",
+                          description=f"the lane's checkpoint ({key.modelopt}), dequantized",
+                          modules=layers, awq_scaled=sum(k.endswith(".pre_quant_scale") for k in tensors),
+                          seconds=seconds)
+
+
+FROM_EXPORT_WHY = (f"the lane's own quantized checkpoint (ModelOpt's unified export), dequantized, computed in "
+                   f"{SIMULATED_DTYPE} (like with like: its calibration, scales and export-time resmoothing are the "
+                   "build's; the policy of its compute dtype)")
+
+
 def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *, max_new_tokens: int,
                         store: Store | None, device: str = "cpu", weights_digest: str | None = None,
+                        checkpoint: Path | None = None,
                         progress: Callable[[str], None] = print) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The answers a `precision` unit is judged against: the simulated model's (simulated on the host CPU,
-    calibrated on `cases`), greedy in SIMULATED_DTYPE on `device`; cached and published by key as any reference.
-    The source's own SIMULATED_DTYPE answers (`weights_digest`: the source's, where the caller has it), which the
-    `quantization cost` rule judges the simulation against, are computed here too: on a GPU before a server takes
-    it."""
-    sim = simulate(source, precision, cases, progress=progress)
+    calibrated on `cases`; with `checkpoint`, the lane's exported checkpoint dequantized instead), greedy in
+    SIMULATED_DTYPE on `device`; cached and published by key as any reference. The source's own SIMULATED_DTYPE
+    answers (`weights_digest`: the source's, where the caller has it), which the `quantization cost` rule judges the
+    simulation against, are computed here too: on a GPU before a server takes it."""
+    if checkpoint is not None:
+        sim, why = dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress), FROM_EXPORT_WHY
+    else:
+        sim, why = simulate(source, precision, cases, progress=progress), simulated_why(precision)
     ref, outcome = load_or_compute_reference(sim.folder, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens,
                                              store=store, progress=progress, device=device)
     load_or_compute_reference(source, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens, store=store,
                               weights_digest=weights_digest, progress=progress, device=device)
-    return ref, outcome.model_copy(update={"simulated": sim.label()})
+    return ref, outcome.model_copy(update={"simulated": sim.label(), "simulated_why": why})
 
 
 def _compute(source: Path, precision: str, calibration: list[PromptCase], key: SimulatedKey, out: Path,

@@ -44,10 +44,12 @@ ReferencePrecision = Literal["unit", "simulated", "fp32", "bf16", "fp16"]
 # Formats whose simulation does not depend on the calibration data: the engine lane's int8_wo and int4_wo are
 # TensorRT-LLM's own weight-only quantizer, from each output channel's largest weight alone (smoke/simulated.py
 # TRTLLM_WEIGHT_ONLY_BITS). The trtllm lane builds neither (the PyTorch backend has no W8A16, and int4_wo no ModelOpt
-# unified export: lanes/trtllm.py). AWQ (int4_awq) searches its scales on the calibration data, and a lane calibrates on its own
-# dataset (variant.calibration), so a simulation calibrated on the prompt set is another quantization: measured,
-# SmolLM2-135M's int4_awq calibrated on other prompts is rejected against it (teacher-forced distance 0.30 against a
-# limit of 0.063; docs/smoke-gate.md 'AWQ calibrated elsewhere').
+# unified export: lanes/trtllm.py). AWQ (int4_awq) searches its scales on the calibration data, and a lane
+# calibrates on its own dataset (variant.calibration), so a simulation calibrated on the prompt set is another
+# quantization: measured, SmolLM2-135M's int4_awq calibrated on other prompts is rejected against it (teacher-forced
+# distance 0.30 against a limit of 0.063; docs/smoke-gate.md 'AWQ calibrated elsewhere'). Where the lane exports
+# ModelOpt's unified checkpoint (Lane.dequantizable), `simulated` judges int4_awq against that checkpoint, dequantized
+# (planning.preflight.dequantizes).
 CALIBRATION_FREE = ("int4_wo", "int8_wo")
 
 
@@ -77,7 +79,7 @@ def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
     if setting == SIMULATED_REFERENCE and precision in SIMULATED_PRECISIONS:
         return "fp32", (f"{precision} is not simulated for a lane's build: its scales are searched on calibration "
                         "data, the lane's own (variant.calibration), not the prompt set; the fp32 source, the "
-                        "family's table bounds")
+                        "family's table bounds (lane trtllm: its exported checkpoint, dequantized)")
     if setting == SIMULATED_REFERENCE:
         setting = UNIT_PRECISION
     if setting != UNIT_PRECISION:

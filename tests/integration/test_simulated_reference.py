@@ -197,3 +197,92 @@ def test_the_pipelines_stages_judge_a_quantized_unit_against_its_simulation(tmp_
     assert "quantization cost" in [r.name for r in report.verdict.rules]
     assert "| why that reference | the quantization tool's simulated int8_wo" in \
         (tmp_path / "report" / "smoke.md").read_text()
+
+
+def _exported_int4_awq(tmp: Path, cases) -> tuple[Path, Path, dict]:
+    """A model whose linears ModelOpt can export as int4 (inputs in whole blocks of 128: the tiny model widened, random
+    weights, the tiny tokenizer), quantized with INT4_AWQ_CFG and exported as hf_ptq.py exports it: (source,
+    checkpoint, the fake-quant model's folded weights before the export)."""
+    import json
+
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = json.loads((TINY_MODEL / "config.json").read_text())
+    cfg.update(hidden_size=128, intermediate_size=256, head_dim=32)
+    cfg.pop("transformers_version", None)
+    src = tmp / "wide"
+    LlamaForCausalLM(LlamaConfig(**cfg)).save_pretrained(src)
+    for f in TINY_MODEL.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            shutil.copy(f, src / f.name)
+    tok = AutoTokenizer.from_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+
+    def loop(m):
+        with torch.no_grad():
+            for c in cases[:4]:
+                m(tok.apply_chat_template(c.chat(), add_generation_prompt=True, return_tensors="pt",
+                                          return_dict=True)["input_ids"])
+
+    mtq.quantize(model, mtq.INT4_AWQ_CFG, loop)
+    with torch.no_grad():
+        folded, _ = _fold(model)
+    export_hf_checkpoint(model, export_dir=tmp / "export")
+    return src, tmp / "export", folded
+
+
+def test_the_lanes_int4_awq_checkpoint_dequantizes_to_modelopts_weights(tmp_path: Path):
+    """ModelOpt's packing read back exactly; a layer the export does not resmooth equals ModelOpt's own model."""
+    _needs_modelopt()
+    from modelopt.torch.export.quant_utils import pack_int4_in_uint8
+
+    from enginefoundry.smoke.simulated import dequantized_checkpoint, exported_quant_algo, unpack_int4
+
+    codes = torch.randint(-8, 8, (6, 256)).float()
+    assert torch.equal(unpack_int4(pack_int4_in_uint8(codes, torch.ones(6, 2), 128)).float(), codes)
+
+    src, export, folded = _exported_int4_awq(tmp_path, load_prompt_set(TINY_PROMPTS).cases)
+    assert exported_quant_algo(export) == "W4A16_AWQ" and exported_quant_algo(src) is None
+    deq = dequantized_checkpoint(export, tokenizer_from=src, root=tmp_path / "deq", progress=lambda _: None)
+    assert deq.modules == 14 and deq.key.precision == "int4_awq"
+    weights = load_file(deq.folder / "model.safetensors")
+    for name in ("model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.down_proj.weight"):
+        assert torch.allclose(weights[name], folded[name], rtol=0, atol=1e-6 * float(folded[name].abs().max()))
+    assert (deq.folder / "tokenizer.json").read_bytes() == (src / "tokenizer.json").read_bytes()
+    assert dequantized_checkpoint(export, tokenizer_from=src, root=tmp_path / "deq").source == "local cache"
+
+
+def test_the_pipelines_stages_judge_a_trtllm_int4_awq_unit_against_its_dequantized_checkpoint(tmp_path: Path,
+                                                                                            monkeypatch):
+    _needs_modelopt()
+    import yaml
+
+    from enginefoundry.spec import parse_spec
+    from enginefoundry.tasks.smoke import smoke_reference, smoke_test
+    from tests.support.paths import CONFIGS
+
+    monkeypatch.setenv("EF_REFERENCE_CACHE", str(tmp_path / "refs"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    src, export, _ = _exported_int4_awq(tmp_path, load_prompt_set(TINY_PROMPTS).cases)
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-multiarch.yaml").read_text())  # lane trtllm
+    data["variants"] = [{"precision": "int4_awq"}]
+    data["smoke"] = {"prompts": str(TINY_PROMPTS), "reference_precision": "simulated", "max_new_tokens": 6,
+                     "small_sample": "warn"}
+    data["publish"]["store"] = (tmp_path / "store").as_uri()
+    spec = parse_spec(data, source="test spec", base_dir=CONFIGS)
+
+    ref, outcome = smoke_reference.fn(spec, str(src), precision="int4_awq", checkpoint_dir=str(export))
+    assert outcome.simulated is not None and "the lane's checkpoint" in outcome.simulated
+    assert outcome.simulated_why is not None and outcome.simulated_why.startswith("the lane's own quantized")
+    with _serve(_bf16_build(Path(outcome.model_dir), tmp_path / "int4_awq"), tmp_path) as ep:
+        report = smoke_test.fn(spec, ep, str(src), str(tmp_path / "report"), precision="int4_awq",
+                               reference=(ref, outcome))
+    assert report.passed, report.verdict.reason
+    assert report.verdict.reference_why.startswith("the lane's own quantized checkpoint (ModelOpt's unified export)")
+    assert report.spread is not None and report.policy is not None and report.policy.family.value == "16-bit"
+
+    plain = smoke_reference.fn(spec, str(src), precision="int4_awq", checkpoint_dir=str(src))  # not an export
+    assert plain[1].simulated is None and plain[1].dtype == "fp32"

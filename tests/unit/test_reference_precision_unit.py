@@ -132,7 +132,7 @@ def test_simulated_judges_each_weight_only_unit_against_its_simulation_and_every
     assert rows == {"bf16": "bf16 (like with like)",
                     "int8_wo": "simulated int8_wo (TensorRT-LLM's quantizer, bf16; like with like)",
                     "int4_wo": "simulated int4_wo (TensorRT-LLM's quantizer, bf16; like with like)",
-                    "int4_awq": "fp32 (no int4_awq simulation: calibrated on the lane's data)",
+                    "int4_awq": "fp32 (no int4_awq simulation on lane reference: calibrated on its data)",
                     "fp8": "fp32 (no fp8 reference)"}
     with pytest.raises(SpecError) as err:  # two answers to one question: refused when the spec is read
         _spec(QUANTIZED, reference_precision="simulated", reference="sibling", reference_sibling="bf16")
@@ -174,3 +174,21 @@ def test_the_pipelines_simulation_needs_no_modelopt(monkeypatch):
     check = simulation_check(spec, _unit(spec, "int4_wo"), tiny, None, on_worker=True)
     assert check.ok, check.message
     assert "nvidia-modelopt is not installed" in (simulated.can_simulate("int4_awq") or "")
+
+
+def test_on_lane_trtllm_an_int4_awq_unit_is_judged_against_its_own_checkpoint_dequantized():
+    """hf_ptq.py exports ModelOpt's unified checkpoint: `simulated` reads the unit's own quantization back."""
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-multiarch.yaml").read_text())
+    data["variants"] = [{"precision": "bf16"}, {"precision": "int4_awq"}]
+    data["smoke"]["reference_precision"] = "simulated"
+    spec = parse_spec(data, source="test spec", base_dir=CONFIGS)
+    unit = _unit(spec, "int4_awq")
+    assert unit_reference(spec, unit) == ("bf16", True)
+    rows = {r["unit"]: r["reference"] for r in plan_report(spec).rows}
+    assert rows[unit.name] == "the lane's int4_awq checkpoint, dequantized (bf16; like with like)"
+    checks = _checks(spec, "int4_awq")  # the 70B shape
+    assert checks["simulation"].message.startswith(
+        f"dequantizing the lane's int4_awq checkpoint (host CPU) needs ≈{PARAMS * 4 * 2 * 1.2 / GIB:.1f} GiB")
+    data["smoke"]["reference_precision"] = "unit"
+    plain = parse_spec(data, source="test spec", base_dir=CONFIGS)
+    assert unit_reference(plain, _unit(plain, "int4_awq")) == ("fp32", False)
