@@ -32,6 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "extra; int8_wo, int4_wo: TensorRT-LLM's weight-only quantizer), computed in bf16, and the "
                         "quantization's own accuracy cost judged apart (as the spec's smoke.reference_precision: "
                         "simulated; here --precision must be one of those)")
+    p.add_argument("--quantized-checkpoint", metavar="DIR",
+                   help="with --reference-precision simulated: the unit's own quantized checkpoint (ModelOpt's "
+                        "unified export, as hf_ptq.py writes it: W4A16_AWQ), dequantized as the reference instead "
+                        "of a simulation: the build's own calibration and export")
     p.add_argument("--reference-device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where the reference answers are computed on a cache miss: a GPU where one is visible "
                         "(auto, the default), or cpu / gpu")
@@ -63,6 +67,10 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         raise InputError(f"smoke: --served-tokenizer {args.served_tokenizer} is not a folder")
     if not args.endpoint.startswith(("http://", "https://")):
         raise InputError(f"smoke: --endpoint '{args.endpoint}' must start with http:// or https://")
+    if args.quantized_checkpoint and (args.reference_precision != SIMULATED_REFERENCE
+                                      or not Path(args.quantized_checkpoint).is_dir()):
+        raise InputError(f"smoke: --quantized-checkpoint {args.quantized_checkpoint}: a folder, with "
+                         "--reference-precision simulated")
     prompts = load_prompt_set(Path(args.prompts))
     try:
         simulated = args.reference_precision == SIMULATED_REFERENCE
@@ -83,7 +91,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                            served_tokenizer_dir=Path(args.served_tokenizer) if args.served_tokenizer else None,
                            precision=args.precision, progress=say, store=store,
                            server_log=Path(args.server_log) if args.server_log else None,
-                           reference_device=args.reference_device, simulated=simulated)
+                           reference_device=args.reference_device, simulated=simulated,
+                           checkpoint=Path(args.quantized_checkpoint) if args.quantized_checkpoint else None)
     except ToolError as err:
         if "(0/" in str(err):  # not a single answer: the endpoint or the model name is wrong
             raise InputError(str(err).splitlines()[0]) from None

@@ -38,7 +38,14 @@ from enginefoundry.smoke.reference import (
     load_or_compute_reference,
     load_or_compute_spread,
 )
-from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulated_reference
+from enginefoundry.smoke.simulated import (
+    EXPORTED,
+    QUANTIZATION_COST,
+    UNIFIED_QUANT_CONFIG,
+    can_simulate,
+    exported_quant_algo,
+    simulated_reference,
+)
 from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import (
@@ -238,7 +245,7 @@ def run_smoke(
     server_alive: Callable[[], bool] | None = None, max_logprob_diff: float | None = None,
     store: Store | None = None, weights_digest: str | None = None, reference: ReferenceSet | None = None,
     reference_outcome: ReferenceOutcome | None = None, server_log: Path | None = None,
-    reference_device: str = "cpu", simulated: bool = False,
+    reference_device: str = "cpu", simulated: bool = False, checkpoint: Path | None = None,
 ) -> SmokeReport:
     """Every prompt through the endpoint (`spec.concurrency` at a time), compared with the reference answers
     (computed once per key), then the gate.
@@ -257,7 +264,8 @@ def run_smoke(
     quantization's own cost is a rule of its own (`quantization cost`: the simulated model's task accuracy against
     the source's at the same dtype, with the precision family's margin). `simulated` refuses a precision that is
     not simulated; both refuse a format whose simulation needs ModelOpt where it is missing (InputError, before the
-    endpoint is asked).
+    endpoint is asked). `checkpoint`: the unit's own quantized checkpoint (ModelOpt's unified export), dequantized
+    as its reference instead of a simulation.
     """
     t0 = time.monotonic()
     cases = prompts.cases
@@ -267,7 +275,11 @@ def run_smoke(
     source_dir = reference_dir
     given = reference_outcome is not None and reference_outcome.simulated is not None  # by the reference stage
     simulated = simulated or spec.simulates(precision) or given
-    if simulated and not given:
+    if checkpoint is not None and exported_quant_algo(checkpoint) not in EXPORTED:
+        raise InputError(f"smoke: {checkpoint} is not a ModelOpt unified checkpoint this command reads "
+                         f"({exported_quant_algo(checkpoint) or f'no {UNIFIED_QUANT_CONFIG}'}; read: "
+                         f"{', '.join(EXPORTED)})")
+    if simulated and not given and checkpoint is None:
         why_not = can_simulate(precision)
         if why_not is not None:
             raise InputError(f"smoke: reference precision simulated: {why_not}")
@@ -282,7 +294,7 @@ def run_smoke(
         if reference_outcome is None or reference_outcome.simulated is None:  # else from the reference stage
             reference, reference_outcome = simulated_reference(
                 source_dir, cases, precision, max_new_tokens=spec.max_new_tokens, store=store,
-                device=reference_device, weights_digest=weights_digest, progress=progress)
+                device=reference_device, weights_digest=weights_digest, checkpoint=checkpoint, progress=progress)
         reference_dir = Path(reference_outcome.model_dir)
         reference_why = f"{reference_outcome.simulated_why or reference_why}: {reference_outcome.simulated}"
     if reference is None or reference_outcome is None:

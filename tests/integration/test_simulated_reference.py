@@ -286,3 +286,16 @@ def test_the_pipelines_stages_judge_a_trtllm_int4_awq_unit_against_its_dequantiz
 
     plain = smoke_reference.fn(spec, str(src), precision="int4_awq", checkpoint_dir=str(src))  # not an export
     assert plain[1].simulated is None and plain[1].dtype == "fp32"
+
+
+def test_the_smoke_command_refuses_a_checkpoint_that_is_no_export(tmp_path: Path):
+    import subprocess
+
+    argv = [sys.executable, "-m", "enginefoundry.cli", "smoke", "--endpoint", "http://127.0.0.1:9",
+            "--served-model", "tiny", "--reference", str(TINY_MODEL), "--prompts", str(TINY_PROMPTS),
+            "--precision", "int4_awq", "--reference-precision", "simulated", "--small-sample", "warn",
+            "--quantized-checkpoint", str(TINY_MODEL)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr  # before the endpoint is asked: nothing listens on port 9
+    assert "is not a ModelOpt unified checkpoint" in proc.stderr and "Traceback" not in proc.stderr
