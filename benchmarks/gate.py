@@ -154,7 +154,8 @@ def family(build: str, kind: str, precision: str) -> str:
     if kind in ("healthy", "lossy"):
         how = (" (simulated)" if build.endswith("-sim") else
                " (ModelOpt, calibrated on other prompts)" if build in gate_models.OTHER_CALIBRATED else
-               " (ModelOpt)" if gate_models.is_quantized(build) else "")
+               " (ModelOpt)" if gate_models.is_quantized(build) and precision == "int4_awq" else
+               " (TensorRT-LLM's quantizer)" if gate_models.is_quantized(build) else "")
         return f"{kind} {precision}{how}"
     fault = build.split("+")[-1]
     on = f" on {precision} (ModelOpt)" if "+" in build else ""
