@@ -81,7 +81,7 @@ class SimulatedKey(BaseModel):
     weights_digest: str
     tokenizer_digest: str
     precision: str
-    config: str  # the ModelOpt config, as JSON
+    config: str  # the quantizer's configuration (ModelOpt's config; TensorRT-LLM's bits and scale dtype), as JSON
     calibration_digest: str
     modelopt: str
     torch: str
@@ -93,13 +93,14 @@ class SimulatedKey(BaseModel):
 
 
 class SimulatedModel(BaseModel):
-    """A folder holding the simulated model (a plain Hugging Face checkpoint, fp32) and how it was made."""
+    """A folder holding the simulated (or dequantized) model, a plain Hugging Face checkpoint in fp32, and how it was
+    made."""
 
     folder: Path
     key: SimulatedKey
     source: str  # "computed" or "local cache"
     description: str
-    modules: int  # quantized linear layers folded
+    modules: int  # quantized linear layers written
     awq_scaled: int  # of which AWQ pre-quant scaled
     seconds: float
 
