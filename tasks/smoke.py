@@ -19,7 +19,7 @@ from enginefoundry.smoke.reference import (
     publish_sibling_reference,
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
-from enginefoundry.smoke.simulated import EXPORTED, FROM_EXPORT_WHY, exported_quant_algo, simulated_reference
+from enginefoundry.smoke.simulated import FROM_EXPORT_WHY, export_problem, simulated_reference
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -47,9 +47,10 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     dtype, why = spec.smoke.reference_for(precision)
     device = spec.smoke.reference_device.value
     export = Path(checkpoint_dir) if checkpoint_dir and dequantizes(spec, precision) else None
-    if export is not None and exported_quant_algo(export) not in EXPORTED:
-        log(f"smoke: {export} is not a ModelOpt unified {precision} checkpoint ({exported_quant_algo(export)}): "
-            f"judged against the {dtype} source instead ({why})")
+    problem = export_problem(export) if export is not None else None
+    if problem is not None:
+        log(f"smoke: the converted checkpoint {export} is not dequantized ({problem}): judged against the {dtype} "
+            f"source instead ({why})")
         export = None
     if spec.smoke.simulates(precision) or export is not None:
         log(f"smoke: the reference of this {precision} unit: "

@@ -38,14 +38,7 @@ from enginefoundry.smoke.reference import (
     load_or_compute_reference,
     load_or_compute_spread,
 )
-from enginefoundry.smoke.simulated import (
-    EXPORTED,
-    QUANTIZATION_COST,
-    UNIFIED_QUANT_CONFIG,
-    can_simulate,
-    exported_quant_algo,
-    simulated_reference,
-)
+from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, export_problem, simulated_reference
 from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import (
@@ -275,10 +268,9 @@ def run_smoke(
     source_dir = reference_dir
     given = reference_outcome is not None and reference_outcome.simulated is not None  # by the reference stage
     simulated = simulated or spec.simulates(precision) or given
-    if checkpoint is not None and exported_quant_algo(checkpoint) not in EXPORTED:
-        raise InputError(f"smoke: {checkpoint} is not a ModelOpt unified checkpoint this command reads "
-                         f"({exported_quant_algo(checkpoint) or f'no {UNIFIED_QUANT_CONFIG}'}; read: "
-                         f"{', '.join(EXPORTED)})")
+    problem = export_problem(checkpoint) if checkpoint is not None else None
+    if problem is not None:
+        raise InputError(f"smoke: --quantized-checkpoint {checkpoint} is not read: {problem}")
     if simulated and not given and checkpoint is None:
         why_not = can_simulate(precision)
         if why_not is not None:

@@ -231,16 +231,40 @@ UNIFIED_QUANT_CONFIG = "hf_quant_config.json"
 EXPORTED = {"W4A16_AWQ": "int4_awq"}  # quant_algo -> precision dequantized here
 
 
-def exported_quant_algo(checkpoint: Path) -> str | None:
-    """The quant_algo of a ModelOpt unified checkpoint, None where `checkpoint` is not one."""
+def _quantization(checkpoint: Path) -> dict[str, Any] | None:  # JSON edge: hf_quant_config.json
+    """The `quantization` block of a ModelOpt unified checkpoint (older exports keep its keys at the top, as
+    lanes/trtllm.py reads them), None where `checkpoint` is not one."""
     path = checkpoint / UNIFIED_QUANT_CONFIG
     if not path.is_file():
         return None
     try:
-        algo = json.loads(path.read_text())["quantization"]["quant_algo"]
-    except (ValueError, KeyError, TypeError) as err:
+        cfg = json.loads(path.read_text())
+        quant = cfg.get("quantization", cfg)
+        if not isinstance(quant, dict):
+            raise TypeError("no quantization block")
+    except (ValueError, TypeError) as err:
         raise ToolError(f"smoke: {path} is not a ModelOpt quantization config ({err})") from None
+    return quant
+
+
+def exported_quant_algo(checkpoint: Path) -> str | None:
+    """The quant_algo of a ModelOpt unified checkpoint, None where `checkpoint` is not one."""
+    quant = _quantization(checkpoint)
+    algo = quant.get("quant_algo") if quant is not None else None
     return str(algo) if algo is not None else None
+
+
+def export_problem(checkpoint: Path) -> str | None:
+    """None when `checkpoint` is a unified export this module dequantizes whole, else why not: another
+    quantization, or a quantized KV cache (the engine quantizes every key and value; no plain checkpoint does)."""
+    quant = _quantization(checkpoint)
+    if quant is None:
+        return f"not a ModelOpt unified checkpoint (no {UNIFIED_QUANT_CONFIG})"
+    if quant.get("quant_algo") not in EXPORTED:
+        return f"quant_algo {quant.get('quant_algo')} (dequantized here: {', '.join(EXPORTED)})"
+    if quant.get("kv_cache_quant_algo"):
+        return f"its KV cache is quantized ({quant['kv_cache_quant_algo']}), which no plain checkpoint carries"
+    return None
 
 
 def unpack_int4(packed: Tensor) -> Tensor:
@@ -287,13 +311,14 @@ def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path
                            progress: Callable[[str], None] = print) -> SimulatedModel:
     """The lane's exported checkpoint as a plain float32 checkpoint (cached by the checkpoint's digest; its
     tokenizer files, else `tokenizer_from`'s). Raises InputError for a quantization this module does not read."""
-    algo = exported_quant_algo(checkpoint)
-    if algo not in EXPORTED:
-        raise InputError(f"smoke: {checkpoint} holds {algo or 'no ModelOpt quantization'}; dequantized here: "
-                         f"{', '.join(EXPORTED)}")
+    problem = export_problem(checkpoint)
+    if problem is not None:
+        raise InputError(f"smoke: {checkpoint} is not dequantized: {problem}")
     import torch
 
     config = json.loads((checkpoint / UNIFIED_QUANT_CONFIG).read_text())
+    algo = exported_quant_algo(checkpoint)
+    assert algo is not None  # export_problem passed
     w, t, _ = checkpoint_digests(checkpoint)
     producer = config.get("producer", {})
     key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=EXPORTED[algo],
@@ -312,7 +337,7 @@ def _dequantize(checkpoint: Path, tokenizer_from: Path, config: dict[str, Any], 
     tensors: dict[str, Tensor] = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
         tensors.update(load_file(f))
-    group = int(config["quantization"].get("group_size") or 128)
+    group = int(config.get("quantization", config).get("group_size") or 128)
     plain, layers = dequantize_w4a16_awq(tensors, group)
     if not layers:
         raise ToolError(f"smoke: {checkpoint} has no packed int4 weight to dequantize")

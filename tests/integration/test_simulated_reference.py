@@ -239,13 +239,22 @@ def test_the_lanes_int4_awq_checkpoint_dequantizes_to_modelopts_weights(tmp_path
     _needs_modelopt()
     from modelopt.torch.export.quant_utils import pack_int4_in_uint8
 
-    from enginefoundry.smoke.simulated import dequantized_checkpoint, exported_quant_algo, unpack_int4
+    from enginefoundry.smoke.simulated import dequantized_checkpoint, export_problem, exported_quant_algo, unpack_int4
 
     codes = torch.randint(-8, 8, (6, 256)).float()
     assert torch.equal(unpack_int4(pack_int4_in_uint8(codes, torch.ones(6, 2), 128)).float(), codes)
 
     src, export, folded = _exported_int4_awq(tmp_path, load_prompt_set(TINY_PROMPTS).cases)
     assert exported_quant_algo(export) == "W4A16_AWQ" and exported_quant_algo(src) is None
+    assert export_problem(export) is None and "no hf_quant_config.json" in (export_problem(src) or "")
+    import json
+
+    kv = tmp_path / "kv-fp8"
+    shutil.copytree(export, kv)
+    cfg = json.loads((kv / "hf_quant_config.json").read_text())
+    cfg["quantization"]["kv_cache_quant_algo"] = "FP8"
+    (kv / "hf_quant_config.json").write_text(json.dumps(cfg))
+    assert "KV cache is quantized (FP8)" in (export_problem(kv) or "")  # the engine's KV: no plain checkpoint
     deq = dequantized_checkpoint(export, tokenizer_from=src, root=tmp_path / "deq", progress=lambda _: None)
     assert deq.modules == 14 and deq.key.precision == "int4_awq"
     weights = load_file(deq.folder / "model.safetensors")
@@ -298,4 +307,4 @@ def test_the_smoke_command_refuses_a_checkpoint_that_is_no_export(tmp_path: Path
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
     assert proc.returncode == 2, proc.stderr  # before the endpoint is asked: nothing listens on port 9
-    assert "is not a ModelOpt unified checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+    assert "is not read: not a ModelOpt unified checkpoint" in proc.stderr and "Traceback" not in proc.stderr
