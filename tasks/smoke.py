@@ -63,7 +63,7 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
                                                  max_new_tokens=spec.smoke.max_new_tokens, store=store,
                                                  weights_digest=weights_digest, progress=log, device=device)
-    if spec.smoke.like_with_like(precision) and outcome.device == "gpu":
+    if (spec.smoke.like_with_like(precision) or outcome.simulated is not None) and outcome.device == "gpu":
         load_or_compute_spread(Path(outcome.model_dir), cases, ref, store=store, device="gpu", progress=log)
     return ref, outcome
 

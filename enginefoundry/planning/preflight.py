@@ -472,8 +472,9 @@ def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory
     """smoke.reference_precision: simulated, an int8_wo or int4_wo unit: its quantization is simulated on the host
     CPU (smoke/simulated.py: TensorRT-LLM's weight-only quantizer, from the weights alone) before its reference is
     computed: the host holds the source in fp32 (+20%), the cache root the simulated fp32 checkpoint (and a format
-    that needs ModelOpt needs it installed). Refused on the worker (or against smoke.reference_host_memory_gib);
-    elsewhere it informs."""
+    that needs ModelOpt needs it installed). A unit whose lane's checkpoint is dequantized instead (`dequantizes`):
+    the float32 tensors and the model loaded back from them, twice that. Refused on the worker (or against
+    smoke.reference_host_memory_gib); elsewhere it informs."""
     from enginefoundry.settings import cache_root
     from enginefoundry.smoke.simulated import can_simulate
 
