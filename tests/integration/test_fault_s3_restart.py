@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,9 +48,15 @@ class PrivateS3:
         assert up.returncode == 0, up.stdout + up.stderr
 
     def kill(self) -> None:
-        """SIGKILL to SeaweedFS's whole process group: the server dies as in a crash, nothing is flushed."""
+        """SIGKILL to SeaweedFS's whole process group: the server dies as in a crash, nothing is flushed. Returns
+        once its port is released (SIGKILL is delivered, not awaited: a restart begun at once found the port still
+        bound under load, and `stack up` refuses a busy port)."""
         pid = int((self.state / "pids" / "s3.pid").read_text())
         os.killpg(pid, signal.SIGKILL)
+        port, deadline = int(self.env["EF_S3_PORT"]), time.monotonic() + 30
+        while not _port_released(port):
+            assert time.monotonic() < deadline, f"port {port} still bound 30 s after SIGKILL to SeaweedFS"
+            time.sleep(0.05)
 
     def down(self) -> None:
         self._stack("down")
@@ -142,6 +149,17 @@ def _assert_store_consistent(env: dict[str, str]) -> int:
             blob = objects.get(f"store/blobs/sha256/{entry['sha256'][:2]}/{entry['sha256']}")
             assert blob is not None and len(blob) == entry["size"], f"{pointer}: {entry['path']} missing or short"
     return len(pointers)
+
+
+def _port_released(port: int) -> bool:
+    """The check `stack up` makes (scripts/stacklib/net.py port_is_free): a bind with SO_REUSEADDR succeeds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _kill_when(condition, proc: subprocess.Popen[str], s3: PrivateS3, what: str) -> None:
