@@ -482,11 +482,9 @@ def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory
     export = dequantizes(spec, precision)
     need = int(shape.param_count() * 4 * (DEQUANTIZATION_COPIES if export else SIMULATION_COPIES) * 1.2)
     disk = int(shape.param_count() * 4)
-    what = (f"the {precision} simulation (host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} under the "
-            "cache root, once per source (the weights alone)")
-    if export:
-        what = (f"dequantizing the lane's {precision} checkpoint (host CPU) needs ≈{_gib(need)} host memory and "
-                f"≈{_gib(disk)} under the cache root, once per checkpoint")
+    doing, once = ((f"dequantizing the lane's {precision} checkpoint", "once per checkpoint") if export else
+                   (f"the {precision} simulation", "once per source (the weights alone)"))
+    what = f"{doing} (host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} under the cache root, {once}"
     why_not = can_simulate(precision)
     if why_not is not None:
         return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",

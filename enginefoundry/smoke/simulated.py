@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from enginefoundry.build.sources import remove_stale_partials
 from enginefoundry.errors import InputError, ToolError
-from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, list_files, sha256_json
+from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
 from enginefoundry.settings import cache_root
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
@@ -145,7 +145,7 @@ def trtllm_weight_only(weight: Tensor, bits: int, dtype: str = SIMULATED_DTYPE) 
 
     w = weight.detach().to(getattr(torch, TORCH_DTYPES[dtype])).float()
     step = w.abs().amax(dim=1, keepdim=True) / float(1 << (bits - 1))
-    x = torch.where(step != 0, w / torch.where(step != 0, step, torch.ones_like(step)), torch.zeros_like(w))
+    x = w / torch.where(step != 0, step, torch.ones_like(step))  # an all-zero channel stays zero
     codes = torch.round(x)  # half to even; C's round takes ties away from zero:
     ties = (x - torch.trunc(x)).abs() == 0.5
     codes = torch.where(ties, torch.trunc(x) + torch.sign(x), codes)
@@ -231,35 +231,42 @@ UNIFIED_QUANT_CONFIG = "hf_quant_config.json"
 EXPORTED = {"W4A16_AWQ": "int4_awq"}  # quant_algo -> precision dequantized here
 
 
-def _quantization(checkpoint: Path) -> dict[str, Any] | None:  # JSON edge: hf_quant_config.json
-    """The `quantization` block of a ModelOpt unified checkpoint (older exports keep its keys at the top, as
-    lanes/trtllm.py reads them), None where `checkpoint` is not one."""
+def _quant_config(checkpoint: Path) -> dict[str, Any] | None:  # JSON edge: hf_quant_config.json
+    """The whole `hf_quant_config.json` of a ModelOpt unified checkpoint, None where `checkpoint` is not one."""
     path = checkpoint / UNIFIED_QUANT_CONFIG
     if not path.is_file():
         return None
     try:
         cfg = json.loads(path.read_text())
-        quant = cfg.get("quantization", cfg)
-        if not isinstance(quant, dict):
+        if not isinstance(cfg, dict) or not isinstance(_block(cfg), dict):
             raise TypeError("no quantization block")
     except (ValueError, TypeError) as err:
         raise ToolError(f"smoke: {path} is not a ModelOpt quantization config ({err})") from None
-    return quant
+    return cfg
+
+
+def _block(cfg: dict[str, Any]) -> Any:  # JSON edge: hf_quant_config.json
+    """Its `quantization` block (older exports keep those keys at the top, as lanes/trtllm.py reads them)."""
+    return cfg.get("quantization", cfg)
 
 
 def exported_quant_algo(checkpoint: Path) -> str | None:
     """The quant_algo of a ModelOpt unified checkpoint, None where `checkpoint` is not one."""
-    quant = _quantization(checkpoint)
-    algo = quant.get("quant_algo") if quant is not None else None
+    cfg = _quant_config(checkpoint)
+    algo = _block(cfg).get("quant_algo") if cfg is not None else None
     return str(algo) if algo is not None else None
 
 
 def export_problem(checkpoint: Path) -> str | None:
     """None when `checkpoint` is a unified export this module dequantizes whole, else why not: another
     quantization, or a quantized KV cache (the engine quantizes every key and value; no plain checkpoint does)."""
-    quant = _quantization(checkpoint)
-    if quant is None:
+    return _problem(_quant_config(checkpoint))
+
+
+def _problem(cfg: dict[str, Any] | None) -> str | None:  # JSON edge: hf_quant_config.json
+    if cfg is None:
         return f"not a ModelOpt unified checkpoint (no {UNIFIED_QUANT_CONFIG})"
+    quant = _block(cfg)
     if quant.get("quant_algo") not in EXPORTED:
         return f"quant_algo {quant.get('quant_algo')} (dequantized here: {', '.join(EXPORTED)})"
     if quant.get("kv_cache_quant_algo"):
@@ -311,25 +318,25 @@ def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path
                            progress: Callable[[str], None] = print) -> SimulatedModel:
     """The lane's exported checkpoint as a plain float32 checkpoint (cached by the checkpoint's digest; its
     tokenizer files, else `tokenizer_from`'s). Raises InputError for a quantization this module does not read."""
-    problem = export_problem(checkpoint)
-    if problem is not None:
+    config = _quant_config(checkpoint)  # read once: the problem, the key and the group size come from it
+    problem = _problem(config)
+    if config is None or problem is not None:
         raise InputError(f"smoke: {checkpoint} is not dequantized: {problem}")
     import torch
 
-    config = json.loads((checkpoint / UNIFIED_QUANT_CONFIG).read_text())
-    algo = exported_quant_algo(checkpoint)
-    assert algo is not None  # export_problem passed
+    quant = _block(config)
     w, t, _ = checkpoint_digests(checkpoint)
     producer = config.get("producer", {})
-    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=EXPORTED[algo],
+    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=EXPORTED[quant["quant_algo"]],
                        config=json.dumps(config, sort_keys=True), calibration_digest="the lane's (in the checkpoint)",
                        modelopt=f"{producer.get('name', '?')} {producer.get('version', '?')} (export)",
                        torch=torch.__version__)
-    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, config, key, tmp, progress))
+    group = int(quant.get("group_size") or 128)
+    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, group, key, tmp, progress))
 
 
-def _dequantize(checkpoint: Path, tokenizer_from: Path, config: dict[str, Any],  # JSON edge: hf_quant_config.json
-                key: SimulatedKey, out: Path, progress: Callable[[str], None]) -> SimulatedModel:
+def _dequantize(checkpoint: Path, tokenizer_from: Path, group: int, key: SimulatedKey, out: Path,
+                progress: Callable[[str], None]) -> SimulatedModel:
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
@@ -337,7 +344,6 @@ def _dequantize(checkpoint: Path, tokenizer_from: Path, config: dict[str, Any], 
     tensors: dict[str, Tensor] = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
         tensors.update(load_file(f))
-    group = int(config.get("quantization", config).get("group_size") or 128)
     plain, layers = dequantize_w4a16_awq(tensors, group)
     if not layers:
         raise ToolError(f"smoke: {checkpoint} has no packed int4 weight to dequantize")
@@ -346,12 +352,9 @@ def _dequantize(checkpoint: Path, tokenizer_from: Path, config: dict[str, Any], 
     model_config["dtype"] = model_config["torch_dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(model_config, indent=2))
     save_file({k: v.contiguous() for k, v in plain.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    own = any(f.name in TOKENIZER_FILES for f in checkpoint.iterdir())
-    for folder in (checkpoint, *(() if own else (tokenizer_from,))):  # its tokenizer files, else the source's
-        for f in folder.iterdir():
-            if f.is_file() and (f.name in TOKENIZER_FILES or f.name == "generation_config.json") \
-                    and not (out / f.name).exists():
-                shutil.copyfile(f, out / f.name)
+    _copy_top_level(checkpoint, out, {"generation_config.json"})
+    if not _copy_top_level(checkpoint, out, set(TOKENIZER_FILES)):  # its tokenizer files, else the source's
+        _copy_top_level(tokenizer_from, out, set(TOKENIZER_FILES))
     loaded: Any = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     info = loaded[1]
     wrong = [*info.get("missing_keys", []), *info.get("unexpected_keys", [])]
@@ -409,9 +412,7 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
         model, params, err = _modelopt(model, source, precision, calibration, progress, t0)
         check = f"logits within {err:.1e} of ModelOpt's"
     model.save_pretrained(out)
-    for f in list_files(source):  # the source's own tokenizer bytes: the served unit's tokenizer digest matches
-        if f.name in TOKENIZER_FILES and f.parent == source:
-            shutil.copyfile(f, out / f.name)
+    _copy_top_level(source, out, set(TOKENIZER_FILES))  # the source's own tokenizer bytes: the digests match
     save_file({k: v.contiguous() for k, v in params.items()}, str(out / "quantizers.safetensors"))
     modules = sum(k.endswith((".amax", ".per_channel_scale")) for k in params)
     awq = sum(k.endswith(".pre_quant_scale") for k in params)
@@ -419,6 +420,14 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
     progress(f"smoke: {precision} simulation written ({modules} layers, {awq} AWQ-scaled; {check}; {seconds:.0f} s)")
     return SimulatedModel(folder=out, key=key, source="computed", description=SIMULATED[precision],
                           modules=modules, awq_scaled=awq, seconds=seconds)
+
+
+def _copy_top_level(folder: Path, out: Path, names: set[str]) -> int:
+    """The files of `folder` (not its subfolders) named in `names`, copied byte for byte into `out`; how many."""
+    copied = [f for f in folder.iterdir() if f.is_file() and f.name in names]
+    for f in copied:
+        shutil.copyfile(f, out / f.name)
+    return len(copied)
 
 
 def _trtllm_weight_only_in_place(model: Any, bits: int) -> dict[str, Tensor]:
