@@ -23,7 +23,8 @@ settings but `--reference-precision unit` (like with like: a bf16 build against 
 limits derived from the spread measured at bf16; `--reference-precision fp32` judges every build against the fp32
 source as before). References and spreads are computed once per dtype, then reused. The `judge s` column is one
 judgement: the `smoke` command's wall time, server up and reference cached. `tf |Δlp|` and `tf top-1` are the
-teacher-forced mean |Δ log-prob| and top-1 agreement, `lp limit` their limit and where it comes from.
+teacher-forced mean |Δ log-prob| and top-1 agreement, `lp limit` their limit and where it comes from, `text
+bounds` the text rules whose bound the spread lowered (gate.text_floor), else `table`.
 Prints one row per build, then false-reject and false-accept rates and the sample sizes. gate_prompts.jsonl ends
 with a long-context slice (benchmarks/make_long_prompts.py) that the gate also judges on its own; the
 `slice first-N` column shows its first-N-token agreement.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -216,7 +218,7 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
             "slice tf |Δlp|": ", ".join(f"{x['name']} {x['tf_mean_abs_diff']:.3f}" for x in r.get("slices", [])
                                         if x.get("tf_mean_abs_diff") is not None) or "-",
             "why that reference": v.get("reference_why") or "-",
-            "lp limit": _limit(r),
+            "lp limit": _limit(r), "text bounds": _text_bounds(v),
             "s": result["seconds"], "judge s": result["judge_s"]}
 
 
@@ -227,13 +229,23 @@ def _limit(report: dict) -> str:
     return f"{report['verdict']['policy']['max_logprob_diff']} (table)"
 
 
+def _text_bounds(verdict: dict) -> str:
+    """The text rules whose bound came down from the table to what the spread shows (gate.text_floor), with it."""
+    derived = []
+    for x in verdict["rules"]:
+        m = re.search(r" [≥<] ([0-9.]+) \(1 − \(", x["detail"])
+        if m and x["name"].startswith(("first-", "matched prefix")):
+            derived.append(f"{x['name'].replace('-token agreement', '').replace('matched ', '')} {m.group(1)}")
+    return "spread: " + ", ".join(derived) if derived else "table"
+
+
 def print_table(rows: list[dict]) -> None:
-    cols = list(rows[0])
-    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    cols = list(dict.fromkeys(c for r in rows for c in r))  # rows saved before a column existed show "-"
+    width = {c: max(len(c), *(len(str(r.get(c, "-"))) for r in rows)) for c in cols}
     print(" | ".join(c.ljust(width[c]) for c in cols))
     print("-+-".join("-" * width[c] for c in cols))
     for r in rows:
-        print(" | ".join(str(r[c]).ljust(width[c]) for c in cols))
+        print(" | ".join(str(r.get(c, "-")).ljust(width[c]) for c in cols))
 
 
 def main() -> int:

@@ -213,28 +213,57 @@ def first_n_count_needed(bound: float, confidence: float = 0.95) -> int:
     return n
 
 
+def text_floor(table: float, healthy_disagreement: float, spread: LogprobSpread) -> tuple[float, bool]:
+    """A text rule's bound: the family's table value, or lower where the spread shows that a healthy computation of
+    this reference does not reach it. A healthy unit leaves the reference no more often than computation b does
+    (it rounds no more coarsely than the reference), so by the union bound it disagrees with the reference on at
+    most `factor · d + margin` of the prompts, d being b's share (the top-1 rule's factor and margin); the floor
+    is `1 − (factor · d + margin)`. Returns the bound and whether it is the derived one. On a stable reference
+    (d near 0) the derived floor is near 1, which no slice of this size can show, and the table's bound holds."""
+    derived = round(1 - (spread.factor * healthy_disagreement + spread.margin_top1), 4)
+    return (derived, True) if derived < table else (table, False)
+
+
 def _divergence_rules(cases: list[CaseEvidence], policy: GatePolicy, confidence: float,
-                      slice_name: str | None = None) -> list[GateRule]:
-    """First-N-token agreement (Wilson lower bound) and matched prefix, on the whole set or on one named slice."""
+                      slice_name: str | None = None, spread: LogprobSpread | None = None) -> list[GateRule]:
+    """First-N-token agreement (Wilson lower bound) and matched prefix, on the whole set or on one named slice.
+    Their bounds are the family's table values, lowered where the spread's healthy computation of the reference
+    shows them out of a healthy unit's reach on these prompts (text_floor)."""
     n = len(cases)
     k = policy.first_n_tokens
     tag = f" [{slice_name}]" if slice_name else ""
     where = f"slice '{slice_name}': " if slice_name else ""
+    healthy = spread.healthy_text([c.id for c in cases], k) if spread is not None else None
+    bound, derived = policy.min_first_n_agreement, False
+    if spread is not None and healthy is not None:
+        bound, derived = text_floor(bound, healthy.first_n_disagreement, spread)
     first = sum(c.first_n_agree(k) for c in cases)
     lower = wilson_lower_bound(first, n, confidence)
-    ok = lower >= policy.min_first_n_agreement
-    detail = (f"{where}{first}/{n}, {confidence:.0%} lower bound {lower:.3f} "
-              f"{'≥' if ok else '<'} {policy.min_first_n_agreement}")
-    need = first_n_count_needed(policy.min_first_n_agreement, confidence)
+    ok = lower >= bound
+    detail = f"{where}{first}/{n}, {confidence:.0%} lower bound {lower:.3f} {'≥' if ok else '<'} {bound}"
+    if derived and spread is not None and healthy is not None:
+        detail += (f" (1 − ({spread.factor:g} × {healthy.first_n_disagreement:.4f} + {spread.margin_top1:g}): a "
+                   f"healthy computation of the reference leaves its first {k} tokens on {healthy.first_n_misses}/"
+                   f"{healthy.prompts} of these prompts, measured at {spread.precision}; the "
+                   f"{policy.family.value} table's {policy.min_first_n_agreement} is out of a healthy unit's reach)")
+    need = first_n_count_needed(bound, confidence)
     if n < need:
         detail += f" (too few prompts: even {n}/{n} stays below the bound; it needs at least {need})"
     rules = [GateRule(name=f"first-{k}-token agreement{tag}", ok=ok, kind="divergence", detail=detail)]
     share = sum(c.prefix_share for c in cases) / n
     mean_tokens = sum(c.matched_prefix for c in cases) / n
-    ok = share >= policy.min_prefix_share
-    rules.append(GateRule(name=f"matched prefix{tag}", ok=ok, kind="divergence",
-                          detail=f"{where}mean matched prefix {mean_tokens:.1f} tokens, {share:.2f} of the reference "
-                                 f"answer {'≥' if ok else '<'} {policy.min_prefix_share}"))
+    bound, derived = policy.min_prefix_share, False
+    if spread is not None and healthy is not None:
+        bound, derived = text_floor(bound, 1 - healthy.prefix_share, spread)
+    ok = share >= bound
+    detail = (f"{where}mean matched prefix {mean_tokens:.1f} tokens, {share:.2f} of the reference answer "
+              f"{'≥' if ok else '<'} {bound}")
+    if derived and spread is not None and healthy is not None:
+        detail += (f" (1 − ({spread.factor:g} × {1 - healthy.prefix_share:.4f} + {spread.margin_top1:g}): a healthy "
+                   f"computation of the reference follows {healthy.prefix_share:.2f} of its answers, measured at "
+                   f"{spread.precision}; the {policy.family.value} table's {policy.min_prefix_share} is out of a "
+                   "healthy unit's reach)")
+    rules.append(GateRule(name=f"matched prefix{tag}", ok=ok, kind="divergence", detail=detail))
     return rules
 
 
@@ -267,9 +296,10 @@ def judge(
         rules.append(_rule_accuracy(paired_noninferiority(
             [bool(c.reference_correct) for c in graded], [bool(c.served_correct) for c in graded],
             margin=policy.accuracy_margin, alpha=policy.alpha)))
-    rules += _divergence_rules(cases, policy, confidence)
+    rules += _divergence_rules(cases, policy, confidence, spread=spread)
     for name in slice_names(cases):
-        rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name)
+        rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name,
+                                   spread=spread)
     rules += _logprob_rules(policy, logprob_mean_abs_diff, logprob_tokens, logprob_unavailable, teacher_forced,
                             spread)
     for name, part in (teacher_forced_slices or {}).items():  # a fault of positions shows at a distance

@@ -75,6 +75,20 @@ class PromptSpread(BaseModel):
     first_miss: int | None = None  # the first reference token that is not b's argmax: where b's greedy text leaves
 
 
+class HealthyText(BaseModel):
+    """Greedy text of the spread's second healthy computation against the reference's, on some prompts: the
+    text rules' bounds follow from it (gate.text_floor)."""
+
+    prompts: int
+    first_n: int
+    first_n_misses: int  # prompts whose first `first_n` tokens b's greedy text does not follow
+    prefix_share: float  # mean share of the reference answer b's greedy text follows before it leaves
+
+    @property
+    def first_n_disagreement(self) -> float:
+        return self.first_n_misses / self.prompts
+
+
 class LogprobSpread(BaseModel):
     """The measured spread of token log-probs between two healthy computations of the reference at its precision,
     stored beside the reference answers; the log-prob bounds of a unit of that precision follow from it.
@@ -106,6 +120,21 @@ class LogprobSpread(BaseModel):
         part = [p for p in self.per_prompt if p.id in ids]
         totals = _totals([(p.tokens, p.sum_abs_diff, p.top1_misses) for p in part])
         return None if totals is None else self.model_copy(update={**totals, "per_prompt": part})
+
+    def healthy_text(self, ids: list[str], first_n: int) -> HealthyText | None:
+        """What computation b's greedy text does on these prompts, read from where it first leaves the reference
+        (`PromptSpread.first_miss`: teacher-forced on the reference's tokens, b's greedy text is the reference's
+        up to there): on how many it does not follow the first `first_n` tokens, and its mean matched-prefix
+        share. None unless every one of them was measured (a spread without per-prompt numbers)."""
+        measured = {p.id: p for p in self.per_prompt}
+        part = [measured.get(i) for i in ids]
+        if not part or any(p is None for p in part):
+            return None
+        rows = [p for p in part if p is not None]
+        misses = sum(p.first_miss is not None and p.first_miss < first_n for p in rows)
+        shares = [1.0 if p.first_miss is None or not p.tokens else p.first_miss / p.tokens for p in rows]
+        return HealthyText(prompts=len(rows), first_n=first_n, first_n_misses=misses,
+                           prefix_share=round(sum(shares) / len(shares), 6))
 
     @property
     def max_mean_abs_diff(self) -> float:
