@@ -70,6 +70,9 @@ def start_s3(ctx: Context) -> Outcome:
     return outcome
 
 
+VOLUME_MAX = 1000  # volumes (one per bucket at least): not bound to the free disk in GiB (weed_argv)
+
+
 def weed_argv(ctx: Context) -> list[str]:
     avoid = {p + d for p in ctx.ports.values() for d in (0, WEED_GRPC_OFFSET)}
     internal = weed_internal_ports(ctx.state, avoid)
@@ -86,6 +89,11 @@ def weed_argv(ctx: Context) -> list[str]:
         "-master.telemetry=false",
         "-admin.ui=false",
         "-webdav=false",
+        # weed mini sizes its volume count from the free disk (free GiB / a 1 GiB volume size, `weed mini -h`,
+        # 4.48) and gives every bucket a volume of its own: with 6 GiB free the 7th bucket's first PutObject is an
+        # InternalError ("failed to find writable volumes for collection"). Volumes are not preallocated (facts
+        # §1.2), so a fixed count reserves no disk; the disk itself stays the limit.
+        f"-volume.max={VOLUME_MAX}",
         f"-s3.port={ctx.ports['s3']}",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
