@@ -213,15 +213,29 @@ def first_n_count_needed(bound: float, confidence: float = 0.95) -> int:
     return n
 
 
-def text_floor(table: float, healthy_disagreement: float, spread: LogprobSpread) -> tuple[float, bool]:
+def text_floor(table: float, healthy_disagreement: float, spread: LogprobSpread | None) -> tuple[float, bool]:
     """A text rule's bound: the family's table value, or lower where the spread shows that a healthy computation of
     this reference does not reach it. A healthy unit leaves the reference no more often than computation b does
     (it rounds no more coarsely than the reference), so by the union bound it disagrees with the reference on at
     most `factor · d + margin` of the prompts, d being b's share (the top-1 rule's factor and margin); the floor
     is `1 − (factor · d + margin)`. Returns the bound and whether it is the derived one. On a stable reference
     (d near 0) the derived floor is near 1, which no slice of this size can show, and the table's bound holds."""
+    if spread is None:
+        return table, False
     derived = round(1 - (spread.factor * healthy_disagreement + spread.margin_top1), 4)
     return (derived, True) if derived < table else (table, False)
+
+
+def _text_bound(table: float, healthy_disagreement: float, spread: LogprobSpread | None, family: str,
+                says: str) -> tuple[float, str]:
+    """text_floor's bound, and the words a rule's detail adds when it is the derived one (`says`: what the healthy
+    computation did on these prompts), else none."""
+    bound, derived = text_floor(table, healthy_disagreement, spread)
+    if not derived or spread is None:
+        return bound, ""
+    return bound, (f" (1 − ({spread.factor:g} × {healthy_disagreement:.4f} + {spread.margin_top1:g}): a healthy "
+                   f"computation of the reference {says}, measured at {spread.precision}; the {family} table's "
+                   f"{table} is out of a healthy unit's reach)")
 
 
 def _divergence_rules(cases: list[CaseEvidence], policy: GatePolicy, confidence: float,
@@ -234,36 +248,27 @@ def _divergence_rules(cases: list[CaseEvidence], policy: GatePolicy, confidence:
     tag = f" [{slice_name}]" if slice_name else ""
     where = f"slice '{slice_name}': " if slice_name else ""
     healthy = spread.healthy_text([c.id for c in cases], k) if spread is not None else None
-    bound, derived = policy.min_first_n_agreement, False
-    if spread is not None and healthy is not None:
-        bound, derived = text_floor(bound, healthy.first_n_disagreement, spread)
+    on = spread if healthy is not None else None  # no per-prompt numbers for these prompts: the table
+    family = policy.family.value
+    bound, why = _text_bound(policy.min_first_n_agreement, healthy.first_n_disagreement if healthy else 0.0, on,
+                             family, f"leaves its first {k} tokens on {healthy.first_n_misses}/{healthy.prompts} of "
+                                     "these prompts" if healthy else "")
     first = sum(c.first_n_agree(k) for c in cases)
     lower = wilson_lower_bound(first, n, confidence)
     ok = lower >= bound
-    detail = f"{where}{first}/{n}, {confidence:.0%} lower bound {lower:.3f} {'≥' if ok else '<'} {bound}"
-    if derived and spread is not None and healthy is not None:
-        detail += (f" (1 − ({spread.factor:g} × {healthy.first_n_disagreement:.4f} + {spread.margin_top1:g}): a "
-                   f"healthy computation of the reference leaves its first {k} tokens on {healthy.first_n_misses}/"
-                   f"{healthy.prompts} of these prompts, measured at {spread.precision}; the "
-                   f"{policy.family.value} table's {policy.min_first_n_agreement} is out of a healthy unit's reach)")
+    detail = f"{where}{first}/{n}, {confidence:.0%} lower bound {lower:.3f} {'≥' if ok else '<'} {bound}{why}"
     need = first_n_count_needed(bound, confidence)
     if n < need:
         detail += f" (too few prompts: even {n}/{n} stays below the bound; it needs at least {need})"
     rules = [GateRule(name=f"first-{k}-token agreement{tag}", ok=ok, kind="divergence", detail=detail)]
     share = sum(c.prefix_share for c in cases) / n
     mean_tokens = sum(c.matched_prefix for c in cases) / n
-    bound, derived = policy.min_prefix_share, False
-    if spread is not None and healthy is not None:
-        bound, derived = text_floor(bound, 1 - healthy.prefix_share, spread)
+    bound, why = _text_bound(policy.min_prefix_share, 1 - healthy.prefix_share if healthy else 0.0, on, family,
+                             f"follows {healthy.prefix_share:.2f} of its answers" if healthy else "")
     ok = share >= bound
-    detail = (f"{where}mean matched prefix {mean_tokens:.1f} tokens, {share:.2f} of the reference answer "
-              f"{'≥' if ok else '<'} {bound}")
-    if derived and spread is not None and healthy is not None:
-        detail += (f" (1 − ({spread.factor:g} × {1 - healthy.prefix_share:.4f} + {spread.margin_top1:g}): a healthy "
-                   f"computation of the reference follows {healthy.prefix_share:.2f} of its answers, measured at "
-                   f"{spread.precision}; the {policy.family.value} table's {policy.min_prefix_share} is out of a "
-                   "healthy unit's reach)")
-    rules.append(GateRule(name=f"matched prefix{tag}", ok=ok, kind="divergence", detail=detail))
+    rules.append(GateRule(name=f"matched prefix{tag}", ok=ok, kind="divergence",
+                          detail=f"{where}mean matched prefix {mean_tokens:.1f} tokens, {share:.2f} of the reference "
+                                 f"answer {'≥' if ok else '<'} {bound}{why}"))
     return rules
 
 

@@ -80,7 +80,6 @@ class HealthyText(BaseModel):
     text rules' bounds follow from it (gate.text_floor)."""
 
     prompts: int
-    first_n: int
     first_n_misses: int  # prompts whose first `first_n` tokens b's greedy text does not follow
     prefix_share: float  # mean share of the reference answer b's greedy text follows before it leaves
 
@@ -127,14 +126,12 @@ class LogprobSpread(BaseModel):
         up to there): on how many it does not follow the first `first_n` tokens, and its mean matched-prefix
         share. None unless every one of them was measured (a spread without per-prompt numbers)."""
         measured = {p.id: p for p in self.per_prompt}
-        part = [measured.get(i) for i in ids]
-        if not part or any(p is None for p in part):
+        if not ids or any(i not in measured for i in ids):
             return None
-        rows = [p for p in part if p is not None]
+        rows = [measured[i] for i in ids]
         misses = sum(p.first_miss is not None and p.first_miss < first_n for p in rows)
         shares = [1.0 if p.first_miss is None or not p.tokens else p.first_miss / p.tokens for p in rows]
-        return HealthyText(prompts=len(rows), first_n=first_n, first_n_misses=misses,
-                           prefix_share=round(sum(shares) / len(shares), 6))
+        return HealthyText(prompts=len(rows), first_n_misses=misses, prefix_share=round(sum(shares) / len(shares), 6))
 
     @property
     def max_mean_abs_diff(self) -> float:
