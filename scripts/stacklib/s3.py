@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
+from pathlib import Path
 
 from stacklib.net import HOST, http_status, port_is_free
 from stacklib.state import StackError, State
@@ -61,7 +63,32 @@ def weed_pair_free(port: int, avoid: set[int]) -> bool:
     return not avoid.intersection(pair) and all(port_is_free(p) for p in pair)
 
 
+# weed's volume server marks every volume read-only while the disk under its folder has less free space than
+# -minFreeSpace (default 1 %: `weed volume -h`, 4.48; `weed mini` has no flag for it): then every PutObject, in
+# every bucket, is an InternalError ("No writable volumes and no free volumes left", server log). Measured
+# 2026-12-02 with 1.5 GiB free of 252 GiB: a running server refused every write within 20 s, and a fresh one
+# never became ready (a fresh-clone CI run on a shared disk failed 47 tests that way). Refused up front.
+READ_ONLY_FREE_FRACTION = 0.01
+
+
+def low_disk(folder: Path) -> str | None:
+    """Why SeaweedFS cannot write under `folder`, or None while the disk has room above its read-only mark."""
+    usage = shutil.disk_usage(folder)
+    mark = usage.total * READ_ONLY_FREE_FRACTION
+    if usage.free >= mark:
+        return None
+    gib = 2**30
+    return (
+        f"the disk holding {folder} has {usage.free / gib:.2f} GiB free, under SeaweedFS's read-only mark "
+        f"({READ_ONLY_FREE_FRACTION:.0%} of {usage.total / gib:.1f} GiB = {mark / gib:.2f} GiB): every write "
+        "would fail with InternalError; free disk space there and run `up` again"
+    )
+
+
 def start_s3(ctx: Context) -> Outcome:
+    reason = low_disk(ctx.state.root)
+    if reason:
+        raise StackError(f"s3: {reason}")
     # The pair in weed's environment becomes its only identity; without it the S3 API is open (facts §1.2).
     env = child_env(ctx.state, ctx.creds)
     outcome = launch(ctx, "s3", lambda: weed_argv(ctx), env, lambda: http_status(ctx.url("s3") + "/") is not None)
@@ -151,5 +178,7 @@ def create_buckets(ctx: Context) -> None:
             return
         except (ClientError, EndpointConnectionError) as err:
             if time.monotonic() > deadline:
-                raise StackError(f"s3: written objects do not read back: {err}") from err
+                disk = low_disk(ctx.state.root)
+                why = f" ({disk})" if disk else ""
+                raise StackError(f"s3: written objects do not read back: {err}{why}") from err
         time.sleep(0.3)
