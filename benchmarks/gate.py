@@ -57,8 +57,8 @@ from enginefoundry.model_server import free_port, serving  # noqa: E402
 from enginefoundry.smoke import reference_precision_for  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
 from enginefoundry.smoke.reference import load_or_compute_reference, load_or_compute_spread  # noqa: E402
-from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulate  # noqa: E402
-from enginefoundry.spec.checks import SIMULATED_DTYPE, SIMULATED_REFERENCE  # noqa: E402
+from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulate, simulated_dtype  # noqa: E402
+from enginefoundry.spec.checks import SIMULATED_REFERENCE  # noqa: E402
 
 PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
 HEALTHY = ("fp32", "bf16", "fp16")
@@ -321,8 +321,8 @@ def main() -> int:
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
         for q in sorted({gate_models.quantized_precision(n) for n in mo}):  # the simulated references, once each
             sim = simulate(src, q, cases, progress=say)
-            sim_ref, _ = load_or_compute_reference(sim.folder, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new,
-                                                   progress=say)
+            sim_ref, _ = load_or_compute_reference(sim.folder, cases, dtype=simulated_dtype(src),
+                                                   max_new_tokens=max_new, progress=say)
             load_or_compute_spread(sim.folder, cases, sim_ref, store=None, progress=say)
 
         def build_of(name: str, model: str = model, cases: list = cases, median_prompt: int = median_prompt) -> Path:

@@ -494,8 +494,9 @@ def _break(tmp: Path, breakage: str, prompt_tokens: int) -> None:
 # `<precision>-mo`: a healthy weight-only build: the quantization tool's weights (its simulated model: ModelOpt's
 # int4_awq, calibrated on the judged prompts as `smoke --reference-precision simulated` calibrates it; TensorRT-LLM's
 # own weight-only quantizer for int8_wo and int4_wo, from the weights alone; ModelOpt's INT8_WEIGHT_ONLY_CFG before
-# 2026-12-02's format 2), stored and served in bf16 as a TensorRT-LLM weight-only engine computes (bf16
-# activations). Judged against the simulated model (like with like).
+# 2026-12-02's format 2), stored and served in the dtype a TensorRT-LLM weight-only engine of the source computes in
+# (smoke.simulated.simulated_dtype: bf16 for SmolLM2 and Qwen, fp16 for the fp32 tiny model). Judged against the
+# simulated model (like with like).
 QUANTIZED = ("int8_wo-mo", "int4_wo-mo", "int4_awq-mo")
 # `int4_awq-mo-othercal` (asked for by --builds, not in the default run): int4_awq calibrated on other prompts
 # (configs/prompts/general.jsonl), as a lane's build is calibrated on its own dataset (variant.calibration), judged
@@ -525,11 +526,13 @@ def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 
     from safetensors.torch import load_file
 
     from enginefoundry.smoke.prompts import load_prompt_set
-    from enginefoundry.smoke.simulated import simulate
+    from enginefoundry.smoke.simulated import simulate, simulated_dtype
 
+    dtype = simulated_dtype(source_dir(name))
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     if build.split("+")[0].endswith("-othercal"):
         cases = load_prompt_set(OTHER_CALIBRATION).cases
-    sim = simulate(source_dir(name), quantized_precision(build), cases,
+    sim = simulate(source_dir(name), quantized_precision(build), cases, dtype=dtype,
                    progress=lambda m: print(m, file=sys.stderr, flush=True))
     fault = build.split("+")[1] if "+" in build else None
 
@@ -538,17 +541,18 @@ def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 
             if f.name not in ("simulated.json", "quantizers.safetensors"):
                 shutil.copy2(f, tmp / f.name)
 
-        def to_bf16(tensors: dict) -> None:
+        def to_build_dtype(tensors: dict) -> None:
             scales = load_file(sim.folder / "quantizers.safetensors") if fault == "prescale-dropped" else {}
             for k, v in tensors.items():
                 pqs = scales.get(k.removesuffix(".weight") + ".pre_quant_scale")
                 if pqs is not None:  # W_eff = Q(W') · diag(s): without s
                     v = v / pqs.reshape(1, -1)
-                tensors[k] = v.to(torch.bfloat16)
+                tensors[k] = v.to(torch_dtype)
             assert fault != "prescale-dropped" or scales, "no AWQ pre-quant scales in this simulation"
 
-        _edit_weights(tmp, to_bf16)
-        _edit_json(tmp / "config.json", lambda c: c.update({"dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+        _edit_weights(tmp, to_build_dtype)
+        name_of = str(torch_dtype).removeprefix("torch.")
+        _edit_json(tmp / "config.json", lambda c: c.update({"dtype": name_of, "torch_dtype": name_of}))
         if fault not in (None, "prescale-dropped"):
             _break(tmp, fault, prompt_tokens)
 

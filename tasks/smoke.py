@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
 from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
@@ -19,7 +20,7 @@ from enginefoundry.smoke.reference import (
     publish_sibling_reference,
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
-from enginefoundry.smoke.simulated import FROM_EXPORT_WHY, export_problem, simulated_reference
+from enginefoundry.smoke.simulated import FROM_EXPORT_WHY, export_problem, simulated_dtype, simulated_reference
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger
@@ -55,9 +56,12 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     if spec.smoke.simulates(precision) or export is not None:
         log(f"smoke: the reference of this {precision} unit: "
             + (f"{FROM_EXPORT_WHY} ({export})" if export is not None else why))
+        # In the dtype the lane's build computes in: its dtype option, else the checkpoint's (fp16 for fp32).
+        sim_dtype = simulated_dtype(Path(reference_dir), get_lane(spec.lane).dtype_option(spec))
         ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
                                            max_new_tokens=spec.smoke.max_new_tokens, store=store, device=device,
-                                           weights_digest=weights_digest, checkpoint=export, progress=log)
+                                           weights_digest=weights_digest, checkpoint=export, dtype=sim_dtype,
+                                           progress=log)
     else:
         log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
         ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,

@@ -9,6 +9,8 @@ from enginefoundry.spec import KVCacheDtype, Precision
 # variants[].precision → torch dtype name, for the unquantized precisions.
 TORCH_DTYPE: dict[Precision, str] = {Precision.FP32: "float32", Precision.FP16: "float16",
                                      Precision.BF16: "bfloat16"}
+# torch dtype name → the short name the smoke gate's references and policies use (fp32, fp16, bf16).
+SHORT_DTYPE: dict[str, str] = {torch_name: precision.value for precision, torch_name in TORCH_DTYPE.items()}
 TORCH_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}
 # The smoke gate's log-prob spread (smoke/reference.compute_spread): a reference's weights, rounded to its dtype,
 # run again in wider arithmetic.

@@ -182,6 +182,11 @@ class Lane(ABC):
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
     dequantizable: frozenset[str] = frozenset()
 
+    def dtype_option(self, spec: BuildSpec) -> str | None:
+        """The activation dtype (a torch dtype name) the spec sets for this lane's quantized builds, None where they
+        follow the checkpoint: a simulated reference computes in it (smoke.simulated.simulated_dtype)."""
+        return None
+
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
         """This lane's own preflight checks (enginefoundry.build.model_shape.Check) for a unit; `shape` may be None."""
         return []

@@ -324,6 +324,9 @@ class TrtllmEngineLane(TrtllmLaneBase):
     def options(self, spec: BuildSpec) -> EngineOptions:
         return engine_options(spec.lane_options)
 
+    def dtype_option(self, spec: BuildSpec) -> str | None:
+        return self.options(spec).dtype  # convert_checkpoint.py --dtype (model_activation_dtype)
+
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
         opts = self.options(spec)
         why = None

@@ -384,9 +384,10 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
         return f"sibling {sibling.name}"
     dtype, spread = unit_reference(spec, unit)
     if spec.smoke.simulates(unit.variant.precision.value):
-        return f"simulated {unit.variant.precision.value} (TensorRT-LLM's quantizer, {dtype}; like with like)"
+        # The build's compute dtype (smoke.simulated.simulated_dtype) is read from the source, not known to a plan.
+        return f"simulated {unit.variant.precision.value} (TensorRT-LLM's quantizer, the build's dtype; like with like)"
     if dequantizes(spec, unit.variant.precision.value):
-        return f"the lane's {unit.variant.precision.value} checkpoint, dequantized ({dtype}; like with like)"
+        return f"the lane's {unit.variant.precision.value} checkpoint, dequantized (the build's dtype; like with like)"
     if spread:
         return f"{dtype} (like with like)"
     if spec.smoke.reference_precision == SIMULATED_REFERENCE and unit.variant.precision.value in SIMULATED_PRECISIONS:

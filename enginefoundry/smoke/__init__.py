@@ -38,12 +38,17 @@ from enginefoundry.smoke.reference import (
     load_or_compute_reference,
     load_or_compute_spread,
 )
-from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, export_problem, simulated_reference
+from enginefoundry.smoke.simulated import (
+    QUANTIZATION_COST,
+    can_simulate,
+    export_problem,
+    simulated_dtype,
+    simulated_reference,
+)
 from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import (
     COMPUTABLE,
-    SIMULATED_DTYPE,
     UNIT_PRECISION,
     reference_precision_for,
     simulated_why,
@@ -252,7 +257,7 @@ def run_smoke(
 
     `simulated` (the `smoke` command's --reference-precision simulated), or `spec.simulates(precision)` (the spec's
     smoke.reference_precision: simulated): a weight-only quantized unit is judged against the quantization tool's
-    simulated model of the source (smoke/simulated.py; int4_awq calibrated on the prompt set) at SIMULATED_DTYPE,
+    simulated model of the source (smoke/simulated.py; int4_awq calibrated on the prompt set) in the build's dtype,
     like with like: the compute dtype's policy, log-prob limits from the spread measured on the simulated model; and the
     quantization's own cost is a rule of its own (`quantization cost`: the simulated model's task accuracy against
     the source's at the same dtype, with the precision family's margin). `simulated` refuses a precision that is
@@ -275,18 +280,21 @@ def run_smoke(
         why_not = can_simulate(precision)
         if why_not is not None:
             raise InputError(f"smoke: reference precision simulated: {why_not}")
-    # Against its simulation a quantized unit drifts as its compute dtype does: that dtype's policy judges it.
-    policy = policy_for(SIMULATED_DTYPE if simulated else precision, **overrides)
+    # Against its simulation a quantized unit drifts as its compute dtype does: that dtype's policy judges it (the
+    # dtype the reference stage computed it in, else the build's: simulated.simulated_dtype).
+    sim_dtype = (reference_outcome.dtype if given and reference_outcome is not None else
+                 simulated_dtype(source_dir)) if simulated else None
+    policy = policy_for(sim_dtype or precision, **overrides)
     check_prompt_count(prompts, policy, spec.small_sample, precision)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
     _probe(client, cases, server_alive, progress)
-    ref_dtype, reference_why = (SIMULATED_DTYPE, simulated_why(precision)) if simulated else \
-        spec.reference_for(precision)
+    ref_dtype, reference_why = (sim_dtype, simulated_why(precision)) if sim_dtype else spec.reference_for(precision)
     if simulated:
         if reference_outcome is None or reference_outcome.simulated is None:  # else from the reference stage
             reference, reference_outcome = simulated_reference(
                 source_dir, cases, precision, max_new_tokens=spec.max_new_tokens, store=store,
-                device=reference_device, weights_digest=weights_digest, checkpoint=checkpoint, progress=progress)
+                device=reference_device, weights_digest=weights_digest, checkpoint=checkpoint, dtype=sim_dtype,
+                progress=progress)
         reference_dir = Path(reference_outcome.model_dir)
         reference_why = f"{reference_outcome.simulated_why or reference_why}: {reference_outcome.simulated}"
     if reference is None or reference_outcome is None:
@@ -340,8 +348,9 @@ def run_smoke(
                     teacher_forced_slices={k: v for k, v in teacher_slices.items() if v.available})
     if simulated:
         verdict = verdict.with_rule(quantization_cost(
-            source_dir, cases, reference, precision=precision, max_new_tokens=spec.max_new_tokens, store=store,
-            device=reference_device, weights_digest=weights_digest, progress=progress))
+            source_dir, cases, reference, precision=precision, dtype=reference_outcome.dtype,
+            max_new_tokens=spec.max_new_tokens, store=store, device=reference_device, weights_digest=weights_digest,
+            progress=progress))
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -368,11 +377,11 @@ def run_smoke(
 
 
 def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,
-                      max_new_tokens: int, store: Store | None, device: str, weights_digest: str | None = None,
-                      progress: Callable[[str], None]) -> GateRule:
+                      dtype: str, max_new_tokens: int, store: Store | None, device: str,
+                      weights_digest: str | None = None, progress: Callable[[str], None]) -> GateRule:
     """The quantization's own cost, apart from the build's fidelity: the simulated model's task accuracy against
     the source's at the same dtype (paired non-inferiority at the margin of the precision's family)."""
-    source, _ = load_or_compute_reference(source_dir, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens,
+    source, _ = load_or_compute_reference(source_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens,
                                           store=store, weights_digest=weights_digest, progress=progress,
                                           device=device)
     graded = [c for c in cases if c.expected is not None]
@@ -385,7 +394,7 @@ def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: Refe
                                  margin=policy.accuracy_margin, alpha=policy.alpha)
     ok = test.non_inferior
     return GateRule(name=QUANTIZATION_COST, ok=ok, kind="statistical",
-                    detail=(f"the simulated {precision} model {test.unit_correct}/{test.n} vs the {SIMULATED_DTYPE} "
+                    detail=(f"the simulated {precision} model {test.unit_correct}/{test.n} vs the {dtype} "
                             f"source {test.reference_correct}/{test.n} (paired: {test.b} only the source right, "
                             f"{test.c} only the simulation right); non-inferiority at the {policy.family.value} "
                             f"margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α "

@@ -39,11 +39,19 @@ from pydantic import BaseModel
 
 from enginefoundry.build.sources import remove_stale_partials
 from enginefoundry.errors import InputError, ToolError
+from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
 from enginefoundry.settings import cache_root
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
-from enginefoundry.spec.checks import CALIBRATION_FREE, SIMULATED_DTYPE, SIMULATED_PRECISIONS, simulated_why
+from enginefoundry.spec import Precision
+from enginefoundry.spec.checks import (
+    BUILD_DTYPE_WORDS,
+    CALIBRATION_FREE,
+    SIMULATED_DTYPE,
+    SIMULATED_PRECISIONS,
+    simulated_why,
+)
 from enginefoundry.store.backends import Store
 
 if TYPE_CHECKING:
@@ -127,11 +135,24 @@ def can_simulate(precision: str) -> str | None:
     return None
 
 
-def config_for(precision: str) -> dict[str, Any]:  # JSON edge: the quantizer's configuration
-    """ModelOpt's config for its formats; for TensorRT-LLM's weight-only quantizer, what defines it."""
+def simulated_dtype(source: Path, override: str | None = None) -> str:
+    """The dtype a TensorRT-LLM weight-only build of `source` computes in, which its simulated reference is computed
+    in: the lane's dtype option (`override`, a torch dtype name), else the checkpoint's 16-bit dtype, fp16 for an
+    fp32 one (convert_checkpoint.py's dtype auto: gpu.precisions.activation_dtype); SIMULATED_DTYPE where the
+    config.json names none."""
+    from enginefoundry.build.model_shape import ModelShape, read_model_config
+
+    shape = ModelShape.from_config(read_model_config(source)) if (source / "config.json").is_file() else None
+    torch_name = activation_dtype(Precision.INT8_WO, shape, override)
+    return SHORT_DTYPE.get(torch_name or "", SIMULATED_DTYPE)
+
+
+def config_for(precision: str, dtype: str = SIMULATED_DTYPE) -> dict[str, Any]:  # JSON edge: the quantizer's config
+    """ModelOpt's config for its formats; for TensorRT-LLM's weight-only quantizer, what defines it (its scales are
+    stored in the build's compute `dtype`)."""
     if precision in TRTLLM_WEIGHT_ONLY_BITS:
         return {"quantizer": "tensorrt_llm symmetric_quantize_last_axis_of_batched_matrix",
-                "bits": TRTLLM_WEIGHT_ONLY_BITS[precision], "scale_dtype": SIMULATED_DTYPE,
+                "bits": TRTLLM_WEIGHT_ONLY_BITS[precision], "scale_dtype": dtype,
                 "modules": "every linear but the output embedding", "source": "cutlass_preprocessors.cpp@b35ac1b6"}
     import modelopt.torch.quantization as mtq
 
@@ -154,12 +175,14 @@ def trtllm_weight_only(weight: Tensor, bits: int, dtype: str = SIMULATED_DTYPE) 
     return codes * scale, scale.reshape(-1)
 
 
-def simulated_key(source: Path, precision: str, calibration: list[PromptCase]) -> SimulatedKey:
+def simulated_key(source: Path, precision: str, calibration: list[PromptCase],
+                  dtype: str | None = None) -> SimulatedKey:
     import torch
 
+    dtype = dtype or simulated_dtype(source)
     w, t, _ = checkpoint_digests(source)
     return SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=precision,
-                        config=json.dumps(config_for(precision), default=str),
+                        config=json.dumps(config_for(precision, dtype), default=str),
                         calibration_digest=(NO_CALIBRATION_DATA if precision in CALIBRATION_FREE else
                                             sha256_json([c.model_dump(mode="json") for c in calibration])),
                         modelopt=(modelopt_version() or "absent") if precision in MODELOPT_CONFIGS else "not used",
@@ -171,8 +194,10 @@ def default_root() -> Path:
 
 
 def simulate(source: Path, precision: str, calibration: list[PromptCase], *, root: Path | None = None,
-             progress: Callable[[str], None] = print) -> SimulatedModel:
-    """The simulated model of `source` quantized as `precision`, from the cache or computed (on the host CPU).
+             dtype: str | None = None, progress: Callable[[str], None] = print) -> SimulatedModel:
+    """The simulated model of `source` quantized as `precision`, from the cache or computed (on the host CPU);
+    `dtype`: the build's compute dtype (TensorRT-LLM's weight-only scales are stored in it; default
+    simulated_dtype(source)).
 
     Raises InputError when the precision cannot be simulated here (the reason and the fix), ToolError when the
     written model does not reproduce ModelOpt's (a quantizer this module does not fold)."""
@@ -182,8 +207,9 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
     if not calibration:
         raise InputError("smoke: a simulated reference needs prompts (calibration, and the check of the written "
                          "model); the prompt set is empty")
-    key = simulated_key(source, precision, calibration)
-    return _materialize(key, root, lambda tmp: _compute(source, precision, calibration, key, tmp, progress))
+    dtype = dtype or simulated_dtype(source)
+    key = simulated_key(source, precision, calibration, dtype)
+    return _materialize(key, root, lambda tmp: _compute(source, precision, calibration, key, tmp, dtype, progress))
 
 
 def _materialize(key: SimulatedKey, root: Path | None,
@@ -369,31 +395,33 @@ def _dequantize(checkpoint: Path, tokenizer_from: Path, group: int, key: Simulat
 
 
 FROM_EXPORT_WHY = (f"the lane's own quantized checkpoint (ModelOpt's unified export), dequantized, computed in "
-                   f"{SIMULATED_DTYPE} (like with like: its calibration, scales and export-time resmoothing are the "
+                   f"{BUILD_DTYPE_WORDS} (like with like: its calibration, scales and export-time resmoothing are the "
                    "build's; the policy of its compute dtype)")
 
 
 def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *, max_new_tokens: int,
                         store: Store | None, device: str = "cpu", weights_digest: str | None = None,
-                        checkpoint: Path | None = None,
+                        checkpoint: Path | None = None, dtype: str | None = None,
                         progress: Callable[[str], None] = print) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The answers a `precision` unit is judged against: the simulated model's (simulated on the host CPU,
     calibrated on `cases`; with `checkpoint`, the lane's exported checkpoint dequantized instead), greedy in
-    SIMULATED_DTYPE on `device`; cached and published by key as any reference. The source's own SIMULATED_DTYPE
-    answers (`weights_digest`: the source's, where the caller has it), which the `quantization cost` rule judges the
-    simulation against, are computed here too: on a GPU before a server takes it."""
+    `dtype` (the build's compute dtype; default simulated_dtype(source)) on `device`; cached and published by key
+    as any reference. The source's own answers in that dtype (`weights_digest`: the source's, where the caller has
+    it), which the `quantization cost` rule judges the simulation against, are computed here too: on a GPU before a
+    server takes it."""
+    dtype = dtype or simulated_dtype(source)
     if checkpoint is not None:
         sim, why = dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress), FROM_EXPORT_WHY
     else:
-        sim, why = simulate(source, precision, cases, progress=progress), simulated_why(precision)
-    ref, outcome = load_or_compute_reference(sim.folder, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens,
+        sim, why = simulate(source, precision, cases, dtype=dtype, progress=progress), simulated_why(precision)
+    ref, outcome = load_or_compute_reference(sim.folder, cases, dtype=dtype, max_new_tokens=max_new_tokens,
                                              store=store, progress=progress, device=device)
-    load_or_compute_reference(source, cases, dtype=SIMULATED_DTYPE, max_new_tokens=max_new_tokens, store=store,
+    load_or_compute_reference(source, cases, dtype=dtype, max_new_tokens=max_new_tokens, store=store,
                               weights_digest=weights_digest, progress=progress, device=device)
     return ref, outcome.model_copy(update={"simulated": sim.label(), "simulated_why": why})
 
 
-def _compute(source: Path, precision: str, calibration: list[PromptCase], key: SimulatedKey, out: Path,
+def _compute(source: Path, precision: str, calibration: list[PromptCase], key: SimulatedKey, out: Path, dtype: str,
              progress: Callable[[str], None]) -> SimulatedModel:
     import torch
     from safetensors.torch import save_file
@@ -406,7 +434,7 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
              + ("; the weights alone)" if precision in TRTLLM_WEIGHT_ONLY_BITS else
                 f"; ModelOpt {key.modelopt}, {len(calibration)} calibration prompts)"))
     if precision in TRTLLM_WEIGHT_ONLY_BITS:
-        params, err = _trtllm_weight_only_in_place(model, TRTLLM_WEIGHT_ONLY_BITS[precision]), None
+        params, err = _trtllm_weight_only_in_place(model, TRTLLM_WEIGHT_ONLY_BITS[precision], dtype), None
         check = "codes and scales checked"
     else:
         model, params, err = _modelopt(model, source, precision, calibration, progress, t0)
@@ -430,7 +458,7 @@ def _copy_top_level(folder: Path, out: Path, names: set[str]) -> int:
     return len(copied)
 
 
-def _trtllm_weight_only_in_place(model: Any, bits: int) -> dict[str, Tensor]:
+def _trtllm_weight_only_in_place(model: Any, bits: int, dtype: str) -> dict[str, Tensor]:
     """Every linear but the output embedding replaced by TensorRT-LLM's weight-only quantization of it (the codes
     times the stored scale); returns each layer's stored scale. Checked: every row holds at most 2^bits codes."""
     import torch
@@ -441,7 +469,7 @@ def _trtllm_weight_only_in_place(model: Any, bits: int) -> dict[str, Tensor]:
         for name, module in model.named_modules():
             if not isinstance(module, torch.nn.Linear) or module is head:
                 continue
-            w_eff, scale = trtllm_weight_only(module.weight, bits)
+            w_eff, scale = trtllm_weight_only(module.weight, bits, dtype)
             codes = w_eff / torch.where(scale == 0, torch.ones_like(scale), scale).reshape(-1, 1)
             if not torch.equal(codes, codes.round()) or codes.abs().max() > (1 << (bits - 1)):
                 raise ToolError(f"smoke: {name}: the simulated int{bits} weights are not whole codes of the scale")

@@ -36,7 +36,11 @@ COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a refe
 # (enginefoundry/smoke/simulated.py), computed in SIMULATED_DTYPE; every other unit as `unit`.
 SIMULATED_REFERENCE: Final = "simulated"
 SIMULATED_PRECISIONS = ("int4_awq", "int4_wo", "int8_wo")
-SIMULATED_DTYPE: Final = "bf16"  # the activations of a TensorRT-LLM weight-only build of a bf16 model
+# The activations of a TensorRT-LLM weight-only build of a bf16 model: what plans count (2 bytes a parameter) and
+# the simulation's dtype where the source's config names none. A simulation computes in its build's dtype (the
+# source's 16-bit dtype, fp16 for an fp32 source: smoke.simulated.simulated_dtype).
+SIMULATED_DTYPE: Final = "bf16"
+BUILD_DTYPE_WORDS: Final = "the build's compute dtype (the source's 16-bit dtype; fp16 for an fp32 source)"
 REFERENCE_PRECISIONS = (UNIT_PRECISION, SIMULATED_REFERENCE, *COMPUTABLE)
 ReferencePrecision = Literal["unit", "simulated", "fp32", "bf16", "fp16"]
 
@@ -62,8 +66,8 @@ def simulates(setting: str, precision: str) -> bool:
 def simulated_why(precision: str) -> str:
     """Why a unit is judged against its simulation (the `smoke` command's --reference-precision simulated names any
     of SIMULATED_PRECISIONS; a calibrated format is like with like only for a build calibrated on the same prompts)."""
-    why = (f"the quantization tool's simulated {precision} model of the source, computed in {SIMULATED_DTYPE} (like "
-           "with like; the policy of its compute dtype)")
+    why = (f"the quantization tool's simulated {precision} model of the source, computed in {BUILD_DTYPE_WORDS} (like "
+           "with like; the policy of that dtype)")
     if precision not in CALIBRATION_FREE:
         why += "; calibrated on the judged prompts: like with like for a build calibrated on them"
     return why

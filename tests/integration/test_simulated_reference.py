@@ -69,7 +69,9 @@ def test_the_weight_only_simulation_is_tensorrt_llms_arithmetic(tmp_path: Path):
     sim = simulate(TINY_MODEL, "int8_wo", cases, root=tmp_path, progress=lambda _: None)
     src, out = load_file(TINY_MODEL / "model.safetensors"), load_file(sim.folder / "model.safetensors")
     name = "model.layers.1.mlp.down_proj.weight"
-    assert torch.equal(out[name], trtllm_weight_only(src[name].float(), 8)[0])
+    # The fp32 tiny model's engine computes in fp16: its weights and scales are fp16's, not bf16's.
+    assert torch.equal(out[name], trtllm_weight_only(src[name].float(), 8, "fp16")[0])
+    assert not torch.equal(out[name], trtllm_weight_only(src[name].float(), 8, "bf16")[0])
     assert "lm_head.weight" not in out or torch.equal(out["lm_head.weight"], src["lm_head.weight"].float())
     assert sim.key.modelopt == "not used" and "per_channel_scale" in " ".join(
         load_file(sim.folder / "quantizers.safetensors"))
@@ -101,13 +103,14 @@ def _serve(model: Path, tmp: Path):
     return serving(cmd, tmp / f"{model.name}.log", timeout_s=120)
 
 
-def _bf16_build(sim_folder: Path, dst: Path, *, norm_scale: float = 1.0) -> Path:
-    """The simulated weights stored in bf16, as a weight-only engine computes; optionally the final norm scaled."""
+def _engine_build(sim_folder: Path, dst: Path, *, norm_scale: float = 1.0) -> Path:
+    """The simulated weights stored in fp16, as a weight-only engine of the fp32 tiny model computes
+    (convert_checkpoint.py makes an fp32 source fp16); optionally the final norm scaled."""
     dst.mkdir()
     for f in sim_folder.iterdir():
         if f.name not in ("simulated.json", "quantizers.safetensors"):
             shutil.copy2(f, dst / f.name)
-    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(dst / "model.safetensors").items()}
+    tensors = {k: v.to(torch.float16) for k, v in load_file(dst / "model.safetensors").items()}
     tensors["model.norm.weight"] = tensors["model.norm.weight"] * norm_scale
     save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
     return dst
@@ -126,17 +129,19 @@ def test_a_quantized_unit_is_judged_against_its_simulation(tmp_path: Path, monke
                              model_name=ep.model_name, served_tokenizer_dir=model, precision="int4_wo",
                              progress=lambda _: None, simulated=True)
 
-    healthy = judge(_bf16_build(sim.folder, tmp_path / "int4_wo"))
+    healthy = judge(_engine_build(sim.folder, tmp_path / "int4_wo"))
     assert healthy.passed, healthy.verdict.reason
-    assert "simulated int4_wo" in healthy.verdict.reference_why and healthy.reference.dtype == "bf16"
-    assert healthy.spread is not None and healthy.spread.precision == "bf16"  # measured on the simulation
+    # The fp32 tiny model's weight-only engine computes in fp16: so do its simulation and the spread.
+    assert "simulated int4_wo" in healthy.verdict.reference_why and healthy.reference.dtype == "fp16"
+    assert healthy.spread is not None and healthy.spread.precision == "fp16"  # measured on the simulation
+    assert sim.key.config == simulated_key(TINY_MODEL, "int4_wo", prompts.cases, "fp16").config
     assert healthy.policy is not None and healthy.policy.family.value == "16-bit"
     rules = {r.name: r for r in healthy.verdict.rules}
     assert "quantization cost" in rules and "the simulated int4_wo model" in rules["quantization cost"].detail
     assert healthy.tokenizer_match is True
 
     # The final norm × 0.25: flatter logits (the tiny model is very sure of its tokens), the same greedy text.
-    broken = judge(_bf16_build(sim.folder, tmp_path / "int4_wo-norm", norm_scale=0.25))
+    broken = judge(_engine_build(sim.folder, tmp_path / "int4_wo-norm", norm_scale=0.25))
     assert not broken.passed
     assert "teacher-forced log-prob distance" in [r.name for r in broken.verdict.failed]
 
@@ -181,12 +186,12 @@ def test_the_pipelines_stages_judge_a_quantized_unit_against_its_simulation(tmp_
 
     ref, outcome = smoke_reference.fn(spec, str(TINY_MODEL), precision="int8_wo")
     assert outcome.simulated is not None and "simulated int8_wo" in outcome.simulated
-    assert outcome.dtype == "bf16" and Path(outcome.model_dir).parent == tmp_path / "cache" / "simulated"
-    assert outcome.label().startswith(f"bf16 reference {outcome.key[:12]} of simulated int8_wo (TensorRT-LLM's ")
+    assert outcome.dtype == "fp16" and Path(outcome.model_dir).parent == tmp_path / "cache" / "simulated"
+    assert outcome.label().startswith(f"fp16 reference {outcome.key[:12]} of simulated int8_wo (TensorRT-LLM's ")
     published = sorted(p.name for p in (tmp_path / "store").rglob("*.json"))
     assert len([n for n in published if "spread" not in n]) == 2  # the simulation's answers and the source's
 
-    build = _bf16_build(Path(outcome.model_dir), tmp_path / "int8_wo")
+    build = _engine_build(Path(outcome.model_dir), tmp_path / "int8_wo")
     with _serve(build, tmp_path) as ep:
         report = smoke_test.fn(spec, ep, str(TINY_MODEL), str(tmp_path / "report"), precision="int8_wo",
                                reference=(ref, outcome))
@@ -286,7 +291,7 @@ def test_the_pipelines_stages_judge_a_trtllm_int4_awq_unit_against_its_dequantiz
     ref, outcome = smoke_reference.fn(spec, str(src), precision="int4_awq", checkpoint_dir=str(export))
     assert outcome.simulated is not None and "the lane's checkpoint" in outcome.simulated
     assert outcome.simulated_why is not None and outcome.simulated_why.startswith("the lane's own quantized")
-    with _serve(_bf16_build(Path(outcome.model_dir), tmp_path / "int4_awq"), tmp_path) as ep:
+    with _serve(_engine_build(Path(outcome.model_dir), tmp_path / "int4_awq"), tmp_path) as ep:
         report = smoke_test.fn(spec, ep, str(src), str(tmp_path / "report"), precision="int4_awq",
                                reference=(ref, outcome))
     assert report.passed, report.verdict.reason

@@ -125,13 +125,14 @@ def test_simulated_judges_each_weight_only_unit_against_its_simulation_and_every
     assert got == {"bf16": ("bf16", True), "int8_wo": ("bf16", True), "int4_wo": ("bf16", True),
                    "int4_awq": ("fp32", False), "fp8": ("fp32", False)}
     assert spec.smoke.reference_for("int4_wo")[1].startswith(
-        "the quantization tool's simulated int4_wo model of the source, computed in bf16 (like with like")
+        "the quantization tool's simulated int4_wo model of the source, computed in the build's compute dtype (the "
+        "source's 16-bit dtype; fp16 for an fp32 source) (like with like")
     assert spec.smoke.reference_for("int4_awq")[1].startswith("int4_awq is not simulated for a lane's build")
     assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
     rows = {r["precision"]: r["reference"] for r in plan_report(spec).rows}
     assert rows == {"bf16": "bf16 (like with like)",
-                    "int8_wo": "simulated int8_wo (TensorRT-LLM's quantizer, bf16; like with like)",
-                    "int4_wo": "simulated int4_wo (TensorRT-LLM's quantizer, bf16; like with like)",
+                    "int8_wo": "simulated int8_wo (TensorRT-LLM's quantizer, the build's dtype; like with like)",
+                    "int4_wo": "simulated int4_wo (TensorRT-LLM's quantizer, the build's dtype; like with like)",
                     "int4_awq": "fp32 (no int4_awq simulation on lane reference: calibrated on its data)",
                     "fp8": "fp32 (no fp8 reference)"}
     with pytest.raises(SpecError) as err:  # two answers to one question: refused when the spec is read
@@ -185,10 +186,40 @@ def test_on_lane_trtllm_an_int4_awq_unit_is_judged_against_its_own_checkpoint_de
     unit = _unit(spec, "int4_awq")
     assert unit_reference(spec, unit) == ("bf16", True)
     rows = {r["unit"]: r["reference"] for r in plan_report(spec).rows}
-    assert rows[unit.name] == "the lane's int4_awq checkpoint, dequantized (bf16; like with like)"
+    assert rows[unit.name] == "the lane's int4_awq checkpoint, dequantized (the build's dtype; like with like)"
     checks = _checks(spec, "int4_awq")  # the 70B shape
     assert checks["simulation"].message.startswith(
         f"dequantizing the lane's int4_awq checkpoint (host CPU) needs ≈{PARAMS * 4 * 2 * 1.2 / GIB:.1f} GiB")
     data["smoke"]["reference_precision"] = "unit"
     plain = parse_spec(data, source="test spec", base_dir=CONFIGS)
     assert unit_reference(plain, _unit(plain, "int4_awq")) == ("fp32", False)
+
+
+@pytest.mark.parametrize(("config_dtype", "override", "expected"), [
+    ("bfloat16", None, "bf16"),
+    ("float16", None, "fp16"),
+    ("float32", None, "fp16"),  # convert_checkpoint.py turns an fp32 source into fp16 (gpu.precisions)
+    ("float32", "bfloat16", "bf16"),  # the engine lane's dtype option wins
+    (None, None, "bf16"),  # a config that names no dtype: SIMULATED_DTYPE
+])
+def test_a_simulation_computes_in_the_dtype_its_build_computes_in(tmp_path, config_dtype, override, expected):
+    from enginefoundry.smoke.simulated import config_for, simulated_dtype
+
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 128, "vocab_size": 256}
+    if config_dtype:
+        config["torch_dtype"] = config_dtype
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert simulated_dtype(tmp_path, override) == expected
+    assert config_for("int8_wo", expected)["scale_dtype"] == expected  # its scales are stored in that dtype
+
+
+def test_the_engine_lanes_dtype_option_is_the_dtype_its_simulation_computes_in():
+    from enginefoundry.lanes.registry import get_lane
+
+    data = yaml.safe_load((CONFIGS / "llama-3-70b-tp2-a100.yaml").read_text())
+    spec = parse_spec(data, source="test spec", base_dir=CONFIGS)
+    assert spec.lane == "trtllm-engine" and get_lane(spec.lane).dtype_option(spec) is None  # follows the source
+    data.setdefault("lane_options", {})["dtype"] = "bfloat16"
+    assert get_lane("trtllm-engine").dtype_option(parse_spec(data, source="test spec", base_dir=CONFIGS)) == "bfloat16"
+    assert get_lane("reference").dtype_option(_spec()) is None  # no quantized builds of its own dtype
