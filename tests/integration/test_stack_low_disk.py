@@ -64,15 +64,15 @@ def test_up_refuses_a_disk_below_the_read_only_mark_and_starts_once_there_is_roo
             left -= out.write(chunk[: min(len(chunk), left)])
     assert shutil.disk_usage(small_disk).free < SIZE_MIB * 2**20 // 100
 
-    refused = _stack(state, "up", "--services", "s3", env=env)
-    said = refused.stdout + refused.stderr
-    assert refused.returncode != 0, said
-    assert "read-only mark" in said and "free disk space there" in said, said
-    assert "Traceback" not in said, said
-    assert not (state / "pids" / "s3.pid").exists(), "weed was started on a disk it cannot write"
+    try:  # `down` whatever fails: a weed started by a regression must not outlive the test
+        refused = _stack(state, "up", "--services", "s3", env=env)
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0, said
+        assert "read-only mark" in said and "free disk space there" in said, said
+        assert "Traceback" not in said, said
+        assert not (state / "pids" / "s3.pid").exists(), "weed was started on a disk it cannot write"
 
-    filler.unlink()
-    try:
+        filler.unlink()
         up = _stack(state, "up", "--services", "s3", env=env)
         assert up.returncode == 0, up.stdout + up.stderr
     finally:
