@@ -43,7 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -189,15 +189,22 @@ def family_table(rows: list[dict]) -> None:
         out.setdefault((r["model"], r["family"]), []).append(r)
     print("\nmodel | family | builds | rejected | accepted | wrong verdicts | rules that decided")
     for (model, fam), rs in out.items():
-        rejected = sum(r["verdict"] == "reject" for r in rs)
+        judged = [r for r in rs if r["verdict"] != "error"]  # an error is no verdict: listed under the rates
+        rejected = sum(r["verdict"] == "reject" for r in judged)
         wrong = (rejected if fam.startswith("healthy") else "n/a" if fam.startswith("lossy")
-                 else sum(missed(r) for r in rs))
-        rules = sorted({x.strip().split(" [")[0] for r in rs for x in r["failed rules"].split(",") if x.strip() != "-"})
-        print(f"{model} | {fam} | {len(rs)} | {rejected} | {len(rs) - rejected} | {wrong} | {', '.join(rules) or '-'}")
+                 else sum(missed(r) for r in judged))
+        rules = sorted({x.strip().split(" [")[0] for r in judged for x in r["failed rules"].split(",")
+                        if x.strip() != "-"})
+        print(f"{model} | {fam} | {len(judged)} | {rejected} | {len(judged) - rejected} | {wrong} | "
+              f"{', '.join(rules) or '-'}")
 
 
 def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict:
     r = result["report"]
+    if "verdict" not in r:  # the `smoke` command stopped on an error ({"ok": false, "error": …}): no verdict
+        return {"model": model, "build": build, "kind": kind, "family": family(build, kind, precision),
+                "precision": precision, "verdict": "error", "failed rules": str(r.get("error", "?")).splitlines()[0],
+                "s": result["seconds"], "judge s": result["judge_s"]}
     v = r["verdict"]
     failed = [x["name"] for x in v["rules"] if not x["ok"]]
     graded = next((x["detail"] for x in v["rules"] if x["name"] == "sample size"), "")
@@ -350,14 +357,19 @@ def main() -> int:
             print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
             return r, {"model": model, "build": name, "kind": kind, **result}
 
-        # Builds are judged --jobs at a time (each its own server and `smoke` process); rows keep plan order.
+        # Builds are judged --jobs at a time (each its own server and `smoke` process); rows keep plan order, the
+        # partial file takes each judgement as it completes (a stopped run keeps what it judged).
+        done: dict[int, tuple[dict, dict]] = {}
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for r, rep in pool.map(one, plan):
-                rows.append(r)
-                reports.append(rep)
-                if args.json_out:  # each judgement as it completes: a stopped run keeps what it judged
+            futures = {pool.submit(one, item): i for i, item in enumerate(plan)}
+            for fut in as_completed(futures):
+                done[futures[fut]] = r, rep = fut.result()
+                if args.json_out:
                     with open(args.json_out + ".partial.jsonl", "a") as f:
                         f.write(json.dumps({"row": r, "report": rep}) + "\n")
+        for i in sorted(done):
+            rows.append(done[i][0])
+            reports.append(done[i][1])
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"rows": rows, "reports": reports}, indent=2))
     return summarize(rows)
@@ -370,8 +382,8 @@ def summarize(rows: list[dict]) -> int:
     accuracy says, not what the benchmark presumes."""
     print_table(rows)
     family_table(rows)
-    healthy_rows = [r for r in rows if r["kind"] == "healthy"]
-    broken_rows = [r for r in rows if r["kind"] == "broken"]
+    healthy_rows = [r for r in rows if r["kind"] == "healthy" and r["verdict"] != "error"]
+    broken_rows = [r for r in rows if r["kind"] == "broken" and r["verdict"] != "error"]
     fr = sum(r["verdict"] == "reject" for r in healthy_rows)
     fa = sum(missed(r) for r in broken_rows)
     print(f"\nfalse rejects: {fr}/{len(healthy_rows)} healthy builds ({fr / max(len(healthy_rows), 1):.0%}); "
@@ -379,18 +391,23 @@ def summarize(rows: list[dict]) -> int:
     for r in (r for r in rows if r["kind"] == "lossy"):
         print(f"lossy {r['model']} {r['build']}: {r['verdict']} (task accuracy {r['acc unit/ref']}; "
               f"{r['failed rules']})")
-    judged = sorted(r["judge s"] for r in rows)
-    print(f"time per judgement (the `smoke` command, server up, reference cached): median "
-          f"{statistics.median(judged):.1f} s, range {judged[0]:.1f}-{judged[-1]:.1f} s over {len(judged)} builds")
+    for r in (r for r in rows if r["verdict"] == "error"):
+        print(f"not judged {r['model']} {r['build']} (the smoke command stopped: {r['failed rules']})")
+    judged = sorted(r["judge s"] for r in rows if r["verdict"] != "error")
+    if judged:
+        print(f"time per judgement (the `smoke` command, server up, reference cached): median "
+              f"{statistics.median(judged):.1f} s, range {judged[0]:.1f}-{judged[-1]:.1f} s over {len(judged)} builds")
     models = list(dict.fromkeys(r["model"] for r in rows))
     def minimum(m: str) -> str:  # the 16-bit policy's (bf16 units, and quantized ones judged against a simulation)
-        r = next((r for r in rows if r["model"] == m
+        r = next((r for r in rows if r["model"] == m and r["verdict"] != "error"
                   and (r["precision"] == "bf16" or gate_models.is_quantized(r["build"]))), None)
         return f"policy minimum {r['min n']} for 16-bit" if r is not None else "no 16-bit judgement"
 
     print("sample sizes: " + "; ".join(
-        f"{m}: {next(r['prompts'] for r in rows if r['model'] == m)} prompts ({minimum(m)})" for m in models))
-    return 0 if fr == 0 and fa == 0 else 1
+        f"{m}: {next((r['prompts'] for r in rows if r['model'] == m and 'prompts' in r), '?')} prompts ({minimum(m)})"
+        for m in models))
+    errors = sum(r["verdict"] == "error" for r in rows)
+    return 0 if fr == 0 and fa == 0 and errors == 0 else 1
 
 
 def resummarize(paths: list[str]) -> int:
