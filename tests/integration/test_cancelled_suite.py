@@ -36,6 +36,14 @@ def test_hold(cluster):
 """
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """Ctrl-C reaches a terminal's foreground job: the child starts with SIGINT's default action whatever this
+    session inherited. A suite started in the background (`bash .ci/run &`, no job control) inherits SIGINT
+    ignored, and a Python started with SIGINT ignored installs no KeyboardInterrupt handler: the child then slept
+    through the test's Ctrl-C (both sigint cases failed a fresh-clone run started that way)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stopping(marker: str) -> bool:
     """The session's teardown runs `stack.py down` (its cluster fixtures' finally) and has stopped a worker."""
     running = marked_processes("EF_CANCEL_MARK", marker)
@@ -60,7 +68,8 @@ def test_a_cancelled_session_leaves_no_cluster_process(stack: dict[str, str], tm
     session = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
                                 "-q", "-s", "--rootdir", str(tmp_path), "--basetemp", str(basetemp / "t"),
                                 str(tmp_path / "test_hold.py")],
-                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               preexec_fn=_sigint_as_in_a_terminal)
     try:
         assert poll(lambda: ready.exists() or session.poll() is not None, timeout_s=900, interval_s=1), \
             "the child session did not get its cluster in 900 s"
