@@ -526,10 +526,11 @@ def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 
     from safetensors.torch import load_file
 
     from enginefoundry.smoke.prompts import load_prompt_set
-    from enginefoundry.smoke.simulated import simulate, simulated_dtype
+    from enginefoundry.smoke.simulated import TORCH_DTYPES, simulate, simulated_dtype
 
     dtype = simulated_dtype(source_dir(name))
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    dtype_name = TORCH_DTYPES[dtype]  # bfloat16 or float16
+    torch_dtype = getattr(torch, dtype_name)
     if build.split("+")[0].endswith("-othercal"):
         cases = load_prompt_set(OTHER_CALIBRATION).cases
     sim = simulate(source_dir(name), quantized_precision(build), cases, dtype=dtype,
@@ -551,8 +552,7 @@ def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 
             assert fault != "prescale-dropped" or scales, "no AWQ pre-quant scales in this simulation"
 
         _edit_weights(tmp, to_build_dtype)
-        name_of = str(torch_dtype).removeprefix("torch.")
-        _edit_json(tmp / "config.json", lambda c: c.update({"dtype": name_of, "torch_dtype": name_of}))
+        _edit_json(tmp / "config.json", lambda c: c.update({"dtype": dtype_name, "torch_dtype": dtype_name}))
         if fault not in (None, "prescale-dropped"):
             _break(tmp, fault, prompt_tokens)
 

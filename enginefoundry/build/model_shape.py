@@ -112,3 +112,10 @@ class Check(BaseModel):
     ok: bool
     message: str
     fix: str | None = None
+
+
+def checkpoint_shape(checkpoint_dir: Path | None) -> ModelShape | None:
+    """The shape read from `checkpoint_dir`'s config.json, None where there is no folder or no config.json."""
+    if checkpoint_dir is None or not (checkpoint_dir / "config.json").is_file():
+        return None
+    return ModelShape.from_config(read_model_config(checkpoint_dir))

@@ -536,12 +536,9 @@ def usable_autotuner_cache(bundle_dir: Path, info: BundleInfo | dict[str, Any], 
 
 def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, override: str | None) -> str | None:
     """The dtype the model computes in, reading the checkpoint's config.json when it is at hand."""
-    shape = None
-    if checkpoint_dir is not None and (checkpoint_dir / "config.json").is_file():
-        from enginefoundry.build.model_shape import ModelShape, read_model_config
+    from enginefoundry.build.model_shape import checkpoint_shape
 
-        shape = ModelShape.from_config(read_model_config(checkpoint_dir))
-    return activation_dtype(variant.precision, shape, override)
+    return activation_dtype(variant.precision, checkpoint_shape(checkpoint_dir), override)
 
 
 __all__ = [

@@ -140,10 +140,9 @@ def simulated_dtype(source: Path, override: str | None = None) -> str:
     in: the lane's dtype option (`override`, a torch dtype name), else the checkpoint's 16-bit dtype, fp16 for an
     fp32 one (convert_checkpoint.py's dtype auto: gpu.precisions.activation_dtype); SIMULATED_DTYPE where the
     config.json names none."""
-    from enginefoundry.build.model_shape import ModelShape, read_model_config
+    from enginefoundry.build.model_shape import checkpoint_shape
 
-    shape = ModelShape.from_config(read_model_config(source)) if (source / "config.json").is_file() else None
-    torch_name = activation_dtype(Precision.INT8_WO, shape, override)
+    torch_name = activation_dtype(Precision.INT8_WO, checkpoint_shape(source), override)
     return SHORT_DTYPE.get(torch_name or "", SIMULATED_DTYPE)
 
 
