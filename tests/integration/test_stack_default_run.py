@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from enginefoundry.gpu_targets import pools
 from enginefoundry.model_server import free_port
+from tests.support.cluster import prefect_http
 from tests.support.paths import REPO
 from tests.support.private_stack import private_stack
 
@@ -55,7 +55,7 @@ def test_a_default_ui_run_publishes_to_the_stacks_store_and_mlflow(user_stack: d
 
     api = env["PREFECT_API_URL"]
     deadline = time.monotonic() + 1200
-    with httpx.Client(base_url=api, timeout=30, trust_env=False) as http:
+    with prefect_http(api) as http:
         while True:
             run = http.get(f"/flow_runs/{flow_run_id}").json()
             if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") or time.monotonic() > deadline:

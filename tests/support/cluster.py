@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,40 @@ DEPLOYMENT_POOLS = tuple(pools())  # every row of enginefoundry/gpu_targets.py
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
+class RetryWhenBusy(httpx.HTTPTransport):
+    """Sends a request again while the Prefect server answers 503, as Prefect's own client does.
+
+    The SQLite-backed server answers 503 "Service Unavailable" for the errors it calls retryable
+    (prefect/server/api/server.py 3.9.1, custom_internal_exception_handler and is_client_retryable_exception:
+    SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT, "database is locked"); its client retries 429, 502 and 503 with an
+    exponential backoff (prefect/client/base.py, PrefectHttpxSyncClient._send_with_retry). create_flow_run reads
+    the deployment and then writes the run in one deferred SQLite transaction, so any write committed by another
+    connection in between (a worker's poll, a running flow's states and events) fails it with
+    SQLITE_BUSY_SNAPSHOT at once: 2 of the last CI run's tests got that 503. Measured here: 8 threads creating
+    runs of one deployment at once got 54 answers of 503 out of 61.
+    """
+
+    def __init__(self, tries: int = 7, first_wait_s: float = 0.25, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tries = tries
+        self.first_wait_s = first_wait_s
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        for attempt in range(self.tries):
+            response = super().handle_request(request)
+            if response.status_code != 503 or attempt == self.tries - 1:
+                return response
+            response.read()
+            response.close()
+            time.sleep(self.first_wait_s * 2 ** attempt * random.uniform(1.0, 1.5))
+        raise AssertionError("unreachable: the last try returns its response")
+
+
+def prefect_http(api: str, **transport: Any) -> httpx.Client:
+    """A client of a test Prefect server's REST API that sends a request again while the server answers 503."""
+    return httpx.Client(base_url=api, timeout=30, trust_env=False, transport=RetryWhenBusy(**transport))
+
+
 @dataclass
 class PrefectServer:
     state: Path
@@ -50,7 +85,7 @@ class PrefectServer:
     workers: dict[str, str] = field(default_factory=dict)  # pool → worker name
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api, timeout=30, trust_env=False)
+        return prefect_http(self.api)
 
     def prefect(self, *args: str, timeout: int = 180) -> subprocess.CompletedProcess[str]:
         """The prefect CLI against this server, from the project folder."""
