@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from enginefoundry.confine import check_name
 from enginefoundry.errors import ToolError
-from enginefoundry.lanes.base import ServeCommand
+from enginefoundry.lanes.base import SERVE_CWD_VAR, ServeCommand
 from enginefoundry.runner import (
     die_with_parent,
     install_sigterm_as_exit,
@@ -100,6 +100,9 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
     install_sigterm_as_exit()
     t0 = time.monotonic()
     cwd = _link_folder(cmd, log_path.parent / "serve-cwd")
+    if cwd is not None:  # env values name the working folder as ${EF_SERVE_CWD} (ServeCommand.copies)
+        env = {k: v.replace(f"${{{SERVE_CWD_VAR}}}", str(cwd)) for k, v in cmd.command.env.items()}
+        cmd = cmd.model_copy(update={"command": cmd.command.model_copy(update={"env": env})})
     # The parent-death signal fires when the starting *thread* ends, so it is only set from the main thread;
     # the reaper covers servers started from other threads.
     main = threading.current_thread() is threading.main_thread()
@@ -137,13 +140,16 @@ def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0)
 
 
 def _link_folder(cmd: ServeCommand, folder: Path) -> Path | None:
-    """The server's working folder holding `cmd.links` (made afresh beside the log), or None without links."""
-    if not cmd.links:
+    """The server's working folder holding `cmd.links` and private copies of `cmd.copies` (made afresh beside the
+    log, so it goes with the run's work folder), or None without either."""
+    if not cmd.links and not cmd.copies:
         return None
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     for name, target in cmd.links.items():
         (folder / check_name(name, "served model name")).symlink_to(target)
+    for name, source in cmd.copies.items():
+        shutil.copyfile(source, folder / check_name(name, "server file name"))
     return folder
 
 

@@ -157,6 +157,9 @@ class BundleInfo(_BundlePart):
         (Path(bundle_dir) / BUNDLE_INFO).write_text(json.dumps(self.as_json(), indent=2, sort_keys=True))
 
 
+SERVE_CWD_VAR = "EF_SERVE_CWD"  # ${EF_SERVE_CWD} in a ServeCommand's env: the server's working folder
+
+
 class ServeCommand(BaseModel):
     command: Command
     model_name: str  # the `model` field requests must carry
@@ -165,6 +168,10 @@ class ServeCommand(BaseModel):
     # Names the server's working folder must hold, as symbolic links to these paths: a server that pins the
     # request `model` to the (relative) path it was started with then answers to the model's name.
     links: dict[str, str] = Field(default_factory=dict)
+    # Names the server's working folder must hold as private copies of these files, made afresh at each start:
+    # files the server writes back into (TensorRT-LLM's autotuner cache), which must not change in the bundle.
+    # An env value names that folder as ${EF_SERVE_CWD} (SERVE_CWD_VAR).
+    copies: dict[str, str] = Field(default_factory=dict)
     # False: a server only the smoke stage runs (one that returns log-probs, `Lane.smoke_serve_command`); the
     # benchmark and the published serving files run the lane's own server.
     shipped: bool = True

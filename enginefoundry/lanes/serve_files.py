@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from enginefoundry.confine import check_name
-from enginefoundry.lanes.base import BUNDLE_INFO, BundleInfo, Lane, TritonSettings
+from enginefoundry.lanes.base import BUNDLE_INFO, SERVE_CWD_VAR, BundleInfo, Lane, TritonSettings
 from enginefoundry.store.permissions import write_file_atomic
 
 UNIT_DIR_VAR = "EF_UNIT_DIR"
@@ -55,6 +55,9 @@ class ServingPlan(BaseModel):
     triton: ServingTriton | None = None
     links: dict[str, str] = Field(default_factory=dict, description="names the server's working folder holds, "
                                   "as symbolic links to these paths (serve.sh makes the folder with mktemp)")
+    copies: dict[str, str] = Field(default_factory=dict, description="names the server's working folder holds as "
+                                   "copies of these files, made afresh at each start (files the server writes "
+                                   "back into); an env value names that folder as ${EF_SERVE_CWD}")
 
 
 def _relocate(text: str, paths: dict[str, str]) -> str:
@@ -86,11 +89,12 @@ def serving_plan(lane: Lane, bundle_dir: Path, *, unit: str, model: str, key: st
                                launch=[_relocate(str(a), paths) for a in given.launch])
     return ServingPlan(unit=unit, lane=lane.name, model=model, key=key, artifact_uri=artifact_uri, argv=argv,
                        env=env, health_path=cmd.health_path, openai_model_name=_relocate(cmd.model_name, paths),
-                       needs=needs, triton=triton, links={k: _relocate(v, paths) for k, v in cmd.links.items()})
+                       needs=needs, triton=triton, links={k: _relocate(v, paths) for k, v in cmd.links.items()},
+                       copies={k: _relocate(v, paths) for k, v in cmd.copies.items()})
 
 
 # The only expansions serve.sh makes: the variables that relocation put in. Everything else is literal.
-_EXPANDED = re.compile(r"\$\{(" + "|".join((UNIT_DIR_VAR, CHECKPOINT_VAR, "HOST", "PORT")) + r")\}")
+_EXPANDED = re.compile(r"\$\{(" + "|".join((UNIT_DIR_VAR, CHECKPOINT_VAR, SERVE_CWD_VAR, "HOST", "PORT")) + r")\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -120,6 +124,8 @@ def serve_script(plan: ServingPlan) -> str:
             raise ValueError(f"serve.sh: {name!r} is not an environment variable name")
     for name in plan.links:
         check_name(name, "serve.sh link name")
+    for name in plan.copies:
+        check_name(name, "serve.sh file name")
     checks = [f'if [ -z "${{{var}:-}}" ]; then printf \'%s\\n\' {shlex.quote(f"set {var}: {why}")} >&2; exit 2; fi'
               for var, why in plan.needs.items()]
     env = " ".join(sh_word(f"{k}={v}") for k, v in plan.env.items())
@@ -135,19 +141,20 @@ def serve_script(plan: ServingPlan) -> str:
         # endpoint is not exposed by default.
         'HOST="${HOST:-127.0.0.1}"',
         f'PORT="${{PORT:-{int(plan.default_port)}}}"',
-        *_link_lines(plan.links),
+        *_folder_lines(plan.links, plan.copies),
         f'exec env {env} {command} "$@"' if env else f'exec {command} "$@"',
     ]
     return "\n".join(lines) + "\n"
 
 
-def _link_lines(links: dict[str, str]) -> list[str]:
-    """The links in a folder of this user's, made the working folder: one folder per set of link targets
+def _folder_lines(links: dict[str, str], copies: dict[str, str]) -> list[str]:
+    """The links and copies in a folder of this user's, made the working folder: one folder per set of targets
     (`$TMPDIR/ef-serve-<uid>/<cksum of the targets>`), reused by every start so nothing piles up in $TMPDIR, and
-    refused unless this user owns it and it is not a symlink (another user cannot plant it)."""
-    if not links:
+    refused unless this user owns it and it is not a symlink (another user cannot plant it). A copy is made afresh
+    at each start, from the unit's own file (the server may have saved into the last one)."""
+    if not links and not copies:
         return []
-    targets = " ".join(sh_word(target) for target in links.values())
+    targets = " ".join(sh_word(target) for target in [*links.values(), *copies.values()])
     refuse = shlex.quote("serve.sh: this is not a private folder of this user (remove it, or set TMPDIR): ")
     return ['EF_SERVE_ROOT="${TMPDIR:-/tmp}/ef-serve-$(id -u)"',
             'mkdir -p -m 700 "$EF_SERVE_ROOT"',
@@ -156,6 +163,7 @@ def _link_lines(links: dict[str, str]) -> list[str]:
             f"EF_SERVE_CWD=\"$EF_SERVE_ROOT/$(printf '%s\\n' {targets} | cksum | cut -d ' ' -f 1)\"",
             'mkdir -p "$EF_SERVE_CWD"',
             *(f'ln -sfn {sh_word(target)} "$EF_SERVE_CWD"/{shlex.quote(name)}' for name, target in links.items()),
+            *(f'cp -f {sh_word(source)} "$EF_SERVE_CWD"/{shlex.quote(name)}' for name, source in copies.items()),
             'cd "$EF_SERVE_CWD"']
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import yaml
 from enginefoundry.build.model_shape import Check
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
+from enginefoundry.confine import UnsafePathError, check_name
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
 from enginefoundry.gpu.devices import host_facts
@@ -31,6 +31,7 @@ from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.lanes import triton_llmapi
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
+    SERVE_CWD_VAR,
     AutotunerCache,
     BuildResult,
     BundleInfo,
@@ -452,9 +453,14 @@ class TrtllmLane(TrtllmLaneBase):
         info = read_bundle_info(bundle_dir)
         checkpoint = bundle_checkpoint(Path(bundle_dir), info)
         env = {}
+        copies = {}
         cache = usable_autotuner_cache(Path(bundle_dir), info)
         if cache is not None:
-            env[flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").name] = str(cache)
+            # A private copy in the server's working folder (TensorRT-LLM saves back into the file it loads): made
+            # by whoever starts the server, removed with that folder; the published serve.sh makes its own.
+            name, files = cache
+            copies = {f.name: str(f) for f in files}
+            env[flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").name] = f"${{{SERVE_CWD_VAR}}}/{name}"
         yaml_flag = info.serve.yaml_flag or "extra_llm_api_options"
         if yaml_flag not in YAML_FLAGS:  # bundle.json is outside input: never turn it into an arbitrary flag
             raise ToolError(f"{Path(bundle_dir) / BUNDLE_INFO}: serve.yaml_flag {yaml_flag!r} is not one of "
@@ -464,7 +470,8 @@ class TrtllmLane(TrtllmLaneBase):
                              f"{self.name}; serve it with the lane that built it, or rebuild it")
         argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info.runtime_config, host, port, yaml_flag)
         return ServeCommand(command=Command(argv=argv, env=env, description="trtllm-serve (PyTorch backend)"),
-                            model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint))
+                            model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint),
+                            copies=copies)
 
     def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version
@@ -506,17 +513,28 @@ def bundle_checkpoint(bundle_dir: Path, info: BundleInfo | dict[str, Any]) -> Pa
 
 
 def usable_autotuner_cache(bundle_dir: Path, info: BundleInfo | dict[str, Any],  # JSON edge: bundle.json
-                           gpus: list[GPUInfo] | None = None, trtllm_version: str | None = None) -> Path | None:
-    """A scratch copy of the bundle's autotuner cache when it was made by this TensorRT-LLM on this GPU model.
+                           gpus: list[GPUInfo] | None = None, trtllm_version: str | None = None,
+                           ) -> tuple[str, list[Path]] | None:
+    """The bundle's autotuner cache when it was made by this TensorRT-LLM on this GPU model: the name
+    TLLM_AUTOTUNER_CACHE_PATH gives (as at warm-up) and the files to copy beside it under their own names (the
+    file itself and/or its <stem>.rank{N}.json siblings).
 
-    TensorRT-LLM loads any cache it is pointed at and saves back into it (facts §1, sparkrun#256): the copy keeps
-    the published bundle unchanged, and the checks keep a cache from another image or GPU out.
+    TensorRT-LLM loads any cache it is pointed at and saves back into it (facts §1, sparkrun#256): whoever starts
+    the server serves a copy (ServeCommand.copies), which keeps the published bundle unchanged, and the checks
+    keep a cache from another image or GPU out. The names come from bundle.json, outside input: plain file names
+    in the bundle, or the bundle is refused.
     """
     meta = BundleInfo.of(info, bundle_dir / BUNDLE_INFO).autotuner_cache
     if not meta:
         return None
-    files = [bundle_dir / name for name in (meta.files if meta.files is not None else [meta.file])]
-    if not files or not all(f.is_file() for f in files):
+    try:
+        name = check_name(meta.file, "bundle.json autotuner_cache.file")
+        names = [check_name(n, "bundle.json autotuner_cache.files") for n in
+                 (meta.files if meta.files is not None else [meta.file])]
+    except UnsafePathError as e:
+        raise ToolError(f"{bundle_dir / BUNDLE_INFO}: {e}; rebuild the bundle") from None
+    files = [bundle_dir / n for n in names]
+    if not files or not all(f.is_file() and not f.is_symlink() for f in files):
         return None
     version = trtllm_version or installed_version("tensorrt-llm") or installed_version("tensorrt_llm")
     if version != meta.tensorrt_llm:
@@ -528,10 +546,7 @@ def usable_autotuner_cache(bundle_dir: Path, info: BundleInfo | dict[str, Any], 
             return None
     if not any(g.name == meta.gpu_name for g in gpus):
         return None
-    scratch = Path(tempfile.mkdtemp(prefix="ef-autotuner-"))
-    for f in files:  # the path itself and/or its <stem>.rank{N}.json siblings: the same names, side by side
-        shutil.copyfile(f, scratch / f.name)
-    return scratch / meta.file
+    return name, files
 
 
 def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, override: str | None) -> str | None:

@@ -244,6 +244,8 @@ def test_a_rank_file_cache_is_served_under_the_names_it_was_saved_with(tmp_path)
     info = {"autotuner_cache": {"file": AUTOTUNER_CACHE, "files": ["autotuner.rank0.json", "autotuner.rank1.json"],
                                 "tensorrt_llm": "1.1.0", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}}
     h200 = [GPUInfo(index=0, name="NVIDIA H200", compute_capability="9.0", memory_total_mib=143771)]
-    path = usable_autotuner_cache(tmp_path, info, h200, "1.1.0")
-    assert path is not None and path.name == AUTOTUNER_CACHE  # TLLM_AUTOTUNER_CACHE_PATH, as at warm-up
-    assert (path.parent / "autotuner.rank1.json").read_text() == '{"rank": 1}'
+    found = usable_autotuner_cache(tmp_path, info, h200, "1.1.0")
+    assert found is not None
+    name, files = found
+    assert name == AUTOTUNER_CACHE  # TLLM_AUTOTUNER_CACHE_PATH, as at warm-up; the rank files copied beside it
+    assert [f.name for f in files] == ["autotuner.rank0.json", "autotuner.rank1.json"]

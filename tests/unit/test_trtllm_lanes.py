@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -519,11 +520,48 @@ def test_autotuner_cache_only_for_the_same_version_and_gpu_model(tmp_path):
                                 "compute_capability": "9.0"}}
     h200 = [GPUInfo(index=0, name="NVIDIA H200", compute_capability="9.0", memory_total_mib=143771)]
     h100 = [GPUInfo(index=0, name="NVIDIA H100 80GB HBM3", compute_capability="9.0", memory_total_mib=81559)]
-    copy = usable_autotuner_cache(tmp_path, info, h200, "1.2.1")
-    assert copy is not None and copy.read_bytes() == b"tactics" and copy.parent != tmp_path
+    assert usable_autotuner_cache(tmp_path, info, h200, "1.2.1") == (AUTOTUNER_CACHE, [tmp_path / AUTOTUNER_CACHE])
+    assert not [p for p in tmp_path.iterdir() if p.name != AUTOTUNER_CACHE]  # nothing copied by the check
     assert usable_autotuner_cache(tmp_path, info, h100, "1.2.1") is None  # same SM, other model
     assert usable_autotuner_cache(tmp_path, info, h200, "1.3.0rc24") is None  # image bump (sparkrun#256)
     assert usable_autotuner_cache(tmp_path, {"autotuner_cache": None}, h200, "1.2.1") is None
+
+
+def test_the_served_cache_is_a_copy_in_the_servers_folder_never_the_bundles_file(tmp_path, monkeypatch):
+    """TensorRT-LLM saves back into the cache it loads: the serve command names a copy in the server's working
+    folder (made by whoever starts it), not the published file, and no longer leaves a scratch folder behind
+    in $TMPDIR per call (it made one with mkdtemp, never removed)."""
+    from enginefoundry.lanes import trtllm
+    from enginefoundry.lanes.base import SERVE_CWD_VAR
+
+    ckpt = tmp_path / "hf"
+    ckpt.mkdir()
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / RUNTIME_CONFIG).write_text("max_batch_size: 8\n")
+    (bundle / AUTOTUNER_CACHE).write_bytes(b"tactics")
+    cache = {"file": AUTOTUNER_CACHE, "tensorrt_llm": "1.2.1", "gpu_name": "NVIDIA H200", "compute_capability": "9.0"}
+    (bundle / BUNDLE_INFO).write_text(json.dumps({"checkpoint": {"path": str(ckpt)}, "runtime_config": RUNTIME_CONFIG,
+                                                  "autotuner_cache": cache}))
+    monkeypatch.setattr(trtllm, "installed_version", lambda name: "1.2.1")
+    monkeypatch.setattr(trtllm, "detect_gpus", lambda: [GPUInfo(index=0, name="NVIDIA H200", compute_capability="9.0",
+                                                                memory_total_mib=143771)])
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    serve = TrtllmLane().serve_command(bundle, "127.0.0.1", 8001)
+    assert serve.command.env == {"TLLM_AUTOTUNER_CACHE_PATH": f"${{{SERVE_CWD_VAR}}}/{AUTOTUNER_CACHE}"}
+    assert serve.copies == {AUTOTUNER_CACHE: str(bundle / AUTOTUNER_CACHE)}
+    assert not list(tmp.iterdir())
+
+    # A bundle.json naming a file outside the bundle is refused, not copied.
+    for hostile in ("../../etc/passwd", "/etc/passwd", "..", "a/b"):
+        (bundle / BUNDLE_INFO).write_text(json.dumps({"checkpoint": {"path": str(ckpt)},
+                                                      "runtime_config": RUNTIME_CONFIG,
+                                                      "autotuner_cache": {**cache, "files": [hostile]}}))
+        with pytest.raises(ToolError, match=r"autotuner_cache\.files .* is not a safe name"):
+            TrtllmLane().serve_command(bundle, "127.0.0.1", 8001)
 
 
 def test_warmup_script_and_marker():
