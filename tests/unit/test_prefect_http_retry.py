@@ -16,7 +16,7 @@ from tests.support.cluster import prefect_http
 
 @pytest.fixture
 def scripted() -> Iterator[tuple[str, list[int], list[bytes]]]:
-    """(base URL, statuses to answer in order, bodies received)."""
+    """(base URL, statuses to answer in order (0: close without an answer), bodies received)."""
     statuses: list[int] = []
     bodies: list[bytes] = []
 
@@ -24,6 +24,9 @@ def scripted() -> Iterator[tuple[str, list[int], list[bytes]]]:
         def do_POST(self) -> None:
             bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
             status = statuses.pop(0)
+            if status == 0:  # closes the connection without an answer
+                self.close_connection = True
+                return
             payload = b'{"exception_message": "Service Unavailable"}' if status == 503 else b'{"id": "run"}'
             self.send_response(status)
             self.send_header("Content-Length", str(len(payload)))
@@ -67,3 +70,19 @@ def test_other_errors_are_not_sent_again(scripted: tuple[str, list[int], list[by
     with prefect_http(url, first_wait_s=0.01) as http:
         answer = http.post("/deployments/d/create_flow_run", json={})
     assert answer.status_code == status and len(bodies) == 1
+
+
+def test_a_connection_closed_without_an_answer_is_sent_again(scripted: tuple[str, list[int], list[bytes]]) -> None:
+    url, statuses, bodies = scripted
+    statuses.extend([0, 503, 201])
+    with prefect_http(url, first_wait_s=0.01) as http:
+        answer = http.post("/deployments/d/create_flow_run", json={})
+    assert answer.status_code == 201 and len(bodies) == 3
+
+
+def test_the_budget_ends_the_tries(scripted: tuple[str, list[int], list[bytes]]) -> None:
+    url, statuses, bodies = scripted
+    statuses.extend([503] * 50)
+    with prefect_http(url, budget_s=0.5, first_wait_s=0.05, max_wait_s=0.1) as http:
+        answer = http.post("/deployments/d/create_flow_run", json={})
+    assert answer.status_code == 503 and 3 <= len(bodies) < 50
