@@ -21,7 +21,23 @@ def _processes(pattern: str) -> str:
 
 
 def _servers_for(marker: str) -> list[str]:
-    return [line for line in _processes("serve").splitlines() if marker in line and "pgrep" not in line]
+    """The unit's model servers: a `serve` process whose command line or working folder is under `marker`. The
+    server runs as `transformers serve <model name>` from its `serve-cwd` folder beside its log (where the name
+    links to the model), so its command line alone names no work path. AIPerf is not one, though its
+    `--no-server-metrics` says "serve" (this check matched AIPerf alone before, and failed when it ran before AIPerf
+    had started)."""
+    found = []
+    for line in _processes("serve").splitlines():
+        pid, _, command = line.partition(" ")
+        if "pgrep" in command or "aiperf" in command:
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:  # ended meanwhile
+            continue
+        if marker in command or cwd.startswith(marker):
+            found.append(f"{line} (in {cwd})")
+    return found
 
 
 def test_ctrl_c_during_benchmark_stops_the_server_and_publishes_nothing(tmp_path: Path):
