@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv predict-venv gpu-wheels clean
+.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv predict-venv gpu-bundle clean
 
 $(BIN)/enginefoundry: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,10 +37,13 @@ $(PREDICT_VENV)/bin/aiconfigurator:
 
 predict-venv: $(PREDICT_VENV)/bin/aiconfigurator
 
-# pydantic wheels (CPython 3.12, manylinux x86_64) for benchmarks/search_gpu.py on a GPU host without a package index.
-gpu-wheels: $(BIN)/enginefoundry
-	$(BIN)/pip download -q -d .gpu-wheels --only-binary=:all: --python-version 3.12 \
-	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 pydantic
+# What the pipeline needs on a GPU host without a package index (the device tool's lent H100/H200), for the reference
+# lane, the gate and the benchmark (scripts/gpu_bundle.py): wheels for CPython $(GPU_PYTHON), manylinux x86-64, less
+# what the host has (docs/facts/gpu-host-packages.txt), packed into .gpu-bundle/site.tar.xz; it prints the total.
+# On the host: bash scripts/gpu_run.sh (the whole DAG of configs/gpu-sm90-search.yaml; docs/scale.md).
+GPU_PYTHON ?= 3.12
+gpu-bundle: $(BIN)/enginefoundry
+	$(BIN)/python scripts/gpu_bundle.py --out .gpu-bundle --python-version $(GPU_PYTHON)
 
 # Regenerate what lists the GPU pools (deployment.yaml, POOLS below, k8s/) from enginefoundry/gpu_targets.py.
 targets: $(BIN)/enginefoundry

@@ -8,11 +8,13 @@ AIPerf) and says what it cannot do; writes JSON to --out.
 
 It needs torch with CUDA, transformers, PyYAML and pydantic (enginefoundry.spec). The lent H200 image has all but
 pydantic (seen 2026-12-01: /opt/torch/.venv Python 3.12.3, torch 2.11.0+cu130, CUDA available, transformers, yaml,
-pynvml; no pydantic, no AIPerf, pip without an index). Carry the wheels: `make gpu-wheels` here (→ .gpu-wheels/,
-5 MB, for CPython 3.12), then on the GPU host:
+pynvml; no pydantic, no AIPerf, pip without an index). Carry the bundle: `make gpu-bundle` here (→ .gpu-bundle/, for
+CPython 3.12), then on the GPU host:
 
-    pip install -q --no-index --find-links .gpu-wheels --target /tmp/pydeps pydantic
-    PYTHONPATH=.:/tmp/pydeps python3 benchmarks/search_gpu.py --out search-gpu.json --batches 1 32
+    python3 scripts/gpu_install.py --into /tmp/ef-site
+    PYTHONPATH=.:/tmp/ef-site python3 benchmarks/search_gpu.py --out search-gpu.json --batches 1 32
+
+The whole pipeline on that host (serve, gate, AIPerf, publish, MLflow) is scripts/gpu_run.sh.
 
 This measures generation in-process (transformers `generate`, greedy, fixed output length) rather than through
 `transformers serve` + AIPerf, because the GPU host has no AIPerf; cost and energy use the pipeline's own code.

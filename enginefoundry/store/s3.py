@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
-from botocore.config import Config
-
 from enginefoundry.settings import EnvSettings
 
 
@@ -18,6 +15,11 @@ def s3_endpoint(explicit: str | None = None) -> str | None:
 
 # boto3 edge: an S3Client; Any here because boto3-stubs is installed without its s3 extra (mypy_boto3_s3)
 def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16) -> Any:
+    # boto3 and botocore (17 MB) are imported here, not at the top: a file:// store never needs them, and the GPU
+    # run bundle (scripts/gpu_bundle.py) leaves them out to fit the device tool's 64 MiB.
+    import boto3
+    from botocore.config import Config
+
     config = Config(
         s3={"addressing_style": "path"},  # SeaweedFS/MinIO on loopback have no virtual-host DNS
         # botocore's "standard" mode retries transient errors only (connection errors, 5xx, throttling codes
