@@ -101,6 +101,17 @@ def symlinks_leaving(root: Path, allowed_roots: tuple[Path, ...] = (), max_entri
     return sorted(bad)
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """Text someone else wrote (a store object's field, a signer's name), safe to print on one line: every control
+    character, line separator and bidirectional override shown as its escape (`\x1b`, `\u202e`), the rest as it
+    is, at most `limit` characters."""
+    shown = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+    return shown if len(shown) <= limit else shown[:limit] + "…"
+
+
 def _show(text: str) -> str:
     """A hostile value shown in a one-line message: control characters escaped, length limited."""
     shown = text.encode("unicode_escape").decode("ascii")
