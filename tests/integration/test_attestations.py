@@ -463,6 +463,54 @@ def test_tools_and_servers_never_get_the_private_key_in_their_environment(tmp_pa
     assert pem.splitlines()[1] not in text and "pw-never-printed" not in text and ENV_KEY not in text
 
 
+def test_the_reaper_and_the_embedded_prefect_server_never_get_the_signing_key(tmp_path, keys, monkeypatch):
+    """Issue 34: the key sat in the environment of the embedded Prefect API server and of the reaper, neither of
+    which signs. Their environments (/proc/<pid>/environ, as the kernel holds them) have neither the key, its
+    password nor the key file's path; the rest of the environment still reaches them."""
+    import subprocess
+    import sys
+
+    from enginefoundry import runner
+    from enginefoundry.evidence.signing import ENV_KEY, ENV_KEY_PASSWORD
+    from enginefoundry.flows.ephemeral import start_early_server
+
+    pem = keys["old"][0].read_text()
+    monkeypatch.setenv(ENV_KEY, pem)
+    monkeypatch.setenv(ENV_KEY_PASSWORD, "pw-never-printed")
+    monkeypatch.setenv(ENV_KEY_FILE, str(keys["old"][0]))
+    monkeypatch.setenv("EF_TEST_VISIBLE", "visible-to-children")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+
+    def environ(pid: int) -> str:
+        return Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n").decode(errors="replace")
+
+    monkeypatch.setattr(runner, "_REAPER", runner._Reaper())  # this process's own starts with this environment
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    server = None
+    try:
+        runner.reap_with_this_process(sleeper.pid)
+        reaper = runner._REAPER._proc
+        assert reaper is not None
+        server = start_early_server()
+        assert server is not None, "this Prefect release starts no early server"
+        for text in (environ(reaper.pid), environ(server.proc.pid)):
+            assert "visible-to-children" in text
+            assert pem.splitlines()[1] not in text and "pw-never-printed" not in text
+            assert ENV_KEY not in text and str(keys["old"][0]) not in text
+    finally:
+        if server is not None:
+            server.stop()
+        runner.forget_reaped(sleeper.pid)
+        sleeper.kill()
+        sleeper.wait()
+        fresh = runner._REAPER._proc
+        if fresh is not None and fresh.stdin is not None:
+            fresh.stdin.close()  # EOF: it kills what is still registered (nothing) and exits
+            fresh.wait(timeout=30)
+
+
 def test_a_worker_without_the_key_does_not_publish_unsigned_for_a_spec_that_requires_signatures(tmp_path,
                                                                                                 monkeypatch):
     """`validate`/`run` check for a signing key in the process that starts the run; in cluster mode the workers
