@@ -112,6 +112,23 @@ def printable(text: str, limit: int = 200) -> str:
     return shown if len(shown) <= limit else shown[:limit] + "…"
 
 
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a file a user named, bounded: a regular file (a link to one is fine) of at most `limit` bytes.
+    ValueError saying why not: a FIFO or device is refused before any read (no hang on a pipe nobody writes, no
+    endless read of /dev/zero), and so is a larger file; OSError when it cannot be opened."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file (a pipe, device or folder)")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
+
+
 def _show(text: str) -> str:
     """A hostile value shown in a one-line message: control characters escaped, length limited."""
     shown = text.encode("unicode_escape").decode("ascii")

@@ -17,14 +17,15 @@ def s3_endpoint(explicit: str | None = None) -> str | None:
 
 
 # boto3 edge: an S3Client; Any here because boto3-stubs is installed without its s3 extra (mypy_boto3_s3)
-def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16) -> Any:
+def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16, max_attempts: int | None = None) -> Any:
+    """`max_attempts`: calls per request, retries included (default $EF_S3_MAX_ATTEMPTS's setting)."""
     config = Config(
         s3={"addressing_style": "path"},  # SeaweedFS/MinIO on loopback have no virtual-host DNS
         # botocore's "standard" mode retries transient errors only (connection errors, 5xx, throttling codes
         # such as SlowDown) with truncated exponential backoff and full jitter: rand(0,1)·min(scale·2^i, 20 s),
         # scale 1 s when throttled, 0.05 s otherwise (botocore/retries/standard.py ExponentialBackoff,
         # botocore 1.44.8). max_attempts counts the first call.
-        retries={"max_attempts": EnvSettings().s3_max_attempts, "mode": "standard"},
+        retries={"max_attempts": max_attempts or EnvSettings().s3_max_attempts, "mode": "standard"},
         max_pool_connections=max_pool,
         connect_timeout=5,
         read_timeout=60,
