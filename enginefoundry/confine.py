@@ -101,6 +101,34 @@ def symlinks_leaving(root: Path, allowed_roots: tuple[Path, ...] = (), max_entri
     return sorted(bad)
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """Text someone else wrote (a store object's field, a signer's name), safe to print on one line: every control
+    character, line separator and bidirectional override shown as its escape (`\x1b`, `\u202e`), the rest as it
+    is, at most `limit` characters."""
+    shown = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+    return shown if len(shown) <= limit else shown[:limit] + "…"
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a file a user named, bounded: a regular file (a link to one is fine) of at most `limit` bytes.
+    ValueError saying why not: a FIFO or device is refused before any read (no hang on a pipe nobody writes, no
+    endless read of /dev/zero), and so is a larger file; OSError when it cannot be opened."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file (a pipe, device or folder)")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data
+
+
 def _show(text: str) -> str:
     """A hostile value shown in a one-line message: control characters escaped, length limited."""
     shown = text.encode("unicode_escape").decode("ascii")

@@ -181,6 +181,7 @@ class _Reaper:
                 self._proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-c", _REAPER_CODE], stdin=subprocess.PIPE,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                    env=tool_env(),  # it kills processes; it signs nothing
                 )
                 self._owner_pid = os.getpid()
             assert self._proc.stdin is not None
@@ -269,10 +270,12 @@ def install_sigterm_as_exit() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-# Secrets of this process that no tool or server needs (evidence/signing.py: the private key's PEM text and its
-# password): never in a child's environment, so a tool that prints its environment (a crash report, a launcher's
-# `env` dump) cannot put them in a log that is kept or uploaded. Signing happens in this process only.
-NOT_FOR_TOOLS = ("ENGINEFOUNDRY_SIGNING_KEY", "ENGINEFOUNDRY_SIGNING_KEY_PASSWORD")
+# Secrets of this process that no tool or server needs (evidence/signing.py: the private key's PEM text, its
+# password, and the path to the key file, which is as good as the key to whoever can read it): never in a child's
+# environment, so a tool that prints its environment (a crash report, a launcher's `env` dump) cannot put them in a
+# log that is kept or uploaded. Signing happens in this process only: no tool, server (model servers, the embedded
+# Prefect API server) nor the reaper gets them.
+NOT_FOR_TOOLS = ("ENGINEFOUNDRY_SIGNING_KEY", "ENGINEFOUNDRY_SIGNING_KEY_PASSWORD", "ENGINEFOUNDRY_SIGNING_KEY_FILE")
 
 
 def tool_env(extra: Mapping[str, str] | None = None, unset: Sequence[str] = ()) -> dict[str, str]:

@@ -26,9 +26,12 @@ class _GuardedSubprocess:
     def Popen(self, *args: Any, **kwargs: Any) -> Any:  # the name Prefect calls
         import threading
 
-        from enginefoundry.runner import die_with_parent, reap_with_this_process, signals_held
+        from enginefoundry.runner import NOT_FOR_TOOLS, die_with_parent, reap_with_this_process, signals_held, tool_env
 
         kwargs.setdefault("start_new_session", True)
+        # Prefect's API server signs nothing: the signing key stays out of its environment.
+        given = kwargs.get("env")
+        kwargs["env"] = tool_env() if given is None else {k: v for k, v in given.items() if k not in NOT_FOR_TOOLS}
         held: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if threading.current_thread() is threading.main_thread() and "preexec_fn" not in kwargs:
             kwargs["preexec_fn"] = die_with_parent()  # it unblocks what signals_held blocks, in the child
@@ -132,14 +135,14 @@ def start_early_server() -> EarlyServer | None:
     if os.environ.get("PREFECT_API_URL") or not prefect_tricks_apply():
         return None
     from enginefoundry.model_server import free_port
-    from enginefoundry.runner import die_with_parent, reap_with_this_process, signals_held
+    from enginefoundry.runner import die_with_parent, reap_with_this_process, signals_held, tool_env
 
     spec = importlib.util.find_spec("prefect")
     if spec is None or spec.origin is None:
         return None
     app_dir = Path(spec.origin).parent.parent  # what Prefect passes: prefect.__module_path__.parent
     port = free_port()
-    env = {**os.environ, **UVICORN_ENVIRONMENT,
+    env = {**tool_env(), **UVICORN_ENVIRONMENT,  # the server signs nothing: no signing key in its environment
            "PREFECT_API_BLOCKS_REGISTER_ON_START": os.environ.get("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")}
     # Prefect's `python -m uvicorn …`, through ephemeral_server: a fresh SQLite database starts as a migrated copy.
     argv = [sys.executable, "-m", "enginefoundry.flows.ephemeral_server", "--app-dir", str(app_dir), "--factory",

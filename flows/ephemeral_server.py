@@ -37,7 +37,8 @@ def prepare_database(database: Path) -> None:
     Prefect's migrations add no per-database rows: the template needs no scrub."""
     import prefect
 
-    with db_templates.started_from_template(database, "prefect", prefect.__version__) as migrate:
+    rules = db_templates.recorded_rules("prefect", prefect.__version__, label="Prefect")
+    with db_templates.started_from_template(database, "prefect", prefect.__version__, rules=rules) as migrate:
         if migrate:
             database.parent.mkdir(parents=True, exist_ok=True)
             asyncio.run(_migrate())

@@ -138,10 +138,13 @@ def run_unit_stages(
         return failed
     exit_if_terminating()  # cancelled during a stage whose outcome looked like a verdict (a dead server)
 
+    # Everything the build consumed besides its named sources, by digest: signed with the manifest (DESIGN §10).
+    inputs = [*([ckpt.input] if ckpt.input else []), *reference[1].inputs, *(smoke.inputs if smoke else [])]
     draft = unit_manifest(spec, unit, key, key_components.as_json(), snapshot, checkpoint_key=ckpt.key,
                           checkpoint_uri=ckpt.uri, device=build.device, build_params=build.params, smoke=smoke,
                           sweep=sweep, mlflow_run_id=run_id,
-                          prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID))
+                          prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
+                          inputs=[i for n, i in enumerate(inputs) if i not in inputs[:n]])
     folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
     serving_dir = unit_dir / "serving"
     shutil.rmtree(serving_dir, ignore_errors=True)

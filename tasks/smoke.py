@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
@@ -41,10 +42,12 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     log = progress_logger()
     cases = load_prompt_set(spec.resolve_path(spec.smoke.prompts)).cases
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    trust = InputTrust.of_run(spec, progress=log)  # a run that signs uses only answers a trusted key signed
     if sibling is not None:
-        ref, outcome = sibling_reference(sibling, spec, cases, store=store, model_dir=Path(reference_dir))
+        ref, outcome = sibling_reference(sibling, spec, cases, store=store, model_dir=Path(reference_dir),
+                                         trust=trust)
         log(f"smoke: judged against {outcome.label()}")
-        return ref, outcome
+        return ref, outcome.model_copy(update={"inputs": list(trust.consumed)})
     dtype, why = spec.smoke.reference_for(precision)
     device = spec.smoke.reference_device.value
     export = Path(checkpoint_dir) if checkpoint_dir and dequantizes(spec, precision) else None
@@ -61,15 +64,17 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
                                            max_new_tokens=spec.smoke.max_new_tokens, store=store, device=device,
                                            weights_digest=weights_digest, checkpoint=export, dtype=sim_dtype,
-                                           progress=log)
+                                           progress=log, trust=trust)
     else:
         log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
         ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
                                                  max_new_tokens=spec.smoke.max_new_tokens, store=store,
-                                                 weights_digest=weights_digest, progress=log, device=device)
+                                                 weights_digest=weights_digest, progress=log, device=device,
+                                                 trust=trust)
     if (spec.smoke.like_with_like(precision) or outcome.simulated is not None) and outcome.device == "gpu":
-        load_or_compute_spread(Path(outcome.model_dir), cases, ref, store=store, device="gpu", progress=log)
-    return ref, outcome
+        load_or_compute_spread(Path(outcome.model_dir), cases, ref, store=store, device="gpu", progress=log,
+                               trust=trust)
+    return ref, outcome.model_copy(update={"inputs": list(trust.consumed)})
 
 
 @task(name="smoke test", cache_policy=NO_CACHE)
@@ -86,18 +91,19 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
     log = progress_logger()
     prompts = load_prompt_set(spec.resolve_path(spec.smoke.prompts))
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
+    trust = InputTrust.of_run(spec, progress=log)
     ref, outcome = reference if reference is not None else (None, None)
     report = run_smoke(spec.smoke, prompts, reference_dir=Path(reference_dir), base_url=endpoint.base_url,
                        model_name=endpoint.model_name, served_tokenizer_dir=Path(endpoint.tokenizer_dir),
                        precision=precision, progress=log, server_alive=lambda: is_alive(endpoint.pid),
                        max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
                        reference=ref, reference_outcome=outcome, server_log=Path(endpoint.log_path),
-                       reference_device=spec.smoke.reference_device.value)
+                       reference_device=spec.smoke.reference_device.value, trust=trust)
     report.server = endpoint.server or None
     if serves_unit is not None:
         name, key = serves_unit
         published = publish_sibling_reference(report.served_answers, unit=name, unit_key=key, cases=prompts.cases,
-                                              max_new_tokens=spec.smoke.max_new_tokens, store=store)
+                                              max_new_tokens=spec.smoke.max_new_tokens, store=store, trust=trust)
         log(f"smoke: {len(published.answers)} served answers of {name} published as the sibling reference "
             f"{published.key.digest[:12]}")
     if lm_eval is not None:

@@ -16,6 +16,7 @@ from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
 from enginefoundry.evidence.attest import tags_for
+from enginefoundry.evidence.signing import run_policy, signer_from_env
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
 from enginefoundry.records.run_records import (
     context_tags,
@@ -131,7 +132,8 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
     tracker = tracker_for(spec)
     tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id), prefect_context(),
                         manifest_sha256)
-    signature = tags_for(manifest_uri, spec.publish.s3_endpoint_url)  # signer and attestation digests
+    # Signer and attestation digests; "signed" only for a signer the run's policy trusts (signing.run_policy).
+    signature = tags_for(manifest_uri, spec.publish.s3_endpoint_url, run_policy(spec, signer_from_env()))
     tracker.set_tags(run_id, signature)
     tags.update(signature)
     return ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,

@@ -6,12 +6,14 @@ names) overrides it. A cpu target is charged per core-hour, and its energy is *u
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from enginefoundry.confine import read_regular
 from enginefoundry.errors import SpecError
 from enginefoundry.spec import BuildSpec, Target
 
@@ -64,15 +66,29 @@ def price_table(spec: BuildSpec) -> list[tuple[str, Price]]:
     return rows + list(DEFAULT_PRICES)
 
 
+PRICES_FILE_MAX_BYTES = 1 << 20  # a table of SKUs is a few hundred bytes
+
+
 def _file_prices(path: Path, given: str) -> list[tuple[str, Price]]:
+    """The prices file: a regular file of at most PRICES_FILE_MAX_BYTES (a FIFO would hang the cost step, /dev/zero
+    never end it), a YAML mapping of non-empty SKU names (an empty one is a substring of every SKU) to finite
+    positive numbers (not `.inf`, not `true`). SpecError naming the field otherwise (also from `validate`)."""
+    def refuse(why: str) -> SpecError:
+        return SpecError([("search.prices.file", f"{given}: {why}; give a YAML mapping SKU → $/GPU-hour, "
+                                                 "e.g. `h100: 3.0`")])
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise SpecError([("search.prices.file", f"{given} cannot be read ({err}); give a YAML mapping "
-                                                "SKU → $/GPU-hour")]) from None
-    if not isinstance(data, dict) or not all(isinstance(v, int | float) and v > 0 for v in data.values()):
-        raise SpecError([("search.prices.file", f"{given} must map SKU names to positive $/GPU-hour numbers")])
-    return [(str(k).lower(), Price(float(v), f"file {given}")) for k, v in data.items()]
+        data = yaml.safe_load(read_regular(path, PRICES_FILE_MAX_BYTES).decode())
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0]
+        raise refuse(f"cannot be read ({why})") from None
+    if not isinstance(data, dict) or not data:
+        raise refuse("not a mapping of SKU names to prices")
+    for sku, value in data.items():
+        if not isinstance(sku, str | int) or not str(sku).strip():
+            raise refuse(f"SKU name {sku!r} is empty or not a name (it would match every SKU)")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise refuse(f"{str(sku)!r}: {value!r} is not a positive $/GPU-hour number")
+    return [(str(k).strip().lower(), Price(float(v), f"file {given}")) for k, v in data.items()]
 
 
 def hourly_price(spec: BuildSpec, target: Target) -> tuple[float | None, str]:

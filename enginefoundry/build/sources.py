@@ -82,6 +82,12 @@ SYSTEM_FOLDERS = frozenset(Path(p) for p in ("/", "/usr", "/etc", "/bin", "/sbin
 MAX_SOURCE_ENTRIES = 20_000  # a sharded 405B checkpoint has a few hundred files
 
 
+def check_local(source: SourceURI) -> Path:
+    """A local source folder as `run` takes it (the same checks; `validate` calls it too): its resolved path, or
+    SourceError naming the problem and the fix."""
+    return _fetch_local(source)
+
+
 def _fetch_local(source: SourceURI) -> Path:
     path = Path(source.location).expanduser()
     if not path.is_dir():

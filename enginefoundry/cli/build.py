@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
     for row in dest.rows():
         console.print(f"{row['setting']}: {row['value']} (from {row['from']})", markup=False)
-    console.print(signing_line(), markup=False)  # a bad key fails here, before any download
+    console.print(signing_line(spec), markup=False)  # a bad key fails here, before any download
     summary, tracking_note = None, ""
     if not args.force:
         # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.

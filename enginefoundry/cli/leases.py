@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd.add_argument("spec", nargs="?", help="build spec YAML whose publish.store to read (or give --store)")
     destination_flags(cmd, mlflow=False)
     cmd.add_argument("--break", dest="break_key", metavar="KEY",
-                     help="clear this lease: its store key, or (a prefix of) the unit key it guards")
+                     help="clear this lease: its store key, or the whole unit key it guards (as `leases` lists it)")
     cmd.add_argument("--force", action="store_true",
                      help="with --break: clear it even when its holder is alive (that run is told it was broken)")
     cmd.set_defaults(handler=cmd_leases)

@@ -32,9 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         cmd.add_argument("--target", required=True, metavar="STEM", help=STEM_HELP)
         if name == "promote":
             cmd.add_argument("--version", help="registered model version (default: the <stem>-candidate alias)")
-            cmd.add_argument("--spec", help="build spec whose signature policy (publish.require_signature, "
-                                            "trusted_keys, trust_policy) applies besides the trust options")
-            trust_options(cmd)
+        # Promotion and rollback put a build into service: the same signature policy holds for both.
+        cmd.add_argument("--spec", help="build spec whose signature policy (publish.require_signature, "
+                                        "trusted_keys, trust_policy) applies besides the trust options")
+        trust_options(cmd)
         cmd.add_argument("--mlflow-uri", help=MLFLOW_HELP)
         cmd.set_defaults(handler=cmd_registry)
 
@@ -94,7 +95,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
     registry = Registry(mlflow_uri_of(args))
     model, stem = args.registered_model, args.target
     if args.command == "rollback":
-        move = registry.rollback(model, stem)
+        move = registry.rollback(model, stem, check=lambda version: _signature_gate(args, version, "rollback"))
     else:
         number = args.version
         if number is None:
@@ -116,12 +117,13 @@ def cmd_registry(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _signature_gate(args: argparse.Namespace, version: Any) -> None:  # an MLflow ModelVersion (untyped)
+def _signature_gate(args: argparse.Namespace, version: Any,  # an MLflow ModelVersion (untyped)
+                    what: str = "promote") -> None:
     """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
-    are required."""
+    are required (the trust options, the spec's policy, $ENGINEFOUNDRY_REQUIRE_SIGNATURE)."""
     from enginefoundry.cli.signing import SignatureRefused, policy_of
     from enginefoundry.evidence.attest import promotion_refusal
     from enginefoundry.records.promotion import manifest_uri_of
 
     if refusal := promotion_refusal(manifest_uri_of(version), policy_of(args)):
-        raise SignatureRefused(f"promote refused: {args.registered_model} v{version.version}: {refusal}")
+        raise SignatureRefused(f"{what} refused: {args.registered_model} v{version.version}: {refusal}")

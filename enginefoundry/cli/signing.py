@@ -100,11 +100,17 @@ def export_trust(args: argparse.Namespace) -> None:
         os.environ[ENV_TRUSTED_KEYS] = os.pathsep.join(str(Path(k).resolve()) for k in args.trusted_key)
 
 
-def signing_line() -> str:
-    """What a run will do about signatures; loads the signer so a bad key fails before any work."""
+def signing_line(spec: BuildSpec | None = None) -> str:
+    """What a run will do about signatures, and whom it trusts; loads the signer so a bad key fails before any
+    work."""
     from enginefoundry.evidence.attest import UNSIGNED_HINT
-    from enginefoundry.evidence.signing import signer_from_env
+    from enginefoundry.evidence.signing import signer_from_env, spec_policy
 
     signer = signer_from_env()
-    return f"signing: new builds signed by {signer.identity}" if signer else \
-        f"signing: none: new builds are published UNSIGNED ({UNSIGNED_HINT})"
+    if signer is None:
+        return f"signing: none: new builds are published UNSIGNED ({UNSIGNED_HINT})"
+    line = f"signing: new builds signed by {signer.identity}"
+    if spec is not None and not spec_policy(spec).keys:
+        line += ("; the spec names no trusted key (publish.trusted_keys), so this run trusts exactly this key: the "
+                 "signatures of its cache hits, of the inputs it reuses and of what it registers as signed")
+    return line

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from enginefoundry import __version__
+from enginefoundry.confine import printable as shown
 from enginefoundry.errors import StoreError
 from enginefoundry.evidence.signing import (
     ENV_KEY_FILE,
@@ -131,6 +132,13 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any
             annotations={"calibration": calib})
     dep("prompt-set", m.prompts_digest)
     dep("toolchain-image", toolchain.get("image_digest"), toolchain.get("image"))
+    # What the build consumed besides its sources (evidence/inputs.py), each by digest, with how it came by it: a
+    # reused input names the trusted signer whose signature over that digest was checked before it was used.
+    for given in m.inputs:
+        dep(given.kind, given.sha256, given.uri or None,
+            annotations={"key": given.key, "origin": given.origin, "proven_by": given.proven_by})
+        for f in given.files:
+            dep(f"{given.kind}/{f.path}", f.sha256)
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
@@ -225,9 +233,14 @@ def read_index(store: Store, build: PublishedBuild) -> AttestationIndex | None:
     if got is None:
         return None
     try:
-        return AttestationIndex.model_validate_json(got[0])
+        index = AttestationIndex.model_validate_json(got[0])
     except ValidationError:
         raise StoreError(f"{store.url(ikey)} is not a valid attestation index") from None
+    # Written by whoever can write the store, shown in terminals, logs and MLflow: escaped once, here.
+    index.signer.identity = shown(index.signer.identity)
+    index.signer.key_id = shown(index.signer.key_id, 64)
+    index.signed_at = shown(index.signed_at, 64)
+    return index
 
 
 def mlflow_tags(index: AttestationIndex | None, store: Store, build: PublishedBuild) -> dict[str, str]:
@@ -248,6 +261,8 @@ class Check(BaseModel):
     signer: str = ""
     cause: str = ""
     sha256: str = ""
+    signed_at: str = ""  # the statement's own signing time (signed content, not the index's copy)
+    result: str = ""  # a gate statement's signed result: PASSED or FAILED
 
 
 class SignatureVerdict(BaseModel):
@@ -259,6 +274,7 @@ class SignatureVerdict(BaseModel):
     required: bool
     signer: str = ""
     signed_at: str = ""
+    gate_result: str = ""  # what the signed gate statement says: PASSED or FAILED
     checks: list[Check] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
 
@@ -267,8 +283,11 @@ class SignatureVerdict(BaseModel):
         return self.state == "verified" or (self.state in ("unsigned", "untrusted") and not self.required)
 
     def line(self) -> str:
+        if self.state == "verified" and self.gate_result != "PASSED":
+            return (f"signed by {self.signer} at {self.signed_at}: signatures verified, and the signed gate result is "
+                    f"{self.gate_result or 'missing'}: this build did not pass its smoke gate")
         if self.state == "verified":
-            return f"signed by {self.signer} at {self.signed_at}: provenance, gate and benchmark verified"
+            return f"signed by {self.signer} at {self.signed_at}: provenance, gate and benchmark verified (gate PASSED)"
         if self.state == "unsigned":
             return "UNSIGNED: no attestations were published for this build" + (
                 " (signatures are required)" if self.required else "")
@@ -296,7 +315,7 @@ def _verifies(bundle: OpenedBundle, public_pem: str) -> bool:
         return False
 
 
-def _time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | None:
+def time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | None:
     """The key must have been valid when it signed (predicate.signedAt, the signer's clock)."""
     signed_at = _parse_time(predicate.get("signedAt") if isinstance(predicate, dict) else None)
     if signed_at is None:
@@ -309,12 +328,17 @@ def _time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | Non
 
 
 def _subject_problem(build: PublishedBuild, subject: Any) -> str | None:
-    """The statement's subject must be this build's manifest, with the sha256 the store holds now."""
+    """The statement's subject must be this build's manifest, at this location (its store key: a signed build copied
+    to another key, model or build id is not the build that was signed), with the sha256 the store holds now."""
     subjects = [x for x in subject if isinstance(x, dict)] if isinstance(subject, list) else []
     digests = sorted(str(x["digest"].get("sha256")) for x in subjects if isinstance(x.get("digest"), dict))
-    if build.manifest_sha256 in digests:
+    names = [shown(str(x.get("name")), 160) for x in subjects]
+    if any(x.get("name") == build.manifest_key and isinstance(x.get("digest"), dict)
+           and x["digest"].get("sha256") == build.manifest_sha256 for x in subjects):
         return None
-    names = [str(x.get("name")) for x in subjects]
+    if build.manifest_sha256 in digests:
+        return (f"relocated: the statement was signed for {', '.join(names) or '(no name)'}, not for "
+                f"{build.manifest_key} (a signed build copied to another location is not the build that was signed)")
     if build.manifest_key in names:
         return (f"manifest changed after signing: {build.manifest_key} has sha256 {build.manifest_sha256[:16]}…, "
                 f"the signed subject is {(digests or ['(none)'])[0][:16]}…")
@@ -350,8 +374,8 @@ def _check_entry(store: Store, build: PublishedBuild, entry: IndexEntry, index: 
     if trusted is None:  # a bundle without key ids (model_signing leaves keyid empty): try each trusted key
         trusted = next((t for t in policy.keys if _verifies(bundle, t.public_key)), None)
     if trusted is None and policy.keys:
-        return fail(f"signed by unknown key {', '.join(k[:16] for k in kids if k) or '(no key id)'} "
-                    f"({index.signer.identity}): not among the trusted keys")
+        return fail(f"signed by unknown key {', '.join(shown(k[:16]) for k in kids if k) or '(no key id)'} "
+                    f"({shown(index.signer.identity)}): {UNTRUSTED_SIGNER}")
     public = trusted.public_key if trusted else index.signer.public_key
     signer = trusted.label() if trusted else index.signer.identity
     if not public:  # a certificate or keyless signer: its index carries no key to check the statement with
@@ -359,11 +383,16 @@ def _check_entry(store: Store, build: PublishedBuild, entry: IndexEntry, index: 
                     "--trusted-key PUB (or --trust-policy FILE) to check it", signer)
     if not _verifies(bundle, public):
         return fail(f"signature does not verify with {signer}: the statement was altered after signing", signer)
-    problem = (_time_problem(trusted, bundle.statement.get("predicate"), signer) if trusted else None) or \
+    problem = (time_problem(trusted, bundle.statement.get("predicate"), signer) if trusted else None) or \
         _subject_problem(build, bundle.statement.get("subject"))
     if problem:
         return fail(problem, signer)
-    return Check(kind=kind, ok=True, signer=signer, sha256=entry.sha256)
+    predicate = bundle.statement.get("predicate")
+    predicate = predicate if isinstance(predicate, dict) else {}
+    when = _parse_time(predicate.get("signedAt"))
+    result = predicate.get("result") if kind == "gate" else None
+    return Check(kind=kind, ok=True, signer=signer, sha256=entry.sha256,
+                 signed_at=when.isoformat() if when else "", result=result if result in ("PASSED", "FAILED") else "")
 
 
 def verify_attestations(store: Store, build: PublishedBuild, policy: TrustPolicy) -> SignatureVerdict:
@@ -386,7 +415,11 @@ def verify_attestations(store: Store, build: PublishedBuild, policy: TrustPolicy
         problems.append("signatures are required but no trusted key was given (--trusted-key PUB or "
                         "--trust-policy FILE)")
     signer = next((c.signer for c in checks if c.ok and state == "verified"), index.signer.identity)
-    return verdict.model_copy(update={"state": state, "signer": signer, "signed_at": index.signed_at,
+    # Times and results from the signed statements themselves (the index is anyone's to write).
+    ok = {c.kind: c for c in checks if c.ok}
+    signed_at = next((c.signed_at for c in (ok.get("provenance"), *ok.values()) if c is not None and c.signed_at), "")
+    return verdict.model_copy(update={"state": state, "signer": signer, "signed_at": signed_at,
+                                      "gate_result": ok["gate"].result if "gate" in ok else "",
                                       "checks": checks, "problems": problems})
 
 
@@ -421,23 +454,33 @@ def sign_published(store: Store, model: str, key: str, build_id: str, signer: Si
     return read_index(store, build) if signer is not None else None
 
 
-def tags_for(manifest_uri: str, endpoint_url: str | None = None) -> dict[str, str]:
+UNTRUSTED_SIGNER = "not among the trusted keys"
+
+
+def tags_for(manifest_uri: str, endpoint_url: str | None = None, policy: TrustPolicy | None = None) -> dict[str, str]:
     """MLflow tags for a published build, read from its attestation index in the store ("unknown" when the
     store cannot be read now: registration does not fail for it). `signed` and the signer only when the
-    attestations check out against the key the index names (digests, signatures, subject: a few KiB read);
-    "invalid: <why>" otherwise, so a version page never shows a forged index as signed evidence. Whether
-    that key is trusted is the consumer's question (`verify --trusted-key`)."""
+    attestations verify under `policy` (the run's: `signing.run_policy`, the spec's trusted keys else the run's own
+    key): digests, signatures by a trusted key, subject, a few KiB read. A consistent signature by a key the policy
+    does not trust is "untrusted: <why>", anything else "invalid: <why>", so a version page never shows a signer the
+    policy does not trust, nor a forged index, as signed evidence."""
     from enginefoundry.errors import EngineFoundryError
     from enginefoundry.store.verify import open_build
 
+    policy = (policy or TrustPolicy()).model_copy(update={"require_signature": False})
     try:
         store, build = open_build(manifest_uri, endpoint_url)
         index = read_index(store, build)
-        verdict = verify_attestations(store, build, TrustPolicy()) if index is not None else None
+        verdict = verify_attestations(store, build, policy) if index is not None else None
     except EngineFoundryError as err:
-        return {TAG_SIGNATURE: f"unknown: {' '.join(str(err).split())[:200]}"}
-    if verdict is not None and verdict.state == "failed":
-        return {TAG_SIGNATURE: f"invalid: {' '.join('; '.join(verdict.problems).split())[:240]}"}
+        return {TAG_SIGNATURE: f"unknown: {shown(' '.join(str(err).split()))[:200]}"}
+    if verdict is not None and verdict.state != "verified":
+        checks = [c for c in verdict.checks if not c.ok]
+        untrusted = verdict.state == "untrusted" or (checks and all(UNTRUSTED_SIGNER in c.cause for c in checks))
+        why = ("no trusted key is configured (publish.trusted_keys), so no signer is trusted"
+               if verdict.state == "untrusted" else "; ".join(verdict.problems))
+        return {TAG_SIGNATURE: f"{'untrusted' if untrusted else 'invalid'}: "
+                               f"{shown(' '.join(why.split()))[:240]}"}
     return mlflow_tags(index, store, build)
 
 

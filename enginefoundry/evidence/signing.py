@@ -339,7 +339,35 @@ def load_trust_policy(path: Path) -> TrustPolicy:
             keys[-1].key_id  # noqa: B018  (a bad PEM fails here, with the entry named)
         except (ValueError, TypeError) as err:
             raise InputError(f"trust policy {path}: keys[{i}]: {' '.join(str(err).split())[:200]}") from None
+    _each_once(keys, f"trust policy {path}")
     return TrustPolicy(keys=keys, require_signature=bool(raw.get("require_signature", False)))
+
+
+def _each_once(keys: list[TrustedKey], what: str, names: list[str] | None = None) -> None:
+    """One entry per key in one policy: a key listed twice would be judged by its first entry alone (its validity
+    period hiding the other's), so it is refused, naming both entries."""
+    seen: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        if k.key_id in seen:
+            first, again = (names[seen[k.key_id]], names[i]) if names else (f"keys[{seen[k.key_id]}]", f"keys[{i}]")
+            raise InputError(f"{what}: {first} and {again} are the same key ({k.key_id[:16]}): list each key once, "
+                             "with the one period it may sign in")
+        seen[k.key_id] = i
+
+
+def _merged(keys: list[TrustedKey], what: str) -> list[TrustedKey]:
+    """Keys from several places (a policy file, the environment, the command line, the spec): one entry per key.
+    The same key given twice with the same period is kept once; with different periods it is refused (no entry
+    may widen another's)."""
+    out: dict[str, TrustedKey] = {}
+    for k in keys:
+        have = out.get(k.key_id)
+        if have is None:
+            out[k.key_id] = k
+        elif (have.not_before, have.expires_at) != (k.not_before, k.expires_at):
+            raise InputError(f"{what}: key {k.key_id[:16]} is given twice with different validity periods "
+                             f"({have.label()}, {k.label()}): give it once")
+    return list(out.values())
 
 
 def truthy(value: str | None) -> bool:
@@ -358,6 +386,7 @@ def consumer_policy(trusted_keys: list[str] | None = None, policy_file: str | No
     named = [(k, f"${ENV_TRUSTED_KEYS}") for k in from_env] + [(k, "--trusted-key") for k in trusted_keys or []]
     for k, what in named:
         policy.keys.append(TrustedKey(name=Path(k).stem, public_key=_pem_file(Path(k), what)))
+    policy.keys = _merged(policy.keys, "trusted keys")
     if require or truthy(env.get(ENV_REQUIRE_SIGNATURE)):
         policy.require_signature = True
     return policy
@@ -373,24 +402,68 @@ def spec_policy(spec: BuildSpec) -> TrustPolicy:
             policy = load_trust_policy(spec.resolve_path(pub.trust_policy))
         except InputError as err:
             raise InputError(f"publish.trust_policy: {err}") from None
+    names = [f"publish.trust_policy keys[{i}]" for i in range(len(policy.keys))]
     for i, k in enumerate(pub.trusted_keys):
         path = spec.resolve_path(k)
         policy.keys.append(TrustedKey(name=path.stem, public_key=_pem_file(path, f"publish.trusted_keys[{i}]")))
+        names.append(f"publish.trusted_keys[{i}]")
+    _each_once(policy.keys, "publish.trusted_keys", names)
     policy.require_signature = policy.require_signature or pub.require_signature
     return policy
 
 
+def run_policy(spec: BuildSpec, signer: Signer | None = None) -> TrustPolicy:
+    """What a run trusts (its cache hits' signatures, the inputs it reuses, the signature its registrations record):
+    the spec's policy; where the spec names no trusted key, exactly the run's own signing key (`signing_line`
+    says so), and no key at all for a run without one."""
+    policy = spec_policy(spec)
+    own = signer.public_pem() if signer is not None else None
+    if not policy.keys and own:
+        policy.keys = [TrustedKey(name=os.environ.get(ENV_SIGNER_NAME) or "", public_key=own)]
+    return policy
+
+
 def merged_policy(cli: TrustPolicy, spec: TrustPolicy) -> TrustPolicy:
-    """Both sets of keys; signatures required when either requires them."""
-    return TrustPolicy(keys=[*cli.keys, *spec.keys], require_signature=cli.require_signature or spec.require_signature)
+    """Both sets of keys (each key once); signatures required when either requires them."""
+    return TrustPolicy(keys=_merged([*cli.keys, *spec.keys], "the command line's and the spec's trusted keys"),
+                       require_signature=cli.require_signature or spec.require_signature)
 
 
 def require_signer_for(spec: BuildSpec) -> None:
-    """A spec that requires signatures cannot publish unsigned builds: refuse before any work when no signing key
-    is configured (its own consumers would refuse every build it makes)."""
-    if spec.publish.require_signature and signer_from_env() is None:
+    """The spec's signature policy is whole, checked before any work (`validate`, `run`, and each worker that
+    publishes): a spec that requires signatures names the keys it trusts (else a signature by any key would pass)
+    and has a signing key configured (its own consumers would refuse every unsigned build it makes); a signing key
+    is one the spec trusts, valid now (else the spec's own hits, pulls and promotions refuse every build it signs,
+    and every run rebuilds them)."""
+    try:
+        policy: TrustPolicy | None = spec_policy(spec)
+    except InputError:
+        policy = None  # a key or policy file that cannot be read: spec_policy's own refusal names it
+    requires = policy.require_signature if policy is not None else spec.publish.require_signature
+    if policy is not None and requires and not policy.keys:
+        raise InputError("publish.require_signature: true, but the spec trusts no key, so a signature by any key "
+                         "would pass; list the signing key's public key in publish.trusted_keys (the .pub file "
+                         "`enginefoundry keygen` wrote) or keys in publish.trust_policy")
+    signer = signer_from_env()
+    if requires and signer is None:
         raise InputError(f"publish.require_signature: true, but no signing key is configured; set ${ENV_KEY_FILE} "
                          f"(or ${ENV_KEY}) to a key from `enginefoundry keygen`, or set it to false")
+    if signer is None or policy is None or not policy.keys:
+        return
+    listed = policy.find(signer.key_id)
+    field = "publish.trust_policy" if spec.publish.trust_policy and not spec.publish.trusted_keys else \
+        "publish.trusted_keys"
+    if listed is None:
+        raise InputError(f"{field}: the signing key {signer.identity} is not among the spec's trusted keys, so the "
+                         "spec's own cache hits, pulls and promotions would refuse every build it signs (and each run "
+                         "would rebuild them); add its public key there, or sign with a key it lists")
+    now = now_utc()
+    if (listed.expires_at and listed.expires_at.astimezone(UTC) <= now) or (
+            listed.not_before and listed.not_before.astimezone(UTC) > now):
+        raise InputError(f"{field}: the signing key {signer.identity} may sign only "
+                         f"{'from ' + listed.not_before.isoformat() if listed.not_before else ''}"
+                         f"{' until ' + listed.expires_at.isoformat() if listed.expires_at else ''}; "
+                         "sign with a key valid now")
 
 
 def check_signature(bundle: OpenedBundle, public_pem: str) -> bool:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from enginefoundry.build.units import KeyComponents, Unit, toolchain_identity, unit_key_components
 from enginefoundry.errors import PipelineError, StoreError
-from enginefoundry.evidence.signing import TrustPolicy, spec_policy
+from enginefoundry.evidence.signing import TrustPolicy, run_policy, signer_from_env
 from enginefoundry.lanes import get_lane
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec
@@ -44,7 +44,7 @@ def hit_signature_policy(spec: BuildSpec) -> TrustPolicy | None:
     own spec's pull, promote and rollout then refuse."""
     if not spec.publish.require_signature:
         return None
-    return spec_policy(spec).model_copy(update={"require_signature": False})
+    return run_policy(spec, signer_from_env()).model_copy(update={"require_signature": False})
 
 
 def _signature_refusal(store: Store, build: PublishedBuild, policy: TrustPolicy) -> str | None:
@@ -185,7 +185,7 @@ def _lease_or_wait(
         if left <= 0:
             raise PipelineError(
                 f"another run has held the build lease of {key[:12]} for over {timeout_s:.0f} s; if no run is "
-                f"building it, clear it with `enginefoundry leases --break {key[:12]}`")
+                f"building it, clear it with `enginefoundry leases --break {key}`")
 
         def published() -> bool:
             return not force and find_hit(store, model, key, signatures=signatures) is not None

@@ -34,7 +34,22 @@ def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     problems = list(get_lane(spec.lane).validate_options(spec))
     problems += _prompt_problems(spec)
     problems += _signature_problems(spec)
+    problems += _prices_problems(spec)
     return problems
+
+
+def _prices_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """The prices file a search names, read as the cost step reads it (bounded, a regular file, names and finite
+    positive prices): a file that is missing or not a price table fails here, before any build."""
+    from enginefoundry.bench.costs import price_table
+
+    if spec.search is None or not spec.search.prices.file:
+        return []
+    try:
+        price_table(spec)
+    except SpecError as err:
+        return list(err.problems)
+    return []
 
 
 def _signature_problems(spec: BuildSpec) -> list[tuple[str, str]]:
@@ -104,6 +119,10 @@ def validate_file(path: str | Path, only_targets: list[str] | None = None) -> Bu
 
 
 def _source_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """A local source checked as `run` checks it (build.sources.check_local: a folder with config.json, not a system
+    folder, no symlink leading out of it), so that `validate` and `run` agree."""
+    from enginefoundry.build.sources import check_local
+    from enginefoundry.errors import SourceError
     from enginefoundry.spec import SourceKind
 
     src = spec.model.parsed_source(spec.base_path)
@@ -113,6 +132,10 @@ def _source_problems(spec: BuildSpec) -> list[tuple[str, str]]:
             return [("model.source", f"local folder {folder} does not exist; check the path in the spec")]
         if not (folder / "config.json").is_file():
             return [("model.source", f"{folder} has no config.json; point it at a Hugging Face checkpoint folder")]
+        try:
+            check_local(src)
+        except SourceError as err:
+            return [("model.source", str(err).removeprefix("model.source: "))]
     return []
 
 

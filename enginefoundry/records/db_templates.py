@@ -9,13 +9,17 @@ opening a file whose schema is at its head revision, only checks it and adds its
 Default experiment, with this file's artifact root). `started_from_template` is that protocol, used by
 `tracking.Tracker` and `flows/ephemeral_server.py`.
 
-A template is local state, and local state is untrusted input: `keep_as_template` writes its sha256 beside it
-(`<template>.sha256`), and `seed` copies the template, then checks the copy before it becomes a database: the
-digest this tool wrote, SQLite's `quick_check`, no trigger or view but those the tool's own migrations create
-(`TemplateRules`), and no row but the few the migrations add (so no registered model, version or alias can ride
-in). A template that fails any check is removed with a message naming it and the reason; the tool then migrates
-the new file itself and a fresh template is kept. A template cannot make a run fail: it is used only when every
-check passes.
+A template is local state, and local state is untrusted input: whoever can write the cache can write a template
+and the digest beside it. So `seed` copies the template, then checks the copy before it becomes a database: the
+digest this tool wrote (`<template>.sha256`: damage, not an attacker), SQLite's `quick_check`, its whole schema
+(every table with its columns and constraints, index, trigger and view: `schema_of`) equal to what the tool's own
+migrations make, and no row but the few the migrations add (so no registered model, version or alias can ride
+in). What the migrations make is recorded per tool release in `enginefoundry/schemas/db/<tool>-<release>.json`
+(`scripts/record_db_schemas.py` writes it by running the migrations; an integration test holds it to them), never
+read from the cache: a release without a record gets no template (each new file is migrated by the tool). A
+template that fails any check is removed with a message naming it and the reason; the tool then migrates the new
+file itself and a fresh template is kept (only when its schema is the recorded one). A template cannot make a run
+fail: it is used only when every check passes.
 
 Only files that do not exist yet are seeded, by linking a complete copy into place: a file that appears
 meanwhile is kept, and a kill leaves at most a dot-named temporary file that the next seed of that folder
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import re
 import shutil
@@ -35,18 +40,95 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from enginefoundry.confine import printable
 from enginefoundry.identity import sha256_file
 from enginefoundry.runner import pid_alive
 from enginefoundry.settings import cache_root
 
+SchemaEntry = tuple[str, str, str, str]  # sqlite_master's type, name, table and SQL (whitespace collapsed)
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas" / "db"
+
 
 @dataclass(frozen=True)
 class TemplateRules:
-    """What a tool's freshly migrated database holds: rows only in `rows` (table → count), and triggers or views
-    only with SQL text that appears verbatim in one of `schema_sources` (the tool's installed migration files)."""
+    """What a tool's freshly migrated database holds: rows only in `rows` (table → count), exactly the schema
+    `schema` (`schema_of`; None: not known for this release, so no template is used) and the Alembic revisions
+    `heads` in alembic_version (empty: not checked)."""
 
     rows: dict[str, int] = field(default_factory=lambda: {"alembic_version": 1})
-    schema_sources: tuple[Path, ...] = ()
+    schema: tuple[SchemaEntry, ...] | None = None
+    heads: tuple[str, ...] = ()
+    what: str = "the tool's migrations"  # named in messages: "MLflow 3.17.2's migrations"
+
+
+def schema_of(db: sqlite3.Connection) -> tuple[SchemaEntry, ...]:
+    """The whole schema of a SQLite database as SQLite records it (sqlite_master: each table with its columns and
+    constraints, each index, trigger and view, with its SQL), in a stable order, whitespace collapsed, and a table's
+    named and unnamed constraints sorted: Alembic's batch migrations on SQLite rebuild a table with its constraints
+    in set order, which differs from one process to the next (MLflow 3.17.2's `runs`: its two CHECK constraints)."""
+    rows = db.execute("SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master").fetchall()
+    return tuple(sorted((str(t), str(n), str(tb), _normal_sql(str(t), " ".join(str(sql).split())))
+                        for t, n, tb, sql in rows))
+
+
+_CONSTRAINT = re.compile(r"^(CONSTRAINT|CHECK|FOREIGN KEY|PRIMARY KEY|UNIQUE)\b", re.IGNORECASE)
+
+
+def _normal_sql(kind: str, sql: str) -> str:
+    """A CREATE TABLE's columns in their order, then its constraints sorted; any other statement as it is."""
+    start, end = sql.find("("), sql.rfind(")")
+    if kind != "table" or start < 0 or end < start:
+        return sql
+    items: list[str] = []
+    part: list[str] = []
+    depth, quote = 0, ""
+    for ch in sql[start + 1:end]:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"`[":
+            quote = "]" if ch == "[" else ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append("".join(part).strip())
+            part = []
+            continue
+        part.append(ch)
+    items.append("".join(part).strip())
+    columns = [i for i in items if not _CONSTRAINT.match(i)]
+    constraints = sorted(i for i in items if _CONSTRAINT.match(i))
+    return f"{sql[:start]}({', '.join(columns + constraints)}){sql[end + 1:]}"
+
+
+def schema_file(tool: str, release: str) -> Path:
+    return SCHEMAS / f"{tool}-{re.sub(r'[^A-Za-z0-9._+-]', '_', release)}.json"
+
+
+def recorded_rules(tool: str, release: str, rows: dict[str, int] | None = None, label: str = "") -> TemplateRules:
+    """The rules of one tool release from its committed record (`schema_file`); schema None where there is none."""
+    what = f"{label or tool} {release}'s migrations"
+    try:
+        doc = json.loads(schema_file(tool, release).read_text())
+        schema = tuple((str(a), str(b), str(c), str(d)) for a, b, c, d in doc["schema"])
+        heads = tuple(str(h) for h in doc["alembic_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return TemplateRules(rows=rows or {"alembic_version": 1}, what=what)
+    return TemplateRules(rows=rows or {"alembic_version": 1}, schema=schema, heads=heads, what=what)
+
+
+def record_schema(tool: str, release: str, database: Path, source: str) -> Path:
+    """Write the record of what `database`, freshly migrated by `tool` `release` itself, holds (scripts/
+    record_db_schemas.py; never called at run time)."""
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        doc = {"tool": tool, "release": release, "source": source,
+               "alembic_version": sorted(r[0] for r in db.execute("SELECT version_num FROM alembic_version")),
+               "schema": [list(e) for e in schema_of(db)]}
+    path = schema_file(tool, release)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def notify(message: str) -> None:
@@ -64,15 +146,19 @@ def started_from_template(database: Path, tool: str, release: str, scrub: Sequen
     if database.exists():
         yield False
         return
+    rules = rules or TemplateRules()
+    if rules.schema is None:  # no record of what this release's migrations make: no template to hold to it
+        yield True
+        return
     template = template_path(tool, release)
     try:
-        migrate = not seed(database, template, rules or TemplateRules()) and not database.exists()
+        migrate = not seed(database, template, rules) and not database.exists()
     except OSError:
         migrate = True
     yield migrate
     if migrate and database.exists():
         with contextlib.suppress(OSError, sqlite3.Error):
-            keep_as_template(database, template, scrub)
+            keep_as_template(database, template, scrub, rules)
 
 
 def template_path(tool: str, release: str) -> Path:
@@ -136,11 +222,14 @@ def _content_problem(db: sqlite3.Connection, rules: TemplateRules) -> str | None
     check = db.execute("PRAGMA quick_check").fetchall()
     if check != [("ok",)]:
         return f"SQLite's quick_check fails ({str(check[0][0])[:120]})"
-    code = db.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view')").fetchall()
-    sources = "\n".join(_read(p) for p in rules.schema_sources) if code else ""
-    for kind, name, sql in code:
-        if not sql or sql not in sources:
-            return f"it holds a {kind} ({name}) that the tool's migrations do not create"
+    problem = schema_problem(schema_of(db), rules)
+    if problem is not None:
+        return problem
+    if rules.heads:
+        heads = sorted(str(r[0]) for r in db.execute("SELECT version_num FROM alembic_version"))
+        if heads != sorted(rules.heads):
+            return (f"its Alembic revision is {', '.join(heads) or 'none'}, not {', '.join(rules.heads)} "
+                    f"({rules.what})")
     for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"):
         rows = db.execute(f'SELECT count(*) FROM "{table.replace(chr(34), chr(34) * 2)}"').fetchone()[0]
         if rows > rules.rows.get(table, 0):
@@ -148,16 +237,31 @@ def _content_problem(db: sqlite3.Connection, rules: TemplateRules) -> str | None
     return None
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
+def schema_problem(actual: tuple[SchemaEntry, ...], rules: TemplateRules) -> str | None:
+    """Why a schema is not the one the tool's migrations make (the first difference, named), None when it is."""
+    if rules.schema is None:
+        return f"there is no record of what {rules.what} make"
+    extra = sorted(set(actual) - set(rules.schema))
+    missing = sorted(set(rules.schema) - set(actual))
+    if not extra and not missing:
+        return None
+    if extra:
+        kind, name, table, sql = extra[0]
+        changed = any(e[:2] == (kind, name) for e in missing)
+        return (f"its schema is not what {rules.what} make: {kind} {name!r} on {table!r} "
+                + ("differs" if changed else "is not theirs") + f" ({printable(sql, 120)})"
+                + (f", and {len(extra) + len(missing) - 1} more difference(s)" if len(extra) + len(missing) > 1
+                   else ""))
+    kind, name, table, _ = missing[0]
+    return f"its schema is not what {rules.what} make: it lacks {kind} {name!r} on {table!r}"
 
 
-def keep_as_template(database: Path, template: Path, scrub: Sequence[str] = ()) -> None:
+def keep_as_template(database: Path, template: Path, scrub: Sequence[str] = (),
+                     rules: TemplateRules | None = None) -> None:
     """Keep a consistent copy of a freshly migrated database (SQLite's `VACUUM INTO`) as the template, after
-    running `scrub` (SQL statements deleting the rows that belong to this one file) on the copy."""
+    running `scrub` (SQL statements deleting the rows that belong to this one file) on the copy. With `rules`, only
+    a copy whose schema is the recorded one is kept (another SQLAlchemy can write other SQL: then every new file
+    is migrated by the tool, and no template is kept that every later seed would remove)."""
     template.parent.mkdir(parents=True, exist_ok=True)
     _remove_dead_temporaries(template.parent, f".{template.name}.tmp-")
     tmp = template.with_name(f".{template.name}.tmp-{os.getpid()}")
@@ -169,6 +273,12 @@ def keep_as_template(database: Path, template: Path, scrub: Sequence[str] = ()) 
             for statement in scrub:
                 db.execute(statement)
             db.commit()
+            problem = schema_problem(schema_of(db), rules) if rules is not None else None
+        if problem is not None:
+            notify(f"database template {template}: not kept: {database} was migrated by the tool, but {problem}; "
+                   "new files are migrated by the tool itself (scripts/record_db_schemas.py records the schema of "
+                   "this environment's release)")
+            return
         digest = tmp.with_name(f"{tmp.name}.sha256")
         digest.write_text(sha256_file(tmp) + "\n")
         # The digest moves in after the template: a kill in between leaves a mismatch, which `seed` discards.

@@ -24,7 +24,7 @@ from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import run_outcome_key
-from enginefoundry.store.manifest import Manifest
+from enginefoundry.store.manifest import BuildInput, Manifest
 from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.store.unit_status import UnitStatus
 
@@ -132,9 +132,10 @@ def unit_manifest(
     # JSON edge: manifest device and build_params, as published
     checkpoint_key: str | None, checkpoint_uri: str | None, device: dict[str, Any], build_params: dict[str, Any],
     smoke: SmokeReport | None, sweep: SweepReport | None, mlflow_run_id: str | None,
-    prefect_flow_run_id: str | None,
+    prefect_flow_run_id: str | None, inputs: list[BuildInput] | None = None,
 ) -> Manifest:
-    """The manifest of a built unit, without its files: publishing adds them from the upload pass."""
+    """The manifest of a built unit, without its files: publishing adds them from the upload pass. `inputs`: what
+    the build consumed besides its named sources, each bound by digest (evidence/inputs.py)."""
     judged = verdict(smoke, sweep)
     return Manifest(
         key=key, key_components=key_components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
@@ -147,7 +148,7 @@ def unit_manifest(
         prompts_digest=prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
         gate=spec.smoke.model_dump(mode="json"),
         status=judged.status, status_reason=judged.reason, mlflow_run_id=mlflow_run_id,
-        prefect_flow_run_id=prefect_flow_run_id,
+        prefect_flow_run_id=prefect_flow_run_id, inputs=list(inputs or []),
     )
 
 

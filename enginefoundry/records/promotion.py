@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -343,9 +344,10 @@ class Registry:
                              f"Check it with `enginefoundry verify models:/{model}/{number}`, or promote a build "
                              "that verifies (`enginefoundry promote --version N`)") from None
 
-    def rollback(self, model: str, stem: str) -> RegistryMove:
+    def rollback(self, model: str, stem: str, check: Callable[[Any], None] | None = None) -> RegistryMove:
         """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
-        so that a second rollback goes one step further back."""
+        so that a second rollback goes one step further back. `check` (the signature policy) sees the version to
+        restore before anything moves, and refuses it by raising."""
         history = self.history(model, stem)
         found = self.version_by_alias(model, champion_alias(stem))
         if found is not None and (not history or history[-1] != str(found.version)):
@@ -356,6 +358,8 @@ class Registry:
         dropped = history.pop()
         restored = history[-1]
         self._check_restorable(model, restored)
+        if check is not None:
+            check(self.version(model, restored))
         self.client.set_registered_model_alias(model, champion_alias(stem), restored)
         self.set_status(model, restored, RegistryStatus.CHAMPION)
         if len(history) > 1:

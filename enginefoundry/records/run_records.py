@@ -89,8 +89,10 @@ def record_hit(
     """A unit run for a cache hit (which run built it, where it lies), and a repaired registration."""
     manifest = unit_manifest_of(hit)
     from enginefoundry.evidence.attest import tags_for
+    from enginefoundry.evidence.signing import run_policy, signer_from_env
 
-    signature = tags_for(hit.uri, spec.publish.s3_endpoint_url)  # signer and attestation digests of the build
+    # Signer and attestation digests of the build: "signed" only for a signer the run's policy trusts.
+    signature = tags_for(hit.uri, spec.publish.s3_endpoint_url, run_policy(spec, signer_from_env()))
     run_id = tracker.start_run(unit.name, {**hit_run_tags(key, hit), **context_tags(), **(extra_tags or {}),
                                            mltags.GIT_COMMIT: project_git_commit(), **signature}, parent_run_id)
     tracker.log_params(run_id, unit_params(spec, unit))

@@ -223,14 +223,13 @@ def _started_from_mlflow_template(db: Path | None) -> contextlib.AbstractContext
 
 
 def _mlflow_template_rules() -> db_templates.TemplateRules:
-    """A migrated MLflow file's own rows and code: its Alembic head, the default workspace (migration
-    1b5f0d9ad7c1_add_workspace_columns_and_catalog) and the secrets table's trigger (1bd49d398cd23_add_secrets_tables,
-    mlflow/store/db_migrations/versions@3.17.2); the trigger's SQL must be one of those files' text."""
-    import mlflow.store.db_migrations as migrations
+    """A migrated MLflow file's own rows (its Alembic head, the default workspace: migration
+    1b5f0d9ad7c1_add_workspace_columns_and_catalog, mlflow/store/db_migrations/versions@3.17.2) and its whole schema
+    as this MLflow release's migrations make it (enginefoundry/schemas/db/mlflow-<release>.json)."""
+    import mlflow
 
-    versions = Path(migrations.__file__).with_name("versions")
-    return db_templates.TemplateRules(rows={"alembic_version": 1, "workspaces": 1},
-                                      schema_sources=tuple(sorted(versions.glob("*.py"))))
+    return db_templates.recorded_rules("mlflow", mlflow.__version__, rows={"alembic_version": 1, "workspaces": 1},
+                                       label="MLflow")
 
 
 class Tracker:

@@ -63,9 +63,10 @@ class ChannelStatus(BaseModel):
         return f"toolchain channel {self.uri} {what}: {self.error}"
 
 
-def read_channel(uri: str, base: Path) -> ChannelDocument:
-    """The channel's current document (InputError: the document is wrong; ToolError: it could not be read)."""
-    raw = _s3_bytes(uri) if uri.startswith("s3://") else _file_bytes(uri, base)
+def read_channel(uri: str, base: Path, attempts: int | None = None) -> ChannelDocument:
+    """The channel's current document (InputError: the document is wrong; ToolError: it could not be read).
+    `attempts`: S3 calls at most (default: the store's retry setting)."""
+    raw = _s3_bytes(uri, attempts) if uri.startswith("s3://") else _file_bytes(uri, base)
     return parse_channel(uri, raw)
 
 
@@ -113,12 +114,12 @@ def _file_bytes(uri: str, base: Path) -> bytes:
                         "publisher wrote it and that this worker can read it") from None
 
 
-def _s3_bytes(uri: str) -> bytes:
+def _s3_bytes(uri: str, attempts: int | None = None) -> bytes:
     from enginefoundry.store.s3 import s3_client
 
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     try:
-        body = s3_client().get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{MAX_BYTES}")["Body"]
+        body = s3_client(max_attempts=attempts).get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{MAX_BYTES}")["Body"]
         data: bytes = body.read(MAX_BYTES + 1)  # a botocore StreamingBody
         return data
     except Exception as err:  # botocore's errors: missing object, no access, endpoint down
@@ -138,16 +139,22 @@ def with_channel(spec: BuildSpec) -> tuple[BuildSpec, ChannelDocument | None]:
 
 
 def channel_status(spec: BuildSpec) -> ChannelStatus | None:
-    """For `plan` and `validate`: the channel's value, or why not; a read failure is reported, not raised."""
+    """For `plan` and `validate`: the channel's value, or why not; a read failure is reported, not raised (an S3
+    endpoint that cannot be reached is asked once, not retried: the rollout that reads it retries)."""
     uri = spec.toolchain.channel
     if not uri:
         return None
     try:
-        return ChannelStatus(uri=uri, value=read_channel(uri, spec.base_path))
+        return ChannelStatus(uri=uri, value=read_channel(uri, spec.base_path, attempts=1))
     except SpecError as err:
         return ChannelStatus(uri=uri, error="; ".join(f"{p}: {m}" for p, m in err.problems))
     except ToolError as err:
         return ChannelStatus(uri=uri, error=str(err), transient=True)
+    except Exception as err:  # botocore's connection errors, re-raised for the rollout's retries
+        if not is_transient(err):
+            raise
+        return ChannelStatus(uri=uri, error=f"{type(err).__name__}: {' '.join(str(err).split())[:200]}",
+                             transient=True)
 
 
 # JSON edge: key_components.toolchain of a manifest, and the channel's

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError, ToolError
+from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, ScoredToken, ServedAnswer, TokenLogprob
@@ -54,6 +55,7 @@ from enginefoundry.spec.checks import (
     simulated_why,
 )
 from enginefoundry.store.backends import Store
+from enginefoundry.store.manifest import BuildInput
 
 __all__ = [
     "COMPUTABLE", "UNIT_PRECISION", "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult",
@@ -137,6 +139,9 @@ class SmokeReport(BaseModel):
     # What the endpoint answered, in the reference's form: a sibling unit's answers judge lower precisions
     # (reference.publish_sibling_reference). Not written to smoke.json (reports stay as they were).
     served_answers: list[ReferenceAnswer] = Field(default_factory=list, exclude=True)
+    # What the gate consumed besides the reference stage's answers (the spread, the source's answers of the
+    # quantization-cost rule), each bound by digest (evidence/inputs.py); in the unit's manifest, not in smoke.json.
+    inputs: list[BuildInput] = Field(default_factory=list, exclude=True)
 
     @property
     def passed(self) -> bool:
@@ -244,6 +249,7 @@ def run_smoke(
     store: Store | None = None, weights_digest: str | None = None, reference: ReferenceSet | None = None,
     reference_outcome: ReferenceOutcome | None = None, server_log: Path | None = None,
     reference_device: str = "cpu", simulated: bool = False, checkpoint: Path | None = None,
+    trust: InputTrust | None = None,
 ) -> SmokeReport:
     """Every prompt through the endpoint (`spec.concurrency` at a time), compared with the reference answers
     (computed once per key), then the gate.
@@ -294,13 +300,13 @@ def run_smoke(
             reference, reference_outcome = simulated_reference(
                 source_dir, cases, precision, max_new_tokens=spec.max_new_tokens, store=store,
                 device=reference_device, weights_digest=weights_digest, checkpoint=checkpoint, dtype=sim_dtype,
-                progress=progress)
+                progress=progress, trust=trust)
         reference_dir = Path(reference_outcome.model_dir)
         reference_why = f"{reference_outcome.simulated_why or reference_why}: {reference_outcome.simulated}"
     if reference is None or reference_outcome is None:
         reference, reference_outcome = load_or_compute_reference(
             reference_dir, cases, dtype=ref_dtype, max_new_tokens=spec.max_new_tokens, store=store,
-            weights_digest=weights_digest, progress=progress, device=reference_device)
+            weights_digest=weights_digest, progress=progress, device=reference_device, trust=trust)
     refs = reference.by_id
     from transformers import AutoTokenizer
 
@@ -333,7 +339,7 @@ def run_smoke(
     spread = None
     if like and (teacher.available or logprobs.mean_abs_diff is not None):
         spread = load_or_compute_spread(reference_dir, cases, reference, store=store, device=reference_device,
-                                        progress=progress)
+                                        progress=progress, trust=trust)
     served_tok = tokenizer_digest(served_tokenizer_dir) if served_tokenizer_dir is not None else None
     ref_tok = tokenizer_digest(source_dir)
     verdict = judge(evidence, policy, max_new_tokens=spec.max_new_tokens, reference_tokenizer_digest=ref_tok,
@@ -350,7 +356,7 @@ def run_smoke(
         verdict = verdict.with_rule(quantization_cost(
             source_dir, cases, reference, precision=precision, dtype=reference_outcome.dtype,
             max_new_tokens=spec.max_new_tokens, store=store, device=reference_device, weights_digest=weights_digest,
-            progress=progress))
+            progress=progress, trust=trust))
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -372,18 +378,19 @@ def run_smoke(
                           finish_reason=c.served_finish, refused=c.refused, slice=c.slice) for c in evidence],
         slices=[SliceSummary.of(name, [c for c in evidence if c.slice == name], k, spec.confidence,
                                 teacher_slices.get(name)) for name in slice_names(evidence)],
-        served_answers=served_answers,
+        served_answers=served_answers, inputs=list(trust.consumed) if trust is not None else [],
     )
 
 
 def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,
                       dtype: str, max_new_tokens: int, store: Store | None, device: str,
-                      weights_digest: str | None = None, progress: Callable[[str], None]) -> GateRule:
+                      weights_digest: str | None = None, progress: Callable[[str], None],
+                      trust: InputTrust | None = None) -> GateRule:
     """The quantization's own cost, apart from the build's fidelity: the simulated model's task accuracy against
     the source's at the same dtype (paired non-inferiority at the margin of the precision's family)."""
     source, _ = load_or_compute_reference(source_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens,
                                           store=store, weights_digest=weights_digest, progress=progress,
-                                          device=device)
+                                          device=device, trust=trust)
     graded = [c for c in cases if c.expected is not None]
     if not graded:
         return GateRule(name=QUANTIZATION_COST, ok=True, kind="info",

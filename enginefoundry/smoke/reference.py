@@ -17,24 +17,28 @@ sibling's smoke stage (`publish_sibling_reference`) and found by key by the unit
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import ToolError
+from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SPREAD_DTYPE
 from enginefoundry.identity import checkpoint_digests, sha256_json
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.store import layout
 from enginefoundry.store.backends import Store
+from enginefoundry.store.layout import blob_key
+from enginefoundry.store.manifest import BuildInput, InputKind
 
 REFERENCE_FORMAT = 2
 
@@ -106,6 +110,8 @@ class ReferenceOutcome(BaseModel):
     sibling_key: str | None = None
     simulated: str | None = None  # the answers of the quantization tool's simulated model (SimulatedModel.label)
     simulated_why: str | None = None  # why that model is this unit's reference (smoke/simulated.py)
+    # What the reference stage consumed, each bound by digest (evidence/inputs.py): the answers, a simulated model
+    inputs: list[BuildInput] = Field(default_factory=list)
 
     def label(self) -> str:
         where = f", {self.store_url}" if self.store_url else ""
@@ -252,35 +258,76 @@ def store_key(key: ReferenceKey | SiblingReferenceKey) -> str:
 COMPUTE_COUNT = {"n": 0}
 
 
-def _lookup(key: ReferenceKey | SiblingReferenceKey, cache: Path,
-            store: Store | None) -> tuple[ReferenceSet, str] | None:
-    """The document of `key` from the local cache (re-published to the store if it lacks it), else the store."""
+def _lookup(key: ReferenceKey | SiblingReferenceKey, cache: Path, store: Store | None,
+            trust: InputTrust | None = None) -> tuple[ReferenceSet, str] | None:
+    """The document of `key` from the local cache (re-published to the store if it lacks it), else the store.
+    With `trust` that requires proof (a run that signs its build: evidence/inputs.py), only a document whose sha256
+    a trusted key signed is used, wherever it is found (the local cache, the store's document, the signed copy in the
+    store's blobs); None when there is none. Each document used is recorded in `trust`."""
     skey = store_key(key)
-    if cache.is_file():
+    kind = _kind(key)
+    signed = trust.proven(store, kind, key.digest) if trust is not None and trust.required and store is not None else {}
+
+    def candidates() -> Iterator[tuple[str, bytes]]:
+        if cache.is_file():
+            yield "local cache", cache.read_bytes()
+        if store is not None and store.exists(skey):
+            yield "store", store.read_bytes(skey)
+        for digest in signed:
+            if store is not None and store.exists(blob_key(digest)):
+                yield "store", store.read_bytes(blob_key(digest))
+
+    for source, data in candidates():
         try:
-            ref = ReferenceSet.model_validate_json(cache.read_bytes())
-            if ref.key == key:
-                if store is not None:
-                    store.create_if_absent(skey, cache.read_bytes())
-                return ref, "local cache"
+            ref = ReferenceSet.model_validate_json(data)
         except ValueError:
-            cache.unlink(missing_ok=True)  # a damaged cache entry is recomputed, never trusted
-    if store is not None and store.exists(skey):
-        data = store.read_bytes(skey)
-        ref = ReferenceSet.model_validate_json(data)
-        _write_atomic(cache, data)
-        return ref, "store"
+            if source == "local cache":
+                cache.unlink(missing_ok=True)  # a damaged cache entry is recomputed, never trusted
+            continue
+        if ref.key != key:
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        proven_by = signed.get(digest, "")
+        if trust is not None and trust.required and not proven_by:
+            trust.refuse(f"smoke: {kind} answers {key.digest[:12]} from the {source}",
+                         f"sha256 {digest[:12]}… is not signed by a trusted key, and this run signs its build")
+            continue
+        if source == "local cache" and store is not None:
+            store.create_if_absent(skey, data)
+        elif source == "store":
+            _write_atomic(cache, data)
+        if trust is not None:
+            trust.record(BuildInput(kind=kind, key=key.digest, uri=store.url(skey) if store is not None else "",
+                                    sha256=digest, origin="local cache" if source == "local cache" else "store",
+                                    proven_by=proven_by))
+        return ref, source
     return None
 
 
-def _publish(ref: ReferenceSet, cache: Path, store: Store | None) -> ReferenceSet:
-    """Cache and publish; when someone published the same key first, theirs is the artifact."""
+def _kind(key: ReferenceKey | SiblingReferenceKey) -> InputKind:
+    return "sibling-reference" if isinstance(key, SiblingReferenceKey) else "reference"
+
+
+def _publish(ref: ReferenceSet, cache: Path, store: Store | None, trust: InputTrust | None = None) -> ReferenceSet:
+    """Cache and publish; when someone published the same key first, theirs is the artifact. A run that signs its
+    build (`trust`) keeps what it computed instead, stores it under its digest and signs that digest."""
     data = json.dumps(ref.model_dump(mode="json"), sort_keys=True).encode()
     _write_atomic(cache, data)
-    if store is not None and not store.create_if_absent(store_key(ref.key), data):
-        published = ReferenceSet.model_validate_json(store.read_bytes(store_key(ref.key)))
-        _write_atomic(cache, store.read_bytes(store_key(ref.key)))
-        return published
+    skey = store_key(ref.key)
+    digest = hashlib.sha256(data).hexdigest()
+    origin: Literal["computed", "store"] = "computed"
+    if trust is not None and trust.required and store is not None:
+        store.create_if_absent(blob_key(digest), data)
+        trust.attest(store, _kind(ref.key), ref.key.digest, digest, store.url(skey))
+        store.create_if_absent(skey, data)
+    elif store is not None and not store.create_if_absent(skey, data):
+        data = store.read_bytes(skey)
+        ref = ReferenceSet.model_validate_json(data)
+        _write_atomic(cache, data)
+        digest, origin = hashlib.sha256(data).hexdigest(), "store"
+    if trust is not None:
+        trust.record(BuildInput(kind=_kind(ref.key), key=ref.key.digest,
+                                uri=store.url(skey) if store is not None else "", sha256=digest, origin=origin))
     return ref
 
 
@@ -288,8 +335,11 @@ def load_or_compute_reference(
     model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int, store: Store | None = None,
     cache_dir: Path | None = None, weights_digest: str | None = None, progress: Callable[[str], None] = print,
     compute: Callable[..., list[ReferenceAnswer]] = reference_answers, device: str = "cpu",
+    trust: InputTrust | None = None,
 ) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The reference answers for this key: from the local cache, else the store, else computed and published.
+    `trust` (evidence/inputs.py): a run that signs its build uses only answers a trusted key signed, else computes
+    them again; what was used is recorded in it.
 
     The one place that knows where reference answers live (the store layout may change under it).
     """
@@ -304,7 +354,7 @@ def load_or_compute_reference(
         return ReferenceOutcome(key=digest, source=source, dtype=dtype, model_dir=str(model_dir), store_url=url,
                                 device=device)
 
-    found = _lookup(key, cache, store)
+    found = _lookup(key, cache, store, trust)
     if found is not None:
         ref, source = found
         progress(f"smoke: reference answers {digest[:12]} from the {source}" + (f" ({url})" if source == "store"
@@ -314,28 +364,29 @@ def load_or_compute_reference(
     COMPUTE_COUNT["n"] += 1
     answers = compute(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens, progress=progress,
                       **({"device": device} if device != "cpu" else {}))
-    return _publish(ReferenceSet(key=key, answers=answers), cache, store), outcome("computed")
+    return _publish(ReferenceSet(key=key, answers=answers), cache, store, trust), outcome("computed")
 
 
 def publish_sibling_reference(
     answers: list[ReferenceAnswer], *, unit: str, unit_key: str, cases: list[PromptCase], max_new_tokens: int,
-    store: Store | None, cache_dir: Path | None = None,
+    store: Store | None, cache_dir: Path | None = None, trust: InputTrust | None = None,
 ) -> ReferenceSet:
     """A unit's served answers as the reference of the lower-precision units it judges (its smoke stage calls
     this). The first publication of a key stays: a --force rebuild of the sibling keeps the answers units were
     already judged against."""
     key = sibling_reference_key(unit_key, cases, max_new_tokens=max_new_tokens)
     ref = ReferenceSet(key=key, answers=answers, served_by=unit)
-    return _publish(ref, (cache_dir or default_cache_dir()) / f"{key.digest}.json", store)
+    return _publish(ref, (cache_dir or default_cache_dir()) / f"{key.digest}.json", store, trust)
 
 
 def load_sibling_reference(
     sibling_unit: str, sibling_key: str, cases: list[PromptCase], *, max_new_tokens: int, dtype: str,
-    model_dir: Path, store: Store | None, cache_dir: Path | None = None,
+    model_dir: Path, store: Store | None, cache_dir: Path | None = None, trust: InputTrust | None = None,
 ) -> tuple[ReferenceSet, ReferenceOutcome] | None:
-    """The served answers of the sibling unit of key `sibling_key` on these prompts, None when never published."""
+    """The served answers of the sibling unit of key `sibling_key` on these prompts, None when never published (or,
+    with `trust` that requires proof, when none a trusted key signed: `trust.refusals` says so)."""
     key = sibling_reference_key(sibling_key, cases, max_new_tokens=max_new_tokens)
-    found = _lookup(key, (cache_dir or default_cache_dir()) / f"{key.digest}.json", store)
+    found = _lookup(key, (cache_dir or default_cache_dir()) / f"{key.digest}.json", store, trust)
     if found is None:
         return None
     ref, source = found
@@ -420,41 +471,66 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
 
 def load_or_compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, *, store: Store | None,
                            cache_dir: Path | None = None, device: str = "cpu",
-                           progress: Callable[[str], None] = print) -> Any:
+                           progress: Callable[[str], None] = print, trust: InputTrust | None = None) -> Any:
     """The spread of this source reference, stored beside it (`<key>.spread.v2.json`, create-if-absent); None for a
-    reference whose precision transformers does not compute or a sibling's answers (no second computation)."""
+    reference whose precision transformers does not compute or a sibling's answers (no second computation).
+    `trust`: as for `load_or_compute_reference` (a signing run uses only a spread a trusted key signed)."""
     from enginefoundry.smoke.logprobs import LogprobSpread
 
     key = ref.key
     if not isinstance(key, ReferenceKey) or key.dtype not in SPREAD_DTYPES:
         return None
     cache = (cache_dir or default_cache_dir()) / spread_store_key(key).rsplit("/", 1)[-1]
+    skey = spread_store_key(key)
+    proof = trust is not None and trust.required and store is not None
+    signed = trust.proven(store, "spread", key.digest) if trust is not None and proof and store is not None else {}
 
-    def read(source: str) -> bytes | None:
-        if source == "local cache":
-            return cache.read_bytes() if cache.is_file() else None
-        skey = spread_store_key(key)
-        return store.read_bytes(skey) if store is not None and store.exists(skey) else None
+    def candidates() -> Iterator[tuple[str, bytes]]:
+        if cache.is_file():
+            yield "local cache", cache.read_bytes()
+        if store is not None and store.exists(skey):
+            yield "store", store.read_bytes(skey)
+        for digest in signed:
+            if store is not None and store.exists(blob_key(digest)):
+                yield "store", store.read_bytes(blob_key(digest))
 
-    for source in ("local cache", "store"):
-        data = read(source)
-        if data is None:
-            continue
+    def used(digest: str, origin: Literal["computed", "store", "local cache"], proven_by: str = "") -> None:
+        if trust is not None:
+            trust.record(BuildInput(kind="spread", key=key.digest, uri=store.url(skey) if store is not None else "",
+                                    sha256=digest, origin=origin, proven_by=proven_by))
+
+    for source, data in candidates():
         try:
             spread = LogprobSpread.model_validate_json(data)
         except ValueError:
-            cache.unlink(missing_ok=True)  # damaged: measured again, never trusted
+            if source == "local cache":
+                cache.unlink(missing_ok=True)  # damaged: measured again, never trusted
             continue
-        if spread.reference_key == key.digest:
-            _write_atomic(cache, data)
-            progress(f"smoke: log-prob spread of reference {key.digest[:12]} from the {source}")
-            return spread
+        if spread.reference_key != key.digest:
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if trust is not None and trust.required and digest not in signed:
+            trust.refuse(f"smoke: log-prob spread of reference {key.digest[:12]} from the {source}",
+                         f"sha256 {digest[:12]}… is not signed by a trusted key, and this run signs its build")
+            continue
+        _write_atomic(cache, data)
+        progress(f"smoke: log-prob spread of reference {key.digest[:12]} from the {source}")
+        used(digest, "local cache" if source == "local cache" else "store", signed.get(digest, ""))
+        return spread
     progress(f"smoke: measuring the log-prob spread of the {key.dtype} reference ({len(cases)} prompts)")
     spread = compute_spread(model_dir, cases, ref, device=resolve_device(device), progress=progress)
     data = json.dumps(spread.model_dump(mode="json"), sort_keys=True).encode()
     _write_atomic(cache, data)
-    if store is not None and not store.create_if_absent(spread_store_key(key), data):
-        data = store.read_bytes(spread_store_key(key))
+    digest = hashlib.sha256(data).hexdigest()
+    if trust is not None and proof and store is not None:  # what this run measured, signed; never another's
+        store.create_if_absent(blob_key(digest), data)
+        trust.attest(store, "spread", key.digest, digest, store.url(skey))
+        store.create_if_absent(skey, data)
+    elif store is not None and not store.create_if_absent(skey, data):
+        data = store.read_bytes(skey)
         _write_atomic(cache, data)
         spread = LogprobSpread.model_validate_json(data)
+        used(hashlib.sha256(data).hexdigest(), "store")
+        return spread
+    used(digest, "computed")
     return spread

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import ReferenceRefused
+from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_sibling_reference
 from enginefoundry.spec import BuildSpec
@@ -72,10 +73,11 @@ def refusal_text(label: str, status: UnitStatus, reason: str) -> str:
 
 def sibling_reference(
     ref: SiblingRef, spec: BuildSpec, cases: list[PromptCase], *, store: Store, model_dir: Path,
-    cache_dir: Path | None = None,
+    cache_dir: Path | None = None, trust: InputTrust | None = None,
 ) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The sibling's served answers on these prompts. Raises ReferenceRefused (one line, with the fix) when the
-    sibling is not published, was rejected by its own gate, or never served these prompts."""
+    sibling is not published, was rejected by its own gate, or never served these prompts, or (`trust`: a run that
+    signs its build) when no answers of it that a trusted key signed are found."""
     label = f"sibling unit {ref.unit} (key {ref.key[:12]})"
     build = find_current(store, spec.model.name, ref.key)
     manifest = build.manifest if build is not None else None
@@ -85,7 +87,11 @@ def sibling_reference(
     if manifest.status != UnitStatus.CANDIDATE:
         raise ReferenceRefused(refusal_text(label, manifest.status, manifest.status_reason))
     found = load_sibling_reference(ref.unit, ref.key, cases, max_new_tokens=spec.smoke.max_new_tokens,
-                                   dtype=ref.precision, model_dir=model_dir, store=store, cache_dir=cache_dir)
+                                   dtype=ref.precision, model_dir=model_dir, store=store, cache_dir=cache_dir,
+                                   trust=trust)
+    if found is None and trust is not None and trust.refusals:
+        raise ReferenceRefused(f"refused: its reference, {label}: {trust.refusals[-1]}; a signed build is judged only "
+                               f"by answers a trusted key signed: rebuild the sibling with --force, {FIX}")
     if found is None:
         raise ReferenceRefused(f"refused: its reference, {label}, published no served answers for this prompt set "
                                f"and max_new_tokens {spec.smoke.max_new_tokens} (built before with other smoke "

@@ -39,11 +39,12 @@ from pydantic import BaseModel
 
 from enginefoundry.build.sources import remove_stale_partials
 from enginefoundry.errors import InputError, ToolError
+from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
 from enginefoundry.settings import cache_root
 from enginefoundry.smoke.prompts import PromptCase
-from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_or_compute_reference
+from enginefoundry.smoke.reference import ReferenceKey, ReferenceOutcome, ReferenceSet, load_or_compute_reference
 from enginefoundry.spec import Precision
 from enginefoundry.spec.checks import (
     BUILD_DTYPE_WORDS,
@@ -53,6 +54,7 @@ from enginefoundry.spec.checks import (
     simulated_why,
 )
 from enginefoundry.store.backends import Store
+from enginefoundry.store.manifest import BuildInput
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -401,22 +403,29 @@ FROM_EXPORT_WHY = (f"the lane's own quantized checkpoint (ModelOpt's unified exp
 def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *, max_new_tokens: int,
                         store: Store | None, device: str = "cpu", weights_digest: str | None = None,
                         checkpoint: Path | None = None, dtype: str | None = None,
-                        progress: Callable[[str], None] = print) -> tuple[ReferenceSet, ReferenceOutcome]:
+                        progress: Callable[[str], None] = print,
+                        trust: InputTrust | None = None) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The answers a `precision` unit is judged against: the simulated model's (simulated on the host CPU,
     calibrated on `cases`; with `checkpoint`, the lane's exported checkpoint dequantized instead), greedy in
     `dtype` (the build's compute dtype; default simulated_dtype(source)) on `device`; cached and published by key
     as any reference. The source's own answers in that dtype (`weights_digest`: the source's, where the caller has
     it), which the `quantization cost` rule judges the simulation against, are computed here too: on a GPU before a
-    server takes it."""
+    server takes it. `trust` (evidence/inputs.py): which answers from the store may be used; the simulated model (a
+    folder of this host's cache, never read from the store) is recorded in it by its weights digest, which also keys
+    its answers."""
     dtype = dtype or simulated_dtype(source)
     if checkpoint is not None:
         sim, why = dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress), FROM_EXPORT_WHY
     else:
         sim, why = simulate(source, precision, cases, dtype=dtype, progress=progress), simulated_why(precision)
     ref, outcome = load_or_compute_reference(sim.folder, cases, dtype=dtype, max_new_tokens=max_new_tokens,
-                                             store=store, progress=progress, device=device)
+                                             store=store, progress=progress, device=device, trust=trust)
+    if trust is not None and isinstance(ref.key, ReferenceKey):
+        trust.record(BuildInput(kind="simulation", key=sim.key.digest, uri=str(sim.folder),
+                                sha256=ref.key.weights_digest, origin="computed" if sim.source == "computed"
+                                else "local cache"))
     load_or_compute_reference(source, cases, dtype=dtype, max_new_tokens=max_new_tokens, store=store,
-                              weights_digest=weights_digest, progress=progress, device=device)
+                              weights_digest=weights_digest, progress=progress, device=device, trust=trust)
     return ref, outcome.model_copy(update={"simulated": sim.label(), "simulated_why": why})
 
 

@@ -219,6 +219,12 @@ class SLOs(BaseModel):
     itl_p95_ms: Annotated[float, Field(gt=0)] | None = None
 
 
+# One client host holds at most this many connections to one server address and port: Linux's default ephemeral
+# port range, net.ipv4.ip_local_port_range 32768–60999 (Documentation/networking/ip-sysctl.rst). A concurrency above
+# it cannot run (10^9 validated and then failed at the benchmark, issue 34).
+MAX_CONCURRENCY = 60999 - 32768 + 1
+
+
 class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -241,4 +247,14 @@ class BenchmarkSpec(BaseModel):
         if len(set(self.concurrency)) != len(self.concurrency):
             raise ValueError(f"concurrency has duplicates: {self.concurrency}")
         self.concurrency = sorted(self.concurrency)
+        if self.concurrency[-1] > MAX_CONCURRENCY:
+            raise ValueError(f"concurrency {self.concurrency[-1]} is more connections than one client host opens to "
+                             f"one server (Linux's default ephemeral port range holds {MAX_CONCURRENCY}): it cannot "
+                             "run; give concurrencies the server can hold (e.g. up to its max_batch_size × a few)")
+        if self.enabled and self.request_count < self.concurrency[-1]:
+            top = self.concurrency[-1]
+            raise ValueError(f"request_count ({self.request_count}) is smaller than the largest concurrency ({top}): "
+                             f"that point would never hold {top} requests in flight, and its figures would be "
+                             f"reported at a load it never ran; set request_count to at least {top} (a few times "
+                             "it, for stable percentiles)")
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.matrix import Precision, Profile, Variant
@@ -125,12 +125,21 @@ class Prices(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpu_hour: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    gpu_hour: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]] = Field(
+        default_factory=dict, description="SKU substring → $/GPU-hour: finite, positive numbers (not `.inf`, not "
+                                          "`true`)")
     file: str | None = Field(default=None, description="YAML mapping SKU → $/GPU-hour, relative to the spec")
-    cpu_core_hour: Annotated[float, Field(gt=0)] = Field(
+    cpu_core_hour: Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)] = Field(
         default=0.04, description="$/core-hour for a cpu target (default: about an on-demand vCPU-hour)")
     cpu_cores: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="cores a cpu unit is charged for; default the worker's os.cpu_count()")
+
+    @field_validator("gpu_hour")
+    @classmethod
+    def _named(cls, table: dict[str, float]) -> dict[str, float]:
+        if any(not k.strip() for k in table):
+            raise ValueError("an empty SKU name is a substring of every SKU: name the SKU (e.g. h100)")
+        return table
 
 
 class SearchSpec(BaseModel):

@@ -4,6 +4,7 @@
     manifests/<model>/<key>/<build-id>.json                     one immutable manifest per build (unit or checkpoint)
     manifests/<model>/<key>/current.json                        the key's pointer (compare-and-swap)
     attestations/<model>/<key>/<build-id>.json                  a build's signed-attestation index
+    input-attestations/<kind>/<key>/<key id>/<digest>.json      a signed statement over an input a build reused
     verifications/<model>/<key>/<build-id>/<time>.json          what `verify` found, one record per check
     leases/<model>/<unit key>.json                              a build lease (+ `.broken-<holder>` notes beside it)
     quarantine/<key>.<time>-<random>                            a corrupt object, moved aside
@@ -26,6 +27,7 @@ BLOB_PREFIX = "blobs/sha256"
 MANIFESTS = "manifests"
 POINTER_NAME = "current.json"
 ATTESTATIONS = "attestations"
+INPUT_ATTESTATIONS = "input-attestations"
 VERIFICATIONS = "verifications"
 LEASES = "leases"
 QUARANTINE = "quarantine"
@@ -36,8 +38,8 @@ LEGACY_CHECKPOINTS = "checkpoints"
 LEGACY_MANIFEST_NAME = "manifest.json"
 
 # Every top-level prefix (tests/unit/test_store_layout.py greps the code for them).
-PREFIXES = (BLOB_PREFIX.split("/")[0], MANIFESTS, ATTESTATIONS, VERIFICATIONS, LEASES, QUARANTINE, REFERENCES,
-            RUN_OUTCOMES, LEGACY_UNITS, LEGACY_CHECKPOINTS)
+PREFIXES = (BLOB_PREFIX.split("/")[0], MANIFESTS, ATTESTATIONS, INPUT_ATTESTATIONS, VERIFICATIONS, LEASES, QUARANTINE,
+            REFERENCES, RUN_OUTCOMES, LEGACY_UNITS, LEGACY_CHECKPOINTS)
 # The folders a build's URI may name, the current layout first.
 BUILD_FOLDERS = (MANIFESTS, LEGACY_UNITS, LEGACY_CHECKPOINTS)
 
@@ -95,6 +97,13 @@ def legacy_manifest_key(prefix: str) -> str:
 
 def attestation_index_key(model: str, key: str, build_id: str) -> str:
     return f"{ATTESTATIONS}/{segment(model, 'model name')}/{segment(key, 'key')}/{segment(build_id, 'build id')}.json"
+
+
+def input_attestations_prefix(kind: str, key: str, key_id: str) -> str:
+    """The signed statements of one signer (its key id) over an input of `kind` and `key` that builds reuse (a converted
+    checkpoint, reference answers, their spread): evidence/inputs.py. Each is named by its own sha256."""
+    return (f"{INPUT_ATTESTATIONS}/{segment(kind, 'input kind')}/{segment(key, 'key')}/"
+            f"{segment(key_id, 'key id')}/")
 
 
 def verification_prefix(model: str, key: str, build_id: str) -> str:

@@ -284,13 +284,15 @@ class LeaseHeld(InputError):
 
 
 def break_lease(store: Store, key: str, force: bool = False, by: str | None = None) -> bool:
-    """Remove a lease by its store key or by the unit key it guards. True when one was removed. A lease whose
+    """Remove a lease by its store key or by the unit key it guards, given whole: a prefix of a key is never enough
+    (a lease broken by mistake lets two runs build in one work folder). True when one was removed. A lease whose
     holder still works is removed only with `force`: the holder is then told, when its renewal fails, that the
     lease was broken by hand (`HeldLease.lost_reason`), not that it renewed too late."""
     candidates = [key] if is_lease_key(key) else [
-        k for k in store.list(leases_prefix()) if k.endswith(".json") and Path(k).stem.startswith(key)]
+        k for k in store.list(leases_prefix()) if k.endswith(".json") and Path(k).stem == key]
     if len(candidates) > 1:
-        raise StoreError(f"'{key}' matches {len(candidates)} leases; give more of the key")
+        raise StoreError(f"'{key}' is the unit key of {len(candidates)} leases (of several models): give the "
+                         f"lease's store key ({', '.join(candidates[:3])})")
     for k in candidates:
         found = store.read_versioned(k)
         if found is None:

@@ -86,6 +86,37 @@ def file_list_problems(files: list[FileEntry]) -> list[str]:
     return problems
 
 
+class InputFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    sha256: str = Field(pattern=SHA256_HEX)
+
+
+INPUT_KINDS = ("converted-checkpoint", "reference", "sibling-reference", "spread", "simulation")
+InputKind = Literal["converted-checkpoint", "reference", "sibling-reference", "spread", "simulation"]
+
+
+class BuildInput(BaseModel):
+    """Something a build consumed besides its named sources: a converted checkpoint, reference answers (the source's,
+    a simulation's or a sibling unit's), their measured spread, a simulated model. Bound by digest in the manifest,
+    which the build's signed statements cover: a signature names exactly the bytes the build was made and judged
+    with, and how it came by them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: InputKind
+    key: str = Field(description="its cache key (a converted checkpoint's key, a reference's key digest, …)")
+    uri: str = Field(default="", description="where it is: its manifest or document in the store, or a local folder")
+    sha256: str = Field(pattern=SHA256_HEX, description="of its manifest's bytes (a converted checkpoint), its "
+                        "document's bytes (answers, a spread) or its weights (a simulated model)")
+    origin: Literal["computed", "store", "local cache"] = Field(
+        description="computed: derived from the named sources in this run; store or local cache: reused")
+    proven_by: str = Field(default="", description="a reused input of a signed build: the trusted signer whose "
+                           "signature over `sha256` was checked before the build used it")
+    files: list[InputFile] = Field(default_factory=list, description="a converted checkpoint's files")
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -113,6 +144,8 @@ class Manifest(BaseModel):
     prompts_digest: str | None = Field(default=None, description="sha256 of the smoke prompt set that gated the unit")
     # JSON edge: free-form manifest field, as published
     gate: dict[str, Any] = Field(default_factory=dict, description="the smoke gate settings the unit was judged by")
+    inputs: list[BuildInput] = Field(default_factory=list, description="what the build consumed besides its named "
+                                     "sources, each bound by digest (evidence/inputs.py)")
     status: Literal[UnitStatus.CANDIDATE, UnitStatus.REJECTED] = Field(
         description="candidate | rejected (a failed unit is never published)")
     status_reason: str = ""

@@ -443,13 +443,29 @@ def publish_checkpoint(
     # JSON edge: the checkpoint manifest's fields, validated by CheckpointManifest
     store: Store, manifest_fields: dict[str, Any], folder: Path, progress: Callable[[str], None] = print,
 ) -> CheckpointManifest:
+    current = publish_checkpoint_build(store, manifest_fields, folder, progress)[1]
+    assert current.checkpoint is not None
+    return current.checkpoint
+
+
+def publish_checkpoint_build(
+    # JSON edge: the checkpoint manifest's fields, validated by CheckpointManifest
+    store: Store, manifest_fields: dict[str, Any], folder: Path, progress: Callable[[str], None] = print,
+    replaces: str | None = None, before_current: Callable[[PublishedBuild], None] | None = None,
+) -> tuple[PublishedBuild, PublishedBuild]:
+    """Publish a converted checkpoint: (this build, the current build). The current build is this one, or a healthy
+    build that another run made current first (never `replaces`, the build this run refused: `_commit`). This build
+    is what the run's own folder holds, whichever is current; `before_current` runs on it before the pointer moves
+    (signing: evidence/inputs.py)."""
     entries, _, _ = upload_folders(store, {"checkpoint": folder}, progress)
     build_id = new_build_id()
     manifest = CheckpointManifest.model_validate({**manifest_fields, "build_id": build_id,
                                                   "files": [e.model_dump() for e in entries]})
-    current = _commit(store, manifest.model, manifest.key, build_id, manifest.to_json(), False, "checkpoint")
-    assert current.checkpoint is not None
-    return current.checkpoint
+    current = _commit(store, manifest.model, manifest.key, build_id, manifest.to_json(), False, "checkpoint",
+                      replaces, before_current)
+    mine = current if current.build_id == build_id else read_build(store, manifest.model, manifest.key, build_id,
+                                                                    "checkpoint")
+    return mine, current
 
 
 def read_manifest(store: Store, key: str) -> Manifest:

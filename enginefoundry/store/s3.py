@@ -14,7 +14,8 @@ def s3_endpoint(explicit: str | None = None) -> str | None:
 
 
 # boto3 edge: an S3Client; Any here because boto3-stubs is installed without its s3 extra (mypy_boto3_s3)
-def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16) -> Any:
+def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16, max_attempts: int | None = None) -> Any:
+    """`max_attempts`: calls per request, retries included (default $EF_S3_MAX_ATTEMPTS's setting)."""
     # boto3 and botocore (17 MB) are imported here, not at the top: a file:// store never needs them, and the GPU
     # run bundle (scripts/gpu_bundle.py) leaves them out to fit the device tool's 64 MiB.
     import boto3
@@ -26,7 +27,7 @@ def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16) -> Any:
         # such as SlowDown) with truncated exponential backoff and full jitter: rand(0,1)·min(scale·2^i, 20 s),
         # scale 1 s when throttled, 0.05 s otherwise (botocore/retries/standard.py ExponentialBackoff,
         # botocore 1.44.8). max_attempts counts the first call.
-        retries={"max_attempts": EnvSettings().s3_max_attempts, "mode": "standard"},
+        retries={"max_attempts": max_attempts or EnvSettings().s3_max_attempts, "mode": "standard"},
         max_pool_connections=max_pool,
         connect_timeout=5,
         read_timeout=60,

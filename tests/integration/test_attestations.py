@@ -42,7 +42,7 @@ def _signer(keys, name: str) -> KeyPairSigner:
     return signer_from_env({ENV_KEY_FILE: str(keys[name][0]), "ENGINEFOUNDRY_SIGNER_NAME": f"ci-{name}"})
 
 
-def _publish(store: Store, tmp: Path, tag: str, signer) -> tuple[str, str]:
+def _publish(store: Store, tmp: Path, tag: str, signer, status: str = "candidate") -> tuple[str, str]:
     """A small unit build, published and (with a signer) signed; (manifest URI, build id)."""
     root = tmp / f"bundle-{tag}"
     (root / "model").mkdir(parents=True)
@@ -51,7 +51,7 @@ def _publish(store: Store, tmp: Path, tag: str, signer) -> tuple[str, str]:
     comps = {"unit": tag}
     fields = dict(key=key_of(comps), key_components=comps, model="m", unit=tag, lane="reference", target={},
                   variant={}, profile={}, source={"uri": "hf://org/m@abc", "weights_digest": "1" * 64},
-                  status="candidate", mlflow_run_id="r1", gate={"min_agreement": 0.9},
+                  status=status, mlflow_run_id="r1", gate={"min_agreement": 0.9},
                   smoke={"smoke_agreement": 0.97, "samples": 64},
                   benchmark={"tool": "aiperf", "points": [{"concurrency": 32, "output_tps": 123.0}]})
     result = publish_build(store, "m", fields, {"bundle": root}, **QUIET)
@@ -416,7 +416,15 @@ def test_mlflow_is_not_told_signed_when_the_attestations_do_not_check(tmp_path, 
 
     store = FileStore(f"file://{tmp_path / 'store'}")
     uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
-    assert tags_for(uri)[TAG_SIGNATURE] == "signed"
+    trusted = TrustPolicy(keys=[TrustedKey(name="old", public_key=keys["old"][1].read_text())])
+    assert tags_for(uri, policy=trusted)[TAG_SIGNATURE] == "signed"
+    # Issue 34: a consistent signature by a key the run's policy does not trust is never "signed" (nor is any
+    # signature where the policy trusts no key).
+    stranger, _ = _publish(store, tmp_path, "s", _signer(keys, "stranger"))
+    assert tags_for(stranger, policy=trusted)[TAG_SIGNATURE].startswith("untrusted: ")
+    assert "not among the trusted keys" in tags_for(stranger, policy=trusted)[TAG_SIGNATURE]
+    assert tags_for(uri)[TAG_SIGNATURE].startswith("untrusted: no trusted key is configured")
+    assert TAG_SIGNER not in tags_for(stranger, policy=trusted)
     build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
     index = read_index(store, build)
     gate = next(e for e in index.attestations if e.kind == "gate")
@@ -430,7 +438,7 @@ def test_mlflow_is_not_told_signed_when_the_attestations_do_not_check(tmp_path, 
     _rewrite(store, index_key(build), index.model_copy(update={"attestations": [
         e.model_copy(update={"sha256": digest, "size": len(forged)}) if e.kind == "gate" else e
         for e in index.attestations]}).model_dump_json().encode())
-    tags = tags_for(uri)
+    tags = tags_for(uri, policy=trusted)
     assert tags[TAG_SIGNATURE].startswith("invalid: gate: signature does not verify"), tags
     assert TAG_SIGNER not in tags
 
@@ -453,6 +461,54 @@ def test_tools_and_servers_never_get_the_private_key_in_their_environment(tmp_pa
     text = log.read_text()
     assert "visible-to-tools" in text
     assert pem.splitlines()[1] not in text and "pw-never-printed" not in text and ENV_KEY not in text
+
+
+def test_the_reaper_and_the_embedded_prefect_server_never_get_the_signing_key(tmp_path, keys, monkeypatch):
+    """Issue 34: the key sat in the environment of the embedded Prefect API server and of the reaper, neither of
+    which signs. Their environments (/proc/<pid>/environ, as the kernel holds them) have neither the key, its
+    password nor the key file's path; the rest of the environment still reaches them."""
+    import subprocess
+    import sys
+
+    from enginefoundry import runner
+    from enginefoundry.evidence.signing import ENV_KEY, ENV_KEY_PASSWORD
+    from enginefoundry.flows.ephemeral import start_early_server
+
+    pem = keys["old"][0].read_text()
+    monkeypatch.setenv(ENV_KEY, pem)
+    monkeypatch.setenv(ENV_KEY_PASSWORD, "pw-never-printed")
+    monkeypatch.setenv(ENV_KEY_FILE, str(keys["old"][0]))
+    monkeypatch.setenv("EF_TEST_VISIBLE", "visible-to-children")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+
+    def environ(pid: int) -> str:
+        return Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n").decode(errors="replace")
+
+    monkeypatch.setattr(runner, "_REAPER", runner._Reaper())  # this process's own starts with this environment
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    server = None
+    try:
+        runner.reap_with_this_process(sleeper.pid)
+        reaper = runner._REAPER._proc
+        assert reaper is not None
+        server = start_early_server()
+        assert server is not None, "this Prefect release starts no early server"
+        for text in (environ(reaper.pid), environ(server.proc.pid)):
+            assert "visible-to-children" in text
+            assert pem.splitlines()[1] not in text and "pw-never-printed" not in text
+            assert ENV_KEY not in text and str(keys["old"][0]) not in text
+    finally:
+        if server is not None:
+            server.stop()
+        runner.forget_reaped(sleeper.pid)
+        sleeper.kill()
+        sleeper.wait()
+        fresh = runner._REAPER._proc
+        if fresh is not None and fresh.stdin is not None:
+            fresh.stdin.close()  # EOF: it kills what is still registered (nothing) and exits
+            fresh.wait(timeout=30)
 
 
 def test_a_worker_without_the_key_does_not_publish_unsigned_for_a_spec_that_requires_signatures(tmp_path,
@@ -526,3 +582,108 @@ def test_an_oversized_attestation_index_is_refused_unread(tmp_path, keys, monkey
     monkeypatch.setattr(FileStore, "read_versioned", no_big_reads)
     verdict = verify_attestations(store, build, TrustPolicy())
     assert verdict.state == "failed" and "bytes" in verdict.problems[0], verdict.problems
+
+
+# Issue 34: relocation refused in every mode, the signed gate result shown, index text escaped, times signed.
+
+
+def test_a_signed_build_copied_to_another_location_is_refused_in_every_mode(store, tmp_path, keys, capsys):
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    other = key_of({"unit": "elsewhere"})
+    # A writer copies the signed manifest and its index, byte for byte, under another key.
+    moved_manifest = build_manifest_key("m", other, build_id)
+    store.create_if_absent(moved_manifest, store.read_bytes(build.manifest_key))
+    store.create_if_absent(index_key(build).replace(build.key, other), store.read_bytes(index_key(build)))
+    moved = f"{store.uri}/{moved_manifest}"
+    pub = str(keys["old"][1])
+    code, out, _ = _verify(capsys, moved, "--trusted-key", pub)
+    assert code == 1 and out["signature"]["state"] == "failed"
+    assert all(p.split(": ", 1)[1].startswith("relocated") for p in out["signature"]["problems"]), out
+    assert main(["verify", moved, "--trusted-key", pub]) == 1
+    dest = tmp_path / "pulled"
+    assert main(["pull", moved, str(dest), "--trusted-key", pub]) == 1
+    assert "relocated" in capsys.readouterr().err and not dest.exists()
+    code, out, _ = _verify(capsys, uri, "--trusted-key", pub)  # the original still verifies
+    assert code == 0 and out["signature"]["state"] == "verified"
+
+
+def test_pull_and_verify_say_the_signed_gate_result(store, tmp_path, keys, capsys):
+    rejected, _ = _publish(store, tmp_path, "r", _signer(keys, "old"), status="rejected")
+    pub = str(keys["old"][1])
+    assert main(["verify", rejected, "--signatures-only", "--trusted-key", pub]) == 0
+    out = capsys.readouterr().out
+    assert "the signed gate result is FAILED" in out and "provenance, gate and benchmark verified" not in out
+    assert main(["pull", rejected, str(tmp_path / "r"), "--trusted-key", pub]) == 0
+    out = capsys.readouterr().out
+    assert "the signed gate result is FAILED: this build did not pass its smoke gate" in out
+    passed, _ = _publish(store, tmp_path, "p", _signer(keys, "old"))
+    assert main(["pull", passed, str(tmp_path / "p"), "--trusted-key", pub]) == 0
+    assert "provenance, gate and benchmark verified (gate PASSED)" in capsys.readouterr().out
+
+
+def test_an_index_s_signer_text_is_escaped_and_its_time_is_not_believed(store, tmp_path, keys, capsys):
+    uri, build_id = _publish(store, tmp_path, "a", _signer(keys, "old"))
+    build = read_build(store, "m", uri.rsplit("/", 2)[1], build_id)
+    index = read_index(store, build)
+    hostile = index.model_copy(update={"signed_at": "1999-01-01T00:00:00+00:00", "signer": index.signer.model_copy(
+        update={"identity": "ci\x1b]0;owned\x07\x1b[2J\nsigned by root"})})
+    _rewrite(store, index_key(build), hostile.model_dump_json().encode())
+    assert main(["verify", uri, "--signatures-only"]) == 0  # no trusted key: the index's signer is shown, escaped
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b]0;owned" in out and "\\nsigned by root" in out, out
+    code, doc, _ = _verify(capsys, uri, "--trusted-key", str(keys["old"][1]))
+    assert code == 0 and doc["signature"]["state"] == "verified"
+    assert not doc["signature"]["signed_at"].startswith("1999"), doc  # the statement's own time
+    assert doc["signature"]["signed_at"][:4] == str(datetime.now(UTC).year)
+
+
+def test_rollback_applies_the_signature_policy(tmp_path, keys, capsys, monkeypatch):
+    """`rollback` puts a build back into service as `promote` does: with ENGINEFOUNDRY_REQUIRE_SIGNATURE=1 it refuses
+    to make an unsigned build the champion again (issue 34), and nothing moves."""
+    from enginefoundry.build.units import expand_units
+    from enginefoundry.records.promotion import Registry, unit_alias_stem
+    from enginefoundry.records.run_records import tracker_for
+    from enginefoundry.spec import load_spec
+    from enginefoundry.tasks.track import register_published_unit
+
+    for var in ("ENGINEFOUNDRY_TRUST_POLICY", "ENGINEFOUNDRY_TRUSTED_KEYS", "ENGINEFOUNDRY_REQUIRE_SIGNATURE",
+                ENV_KEY, ENV_KEY_FILE):
+        monkeypatch.delenv(var, raising=False)
+    spec = load_spec(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml")
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = spec.model_copy(update={
+        "tracking": spec.tracking.model_copy(update={"mlflow_uri": mlflow_uri, "registered_model": "rb"}),
+        "publish": spec.publish.model_copy(update={"store": f"file://{tmp_path / 'store'}"})})
+    store = FileStore(spec.publish.store)
+    unit = expand_units(spec)[0]
+    tracker = tracker_for(spec)
+    registry = Registry(mlflow_uri)
+    stem = unit_alias_stem(spec, unit)
+    versions = []
+    for tag, signer in (("unsigned", None), ("signed", _signer(keys, "old"))):
+        root = tmp_path / tag
+        root.mkdir()
+        (root / "weights.bin").write_bytes(tag.encode() * 100)
+        comps = {"unit": unit.name, "tag": tag}
+        result = publish_build(store, spec.model.name, dict(
+            key=key_of(comps), key_components=comps, model=spec.model.name, unit=unit.name, lane="reference",
+            target={}, variant={}, profile={}, source={"weights_digest": "1" * 64, "tokenizer_digest": "2" * 64},
+            status="candidate"), {"bundle": root}, **QUIET)
+        sign_published(store, spec.model.name, result.manifest.key, result.build_id, signer, **QUIET)
+        run_id = tracker.start_run(tag, {})
+        tracker.end_run(run_id, True)
+        versions.append(register_published_unit.fn(spec, unit, result.manifest, result.uri, run_id,
+                                                    result.manifest_sha256))
+        registry.promote(spec.registered_model_name, stem, versions[-1], "test")
+    monkeypatch.setenv("ENGINEFOUNDRY_REQUIRE_SIGNATURE", "1")
+    monkeypatch.setenv("ENGINEFOUNDRY_TRUSTED_KEYS", str(keys["old"][1]))
+    capsys.readouterr()
+    assert main(["rollback", "rb", "--target", stem, "--mlflow-uri", mlflow_uri]) == 1
+    err = capsys.readouterr().err
+    assert "rollback refused" in err and "UNSIGNED" in err, err
+    assert str(registry.version_by_alias("rb", f"{stem}-champion").version) == versions[1]
+    monkeypatch.delenv("ENGINEFOUNDRY_REQUIRE_SIGNATURE")
+    monkeypatch.delenv("ENGINEFOUNDRY_TRUSTED_KEYS")
+    assert main(["rollback", "rb", "--target", stem, "--mlflow-uri", mlflow_uri]) == 0
+    assert str(registry.version_by_alias("rb", f"{stem}-champion").version) == versions[0]

@@ -117,7 +117,17 @@ def _plant_champion(template: Path) -> None:
     db_templates.digest_path(template).write_text(sha256_file(template) + "\n")
 
 
-@pytest.mark.parametrize("damage", ["hostile rows and a trigger", "corrupt bytes"])
+def _plant_index(template: Path) -> None:
+    """Issue 34: one extra unique index on a constant passed every earlier check (digest, quick_check, no trigger or
+    view, no rows) and made the second insert into `runs` of every new file fail, naming neither the template nor
+    the fix."""
+    with contextlib.closing(sqlite3.connect(template)) as db:
+        db.execute("CREATE UNIQUE INDEX ix_plant ON runs((1))")
+        db.commit()
+    db_templates.digest_path(template).write_text(sha256_file(template) + "\n")
+
+
+@pytest.mark.parametrize("damage", ["hostile rows and a trigger", "corrupt bytes", "an extra unique index"])
 def test_a_hostile_or_corrupt_mlflow_template_never_reaches_a_new_file(monkeypatch, tmp_path: Path, capsys,
                                                                         damage: str) -> None:
     import mlflow
@@ -132,18 +142,25 @@ def test_a_hostile_or_corrupt_mlflow_template_never_reaches_a_new_file(monkeypat
         with template.open("r+b") as f:
             f.seek(4096)
             f.write(b"\0garbage" * 512)
+    elif damage == "an extra unique index":
+        _plant_index(template)
     else:
         _plant_champion(template)
     capsys.readouterr()
     tracker = Tracker(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}", "demo")  # no misleading failure
     assert tracker.client.search_registered_models() == []
+    for _ in range(2):  # the second insert into runs is what the planted index broke
+        tracker.client.create_run(tracker.experiment_id)
     with contextlib.closing(sqlite3.connect(tmp_path / "b" / "mlflow.db")) as db:
         assert db.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name = 'plant'").fetchall() == []
     err = capsys.readouterr().err
     assert f"database template {template}" in err and "removed it" in err
+    if damage == "an extra unique index":
+        assert "index 'ix_plant' on 'runs' is not theirs" in err and "MLflow" in err, err
     from enginefoundry.records.tracking import _mlflow_template_rules
 
-    # Rebuilt from MLflow's own migrations, and it passes the checks (its one trigger is MLflow's).
+    # Rebuilt from MLflow's own migrations, and it passes the checks: its whole schema is the one recorded for this
+    # release (enginefoundry/schemas/db/; after an upgrade: scripts/record_db_schemas.py).
     assert db_templates.template_problem(template, db_templates.digest_path(template), _mlflow_template_rules()) is None
 
 
@@ -164,5 +181,6 @@ def test_a_corrupt_prefect_template_is_replaced_not_served(monkeypatch, tmp_path
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("PRAGMA quick_check").fetchall() == [("ok",)]
         assert conn.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    rules = db_templates.recorded_rules("prefect", prefect.__version__, label="Prefect")
     assert db_templates.template_problem(cache / template, db_templates.digest_path(cache / template),
-                                         db_templates.TemplateRules()) is None
+                                         rules) is None  # what Prefect's migrations make is what is recorded

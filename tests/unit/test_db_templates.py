@@ -25,6 +25,17 @@ def _db(path: Path, rows: list[tuple[int, str]]) -> Path:
     return path
 
 
+def _toy_rules() -> db_templates.TemplateRules:
+    """What the toy tool's "migrations" (`_db`) make: the schema a template of it must have."""
+    with contextlib.closing(sqlite3.connect(":memory:")) as db:
+        db.execute("CREATE TABLE experiments (id INTEGER PRIMARY KEY, name TEXT)")
+        db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+        return db_templates.TemplateRules(schema=db_templates.schema_of(db), heads=("head",), what="the toy's")
+
+
+RULES = _toy_rules()
+
+
 def _template(path: Path) -> Path:
     """A template as this tool keeps it: the database and its digest beside it."""
     _db(path, [])
@@ -57,13 +68,13 @@ def test_keep_scrubs_the_copy_and_leaves_the_database(tmp_path: Path) -> None:
 def test_seed_copies_the_template_into_a_new_file_only(tmp_path: Path) -> None:
     template = _template(tmp_path / "template.db")
     new = tmp_path / "sub" / "new.db"
-    assert db_templates.seed(new, template)
+    assert db_templates.seed(new, template, RULES)
     assert new.read_bytes() == template.read_bytes()
     existing = _db(tmp_path / "existing.db", [(5, "kept")])
     before = existing.read_bytes()
-    assert not db_templates.seed(existing, template)
+    assert not db_templates.seed(existing, template, RULES)
     assert existing.read_bytes() == before
-    assert not db_templates.seed(tmp_path / "none.db", tmp_path / "no-template.db")
+    assert not db_templates.seed(tmp_path / "none.db", tmp_path / "no-template.db", RULES)
     assert not (tmp_path / "none.db").exists()
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["new.db"]
 
@@ -80,7 +91,7 @@ def test_a_file_created_meanwhile_is_kept(monkeypatch, tmp_path: Path) -> None:
         _db(target, [(7, "theirs")])
 
     monkeypatch.setattr(db_templates.shutil, "copyfile", copy_then_other_run)
-    assert not db_templates.seed(target, template)
+    assert not db_templates.seed(target, template, RULES)
     assert _rows(target, "experiments") == [(7, "theirs")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["race.db", "template.db", "template.db.sha256"]
 
@@ -94,7 +105,7 @@ def test_a_killed_seeds_temporary_is_removed_and_a_live_ones_kept(tmp_path: Path
     live.write_bytes(b"in progress")
     other = tmp_path / ".other.db.seed-1"  # another database's name: not ours to judge
     other.write_bytes(b"x")
-    assert db_templates.seed(tmp_path / "new.db", template)
+    assert db_templates.seed(tmp_path / "new.db", template, RULES)
     assert not left.exists()
     assert live.exists() and other.exists()
 
@@ -103,24 +114,25 @@ def test_a_killed_seeds_temporary_is_removed_and_a_live_ones_kept(tmp_path: Path
 def test_temporaries_without_a_pid_are_left(tmp_path: Path, bad: str) -> None:
     stray = tmp_path / f".new.db.seed-{bad}"
     stray.write_bytes(b"x")
-    assert db_templates.seed(tmp_path / "new.db", _template(tmp_path / "template.db"))
+    assert db_templates.seed(tmp_path / "new.db", _template(tmp_path / "template.db"), RULES)
     assert stray.exists()
 
 
 def test_the_protocol_migrates_and_keeps_once_then_seeds(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
     first, second = tmp_path / "a" / "x.db", tmp_path / "b" / "x.db"
-    with db_templates.started_from_template(first, "tool", "1", scrub=("DELETE FROM experiments",)) as migrate:
+    with db_templates.started_from_template(first, "tool", "1", scrub=("DELETE FROM experiments",),
+                                            rules=RULES) as migrate:
         assert migrate  # no template yet: the tool creates the file
         first.parent.mkdir()
         _db(first, [(0, "per-file")])
     template = db_templates.template_path("tool", "1")
     assert _rows(template, "experiments") == []
-    with db_templates.started_from_template(second, "tool", "1") as migrate:
+    with db_templates.started_from_template(second, "tool", "1", rules=RULES) as migrate:
         assert not migrate
     assert second.read_bytes() == template.read_bytes()
     before = first.read_bytes()
-    with db_templates.started_from_template(first, "tool", "1") as migrate:
+    with db_templates.started_from_template(first, "tool", "1", rules=RULES) as migrate:
         assert not migrate
     assert first.read_bytes() == before
 
@@ -140,8 +152,16 @@ def _plant(template: Path, statements: list[str], keep_digest: bool) -> None:
     (["INSERT INTO experiments VALUES (9, 'attacker')"], True, "sha256 is not the one"),
     (["INSERT INTO experiments VALUES (9, 'attacker')"], False, "table experiments holds 1 row"),
     (["CREATE TRIGGER t AFTER INSERT ON experiments BEGIN INSERT INTO experiments VALUES (99, 'x'); END"], False,
-     "holds a trigger (t)"),
-    (["CREATE VIEW v AS SELECT * FROM experiments"], False, "holds a view (v)"),
+     "trigger 't' on 'experiments' is not theirs"),
+    (["CREATE VIEW v AS SELECT * FROM experiments"], False, "view 'v' on 'v' is not theirs"),
+    # Issue 34: one extra unique index passed every other check, and broke every new file's second insert.
+    (["CREATE UNIQUE INDEX ix_one ON experiments((1))"], False, "index 'ix_one' on 'experiments' is not theirs"),
+    (["ALTER TABLE experiments ADD COLUMN owner TEXT NOT NULL DEFAULT 'x'"], False,
+     "table 'experiments' on 'experiments' differs"),
+    (["DROP TABLE experiments", "CREATE TABLE experiments (id INTEGER PRIMARY KEY, name TEXT CHECK (name = 'x'))"],
+     False, "table 'experiments' on 'experiments' differs"),
+    (["DROP TABLE experiments"], False, "it lacks table 'experiments'"),
+    (["UPDATE alembic_version SET version_num = 'older'"], False, "its Alembic revision is older, not head"),
 ])
 def test_a_tampered_template_is_discarded_with_a_message_and_rebuilt(
         monkeypatch, tmp_path: Path, capsys, statements, keep_digest, reason) -> None:
@@ -153,7 +173,7 @@ def test_a_tampered_template_is_discarded_with_a_message_and_rebuilt(
     db_templates.keep_as_template(_db(tmp_path / "fresh.db", []), template)
     _plant(template, statements, keep_digest)
     new = tmp_path / "run" / "x.db"
-    with db_templates.started_from_template(new, "tool", "1") as migrate:
+    with db_templates.started_from_template(new, "tool", "1", rules=RULES) as migrate:
         assert migrate, "a tampered template was used"
         new.parent.mkdir(exist_ok=True)
         _db(new, [])
@@ -162,8 +182,8 @@ def test_a_tampered_template_is_discarded_with_a_message_and_rebuilt(
     assert _rows(new, "experiments") == []
     # Rebuilt from the tool's own migration, and then used again.
     assert db_templates.template_problem(template, db_templates.digest_path(template),
-                                         db_templates.TemplateRules()) is None
-    assert db_templates.seed(tmp_path / "next.db", template)
+                                         RULES) is None
+    assert db_templates.seed(tmp_path / "next.db", template, RULES)
 
 
 def test_a_corrupt_or_unsigned_template_is_never_seeded(tmp_path: Path, capsys) -> None:
@@ -172,8 +192,47 @@ def test_a_corrupt_or_unsigned_template_is_never_seeded(tmp_path: Path, capsys) 
         f.seek(100)
         f.write(b"\xff" * 2000)
     db_templates.digest_path(template).write_text(sha256_file(template) + "\n")
-    assert not db_templates.seed(tmp_path / "a.db", template) and not (tmp_path / "a.db").exists()
+    assert not db_templates.seed(tmp_path / "a.db", template, RULES) and not (tmp_path / "a.db").exists()
     assert not template.exists() and "removed it" in capsys.readouterr().err
     unsigned = _db(tmp_path / "unsigned.db", [])  # no digest: not kept by this tool
-    assert not db_templates.seed(tmp_path / "b.db", unsigned)
+    assert not db_templates.seed(tmp_path / "b.db", unsigned, RULES)
     assert "no digest beside it" in capsys.readouterr().err
+
+
+def test_a_release_without_a_record_of_its_schema_gets_no_template(monkeypatch, tmp_path: Path, capsys) -> None:
+    """What the tool's migrations make is read from the committed record of its release, never from the cache: a
+    release with none migrates every new file itself, and keeps no template."""
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    unknown = db_templates.recorded_rules("tool", "0.0-unrecorded")
+    assert unknown.schema is None
+    for name in ("a", "b"):
+        new = tmp_path / name / "x.db"
+        with db_templates.started_from_template(new, "tool", "0.0-unrecorded", rules=unknown) as migrate:
+            assert migrate
+            new.parent.mkdir()
+            _db(new, [])
+    assert not db_templates.template_path("tool", "0.0-unrecorded").exists()
+
+
+def test_a_migrated_file_with_another_schema_is_not_kept(monkeypatch, tmp_path: Path, capsys) -> None:
+    """Another SQLAlchemy can write other SQL for the same release: such a file is not kept as a template that
+    every later seed would then remove."""
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    new = tmp_path / "a" / "x.db"
+    with db_templates.started_from_template(new, "tool", "1", rules=RULES) as migrate:
+        assert migrate
+        new.parent.mkdir()
+        _db(new, [])
+        with contextlib.closing(sqlite3.connect(new)) as db:
+            db.execute("CREATE INDEX other ON experiments (name)")
+    assert not db_templates.template_path("tool", "1").exists()
+    assert "not kept" in capsys.readouterr().err
+
+
+def test_the_recorded_schemas_are_read(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    for tool, release in (("mlflow", version("mlflow-skinny")), ("prefect", version("prefect"))):
+        rules = db_templates.recorded_rules(tool, release)
+        assert rules.schema and rules.heads, f"no record of {tool} {release}: run scripts/record_db_schemas.py"
+        assert any(kind == "table" for kind, *_ in rules.schema)

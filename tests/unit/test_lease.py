@@ -234,7 +234,11 @@ def test_leases_command_lists_and_breaks(store: FileStore, capsys: pytest.Captur
     rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows[held.key]["alive"] == "yes" and not rows[held.key]["stale"]
     assert rows[dead.key]["alive"] == "no" and rows[dead.key]["stale"]
-    assert main(["leases", "--store", store.uri, "--break", "0123"]) == 0
+    # A key is matched whole (issue 34: `--break c` cleared a lease by one character of its key).
+    assert main(["leases", "--store", store.uri, "--break", "0123"]) == 2
+    assert main(["leases", "--store", store.uri, "--break", "0123dea"]) == 2
+    assert len(list_leases(store)) == 2
+    assert main(["leases", "--store", store.uri, "--break", "0123dead"]) == 0
     assert [r.key for r in list_leases(store)] == [held.key]
     assert main(["leases", "--store", store.uri, "--break", "nothing-like-it"]) == 2
     held.release()
@@ -248,11 +252,11 @@ def test_breaking_a_live_lease_asks_for_force_and_its_holder_is_told(store: File
     assert held is not None
     try:
         capsys.readouterr()
-        assert main(["leases", "--store", store.uri, "--break", "feedface"]) == 2
+        assert main(["leases", "--store", store.uri, "--break", "feedface0123"]) == 2
         err = capsys.readouterr().err
         assert "still working" in err and "host:1:live" in err and f"pid {os.getpid()}, alive" in err
         assert "--force" in err and read_lease(store, held.key) is not None
-        assert main(["leases", "--store", store.uri, "--break", "feedface", "--force"]) == 0
+        assert main(["leases", "--store", store.uri, "--break", "feedface0123", "--force"]) == 0
         assert read_lease(store, held.key) is None
         assert not held.renew() and held.lost
         plan = CachePlan(leases={"feedface0123": held})

@@ -164,3 +164,100 @@ def test_a_hostile_bundle_is_a_signature_error_not_a_crash(doc):
                                            if "verificationMaterial" in doc else {})}
     with pytest.raises(SignatureError):
         open_bundle(json.dumps(bundle).encode())
+
+
+# Issue 34: a signature policy that cannot be half-set.
+
+
+def _no_trust_env(monkeypatch) -> None:
+    for var in ("ENGINEFOUNDRY_SIGNING_KEY", "ENGINEFOUNDRY_SIGNING_KEY_FILE", "ENGINEFOUNDRY_SIGNER",
+                "ENGINEFOUNDRY_TRUST_POLICY", "ENGINEFOUNDRY_TRUSTED_KEYS", "ENGINEFOUNDRY_REQUIRE_SIGNATURE",
+                "ENGINEFOUNDRY_SIGNER_NAME"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def _problems(spec) -> dict[str, str]:
+    from enginefoundry.errors import SpecError
+    from enginefoundry.planning.validate import validate_deep
+
+    with pytest.raises(SpecError) as err:
+        validate_deep(spec)
+    return dict(err.value.problems)
+
+
+def test_require_signature_without_a_trusted_key_is_refused_by_validate(tmp_path, monkeypatch):
+    _no_trust_env(monkeypatch)
+    key, _ = keygen(tmp_path / "keys" / "ci")
+    monkeypatch.setenv("ENGINEFOUNDRY_SIGNING_KEY_FILE", str(key))
+    _, spec = _spec_with(tmp_path, require_signature=True)
+    problems = _problems(spec)
+    assert "trusts no key" in problems["publish.require_signature"], problems
+    assert "publish.trusted_keys" in problems["publish.require_signature"]
+    # The same through a trust policy file with `require_signature: true` and no keys.
+    (tmp_path / "trust.yaml").write_text("require_signature: true\nkeys: []\n")
+    _, spec = _spec_with(tmp_path, trust_policy="trust.yaml")
+    assert "trusts no key" in _problems(spec)["publish.require_signature"]
+
+
+def test_a_signing_key_the_spec_does_not_trust_is_refused(tmp_path, monkeypatch):
+    from enginefoundry.planning.validate import validate_deep
+
+    _no_trust_env(monkeypatch)
+    key, _ = keygen(tmp_path / "keys" / "ci")
+    keygen(tmp_path / "keys" / "other")
+    monkeypatch.setenv("ENGINEFOUNDRY_SIGNING_KEY_FILE", str(key))
+    _, spec = _spec_with(tmp_path, trusted_keys=["keys/other.pub"])
+    assert "is not among the spec's trusted keys" in _problems(spec)["publish.trusted_keys"]
+    _, spec = _spec_with(tmp_path, trusted_keys=["keys/other.pub", "keys/ci.pub"])
+    validate_deep(spec)
+    # Listed, but outside its period: its signatures would be refused (and every run would rebuild).
+    (tmp_path / "trust.yaml").write_text("keys:\n  - {name: ci, public_key_file: keys/ci.pub, "
+                                         "expires_at: '2020-01-01T00:00:00Z'}\n")
+    _, spec = _spec_with(tmp_path, trust_policy="trust.yaml")
+    assert "may sign only" in _problems(spec)["publish.trust_policy"]
+
+
+def test_a_key_listed_twice_is_refused(tmp_path, monkeypatch):
+    from enginefoundry.evidence.signing import consumer_policy
+
+    _no_trust_env(monkeypatch)
+    _, pub = keygen(tmp_path / "keys" / "ci")
+    (tmp_path / "twice.yaml").write_text(
+        "keys:\n  - {name: a, public_key_file: keys/ci.pub, expires_at: '2020-01-01T00:00:00Z'}\n"
+        "  - {name: b, public_key_file: keys/ci.pub}\n")
+    with pytest.raises(InputError, match=r"keys\[0\] and keys\[1\] are the same key"):
+        load_trust_policy(tmp_path / "twice.yaml")
+    _, spec = _spec_with(tmp_path, trusted_keys=["keys/ci.pub", str(pub)])
+    assert "publish.trusted_keys[0] and publish.trusted_keys[1] are the same key" in \
+        _problems(spec)["publish.trusted_keys"]
+    # From several places: the same key with the same (no) period is one entry; with another period, refused.
+    monkeypatch.setenv("ENGINEFOUNDRY_TRUSTED_KEYS", str(pub))
+    assert len(consumer_policy([str(pub)]).keys) == 1
+    (tmp_path / "windowed.yaml").write_text("keys:\n  - {name: a, public_key_file: keys/ci.pub, "
+                                            "expires_at: '2020-01-01T00:00:00Z'}\n")
+    with pytest.raises(InputError, match="different validity periods"):
+        consumer_policy([str(pub)], str(tmp_path / "windowed.yaml"))
+
+
+def test_without_trusted_keys_a_run_trusts_exactly_its_own_key_and_says_so(tmp_path, monkeypatch):
+    from enginefoundry.cli.signing import signing_line
+    from enginefoundry.evidence.signing import run_policy
+
+    _no_trust_env(monkeypatch)
+    key, _ = keygen(tmp_path / "keys" / "ci")
+    keygen(tmp_path / "keys" / "other")
+    _, spec = _spec_with(tmp_path)
+    assert run_policy(spec, None).keys == []
+    monkeypatch.setenv("ENGINEFOUNDRY_SIGNING_KEY_FILE", str(key))
+    signer = signer_from_env()
+    assert [k.key_id for k in run_policy(spec, signer).keys] == [signer.key_id]
+    assert "trusts exactly this key" in signing_line(spec)
+    _, spec = _spec_with(tmp_path, trusted_keys=["keys/ci.pub", "keys/other.pub"])
+    assert len(run_policy(spec, signer).keys) == 2 and "trusts exactly" not in signing_line(spec)
+
+
+def test_text_from_the_store_is_printed_with_its_control_characters_escaped():
+    from enginefoundry.confine import printable
+
+    assert printable("ci\x1b[2J\r\nroot\u202etxt.exe Zoë") == "ci\\x1b[2J\\r\\nroot\\u202etxt.exe Zoë"
+    assert printable("x" * 300, 10) == "x" * 10 + "…"

@@ -85,3 +85,24 @@ def test_the_trigger_says_the_channel_moved_from_x_to_y():
     moved = channel_moved("s3://qa/ch.yaml", old, {**old, "trtllm_version": "1.3.0rc23", "image_digest": DIGEST})
     assert moved == ("channel s3://qa/ch.yaml moved from trtllm_version 1.2.1, image_digest sha256:aaaaaaaaaaaa "
                      "to trtllm_version 1.3.0rc23, image_digest sha256:cccccccccccc")
+
+
+def test_an_s3_channel_that_cannot_be_reached_is_not_fatal_to_plan_and_validate(tmp_path: Path, monkeypatch, capsys):
+    """Issue 34: the README says a channel that cannot be read is shown, not fatal, in `plan` and `validate`; an S3
+    endpoint nobody answers made both exit 1 with botocore's error. It is asked once (connection refused on a
+    closed loopback port: no server, no wait) and reported as could not be read now."""
+    from enginefoundry.cli import main
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    data = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
+    data["model"]["source"] = str(REPO / "tests" / "fixtures" / "tiny-chat" / "model")
+    data["smoke"]["prompts"] = str(REPO / "configs" / "prompts" / "tiny-chat.jsonl")
+    data["toolchain"] = {"channel": "s3://qa/channel.yaml"}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    status = channel_status(parse_spec(data, base_dir=tmp_path))
+    assert status.value is None and status.transient and "could not be read now" in status.line()
+    assert main(["validate", str(path)]) == 0
+    assert "could not be read now" in capsys.readouterr().out
