@@ -78,3 +78,7 @@ OWNER_HOST = "enginefoundry.host"
 OWNER_PID = "enginefoundry.pid"
 OWNER_PID_START = "enginefoundry.pid_start"
 END_REASON = "enginefoundry.end_reason"
+
+# One lineage per alias (enginefoundry.records.alias_lineage): on every registered version.
+LINEAGE = "enginefoundry.lineage"  # digest of the unit's identity apart from what a rollout may change
+LINEAGE_LABEL = "enginefoundry.lineage_label"  # "spec tiny-cpu: fp32-tp1.chat.cpu (reference lane)"

@@ -108,6 +108,11 @@ def flow_spec(spec_path: str | None,
     from enginefoundry.search.plan import materialise
 
     build_spec, _ = materialise(build_spec, progress=log)
+    # One lineage per alias: a UI or API run (and a searched spec, whose units are known only now) is refused as
+    # `validate` refuses it.
+    from enginefoundry.records.alias_lineage import refuse_alias_collisions
+
+    refuse_alias_collisions(build_spec)
     for row in dest.rows():
         log(f"{row['setting']}: {row['value']} (from {row['from']})")
     return build_spec

@@ -30,6 +30,7 @@ from enginefoundry.records.tracking import Tracker, project_git_commit
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.publish import PublishedBuild
+from enginefoundry.tasks._log import progress_logger
 
 
 def prefect_context() -> dict[str, str]:
@@ -134,9 +135,12 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
     signature = tags_for(manifest_uri, spec.publish.s3_endpoint_url)  # signer and attestation digests
     tracker.set_tags(run_id, signature)
     tags.update(signature)
-    return ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
-                             manifest_uri=manifest_uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
-                             tags=tags, move_alias=True).version
+    reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
+                            manifest_uri=manifest_uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
+                            tags=tags, move_alias=True)
+    if reg.refused:
+        progress_logger("warning")(f"register: {unit.name}: {reg.refused}")
+    return reg.version
 
 
 @task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE)

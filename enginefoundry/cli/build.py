@@ -79,6 +79,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from enginefoundry.planning.plan_report import refuse_on_preflight
 
     refuse_on_preflight(spec, args.targets)
+    if spec.search is None:  # a searched spec's units are known once the flow decided them: it checks there
+        from enginefoundry.records.alias_lineage import refuse_alias_collisions
+
+        refuse_alias_collisions(spec, args.targets)
 
     resolved = probe(spec.model.parsed_source(spec.base_path))
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
@@ -163,6 +167,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from enginefoundry.search.plan import materialise
 
         spec, _ = materialise(spec, args.targets, progress=say)
+    from enginefoundry.records.alias_lineage import refuse_alias_collisions
+
+    refuse_alias_collisions(spec, args.targets)  # another spec's unit lineage holds an alias stem of this one
     expanded = expand_units(spec, args.targets)
     units = len(expanded)
     references = {u.name: reference_summary(spec, u) for u in expanded}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -26,6 +26,9 @@ from enginefoundry.spec import BuildSpec
 from enginefoundry.store.layout import legacy_manifest_uri
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
+
+if TYPE_CHECKING:
+    from enginefoundry.records.alias_lineage import Lineage
 
 ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
 HISTORY_TAG = mltags.CHAMPION_HISTORY  # registered-model tag: comma-separated champion versions
@@ -301,6 +304,8 @@ class Registry:
                              "unit is never promoted")
         found = self.version_by_alias(model, champion_alias(stem))
         current = str(found.version) if found is not None else None
+        if found is not None and current != number:
+            self._check_same_lineage(model, stem, version, found)
         history = self.history(model, stem)
         if current == number:
             prev = history[-2] if len(history) > 1 else None
@@ -326,6 +331,16 @@ class Registry:
         return RegistryMove(registered_model=model, stem=stem, action="promoted", champion=number, previous=current,
                             detail=f"{champion_alias(stem)} → version {number}"
                                    + (f" (was {current})" if current is not None else " (first champion)"))
+
+    def _check_same_lineage(self, model: str, stem: str, version: Any, champion: Any) -> None:
+        """One lineage per alias (alias_lineage): a version of another unit lineage never takes a champion alias."""
+        from enginefoundry.records.alias_lineage import version_label, version_lineage
+
+        mine, theirs = version_lineage(version), version_lineage(champion)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise InputError(f"{model} version {version.version} ({version_label(version)}) is of another unit "
+                             f"lineage than {champion_alias(stem)} v{champion.version} ({version_label(champion)}): "
+                             "not promoted; promote it under its own stem (--target) or registered model")
 
     def _check_restorable(self, model: str, number: str) -> None:
         """The version's manifest must be the one that was published (its digest on the version, in the key's
@@ -423,11 +438,14 @@ def read_version_manifest(model: str, version: Any) -> Manifest:
 
 
 def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
-           notes: list[str] | None = None, trust: TrustPolicy | None = None) -> Decision:
+           notes: list[str] | None = None, trust: TrustPolicy | None = None,
+           lineage: Lineage | None = None) -> Decision:
     """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
     passed), if newer than `<stem>-champion` or with no champion, is compared with the champion and promoted or
     held. Whether this rollout built anything does not matter; `notes` (what this rollout's build did) are
-    reported first. A rejected unit is never promoted, and a version rolled back from is only put back by hand."""
+    reported first. A rejected unit is never promoted, and a version rolled back from is only put back by hand.
+    `lineage`: the unit's (alias_lineage); a candidate or champion of another lineage is never compared or
+    replaced, and the decision says so."""
     notes = list(notes or [])
     candidate = registry.version_by_alias(model, candidate_alias(stem))
     champion = registry.version_by_alias(model, champion_alias(stem))
@@ -436,6 +454,21 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
                     champion_before=str(champion.version) if champion is not None else None)
     if candidate is None:
         return held.model_copy(update={"reasons": [*notes, f"nothing to promote: no {candidate_alias(stem)}"]})
+    if lineage is not None:  # one lineage per alias (alias_lineage): never judge or replace another lineage's unit
+        from enginefoundry.records.alias_lineage import version_label, version_lineage
+
+        if version_lineage(candidate) not in (None, lineage.digest):
+            return held.model_copy(update={"reasons": [*notes, (
+                f"{candidate_alias(stem)} is version {candidate.version} of another unit lineage "
+                f"({version_label(candidate)}), not {lineage.label}: not promoted")]})
+        if champion is not None and version_lineage(champion) not in (None, lineage.digest):
+            return held.model_copy(update={"champion_before": None, "reasons": [*notes, (
+                f"{champion_alias(stem)} is version {champion.version} of another unit lineage "
+                f"({version_label(champion)}): not compared with and not replaced; give this spec its own "
+                f"tracking.registered_model, or delete that lineage's aliases {champion_alias(stem)} and "
+                f"{candidate_alias(stem)} if this spec replaces it")]})
+    compared = ([f"compared with {champion_alias(stem)} v{champion.version} of the same lineage "
+                 f"({lineage.label})"] if lineage is not None and champion is not None else [])
     number = str(candidate.version)
     if champion is not None and int(champion.version) >= int(number):
         why = "already is the champion" if str(champion.version) == number \
@@ -450,7 +483,7 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
     if not verdict.promote or candidate.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
         reasons = verdict.reasons if not verdict.promote else \
             [f"version {number} is tagged '{candidate.tags.get(mltags.STATUS) or 'untracked'}', not a candidate"]
-        return held.model_copy(update={"reasons": [*notes, *reasons]})
+        return held.model_copy(update={"reasons": [*notes, *reasons, *compared]})
     from enginefoundry.evidence.attest import promotion_refusal
 
     if refusal := promotion_refusal(manifest_uri_of(candidate), trust):
@@ -464,7 +497,7 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
         serving = manifest_uri_of(candidate)
         registry.tag_version(model, number, {mltags.SERVING_URI: serving})
     return held.model_copy(update={"action": "promoted", "serving_uri": serving, "move": move,
-                                   "reasons": [*notes, move.detail, *(g.detail for g in verdict.gates)]})
+                                   "reasons": [*notes, move.detail, *(g.detail for g in verdict.gates), *compared]})
 
 
 def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPolicy,
@@ -472,8 +505,9 @@ def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPoli
     """`decide` for every alias stem of the spec (only these targets' units, when given), in unit order. `notes`:
     per unit name, what this rollout's build did with it."""
     from enginefoundry.evidence.signing import consumer_policy, merged_policy, spec_policy
+    from enginefoundry.records.alias_lineage import unit_lineage
 
     stems = alias_stems(spec)
     trust = merged_policy(consumer_policy(), spec_policy(spec))  # the environment's and the spec's signature policy
     return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy, (notes or {}).get(u.name),
-                   trust) for u in expand_units(spec, targets)]
+                   trust, unit_lineage(spec, u)) for u in expand_units(spec, targets)]

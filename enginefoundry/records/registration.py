@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit
+from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.records.tracking import Tracker, register_unit
 from enginefoundry.spec import BuildSpec
@@ -29,6 +30,7 @@ class Registration(BaseModel):
     created: bool  # False: the version existed already
     alias: str | None  # the alias that points at this version now (None: none asked or another holds it)
     alias_set: bool  # this call (re)pointed the alias
+    refused: str | None = None  # why the alias was not moved: another unit lineage holds its stem
 
 
 def candidate_alias_of(spec: BuildSpec, unit: Unit, manifest: Manifest) -> str | None:
@@ -52,6 +54,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
         mltags.LANE: manifest.lane, mltags.STATUS: manifest.status, mltags.MANIFEST_URI: manifest_uri,
         mltags.MANIFEST_SHA256: manifest_sha256,
         mltags.ALIAS_STEM: unit_alias_stem(spec, unit),
+        **unit_lineage(spec, unit).tags(),
         mltags.SOURCE_URI: manifest.source.get("uri", ""),
         mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
         mltags.WEIGHTS_DIGEST: manifest.source.get("weights_digest", ""),
@@ -109,6 +112,9 @@ def ensure_registered(
                                          tags[mltags.MANIFEST_SHA256])
     if alias is None:
         return Registration(version=version, created=created, alias=None, alias_set=False)
+    refused = _other_lineage_holds(client, registered_model, alias, tags)
+    if refused:
+        return Registration(version=version, created=created, alias=None, alias_set=False, refused=refused)
     try:
         holder = str(client.get_model_version_by_alias(registered_model, alias).version)
     except MlflowException:
@@ -119,3 +125,27 @@ def ensure_registered(
         return Registration(version=version, created=created, alias=None, alias_set=False)
     client.set_registered_model_alias(registered_model, alias, version)
     return Registration(version=version, created=created, alias=alias, alias_set=True)
+
+
+def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: dict[str, str]) -> str | None:
+    """Why `alias` may not move to a version of this lineage (`tags`' enginefoundry.lineage): the stem's champion or
+    candidate is of another unit lineage (alias_lineage). None: free, or the same lineage."""
+    from mlflow.exceptions import MlflowException
+
+    from enginefoundry.records.alias_lineage import stem_holder
+
+    mine = tags.get(mltags.LINEAGE)
+    if not mine:
+        return None
+
+    def by_alias(model: str, name: str) -> Any | None:
+        try:
+            return client.get_model_version_by_alias(model, name)
+        except MlflowException:
+            return None
+
+    holder = stem_holder(by_alias, registered_model, alias.removesuffix("-candidate"))
+    if holder is None or holder.lineage in (None, mine):
+        return None
+    return (f"{alias} not moved: {holder.alias} of {registered_model} is version {holder.version} of another unit "
+            f"lineage ({holder.label}); give this spec its own tracking.registered_model")
