@@ -44,6 +44,7 @@ from enginefoundry.smoke.sibling import reference_waves, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
+from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.tasks.track import (
@@ -226,6 +227,12 @@ def build_engines(
         check_installed(build_spec, units)  # in this process (embedded) or the parent's image (cluster)
     except InputError as err:
         return input_failure(err)
+    with watching():  # a cancel of this run or of its parent (a rollout) stops it and its units at once
+        return _build(build_spec, units, force, mode, verify_hits, t0)
+
+
+def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, verify_hits: bool,
+           t0: float) -> RunSummary | State:
 
     snapshot = fetch_source(build_spec)
     fetch_s = time.monotonic() - t0

@@ -31,6 +31,7 @@ from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks.cancel_watch import stop_if_cancelled
 
 
 def prefect_context() -> dict[str, str]:
@@ -129,6 +130,7 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
                             manifest_sha256: str = "") -> str:
     """A registered-model version per published build (idempotent: keyed by its manifest URI, anchored by its
     manifest's sha256); `<stem>-candidate` (promotion.alias_stems) moves to it when its gates pass."""
+    stop_if_cancelled("registration")
     tracker = tracker_for(spec)
     tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id), prefect_context(),
                         manifest_sha256)

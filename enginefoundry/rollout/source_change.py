@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.bench.noise import SideBySide
 from enginefoundry.build.sources import probe
 from enginefoundry.build.units import expand_units
 from enginefoundry.identity import checkpoint_digests
@@ -205,6 +206,8 @@ class RolloutReport(BaseModel):
     decisions: list[Decision] = Field(default_factory=list)
     comparison: list[ComparisonRow] = Field(default_factory=list, description="old vs new per target, for the "
                                                                                "targets this rollout rebuilt")
+    side_by_side: list[SideBySide] = Field(default_factory=list, description="champion and candidate measured in "
+                                                                             "this rollout, per stem")
     duration_s: float = 0.0
 
     @property

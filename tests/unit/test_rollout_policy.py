@@ -41,8 +41,10 @@ def test_first_build_promotes_on_its_own_gates_and_a_rejected_unit_never() -> No
 
 @pytest.mark.parametrize(("candidate", "failing"), [
     (manifest(agreement=0.97), "smoke_agreement 0.970 vs champion 1.000"),
-    (manifest(tok_s=89.0), "short c=2 output tok/s 178.0 vs champion 200.0 (×0.89, needs ≥ ×0.90)"),
-    (manifest(ttft=63.0), "short c=2 TTFT p95 ms 126 vs champion 100 (×1.26, needs ≤ ×1.25)"),
+    (manifest(tok_s=89.0), "short c=2 output tok/s 178.0 (one sample) vs champion 200.0 (one sample) (×0.89, no "
+                           "interval), needs ≥ ×0.90"),
+    (manifest(ttft=63.0), "short c=2 TTFT p95 ms 126 (one sample) vs champion 100 (one sample) (×1.26, no "
+                          "interval), needs ≤ ×1.25"),
 ])
 def test_each_gate_holds_a_worse_candidate(candidate: Manifest, failing: str) -> None:
     verdict = compare(candidate, manifest(), PromotionPolicy())
