@@ -52,6 +52,7 @@ BEST_OUTPUT_TPS = "enginefoundry.best_output_tokens_per_s"  # enginefoundry.reco
 BEST_AT = "enginefoundry.best_output_tokens_per_s_at"  # "<scenario> c=<concurrency>"
 RUN_URL = "enginefoundry.run_url"
 ALIAS_STEM = "enginefoundry.alias_stem"
+DEPLOYABLE = "enginefoundry.deployable"  # "false" on a version whose unit its gates rejected
 SERVING_URI = "enginefoundry.serving_uri"
 PROMOTED_AT = "enginefoundry.promoted_at"
 PROMOTION_REASON = "enginefoundry.promotion_reason"

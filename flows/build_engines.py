@@ -12,10 +12,11 @@ include, force, mode.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import yaml
 from prefect import flow
@@ -129,7 +130,9 @@ def check_installed(spec: BuildSpec, units: list[Unit]) -> None:
 
 def input_failure(err: InputError) -> State:
     """A bad input ends the run Failed with one message that names the field and the fix: no traceback in the
-    UI. The exception rides along as the state's data, so a caller in Python (the CLI) gets it raised."""
+    UI. The exception rides along as the state's data, so a caller in Python (the CLI) gets it raised. The message
+    is logged at ERROR too: the UI's Logs tab filtered to errors shows why."""
+    progress_logger("error")(str(err))
     return Failed(message=str(err), data=err)
 
 
@@ -160,12 +163,43 @@ def spec_label(params: dict[str, Any]) -> str:  # JSON edge: the flow run's para
     return str(inline.get("name") or Path(str(params.get("spec_path") or "spec")).stem)
 
 
-# The names Prefect makes up for a run nobody named: the server's and the Python client's `adjective-animal`
-# (prefect/utilities/names.py generate_slug(2), coolname; prefect 3.9.1) and the UI form's Greek letter with an
-# optional number, a constellation and an optional third word (`delta42-andromedae-nebula`: the bundled UI's
-# FlowRunNameInput, `runName` of its mocker). Any other name was chosen by a person and stays.
-GENERATED_NAME = re.compile(r"^[a-z]+-[a-z]+$|^(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|"
-                            r"nu|xi|omicron|pi|rho|sigma|tau|upsilon|phi|chi|psi|omega)\d*-[a-z]+(-[a-z]+)*$")
+# The names Prefect makes up for a run nobody named. The server's and the Python client's: `generate_slug(2)`
+# (prefect/utilities/names.py@3.9.1) = coolname's two-word generator, its "an" rule: one word of its `adj_any`
+# lists, a dash, one word of its `subj` lists (coolname/data config, coolname 5.0.0), so a name is Prefect's when
+# both words come from those lists (read from coolname itself, not guessed from the name's shape: `nightly-check`
+# and `hotfix-rebuild` are a person's). The UI form's: a Greek letter with an optional number, a constellation and
+# an optional third word (`delta42-andromedae-nebula`: the bundled UI's FlowRunNameInput, `runName` of its mocker).
+UI_GENERATED_NAME = re.compile(r"^(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|nu|xi|omicron|"
+                               r"pi|rho|sigma|tau|upsilon|phi|chi|psi|omega)\d*-[a-z]+(-[a-z]+)*$")
+
+
+def _coolname_config() -> dict[str, Any]:  # JSON edge: coolname's word-list configuration (coolname/data)
+    from coolname.data import config  # Prefect's own dependency
+
+    return cast(dict[str, Any], config)  # JSON edge: coolname data, typed `object` by its stubs
+
+
+@functools.cache
+def _coolname_words(rule: str) -> frozenset[str]:
+    """Every word coolname's rule `rule` can yield (its `words` lists, through `nested` ones)."""
+    entry = _coolname_config().get(rule) or {}
+    if entry.get("type") == "words":
+        return frozenset(entry["words"])
+    if entry.get("type") == "nested":
+        return frozenset(w for sub in entry["lists"] for w in _coolname_words(sub))
+    return frozenset()
+
+
+def prefect_generated(name: str) -> bool:
+    """The name is one Prefect's server, client or UI makes up for a run nobody named."""
+    if UI_GENERATED_NAME.match(name):
+        return True
+    first, sep, second = name.partition("-")
+    try:
+        adjectives, subjects = _coolname_config()["an"]["lists"]  # the two-word rule: ["adj_any", "subj"]
+    except (ImportError, KeyError, ValueError):
+        return False  # no coolname (then no Prefect name either): the name is the person's
+    return bool(sep) and first in _coolname_words(adjectives) and second in _coolname_words(subjects)
 
 
 def readable_name(made_up: str) -> str:
@@ -173,7 +207,7 @@ def readable_name(made_up: str) -> str:
     from prefect.runtime import flow_run
 
     current = flow_run.name or ""
-    return current if current and not GENERATED_NAME.match(current) else made_up
+    return current if current and not prefect_generated(current) else made_up
 
 
 def _run_name() -> str:
@@ -301,10 +335,11 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
 
 def not_passed(summary: RunSummary) -> State:
     """A rejected or failed unit ends the run Failed, as its MLflow parent run and the CLI's exit code say: the
-    message names the units and reasons, a warning in the run's log says the same. The summary rides along in
-    the error (the CLI prints its table), so no traceback is logged for it (tasks/_log.py)."""
+    message names the units and reasons, an error in the run's log says the same (the Logs tab filtered to errors
+    shows it). The summary rides along in the error (the CLI prints its table), so no traceback is logged for it
+    (tasks/_log.py)."""
     err = UnitsNotPassed(summary)
-    progress_logger("warning")(str(err))
+    progress_logger("error")(str(err))
     return Failed(message=str(err), data=err)
 
 

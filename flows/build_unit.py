@@ -98,6 +98,7 @@ def build_unit(
         with watching():  # its own cancel, or its parent build's (the UI's default dialog cancels only that)
             return _build_unit(spec, unit, key_components, source, parent_run_id, replace, sibling)
     except EngineFoundryError as err:
+        progress_logger("error")(str(err))
         return Failed(message=str(err), data=err)
 
 

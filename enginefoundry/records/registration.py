@@ -62,6 +62,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
         mltags.TOOLCHAIN_IMAGE: "@".join(x for x in (toolchain.get("image"), toolchain.get("image_digest")) if x),
         mltags.GATE_VERDICT: manifest.status + (f": {manifest.status_reason}" if manifest.status_reason else
                                                  ": smoke and benchmark gates passed"),
+        mltags.DEPLOYABLE: "true" if manifest.status == UnitStatus.CANDIDATE else "false",
         mltags.SMOKE_AGREEMENT: "" if agreement is None else f"{float(agreement):.4f}",
         mltags.PROMPTS_DIGEST: manifest.prompts_digest or "",
         mltags.BEST_OUTPUT_TPS: f"{best.output_tokens_per_s:.1f}" if best else "",
@@ -102,7 +103,7 @@ def ensure_registered(
         version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,
                                 artifact_uri=manifest_uri.rsplit("/", 1)[0],
                                 tags={**tags, MANIFEST_URI_TAG: manifest_uri}, params=manifest.build_params,
-                                alias=None)
+                                alias=None, description=version_description(unit, manifest, manifest_uri))
         created = True
     else:
         version, created = str(existing.version), False
@@ -124,7 +125,37 @@ def ensure_registered(
     if holder is not None and not (move_alias or created):
         return Registration(version=version, created=created, alias=None, alias_set=False)
     client.set_registered_model_alias(registered_model, alias, version)
+    if holder is not None:
+        _supersede(client, registered_model, holder)
     return Registration(version=version, created=created, alias=alias, alias_set=True)
+
+
+def version_description(unit: Unit, manifest: Manifest, manifest_uri: str) -> str:
+    """What the MLflow UI shows first on a version. MLflow sets a version's own status (READY once registered) and
+    has no API to set another, so a rejected unit says so here, in `enginefoundry.status`/`deployable` and by
+    having no alias."""
+    if manifest.status == UnitStatus.CANDIDATE:
+        return f"{unit.name}: {manifest_uri}"
+    return (f"REJECTED, not deployable: {manifest.status_reason or 'its gates failed'}. {unit.name}: "
+            f"{manifest_uri}")[:5000]
+
+
+def _supersede(client: Any, registered_model: str, number: str) -> None:
+    """The version `<stem>-candidate` moved away from: a candidate never promoted says `superseded` now (version and
+    run, as promotion moves them); a champion or previous champion keeps its word."""
+    from mlflow.exceptions import MlflowException
+
+    from enginefoundry.store.unit_status import RegistryStatus
+
+    try:
+        old = client.get_model_version(registered_model, number)
+        if old.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
+            return
+        client.set_model_version_tag(registered_model, number, mltags.STATUS, RegistryStatus.SUPERSEDED)
+        if old.run_id:
+            client.set_tag(old.run_id, mltags.STATUS, RegistryStatus.SUPERSEDED)
+    except MlflowException:  # a version or run deleted since: nothing to say on it
+        return
 
 
 def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: dict[str, str]) -> str | None:

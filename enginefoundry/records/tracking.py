@@ -403,6 +403,7 @@ def ensure_registered_model(client: Any, name: str) -> None:
 def register_unit(
     tracker: Tracker, *, registered_model: str, unit_name: str, run_id: str, artifact_uri: str,
     tags: dict[str, str], params: dict[str, Any], alias: str | None,  # JSON edge: an MLflow params payload (nested)
+    description: str | None = None,
 ) -> str:
     """An external MLflow model pointing at the store (weights never travel through MLflow), a version of
     the registered model, and the alias moved to it. Returns the version number."""
@@ -427,7 +428,8 @@ def register_unit(
     try:
         version = client.create_model_version(registered_model, source=source, run_id=run_id,
                                               tags=clean_tags, model_id=logged.model_id,
-                                              description=f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
+                                              description=description
+                                              or f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
         if alias:
             client.set_registered_model_alias(registered_model, alias, version.version)
     except BaseException:

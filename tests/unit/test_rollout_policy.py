@@ -146,6 +146,10 @@ def test_serving_files_are_relocatable(tmp_path: Path) -> None:
     # The script refuses to start without the unit folder, naming what to download.
     run = subprocess.run(["sh", str(files[0])], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert run.returncode != 0 and "EF_UNIT_DIR" in run.stderr and "s3://b/artifacts/tiny/kkk" in run.stderr
+    # ... and without its server on PATH, naming it and how to get it (issue 33).
+    run = subprocess.run(["sh", str(files[0])], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "EF_UNIT_DIR": str(tmp_path)})
+    assert run.returncode == 127 and "transformers is not on PATH" in run.stderr, run.stderr
 
 
 def test_status_tags_follow_promotion_and_rollback(tmp_path: Path) -> None:
