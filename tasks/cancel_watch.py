@@ -188,7 +188,8 @@ class _Watch:
             return
         self.asked.set()
         self.answered.wait(ANSWER_WAIT_S)
-        atexit.register(self.cleaned.wait, CLEANUP_WAIT_S)
+        if self.fired:  # a cancel: the exit waits for its cleanup (a SIGTERM that is no cancel exits as before)
+            atexit.register(self.cleaned.wait, CLEANUP_WAIT_S)
 
 
 def mark_cancel_intent() -> bool:
