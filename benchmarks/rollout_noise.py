@@ -30,6 +30,7 @@ import http.client
 import json
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import threading
@@ -212,6 +213,7 @@ def main() -> int:
             stop_server(e.pid)
         for h in hogs:
             h.terminate()
+        shutil.rmtree(work, ignore_errors=True)  # the bundle link and AIPerf's exports: the rows are printed
     same = [r for r in rows if r["case"] == "same unit"]
     gain = [r for r in rows if r["case"] == "×2"]
 
