@@ -73,6 +73,11 @@ def _stop_all() -> None:
 atexit.register(_stop_all)
 
 
+def stop_all_servers() -> None:
+    """Stop every server this process started (a cancelled run: flows/cancel_watch.py)."""
+    _stop_all()
+
+
 def _install_sigterm_handler() -> None:
     """SIGTERM → stop servers, then behave as before. Only possible from the main thread."""
     if threading.current_thread() is not threading.main_thread():

@@ -237,9 +237,26 @@ _TERMINATING = threading.Event()
 _EXIT_HANDLERS: set[object] = set()  # the SIGTERM handlers install_sigterm_as_exit made: installing again is a no-op
 
 
+_CANCEL_REASON: list[str] = []  # why the run was cancelled (request_cancel), first reason only
+
+
 def terminating() -> bool:
-    """SIGTERM arrived in this process (whether or not its handler's exception survived)."""
+    """SIGTERM arrived in this process (whether or not its handler's exception survived), or its run was
+    cancelled (request_cancel)."""
     return _TERMINATING.is_set()
+
+
+def request_cancel(reason: str) -> None:
+    """The run of this process was cancelled (its flow run or a parent's: flows/cancel_watch.py): from now on every
+    checkpoint before a publish, a registration or an alias move stops it (`exit_if_terminating`)."""
+    if not _CANCEL_REASON:
+        _CANCEL_REASON.append(reason)
+    _TERMINATING.set()
+
+
+def cancel_reason() -> str | None:
+    """Why the run was cancelled, or None."""
+    return _CANCEL_REASON[0] if _CANCEL_REASON else None
 
 
 def exit_if_terminating() -> None:

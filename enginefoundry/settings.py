@@ -75,6 +75,10 @@ class EnvSettings(BaseSettings):
     unit_timeout_s: float = Field(
         default=8 * 3600, validation_alias="EF_UNIT_TIMEOUT_S",
         description="cluster mode: a unit run not finished after this long is cancelled and counts as failed")
+    cancel_poll_s: float = Field(
+        default=2.0, gt=0, validation_alias="EF_CANCEL_POLL_S",
+        description="how often a run asks the Prefect API whether it or its parent was cancelled "
+                    "(tasks/cancel_watch.py)")
     trtllm_examples_dir: str | None = Field(
         default=None, validation_alias="EF_TRTLLM_EXAMPLES_DIR",
         description="trtllm-engine lane: the examples/ folder of the installed TensorRT-LLM")

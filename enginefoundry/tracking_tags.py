@@ -52,6 +52,7 @@ BEST_OUTPUT_TPS = "enginefoundry.best_output_tokens_per_s"  # enginefoundry.reco
 BEST_AT = "enginefoundry.best_output_tokens_per_s_at"  # "<scenario> c=<concurrency>"
 RUN_URL = "enginefoundry.run_url"
 ALIAS_STEM = "enginefoundry.alias_stem"
+DEPLOYABLE = "enginefoundry.deployable"  # "false" on a version whose unit its gates rejected
 SERVING_URI = "enginefoundry.serving_uri"
 PROMOTED_AT = "enginefoundry.promoted_at"
 PROMOTION_REASON = "enginefoundry.promotion_reason"
@@ -78,3 +79,7 @@ OWNER_HOST = "enginefoundry.host"
 OWNER_PID = "enginefoundry.pid"
 OWNER_PID_START = "enginefoundry.pid_start"
 END_REASON = "enginefoundry.end_reason"
+
+# One lineage per alias (enginefoundry.records.alias_lineage): on every registered version.
+LINEAGE = "enginefoundry.lineage"  # digest of the unit's identity apart from what a rollout may change
+LINEAGE_LABEL = "enginefoundry.lineage_label"  # "spec tiny-cpu: fp32-tp1.chat.cpu (reference lane)"

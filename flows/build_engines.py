@@ -12,10 +12,11 @@ include, force, mode.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import yaml
 from prefect import flow
@@ -44,6 +45,7 @@ from enginefoundry.smoke.sibling import reference_waves, sibling_refs
 from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
+from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 from enginefoundry.tasks.track import (
@@ -108,6 +110,11 @@ def flow_spec(spec_path: str | None,
     from enginefoundry.search.plan import materialise
 
     build_spec, _ = materialise(build_spec, progress=log)
+    # One lineage per alias: a UI or API run (and a searched spec, whose units are known only now) is refused as
+    # `validate` refuses it.
+    from enginefoundry.records.alias_lineage import refuse_alias_collisions
+
+    refuse_alias_collisions(build_spec)
     for row in dest.rows():
         log(f"{row['setting']}: {row['value']} (from {row['from']})")
     return build_spec
@@ -123,7 +130,9 @@ def check_installed(spec: BuildSpec, units: list[Unit]) -> None:
 
 def input_failure(err: InputError) -> State:
     """A bad input ends the run Failed with one message that names the field and the fix: no traceback in the
-    UI. The exception rides along as the state's data, so a caller in Python (the CLI) gets it raised."""
+    UI. The exception rides along as the state's data, so a caller in Python (the CLI) gets it raised. The message
+    is logged at ERROR too: the UI's Logs tab filtered to errors shows why."""
+    progress_logger("error")(str(err))
     return Failed(message=str(err), data=err)
 
 
@@ -154,12 +163,43 @@ def spec_label(params: dict[str, Any]) -> str:  # JSON edge: the flow run's para
     return str(inline.get("name") or Path(str(params.get("spec_path") or "spec")).stem)
 
 
-# The names Prefect makes up for a run nobody named: the server's and the Python client's `adjective-animal`
-# (prefect/utilities/names.py generate_slug(2), coolname; prefect 3.9.1) and the UI form's Greek letter with an
-# optional number, a constellation and an optional third word (`delta42-andromedae-nebula`: the bundled UI's
-# FlowRunNameInput, `runName` of its mocker). Any other name was chosen by a person and stays.
-GENERATED_NAME = re.compile(r"^[a-z]+-[a-z]+$|^(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|"
-                            r"nu|xi|omicron|pi|rho|sigma|tau|upsilon|phi|chi|psi|omega)\d*-[a-z]+(-[a-z]+)*$")
+# The names Prefect makes up for a run nobody named. The server's and the Python client's: `generate_slug(2)`
+# (prefect/utilities/names.py@3.9.1) = coolname's two-word generator, its "an" rule: one word of its `adj_any`
+# lists, a dash, one word of its `subj` lists (coolname/data config, coolname 5.0.0), so a name is Prefect's when
+# both words come from those lists (read from coolname itself, not guessed from the name's shape: `nightly-check`
+# and `hotfix-rebuild` are a person's). The UI form's: a Greek letter with an optional number, a constellation and
+# an optional third word (`delta42-andromedae-nebula`: the bundled UI's FlowRunNameInput, `runName` of its mocker).
+UI_GENERATED_NAME = re.compile(r"^(alpha|beta|gamma|delta|epsilon|zeta|eta|theta|iota|kappa|lambda|mu|nu|xi|omicron|"
+                               r"pi|rho|sigma|tau|upsilon|phi|chi|psi|omega)\d*-[a-z]+(-[a-z]+)*$")
+
+
+def _coolname_config() -> dict[str, Any]:  # JSON edge: coolname's word-list configuration (coolname/data)
+    from coolname.data import config  # Prefect's own dependency
+
+    return cast(dict[str, Any], config)  # JSON edge: coolname data, typed `object` by its stubs
+
+
+@functools.cache
+def _coolname_words(rule: str) -> frozenset[str]:
+    """Every word coolname's rule `rule` can yield (its `words` lists, through `nested` ones)."""
+    entry = _coolname_config().get(rule) or {}
+    if entry.get("type") == "words":
+        return frozenset(entry["words"])
+    if entry.get("type") == "nested":
+        return frozenset(w for sub in entry["lists"] for w in _coolname_words(sub))
+    return frozenset()
+
+
+def prefect_generated(name: str) -> bool:
+    """The name is one Prefect's server, client or UI makes up for a run nobody named."""
+    if UI_GENERATED_NAME.match(name):
+        return True
+    first, sep, second = name.partition("-")
+    try:
+        adjectives, subjects = _coolname_config()["an"]["lists"]  # the two-word rule: ["adj_any", "subj"]
+    except (ImportError, KeyError, ValueError):
+        return False  # no coolname (then no Prefect name either): the name is the person's
+    return bool(sep) and first in _coolname_words(adjectives) and second in _coolname_words(subjects)
 
 
 def readable_name(made_up: str) -> str:
@@ -167,7 +207,7 @@ def readable_name(made_up: str) -> str:
     from prefect.runtime import flow_run
 
     current = flow_run.name or ""
-    return current if current and not GENERATED_NAME.match(current) else made_up
+    return current if current and not prefect_generated(current) else made_up
 
 
 def _run_name() -> str:
@@ -221,6 +261,12 @@ def build_engines(
         check_installed(build_spec, units)  # in this process (embedded) or the parent's image (cluster)
     except InputError as err:
         return input_failure(err)
+    with watching():  # a cancel of this run or of its parent (a rollout) stops it and its units at once
+        return _build(build_spec, units, force, mode, verify_hits, t0)
+
+
+def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, verify_hits: bool,
+           t0: float) -> RunSummary | State:
 
     snapshot = fetch_source(build_spec)
     fetch_s = time.monotonic() - t0
@@ -289,10 +335,11 @@ def build_engines(
 
 def not_passed(summary: RunSummary) -> State:
     """A rejected or failed unit ends the run Failed, as its MLflow parent run and the CLI's exit code say: the
-    message names the units and reasons, a warning in the run's log says the same. The summary rides along in
-    the error (the CLI prints its table), so no traceback is logged for it (tasks/_log.py)."""
+    message names the units and reasons, an error in the run's log says the same (the Logs tab filtered to errors
+    shows it). The summary rides along in the error (the CLI prints its table), so no traceback is logged for it
+    (tasks/_log.py)."""
     err = UnitsNotPassed(summary)
-    progress_logger("warning")(str(err))
+    progress_logger("error")(str(err))
     return Failed(message=str(err), data=err)
 
 

@@ -31,6 +31,7 @@ from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
+from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import convert_variant
 from enginefoundry.tasks.fetch import fetch_source
 
@@ -94,8 +95,10 @@ def build_unit(
     ends the run Failed with one message and no traceback; the parent reads the outcome from the store.
     `sibling`: the unit whose served answers judge this one (smoke.reference: sibling)."""
     try:
-        return _build_unit(spec, unit, key_components, source, parent_run_id, replace, sibling)
+        with watching():  # its own cancel, or its parent build's (the UI's default dialog cancels only that)
+            return _build_unit(spec, unit, key_components, source, parent_run_id, replace, sibling)
     except EngineFoundryError as err:
+        progress_logger("error")(str(err))
         return Failed(message=str(err), data=err)
 
 

@@ -28,6 +28,7 @@ from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import Store
 from enginefoundry.store.unit_status import UnitStatus
+from enginefoundry.tasks.cancel_watch import track_child
 
 UNIT_FLOW = "build-unit"
 # A unit that no worker picked up, or that runs longer than EF_UNIT_TIMEOUT_S (enginefoundry.settings), counts
@@ -107,10 +108,12 @@ def dispatch_units(
             outcomes[unit.name] = _failed(unit, f"no deployment {name}: deploy deployment.yaml (prefect deploy "
                                                 f"--all) or set targets[].work_pool to a deployed pool")
             continue
+        track_child(run.id)  # a cancel of this run moves it to Cancelling too (tasks/cancel_watch.py)
         log.info(f"dispatch: {unit.name} → {name} (flow run {run.name}; job variables "
                  f"{ {k: v for k, v in job_variables[unit.name].items() if k != 'env'} })")
         started[unit.name] = (unit, run)
     finals = _wait(started)
+    end_runs_of_ended_units(spec, finals)
     for unit_name, (unit, run) in started.items():
         final = finals[unit_name]
         outcome = read_outcome(store, spec.model.name, parent_run_id, unit_name)
@@ -123,6 +126,25 @@ def dispatch_units(
             outcomes[unit_name] = _failed(unit, f"{deployment_name(unit)} run {run.name} ended "
                                                 f"{final.state.name if final.state else 'unknown'}: {message}")
     return {u.name: outcomes[u.name] for u in units}
+
+
+def end_runs_of_ended_units(spec: BuildSpec, finals: dict[str, FlowRun]) -> None:
+    """A unit run that ended (cancelled, crashed: its worker gone) without ending its MLflow run: the parent ends it
+    KILLED now (records.tracking.end_orphaned_runs), instead of leaving it RUNNING until a run on that host."""
+    from enginefoundry.records.tracking import Tracker, end_orphaned_runs
+
+    over = {str(f.id): f.state.name for f in finals.values() if f.state is not None and f.state.is_final()}
+    if not over:
+        return
+    try:
+        tracker = Tracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
+        ended = end_orphaned_runs(tracker.client, [tracker.experiment_id], over.get)
+    except Exception as err:  # MLflow away: the next rollout ends them
+        get_run_logger().warning(f"dispatch: could not end the MLflow runs of ended units ({type(err).__name__})")
+        return
+    if ended:
+        get_run_logger().warning(f"dispatch: MLflow run(s) {', '.join(ended)} of units whose flow run ended "
+                                 "without ending them: ended KILLED")
 
 
 def _wait(started: dict[str, tuple[Unit, FlowRun]]) -> dict[str, FlowRun]:

@@ -35,7 +35,16 @@ from enginefoundry.flows.reports import report_markdown, report_table
 from enginefoundry.records.promotion import PromotionPolicy, alias_stems
 from enginefoundry.records.run_summary import UnitsNotPassed
 from enginefoundry.rollout.source_change import RolloutReport
-from enginefoundry.tasks.promote import compare_rebuilt, detect_source_change, follow_channel, promote_units
+from enginefoundry.spec import BuildSpec
+from enginefoundry.tasks.cancel_watch import watching
+from enginefoundry.tasks.promote import (
+    compare_rebuilt,
+    detect_source_change,
+    end_orphaned_runs,
+    follow_channel,
+    measure_side_by_side,
+    promote_units,
+)
 
 
 def _run_name() -> str:
@@ -56,6 +65,8 @@ def rollout(
     max_ttft_p95_factor: float = 1.25,
     reference_concurrency: int | None = None,
     max_cost_increase: float | None = None,
+    comparison_rounds: int = 3,
+    promote_neutral_rebuilds: bool = False,
     force_build: bool = False,
     spec_yaml: str | None = None,
     store: str | None = None,
@@ -75,6 +86,10 @@ def rollout(
         reference_concurrency: concurrency to compare at (empty: the highest both measured)
         max_cost_increase: $/1M output tokens at the SLO may exceed the champion's by at most this fraction
             (searched units; empty: not compared)
+        comparison_rounds: rounds of the side-by-side comparison (champion and candidate benchmarked once each
+            per round, alternating) where this worker can serve both; thresholds apply to the ratio's 95% interval
+        promote_neutral_rebuilds: promote a rebuild of the champion's weights (toolchain bump) when it is not
+            worse; default: only for a gain beyond noise (else "inconclusive: the difference is within noise")
         force_build: build even when the source has nothing new (promotion still needs the gates)
         spec_yaml: the build spec's YAML text, pasted (ignored when `spec` is given); its relative paths resolve
             against the worker's configs/ folder, as for a file there
@@ -85,13 +100,21 @@ def rollout(
     t0 = time.monotonic()
     policy = PromotionPolicy(max_accuracy_drop=max_accuracy_drop, min_throughput_ratio=min_throughput_ratio,
                              max_ttft_p95_factor=max_ttft_p95_factor, reference_concurrency=reference_concurrency,
-                             max_cost_increase=max_cost_increase)
+                             max_cost_increase=max_cost_increase, comparison_rounds=comparison_rounds,
+                             rebuild_needs_gain=not promote_neutral_rebuilds)
     try:
         build_spec = flow_spec(spec_path, dict(spec) if spec is not None else None, spec_yaml, store=store,
                                mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url)
         build_spec = follow_channel(build_spec)  # the toolchain a followed channel names now, for this rollout
     except InputError as err:
         return input_failure(err)
+    with watching():
+        return _rollout(build_spec, targets, mode, policy, force_build, t0)
+
+
+def _rollout(build_spec: BuildSpec, targets: list[str] | None, mode: Mode, policy: PromotionPolicy,
+             force_build: bool, t0: float) -> RolloutReport:
+    end_orphaned_runs(build_spec)  # units of earlier runs that were cancelled or crashed and never ended theirs
     change = detect_source_change(build_spec, targets or None)
     report_table("rollout-change", build_spec, change.rows(),
                  f"{build_spec.name}: what is new in {change.source.describe()}")
@@ -109,16 +132,19 @@ def rollout(
         report_markdown("rollout", build_spec, f"## {build_spec.name}: no build\n\nSource "
                         f"`{change.source.describe()}` is what every target's baseline was built from.\n",
                         "rollout: no build")
-    decisions = promote_units(build_spec, targets or None, policy, summary.outcomes if summary else [])
+    # Champion and candidate of each stem measured side by side here, where this worker can serve them.
+    measured = measure_side_by_side(build_spec, targets or None, policy)
+    decisions = promote_units(build_spec, targets or None, policy, summary.outcomes if summary else [], measured)
     report_table("promotion", build_spec, [d.row() for d in decisions],
                  f"{build_spec.name}: promote or hold, per alias stem (policy: {policy.model_dump()})")
     comparison = []
     if summary is not None:
         stems = alias_stems(build_spec)
         rebuilt = {stems[u.name] for u in expand_units(build_spec, to_build)}
-        comparison = compare_rebuilt(build_spec, decisions, policy, rebuilt, summary.parent_run_id)
+        comparison = compare_rebuilt(build_spec, decisions, policy, rebuilt, summary.parent_run_id, measured)
         report_table("rollout-comparison", build_spec, [r.row() for r in comparison],
                      f"{build_spec.name}: old vs new per rebuilt target (champion before vs this build)")
     return RolloutReport(spec=build_spec.name, change=change, built=summary is not None,
                          build_ok=summary.ok if summary else None, decisions=decisions, comparison=comparison,
+                         side_by_side=measured,
                          duration_s=round(time.monotonic() - t0, 2))

@@ -44,6 +44,7 @@ from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.unit_status import UnitStatus
+from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.bench import benchmark
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint
@@ -73,8 +74,10 @@ def unit_pipeline(
 
 
 def unit_failed_state(outcome: UnitOutcome) -> State:
-    """Failed, with our own error as the data: Prefect's engine logs no traceback for it (tasks/_log.py)."""
+    """Failed, with our own error as the data: Prefect's engine logs no traceback for it (tasks/_log.py); the
+    reason is logged at ERROR."""
     err = UnitNotPassed(outcome)
+    progress_logger("error")(str(err))
     return Failed(message=str(err), data=err)
 
 
@@ -118,7 +121,10 @@ def run_unit_stages(
                                reference=reference,
                                serves_unit=(unit.name, key) if serves_as_sibling(spec, unit) else None)
             stages["smoke"] = time.monotonic() - t
-            if spec.benchmark.enabled:
+            if spec.benchmark.enabled and not smoke.passed and not spec.benchmark.on_rejected:
+                progress_logger("warning")(f"bench: {unit.name} not benchmarked: its smoke gate rejected it "
+                                           "(benchmark.on_rejected: true benchmarks it anyway)")
+            elif spec.benchmark.enabled:
                 endpoint = shipped_server(spec, endpoint, build.bundle_dir, str(report_dir), stages, commands)
                 t = time.monotonic()
                 sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}",

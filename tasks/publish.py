@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -16,6 +18,7 @@ from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.publish import PublishResult, current_build_id, publish_build
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
+from enginefoundry.tasks.cancel_watch import stop_if_cancelled
 
 
 def build_now_current(spec: BuildSpec, key: str) -> str:
@@ -34,6 +37,7 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     earlier build stays in the store, verifiable. Without it a healthy build that another run made current
     after `replaces` (`build_now_current`) was current is adopted; the build this run refused never is."""
     exit_if_terminating()  # a cancelled run publishes nothing, whatever its stages made of the cancel
+    stop_if_cancelled("publish")  # a cancel of this run or its parent that the watcher has not seen yet
     log = progress_logger()
     signer = signer_from_env()  # a bad key fails here, before any byte is uploaded
     # validate/run checked the process that started the run; in cluster mode this worker publishes, and without
@@ -43,7 +47,7 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
     result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},
                            progress=log, replace=replace, replaces=replaces, verify_blobs=replace,
-                           before_current=sign_before_current(store, signer, log))
+                           before_current=_unless_cancelled(sign_before_current(store, signer, log)))
     if result.created:
         log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "
             f"{result.bytes_uploaded / 2**20:.1f} MiB new)")
@@ -51,3 +55,13 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
         log(f"publish: another run made build {result.build_id} of {result.manifest.key[:12]} current first; "
             "adopted it")
     return result
+
+
+def _unless_cancelled(before_current: Callable[..., Any] | None) -> Callable[..., Any]:
+    """The last check before the key's pointer moves (the build becomes visible to readers): a cancel that came
+    during the upload publishes nothing."""
+    def check(*args: Any, **kwargs: Any) -> Any:
+        stop_if_cancelled("publish (moving the key's pointer)")
+        return before_current(*args, **kwargs) if before_current is not None else None
+
+    return check

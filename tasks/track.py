@@ -31,6 +31,8 @@ from enginefoundry.records.tracking import Tracker, project_git_commit
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.publish import PublishedBuild
+from enginefoundry.tasks._log import progress_logger
+from enginefoundry.tasks.cancel_watch import stop_if_cancelled
 
 
 def prefect_context() -> dict[str, str]:
@@ -129,6 +131,7 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
                             manifest_sha256: str = "") -> str:
     """A registered-model version per published build (idempotent: keyed by its manifest URI, anchored by its
     manifest's sha256); `<stem>-candidate` (promotion.alias_stems) moves to it when its gates pass."""
+    stop_if_cancelled("registration")
     tracker = tracker_for(spec)
     tags = version_tags(spec, unit, manifest, manifest_uri, mlflow_run_link(spec, run_id), prefect_context(),
                         manifest_sha256)
@@ -136,9 +139,12 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
     signature = tags_for(manifest_uri, spec.publish.s3_endpoint_url, run_policy(spec, signer_from_env()))
     tracker.set_tags(run_id, signature)
     tags.update(signature)
-    return ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
-                             manifest_uri=manifest_uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
-                             tags=tags, move_alias=True).version
+    reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
+                            manifest_uri=manifest_uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
+                            tags=tags, move_alias=True)
+    if reg.refused:
+        progress_logger("warning")(f"register: {unit.name}: {reg.refused}")
+    return reg.version
 
 
 @task(name="record cache hit", task_run_name="cache hit {unit.name}", cache_policy=NO_CACHE)

@@ -48,6 +48,8 @@ class SearchVerdict(BaseModel):
     flagged: bool = False
     cost: dict[str, object] = Field(default_factory=dict)
     note: str = ""
+    per: str = Field(default="GPU", description="what `tokens_per_s_gpu` is per: GPU, or host for a cpu target "
+                                                "(its figure is the whole host's)")
 
     def metrics(self) -> dict[str, float]:
         out = {f"predicted_{k}": v for k, v in self.predicted.items()}
@@ -67,11 +69,11 @@ class SearchVerdict(BaseModel):
             lines.append(f"| {k} | {_f(self.predicted.get(k))} | {_f(self.measured.get(k))} |")
         if self.prediction_error is not None:
             flag = " **beyond the bound**" if self.flagged else ""
-            lines += ["", f"prediction error (tokens/s/GPU): {self.prediction_error:+.1%} "
+            lines += ["", f"prediction error (tokens/s/{self.per}): {self.prediction_error:+.1%} "
                           f"(bound ±{self.error_bound:.0%}){flag}"]
         cost = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in self.cost.items() if v)
         lines += ["", f"cost and energy: {cost}"] + (["", f"note: {self.note}"] if self.note else [])
-        lines += ["", "| c | SLO met | out tok/s | tok/s/GPU | tok/s/user | TTFT p95 | ITL p95 |",
+        lines += ["", f"| c | SLO met | out tok/s | tok/s/{self.per} | tok/s/user | TTFT p95 | ITL p95 |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {p.concurrency} | {'yes' if p.met else 'no'} | {_f(p.output_tokens_per_s)} | "
                   f"{_f(p.tokens_per_s_gpu)} | {_f(p.tokens_per_s_user)} | {_f(p.ttft_p95_ms)} | "
@@ -202,7 +204,8 @@ def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer:
         slo={**search.slo.model_dump(), "isl": w.isl, "osl": w.osl},
         predicted=predicted, measured=measured, prediction_error=error, error_bound=search.max_prediction_error,
         flagged=error is not None and abs(error) > search.max_prediction_error, cost=cost.summary(),
-        note=(unit.searched.note if unit.searched else "") + ("" if best else "; no load met the SLO"))
+        note=(unit.searched.note if unit.searched else "") + ("" if best else "; no load met the SLO"),
+        per="GPU" if unit.target.arch.value != "cpu" else "host")
     write(verdict, out)
     plot(verdict, unit.searched.predictor if unit.searched else None, out / "search.png", unit.name,
          predicted_front=unit.searched.pareto if unit.searched else None)
@@ -260,7 +263,7 @@ def figure(verdict: SearchVerdict, predictor: str | None, title: str,
         ax.scatter([verdict.predicted.get("tokens_per_s_user", 0)], [verdict.predicted["tokens_per_s_gpu"]],
                    marker="*", s=150, label=f"predicted ({who})")
     ax.set_xlabel("output tokens/s per user")
-    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_ylabel(f"output tokens/s per {verdict.per}")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -65,6 +65,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     roll.add_argument("--max-cost-increase", type=float, metavar="FRACTION",
                       help="hold a candidate whose $/1M output tokens at the SLO exceeds the champion's by more "
                            "than this (0.1 = 10%%; searched units, docs/search.md)")
+    roll.add_argument("--comparison-rounds", type=int, default=3, metavar="N",
+                      help="side-by-side rounds of champion and candidate where this machine serves both (cpu "
+                           "targets); thresholds apply to the ratio's 95%% interval (default 3)")
+    roll.add_argument("--promote-neutral-rebuilds", action="store_true",
+                      help="promote a rebuild of the champion's weights (toolchain bump) when it is not worse "
+                           "(default: only for a gain beyond noise)")
     roll.add_argument("--force-build", action="store_true", help="build even when nothing is new")
     trust_options(roll)
     roll.set_defaults(handler=cmd_rollout)
@@ -79,6 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from enginefoundry.planning.plan_report import refuse_on_preflight
 
     refuse_on_preflight(spec, args.targets)
+    if spec.search is None:  # a searched spec's units are known once the flow decided them: it checks there
+        from enginefoundry.records.alias_lineage import refuse_alias_collisions
+
+        refuse_alias_collisions(spec, args.targets)
 
     resolved = probe(spec.model.parsed_source(spec.base_path))
     console.print(f"source {spec.model.source} → {resolved}", markup=False)
@@ -163,6 +173,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from enginefoundry.search.plan import materialise
 
         spec, _ = materialise(spec, args.targets, progress=say)
+    from enginefoundry.records.alias_lineage import refuse_alias_collisions
+
+    refuse_alias_collisions(spec, args.targets)  # another spec's unit lineage holds an alias stem of this one
     expanded = expand_units(spec, args.targets)
     units = len(expanded)
     references = {u.name: reference_summary(spec, u) for u in expanded}
@@ -263,7 +276,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         spec_path=None, spec=spec_payload(load_spec(args.spec)), targets=args.targets, mode=args.mode,
         max_accuracy_drop=args.max_accuracy_drop, min_throughput_ratio=args.min_throughput_ratio,
         max_ttft_p95_factor=args.max_ttft_p95_factor, reference_concurrency=args.reference_concurrency,
-        max_cost_increase=args.max_cost_increase, force_build=args.force_build, store=spec.publish.store,
+        max_cost_increase=args.max_cost_increase, comparison_rounds=args.comparison_rounds,
+        promote_neutral_rebuilds=args.promote_neutral_rebuilds, force_build=args.force_build, store=spec.publish.store,
         mlflow_uri=spec.tracking.mlflow_uri, s3_endpoint_url=spec.publish.s3_endpoint_url))
     if wants_json(args):
         emit_json(report)

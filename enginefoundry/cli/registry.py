@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lin = sub.add_parser("lineage", help="what produced an artifact: store URI, unit key or models:/name@alias")
     lin.add_argument("ref")
     lin.add_argument("--mlflow-uri", help=MLFLOW_HELP)
+    lin.add_argument("--trusted-key", action="append", metavar="PUB", default=None,
+                     help="a public key whose signatures are accepted, for the signature row (repeatable)")
+    lin.add_argument("--trust-policy", metavar="FILE", help="trust policy file, for the signature row")
     lin.set_defaults(handler=cmd_lineage)
 
     for name, what in (("promote", "move <stem>-champion to a version (default: the <stem>-candidate version)"),
@@ -44,7 +47,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     from enginefoundry.records.lineage import lineage
 
     mlflow_uri = mlflow_uri_of(args)
-    chain = lineage(args.ref, mlflow_uri)
+    chain = lineage(args.ref, mlflow_uri, args.trusted_key, args.trust_policy)
     if wants_json(args):
         emit_json(chain)
         return EXIT_OK
@@ -105,8 +108,10 @@ def cmd_registry(args: argparse.Namespace) -> int:
                 raise InputError(f"{model} has no alias {candidate_alias(stem)}: give --version N, or a stem of "
                                  f"its aliases ({', '.join(known) or 'none'})")
             number = candidate.version
-        _signature_gate(args, registry.version(model, str(number)))
+        checked = _signature_gate(args, registry.version(model, str(number)))
         move = registry.promote(model, stem, number, "promoted by hand (enginefoundry promote)")
+        if not wants_json(args):
+            console.print(f"signature: {checked}", markup=False, highlight=False, soft_wrap=True)
     from enginefoundry.tasks.events import emit_registry_move
 
     emit_registry_move(model, stem, move.action, move.champion, move.previous, move.detail, outside_flows=True)
@@ -118,12 +123,22 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def _signature_gate(args: argparse.Namespace, version: Any,  # an MLflow ModelVersion (untyped)
-                    what: str = "promote") -> None:
+                    what: str = "promote") -> str:
     """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
-    are required (the trust options, the spec's policy, $ENGINEFOUNDRY_REQUIRE_SIGNATURE)."""
+    are required (the trust options, the spec's policy, $ENGINEFOUNDRY_REQUIRE_SIGNATURE). Returns what was checked:
+    the build's signature verdict and the policy it was held to."""
     from enginefoundry.cli.signing import SignatureRefused, policy_of
-    from enginefoundry.evidence.attest import promotion_refusal
+    from enginefoundry.evidence.attest import promotion_refusal, verify_attestations
     from enginefoundry.records.promotion import manifest_uri_of
+    from enginefoundry.store.verify import open_build
 
-    if refusal := promotion_refusal(manifest_uri_of(version), policy_of(args)):
+    policy, uri = policy_of(args), manifest_uri_of(version)
+    if refusal := promotion_refusal(uri, policy):
         raise SignatureRefused(f"{what} refused: {args.registered_model} v{version.version}: {refusal}")
+    held_to = (f"signatures {'required' if policy.require_signature else 'not required'}, "
+               f"{len(policy.keys)} trusted key(s)")
+    try:
+        store, build = open_build(uri)
+        return f"{verify_attestations(store, build, policy).line()} ({held_to}; {uri})"
+    except Exception as err:  # the store away after the gate passed: say so rather than fail the move
+        return f"not re-read ({type(err).__name__}); {held_to}"

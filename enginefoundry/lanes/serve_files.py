@@ -128,6 +128,15 @@ def serve_script(plan: ServingPlan) -> str:
         check_name(name, "serve.sh file name")
     checks = [f'if [ -z "${{{var}:-}}" ]; then printf \'%s\\n\' {shlex.quote(f"set {var}: {why}")} >&2; exit 2; fi'
               for var, why in plan.needs.items()]
+    tool = plan.argv[0] if plan.argv else ""
+    on_path: list[str]
+    if tool and "/" not in tool and "$" not in tool:  # a command found on PATH: say which and how, if it is not
+        missing = shlex.quote(f"serve.sh: {tool} is not on PATH: install it where you serve (the reference lane: "
+                              "pip install transformers[serving]), or put the venv that has it first on PATH")
+        on_path = [f"if ! command -v {shlex.quote(tool)} >/dev/null 2>&1; then printf '%s\\n' {missing} >&2; "
+                   "exit 127; fi"]
+    else:
+        on_path = []
     env = " ".join(sh_word(f"{k}={v}") for k, v in plan.env.items())
     command = " ".join(sh_word(a) for a in plan.argv)
     lines = [
@@ -142,6 +151,7 @@ def serve_script(plan: ServingPlan) -> str:
         'HOST="${HOST:-127.0.0.1}"',
         f'PORT="${{PORT:-{int(plan.default_port)}}}"',
         *_folder_lines(plan.links, plan.copies),
+        *on_path,
         f'exec env {env} {command} "$@"' if env else f'exec {command} "$@"',
     ]
     return "\n".join(lines) + "\n"

@@ -117,15 +117,17 @@ def _last_verified(uri: str) -> dict[str, Any]:  # JSON edge: a verification rec
     return record.model_dump() if record else {}
 
 
-def _signature(uri: str) -> dict[str, Any]:  # JSON edge: an attestation verdict, in the lineage JSON output
-    """Who signed this build and whether its attestations verify (against $ENGINEFOUNDRY_TRUST_POLICY /
+def _signature(uri: str, trusted_keys: list[str] | None = None,
+               trust_policy: str | None = None) -> dict[str, Any]:  # JSON edge: an attestation verdict (lineage JSON)
+    """Who signed this build and whether its attestations verify (against `trusted_keys`/`trust_policy`, the
+    `lineage --trusted-key/--trust-policy` its own advice names, plus $ENGINEFOUNDRY_TRUST_POLICY /
     $ENGINEFOUNDRY_TRUSTED_KEYS when set)."""
     from enginefoundry.evidence.attest import verify_attestations
     from enginefoundry.evidence.signing import consumer_policy
     from enginefoundry.store.verify import open_build
 
     try:
-        policy = consumer_policy()
+        policy = consumer_policy(trusted_keys, trust_policy)
     except InputError as err:  # the user's trust settings, not the store: say which and how to fix them
         return {"state": "unknown", "line": f"not checked: {err}"}
     try:
@@ -136,7 +138,8 @@ def _signature(uri: str) -> dict[str, Any]:  # JSON edge: an attestation verdict
     return {**verdict.model_dump(mode="json"), "line": verdict.line()}
 
 
-def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:  # JSON edge: the `lineage --json` document
+def lineage(ref: str, mlflow_uri: str, trusted_keys: list[str] | None = None,
+            trust_policy: str | None = None) -> dict[str, Any]:  # JSON edge: the `lineage --json` document
     manifest, uri, registry = resolve(ref, mlflow_uri)
     runs: dict[str, Any] = {}  # JSON edge: MLflow run facts, in the lineage JSON output
     if manifest.mlflow_run_id:
@@ -158,7 +161,7 @@ def lineage(ref: str, mlflow_uri: str) -> dict[str, Any]:  # JSON edge: the `lin
     src = manifest.source
     return {
         "verification": _last_verified(uri),
-        "signature": _signature(uri),
+        "signature": _signature(uri, trusted_keys, trust_policy),
         "artifact": {"manifest_uri": uri, "key": manifest.key, "unit": manifest.unit, "status": manifest.status,
                      "status_reason": manifest.status_reason, "created_at": manifest.created_at,
                      "files": len(manifest.files), "bytes": sum(f.size for f in manifest.files)},

@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.bench.noise import SideBySide, gained, gate_state, ratio_interval
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError
 from enginefoundry.evidence.signing import TrustPolicy
@@ -28,6 +29,11 @@ from enginefoundry.store.layout import legacy_manifest_uri
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 
+if TYPE_CHECKING:
+    from enginefoundry.records.alias_lineage import Lineage
+
+NOISE = "inconclusive: the difference is within noise"
+GAIN = "better beyond noise"
 ACCURACY_KEYS = ("smoke_agreement", "smoke_accuracy")  # agreement with the HF reference, then task accuracy
 HISTORY_TAG = mltags.CHAMPION_HISTORY  # registered-model tag: comma-separated champion versions
 
@@ -46,6 +52,13 @@ class PromotionPolicy(BaseModel):
     reference_concurrency: int | None = Field(default=None, ge=1,
                                               description="concurrency to compare at; default: the highest both "
                                                           "measured")
+    rebuild_needs_gain: bool = Field(default=True,
+                                     description="a rebuild of the champion's weights (toolchain bump, forced build) "
+                                                 "is promoted only when a figure is better beyond noise; off: when "
+                                                 "it is not worse, as a new checkpoint")
+    comparison_rounds: int = Field(default=3, ge=2, le=20,
+                                   description="side-by-side rounds (champion and candidate each benchmarked once "
+                                               "per round) where the rollout can serve both units")
     max_cost_increase: float | None = Field(default=None, ge=0.0,
                                             description="$/1M output tokens at the SLO point may exceed the "
                                                         "champion's by at most this fraction (0.1 = 10%); off when "
@@ -54,7 +67,10 @@ class PromotionPolicy(BaseModel):
 
 class Verdict(GateVerdict):
     """The promotion rule's verdict: the one verdict shape (smoke.gate.GateVerdict: `passed`, one rule per gate),
-    read as whether to promote and through which gates."""
+    read as whether to promote and through which gates. `inconclusive`: held because a difference is within
+    noise (no gate failed beyond it)."""
+
+    inconclusive: bool = False
 
     @property
     def promote(self) -> bool:
@@ -66,7 +82,13 @@ class Verdict(GateVerdict):
 
     @property
     def reasons(self) -> list[str]:
-        return [g.detail for g in self.gates if not g.ok] or [g.detail for g in self.gates]
+        """The failing gates (an inconclusive verdict: "inconclusive: …" first, then every gate with its figures);
+        when promoted, every gate."""
+        failing = [g.detail for g in self.gates if not g.ok]
+        if self.inconclusive:
+            return [NOISE] + [g.detail.removeprefix(f"{NOISE}: ") for g in self.gates if not g.ok] + [
+                g.detail for g in self.gates if g.ok]
+        return failing or [g.detail for g in self.gates]
 
 
 def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:  # JSON edge: manifest benchmark points
@@ -74,9 +96,16 @@ def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:  # JSO
             if p.get("valid", True)}
 
 
-def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPolicy) -> Verdict:
+def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPolicy,
+            measured: SideBySide | None = None) -> Verdict:
     """Every gate with its numbers. A rejected candidate never passes; with no champion the candidate's own
-    gates (smoke, benchmark validity: its status) decide."""
+    gates (smoke, benchmark validity: its status) decide. `measured`: the rollout's side-by-side rounds of both
+    units (bench.noise), which the performance gates then use instead of each build's own figures.
+
+    Three outcomes: promote (every gate passes), held (a gate fails: for performance, a regression beyond noise),
+    or inconclusive (held, `Verdict.inconclusive`): a performance threshold lies inside its interval, or the
+    candidate is a rebuild of the champion's weights (a toolchain bump, --force-build) whose figures gained
+    nothing beyond noise while `policy.rebuild_needs_gain`."""
     gates = [GateRule(name="own gates", ok=candidate.status == UnitStatus.CANDIDATE,
                   detail="smoke and benchmark gates passed" if candidate.status == UnitStatus.CANDIDATE
                   else f"unit is {candidate.status}: {candidate.status_reason or 'gates failed'}")]
@@ -84,10 +113,30 @@ def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPol
         gates.append(GateRule(name="champion", ok=True, detail="no champion yet: first promotion"))
         return Verdict(passed=all(g.ok for g in gates), rules=gates)
     gates += _accuracy_gates(candidate, champion, policy)
-    gates += _performance_gates(candidate, champion, policy)
+    performance = _performance_gates(candidate, champion, policy, measured)
+    gates += performance
     if policy.max_cost_increase is not None:
         gates.append(cost_gate(candidate, champion, policy.max_cost_increase))
-    return Verdict(passed=all(g.ok for g in gates), rules=gates)
+    failed = [g for g in gates if not g.ok and not g.detail.startswith(NOISE)]
+    if (not failed and policy.rebuild_needs_gain and same_weights(candidate, champion)
+            and not any(GAIN in g.detail for g in performance)):
+        gates.append(GateRule(name="gain", ok=False, detail=(
+            f"{NOISE}: a rebuild of the champion's weights (toolchain bump or forced build) is promoted only for a "
+            "gain beyond noise, and no figure gained (rollout --promote-neutral-rebuilds: promote it when not "
+            "worse)")))
+    noisy = not failed and any(g.detail.startswith(NOISE) for g in gates)
+    return Verdict(passed=all(g.ok for g in gates), rules=gates, inconclusive=noisy)
+
+
+def same_weights(candidate: Manifest, champion: Manifest) -> bool:
+    """Both units were built from the same weights and tokenizer (only the toolchain or the build differs)."""
+    def digests(m: Manifest) -> tuple[Any, Any]:
+        kc = m.key_components if isinstance(m.key_components, dict) else {}
+        return (kc.get("weights_digest") or m.source.get("weights_digest"),
+                kc.get("tokenizer_digest") or m.source.get("tokenizer_digest"))
+
+    mine = digests(candidate)
+    return mine[0] is not None and mine == digests(champion)
 
 
 def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> GateRule:
@@ -144,7 +193,14 @@ def operating_point(candidate: Manifest, champion: Manifest,
     return key, _points(candidate)[key], _points(champion)[key]
 
 
-def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[GateRule]:
+def _performance_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy,
+                       measured: SideBySide | None = None) -> list[GateRule]:
+    """Output tok/s and p95 TTFT at the operating point, thresholds applied to the interval of the ratio
+    (bench.noise): from the side-by-side rounds when the rollout measured both units, else from each build's
+    recorded trials (one sample each for builds that recorded one point: no interval, and the detail says so)."""
+    if measured is not None and measured.trials:
+        at = f"{measured.scenario} c={measured.concurrency}"
+        return _interval_gates(at, measured.pairs("output_tokens_per_s"), measured.pairs("ttft_ms_p95"), True, policy)
     new_pts, old_pts = _points(candidate), _points(champion)
     if not old_pts:
         return [GateRule(name="benchmark", ok=True, detail="champion has no benchmark: performance not compared")]
@@ -157,22 +213,42 @@ def _performance_gates(candidate: Manifest, champion: Manifest, policy: Promotio
     gates = []
     for scenario, c in (k for k in common if k[1] == concurrency):
         new, old = new_pts[(scenario, c)], old_pts[(scenario, c)]
-        gates.append(_ratio_gate(f"{scenario} c={c} output tok/s", new.get("output_tokens_per_s"),
-                                 old.get("output_tokens_per_s"), policy.min_throughput_ratio, higher_is_better=True))
-        gates.append(_ratio_gate(f"{scenario} c={c} TTFT p95 ms", new.get("ttft_ms_p95"), old.get("ttft_ms_p95"),
-                                 policy.max_ttft_p95_factor, higher_is_better=False))
+        gates += _interval_gates(f"{scenario} c={c}", (_trials(old, "output_tokens_per_s"),
+                                                       _trials(new, "output_tokens_per_s")),
+                                 (_trials(old, "ttft_ms_p95"), _trials(new, "ttft_ms_p95")), False, policy)
     return gates
 
 
-def _ratio_gate(name: str, new: float | None, old: float | None, bound: float, *, higher_is_better: bool) -> GateRule:
-    if new is None or old is None or old <= 0:
+def _trials(point: dict[str, Any], figure: str) -> list[float]:  # JSON edge: a manifest's benchmark point
+    """A point's repeated trials of one figure (`trials`, when its build repeated it), else its one value."""
+    values = [t.get(figure) for t in point.get("trials") or []] or [point.get(figure)]
+    return [float(v) for v in values if isinstance(v, int | float) and v > 0]
+
+
+def _interval_gates(at: str, tok_s: tuple[list[float], list[float]], ttft: tuple[list[float], list[float]],
+                    paired: bool, policy: PromotionPolicy) -> list[GateRule]:
+    return [_interval_gate(f"{at} output tok/s", tok_s, paired, policy.min_throughput_ratio, True, ".1f"),
+            _interval_gate(f"{at} TTFT p95 ms", ttft, paired, policy.max_ttft_p95_factor, False, ".0f")]
+
+
+def _interval_gate(name: str, samples: tuple[list[float], list[float]], paired: bool, bound: float,
+                   higher_is_better: bool, fmt: str) -> GateRule:
+    """One figure's gate. kind "statistical": decided on an interval; "info": on one sample a side (no interval).
+    `warning`: inconclusive (the bound lies inside the interval)."""
+    interval = ratio_interval(samples[0], samples[1], paired=paired)
+    if interval is None:
         return GateRule(name=name, ok=False, detail=f"{name}: not measured on both units")
-    ratio = float(new) / float(old)
-    if higher_is_better:
-        return GateRule(name=name, ok=ratio >= bound,
-                    detail=f"{name} {new:.1f} vs champion {old:.1f} (×{ratio:.2f}, needs ≥ ×{bound:.2f})")
-    return GateRule(name=name, ok=ratio <= bound,
-                detail=f"{name} {new:.0f} vs champion {old:.0f} (×{ratio:.2f}, needs ≤ ×{bound:.2f})")
+    state = gate_state(interval, bound, higher_is_better=higher_is_better)
+    needs = f"needs {'≥' if higher_is_better else '≤'} ×{bound:.2f}"
+    detail = f"{name} {interval.describe(fmt)}, {needs}"
+    if state == "inconclusive":
+        detail = f"{NOISE}: {detail}"
+    elif state == "fail" and interval.lo is not None:
+        detail = f"{detail}: a regression beyond noise"
+    if gained(interval, higher_is_better=higher_is_better):
+        detail += f" ({GAIN})"
+    return GateRule(name=name, ok=state == "pass", detail=detail,
+                    kind="statistical" if interval.lo is not None else "info", warning=state == "inconclusive")
 
 
 # --------------------------------------------------------------------------------------------- registry
@@ -302,6 +378,8 @@ class Registry:
                              "unit is never promoted")
         found = self.version_by_alias(model, champion_alias(stem))
         current = str(found.version) if found is not None else None
+        if found is not None and current != number:
+            self._check_same_lineage(model, stem, version, found)
         history = self.history(model, stem)
         if current == number:
             prev = history[-2] if len(history) > 1 else None
@@ -327,6 +405,16 @@ class Registry:
         return RegistryMove(registered_model=model, stem=stem, action="promoted", champion=number, previous=current,
                             detail=f"{champion_alias(stem)} → version {number}"
                                    + (f" (was {current})" if current is not None else " (first champion)"))
+
+    def _check_same_lineage(self, model: str, stem: str, version: Any, champion: Any) -> None:
+        """One lineage per alias (alias_lineage): a version of another unit lineage never takes a champion alias."""
+        from enginefoundry.records.alias_lineage import version_label, version_lineage
+
+        mine, theirs = version_lineage(version), version_lineage(champion)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise InputError(f"{model} version {version.version} ({version_label(version)}) is of another unit "
+                             f"lineage than {champion_alias(stem)} v{champion.version} ({version_label(champion)}): "
+                             "not promoted; promote it under its own stem (--target) or registered model")
 
     def _check_restorable(self, model: str, number: str) -> None:
         """The version's manifest must be the one that was published (its digest on the version, in the key's
@@ -385,12 +473,14 @@ class Decision(BaseModel):
     candidate_version: str | None = None
     champion_before: str | None = None
     reasons: list[str] = Field(default_factory=list)
+    inconclusive: bool = Field(default=False, description="held because a difference is within noise")
     serving_uri: str | None = None
     move: RegistryMove | None = Field(default=None, description="the registry move, when promoted: the flow "
                                                                    "emits its event")
 
     def row(self) -> dict[str, str]:
-        return {"target": self.stem, "unit": self.unit, "decision": self.action,
+        return {"target": self.stem, "unit": self.unit,
+                "decision": "held: within noise" if self.inconclusive else self.action,
                 "candidate": self.candidate_version or "-", "champion before": self.champion_before or "-",
                 "reasons": "; ".join(self.reasons), "serving": self.serving_uri or "-"}
 
@@ -427,11 +517,14 @@ def read_version_manifest(model: str, version: Any) -> Manifest:
 
 
 def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
-           notes: list[str] | None = None, trust: TrustPolicy | None = None) -> Decision:
+           notes: list[str] | None = None, trust: TrustPolicy | None = None,
+           lineage: Lineage | None = None, measured: SideBySide | None = None) -> Decision:
     """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
     passed), if newer than `<stem>-champion` or with no champion, is compared with the champion and promoted or
     held. Whether this rollout built anything does not matter; `notes` (what this rollout's build did) are
-    reported first. A rejected unit is never promoted, and a version rolled back from is only put back by hand."""
+    reported first. A rejected unit is never promoted, and a version rolled back from is only put back by hand.
+    `lineage`: the unit's (alias_lineage); a candidate or champion of another lineage is never compared or
+    replaced, and the decision says so."""
     notes = list(notes or [])
     candidate = registry.version_by_alias(model, candidate_alias(stem))
     champion = registry.version_by_alias(model, champion_alias(stem))
@@ -440,6 +533,21 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
                     champion_before=str(champion.version) if champion is not None else None)
     if candidate is None:
         return held.model_copy(update={"reasons": [*notes, f"nothing to promote: no {candidate_alias(stem)}"]})
+    if lineage is not None:  # one lineage per alias (alias_lineage): never judge or replace another lineage's unit
+        from enginefoundry.records.alias_lineage import version_label, version_lineage
+
+        if version_lineage(candidate) not in (None, lineage.digest):
+            return held.model_copy(update={"reasons": [*notes, (
+                f"{candidate_alias(stem)} is version {candidate.version} of another unit lineage "
+                f"({version_label(candidate)}), not {lineage.label}: not promoted")]})
+        if champion is not None and version_lineage(champion) not in (None, lineage.digest):
+            return held.model_copy(update={"champion_before": None, "reasons": [*notes, (
+                f"{champion_alias(stem)} is version {champion.version} of another unit lineage "
+                f"({version_label(champion)}): not compared with and not replaced; give this spec its own "
+                f"tracking.registered_model, or delete that lineage's aliases {champion_alias(stem)} and "
+                f"{candidate_alias(stem)} if this spec replaces it")]})
+    compared = ([f"compared with {champion_alias(stem)} v{champion.version} of the same lineage "
+                 f"({lineage.label})"] if lineage is not None and champion is not None else [])
     number = str(candidate.version)
     if champion is not None and int(champion.version) >= int(number):
         why = "already is the champion" if str(champion.version) == number \
@@ -450,11 +558,13 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
                                                            "`enginefoundry promote --version` puts it back"]})
     cand_manifest = read_version_manifest(model, candidate)
     champ_manifest = read_version_manifest(model, champion) if champion is not None else None
-    verdict = compare(cand_manifest, champ_manifest, policy)
+    verdict = compare(cand_manifest, champ_manifest, policy,
+                      measured if measured is not None and measured.candidate_version == number else None)
     if not verdict.promote or candidate.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
         reasons = verdict.reasons if not verdict.promote else \
             [f"version {number} is tagged '{candidate.tags.get(mltags.STATUS) or 'untracked'}', not a candidate"]
-        return held.model_copy(update={"reasons": [*notes, *reasons]})
+        return held.model_copy(update={"reasons": [*notes, *reasons, *compared],
+                                       "inconclusive": verdict.inconclusive})
     from enginefoundry.evidence.attest import promotion_refusal
 
     if refusal := promotion_refusal(manifest_uri_of(candidate), trust):
@@ -468,16 +578,20 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
         serving = manifest_uri_of(candidate)
         registry.tag_version(model, number, {mltags.SERVING_URI: serving})
     return held.model_copy(update={"action": "promoted", "serving_uri": serving, "move": move,
-                                   "reasons": [*notes, move.detail, *(g.detail for g in verdict.gates)]})
+                                   "reasons": [*notes, move.detail, *(g.detail for g in verdict.gates), *compared]})
 
 
 def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPolicy,
-                      targets: list[str] | None = None, notes: dict[str, list[str]] | None = None) -> list[Decision]:
+                      targets: list[str] | None = None, notes: dict[str, list[str]] | None = None,
+                      measured: dict[str, SideBySide] | None = None) -> list[Decision]:
     """`decide` for every alias stem of the spec (only these targets' units, when given), in unit order. `notes`:
-    per unit name, what this rollout's build did with it."""
+    per unit name, what this rollout's build did with it. `measured`: per stem, the side-by-side rounds of its
+    champion and candidate (rollout.side_by_side)."""
     from enginefoundry.evidence.signing import consumer_policy, merged_policy, spec_policy
+    from enginefoundry.records.alias_lineage import unit_lineage
 
     stems = alias_stems(spec)
     trust = merged_policy(consumer_policy(), spec_policy(spec))  # the environment's and the spec's signature policy
     return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy, (notes or {}).get(u.name),
-                   trust) for u in expand_units(spec, targets)]
+                   trust, unit_lineage(spec, u), (measured or {}).get(stems[u.name]))
+            for u in expand_units(spec, targets)]

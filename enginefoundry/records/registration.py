@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit
+from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.records.tracking import Tracker, register_unit
 from enginefoundry.spec import BuildSpec
@@ -29,6 +30,7 @@ class Registration(BaseModel):
     created: bool  # False: the version existed already
     alias: str | None  # the alias that points at this version now (None: none asked or another holds it)
     alias_set: bool  # this call (re)pointed the alias
+    refused: str | None = None  # why the alias was not moved: another unit lineage holds its stem
 
 
 def candidate_alias_of(spec: BuildSpec, unit: Unit, manifest: Manifest) -> str | None:
@@ -52,6 +54,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
         mltags.LANE: manifest.lane, mltags.STATUS: manifest.status, mltags.MANIFEST_URI: manifest_uri,
         mltags.MANIFEST_SHA256: manifest_sha256,
         mltags.ALIAS_STEM: unit_alias_stem(spec, unit),
+        **unit_lineage(spec, unit).tags(),
         mltags.SOURCE_URI: manifest.source.get("uri", ""),
         mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
         mltags.WEIGHTS_DIGEST: manifest.source.get("weights_digest", ""),
@@ -59,6 +62,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
         mltags.TOOLCHAIN_IMAGE: "@".join(x for x in (toolchain.get("image"), toolchain.get("image_digest")) if x),
         mltags.GATE_VERDICT: manifest.status + (f": {manifest.status_reason}" if manifest.status_reason else
                                                  ": smoke and benchmark gates passed"),
+        mltags.DEPLOYABLE: "true" if manifest.status == UnitStatus.CANDIDATE else "false",
         mltags.SMOKE_AGREEMENT: "" if agreement is None else f"{float(agreement):.4f}",
         mltags.PROMPTS_DIGEST: manifest.prompts_digest or "",
         mltags.BEST_OUTPUT_TPS: f"{best.output_tokens_per_s:.1f}" if best else "",
@@ -99,7 +103,7 @@ def ensure_registered(
         version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,
                                 artifact_uri=manifest_uri.rsplit("/", 1)[0],
                                 tags={**tags, MANIFEST_URI_TAG: manifest_uri}, params=manifest.build_params,
-                                alias=None)
+                                alias=None, description=version_description(unit, manifest, manifest_uri))
         created = True
     else:
         version, created = str(existing.version), False
@@ -109,6 +113,9 @@ def ensure_registered(
                                          tags[mltags.MANIFEST_SHA256])
     if alias is None:
         return Registration(version=version, created=created, alias=None, alias_set=False)
+    refused = _other_lineage_holds(client, registered_model, alias, tags)
+    if refused:
+        return Registration(version=version, created=created, alias=None, alias_set=False, refused=refused)
     try:
         holder = str(client.get_model_version_by_alias(registered_model, alias).version)
     except MlflowException:
@@ -118,4 +125,58 @@ def ensure_registered(
     if holder is not None and not (move_alias or created):
         return Registration(version=version, created=created, alias=None, alias_set=False)
     client.set_registered_model_alias(registered_model, alias, version)
+    if holder is not None:
+        _supersede(client, registered_model, holder)
     return Registration(version=version, created=created, alias=alias, alias_set=True)
+
+
+def version_description(unit: Unit, manifest: Manifest, manifest_uri: str) -> str:
+    """What the MLflow UI shows first on a version. MLflow sets a version's own status (READY once registered) and
+    has no API to set another, so a rejected unit says so here, in `enginefoundry.status`/`deployable` and by
+    having no alias."""
+    if manifest.status == UnitStatus.CANDIDATE:
+        return f"{unit.name}: {manifest_uri}"
+    return (f"REJECTED, not deployable: {manifest.status_reason or 'its gates failed'}. {unit.name}: "
+            f"{manifest_uri}")[:5000]
+
+
+def _supersede(client: Any, registered_model: str, number: str) -> None:
+    """The version `<stem>-candidate` moved away from: a candidate never promoted says `superseded` now (version and
+    run, as promotion moves them); a champion or previous champion keeps its word."""
+    from mlflow.exceptions import MlflowException
+
+    from enginefoundry.store.unit_status import RegistryStatus
+
+    try:
+        old = client.get_model_version(registered_model, number)
+        if old.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
+            return
+        client.set_model_version_tag(registered_model, number, mltags.STATUS, RegistryStatus.SUPERSEDED)
+        if old.run_id:
+            client.set_tag(old.run_id, mltags.STATUS, RegistryStatus.SUPERSEDED)
+    except MlflowException:  # a version or run deleted since: nothing to say on it
+        return
+
+
+def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: dict[str, str]) -> str | None:
+    """Why `alias` may not move to a version of this lineage (`tags`' enginefoundry.lineage): the stem's champion or
+    candidate is of another unit lineage (alias_lineage). None: free, or the same lineage."""
+    from mlflow.exceptions import MlflowException
+
+    from enginefoundry.records.alias_lineage import stem_holder
+
+    mine = tags.get(mltags.LINEAGE)
+    if not mine:
+        return None
+
+    def by_alias(model: str, name: str) -> Any | None:
+        try:
+            return client.get_model_version_by_alias(model, name)
+        except MlflowException:
+            return None
+
+    holder = stem_holder(by_alias, registered_model, alias.removesuffix("-candidate"))
+    if holder is None or holder.lineage in (None, mine):
+        return None
+    return (f"{alias} not moved: {holder.alias} of {registered_model} is version {holder.version} of another unit "
+            f"lineage ({holder.label}); give this spec its own tracking.registered_model")

@@ -121,16 +121,20 @@ def search_rows(outcomes: list[UnitOutcome], objective: str = "tokens_per_gpu") 
         if o.ok and value is not None and value > winners.get(o.target, (float("-inf"), ""))[0]:
             winners[o.target] = (value, o.unit)
     rows = []
+    # A cpu target's figure is per host, not per GPU (SearchVerdict.per): the column says which.
+    pers = {str(s.get("per") or "GPU") for _, s in found}
+    per = pers.pop() if len(pers) == 1 else "GPU (host for CPU)"
     for o, s in found:
         pred, meas, cost = s.get("predicted") or {}, s.get("measured") or {}, s.get("cost") or {}
         err = s.get("prediction_error")
         rows.append({
             "unit": o.unit, "goodput c": str(s.get("goodput_concurrency") or "none"),
-            "tok/s/GPU pred": _num(pred.get("tokens_per_s_gpu")), "tok/s/GPU meas": _num(meas.get("tokens_per_s_gpu")),
+            f"tok/s/{per} pred": _num(pred.get("tokens_per_s_gpu")),
+            f"tok/s/{per} meas": _num(meas.get("tokens_per_s_gpu")),
             "error": "-" if err is None else f"{err:+.0%}" + (" FLAGGED" if s.get("flagged") else ""),
             "$/1M tok": _num(cost.get("usd_per_mtok"), 4), "tok/J": _num(cost.get("tokens_per_joule"), 3)
             if cost.get("tokens_per_joule") is not None else "unavailable",
-            "avg W/GPU": _num(cost.get("avg_watts_per_gpu")),
+            f"avg W/{per}": _num(cost.get("avg_watts_per_gpu")),
             "winner": f"best {objective}" if winners.get(o.target, (0, ""))[1] == o.unit else "",
         })
     return rows

@@ -202,6 +202,47 @@ class _OpenRuns:
 OPEN_RUNS = _OpenRuns()
 
 
+def end_open_runs_cancelled(reason: str) -> list[str]:
+    """A cancelled run: every run this process opened, and every still-RUNNING run under them (a unit that ran on
+    another worker, which may never come back to end it), ends KILLED now, tagged with the reason."""
+    with OPEN_RUNS._lock:
+        runs = dict(OPEN_RUNS._runs)
+    ended = []
+    for run_id, client in runs.items():
+        with contextlib.suppress(Exception):  # a server away: the runs are ended at exit, or by the next rollout
+            experiment = client.get_run(run_id).info.experiment_id
+            children = client.search_runs([experiment], filter_string=f"tags.`{mltags.MLFLOW_PARENT_RUN_ID}` = "
+                                                                      f"'{run_id}' and attributes.status = 'RUNNING'")
+            for child in children:
+                client.set_tag(child.info.run_id, mltags.END_REASON, f"cancelled: {reason}"[:500])
+                client.set_terminated(child.info.run_id, status="KILLED")
+                ended.append(child.info.run_id)
+    for run_id, client in runs.items():
+        with contextlib.suppress(Exception):
+            client.set_tag(run_id, mltags.END_REASON, f"cancelled: {reason}"[:500])
+            client.set_terminated(run_id, status="KILLED")
+            ended.append(run_id)
+        OPEN_RUNS.discard(run_id)
+    return ended
+
+
+def end_orphaned_runs(client: Any, experiment_ids: list[str], finished: Any) -> list[str]:
+    """Runs still RUNNING whose Prefect flow run is over (`finished(flow_run_id)` → its final state's name, None
+    while it runs or when unknown) end KILLED: a unit whose worker crashed or was cancelled and never came back
+    ends its own run never. The next rollout calls it, on whichever host it runs."""
+    ended = []
+    runs = client.search_runs(experiment_ids, filter_string="attributes.status = 'RUNNING'", max_results=1000)
+    for run in runs:
+        flow_run = run.data.tags.get(mltags.PREFECT_FLOW_RUN_ID)
+        state = finished(flow_run) if flow_run else None
+        if state is None:
+            continue
+        client.set_tag(run.info.run_id, mltags.END_REASON, f"its Prefect flow run ended {state}")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        ended.append(run.info.run_id)
+    return ended
+
+
 def end_open_runs(status: str | None = None) -> list[str]:
     """End the runs this process left open (flows call it when they fail; atexit calls it anyway)."""
     return OPEN_RUNS.end_all(status)
@@ -327,7 +368,14 @@ class Tracker:
         self.client.log_artifact(run_id, str(path), artifact_path)
 
     def end_run(self, run_id: str, ok: bool) -> None:
-        self.client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
+        """FINISHED or FAILED; KILLED once the run was cancelled (a run ended KILLED by the cancel stays so)."""
+        from enginefoundry.runner import cancel_reason
+
+        if cancel_reason():
+            if self.client.get_run(run_id).info.status == "RUNNING":
+                self.client.set_terminated(run_id, status="KILLED")
+        else:
+            self.client.set_terminated(run_id, status="FINISHED" if ok else "FAILED")
         OPEN_RUNS.discard(run_id)
 
 
@@ -354,6 +402,7 @@ def ensure_registered_model(client: Any, name: str) -> None:
 def register_unit(
     tracker: Tracker, *, registered_model: str, unit_name: str, run_id: str, artifact_uri: str,
     tags: dict[str, str], params: dict[str, Any], alias: str | None,  # JSON edge: an MLflow params payload (nested)
+    description: str | None = None,
 ) -> str:
     """An external MLflow model pointing at the store (weights never travel through MLflow), a version of
     the registered model, and the alias moved to it. Returns the version number."""
@@ -378,7 +427,8 @@ def register_unit(
     try:
         version = client.create_model_version(registered_model, source=source, run_id=run_id,
                                               tags=clean_tags, model_id=logged.model_id,
-                                              description=f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
+                                              description=description
+                                              or f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
         if alias:
             client.set_registered_model_alias(registered_model, alias, version.version)
     except BaseException:

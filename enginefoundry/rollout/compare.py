@@ -8,9 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.bench.noise import SideBySide
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.promotion import (
     ACCURACY_KEYS,
+    NOISE,
     Decision,
     PromotionPolicy,
     Registry,
@@ -84,18 +86,30 @@ def _cost(manifest: Manifest) -> float | None:
 
 
 def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest | None,
-                   policy: PromotionPolicy) -> ComparisonRow:
-    row = ComparisonRow(target=decision.stem, unit=decision.unit, decision=decision.action,
+                   policy: PromotionPolicy, measured: SideBySide | None = None) -> ComparisonRow:
+    """The figures the decision was made on: the side-by-side rounds' means (`measured`) where the rollout
+    measured both units, else each build's own benchmark point."""
+    row = ComparisonRow(target=decision.stem, unit=decision.unit, decision=decision.row()["decision"],
                         champion=decision.champion_before, candidate=decision.candidate_version,
                         new_toolchain=describe_toolchain(candidate.key_components.get("toolchain") or {}),
                         accuracy_new=_accuracy(candidate), usd_per_mtok_new=_cost(candidate))
     if champion is None:
         return row
-    verdict = compare(candidate, champion, policy)
+    verdict = compare(candidate, champion, policy, measured)
     row.old_toolchain = describe_toolchain(champion.key_components.get("toolchain") or {})
     row.accuracy_old, row.usd_per_mtok_old = _accuracy(champion), _cost(champion)
     row.regressions = [f"cost regression: {g.detail}" if g.name == "cost" else g.detail
                        for g in verdict.gates if not g.ok]
+    row.regressions = [r for r in row.regressions if not r.startswith(NOISE)] + (
+        [NOISE] if verdict.inconclusive else [])
+    if measured is not None and measured.trials:
+        old_tok, new_tok = measured.pairs("output_tokens_per_s")
+        old_ttft, new_ttft = measured.pairs("ttft_ms_p95")
+        row.operating_point = (f"{measured.scenario} c={measured.concurrency}, "
+                               f"{len(old_tok)} side-by-side rounds")
+        row.tokens_per_s_old, row.tokens_per_s_new = _mean(old_tok), _mean(new_tok)
+        row.ttft_p95_ms_old, row.ttft_p95_ms_new = _mean(old_ttft), _mean(new_ttft)
+        return row
     point = operating_point(candidate, champion, policy)
     if point is not None:
         (scenario, concurrency), new, old = point
@@ -105,13 +119,17 @@ def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest |
     return row
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def _num(point: dict[str, Any], key: str) -> float | None:  # JSON edge: a benchmark point of a published manifest
     value = point.get(key)
     return None if value is None else float(value)
 
 
 def comparison_rows(registry: Registry, model: str, decisions: list[Decision], policy: PromotionPolicy,
-                    stems: set[str]) -> list[ComparisonRow]:
+                    stems: set[str], measured: dict[str, SideBySide] | None = None) -> list[ComparisonRow]:
     """One row per decision of these alias stems that had a candidate (the rebuilt targets)."""
     rows = []
     for d in decisions:
@@ -120,7 +138,7 @@ def comparison_rows(registry: Registry, model: str, decisions: list[Decision], p
         candidate = read_manifest_uri(manifest_uri_of(registry.version(model, d.candidate_version)))
         champion = (read_manifest_uri(manifest_uri_of(registry.version(model, d.champion_before)))
                     if d.champion_before else None)
-        rows.append(comparison_row(d, candidate, champion, policy))
+        rows.append(comparison_row(d, candidate, champion, policy, (measured or {}).get(d.stem)))
     return rows
 
 

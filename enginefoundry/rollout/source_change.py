@@ -18,8 +18,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.bench.noise import SideBySide
 from enginefoundry.build.sources import probe
+from enginefoundry.build.units import expand_units
 from enginefoundry.identity import checkpoint_digests
+from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.promotion import Decision, Registry, champion_alias, manifest_uri_of
 from enginefoundry.rollout.compare import ComparisonRow
@@ -103,14 +106,21 @@ def _s3_etags(source: SourceURI) -> dict[str, str]:
     return out
 
 
-def baseline_for(registry: Registry, model: str, target: Target) -> Baseline | None:
+def baseline_for(registry: Registry, model: str, target: Target, lineages: set[str] | None = None) -> Baseline | None:
+    """The champion of the target, else its newest registered version; with `lineages` (the digests of the spec's
+    units on it: alias_lineage), only a version of one of them: another spec's unit under the same alias is never
+    this spec's baseline."""
+    from enginefoundry.records.alias_lineage import version_lineage
+
+    def ours(v: Any) -> bool:
+        return lineages is None or version_lineage(v) in lineages | {None}
+
     champion = registry.version_by_alias(model, champion_alias(target.name))
     alias: str | None = champion_alias(target.name)
-    version = champion
+    version = champion if champion is not None and ours(champion) else None
     if version is None:
         alias = None
-        built = registry.versions_with(model, mltags.TARGET, target.name)
-        version = built[0] if built else None
+        version = next((v for v in registry.versions_with(model, mltags.TARGET, target.name) if ours(v)), None)
     if version is None:
         return None
     uri = manifest_uri_of(version)
@@ -168,7 +178,8 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
     for target in spec.targets:
         if only_targets and target.name not in only_targets:
             continue
-        base = baseline_for(registry, spec.registered_model_name, target)
+        lineages = {unit_lineage(spec, u).digest for u in expand_units(spec, [target.name])}
+        base = baseline_for(registry, spec.registered_model_name, target, lineages)
         if base is None:
             rows.append(TargetChange(target=target.name, changed=True, reason="never built: first build"))
             continue
@@ -195,6 +206,8 @@ class RolloutReport(BaseModel):
     decisions: list[Decision] = Field(default_factory=list)
     comparison: list[ComparisonRow] = Field(default_factory=list, description="old vs new per target, for the "
                                                                                "targets this rollout rebuilt")
+    side_by_side: list[SideBySide] = Field(default_factory=list, description="champion and candidate measured in "
+                                                                             "this rollout, per stem")
     duration_s: float = 0.0
 
     @property

@@ -229,6 +229,8 @@ class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
+    on_rejected: bool = Field(default=False, description="benchmark a unit its smoke gate rejected too (to diagnose "
+                                                         "it); default: a rejected unit is not benchmarked")
     tool: BenchTool = BenchTool.AIPERF
     scenarios: list[Scenario] = Field(min_length=1)
     concurrency: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)

@@ -20,7 +20,8 @@ class RegistryStatus(StrEnum):
 
     CHAMPION = "champion"  # behind `<stem>-champion`
     PREVIOUS_CHAMPION = "previous-champion"  # behind `<stem>-previous-champion`
-    SUPERSEDED = "superseded"  # was champion, then two promotions passed it by
+    SUPERSEDED = "superseded"  # was champion, then two promotions passed it by; or a candidate never promoted
+    # whose `<stem>-candidate` moved on to a newer build
     ROLLED_BACK = "rolled-back"  # was champion until a rollback; `promote --version` may put it back
 
 

@@ -29,8 +29,9 @@ from tests.support.cluster import (
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.services
-# Lenient enough for two builds of the same model on a busy 2-core CI machine; the strict case is below.
-LENIENT = ["--min-throughput-ratio", "0.2", "--max-ttft-p95-factor", "5"]
+# Lenient enough for two builds of the same model on a busy 2-core CI machine, applied to the 95% interval of three
+# side-by-side rounds (the default); the strict case is below.
+LENIENT = ["--min-throughput-ratio", "0.05", "--max-ttft-p95-factor", "20"]
 
 
 def cli(server: PrefectServer, *args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -61,6 +62,21 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
     built = cli(prefect_server, "run", str(spec))
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert champion(client, model) is None and champion(client, model, "cpu-candidate") == "1"
+    # One lineage per alias (issue 33): the shipped tiny-search spec told to register into this model takes the
+    # same `cpu` stem for another unit lineage: `validate` refuses it, naming the field and the fix.
+    search = yaml.safe_load((REPO / "configs" / "tiny-search.yaml").read_text())
+    search["model"]["source"] = f"hf://{repo_id}@main"
+    search["smoke"]["prompts"] = str(REPO / "configs" / "prompts" / "tiny-chat.jsonl")
+    search["publish"] = {"store": f"s3://enginefoundry/rollout-{unique}"}
+    search["tracking"] = {"mlflow_uri": stack["MLFLOW_TRACKING_URI"], "experiment": f"rollout-{unique}",
+                          "registered_model": model}
+    colliding = tmp_path / "colliding-search.yaml"
+    colliding.write_text(yaml.safe_dump(search))
+    refused = cli(prefect_server, "validate", str(colliding))
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "tracking.registered_model" in refused.stderr and "another unit lineage" in refused.stderr
+    assert f"tracking.registered_model: {model}-tiny-search" in refused.stderr  # the fix
+
     first = cli(prefect_server, "rollout", str(spec), *LENIENT)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "source unchanged: no build" in first.stdout
@@ -97,6 +113,8 @@ def test_rollout_builds_promotes_holds_and_rolls_back(prefect_server: PrefectSer
     v2 = client.get_model_version(model, "2")
     assert v2.tags["enginefoundry.source_revision"] == second_sha
     assert "smoke_agreement" in v2.tags["enginefoundry.promotion_reason"]
+    # Measured beside the champion in this rollout, each figure with its spread and interval (issue 33).
+    assert "over 3 interleaved rounds" in v2.tags["enginefoundry.promotion_reason"]
 
     # 4. A candidate worse than the champion (here: a throughput bar it cannot reach) is held.
     seed_unique_model(hub, repo_id, tmp_path, f"rollout {unique} third")

@@ -5,7 +5,7 @@ Custom run form does.
 
 - a bad input (a typo'd spec path) ends Failed with one message and no traceback in the run's logs;
 - a rejected unit ends the unit subflow and the parent Failed, the message naming the unit and its reason,
-  with a warning in the parent's log; MLflow says FAILED too;
+  with an error in the parent's log; MLflow says FAILED too;
 - a name a person chose stays; a made-up one becomes `build <spec>`.
 """
 
@@ -76,7 +76,14 @@ def test_a_typo_in_the_spec_path_fails_with_one_message_and_no_traceback(tmp_pat
     first_line = run.state.message.splitlines()[0]
     assert "configs/tiny-cpu.yml does not exist; pass a spec such as configs/tiny-cpu.yaml" in first_line
     assert "Traceback" not in logs and "unexpected exception" not in logs, logs
+    assert "ERROR " in logs and "configs/tiny-cpu.yml does not exist" in logs, logs  # at ERROR (issue 33)
     assert run.name == f"ui-bad-path-{unique}"  # the name typed in the form stays
+
+
+def test_a_two_word_name_a_person_gave_stays() -> None:
+    """`nightly-check` has the shape of Prefect's made-up names (issue 33): it is told by how Prefect makes them."""
+    run, _ = run_as_a_worker("nightly-check", {"spec_path": "configs/tiny-cpu.yml"})
+    assert run.state.is_failed() and run.name == "nightly-check"
 
 
 def test_a_pasted_spec_with_a_typo_names_the_unknown_key_first(unique: str) -> None:
@@ -116,7 +123,8 @@ def test_a_rejected_unit_fails_the_unit_and_the_parent_run(tmp_path: Path, uniqu
 
     assert run.state.is_failed(), run.state
     assert run.state.message.startswith("1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected (smoke gate: ")
-    assert "WARNING 1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected" in logs, logs
+    # At ERROR (issue 33): the UI's Logs tab filtered to errors shows why the run failed.
+    assert "ERROR 1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected" in logs, logs
     assert "Traceback" not in logs and "unexpected exception" not in logs, logs
     unit_runs = children(run.id)
     assert [(u.name, u.state.type.value) for u in unit_runs] == [("unit fp32-tp1.chat.cpu", "FAILED")]

@@ -1,10 +1,11 @@
 """A toolchain-bump rollout end to end on the tiny model (reference lane), against the loopback hub, SeaweedFS, an
 MLflow server and a Prefect server. The source never changes; the spec's toolchain identity does
 (`toolchain.image_digest`, part of every unit key). `run` + `rollout` make v1 the champion; a new image digest →
-the rollout sees the bump, rebuilds the target, benchmarks it beside the champion at the same operating point and
-promotes it, with an old-vs-new table in the CLI, the report and the build's MLflow parent run; another digest with
-a throughput bar the candidate cannot reach, named by a toolchain channel the spec follows → held, the regression
-named.
+the rollout sees the bump, rebuilds the target, benchmarks it side by side with the champion (alternating rounds at
+the same operating point) and, allowed to promote a rebuild that is not worse (`--promote-neutral-rebuilds`: by
+default a rebuild needs a gain beyond noise, tests/unit/test_noise_rule.py), promotes it, with an old-vs-new table
+in the CLI, the report and the build's MLflow parent run; another digest with a throughput bar the candidate cannot
+reach, named by a toolchain channel the spec follows → held, the regression named.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from tests.support.cluster import PrefectServer, seed_unique_model, write_spec
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.services
-LENIENT = ["--min-throughput-ratio", "0.2", "--max-ttft-p95-factor", "5"]
+# Lenient bounds for two builds of one model on a loaded 2-core machine, applied to the 95% interval of three
+# side-by-side rounds (the default); a rebuild that is not worse may be promoted (by default it needs a gain).
+LENIENT = ["--min-throughput-ratio", "0.05", "--max-ttft-p95-factor", "20", "--promote-neutral-rebuilds"]
 DIGESTS = ["sha256:" + c * 64 for c in "abc"]
 
 
@@ -77,7 +80,14 @@ def test_a_toolchain_bump_rebuilds_compares_and_promotes_or_holds(prefect_server
     [row] = second["comparison"]
     assert (row["target"], row["champion"], row["candidate"], row["decision"]) == ("cpu", "1", "2", "promoted")
     assert row["old_toolchain"].startswith("image sha256:aaaa") and row["new_toolchain"].startswith("image sha256:bbbb")
-    assert row["operating_point"] == "short c=2" and row["regressions"] == []
+    assert row["operating_point"] == "short c=2, 3 side-by-side rounds" and row["regressions"] == []
+    # Measured beside the champion in this rollout, in alternating rounds, each figure with its interval (issue 33).
+    [measured] = second["side_by_side"]
+    assert sorted((t["round"], t["role"]) for t in measured["trials"]) == [
+        (r, role) for r in range(3) for role in ("candidate", "champion")]
+    assert [t["role"] for t in measured["trials"]][:4] == ["champion", "candidate", "candidate", "champion"]  # ABBA
+    [decision] = second["decisions"]
+    assert any("95% CI" in r and "over 3 interleaved rounds" in r for r in decision["reasons"]), decision["reasons"]
     for key in ("accuracy", "tokens_per_s", "ttft_p95_ms"):
         assert row[f"{key}_old"] is not None and row[f"{key}_new"] is not None, key
     v2 = client.get_model_version(model, "2")

@@ -117,3 +117,10 @@ def test_bash_accepts_the_completion_script(tmp_path: Path, capsys: pytest.Captu
     script = tmp_path / "c.bash"
     script.write_text(capsys.readouterr().out)
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_lineage_takes_the_trust_options_its_signature_row_advises() -> None:
+    """Issue 33: the signature row says "give --trusted-key PUB or --trust-policy FILE"; lineage takes both."""
+    args = build_parser().parse_args(["lineage", "models:/m@cpu-champion", "--trusted-key", "a.pub",
+                                      "--trusted-key", "b.pub", "--trust-policy", "p.yaml"])
+    assert (args.trusted_key, args.trust_policy) == (["a.pub", "b.pub"], "p.yaml")

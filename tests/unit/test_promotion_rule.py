@@ -34,7 +34,8 @@ def _spec(tmp_path: Path) -> BuildSpec:
     return load_spec(path)
 
 
-def _register(spec: BuildSpec, tmp_path: Path, digit: str, *, tok_s: float = 100.0, status: str = "candidate") -> str:
+def _register(spec: BuildSpec, tmp_path: Path, digit: str, *, tok_s: float = 100.0, status: str = "candidate",
+              weights: str = "w") -> str:
     """What `enginefoundry run` leaves behind for the spec's one unit: a published build and a registered
     version (with `<stem>-candidate` on it when its own gates passed)."""
     unit = expand_units(spec)[0]
@@ -45,7 +46,7 @@ def _register(spec: BuildSpec, tmp_path: Path, digit: str, *, tok_s: float = 100
                "ttft_ms_p95": 40.0}]
     fields = Manifest(key=digit * 64, key_components={}, model="tiny-chat", unit=unit.name, lane="reference",
                       target={}, variant={}, profile={},
-                      source={"uri": spec.model.source, "weights_digest": "w" * 64, "tokenizer_digest": "t" * 64},
+                      source={"uri": spec.model.source, "weights_digest": weights * 64, "tokenizer_digest": "t" * 64},
                       files=[], status=status, status_reason="" if status == "candidate" else "smoke gate: 0.5",
                       smoke={"smoke_agreement": 1.0}, benchmark={"points": points}).model_dump(mode="json")
     fields.pop("files")
@@ -81,8 +82,15 @@ def test_run_then_rollout_with_the_same_source_promotes_the_candidate(tmp_path: 
     assert registry.version("tiny", version).tags[mltags.PROMOTED_AT]
     assert decision.serving_uri is None  # the published bundle carries no serving/serve.sh
 
-    # A later candidate that is newer and as good replaces it; the old champion becomes the previous one.
-    newer = _register(spec, tmp_path, "2")
+    # A rebuild of the same weights that is as good (one sample each: no gain beyond noise) is held as
+    # inconclusive (issue 33: a toolchain bump is promoted for a gain, not for the load of the moment).
+    rebuild = _register(spec, tmp_path, "4")
+    (same,) = decide_promotions(spec, registry, PromotionPolicy())
+    assert (same.action, same.candidate_version) == ("held", rebuild)
+    assert same.reasons[0] == "inconclusive: the difference is within noise", same.reasons
+    assert _champion(registry, stem) == version
+    # A later candidate from a new checkpoint that is as good replaces it; the old champion becomes the previous.
+    newer = _register(spec, tmp_path, "2", weights="x")
     (second,) = decide_promotions(spec, registry, PromotionPolicy())
     assert (second.action, second.candidate_version, second.champion_before) == ("promoted", newer, version)
     assert any("output tok/s" in r for r in second.reasons)  # compared with the champion, gate by gate
@@ -119,10 +127,10 @@ def test_a_worse_candidate_is_held_and_a_rejected_unit_is_never_promoted(tmp_pat
     registry = Registry(spec.tracking.mlflow_uri)
     first = _register(spec, tmp_path, "1")
     registry.promote("tiny", stem, first, "first")
-    slow = _register(spec, tmp_path, "2", tok_s=10.0)
+    slow = _register(spec, tmp_path, "2", tok_s=10.0, weights="x")
     (held,) = decide_promotions(spec, registry, PromotionPolicy())
     assert (held.action, held.candidate_version) == ("held", slow)
-    assert held.reasons and "output tok/s 10.0 vs champion 100.0" in held.reasons[0]
+    assert held.reasons and "output tok/s 10.0 (one sample) vs champion 100.0 (one sample)" in held.reasons[0]
     # A rejected unit gets no candidate alias; even pointed at it by hand, the rule refuses it.
     rejected = _register(spec, tmp_path, "3", status="rejected")
     registry.client.set_registered_model_alias("tiny", candidate_alias(stem), rejected)

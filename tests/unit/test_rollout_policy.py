@@ -41,8 +41,10 @@ def test_first_build_promotes_on_its_own_gates_and_a_rejected_unit_never() -> No
 
 @pytest.mark.parametrize(("candidate", "failing"), [
     (manifest(agreement=0.97), "smoke_agreement 0.970 vs champion 1.000"),
-    (manifest(tok_s=89.0), "short c=2 output tok/s 178.0 vs champion 200.0 (×0.89, needs ≥ ×0.90)"),
-    (manifest(ttft=63.0), "short c=2 TTFT p95 ms 126 vs champion 100 (×1.26, needs ≤ ×1.25)"),
+    (manifest(tok_s=89.0), "short c=2 output tok/s 178.0 (one sample) vs champion 200.0 (one sample) (×0.89, no "
+                           "interval), needs ≥ ×0.90"),
+    (manifest(ttft=63.0), "short c=2 TTFT p95 ms 126 (one sample) vs champion 100 (one sample) (×1.26, no "
+                          "interval), needs ≤ ×1.25"),
 ])
 def test_each_gate_holds_a_worse_candidate(candidate: Manifest, failing: str) -> None:
     verdict = compare(candidate, manifest(), PromotionPolicy())
@@ -144,6 +146,10 @@ def test_serving_files_are_relocatable(tmp_path: Path) -> None:
     # The script refuses to start without the unit folder, naming what to download.
     run = subprocess.run(["sh", str(files[0])], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert run.returncode != 0 and "EF_UNIT_DIR" in run.stderr and "s3://b/artifacts/tiny/kkk" in run.stderr
+    # ... and without its server on PATH, naming it and how to get it (issue 33).
+    run = subprocess.run(["sh", str(files[0])], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "EF_UNIT_DIR": str(tmp_path)})
+    assert run.returncode == 127 and "transformers is not on PATH" in run.stderr, run.stderr
 
 
 def test_status_tags_follow_promotion_and_rollback(tmp_path: Path) -> None:

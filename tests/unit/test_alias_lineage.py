@@ -1,0 +1,64 @@
+"""One lineage per alias (issue 33): the shipped tiny-cpu and tiny-search no longer share `cpu` of one registered
+model, and a lineage is what a rollout keeps (tests/integration/test_alias_lineage_registry.py: the registry
+side)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from enginefoundry.build.units import expand_units
+from enginefoundry.records.alias_lineage import manifest_lineage, unit_lineage
+from enginefoundry.records.promotion import alias_stems
+from enginefoundry.search.plan import materialise
+from enginefoundry.spec import BuildSpec, load_spec, parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+
+
+def _cpu() -> BuildSpec:
+    return load_spec(CONFIGS / "tiny-cpu.yaml")
+
+
+def _search(registered_model: str | None = None, mlflow: str | None = None) -> BuildSpec:
+    data = yaml.safe_load((CONFIGS / "tiny-search.yaml").read_text())
+    if registered_model is not None:
+        data["tracking"]["registered_model"] = registered_model
+    if mlflow is not None:
+        data["tracking"]["mlflow_uri"] = mlflow
+    spec, _ = materialise(parse_spec(data, base_dir=CONFIGS), progress=lambda _: None)
+    return spec
+
+
+def test_the_shipped_cpu_specs_take_distinct_aliases() -> None:
+    cpu, search = _cpu(), _search()
+    cpu_stems = {(cpu.registered_model_name, s) for s in alias_stems(cpu).values()}
+    search_stems = {(search.registered_model_name, s) for s in alias_stems(search).values()}
+    assert cpu_stems == {("tiny-chat", "cpu")}  # `make demo`'s aliases are unchanged
+    assert not cpu_stems & search_stems, (cpu_stems, search_stems)
+    # And they are two lineages: a searched unit is the search's question, not tiny-cpu's profile.
+    (cpu_unit,), (search_unit,) = expand_units(cpu), expand_units(search)
+    assert unit_lineage(cpu, cpu_unit).digest != unit_lineage(search, search_unit).digest
+
+
+def test_a_lineage_is_what_a_rollout_keeps() -> None:
+    spec = _cpu()
+    (unit,) = expand_units(spec)
+    mine = unit_lineage(spec, unit)
+    # A new source or toolchain is the same lineage.
+    moved = spec.model_copy(update={"model": spec.model.model_copy(update={"source": "hf://org/other@main"}),
+                                    "toolchain": spec.toolchain.model_copy(update={"trtllm_version": "1.2.0"})})
+    assert unit_lineage(moved, expand_units(moved)[0]).digest == mine.digest
+    # Another profile is another lineage.
+    profile = unit.profile.model_copy(update={"max_batch_size": 8})
+    other = spec.model_copy(update={"profiles": [profile]})
+    assert unit_lineage(other, expand_units(other)[0]).digest != mine.digest
+    # A published unit's key components give the same digest (versions registered before the tag existed).
+    from enginefoundry.build.units import toolchain_identity, unit_key_components
+
+    components = unit_key_components(spec, unit, "w" * 64, "t" * 64, toolchain_identity(spec, {"torch": "2"}),
+                                     spec.lane_options)
+    assert manifest_lineage(components) == mine.digest
+    assert manifest_lineage({"lane": "reference"}) is None
