@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from enginefoundry.build.model_shape import Check
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
+from enginefoundry.lanes.base import PROBE_CHECK
 from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight, reference_summary
 from enginefoundry.spec import BuildSpec, SourceKind
 
@@ -46,12 +47,15 @@ SPEC_CHECK = "spec"
 
 
 def spec_checks(spec: BuildSpec, unit: Unit, problems: list[tuple[str, str]]) -> list[Check]:
-    """The lane's refusals that concern this unit: its variant's (`variants.<i>…`) and the lane-wide ones."""
-    index = next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None)
+    """The lane's refusals that concern this unit: its variant's (`variants.<i>…`), its target's (`targets.<i>…`),
+    its profile's (`profiles.<i>…`) and the lane-wide ones (toolchain, lane_options)."""
+    own = {"variants": next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None),
+           "targets": next((i for i, t in enumerate(spec.targets) if t.name == unit.target.name), None),
+           "profiles": next((i for i, p in enumerate(spec.profiles) if p.name == unit.profile.name), None)}
     out = []
     for field, message in problems:
         parts = field.split(".")
-        if parts[0] == "variants" and len(parts) > 1 and parts[1] != str(index):
+        if parts[0] in own and len(parts) > 1 and parts[1].isdigit() and parts[1] != str(own[parts[0]]):
             continue
         out.append(Check(name=SPEC_CHECK, ok=False, message=f"{field}: {message}"))
     return out
@@ -82,6 +86,7 @@ def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanR
             commands[unit.name] = ["(not rendered: the lane refuses this unit, see its verdict)"]
         else:
             commands[unit.name] = [f"[{c.description}] {c.shell()}" for c in lane.describe(spec, unit)]
+            commands[unit.name] += [f"({c.message})" for c in report.checks if c.ok and c.name == PROBE_CHECK]
     return PlanReport(rows=rows, commands=commands, preflight=reports)
 
 
