@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -13,10 +11,7 @@ from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.base import PROBE_CHECK
 from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight, reference_summary
-from enginefoundry.spec import BuildSpec, SourceKind
-
-# Known model configs, so the VRAM estimates work before anything is downloaded.
-KNOWN_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "model-configs"
+from enginefoundry.spec import BuildSpec
 
 
 class PlanReport(BaseModel):
@@ -30,15 +25,11 @@ class PlanReport(BaseModel):
 
 
 def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: config.json
-    """The checkpoint's config.json without downloading: a local source, else a known config by model name."""
-    src = spec.model.parsed_source(spec.base_path)
-    candidates = [Path(src.location) / "config.json"] if src.kind is SourceKind.LOCAL else []
-    candidates.append(KNOWN_CONFIGS / f"{spec.model.name}.json")
-    for path in candidates:
-        if path.is_file():
-            config: dict[str, Any] = json.loads(path.read_text())  # JSON edge: config.json
-            return config
-    return None
+    """The checkpoint's config.json without downloading (enginefoundry.build.model_config: a local source, the
+    spec's model-configs/ folder, the package's, a Hub source's config.json already in the Hugging Face cache)."""
+    from enginefoundry.build.model_config import model_config_for as lookup
+
+    return lookup(spec)
 
 
 # Check.name of a lane-option refusal (`Lane.validate_options`) copied into a unit's verdict; `validate` reports
