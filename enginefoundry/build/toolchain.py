@@ -23,6 +23,9 @@ from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.runner import run_tool
 
 PROBE_MARKER = "ENGINEFOUNDRY_TOOLCHAIN_JSON "
+# Environment variables the lanes set → the file of the tensorrt_llm package that reads them (PR #7738:
+# tensorrt_llm/_torch/autotuner.py reads TLLM_AUTOTUNER_CACHE_PATH): the probe greps it, without importing.
+ENV_SOURCES = {"TLLM_AUTOTUNER_CACHE_PATH": "_torch/autotuner.py"}
 
 # Runs in the worker's interpreter. Every import is guarded: a missing package is data, not a crash.
 PROBE_SCRIPT = f"""
@@ -56,6 +59,19 @@ def _llm_api():
         if hasattr(llm_args, cls):
             fields[key] = sorted(getattr(llm_args, cls).model_fields)
     return fields
+def _env_reads():
+    # Environment variables have no --help: whether the installed package reads one is read from the source file
+    # that does (ENV_SOURCES), found without importing the package.
+    import importlib.util, os
+    root = os.path.dirname(importlib.util.find_spec("tensorrt_llm").origin)
+    out = {{}}
+    for name, rel in {ENV_SOURCES!r}.items():
+        try:
+            with open(os.path.join(root, rel), errors="replace") as f:
+                out[name] = name in f.read()
+        except OSError:
+            out[name] = False
+    return out
 surface = "--surface" in sys.argv  # the surface probe: versions and option fields, no torch/TensorRT import
 if not surface:
     probe("torch", _torch)
@@ -64,6 +80,7 @@ probe("modelopt", _modelopt)
 probe("tensorrt_llm", _trtllm)
 if surface:
     probe("llm_api", _llm_api)
+    probe("env_reads", _env_reads)
 print({PROBE_MARKER!r} + json.dumps(out), flush=True)
 """
 
@@ -89,10 +106,38 @@ class Version:
 
     @property
     def is_prerelease(self) -> bool:
-        return bool(re.match(r"^[.\-]?(rc|a|b|alpha|beta|dev|pre)", self.suffix, re.IGNORECASE))
+        return self.pre is not None
+
+    @property
+    def pre(self) -> tuple[str, int] | None:
+        """The pre-release tag, normalised: 1.3.0rc24 → ("rc", 24), 1.4.0.dev2 → ("dev", 2); None for a final
+        release (1.2.1, and a post or build suffix such as 1.2.0.post1 or the Triton matrix's 1.0.3.2510)."""
+        m = _PRE.match(self.suffix)
+        if not m:
+            return None
+        kind = {"alpha": "a", "beta": "b", "pre": "rc"}.get(m.group(1).lower(), m.group(1).lower())
+        return kind, int(m.group(2) or 0)
+
+    @property
+    def sort_key(self) -> tuple[tuple[int, int, int], int, int]:
+        """Orders releases as pip does for what matters here: 1.3.0rc24 < 1.3.0rc25 < 1.3.0 < 1.3.1."""
+        pre = self.pre
+        if pre is None:
+            return (self.release, len(_PRE_ORDER), 0)
+        return (self.release, _PRE_ORDER.index(pre[0]), pre[1])
+
+    def same_release(self, other: Version) -> bool:
+        """Whether `other` is this release: the same numbers and the same pre-release tag. A pin without an rc
+        suffix (1.2.0) is not satisfied by a release candidate of it (1.2.0rc8), nor 1.3.0rc24 by 1.3.0rc25; a
+        post or build suffix (1.2.0.post1) does not make another release."""
+        return self.release == other.release and self.pre == other.pre
 
     def __str__(self) -> str:
         return f"{self.major}.{self.minor}.{self.patch}{self.suffix}"
+
+
+_PRE = re.compile(r"^[.\-]?(dev|alpha|beta|a|b|rc|pre)\.?(\d*)", re.IGNORECASE)
+_PRE_ORDER = ("dev", "a", "b", "rc")
 
 
 def parse_version(text: str) -> Version:
@@ -233,6 +278,7 @@ class ToolSurface(BaseModel):
     tools: dict[str, ToolHelp] = Field(default_factory=dict)
     llm_api: dict[str, list[str]] | None = Field(default=None, description="'' → TorchLlmArgs fields; nested")
     triton_templates: dict[str, list[str]] | None = None
+    env_reads: dict[str, bool] | None = Field(default=None, description="env var → the installed package reads it")
     errors: dict[str, str] = Field(default_factory=dict)
 
     def digest(self) -> str:
@@ -299,7 +345,8 @@ def probe_surface(python: str, tools: dict[str, list[str]], triton_dir: Path | N
                  env={"PYTHONUNBUFFERED": "1", "TLLM_LOG_LEVEL": "error"})
         data = parse_probe_output(log.read_text(errors="replace"))
         surface = ToolSurface(tensorrt_llm=data.get("tensorrt_llm"), modelopt=data.get("modelopt"),
-                              llm_api=data.get("llm_api"), errors=dict(data.get("errors") or {}))
+                              llm_api=data.get("llm_api"), env_reads=data.get("env_reads"),
+                              errors=dict(data.get("errors") or {}))
         for name, argv in sorted(tools.items()):
             help_log = Path(tmp) / f"help-{len(surface.tools)}.log"
             try:

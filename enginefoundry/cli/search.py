@@ -36,6 +36,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     table(f"{spec.name}: ISL {w.isl}±{w.isl_stddev} / OSL {w.osl}±{w.osl_stddev}, TTFT p95 ≤ {s.slo.ttft_p95_ms:g} ms, "
           f"ITL p95 ≤ {s.slo.itl_p95_ms:g} ms, ranked by {s.objective.value}, top {s.top_k}", rows(report))
     console.print(f"  workload: ISL from {w.source()}", markup=False)
+    if report.config_source:
+        moe = f"; mixture of experts, {report.experts} routed experts" if report.experts else ""
+        console.print(f"  model: config.json from {report.config_source}{moe}", markup=False)
     for ts in report.targets:
         what = (f"{ts.predictor} ({ts.cached} cached, {ts.seconds:.1f} s)" if ts.covered
                 else f"not predicted: {ts.reason}")

@@ -17,6 +17,10 @@ from enginefoundry.errors import InputError, first_problem
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 
+# Check.name of what a lane's release registry says of a unit's commands before the probe (`plan` lists the items
+# to be probed on the worker under the unit's commands).
+PROBE_CHECK = "release_registry"
+
 
 class Command(BaseModel):
     """One external command: what `plan` prints and what the runner executes."""

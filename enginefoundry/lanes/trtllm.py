@@ -48,6 +48,7 @@ from enginefoundry.lanes.trtllm_base import (
     chunked_prefill_check,
     fresh_dir,
     parse_marker_json,
+    precision_alternatives,
     precision_checks,
     read_bundle_info,
 )
@@ -57,11 +58,13 @@ from enginefoundry.lanes.trtllm_flags import (
     HF_PTQ,
     LAUNCH_TRITON,
     SERVE,
+    TO_BE_PROBED,
     arg,
     assumed_modelopt,
     flag,
     has,
     llm_api_key_paths,
+    triton_image_problem,
     unknown_llm_api_keys,
 )
 from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
@@ -261,8 +264,16 @@ def at_least(version: str | None, release: str) -> bool:
     return version is not None and parse_version(version).release >= parse_version(release).release
 
 
-def autotuner_supported(version: str | None) -> bool:
-    return has(ENV, "TLLM_AUTOTUNER_CACHE_PATH", version)
+def autotuner_supported(version: str | None, surface: ToolSurface | None = None) -> bool:
+    """Whether the release reads TLLM_AUTOTUNER_CACHE_PATH: the registry's range (PR #7738: from 1.1), and past its
+    evidence (a release the registry marks to be probed) the probe of the installed autotuner's source. Without a
+    surface (`plan`) it is rendered and `plan` names it to be probed."""
+    name = flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH").name
+    if not has(ENV, name, version):
+        return False
+    if version and flag(ENV, name).status(version) == TO_BE_PROBED and surface and surface.env_reads is not None:
+        return bool(surface.env_reads.get(name))
+    return True
 
 
 # The PyTorch backend's hardware support matrix (docs/source/features/quantization.md@09d4c79b, "Hardware Support
@@ -270,15 +281,21 @@ def autotuner_supported(version: str | None) -> bool:
 AWQ_MAX_CC = (10, 0)
 
 
+# The precisions hf_ptq.py's unified export and the PyTorch backend give this lane (validate_options refuses the
+# weight-only int8_wo / int4_wo): what its fix hints may offer.
+ROUTES = frozenset(Precision) - {Precision.INT8_WO, Precision.INT4_WO}
+
+
 def awq_check(unit: Unit) -> Check | None:
     """int4_awq (W4A16 AWQ) on a Blackwell target: refused, with the matrix as the reason."""
     cc = unit.target.arch.compute_capability
     if unit.variant.precision is not Precision.INT4_AWQ or cc is None or cc < AWQ_MAX_CC:
         return None
+    instead = " / ".join(precision_alternatives(cc, ROUTES, AWQ_MAX_CC, besides=Precision.INT4_AWQ))
     return Check(name="precision_arch", ok=False,
                  message=f"int4_awq (W4A16 AWQ) on {unit.target.arch.value}: the PyTorch backend's hardware support "
                          "matrix has it on Ampere, Ada and Hopper only (docs/source/features/quantization.md)",
-                 fix="use nvfp4 or fp8 on Blackwell, or restrict this variant to sm80–sm90 targets "
+                 fix=f"use {instead} on {unit.target.arch.value}, or restrict this variant to sm80–sm90 targets "
                      "(variants[].targets)")
 
 
@@ -287,14 +304,16 @@ class TrtllmLane(TrtllmLaneBase):
     convert_tools = (HF_PTQ,)
     dequantizable = frozenset({"int4_awq"})  # hf_ptq.py's unified export (W4A16_AWQ); fp8, nvfp4 quantize activations
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
+    precision_routes = ROUTES
+    awq_max_cc = AWQ_MAX_CC
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
         checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c
-                  for c in precision_checks(unit, self.fp8_kv_on_ampere)]
-        return checks + chunked_prefill_check(unit, None)
+                  for c in precision_checks(unit, self.fp8_kv_on_ampere, self.precision_routes, self.awq_max_cc)]
+        return checks + chunked_prefill_check(unit, None) + self.registry_checks(spec, unit)
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
@@ -305,6 +324,10 @@ class TrtllmLane(TrtllmLaneBase):
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
+        if self.options(spec).triton:
+            why = triton_image_problem(spec.toolchain.trtllm_version, spec.toolchain.image)
+            if why:
+                problems.append(("lane_options.triton", why))
         for i, v in enumerate(spec.variants):
             if v.precision is Precision.INT4_WO:
                 problems.append((f"variants.{i}.precision",
@@ -400,7 +423,7 @@ class TrtllmLane(TrtllmLaneBase):
         (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
         script = workdir / "warmup.py"
         script.write_text(WARMUP_SCRIPT)
-        use_cache = opts.autotuner_cache and autotuner_supported(surface.tensorrt_llm)
+        use_cache = opts.autotuner_cache and autotuner_supported(surface.tensorrt_llm, surface)
         cache = bundle / AUTOTUNER_CACHE if use_cache else None
         cmd = warmup_command(self.python, script, checkpoint_dir, bundle / RUNTIME_CONFIG, cache,
                              opts.warmup_requests, env=gpu_env, llm_api_keys=llm_api_key_paths(cfg))
@@ -484,7 +507,8 @@ class TrtllmLane(TrtllmLaneBase):
             ckpt = "<work>/checkpoint"
         opts = self.options(spec)
         keys = llm_api_key_paths(runtime_config(spec, unit))
-        cache = f"<bundle>/{AUTOTUNER_CACHE}" if opts.autotuner_cache and autotuner_supported(version) else None
+        use_cache = opts.autotuner_cache and autotuner_supported(version, surface)
+        cache = f"<bundle>/{AUTOTUNER_CACHE}" if use_cache else None
         cmds.append(warmup_command(WORKER_PYTHON, "<work>/warmup.py", ckpt, f"<bundle>/{RUNTIME_CONFIG}", cache,
                                    opts.warmup_requests, llm_api_keys=keys))
         cmds.append(Command(argv=serve_argv(ckpt, f"<bundle>/{RUNTIME_CONFIG}", "127.0.0.1", 8000,

@@ -16,19 +16,20 @@ from enginefoundry.build.toolchain import (
     UnsupportedByRelease,
     check_against_surface,
     detect_toolchain,
-    parse_version,
     probe_surface,
     require_trtllm,
 )
 from enginefoundry.build.units import Unit
-from enginefoundry.errors import PreflightError, ToolError
+from enginefoundry.errors import InputError, PreflightError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus, match_target
 from enginefoundry.gpu.devices import host_facts
-from enginefoundry.lanes.base import BundleInfo, Command, Lane
+from enginefoundry.lanes.base import PROBE_CHECK, BundleInfo, Command, Lane
 from enginefoundry.lanes.trtllm_flags import (
     TRTLLM_INSTALL_HINT,
     image_release_problem,
     lane_release_problem,
+    registry_verdict,
+    same_release,
     unsupported_env,
 )
 from enginefoundry.lanes.trtllm_options import OPTIONS, TrtllmOptionsBase, typed_options
@@ -50,9 +51,33 @@ def no_int_quant(cc: tuple[int, int]) -> bool:
     return NO_INT_RANGE[0] <= cc < NO_INT_RANGE[1]
 
 
-def precision_checks(unit: Unit, fp8_kv_on_ampere: bool) -> list[Check]:
+# What a precision refusal may suggest instead, most precise first (fp32 is never the answer to a missing kernel).
+SUGGESTED = (Precision.BF16, Precision.FP16, Precision.FP8, Precision.INT8_WO, Precision.INT4_AWQ, Precision.NVFP4)
+
+
+def arch_allows(p: Precision, cc: tuple[int, int], awq_max_cc: tuple[int, int] | None = None) -> bool:
+    """Whether TensorRT-LLM runs precision `p` on compute capability `cc` (facts §0, §2); `awq_max_cc`: the first
+    capability without W4A16 AWQ on the lane's backend (the PyTorch backend's matrix: Blackwell)."""
+    need = MIN_CC.get(p)
+    if need and cc < need:
+        return False
+    if p in WEIGHT_ONLY and no_int_quant(cc):
+        return False
+    return not (p is Precision.INT4_AWQ and awq_max_cc is not None and cc >= awq_max_cc)
+
+
+def precision_alternatives(cc: tuple[int, int], routes: frozenset[Precision],
+                           awq_max_cc: tuple[int, int] | None = None, besides: Precision | None = None) -> list[str]:
+    """The precisions a refusal may offer on `cc`: ones the lane has a route for and the architecture runs, so a
+    fix hint never names one the lane would refuse in turn."""
+    return [p.value for p in SUGGESTED if p is not besides and p in routes and arch_allows(p, cc, awq_max_cc)]
+
+
+def precision_checks(unit: Unit, fp8_kv_on_ampere: bool, routes: frozenset[Precision] = frozenset(Precision),
+                     awq_max_cc: tuple[int, int] | None = None) -> list[Check]:
     """Precision and KV dtype × architecture on TensorRT-LLM. `fp8_kv_on_ampere`: the PyTorch backend has an FP8
-    KV cache on sm80/sm86 (support matrix, facts §0); the engine path does not."""
+    KV cache on sm80/sm86 (support matrix, facts §0); the engine path does not. `routes`: the precisions the lane
+    converts (the fixes offer only those)."""
     v, arch = unit.variant, unit.target.arch
     cc = arch.compute_capability
     out: list[Check] = []
@@ -60,6 +85,7 @@ def precision_checks(unit: Unit, fp8_kv_on_ampere: bool) -> list[Check]:
         return out
     p = v.precision
     need = MIN_CC.get(p)
+    instead = " / ".join(precision_alternatives(cc, routes, awq_max_cc, besides=p))
     if need and cc < need:
         where = {Precision.FP8: "L4/L40S (sm89), H100/H200 (sm90), B200 (sm100)",
                  Precision.NVFP4: "B200/GB200 (sm100) or sm120"}[p]
@@ -67,12 +93,13 @@ def precision_checks(unit: Unit, fp8_kv_on_ampere: bool) -> list[Check]:
                          message=f"{p.value} needs sm{need[0]}{need[1]}+ and target {unit.target.name} is "
                                  f"{arch.value}",
                          fix=f"restrict the variant to targets on {where} (variants[].targets), or use "
-                             f"{'bf16/fp16, or int8_wo/int4_awq' if cc < (10, 0) else 'fp8'} on {arch.value}"))
+                             f"{instead} on {arch.value}"))
     elif p in WEIGHT_ONLY and no_int_quant(cc):
         out.append(Check(name="precision_arch", ok=False,
                          message=f"{p.value} on {arch.value}: \"INT8/INT4 quantization is not supported on "
                                  "SM>=100.\" (builder.py: 100 ≤ SM < 120)",
-                         fix="use nvfp4 or fp8 on sm100, or restrict this variant to sm80–sm90 / sm120 targets"))
+                         fix=f"use {instead} on {arch.value}, or restrict this variant to sm80–sm90 / sm120 "
+                             "targets"))
     else:
         out.append(Check(name="precision_arch", ok=True, message=f"{p.value} runs on {arch.value}"))
     kv = v.kv_cache_dtype
@@ -104,8 +131,9 @@ def chunked_prefill_check(unit: Unit, refused_because: str | None) -> list[Check
 
 
 def require_pinned_release(pinned: str | None, installed: str) -> None:
-    """ToolError unless the spec's toolchain.trtllm_version is the installed release (no pin: anything goes)."""
-    if pinned and parse_version(pinned).release != parse_version(installed).release:
+    """ToolError unless the spec's toolchain.trtllm_version is the installed release (no pin: anything goes). A pin
+    without an rc suffix is not satisfied by a release candidate of it (trtllm_flags.same_release)."""
+    if pinned and not same_release(pinned, installed):
         raise ToolError(f"the spec pins TensorRT-LLM {pinned} and the worker has {installed} installed: run the "
                         f"unit in an image that ships {pinned} (nvcr.io/nvidia/tensorrt-llm/release:{pinned}), or "
                         f"pin toolchain.trtllm_version: {installed}")
@@ -119,6 +147,8 @@ class TrtllmLaneBase(Lane):
     needs_gpu = True
     fp8_kv_on_ampere = False
     convert_tools: tuple[str, ...] = ()  # tools of the convert stage: checked by convert(), not by build()
+    precision_routes: frozenset[Precision] = frozenset(Precision)  # precisions the lane converts
+    awq_max_cc: tuple[int, int] | None = None  # first compute capability without int4_awq on the lane's backend
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable
@@ -132,7 +162,7 @@ class TrtllmLaneBase(Lane):
             why = lane_release_problem(self.name, pinned)
             if why:
                 problems.append(("toolchain.trtllm_version", why))
-        why = image_release_problem(pinned, spec.toolchain.image)
+        why = image_release_problem(pinned, spec.toolchain.image, self.name)
         if why:
             problems.append(("toolchain.image", why))
         for i, t in enumerate(spec.targets):
@@ -214,6 +244,33 @@ class TrtllmLaneBase(Lane):
             self.refuse_unsupported(spec, unit)
         except ToolError as err:
             raise PreflightError(f"unit {unit.name}: {err}") from None
+
+    def registry_checks(self, spec: BuildSpec, unit: Unit) -> list[Check]:
+        """What the flag registry says of the unit's commands for the pinned release, before any probe: an item the
+        release is known to lack refuses the unit (the same range docs/trtllm-compat.md shows); items without
+        evidence for the release are named, to be probed on the worker. No pin: the probe decides everything."""
+        version = spec.toolchain.trtllm_version
+        index = next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None)
+        refused = unit.variant.precision not in self.precision_routes or any(
+            field.startswith(f"variants.{index}.") for field, _ in self.validate_options(spec))
+        if not version or refused:  # a variant the lane refuses has no commands to judge
+            return []
+        try:
+            work = self.describe(spec, unit)
+        except (InputError, ToolError):  # refused by the lane's own rules, reported as such
+            return []
+        verdict = registry_verdict(work, version)
+        out = []
+        if verdict.absent:
+            out.append(Check(name=PROBE_CHECK, ok=False,
+                             message=f"TensorRT-LLM {version} has no {', '.join(verdict.absent)} "
+                                     "(docs/trtllm-compat.md: the registry's release range and evidence)",
+                             fix="remove the spec setting that emits it, or pin a release that has it"))
+        if verdict.to_be_probed:
+            out.append(Check(name=PROBE_CHECK, ok=True,
+                             message=f"to be probed on the worker (no evidence read for {version}): "
+                                     + ", ".join(verdict.to_be_probed)))
+        return out
 
     def planned_work(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None) -> list[Command]:
         """The build and serve commands (with their YAML and template keys) `describe` renders for a surface; the

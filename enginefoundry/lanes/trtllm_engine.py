@@ -334,8 +334,9 @@ class TrtllmEngineLane(TrtllmLaneBase):
             why = "an INT8 KV cache, with which builder.py turns the paged context FMHA off"
         elif not opts.use_paged_context_fmha:
             why = "lane option use_paged_context_fmha: false"
-        return (precision_checks(unit, self.fp8_kv_on_ampere) + plugin_checks(opts, unit, shape)
-                + chunked_prefill_check(unit, why))
+        return (precision_checks(unit, self.fp8_kv_on_ampere, self.precision_routes)
+                + plugin_checks(opts, unit, shape) + chunked_prefill_check(unit, why)
+                + self.registry_checks(spec, unit))
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
@@ -363,10 +364,11 @@ class TrtllmEngineLane(TrtllmLaneBase):
                                      f"convert_checkpoint.py has no {v.kv_cache_dtype.value} KV option: the KV "
                                      "cache is the model's dtype unless fp8/int8; use auto, fp8 or int8"))
             if load_by_shard and v.kv_cache_dtype is KVCacheDtype.INT8:
-                problems.append(("lane_options.load_by_shard",
-                                 f"variant {v.name}: convert_checkpoint.py asserts \"load by shard not supported\" "
-                                 "with --int8_kv_cache (llama convert_checkpoint.py): drop load_by_shard or use "
-                                 "kv_cache_dtype fp8 (sm89+)"))
+                # The variant's field: only its units are refused (the other variants convert with load_by_shard).
+                problems.append((f"variants.{i}.kv_cache_dtype",
+                                 "int8 with lane_options.load_by_shard: convert_checkpoint.py asserts \"load by "
+                                 "shard not supported\" with --int8_kv_cache (llama convert_checkpoint.py): drop "
+                                 "lane option load_by_shard, or use kv_cache_dtype fp8 (sm89+) or auto"))
         return problems
 
     def _examples_dir(self, spec: BuildSpec | None) -> str | None:

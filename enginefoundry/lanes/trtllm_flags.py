@@ -7,7 +7,9 @@ replacement. Source of every entry: facts/trtllm.md (section in brackets) unless
 
 `since` is the first release the facts establish; "1.0" means "present in every release this project supports"
 (the lanes need TRT-LLM ≥ 1.0, so earlier history is not tracked). `until` is the last release series that has
-it ("1.2": the engine path is removed in 1.3, #15763/#15907/#15918/#16369).
+it ("1.2": the engine path is removed in 1.3, #15763/#15907/#15918/#16369). `checked` is the newest release the
+entry's evidence covers: on a later release an entry without `until` is neither present nor absent but *to be
+probed* (`Flag.status`), and `plan` says so; only the worker's probe of the installed release decides it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from enginefoundry.build.toolchain import parse_version
 
 FLOOR = "1.0"
+# The evidence horizon of an entry that cites nothing newer: the 1.3 line as far as the sources read here reach
+# (1.3.0rc24: spark-arena/sparkrun#256; the AIConfigurator templates reach 1.3.0rc23). Later 1.3 rcs (rc25 – rc29 on
+# the package index, facts §1) and the 1.4 line (1.4.0rc0 – rc4) are releases this registry knows, whose items are
+# to be probed unless an entry cites evidence for them (`checked`).
+CHECKED = "1.3.0rc24"
+LINE_14 = "1.4.0rc4"  # the newest 1.4 release whose docs were read (nvidia.github.io/TensorRT-LLM/1.4.0rc4/)
 ENGINE_LAST = "1.2"  # last release series with trtllm-build / convert_checkpoint.py / inflight_batcher_llm
 
 TRTLLM_BUILD = "trtllm-build"
@@ -58,7 +66,29 @@ REF_LAUNCH_KEPT = "PR #15907 (keeps all_models/llmapi and the shared launcher sc
 REF_BACKEND_RENAME = "PR #7829 (2025-09-18: --backend choices trt → tensorrt, after the 1.0 branch)"
 REF_AUTOTUNER = "PR #7738 (TLLM_AUTOTUNER_CACHE_PATH; first form saves <stem>.rank{N}.json)"
 REF_LLM_API = "tensorrt_llm/llmapi/llm_args.py (TorchLlmArgs, KvCacheConfig, CudaGraphConfig; extra=forbid)"
-REF_TOKENS_PER_BLOCK = "PR #7372 thread (2025-08-30: present at 1.2.0rc2, doubtful for 1.0/1.1)"
+# NVIDIA's own LLM-API option templates, one per TensorRT-LLM release, shipped in the predictor's package (installed
+# in .venv-predict): `kv_cache_config.tokens_per_block` is in every one of them, 0.20.0 … 1.3.0rc23.
+AIC_TEMPLATES = "aiconfigurator 0.12.0 generator/config/backend_templates/trtllm/extra_engine_args.{}.yaml.j2"
+
+
+def ref_aic(*releases: str) -> str:
+    return "; ".join(AIC_TEMPLATES.format(r) for r in releases)
+
+
+REF_TOKENS_PER_BLOCK = ref_aic("1.0.0", "1.1.0rc5", "1.2.0rc2", "1.3.0rc23") + " (kv_cache_config.tokens_per_block)"
+# The 1.4 line, read from its docs (the registry's horizon for the entries that cite them).
+REF_SERVE_14 = ("docs 1.4.0rc4/commands/trtllm-serve/trtllm-serve.html (syntax: trtllm-serve <model> --tp_size "
+                "--pp_size --ep_size --host --port)")
+REF_LLM_API_14 = ("docs 1.4.0rc4/llm-api/reference/TorchLlmArgs.html (tensor_parallel_size, dtype, "
+                  "pipeline_parallel_size, moe_tensor_parallel_size, moe_expert_parallel_size, enable_attention_dp, "
+                  "kv_cache_config, enable_chunked_prefill)")
+# Top-level LLM() options of the PyTorch backend at 1.0.0 (the 1.0 templates write them under build_config instead).
+REF_LLM_RUNTIME_100 = ("docs 1.0.0/examples/llm_runtime.html (LLM(max_batch_size=, max_seq_len=, "
+                       "cuda_graph_config=CudaGraphConfig(batch_sizes=, enable_padding=), kv_cache_config="
+                       "KvCacheConfig(free_gpu_memory_fraction=)); docs 1.0.0rc4/examples/llm_runtime.html "
+                       "(KvCacheConfig(enable_block_reuse=))")
+REF_QUANTIZE_REMOVED = ("PR #16612 (merged 2026-07-20, 1.3 line: examples/quantization/quantize.py deleted with "
+                        "tensorrt_llm/quantization/quantize_by_modelopt.py)")
 REF_HF_PTQ = "NVIDIA/Model-Optimizer examples/llm_ptq/hf_ptq.py@0.37.0"
 REF_HF_PTQ_039 = "NVIDIA/Model-Optimizer tag 0.39.0 (examples/llm_ptq/hf_ptq.py gains --calib_seq, qformat int8_wo)"
 REF_HF_PTQ_046 = "NVIDIA/Model-Optimizer tag 0.46.0 (examples/llm_ptq → examples/hf_ptq)"
@@ -97,6 +127,9 @@ REF_LLMAPI_PBTXT = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensor
 REF_LLMAPI_DOCS = "tensorrtllm_backend docs/llmapi.md@7777c28; README.md@f526fc5 (#858)"
 
 
+PRESENT, ABSENT, TO_BE_PROBED = "present", "absent", "to be probed"
+
+
 @dataclass(frozen=True)
 class Flag:
     """One flag, YAML key, env var or choice value, with the releases that have it and the evidence.
@@ -112,20 +145,30 @@ class Flag:
     note: str = ""
     versioned_by: str = TENSORRT_LLM
     value: str | None = None
+    checked: str = CHECKED
 
     @property
     def key(self) -> str:
         return f"{self.name}={self.value}" if self.value is not None else self.name
 
     def exists_in(self, version: str) -> bool:
-        v = parse_version(version).release
+        """Whether `version` may have it: present, or to be probed (`status`)."""
+        return self.status(version) != ABSENT
+
+    def status(self, version: str) -> str:
+        """PRESENT, ABSENT, or TO_BE_PROBED: a release after the evidence (`checked`) of an entry that was never
+        removed. A removal is evidence for every later release (the files are gone); presence is not."""
+        parsed = parse_version(version)
+        v = parsed.release
         if v < parse_version(self.since).release:
-            return False
-        if self.until is None:
-            return True
-        until = parse_version(self.until).release
-        depth = len(self.until.split("."))
-        return v[:depth] <= until[:depth]
+            return ABSENT
+        if self.until is not None:
+            until = parse_version(self.until).release
+            depth = len(self.until.split("."))
+            return PRESENT if v[:depth] <= until[:depth] else ABSENT
+        if self.versioned_by == TENSORRT_LLM and parsed.sort_key > parse_version(self.checked).sort_key:
+            return TO_BE_PROBED
+        return PRESENT
 
 
 def _flags(tool: str, names: str, **kw: Any) -> list[Flag]:
@@ -155,10 +198,11 @@ EMITTED: tuple[Flag, ...] = (
             refs=(REF_CONVERT, REF_CONVERT_REMOVED)),
     # examples/quantization/quantize.py: ModelOpt PTQ to a TensorRT-LLM checkpoint, then trtllm-build (facts §0).
     *_flags(QUANTIZE, "model_dir output_dir dtype qformat kv_cache_dtype calib_dataset calib_size "
-            "calib_max_seq_length tp_size pp_size", **_ENGINE, refs=(REF_QUANTIZE, "facts §0", REF_CONVERT_REMOVED)),
+            "calib_max_seq_length tp_size pp_size", **_ENGINE, refs=(REF_QUANTIZE, "facts §0", REF_QUANTIZE_REMOVED)),
     # trtllm-serve [§7]: the command is 0.15+, but 0.18.2 still lacked --extra_llm_api_options: every row starts at
     # the 1.0 floor, where the facts establish it (§7), and the probe of --help decides on the worker.
-    *_flags(SERVE, "host port extra_llm_api_options", refs=(REF_SERVE, REF_SERVE_0182, "facts §7")),
+    *_flags(SERVE, "host port", refs=(REF_SERVE, REF_SERVE_0182, "facts §7", REF_SERVE_14), checked=LINE_14),
+    Flag(SERVE, "extra_llm_api_options", refs=(REF_SERVE, REF_SERVE_0182, "facts §7")),
     # Used by the lane trtllm only when the probed --help lacks --extra_llm_api_options (a later rename).
     Flag(SERVE, "config", since="1.2", refs=(REF_SERVE_CONFIG, "facts §1 timeline"),
          note="emitted only when the installed --help has --config and not --extra_llm_api_options"),
@@ -196,12 +240,27 @@ EMITTED: tuple[Flag, ...] = (
     Flag(ENV, "TLLM_AUTOTUNER_CACHE_PATH", since="1.1",
          refs=(REF_AUTOTUNER, "facts §0, §1", "spark-arena/sparkrun#256 (1.3.0rc24)")),
     # The LLM API YAML is validated upstream with pydantic extra="forbid" [§6]: every key must exist.
-    *_flags(LLM_API, "tensor_parallel_size pipeline_parallel_size max_batch_size max_num_tokens max_seq_len "
-            "kv_cache_config kv_cache_config.free_gpu_memory_fraction kv_cache_config.dtype "
-            "kv_cache_config.enable_block_reuse cuda_graph_config cuda_graph_config.enable_padding "
-            "cuda_graph_config.max_batch_size enable_chunked_prefill dtype", refs=(REF_LLM_API, "facts §6")),
-    Flag(LLM_API, "kv_cache_config.tokens_per_block", since="1.2", refs=(REF_TOKENS_PER_BLOCK, REF_LLM_API),
-         note="emitted only when lane option tokens_per_block is set; the probe decides on 1.0/1.1"),
+    # Every key is in NVIDIA's per-release LLM-API templates (ref_aic) or cites a release-named source besides:
+    # test_trtllm_releases checks each key the lane emits against the template of each release they cover.
+    *_flags(LLM_API, "tensor_parallel_size pipeline_parallel_size kv_cache_config enable_chunked_prefill",
+            refs=(ref_aic("1.0.0", "1.3.0rc23"), REF_LLM_API_14, REF_LLM_API, "facts §6"), checked=LINE_14),
+    Flag(LLM_API, "dtype", refs=("docs 0.21.0rc1, 1.1.0rc2.post1 and 1.3.0rc24 llm-api/reference.html, docs 1.4.0rc1 "
+                                 "llm-api/reference/LLM.html (LLM(..., dtype: str = 'auto'))", REF_LLM_API_14,
+                                 REF_LLM_API), checked=LINE_14),
+    *_flags(LLM_API, "kv_cache_config.free_gpu_memory_fraction kv_cache_config.dtype "
+            "kv_cache_config.enable_block_reuse cuda_graph_config cuda_graph_config.enable_padding",
+            refs=(ref_aic("1.0.0", "1.3.0rc23"), REF_LLM_RUNTIME_100, REF_LLM_API, "facts §6")),
+    # Top-level in TorchLlmArgs from 1.0 (docs 1.0.0 llm_runtime example); the 1.0 – 1.2 templates nest them under
+    # build_config, the 1.3 templates write them at the top.
+    *_flags(LLM_API, "max_batch_size max_num_tokens max_seq_len",
+            refs=(REF_LLM_RUNTIME_100, ref_aic("1.3.0rc1", "1.3.0rc23"), REF_LLM_API, "facts §6")),
+    Flag(LLM_API, "cuda_graph_config.max_batch_size",
+         refs=("docs 1.3.0rc27/llm-api/reference/DecodeCudaGraphConfig.html (BaseCudaGraphConfig fields batch_sizes, "
+               "max_batch_size, enable_padding; extra=forbid)", REF_LLM_API, "facts §6"),
+         note="not in NVIDIA's templates (they write batch_sizes); no release-named source before 1.3.0rc27: "
+              "the probe of CudaGraphConfig decides on the worker"),
+    Flag(LLM_API, "kv_cache_config.tokens_per_block", refs=(REF_TOKENS_PER_BLOCK, REF_LLM_API),
+         note="emitted only when lane option tokens_per_block is set"),
 )
 
 _EMITTED_INDEX = {(f.tool, f.key): f for f in EMITTED}
@@ -336,8 +395,8 @@ def explain_unknown_key(name: str) -> str | None:
 
 # --- lane releases -------------------------------------------------------------------------------------------
 
-ENGINE_INSTALL_HINT = ("Pin tensorrt-llm>=1.0,<1.3 and never install with --pre (that gives 1.4.0rc1), "
-                       "or use lane trtllm (PyTorch backend).")
+ENGINE_INSTALL_HINT = ("Pin tensorrt-llm>=1.0,<1.3 and never install with --pre (that gives a 1.3+ release "
+                       "candidate), or use lane trtllm (PyTorch backend).")
 TRTLLM_INSTALL_HINT = ("Run the lane in nvcr.io/nvidia/tensorrt-llm/release:<version> (the spec's toolchain.image) "
                        "or pip install 'tensorrt-llm>=1.0' on a host with an NVIDIA driver.")
 
@@ -359,47 +418,55 @@ def lane_release_problem(lane: str, version: str) -> str | None:
                 "#15918, C++ engine runtime #16369, engine tests #15810; first proposed as #15760), and which 1.3 "
                 "rc first dropped it is not pinned down. Use `lane: trtllm` (the PyTorch backend: a HF or "
                 "ModelOpt-quantized checkpoint, the LLM API YAML and the autotuner cache; lane option triton: true "
-                "for a Triton model repository), or keep this lane and pin toolchain.trtllm_version to 1.2.x. "
+                "for a Triton model repository), or keep this lane and pin toolchain.trtllm_version: 1.2.1. "
                 + ENGINE_INSTALL_HINT)
     return None
 
 
 # --- what a release implies ---------------------------------------------------------------------------------
 
-# Images whose bundled TensorRT-LLM is known. The NGC TensorRT-LLM release image's tag is the release itself.
-# The NGC Triton TRT-LLM image of a month ships the wheel its tensorrtllm_backend release branch (r<yy.mm>) pins:
-# `ARG TENSORRTLLM_VER` in dockerfile/Dockerfile.triton.trt_llm_backend at the branch tip, `pip install
-# tensorrt_llm==${TENSORRTLLM_VER}`.
-_BACKEND_DOCKERFILE = "tensorrtllm_backend dockerfile/Dockerfile.triton.trt_llm_backend"
+# Images whose bundled TensorRT-LLM is known. The NGC TensorRT-LLM release image's tag is the release itself. The
+# NGC Triton TRT-LLM images: NVIDIA's Triton release compatibility matrix, container trtllm-python-py3 (the
+# "TensorRT-LLM version" column), the only source that says what an image ships. The backend's release branch
+# Dockerfile (`ARG TENSORRTLLM_VER` in dockerfile/Dockerfile.triton.trt_llm_backend at r<yy.mm>) is not: at r25.11
+# it names 1.2.0rc2 (@9f60afe80a27ea89d890e680faf942ac40a2f36e) where the matrix says the image ships 1.0.3. So the
+# 26.01 – 26.07 images, which the matrix read here does not list (it ends at 25.12), are not in this table: their
+# release is unknown until the worker's probe reads it (UNVERIFIED_IMAGES, for the docs).
+TRITON_MATRIX = ("Triton release compatibility matrix, container trtllm-python-py3 (docs.nvidia.com/deeplearning/"
+                 "triton-inference-server/user-guide/docs/introduction/compatibility.html)")
 KNOWN_IMAGES: dict[str, tuple[str, str]] = {
-    "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3":
-        ("1.1.0", "Triton framework support matrix, 25.12 trtllm-python-py3 column (facts §0); "
-                  f"{_BACKEND_DOCKERFILE}@5419275f0e9830ca7083ddab1651eaa10c66636f (r25.12): "
-                  "TENSORRTLLM_VER=1.1.0"),
-    "nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3":
-        ("1.0.0", f"{_BACKEND_DOCKERFILE}@2ee1ae5e7b5477a59b5df9396a6ec827adf3de50 (r25.09): TENSORRTLLM_VER=1.0.0"),
-    "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3":
-        ("1.0.0", f"{_BACKEND_DOCKERFILE}@e2e72dc83f7255a36738b080446570f32b466781 (r25.10): TENSORRTLLM_VER=1.0.0"),
+    "nvcr.io/nvidia/tritonserver:25.09-trtllm-python-py3": ("1.0.0", f"{TRITON_MATRIX}: 25.09 → 1.0.0"),
+    "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3": ("1.0.0", f"{TRITON_MATRIX}: 25.10 → 1.0.0"),
     "nvcr.io/nvidia/tritonserver:25.11-trtllm-python-py3":
-        ("1.2.0rc2", f"{_BACKEND_DOCKERFILE}@9f60afe80a27ea89d890e680faf942ac40a2f36e (r25.11): "
-                     "TENSORRTLLM_VER=1.2.0rc2; its Triton templates are cloned from release/1.0"),
-    "nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3":
-        ("1.1.0", f"{_BACKEND_DOCKERFILE}@5b0830fc388c4c4bd3f62874a30046f596445f8f (r26.01): TENSORRTLLM_VER=1.1.0"),
-    "nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3":
-        ("1.1.0", f"{_BACKEND_DOCKERFILE}@47c80a359531952f58e74ae8e891c010b7663d76 (r26.02): TENSORRTLLM_VER=1.1.0"),
-    "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3":
-        ("1.2.0rc8",
-         f"{_BACKEND_DOCKERFILE}@9736c4df0f5b3d02eacd2912ecd930072d59d9cf (r26.03): TENSORRTLLM_VER=1.2.0rc8"),
-    "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3":
-        ("1.2.1", f"{_BACKEND_DOCKERFILE}@ce68ff5fd0a746eac895cfb4a5677b329c5bc707 (r26.04): TENSORRTLLM_VER=1.2.1"),
-    "nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3":
-        ("1.2.1", f"{_BACKEND_DOCKERFILE}@a4f2f549f22fdd8d8448bc0ac343d5969033d765 (r26.05): TENSORRTLLM_VER=1.2.1"),
-    "nvcr.io/nvidia/tritonserver:26.06-trtllm-python-py3":
-        ("1.2.1", f"{_BACKEND_DOCKERFILE}@e1611ce8612ae4973a45f2bdc5e928061ff7d7e2 (r26.06): TENSORRTLLM_VER=1.2.1"),
-    "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3":
-        ("1.2.1", f"{_BACKEND_DOCKERFILE}@3bc115373ce1fde1d94891964b492449402e3a68 (r26.07): TENSORRTLLM_VER=1.2.1"),
+        ("1.0.3", f"{TRITON_MATRIX}: 25.11 → 1.0.3.2510 (not 1.2.0rc2, which the r25.11 backend Dockerfile names)"),
+    "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3":
+        ("1.1.0", f"{TRITON_MATRIX}: 25.12 → 1.1.0 (facts §0)"),
+}
+_BACKEND_DOCKERFILE = "tensorrtllm_backend dockerfile/Dockerfile.triton.trt_llm_backend"
+UNVERIFIED_IMAGES: dict[str, str] = {
+    f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3": claim for tag, claim in (
+        ("26.01", f"{_BACKEND_DOCKERFILE}@5b0830fc388c (r26.01) names 1.1.0"),
+        ("26.02", f"{_BACKEND_DOCKERFILE}@47c80a359531 (r26.02) names 1.1.0"),
+        ("26.03", f"{_BACKEND_DOCKERFILE}@9736c4df0f5b (r26.03) names 1.2.0rc8"),
+        ("26.04", f"{_BACKEND_DOCKERFILE}@ce68ff5fd0a7 (r26.04) names 1.2.1 (tensorrtllm_backend #853)"),
+        ("26.05", f"{_BACKEND_DOCKERFILE}@a4f2f549f22f (r26.05) names 1.2.1"),
+        ("26.06", f"{_BACKEND_DOCKERFILE}@e1611ce8612a (r26.06) names 1.2.1"),
+        ("26.07", f"{_BACKEND_DOCKERFILE}@3bc115373ce1 (r26.07) names 1.2.1"),
+    )
 }
 _RELEASE_IMAGE = re.compile(r"^nvcr\.io/nvidia/tensorrt-llm/release:v?(\d+\.\d+\.\d+\S*)$")
+# A build of TensorRT-LLM's `tritonrelease` docker stage: the release with tritonserver and the LLM API Triton
+# backend. `make -C docker tritonrelease_build` (tensorrtllm_backend docs/build.md@dc3bfecb16a3; the stage's image
+# fixed by TensorRT-LLM PRs #7003 and #7157) tags it $(IMAGE_NAME)/$(STAGE):$(IMAGE_TAG) (docker/Makefile@14e801da3632,
+# IMAGE_NAME tensorrt_llm): `<registry>/tensorrt_llm/tritonrelease:<release>`, the release as the tag.
+_TRITONRELEASE_IMAGE = re.compile(r"^(?:[^\s@:]+(?::\d+)?/)*tritonrelease:v?(\d+\.\d+\.\d+\S*)$")
+REF_TRITONRELEASE = ("tensorrtllm_backend docs/build.md@dc3bfecb16a3 (make -C docker tritonrelease_build); "
+                     "TensorRT-LLM PRs #7003, #7157 (the tritonbuild/tritonrelease images)")
+TRITON_SINCE_REMOVAL = "1.3"  # from here no NGC Triton image is known to ship the release (KNOWN_IMAGES ≤ 1.1.0)
+
+
+def tritonrelease_image(release: str, registry: str = "<registry>") -> str:
+    return f"{registry}/tensorrt_llm/tritonrelease:{release}"
 
 
 def image_release(image: str | None) -> tuple[str, str] | None:
@@ -410,42 +477,90 @@ def image_release(image: str | None) -> tuple[str, str] | None:
     if ref in KNOWN_IMAGES:
         return KNOWN_IMAGES[ref]
     m = _RELEASE_IMAGE.match(ref)
-    return (m.group(1), "the NGC tensorrt-llm/release image tag names its release") if m else None
+    if m:
+        return m.group(1), "the NGC tensorrt-llm/release image tag names its release"
+    m = _TRITONRELEASE_IMAGE.match(ref)
+    if m:
+        return m.group(1), "a tritonrelease build is tagged with its release (docker/Makefile IMAGE_TAG)"
+    return None
 
 
-def image_release_problem(pinned: str | None, image: str | None) -> str | None:
+def serves_triton(image: str | None) -> bool:
+    """Whether the image is known to hold tritonserver with the TensorRT-LLM backend: an NGC Triton TRT-LLM image
+    or a tritonrelease build. The NGC tensorrt-llm/release image is the docker `release` stage (docker/README.md:
+    "the binaries installed and … examples"), without tritonserver."""
+    if not image:
+        return False
+    ref = image.split("@", 1)[0]
+    return ref in KNOWN_IMAGES or ref in UNVERIFIED_IMAGES or bool(_TRITONRELEASE_IMAGE.match(ref))
+
+
+def same_release(pinned: str, installed: str) -> bool:
+    """Whether the installed release satisfies the pin: the same numbers and the same pre-release tag (a pin of
+    1.2.0 is not satisfied by 1.2.0rc8; a post or build suffix such as 1.0.3.2510 is the same release)."""
+    return parse_version(pinned).same_release(parse_version(installed))
+
+
+def image_release_problem(pinned: str | None, image: str | None, lane: str | None = None) -> str | None:
+    """Why the image cannot run the pinned release. The fix offers only what the lane accepts: pinning the shipped
+    release when `lane` runs it, and the release image of the pin."""
     known = image_release(image)
     if not known or not pinned:
         return None
     shipped, source = known
-    if parse_version(shipped).release == parse_version(pinned).release:
+    if same_release(pinned, shipped):
         return None
-    return (f"{image} ships TensorRT-LLM {shipped} ({source}), not the pinned {pinned}: pin "
-            f"trtllm_version: {shipped}, or use an image that ships {pinned} "
-            f"(nvcr.io/nvidia/tensorrt-llm/release:{pinned})")
+    fixes = []
+    if lane is None or lane_release_problem(lane, shipped) is None:
+        fixes.append(f"pin trtllm_version: {shipped}")
+    fixes.append(f"use an image that ships {pinned} (nvcr.io/nvidia/tensorrt-llm/release:{pinned})")
+    return f"{image} ships TensorRT-LLM {shipped} ({source}), not the pinned {pinned}: " + ", or ".join(fixes)
 
 
-# nvidia-modelopt that a TensorRT-LLM release's requirements.txt pins. Used only to render `plan` before the
-# worker's probe reads the installed ModelOpt. A release missing here (1.4+) renders with the ModelOpt version
-# unknown: only the hf_ptq.py flags every ModelOpt has, and the worker's probe of the installed nvidia-modelopt
-# decides (never "ModelOpt 0.0"). The 1.3 pin was read from copies of the tree, not at a tag (the TensorRT-LLM
-# snapshot is too large to fetch here): requirements.txt of main at 1.3.0rc11 (README badge release-1.3.0rc11;
-# torch 2.10 / NGC 26.02) and NeMo-RL's build notes for 1.3.0rc15 both say nvidia-modelopt[torch]~=0.37.0.
-MODELOPT_PINS: dict[str, tuple[str, str]] = {
-    "1.2": ("0.37.0", "TensorRT-LLM release/1.2 requirements.txt: nvidia-modelopt[torch]~=0.37.0 (facts §0)"),
-    "1.3": ("0.37.0", "TensorRT-LLM requirements.txt at 1.3.0rc11 (a copy of main, README badge release-1.3.0rc11) "
-                      "and NeMo-RL's notes on 1.3.0rc15: nvidia-modelopt[torch]~=0.37.0; later 1.3 rcs not read, "
-                      "the worker's probe decides"),
+def triton_image_problem(pinned: str | None, image: str | None) -> str | None:
+    """lane trtllm with lane option triton on TensorRT-LLM ≥ 1.3: the spec's image must hold tritonserver and the
+    pinned release. No NGC Triton image is known to ship a 1.3+ release (the trtllm-python-py3 images in the
+    matrix ship ≤ 1.1.0) and the tensorrt-llm/release image has no tritonserver, so the image is a tritonrelease
+    build of the pinned release."""
+    if not pinned or parse_version(pinned).release[:2] < parse_version(TRITON_SINCE_REMOVAL).release[:2]:
+        return None
+    known = image_release(image)
+    if serves_triton(image) and known is not None and same_release(pinned, known[0]):
+        return None
+    have = f"toolchain.image {image}" if image else "no toolchain.image"
+    return (f"triton: true on TensorRT-LLM {pinned} needs an image with tritonserver and the release's LLM API "
+            f"Triton backend, and the spec has {have}: no NGC tritonserver trtllm image is known to ship {pinned} "
+            "(the compatibility matrix's trtllm-python-py3 images ship ≤ 1.1.0) and nvcr.io/nvidia/tensorrt-llm/"
+            f"release has no tritonserver. Build the release's tritonrelease stage (at TensorRT-LLM v{pinned}: "
+            f"make -C docker tritonrelease_build IMAGE_TAG={pinned}; {REF_TRITONRELEASE}) and set toolchain.image: "
+            f"{tritonrelease_image(pinned)}, or set lane option triton: false")
+
+
+# nvidia-modelopt that a TensorRT-LLM release's requirements.txt pins, by the releases that pinned it. Used only to
+# render `plan` before the worker's probe reads the installed ModelOpt. A release outside every range renders with
+# the ModelOpt version unknown: only the hf_ptq.py flags every ModelOpt has, and the worker's probe of the installed
+# nvidia-modelopt decides (never "ModelOpt 0.0"). PR #16829 ("drop onnx/modelopt deps", merged 2026-07-24) removed
+# nvidia-modelopt from requirements.txt; main was labelled 1.3.0rc23 from 2026-07-22 (PR #16758) and 1.3.0rc24 from
+# 2026-07-30 (PR #17070), so rc22 is the last rc cut before it, rc23 may or may not have it, and rc24 on have no
+# pin. The 1.3 pin was read from copies of the tree at 1.3.0rc11 (README badge release-1.3.0rc11) and in NeMo-RL's
+# build notes for 1.3.0rc15, both nvidia-modelopt[torch]~=0.37.0, as release/1.2 pins it.
+MODELOPT_PINS: dict[tuple[str, str], tuple[str, str]] = {
+    ("1.2.0rc0", "1.2.99"): ("0.37.0", "TensorRT-LLM release/1.2 requirements.txt: nvidia-modelopt[torch]~=0.37.0 "
+                                       "(facts §0)"),
+    ("1.3.0rc0", "1.3.0rc22"): ("0.37.0", "TensorRT-LLM requirements.txt at 1.3.0rc11 (a copy of main, README badge "
+                                          "release-1.3.0rc11) and NeMo-RL's notes on 1.3.0rc15: nvidia-modelopt[torch]"
+                                          "~=0.37.0, until PR #16829 (2026-07-24) dropped the dependency after the "
+                                          "1.3.0rc22 cut; 1.3.0rc23 on: no pin, the worker's probe decides"),
 }
 
 
 def assumed_modelopt(trtllm_version: str | None) -> str | None:
-    """The ModelOpt a release pins, or None when this table does not know it (the probe decides)."""
+    """The ModelOpt a release pins, or None when no recorded pin covers it (the probe decides)."""
     if trtllm_version:
-        v = parse_version(trtllm_version).release
-        pin = MODELOPT_PINS.get(f"{v[0]}.{v[1]}")
-        if pin:
-            return pin[0]
+        key = parse_version(trtllm_version).sort_key
+        for (low, high), (modelopt, _source) in MODELOPT_PINS.items():
+            if parse_version(low).sort_key <= key <= parse_version(high).sort_key:
+                return modelopt
     return None
 
 
@@ -462,8 +577,65 @@ def serve_backend_value(version: str | None = None, choices: list[str] | None = 
 
 
 def has(tool: str, key: str, version: str | None) -> bool:
-    """Whether `version` has a registered entry; an unknown version counts as having it (the probe decides)."""
+    """Whether `version` may have a registered entry: an unknown version, or one after the entry's evidence, counts
+    as having it (the probe decides)."""
     return version is None or flag(tool, key).exists_in(version)
+
+
+class RegistryVerdict(NamedTuple):
+    """What the registry says of a unit's commands for one release, before any probe."""
+
+    absent: list[str]  # items the release lacks (evidence says so): refused at `plan`
+    to_be_probed: list[str]  # items with no evidence for the release: the worker's probe decides
+
+
+def _command_items(cmd: Any) -> list[tuple[Flag, str]]:
+    """(registry entry, how to name it) for every registered item a command uses."""
+    out: list[tuple[Flag, str]] = []
+    tool = getattr(cmd, "tool", None)
+    argv = list(getattr(cmd, "argv", []) or [])
+    if tool:
+        for i, tok in enumerate(argv):
+            if not tok.startswith("--"):
+                continue
+            name = tok[2:].split("=", 1)[0].replace("-", "_")
+            value = argv[i + 1] if i + 1 < len(argv) else None
+            entry = _EMITTED_INDEX.get((tool, name))
+            choice = _EMITTED_INDEX.get((tool, f"{name}={value}"))
+            if entry is not None:
+                out.append((entry, f"{tool} --{name}"))
+            if choice is not None:
+                out.append((choice, f"{tool} --{name} {value}"))
+    for key in getattr(cmd, "llm_api_keys", []) or []:
+        entry = _EMITTED_INDEX.get((LLM_API, key))
+        if entry is not None:
+            out.append((entry, f"LLM API option {key}"))
+    for key in getattr(cmd, "env", {}) or {}:
+        entry = _EMITTED_INDEX.get((ENV, key))
+        if entry is not None:
+            out.append((entry, f"environment variable {key}"))
+    for template, keys in (getattr(cmd, "template_keys", {}) or {}).items():
+        for key in keys:
+            entry = _EMITTED_INDEX.get((LLMAPI_TRITON, key)) if template.startswith("llmapi/") else None
+            if entry is not None:
+                out.append((entry, f"Triton model.yaml key {key}"))
+    return out
+
+
+def registry_verdict(commands: list[Any], version: str) -> RegistryVerdict:
+    """The registry's word on every item of `commands` for TensorRT-LLM `version` (ModelOpt-versioned items are
+    judged against ModelOpt, by the lane)."""
+    absent: list[str] = []
+    unprobed: list[str] = []
+    for cmd in commands:
+        for entry, label in _command_items(cmd):
+            if entry.versioned_by != TENSORRT_LLM:
+                continue
+            status = entry.status(version)
+            bucket = absent if status == ABSENT else unprobed if status == TO_BE_PROBED else None
+            if bucket is not None and label not in bucket:
+                bucket.append(label)
+    return RegistryVerdict(absent, unprobed)
 
 
 def unsupported_env(commands: list[Any], version: str | None) -> list[str]:

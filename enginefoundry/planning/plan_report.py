@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -11,11 +9,9 @@ from pydantic import BaseModel
 from enginefoundry.build.model_shape import Check
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
+from enginefoundry.lanes.base import PROBE_CHECK
 from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight, reference_summary
-from enginefoundry.spec import BuildSpec, SourceKind
-
-# Known model configs, so the VRAM estimates work before anything is downloaded.
-KNOWN_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "model-configs"
+from enginefoundry.spec import BuildSpec
 
 
 class PlanReport(BaseModel):
@@ -29,15 +25,11 @@ class PlanReport(BaseModel):
 
 
 def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: config.json
-    """The checkpoint's config.json without downloading: a local source, else a known config by model name."""
-    src = spec.model.parsed_source(spec.base_path)
-    candidates = [Path(src.location) / "config.json"] if src.kind is SourceKind.LOCAL else []
-    candidates.append(KNOWN_CONFIGS / f"{spec.model.name}.json")
-    for path in candidates:
-        if path.is_file():
-            config: dict[str, Any] = json.loads(path.read_text())  # JSON edge: config.json
-            return config
-    return None
+    """The checkpoint's config.json without downloading (enginefoundry.build.model_config: a local source, the
+    spec's model-configs/ folder, the package's, a Hub source's config.json already in the Hugging Face cache)."""
+    from enginefoundry.build.model_config import model_config_for as lookup
+
+    return lookup(spec)
 
 
 # Check.name of a lane-option refusal (`Lane.validate_options`) copied into a unit's verdict; `validate` reports
@@ -46,12 +38,15 @@ SPEC_CHECK = "spec"
 
 
 def spec_checks(spec: BuildSpec, unit: Unit, problems: list[tuple[str, str]]) -> list[Check]:
-    """The lane's refusals that concern this unit: its variant's (`variants.<i>…`) and the lane-wide ones."""
-    index = next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None)
+    """The lane's refusals that concern this unit: its variant's (`variants.<i>…`), its target's (`targets.<i>…`),
+    its profile's (`profiles.<i>…`) and the lane-wide ones (toolchain, lane_options)."""
+    own = {"variants": next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None),
+           "targets": next((i for i, t in enumerate(spec.targets) if t.name == unit.target.name), None),
+           "profiles": next((i for i, p in enumerate(spec.profiles) if p.name == unit.profile.name), None)}
     out = []
     for field, message in problems:
         parts = field.split(".")
-        if parts[0] == "variants" and len(parts) > 1 and parts[1] != str(index):
+        if parts[0] in own and len(parts) > 1 and parts[1].isdigit() and parts[1] != str(own[parts[0]]):
             continue
         out.append(Check(name=SPEC_CHECK, ok=False, message=f"{field}: {message}"))
     return out
@@ -82,6 +77,7 @@ def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanR
             commands[unit.name] = ["(not rendered: the lane refuses this unit, see its verdict)"]
         else:
             commands[unit.name] = [f"[{c.description}] {c.shell()}" for c in lane.describe(spec, unit)]
+            commands[unit.name] += [f"({c.message})" for c in report.checks if c.ok and c.name == PROBE_CHECK]
     return PlanReport(rows=rows, commands=commands, preflight=reports)
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from enginefoundry.bench.costs import cost_per_mtok
-from enginefoundry.planning.plan_report import model_config_for
+from enginefoundry.build.model_config import ModelConfig, expert_count, lookup
 from enginefoundry.search.predictor import (
     AIConfigurator,
     Coverage,
@@ -53,6 +53,8 @@ class SearchReport(BaseModel):
     objective: Objective
     targets: list[TargetSearch]
     seconds: float
+    config_source: str = ""  # where the model's config.json came from
+    experts: int = 0  # routed experts of a mixture-of-experts model (0: dense): the table shows the MoE columns
 
 
 def objective_value(objective: Objective, spec: BuildSpec, target: Target, p: Predicted) -> float | None:
@@ -79,11 +81,15 @@ def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor
     t0 = time.monotonic()
     search = spec.search
     predictor = predictor or AIConfigurator()
-    config = model_config_for(spec)
+    found = lookup(spec, fetch=True)  # a Hub source: its config.json alone, at the pinned revision
+    config = found.config
     digest = config_digest(config) if config else ""
     targets = [t for t in spec.targets if (search.targets is None or t.name in search.targets)
                and (not only_targets or t.name in only_targets)]
     coverage = {t.name: predictor.coverage(spec, t, config) for t in targets}
+    if config is None:  # say where it looked and why it has none (the predictor knows only "no config")
+        coverage = {n: Coverage(False, found.why) if c.reason.startswith("no config.json") else c
+                    for n, c in coverage.items()}
     requests = [r for t in targets if coverage[t.name].covered
                 for r in requests_for(search, t, coverage[t.name], digest)]
     predictions = predictor.predict(config, requests, progress) if requests and config else []
@@ -94,13 +100,16 @@ def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor
     for t in targets:
         cov = coverage[t.name]
         if not cov.covered:
-            out.append(_fallback(spec, t, cov))
+            out.append(_fallback(spec, t, cov, config))
             continue
-        out.append(_choose(spec, t, cov, by_target.get(t.name, []), getattr(predictor, "name", "predictor")))
-    return SearchReport(objective=search.objective, targets=out, seconds=round(time.monotonic() - t0, 2))
+        out.append(_choose(spec, t, cov, by_target.get(t.name, []), getattr(predictor, "name", "predictor"),
+                           config))
+    return SearchReport(objective=search.objective, targets=out, seconds=round(time.monotonic() - t0, 2),
+                        config_source=found.source, experts=expert_count(config))
 
 
-def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Prediction], tool: str) -> TargetSearch:
+def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Prediction], tool: str,
+            config: ModelConfig | None = None) -> TargetSearch:
     from enginefoundry.build.units import Unit
     from enginefoundry.planning.preflight import preflight
 
@@ -126,18 +135,25 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
         objective = Objective.TOKENS_PER_GPU
     scored = sorted(pool, key=lambda p: -(objective_value(objective, spec, target, p) or float("-inf")))
     seen: set[str] = set()
-    config = model_config_for(spec)
+    config = config if config is not None else lookup(spec).config
     for p in scored:
         variant = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
         unit = Unit(variant=variant, profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"),
                     target=target)
-        if unit.name in seen:
+        name = unit.name if p.tp_pp_only else f"{unit.name} {p.moe_label()}"
+        if name in seen:
             continue
-        seen.add(unit.name)
+        seen.add(name)
         value = objective_value(objective, spec, target, p)
         cand = Candidate(rank=len(ts.candidates) + 1, predicted=p, objective_value=value, unit=unit.name,
                          usd_per_mtok=cost_per_mtok(spec, target, p.tokens_per_s_gpu))
-        if len(ts.units) >= search.top_k:
+        if not p.tp_pp_only:
+            # A variant is precision × tp × pp: expert parallelism and attention data parallelism are not variant
+            # fields yet, so this configuration is shown and not built (building it as tp × pp would measure another
+            # configuration than the one predicted).
+            cand.unit = "-"
+            cand.verdict = f"not a unit: {p.moe_label()} needs expert/attention-DP variant fields"
+        elif len(ts.units) >= search.top_k:
             cand.verdict = "below top_k"
         else:
             report = preflight(spec, unit, config, None)
@@ -153,7 +169,7 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
     return ts
 
 
-def _fallback(spec: BuildSpec, target: Target, cov: Coverage) -> TargetSearch:
+def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: ModelConfig | None) -> TargetSearch:
     """A measured search: one unit per allowed precision (up to top_k) that passes preflight, tp = 1."""
     from enginefoundry.build.units import Unit
     from enginefoundry.planning.preflight import preflight
@@ -161,7 +177,6 @@ def _fallback(spec: BuildSpec, target: Target, cov: Coverage) -> TargetSearch:
     search = spec.search
     assert search is not None
     ts = TargetSearch(target=target.name, covered=False, reason=cov.reason)
-    config = model_config_for(spec)
     precisions = list(search.precisions)
     if target.arch.value == "cpu" and Precision.FP32 not in precisions:
         precisions.append(Precision.FP32)  # the reference lane's own precision on a cpu
@@ -212,25 +227,34 @@ def materialise(spec: BuildSpec, only_targets: list[str] | None = None, predicto
     return spec.model_copy(update={"searched": searched_units(spec, report)}), report
 
 
+MOE_COLUMNS = ("dp", "moe_tp", "moe_ep")  # AIConfigurator's parallel columns besides tp, pp (ColumnsAgg, 0.12.0)
+
+
 def rows(report: SearchReport) -> list[dict[str, str]]:
-    """The ranked table per target, for the console."""
+    """The ranked table per target, for the console. A mixture-of-experts model gets the predictor's MoE parallel
+    columns (attention data parallelism dp, MoE tensor and expert parallelism moe_tp, moe_ep) and GPUs per replica
+    (tp × pp × dp)."""
+    moe = report.experts > 0
+    blank = dict.fromkeys((*MOE_COLUMNS, "GPUs"), "-") if moe else {}
     out = []
     for ts in report.targets:
         if not ts.covered:
-            out.append({"target": ts.target, "rank": "-", "config": "measured search",
+            out.append({"target": ts.target, "rank": "-", "config": "measured search", **blank,
                         "tok/s/GPU": "-", "tok/s/user": "-", "TTFT ms": "-", "$/1M tok": "-",
                         "unit": ", ".join(ts.units) or "none", "why": ts.reason})
             continue
         shown = [c for c in ts.candidates if c.chosen or c.rank <= max(5, 2 * len(ts.units))]
         for c in shown:
             p = c.predicted
+            parallel = {"dp": str(p.dp), "moe_tp": str(p.moe_tp), "moe_ep": str(p.moe_ep),
+                        "GPUs": str(p.gpus)} if moe else {}
             out.append({"target": ts.target, "rank": str(c.rank),
-                        "config": f"{p.precision.value} tp{p.tp}pp{p.pp} bs{p.batch_size}",
+                        "config": f"{p.precision.value} tp{p.tp}pp{p.pp} bs{p.batch_size}", **parallel,
                         "tok/s/GPU": f"{p.tokens_per_s_gpu:.0f}", "tok/s/user": f"{p.tokens_per_s_user:.1f}",
                         "TTFT ms": f"{p.ttft_ms:.0f}",
                         "$/1M tok": f"{c.usd_per_mtok:.3f}" if c.usd_per_mtok is not None else "-",
                         "unit": c.unit if c.chosen else "-", "why": c.verdict})
         for precision, why in ts.problems.items():
-            out.append({"target": ts.target, "rank": "-", "config": precision, "tok/s/GPU": "-",
+            out.append({"target": ts.target, "rank": "-", "config": precision, **blank, "tok/s/GPU": "-",
                         "tok/s/user": "-", "TTFT ms": "-", "$/1M tok": "-", "unit": "-", "why": why})
     return out

@@ -7,7 +7,8 @@ Evidence (aiconfigurator 0.12.0 / aiconfigurator-core 0.12.0 as installed from t
   schema (aiconfigurator/cli/example.yaml: serving_mode, model_path, system_name, backend_name, backend_version,
   isl, osl, ttft, tpot, total_gpus, gemm_quant_mode, kvcache_quant_mode, fmha_quant_mode);
 * results: `D/<run>/<experiment>/best_config_topn.csv` (columns concurrency, bs, ttft, tpot, tokens/s/gpu,
-  tokens/s/user, tp, pp, version, system, power_w) and `pareto.csv` beside it;
+  tokens/s/user, tp, pp, dp, moe_tp, moe_ep, version, system, power_w: ColumnsAgg in
+  aiconfigurator_core/sdk/common.py) and `pareto.csv` beside it;
 * systems and perf-database versions: `aiconfigurator_core.sdk.perf_database.get_supported_databases()`
   (system → backend → versions); GEMM quant modes: `aiconfigurator_core.sdk.common.GEMMQuantMode`.
 """
@@ -96,12 +97,31 @@ class Predicted(BaseModel):
     tp: int
     pp: int
     batch_size: int
+    # A mixture-of-experts configuration (AIConfigurator's ColumnsAgg dp, moe_tp, moe_ep; 1 for a dense model):
+    # attention data parallelism and the MoE layers' tensor and expert parallelism.
+    dp: int = 1
+    moe_tp: int = 1
+    moe_ep: int = 1
     concurrency: int  # per replica
     tokens_per_s_gpu: float
     tokens_per_s_user: float
     ttft_ms: float
     tpot_ms: float
     power_w: float | None = None
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one replica: tp × pp × dp (AIConfigurator's gpus/worker, cli/report_and_save.py)."""
+        return self.tp * self.pp * self.dp
+
+    @property
+    def tp_pp_only(self) -> bool:
+        """Whether a variant (precision × tp × pp) is this configuration: no attention DP, MoE layers sharded like
+        the rest (moe_tp = tp, moe_ep = 1)."""
+        return self.dp == 1 and self.moe_ep == 1 and self.moe_tp in (1, self.tp)
+
+    def moe_label(self) -> str:
+        return f"tp{self.tp}pp{self.pp}dp{self.dp} etp{self.moe_tp}ep{self.moe_ep}"
 
     def figures(self) -> dict[str, float]:
         out = {"tokens_per_s_gpu": self.tokens_per_s_gpu, "tokens_per_s_user": self.tokens_per_s_user,
@@ -275,8 +295,8 @@ class AIConfigurator:
         if backend is None or backend not in dbs:
             return Coverage(False, f"no {backend or spec.lane} database for {system} in {self.name} {self.version}")
         if model_config is None:
-            return Coverage(False, "no config.json without a download (a local source, or "
-                                   "configs/model-configs/<model.name>.json)")
+            return Coverage(False, "no config.json without a download (a local source, model-configs/"
+                                   "<model.name>.json beside the spec or in the package, or a Hub source)")
         arch = (model_config.get("architectures") or ["?"])[0]
         version, note = choose_db_version(spec.toolchain.trtllm_version, dbs[backend],
                                           probed.get("current", {}).get(system, {}).get(backend))
@@ -371,7 +391,7 @@ def read_experiment(out: Path, name: str, r: Request, key: str, seconds: float, 
                f"the predictor failed (exit {rc}): {tail}")
         return Prediction(key=key, precision=r.precision, ranked=[], pareto=[], problem=why, seconds=seconds)
     ranked = [_row(row, r.precision) for row in _rows(found[0])]
-    ranked = [p for p in ranked if p.tp * p.pp <= r.max_gpus_per_replica and within_slo(p, r)]
+    ranked = [p for p in ranked if p.gpus <= r.max_gpus_per_replica and within_slo(p, r)]
     pareto = [(float(row["tokens/s/user"]), float(row["tokens/s/gpu"])) for row in _rows(found[0].parent /
                                                                                          "pareto.csv")]
     return Prediction(key=key, precision=r.precision, ranked=ranked, pareto=sorted(pareto), seconds=seconds,
@@ -392,9 +412,20 @@ def _rows(path: Path) -> Iterable[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _parallel(row: dict[str, str], column: str) -> int:
+    """A parallel size column of the result (dp, moe_tp, moe_ep: ColumnsAgg in aiconfigurator_core/sdk/common.py,
+    0.12.0); 1 where the row has none (a dense model's rows, an older output)."""
+    value = (row.get(column) or "").strip()
+    try:
+        return max(int(float(value)), 1) if value else 1
+    except ValueError:
+        return 1
+
+
 def _row(row: dict[str, str], precision: Precision) -> Predicted:
     power = float(row.get("power_w") or 0) or None
     return Predicted(precision=precision, tp=int(row["tp"]), pp=int(row["pp"]), batch_size=int(row["bs"]),
+                     dp=_parallel(row, "dp"), moe_tp=_parallel(row, "moe_tp"), moe_ep=_parallel(row, "moe_ep"),
                      concurrency=int(float(row["concurrency"])), tokens_per_s_gpu=float(row["tokens/s/gpu"]),
                      tokens_per_s_user=float(row["tokens/s/user"]), ttft_ms=float(row["ttft"]),
                      tpot_ms=float(row["tpot"]), power_w=power)

@@ -89,6 +89,8 @@ def test_an_option_key_the_release_lacks_is_refused_naming_it(on_worker):
     root = on_worker("1.1")
     lane = TrtllmLane(python=str(root / "bin" / "python"))
     spec = trtllm_spec("1.1.0", tokens_per_block=64)
+    # NVIDIA's 1.1 templates carry kv_cache_config.tokens_per_block (issue 37): an installed 1.1 without it
+    lane.surface(spec).llm_api["kv_cache_config"].remove("tokens_per_block")
     with pytest.raises(UnsupportedByRelease) as err:
         lane.refuse_unsupported(spec, expand_units(spec)[0])
     assert err.value.item == "LLM API option kv_cache_config.tokens_per_block"
@@ -168,3 +170,18 @@ def test_a_13_toolchain_runs_the_trtllm_lane_with_triton_and_refuses_the_engine_
     engine = TrtllmEngineLane(python=str(root / "bin" / "python"))
     with pytest.raises(ToolError, match=r"tensorrt-backend-removal.*lane: trtllm"):
         engine.versions()
+
+
+@pytest.mark.parametrize(("release", "version", "reads"), [("1.0", "1.0.0", False), ("1.4", "1.4.0rc4", True)])
+def test_the_probe_reads_the_autotuner_variable_from_the_installed_source(on_worker, release, version, reads):
+    """Issue 37: an environment variable has no --help; past the registry's evidence (1.4) the probe greps the
+    installed autotuner's source, and the 1.4 worker accepts every unit a 1.4 `plan` renders."""
+    root = on_worker(release)
+    lane = TrtllmLane(python=str(root / "bin" / "python"))
+    spec = trtllm_spec(version)
+    surface = lane.surface(spec)
+    assert surface.env_reads == {"TLLM_AUTOTUNER_CACHE_PATH": reads} and surface.tensorrt_llm == version
+    for unit in expand_units(spec):
+        lane.refuse_unsupported(spec, unit)
+        cmds = lane.describe(spec, unit, surface)
+        assert any("TLLM_AUTOTUNER_CACHE_PATH" in c.env for c in cmds) is reads

@@ -174,7 +174,8 @@ def test_load_by_shard_with_int8_kv_is_refused():
     spec = engine_spec(variants=[{"precision": "fp16", "tp": 2, "kv_cache_dtype": "int8"}],
                        lane_options={"gemm_plugin": "float16", "load_by_shard": True})
     problems = dict(get_lane("trtllm-engine").validate_options(spec))
-    assert "load by shard" in problems["lane_options.load_by_shard"]
+    assert "load by shard" in problems["variants.0.kv_cache_dtype"]  # the variant's units only (issue 37)
+    assert "lane_options.load_by_shard" in problems["variants.0.kv_cache_dtype"]
 
 
 def test_int8_kv_in_the_engine_lane_claims_no_chunked_context():
@@ -193,7 +194,7 @@ def test_int8_kv_in_the_engine_lane_claims_no_chunked_context():
 def test_a_known_image_with_another_release_is_refused_at_plan_time():
     spec = engine_spec("1.2.1", image="nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3")
     problems = dict(get_lane("trtllm-engine").validate_options(spec))
-    assert "1.1.0" in problems["toolchain.image"] and "support matrix" in problems["toolchain.image"]
+    assert "1.1.0" in problems["toolchain.image"] and "compatibility matrix" in problems["toolchain.image"]
     shipped = spec_from("llama-3-70b-tp2-a100.yaml")
     assert "toolchain.image" not in dict(get_lane("trtllm-engine").validate_options(shipped))
 

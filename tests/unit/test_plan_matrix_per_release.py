@@ -24,12 +24,12 @@ LLAMA_8B = json.loads((CONFIGS / "model-configs" / "llama-3.1-8b-instruct.json")
 ARCHS = ("sm80", "sm86", "sm89", "sm90", "sm100")
 TPS = (1, 2, 4, 8)
 PPS = (1, 2)
-VERSIONS = {"1.0": "1.0.0", "1.1": "1.1.0", "1.2": "1.2.1", "1.3": "1.3.0rc20"}
+VERSIONS = {"1.0": "1.0.0", "1.1": "1.1.0", "1.2": "1.2.1", "1.3": "1.3.0rc20", "1.4": "1.4.0rc4"}
 
 
 def lanes_for(release: str) -> tuple[str, ...]:
     """The lanes a release can run: 1.3 removed the engine path (the engine lane refuses it: test_trtllm_13)."""
-    return ("trtllm",) if release == "1.3" else ("trtllm", "trtllm-engine")
+    return ("trtllm",) if release in ("1.3", "1.4") else ("trtllm", "trtllm-engine")
 
 
 def matrix_spec(lane: str, version: str):

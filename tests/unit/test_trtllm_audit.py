@@ -123,19 +123,32 @@ def test_plan_and_validate_refuse_weight_only_on_the_trtllm_lane(tmp_path, capsy
 
 # --- finding 4: the Triton TRT-LLM images and their releases ------------------------------------------------
 
-@pytest.mark.parametrize(("tag", "ships"), [("25.09", "1.0.0"), ("25.10", "1.0.0"), ("26.01", "1.1.0"),
-                                            ("26.02", "1.1.0"), ("26.03", "1.2.0rc8"), ("26.04", "1.2.1"),
-                                            ("26.07", "1.2.1")])
+# Issue 37: every row from NVIDIA's Triton compatibility matrix (trtllm-python-py3), the only source of what an image
+# ships; 25.11 ships 1.0.3 (the matrix's 1.0.3.2510), not the 1.2.0rc2 of the r25.11 backend Dockerfile.
+@pytest.mark.parametrize(("tag", "ships"), [("25.09", "1.0.0"), ("25.10", "1.0.0"), ("25.11", "1.0.3"),
+                                            ("25.12", "1.1.0")])
 def test_the_triton_images_name_their_release(tag, ships):
     image = f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3"
     release, source = KNOWN_IMAGES[image]
-    assert release == ships and re.search(r"Dockerfile\.triton\.trt_llm_backend@[0-9a-f]{40}", source)
+    assert release == ships and "compatibility matrix" in source and f"{tag} → {ships}" in source
 
 
-def test_validate_refuses_a_1_2_1_pin_with_the_26_01_image(tmp_path):
-    image = "nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3"
+def test_images_the_matrix_does_not_list_are_unknown_not_guessed():
+    from enginefoundry.lanes.trtllm_flags import UNVERIFIED_IMAGES, image_release
+
+    assert set(KNOWN_IMAGES) == {f"nvcr.io/nvidia/tritonserver:{t}-trtllm-python-py3"
+                                 for t in ("25.09", "25.10", "25.11", "25.12")}
+    for image in UNVERIFIED_IMAGES:  # the backend Dockerfiles' claims: shown in the docs, never used
+        assert image_release(image) is None and image_release_problem("1.2.1", image) is None
+    # 25.11 with its Dockerfile's 1.2.0rc2 pinned: refused with the matrix's release
+    assert "ships TensorRT-LLM 1.0.3" in image_release_problem(
+        "1.2.0rc2", "nvcr.io/nvidia/tritonserver:25.11-trtllm-python-py3")
+
+
+def test_validate_refuses_a_1_2_1_pin_with_the_25_12_image(tmp_path):
+    image = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
     assert "ships TensorRT-LLM 1.1.0" in image_release_problem("1.2.1", image)
-    assert image_release_problem("1.2.1", "nvcr.io/nvidia/tritonserver:26.05-trtllm-python-py3") is None
+    assert image_release_problem("1.1.0", image) is None
     data = _spec_data("llama-3.1-8b-multiarch.yaml", toolchain={"trtllm_version": "1.2.1", "image": image})
     with pytest.raises(SpecError) as err:
         validate_file(_write(tmp_path, data))
@@ -157,7 +170,7 @@ def test_the_trtllm_lane_refuses_int4_awq_on_sm120():
 
 def test_plan_refuses_an_image_pin_mismatch(capsys, tmp_path):
     data = _spec_data("llama-3.1-8b-multiarch.yaml", toolchain={
-        "trtllm_version": "1.2.1", "image": "nvcr.io/nvidia/tritonserver:26.01-trtllm-python-py3"})
+        "trtllm_version": "1.2.1", "image": "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"})
     report = plan_report(parse_spec(data, base_dir=CONFIGS))
     assert report.refused == len(report.rows) and all("toolchain.image" in r["verdict"] for r in report.rows)
     assert main(["plan", str(_write(tmp_path, data))]) == 2
@@ -168,9 +181,15 @@ def test_plan_refuses_load_by_shard_with_an_int8_kv_cache(tmp_path):
     data["lane_options"] = {**(data.get("lane_options") or {}), "load_by_shard": True}
     data["variants"] = [{"precision": "fp16", "tp": 2, "kv_cache_dtype": "int8"}, {"precision": "fp16", "tp": 2}]
     report = plan_report(parse_spec(data, base_dir=CONFIGS))
-    # a lane option, so every unit of the spec is refused (as `validate` refuses the spec), naming the variant
-    assert report.refused == len(report.rows)
-    assert all("lane_options.load_by_shard" in r["verdict"] and "int8" in r["verdict"] for r in report.rows)
+    # issue 37: refused on the int8 variant's units only, naming the lane option (was: every unit of the spec)
+    by_variant = {r["unit"]: r["verdict"] for r in report.rows}
+    int8 = [u for u in by_variant if u.startswith(report.rows[0]["unit"].split(".")[0])]
+    assert report.refused == len(int8) < len(report.rows)
+    for unit, verdict in by_variant.items():
+        if unit in int8:
+            assert "variants.0.kv_cache_dtype" in verdict and "lane_options.load_by_shard" in verdict
+        else:
+            assert "load_by_shard" not in verdict
     assert main(["plan", str(_write(tmp_path, data))]) == 2
 
 
