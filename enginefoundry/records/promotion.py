@@ -432,7 +432,7 @@ class Registry:
                              f"Check it with `enginefoundry verify models:/{model}/{number}`, or promote a build "
                              "that verifies (`enginefoundry promote --version N`)") from None
 
-    def rollback(self, model: str, stem: str, check: Callable[[Any], None] | None = None) -> RegistryMove:
+    def rollback(self, model: str, stem: str, check: Callable[[Any], object] | None = None) -> RegistryMove:
         """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
         so that a second rollback goes one step further back. `check` (the signature policy) sees the version to
         restore before anything moves, and refuses it by raising."""
