@@ -177,7 +177,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--broken-from", type=Path, help="write a broken copy of this model folder instead")
     args = ap.parse_args()
