@@ -27,6 +27,9 @@ class GateRule(BaseModel):
     detail: str
     kind: Literal["hard", "statistical", "divergence", "info"] = "statistical"
     warning: bool = False  # passed, but the user should know (e.g. a prompt set smaller than the derived minimum)
+    # The check could not run, and why in a few words ("the server returns no log-probs"): the verdict's closing
+    # line says so, never "all rules passed" (issue 39).
+    not_run: str | None = None
 
 
 class GateVerdict(BaseModel):
@@ -45,9 +48,30 @@ class GateVerdict(BaseModel):
         return [r for r in self.rules if not r.ok]
 
     @property
+    def skipped(self) -> list[GateRule]:
+        """The checks that could not run (and did not fail the verdict for it)."""
+        return [r for r in self.rules if r.not_run is not None and r.ok]
+
+    def not_run_summary(self) -> str:
+        """'2 checks not run: the server returns no log-probs' (each rule named where their reasons differ); empty
+        when every check ran."""
+        skipped = self.skipped
+        if not skipped:
+            return ""
+        whys = list(dict.fromkeys(r.not_run for r in skipped))
+        what = (whys[0] if len(whys) == 1 else
+                ", ".join(f"{r.name} ({r.not_run})" for r in skipped))
+        return f"{len(skipped)} check{'s' if len(skipped) > 1 else ''} not run: {what}"
+
+    @property
     def reason(self) -> str:
+        """The failed rules with their numbers; for a pass, 'all rules passed' only when every check ran, else
+        'passed; 2 checks not run: …'. Checks that did not run are named after the failed rules too."""
         failed = [f"{r.name}: {r.detail}" for r in self.failed]
-        return "; ".join(failed) if failed else "all rules passed"
+        skipped = self.not_run_summary()
+        if failed:
+            return "; ".join(failed) + (f"; {skipped}" if skipped else "")
+        return f"passed; {skipped}" if skipped else "all rules passed"
 
 
 class CaseEvidence(BaseModel):
@@ -279,7 +303,7 @@ def judge(
     min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
     server_message: str | None = None, logprob_unavailable: str | None = None,
     teacher_forced: TeacherForced | None = None, spread: LogprobSpread | None = None, reference_why: str = "",
-    teacher_forced_slices: dict[str, TeacherForced] | None = None,
+    teacher_forced_slices: dict[str, TeacherForced] | None = None, logprobs_required: bool = False,
 ) -> GateVerdict:
     """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
     the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
@@ -306,7 +330,7 @@ def judge(
         rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name,
                                    spread=spread)
     rules += _logprob_rules(policy, logprob_mean_abs_diff, logprob_tokens, logprob_unavailable, teacher_forced,
-                            spread)
+                            spread, required=logprobs_required)
     for name, part in (teacher_forced_slices or {}).items():  # a fault of positions shows at a distance
         ids = {c.id for c in cases if c.slice == name}
         part_spread = spread.restricted(ids) if spread is not None else None
@@ -335,11 +359,36 @@ def logprob_bound(policy: GatePolicy, spread: LogprobSpread | None) -> tuple[flo
     return policy.max_logprob_diff, f"the {policy.family.value} family's table limit"
 
 
+REQUIRED_WORDS = ("smoke.logprob_checks is required: a check that cannot run fails the verdict (serve the unit "
+                  "with a server that returns log-probs, e.g. the scoring server python -m enginefoundry.smoke.serve, "
+                  "or set smoke.logprob_checks: when-served)")
+
+
+def not_run_reason(detail: str, *, prompt: bool = False, chat_missing: bool = False) -> str:
+    """A log-prob check's reason for not running, in a few words, from its comparison's detail."""
+    if "reference answers have no token log-probs" in detail or "no answer was scored" in detail:
+        return "the reference has no log-probs"
+    if prompt and not chat_missing:
+        return "the server returns no prompt log-probs"
+    return "the server returns no log-probs"
+
+
+def _not_run(name: str, detail: str, short: str, required: bool) -> GateRule:
+    """A check that could not run: named with why (info, the verdict's closing line says so), or, where the spec
+    requires the log-prob checks, a failed hard rule."""
+    if required:
+        return GateRule(name=name, ok=False, kind="hard", detail=f"not run: {detail}; {REQUIRED_WORDS}")
+    return GateRule(name=name, ok=True, kind="info", warning=True, not_run=short,
+                    detail=f"not run: {detail}; judged on the other rules (docs/smoke-gate.md, 'Where log-probs "
+                           "are unavailable')")
+
+
 def _logprob_rules(policy: GatePolicy, chat_mean: float | None, chat_tokens: int, chat_unavailable: str | None,
-                   teacher: TeacherForced | None, spread: LogprobSpread | None) -> list[GateRule]:
+                   teacher: TeacherForced | None, spread: LogprobSpread | None,
+                   required: bool = False) -> list[GateRule]:
     """Log-prob distance on the agreeing prefix of the greedy answers (chat log-probs), and the teacher-forced
     checks (the reference's answers scored under the served model): each judged where the endpoint returned the
-    log-probs, each named as not run (info) where it did not."""
+    log-probs, each named as not run (info, `not_run`) where it did not, or failed where they are `required`."""
     bound, why = logprob_bound(policy, spread)
     rules = []
     if chat_mean is not None:
@@ -348,15 +397,13 @@ def _logprob_rules(policy: GatePolicy, chat_mean: float | None, chat_tokens: int
                               detail=f"mean |Δ log-prob| {chat_mean:.4f} over {chat_tokens} tokens "
                                      f"{'≤' if ok else '>'} limit {bound} (the answers' agreeing prefix; {why})"))
     elif chat_unavailable is not None:  # the check that could not run is named, not silently left out
-        rules.append(GateRule(name="log-prob distance", ok=True, kind="info", warning=True,
-                              detail=f"not run: {chat_unavailable}; judged on the other rules "
-                                     "(docs/smoke-gate.md, 'Where log-probs are unavailable')"))
+        rules.append(_not_run("log-prob distance", chat_unavailable, not_run_reason(chat_unavailable), required))
     if teacher is None:
         return rules
     if not teacher.available or teacher.mean_abs_diff is None:
-        rules.append(GateRule(name="teacher-forced log-probs", ok=True, kind="info", warning=True,
-                              detail=f"not run: {teacher.detail.removeprefix('not available: ')}; judged on the "
-                                     "other rules (docs/smoke-gate.md, 'Where log-probs are unavailable')"))
+        detail = teacher.detail.removeprefix("not available: ")
+        rules.append(_not_run("teacher-forced log-probs", detail,
+                              not_run_reason(detail, prompt=True, chat_missing=chat_mean is None), required))
         return rules
     return rules + _teacher_rules(teacher, policy, spread)
 

@@ -115,8 +115,11 @@ def test_teacher_forcing_that_could_not_run_is_named():
 def test_like_with_like_reference_precision():
     assert reference_precision_for("unit", "bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
     assert reference_precision_for("unit", "fp32")[0] == "fp32"
-    dtype, why = reference_precision_for("unit", "int8_wo")
-    assert dtype == "fp32" and "no transformers reference of its own precision" in why
+    dtype, why = reference_precision_for("unit", "int8_wo")  # like with like by default: its simulation
+    assert dtype == "bf16" and why.startswith("the quantization tool's simulated int8_wo model")
+    dtype, why = reference_precision_for("unit", "nvfp4")
+    assert dtype == "fp32" and why.startswith("no nvfp4 reference: nvfp4 quantizes activations") and \
+        "a weaker reference" in why
     assert reference_precision_for("fp32", "bf16") == ("fp32", "reference precision fp32 as configured")
     assert reference_precision_for("bf16", "bf16")[1].endswith("(like with like)")
 
