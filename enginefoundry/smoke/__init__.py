@@ -303,7 +303,9 @@ def run_smoke(
             raise InputError(f"smoke: reference precision simulated: {why_not}")
     # Against its simulation a quantized unit drifts as its compute dtype does: that dtype's policy judges it (the
     # dtype the reference stage computed it in, else the build's: simulated.simulated_dtype).
-    build = simulated_dtype(source_dir, TORCH_DTYPES[build_dtype] if build_dtype else None)
+    # The dtype a quantized build computes in: its simulation's and its quantization spread's.
+    build = (simulated_dtype(source_dir, TORCH_DTYPES[build_dtype] if build_dtype else None)
+             if simulated or precision in PROXIES else None)
     sim_dtype = (reference_outcome.dtype if given and reference_outcome is not None else build) if simulated else None
     policy = policy_for(sim_dtype or precision, **overrides)
     check_prompt_count(prompts, policy, spec.small_sample, precision)
@@ -361,7 +363,7 @@ def run_smoke(
           and spec.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE)):
         # No reference at the unit's own precision: the fp32 source, with bounds derived from the quantization
         # spread (smoke/fallback.py) where the endpoint returned log-probs to judge by, else the family's table.
-        if served_logprobs_any and reference_outcome.dtype == "fp32":
+        if served_logprobs_any and reference_outcome.dtype == "fp32" and build is not None:
             spread = load_or_compute_quantization_spread(
                 source_dir, cases, reference, precision=precision, dtype=build,
                 device=reference_device, progress=progress)
