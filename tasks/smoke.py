@@ -12,6 +12,7 @@ from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
 from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
+from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread
 from enginefoundry.smoke.reference import (
     ReferenceOutcome,
     ReferenceSet,
@@ -19,7 +20,6 @@ from enginefoundry.smoke.reference import (
     load_or_compute_spread,
     publish_sibling_reference,
 )
-from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
 from enginefoundry.smoke.simulated import FROM_EXPORT_WHY, export_problem, simulated_dtype, simulated_reference
 from enginefoundry.spec import BuildSpec

@@ -374,6 +374,15 @@ def dequantizes(spec: BuildSpec, precision: str) -> bool:
             and spec.smoke.reference is ReferenceSource.SOURCE and precision in get_lane(spec.lane).dequantizable)
 
 
+def proxied(spec: BuildSpec, precision: str) -> bool:
+    """A unit of `precision` is judged against the fp32 source with its quantization's proxy (smoke/fallback.py: the
+    source's weights rounded to the format, its task accuracy and spread): no like-with-like reference on this lane."""
+    from enginefoundry.smoke.fallback import PROXIES
+
+    return (precision in PROXIES and not like_reference(spec, precision)
+            and spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE))
+
+
 def like_reference(spec: BuildSpec, precision: str) -> bool:
     """A unit of `precision` is judged like with like (its own precision computed, simulated or dequantized)."""
     return spec.smoke.has_like_reference(precision, get_lane(spec.lane).dequantizable)
@@ -526,12 +535,15 @@ def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory
 
     precision = unit.variant.precision.value
     export = dequantizes(spec, precision)
+    proxy = not export and not spec.smoke.simulates(precision)  # judged against fp32: its quantization's proxy
     need = int(shape.param_count() * 4 * (DEQUANTIZATION_COPIES if export else SIMULATION_COPIES) * 1.2)
     disk = int(shape.param_count() * 4)
     doing, once = ((f"dequantizing the lane's {precision} checkpoint", "once per checkpoint") if export else
+                   (f"rounding the source's weights to {precision} (the proxy its task accuracy is judged against)",
+                    "once per source") if proxy else
                    (f"the {precision} simulation", "once per source (the weights alone)"))
     what = f"{doing} (host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} under the cache root, {once}"
-    why_not = can_simulate(precision)
+    why_not = None if proxy else can_simulate(precision)
     if why_not is not None:
         return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",
                      fix="pip install 'enginefoundry[simulate]' on the workers that run the smoke reference, or "
@@ -606,7 +618,7 @@ def preflight(spec: BuildSpec, unit: Unit,
         from enginefoundry.spec.siblings import sibling_variant
 
         precision = unit.variant.precision.value
-        simulated = spec.smoke.simulates(precision) or dequantizes(spec, precision)
+        simulated = spec.smoke.simulates(precision) or dequantizes(spec, precision) or proxied(spec, precision)
         if simulated and sibling_variant(spec, unit.variant) is None:
             report.checks.append(simulation_check(spec, unit, shape, host, on_worker=gpus is not None))
     lane = get_lane(spec.lane)

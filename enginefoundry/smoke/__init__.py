@@ -20,7 +20,7 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, ScoredToken, ServedAnswer, TokenLogprob
-from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread
+from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread, proxy_model
 from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import (
@@ -355,22 +355,30 @@ def run_smoke(
     if reference_outcome.sibling_unit is not None:
         reference_why = f"the gated higher-precision sibling unit {reference_outcome.sibling_unit} (smoke.reference)"
     spread = None
+    proxy: tuple[str, ReferenceSet] | None = None  # the quantization's proxy: accuracy is judged against it
     served_logprobs_any = teacher.available or logprobs.mean_abs_diff is not None
     if like and served_logprobs_any:
         spread = load_or_compute_spread(reference_dir, cases, reference, store=store, device=reference_device,
                                         progress=progress)
-    elif (not like and reference_outcome.sibling_unit is None and precision in PROXIES
-          and spec.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE)):
+    elif (not like and reference_outcome.sibling_unit is None and precision in PROXIES and build is not None
+          and reference_outcome.dtype == "fp32" and spec.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE)):
         # No reference at the unit's own precision: the fp32 source, with bounds derived from the quantization
-        # spread (smoke/fallback.py) where the endpoint returned log-probs to judge by, else the family's table.
-        if served_logprobs_any and reference_outcome.dtype == "fp32" and build is not None:
+        # spread (smoke/fallback.py) where the endpoint returned log-probs to judge by, else the family's table; task
+        # accuracy against the source's weights rounded to the format, whose own cost is a rule apart.
+        if served_logprobs_any:
             spread = load_or_compute_quantization_spread(
                 source_dir, cases, reference, precision=precision, dtype=build,
                 device=reference_device, progress=progress)
+        rounded = proxy_model(source_dir, precision, progress=progress)
+        proxy_ref, _ = load_or_compute_reference(rounded.folder, cases, dtype=build, max_new_tokens=spec.max_new_tokens,
+                                                 store=store, progress=progress, device=reference_device)
+        proxy = (f"the {precision}-rounded source", proxy_ref)
         reference_why += ("; bounds derived from the quantization spread (" + spread.describe() + ")"
                           if spread is not None else
                           f"; the {policy.family.value} family's table bounds (no log-probs to measure a spread "
-                          "against)")
+                          "against)") + (f"; task accuracy against {proxy[0]} ({PROXIES[precision]}, computed in "
+                                         f"{build}), whose own cost against the source is the rule `quantization "
+                                         "cost`")
     served_tok = tokenizer_digest(served_tokenizer_dir) if served_tokenizer_dir is not None else None
     ref_tok = tokenizer_digest(source_dir)
     verdict = judge(evidence, policy, max_new_tokens=spec.max_new_tokens, reference_tokenizer_digest=ref_tok,
@@ -383,12 +391,18 @@ def run_smoke(
                     server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None,
                     teacher_forced=teacher, spread=spread, reference_why=reference_why,
                     teacher_forced_slices={k: v for k, v in teacher_slices.items() if v.available},
-                    logprobs_required=spec.logprob_checks == "required")
+                    logprobs_required=spec.logprob_checks == "required",
+                    accuracy_against=None if proxy is None else (proxy[0], {
+                        c.id: bool(c.is_correct(proxy[1].by_id[c.id].text)) for c in cases if c.expected is not None}))
     if simulated:
         verdict = verdict.with_rule(quantization_cost(
             source_dir, cases, reference, precision=precision, dtype=reference_outcome.dtype,
             max_new_tokens=spec.max_new_tokens, store=store, device=reference_device, weights_digest=weights_digest,
             progress=progress))
+    elif proxy is not None:  # the format's own cost on this model, apart from the build's fidelity
+        verdict = verdict.with_rule(quantization_cost(
+            source_dir, cases, proxy[1], precision=precision, dtype="fp32", max_new_tokens=spec.max_new_tokens,
+            store=store, device=reference_device, weights_digest=weights_digest, progress=progress, what=proxy[0]))
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -416,9 +430,11 @@ def run_smoke(
 
 def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,
                       dtype: str, max_new_tokens: int, store: Store | None, device: str,
-                      weights_digest: str | None = None, progress: Callable[[str], None]) -> GateRule:
+                      weights_digest: str | None = None, progress: Callable[[str], None],
+                      what: str | None = None) -> GateRule:
     """The quantization's own cost, apart from the build's fidelity: the simulated model's task accuracy against
-    the source's at the same dtype (paired non-inferiority at the margin of the precision's family)."""
+    the source's at the same dtype (paired non-inferiority at the margin of the precision's family); `what` names
+    the simulated model (default: the simulated `precision` model)."""
     source, _ = load_or_compute_reference(source_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens,
                                           store=store, weights_digest=weights_digest, progress=progress,
                                           device=device)
@@ -432,9 +448,9 @@ def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: Refe
                                  margin=policy.accuracy_margin, alpha=policy.alpha)
     ok = test.non_inferior
     return GateRule(name=QUANTIZATION_COST, ok=ok, kind="statistical",
-                    detail=(f"the simulated {precision} model {test.unit_correct}/{test.n} vs the {dtype} "
-                            f"source {test.reference_correct}/{test.n} (paired: {test.b} only the source right, "
-                            f"{test.c} only the simulation right); non-inferiority at the {policy.family.value} "
+                    detail=(f"{what or f'the simulated {precision} model'} {test.unit_correct}/{test.n} vs the "
+                            f"{dtype} source {test.reference_correct}/{test.n} (paired: {test.b} only the source "
+                            f"right, {test.c} only the simulation right); non-inferiority at the {policy.family.value} "
                             f"margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α "
                             f"{test.alpha}" + ("" if ok else ": the quantization itself loses task accuracy, "
                                                "whatever the build does")))

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests
 from enginefoundry.smoke.logprobs import LogprobSpread, measure_spread
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import (
@@ -44,6 +45,13 @@ from enginefoundry.smoke.reference import (
     load_options,
     resolve_device,
     teacher_forced,
+)
+from enginefoundry.smoke.simulated import (
+    NO_CALIBRATION_DATA,
+    SimulatedKey,
+    SimulatedModel,
+    _copy_top_level,
+    _materialize,
 )
 
 if TYPE_CHECKING:
@@ -121,6 +129,38 @@ def round_linears(model: Any, precision: str) -> int:
                 module.weight.copy_(rounding(module.weight).to(module.weight.dtype))
                 done += 1
     return done
+
+
+def proxy_model(source: Path, precision: str, *, root: Path | None = None,
+                progress: Callable[[str], None] = print) -> SimulatedModel:
+    """The source with its weights rounded to `precision`'s proxy, a plain fp32 checkpoint (cached by key beside the
+    simulations: simulated.default_root). Its greedy answers are what the unit's task accuracy is judged against and
+    its own cost against the source is the rule `quantization cost`: the format's cost on this model, apart from the
+    build's fidelity. Activations are not quantized (a weaker reference than a simulation)."""
+    import torch
+
+    w, t, _ = checkpoint_digests(source)
+    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=f"{precision} (weights rounded)",
+                       config=json.dumps({"proxy": PROXIES[precision], "format": PROXY_FORMAT}),
+                       calibration_digest=NO_CALIBRATION_DATA, modelopt="not used", torch=torch.__version__)
+    return _materialize(key, root, lambda out: _round_source(source, precision, key, out, progress))
+
+
+def _round_source(source: Path, precision: str, key: SimulatedKey, out: Path,
+                  progress: Callable[[str], None]) -> SimulatedModel:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.monotonic()
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    layers = round_linears(model, precision)
+    model.save_pretrained(out)
+    _copy_top_level(source, out, set(TOKENIZER_FILES))  # the source's own tokenizer bytes: the digests match
+    seconds = round(time.monotonic() - t0, 1)
+    progress(f"smoke: the source's weights rounded to {precision} ({layers} layers; {seconds:.0f} s)")
+    return SimulatedModel(folder=out, key=key, source="computed",
+                          description=f"the source's weights rounded to {precision}: {PROXIES[precision]}; "
+                                      "activations not quantized", modules=layers, awq_scaled=0, seconds=seconds)
 
 
 def spread_file(ref: ReferenceSet, precision: str, dtype: str) -> str:

@@ -214,12 +214,13 @@ def _rule_sample_size(graded: int, policy: GatePolicy, small_sample: str) -> Gat
                     detail=detail + "; add prompts with an expected answer")
 
 
-def _rule_accuracy(test: NonInferiority) -> GateRule:
+def _rule_accuracy(test: NonInferiority, against: str = "reference") -> GateRule:
     ok = test.non_inferior
     return GateRule(
         name="task accuracy", ok=ok, kind="statistical",
-        detail=(f"{test.unit_correct}/{test.n} vs reference {test.reference_correct}/{test.n} "
-                f"(paired: {test.b} only the reference right, {test.c} only the unit right); non-inferiority "
+        detail=(f"{test.unit_correct}/{test.n} vs {against} {test.reference_correct}/{test.n} "
+                f"(paired: {test.b} only {'the reference' if against == 'reference' else against} right, {test.c} "
+                "only the unit right); non-inferiority "
                 f"at margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α {test.alpha}"))
 
 
@@ -304,11 +305,15 @@ def judge(
     server_message: str | None = None, logprob_unavailable: str | None = None,
     teacher_forced: TeacherForced | None = None, spread: LogprobSpread | None = None, reference_why: str = "",
     teacher_forced_slices: dict[str, TeacherForced] | None = None, logprobs_required: bool = False,
+    accuracy_against: tuple[str, dict[str, bool]] | None = None,
 ) -> GateVerdict:
     """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
     the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
     the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`. So are the teacher-forced
-    rules (`teacher_forced_slices`), each slice against the spread of its own prompts (LogprobSpread.restricted)."""
+    rules (`teacher_forced_slices`), each slice against the spread of its own prompts (LogprobSpread.restricted).
+    `accuracy_against` (what, case id → correct): task accuracy judged against those answers instead of the
+    reference's (a unit judged against fp32 without a like-with-like reference: its quantization's proxy, whose own
+    cost is a rule apart)."""
     if not cases:
         raise ValueError("no cases to judge")
     server = _rule_server(cases, server_message)
@@ -322,9 +327,10 @@ def judge(
     graded = [c for c in cases if c.served_correct is not None and c.reference_correct is not None]
     rules.append(_rule_sample_size(len(graded), policy, small_sample))
     if graded:
+        against, correct = accuracy_against or ("reference", {c.id: bool(c.reference_correct) for c in graded})
         rules.append(_rule_accuracy(paired_noninferiority(
-            [bool(c.reference_correct) for c in graded], [bool(c.served_correct) for c in graded],
-            margin=policy.accuracy_margin, alpha=policy.alpha)))
+            [correct[c.id] for c in graded], [bool(c.served_correct) for c in graded],
+            margin=policy.accuracy_margin, alpha=policy.alpha), against))
     rules += _divergence_rules(cases, policy, confidence, spread=spread)
     for name in slice_names(cases):
         rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name,

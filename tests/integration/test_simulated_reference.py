@@ -174,6 +174,10 @@ def test_by_default_a_weight_only_unit_is_judged_like_with_like_and_fp8_against_
     rules = {r.name: r for r in fp8.verdict.rules}
     assert "measured at fp8-rounded weights in fp16 against fp32" in rules["teacher-forced log-prob distance"].detail
     assert rules["teacher-forced top-1 agreement"].kind == "divergence"  # judged, not only reported
+    # Task accuracy against the fp8-rounded source; the rounding's own cost against the fp32 source is a rule apart.
+    assert " vs the fp8-rounded source " in rules["task accuracy"].detail
+    assert rules["quantization cost"].detail.startswith("the fp8-rounded source ")
+    assert "vs the fp32 source" in rules["quantization cost"].detail
     assert (tmp_path / "refs" / f"{fp8.reference.key}.qspread-fp8-fp16-v1.json").is_file()
     refuse = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn", no_like_reference="refuse")
     with pytest.raises(InputError, match=r"smoke\.no_like_reference: refuse: a fp8 unit has no reference"):
