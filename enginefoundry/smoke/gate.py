@@ -361,7 +361,7 @@ def logprob_bound(policy: GatePolicy, spread: LogprobSpread | None) -> tuple[flo
     when the unit is judged like with like, else the family's table value."""
     if spread is not None:
         return spread.max_mean_abs_diff, (f"{spread.factor:g} × spread {spread.mean_abs_diff:.4f} + "
-                                          f"{spread.margin_logprob:g}, measured at {spread.precision}")
+                                          f"{spread.logprob_margin:g}, measured at {spread.precision}")
     return policy.max_logprob_diff, f"the {policy.family.value} family's table limit"
 
 
@@ -439,6 +439,6 @@ def _teacher_rules(teacher: TeacherForced, policy: GatePolicy, spread: LogprobSp
     rules.append(GateRule(name=f"teacher-forced top-1 agreement{tag}", ok=ok, kind="divergence",
                           detail=f"{miss:.4f} of {teacher.tokens} reference tokens are not the unit's argmax "
                                  f"{'≤' if ok else '>'} limit {spread.max_top1_disagreement} ({spread.factor:g} × "
-                                 f"spread {spread.top1_disagreement:.4f} + {spread.margin_top1:g}, measured at "
+                                 f"spread {spread.top1_disagreement:.4f} + {spread.top1_margin:g}, measured at "
                                  f"{spread.precision})"))
     return rules
