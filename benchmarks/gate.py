@@ -61,6 +61,7 @@ import gate_models  # noqa: E402
 from enginefoundry.lanes.base import Command, ServeCommand  # noqa: E402
 from enginefoundry.model_server import free_port, serving  # noqa: E402
 from enginefoundry.smoke import reference_precision_for  # noqa: E402
+from enginefoundry.smoke.logprobs import LogprobSpread  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
 from enginefoundry.smoke.reference import load_or_compute_reference, load_or_compute_spread  # noqa: E402
 from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulate  # noqa: E402
@@ -181,7 +182,7 @@ def _how(base: str, precision: str) -> str:
     """How a build of `precision` was made, in the family's name."""
     return (" (simulated)" if base.endswith("-sim") else
             " (simulated fp8 weights, bf16)" if gate_models.is_fp8_sim16(base) else
-            " (g128, the lane's export)" if gate_models.is_exported(base) else
+            " (in groups, the lane's export)" if gate_models.is_exported(base) else
             " (ModelOpt, calibrated on other prompts)" if base in gate_models.OTHER_CALIBRATED else
             " (ModelOpt)" if gate_models.is_quantized(base) and precision == "int4_awq" else
             " (TensorRT-LLM's quantizer)" if gate_models.is_quantized(base) else "")
@@ -288,9 +289,11 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
 
 
 def _limit(report: dict) -> str:
+    """The whole set's mean |Δ log-prob| limit: from the spread (its margin derived from its prompts), else the
+    family's table."""
     spread = report.get("spread")
     if spread:
-        return f"{spread['factor'] * spread['mean_abs_diff'] + spread['margin_logprob']:.3f} (spread)"
+        return f"{LogprobSpread.model_validate(spread).max_mean_abs_diff:.3f} (spread)"
     return f"{report['verdict']['policy']['max_logprob_diff']} (table)"
 
 
@@ -494,12 +497,18 @@ def summarize(rows: list[dict]) -> int:
     return 0 if fr == 0 and fa == 0 and errors == 0 else 1
 
 
+def _relimited(saved: dict) -> dict:
+    """A partial file's row, its limit read again from its report by today's rule."""
+    report = saved.get("report", {}).get("report", {})
+    return {**saved["row"], "lp limit": _limit(report)} if "verdict" in report else saved["row"]
+
+
 def resummarize(paths: list[str]) -> int:
     """Rows saved by earlier runs (`<json-out>.partial.jsonl` or `<json-out>`), classified by today's tables."""
     rows = []
     for path in paths:
         text = Path(path).read_text()
-        saved = [json.loads(line)["row"] for line in text.splitlines() if line.strip()] \
+        saved = [_relimited(json.loads(line)) for line in text.splitlines() if line.strip()] \
             if path.endswith(".jsonl") else json.loads(text)["rows"]
         rows += [classified(r) for r in saved]
     return summarize(rows)

@@ -523,11 +523,17 @@ BUILD_DTYPE = "bf16"
 FAULTS_ON_QUANTIZED = ("attn-noise-mid", "rope-theta-x4", "final-norm-scaled")
 # `int4_awq-exp`: a healthy group-wise int4 build as lane trtllm makes it: ModelOpt's INT4_AWQ_CFG (int4 in blocks of
 # 128 along the input, awq_lite), calibrated on the lane's own data (EXPORT_CALIBRATION prompts of
-# configs/prompts/general.jsonl, not the judged prompts), exported by export_hf_checkpoint as hf_ptq.py exports it
-# (ModelOpt's unified checkpoint, W4A16_AWQ), served as that checkpoint dequantized in BUILD_DTYPE; judged with the
-# export as --quantized-checkpoint.
+# configs/prompts/general.jsonl, not the judged prompts: the reference is the export itself, so how well it is
+# calibrated does not matter to like with like), exported by export_hf_checkpoint as hf_ptq.py exports it (ModelOpt's
+# unified checkpoint, W4A16_AWQ), served as that checkpoint dequantized in BUILD_DTYPE; judged with the export as
+# --quantized-checkpoint. ModelOpt 0.47.0's export packs only whole blocks (modelopt/torch/export/quant_utils.py
+# `_validate_int4_block_size`: "Cannot pack weight with input dimension 576 and block size 128: partial blocks are not
+# supported", seen on SmolLM2-135M, hidden size 576): a model whose linears' inputs are not multiples of 128 gets the
+# largest block of EXPORT_BLOCKS that divides them all (SmolLM2: 64; Qwen2.5-0.5B, 896 and 4864: 128), as hf_ptq.py's
+# --awq_block_size would have to be set for it.
 EXPORTED = ("int4_awq-exp",)
-EXPORT_CALIBRATION = 16
+EXPORT_CALIBRATION = 4
+EXPORT_BLOCKS = (128, 64, 32)
 # `fp8-sim16`: fp8 weights (float8 e4m3, one scale per tensor: enginefoundry.smoke.fallback.round_fp8, ModelOpt's
 # FP8 weight format) served in BUILD_DTYPE; activations are not quantized (no plain checkpoint carries that).
 FP8_SIM16 = ("fp8-sim16",)
@@ -571,11 +577,40 @@ def export_checkpoint(name: str) -> Path:
                     m(b)  # type: ignore[operator]
                     print(f"[gate] {name} int4_awq calibration {i}/{len(batches)}", file=sys.stderr, flush=True)
 
-        mtq.quantize(model, mtq.INT4_AWQ_CFG, loop)
+        mtq.quantize(model, awq_config(export_block(name)), loop)
         export_hf_checkpoint(model, export_dir=tmp)
         tok.save_pretrained(tmp)
 
-    return _atomic_dir(CACHE / "exports" / f"{name}-int4_awq-cal{EXPORT_CALIBRATION}", make)
+    return _atomic_dir(CACHE / "exports" / f"{name}-int4_awq-g{export_block(name)}-cal{EXPORT_CALIBRATION}", make)
+
+
+def export_block(name: str) -> int:
+    """The largest block of EXPORT_BLOCKS that divides the input size of every linear of `name` (ModelOpt's export
+    packs whole blocks only)."""
+    cfg = json.loads((source_dir(name) / "config.json").read_text())
+    inputs = {int(cfg["hidden_size"]), int(cfg["intermediate_size"])}
+    block = next((b for b in EXPORT_BLOCKS if all(i % b == 0 for i in inputs)), None)
+    if block is None:
+        raise ValueError(f"{name}: no block of {EXPORT_BLOCKS} divides its linears' inputs {sorted(inputs)}")
+    return block
+
+
+def awq_config(block: int) -> dict:
+    """ModelOpt's INT4_AWQ_CFG with its weight quantizer's block along the input set to `block` (128 as shipped)."""
+    import copy
+
+    import modelopt.torch.quantization as mtq
+
+    cfg = copy.deepcopy(mtq.INT4_AWQ_CFG)
+    entries = cfg["quant_cfg"]
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if isinstance(entry, dict) and entry.get("quantizer_name") == "*weight_quantizer":
+            entry["cfg"]["block_sizes"][-1] = block
+            return cfg
+    if isinstance(entries, dict) and "*weight_quantizer" in entries:
+        entries["*weight_quantizer"]["block_sizes"][-1] = block
+        return cfg
+    raise ValueError("INT4_AWQ_CFG has no *weight_quantizer entry to set the block of")
 
 
 def exported_build(name: str, build: str, *, prompt_tokens: int = 32) -> tuple[Path, Path]:
