@@ -11,11 +11,17 @@ For each model (benchmarks/gate_models.py builds them on demand from PyPI packag
     zeroed MLP at the first, middle and last layer, final norm scaled, rope theta × 4, 4-bit k/v simulated,
     a chat template without its default system turn. `--builds a,b` judges only those.
 With nvidia-modelopt installed (the `simulate` extra), builds quantized by the quantization tool itself
-(gate_models.QUANTIZED: `int8_wo-mo`, `int4_wo-mo`, `int4_awq-mo`, ModelOpt's weights served in bf16) and faults made
-on the int4_awq one (gate_models.QUANTIZED_BREAKAGES: AWQ's pre-quant scale dropped, attention noise, a zeroed MLP,
-the final norm scaled, rope theta × 4) are judged with `--reference-precision simulated`: against ModelOpt's
-simulated model of the source (enginefoundry/smoke/simulated.py, calibrated on the judged prompts), computed in
-bf16, with limits from the spread measured on it, and the quantization's own cost as a rule apart.
+(gate_models.QUANTIZED: `int8_wo-mo`, `int4_wo-mo` (TensorRT-LLM's weight-only quantizer), `int4_awq-mo` (ModelOpt's,
+calibrated on the judged prompts), served in bf16) and faults made on the int4_awq one (gate_models.QUANTIZED_BREAKAGES:
+AWQ's pre-quant scale dropped, attention noise, a zeroed MLP, the final norm scaled, rope theta × 4). Issue 39 adds
+`int4_awq-exp` (int4 in groups of 128 as lane trtllm builds it: ModelOpt's AWQ calibrated on other prompts and
+exported as hf_ptq.py exports it, served dequantized), `fp8-sim16` (fp8 weights in bf16) and the faults that keep
+task accuracy made on int8_wo, int4_awq-exp and fp8-sim16 (gate_models.ON_QUANTIZED). Every build is judged at the
+`smoke` command's default settings (issue 39: like with like wherever a reference of the precision exists: int8_wo
+and int4_wo against their quantizer's simulation, int4_awq-exp against its own export dequantized
+(`--quantized-checkpoint`), fp8 against the fp32 source with bounds from the quantization spread), with the
+quantized builds' `--build-dtype bf16`; only `int4_awq-mo`, calibrated on the judged prompts, is judged with
+`--reference-precision simulated`. The confusion table is printed per family and per precision.
 Each build is served by the reference lane's scoring server (`--server ef`, enginefoundry/smoke/serve.py: log-probs,
 and the prompt log-probs teacher forcing needs; `--server transformers`: `transformers serve`, OMP_NUM_THREADS=1,
 --continuous-batching but for the tiny model, no log-probs) and judged by `enginefoundry smoke` at its default
@@ -55,9 +61,10 @@ import gate_models  # noqa: E402
 from enginefoundry.lanes.base import Command, ServeCommand  # noqa: E402
 from enginefoundry.model_server import free_port, serving  # noqa: E402
 from enginefoundry.smoke import reference_precision_for  # noqa: E402
+from enginefoundry.smoke.logprobs import LogprobSpread  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
 from enginefoundry.smoke.reference import load_or_compute_reference, load_or_compute_spread  # noqa: E402
-from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulate, simulated_dtype  # noqa: E402
+from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulate  # noqa: E402
 from enginefoundry.spec.checks import SIMULATED_REFERENCE  # noqa: E402
 
 PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
@@ -104,8 +111,11 @@ def ef_serve_command(model_dir: Path, port: int, *, threads: int = 1) -> ServeCo
 
 def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, max_new_tokens: int,
                 small_sample: str, logs: Path, batching: bool = True, server: str = "ef",
-                reference_precision: str = "unit", threads: int = 1) -> dict:
-    """Serve one build and run the `smoke` command against it; the command's JSON report and exit code."""
+                reference_precision: str = "unit", threads: int = 1, checkpoint: Path | None = None,
+                build_dtype: str | None = None) -> dict:
+    """Serve one build and run the `smoke` command against it; the command's JSON report and exit code.
+    `checkpoint`: the build's own quantized checkpoint (--quantized-checkpoint); `build_dtype`: the dtype a
+    quantized build computes in (--build-dtype)."""
     cmd = serve_command(build, free_port(), batching=batching, server=server, threads=threads)
     t0 = time.monotonic()
     with serving(cmd, logs / f"{build.name}.server.log", timeout_s=600) as ep:
@@ -113,7 +123,8 @@ def judge_build(build: Path, *, reference: Path, prompts: Path, precision: str, 
                 "--served-model", ep.model_name, "--reference", str(reference), "--prompts", str(prompts),
                 "--precision", precision, "--max-new-tokens", str(max_new_tokens), "--small-sample", small_sample,
                 "--reference-precision", reference_precision, "--server-log", str(logs / f"{build.name}.server.log"),
-                "--json"]
+                "--json", *(["--quantized-checkpoint", str(checkpoint)] if checkpoint is not None else []),
+                *(["--build-dtype", build_dtype] if build_dtype else [])]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         t_judge = time.monotonic()
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=3600)
@@ -141,7 +152,8 @@ def kind_of(build: str) -> str:
     """healthy, lossy (gate_models.LOSSY: a simulation that costs these small models task accuracy) or broken."""
     if build in gate_models.LOSSY:
         return "lossy"
-    healthy = (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.QUANTIZED, *gate_models.OTHER_CALIBRATED)
+    healthy = (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.QUANTIZED, *gate_models.OTHER_CALIBRATED,
+               *gate_models.EXPORTED, *gate_models.FP8_SIM16)
     return "healthy" if build in healthy else "broken"
 
 
@@ -149,21 +161,68 @@ def precision_of(build: str, kind: str) -> str:
     """The precision a build is judged as: its own for healthy and quantized builds, bf16 for the bf16 faults."""
     if gate_models.is_quantized(build):
         return gate_models.quantized_precision(build)
+    if gate_models.is_exported(build):
+        return "int4_awq"
+    if gate_models.is_fp8_sim16(build):
+        return "fp8"
     return build.removesuffix("-sim") if kind != "broken" else "bf16"
 
 
 def family(build: str, kind: str, precision: str) -> str:
     if kind in ("healthy", "lossy"):
-        how = (" (simulated)" if build.endswith("-sim") else
-               " (ModelOpt, calibrated on other prompts)" if build in gate_models.OTHER_CALIBRATED else
-               " (ModelOpt)" if gate_models.is_quantized(build) and precision == "int4_awq" else
-               " (TensorRT-LLM's quantizer)" if gate_models.is_quantized(build) else "")
-        return f"{kind} {precision}{how}"
+        return f"{kind} {precision}{_how(build.split('+')[0], precision)}"
     fault = build.split("+")[-1]
-    on = f" on {precision} (ModelOpt)" if "+" in build else ""
+    on = f" on {precision}{_how(build.split('+')[0], precision)}" if "+" in build else ""
     if fault == "prescale-dropped":
         return f"quantization{on}"
     return next((f for f, names in FAMILIES.items() if fault in names), "other") + on
+
+
+def _how(base: str, precision: str) -> str:
+    """How a build of `precision` was made, in the family's name."""
+    return (" (simulated)" if base.endswith("-sim") else
+            " (simulated fp8 weights, bf16)" if gate_models.is_fp8_sim16(base) else
+            " (in groups, the lane's export)" if gate_models.is_exported(base) else
+            " (ModelOpt, calibrated on other prompts)" if base in gate_models.OTHER_CALIBRATED else
+            " (ModelOpt)" if gate_models.is_quantized(base) and precision == "int4_awq" else
+            " (TensorRT-LLM's quantizer)" if gate_models.is_quantized(base) else "")
+
+
+def base_precision(r: dict) -> str:
+    """The precision of the build a row's fault was made on (bf16 for the bf16 faults), or its own."""
+    return r["precision"]
+
+
+def precision_table(rows: list[dict]) -> None:
+    """The confusion table per precision (issue 39): healthy builds of that precision and faults made on them,
+    judged at default settings; which reference and bounds judged them."""
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if r["verdict"] != "error":
+            out.setdefault((r["model"], base_precision(r)), []).append(r)
+    print("\nmodel | precision | healthy: rejected/judged | broken: missed/judged | lossy | reference | limit")
+    for (model, prec), rs in out.items():
+        healthy = [r for r in rs if r["kind"] == "healthy"]
+        broken = [r for r in rs if r["kind"] == "broken"]
+        lossy = [r for r in rs if r["kind"] == "lossy"]
+        refs = sorted({_reference_kind(r) for r in rs})
+        limits = sorted({str(r.get("lp limit", "-")) for r in rs})
+        print(f"{model} | {prec} | {sum(r['verdict'] == 'reject' for r in healthy)}/{len(healthy)} | "
+              f"{sum(missed(r) for r in broken)}/{len(broken)} | {len(lossy)} | {', '.join(refs)} | "
+              f"{', '.join(limits)}")
+
+
+def _reference_kind(r: dict) -> str:
+    why = str(r.get("why that reference", ""))
+    if "dequantized" in why:
+        return "its own export, dequantized (like with like)"
+    if "simulated" in why:
+        return "its quantizer's simulation (like with like)"
+    if "quantization spread" in why:
+        return "fp32 source, bounds from the quantization spread"
+    if "like with like" in why:
+        return f"{r.get('reference', '?')} (like with like)"
+    return f"{r.get('reference', '?')} ({why[:40]})"
 
 
 def classified(r: dict) -> dict:
@@ -230,9 +289,11 @@ def row(model: str, build: str, kind: str, precision: str, result: dict) -> dict
 
 
 def _limit(report: dict) -> str:
+    """The whole set's mean |Δ log-prob| limit: from the spread (its margin derived from its prompts), else the
+    family's table."""
     spread = report.get("spread")
     if spread:
-        return f"{spread['factor'] * spread['mean_abs_diff'] + spread['margin_logprob']:.3f} (spread)"
+        return f"{LogprobSpread.model_validate(spread).max_mean_abs_diff:.3f} (spread)"
     return f"{report['verdict']['policy']['max_logprob_diff']} (table)"
 
 
@@ -289,14 +350,18 @@ def main() -> int:
         quantized, quantized_broken = (), ()
 
     models = args.models.split(",") if args.models else (["smollm2-135m"] if args.reduced else list(DEFAULT_MODELS))
-    healthy = ("bf16",) if args.reduced else (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *quantized)
+    exported: tuple[str, ...] = gate_models.EXPORTED if quantized else ()  # ModelOpt's export needs it too
+    on_quantized = tuple(b for b in gate_models.ON_QUANTIZED if quantized or not gate_models.is_exported(b))
+    healthy = ("bf16",) if args.reduced else (*HEALTHY, *gate_models.SIMULATED_HEALTHY, *quantized, *exported,
+                                              *gate_models.FP8_SIM16)
     breakages = REDUCED_BREAKAGES if args.reduced else (*gate_models.BREAKAGES, *gate_models.SUBTLE,
-                                                        *quantized_broken)
+                                                        *quantized_broken, *on_quantized)
     if args.builds:
         chosen = args.builds.split(",")
         unknown = set(chosen) - {*HEALTHY, *gate_models.SIMULATED_HEALTHY, *gate_models.BREAKAGES,
                                  *gate_models.SUBTLE, *gate_models.QUANTIZED, *gate_models.QUANTIZED_BREAKAGES,
-                                 *gate_models.OTHER_CALIBRATED}
+                                 *gate_models.OTHER_CALIBRATED, *gate_models.EXPORTED, *gate_models.FP8_SIM16,
+                                 *gate_models.ON_QUANTIZED}
         if unknown:
             ap.error(f"--builds: unknown {', '.join(sorted(unknown))}")
         probes = gate_models.OTHER_CALIBRATED if quantized else ()
@@ -318,21 +383,36 @@ def main() -> int:
         # them in the cache by key.
         say = lambda m: print(m, file=sys.stderr)  # noqa: E731
         mo = [n for n in (*healthy, *breakages) if gate_models.is_quantized(n)]
-        precisions = ({name.removesuffix("-sim") for name in healthy if name not in mo}
-                      | ({"bf16"} if breakages or mo else set()))
+        special = [n for n in (*healthy, *breakages) if gate_models.is_exported(n) or gate_models.is_fp8_sim16(n)]
+        plain = [n for n in healthy if n not in mo and n not in special]
+        precisions = ({name.removesuffix("-sim") for name in plain} | ({"bf16"} if breakages or mo or special else
+                                                                       set()))
+        say(f"[gate] {model}: references of {', '.join(sorted(precisions))} (computed once, then from the cache)")
         for dtype in sorted(precisions):
             ref_dtype = reference_precision_for(args.reference_precision, dtype)[0]
+            if ref_dtype not in ("fp32", "bf16", "fp16"):  # a simulated reference: below
+                continue
             ref, _ = load_or_compute_reference(src, cases, dtype=ref_dtype, max_new_tokens=max_new, progress=say)
             if args.server == "ef" and ref_dtype == dtype:
                 load_or_compute_spread(src, cases, ref, store=None, progress=say)
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
+        build_dtype = gate_models.BUILD_DTYPE
         for q in sorted({gate_models.quantized_precision(n) for n in mo}):  # the simulated references, once each
-            sim = simulate(src, q, cases, progress=say)
-            sim_ref, _ = load_or_compute_reference(sim.folder, cases, dtype=simulated_dtype(src),
+            sim = simulate(src, q, cases, dtype=build_dtype, progress=say)
+            sim_ref, _ = load_or_compute_reference(sim.folder, cases, dtype=build_dtype,
                                                    max_new_tokens=max_new, progress=say)
             load_or_compute_spread(sim.folder, cases, sim_ref, store=None, progress=say)
+        exports: dict[str, Path] = {}
 
-        def build_of(name: str, model: str = model, cases: list = cases, median_prompt: int = median_prompt) -> Path:
+        def build_of(name: str, model: str = model, cases: list = cases, median_prompt: int = median_prompt,
+                     exports: dict[str, Path] = exports) -> Path:
+            print(f"[gate] {model} {name}: making the build (cached after the first time)", file=sys.stderr,
+                  flush=True)
+            if gate_models.is_exported(name):
+                build, exports[name] = gate_models.exported_build(model, name, prompt_tokens=median_prompt)
+                return build
+            if gate_models.is_fp8_sim16(name):
+                return gate_models.fp8_sim16_build(model, name, prompt_tokens=median_prompt)
             if gate_models.is_quantized(name):
                 return gate_models.quantized_build(model, name, cases, prompt_tokens=median_prompt)
             if name in gate_models.SIMULATED_HEALTHY:  # kv-int4-sim ends so too, but is a fault on bf16
@@ -343,16 +423,22 @@ def main() -> int:
 
         plan = [(d, kind_of(d), build_of(d)) for d in (*healthy, *breakages)]
         def one(item: tuple[str, str, Path], prompts: Path = prompts, max_new: int = max_new,
-                src: Path = src, model: str = model) -> tuple[dict, dict]:
+                src: Path = src, model: str = model, exports: dict[str, Path] = exports) -> tuple[dict, dict]:
             name, kind, build = item
             precision = precision_of(name, kind)
             print(f"[gate] {model} {name}: serving {build}", file=sys.stderr, flush=True)
+            # At default settings (issue 39: like with like wherever a reference of the precision exists), but
+            # ModelOpt's int4_awq calibrated on the judged prompts, which only `simulated` names.
+            calibrated_here = gate_models.is_quantized(name) and precision == "int4_awq"
+            quantized = gate_models.is_quantized(name) or name in exports or gate_models.is_fp8_sim16(name)
             # The tiny fixture model is served one request at a time, as the e2e tests serve it.
             result = judge_build(build, reference=src, prompts=prompts, precision=precision,
                                  max_new_tokens=max_new, small_sample="refuse", logs=logs,
                                  batching=model != "tiny-chat", server=args.server,
-                                 reference_precision=(SIMULATED_REFERENCE if gate_models.is_quantized(name)
-                                                      else args.reference_precision), threads=threads)
+                                 reference_precision=(SIMULATED_REFERENCE if calibrated_here
+                                                      else args.reference_precision), threads=threads,
+                                 checkpoint=exports.get(name),
+                                 build_dtype=gate_models.BUILD_DTYPE if quantized else None)
             r = classified(row(model, name, kind, precision, result))
             print(f"[gate] {model} {name}: {r['verdict']} ({r['failed rules']})", file=sys.stderr, flush=True)
             return r, {"model": model, "build": name, "kind": kind, **result}
@@ -382,6 +468,7 @@ def summarize(rows: list[dict]) -> int:
     accuracy says, not what the benchmark presumes."""
     print_table(rows)
     family_table(rows)
+    precision_table(rows)
     healthy_rows = [r for r in rows if r["kind"] == "healthy" and r["verdict"] != "error"]
     broken_rows = [r for r in rows if r["kind"] == "broken" and r["verdict"] != "error"]
     fr = sum(r["verdict"] == "reject" for r in healthy_rows)
@@ -410,12 +497,18 @@ def summarize(rows: list[dict]) -> int:
     return 0 if fr == 0 and fa == 0 and errors == 0 else 1
 
 
+def _relimited(saved: dict) -> dict:
+    """A partial file's row, its limit read again from its report by today's rule."""
+    report = saved.get("report", {}).get("report", {})
+    return {**saved["row"], "lp limit": _limit(report)} if "verdict" in report else saved["row"]
+
+
 def resummarize(paths: list[str]) -> int:
     """Rows saved by earlier runs (`<json-out>.partial.jsonl` or `<json-out>`), classified by today's tables."""
     rows = []
     for path in paths:
         text = Path(path).read_text()
-        saved = [json.loads(line)["row"] for line in text.splitlines() if line.strip()] \
+        saved = [_relimited(json.loads(line)) for line in text.splitlines() if line.strip()] \
             if path.endswith(".jsonl") else json.loads(text)["rows"]
         rows += [classified(r) for r in saved]
     return summarize(rows)

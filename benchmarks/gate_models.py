@@ -28,6 +28,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 CACHE = Path(os.environ.get("EF_GATE_CACHE", Path.home() / ".cache" / "enginefoundry" / "gate-models"))
 
@@ -509,11 +510,158 @@ OTHER_CALIBRATION = Path(__file__).resolve().parent.parent / "configs" / "prompt
 # that ignores `pre_quant_scale`); the others are the bf16 faults above, made on the quantized build.
 QUANTIZED_BREAKAGES = ("int4_awq-mo+prescale-dropped", "int4_awq-mo+attn-noise-mid", "int4_awq-mo+mlp-zeroed-mid",
                        "int4_awq-mo+final-norm-scaled", "int4_awq-mo+rope-theta-x4")
+# The dtype the benchmark's quantized builds compute in, and their references (the smoke command's --build-dtype, as
+# an engine lane's lane_options.dtype: bfloat16): the sources here are fp32 (dequantized GGUFs), which
+# convert_checkpoint.py's dtype auto would make fp16, several times slower on this CPU than bf16.
+BUILD_DTYPE = "bf16"
+# Issue 39: the faults that keep task accuracy, each made on a quantized build of every precision family the lanes
+# build weight-only or group-wise, and on a simulated fp8: `int8_wo-mo+<fault>` (TensorRT-LLM's int8 weight-only
+# quantizer), `int4_awq-exp+<fault>` (int4 in groups of 128, the lane's own exported checkpoint: EXPORTED) and
+# `fp8-sim16+<fault>` (FP8_SIM16). Judged at default settings: like with like where a reference of the precision
+# exists (int8_wo: its simulation; int4_awq: the export, dequantized), else the fp32 source with bounds from the
+# quantization spread (fp8).
+FAULTS_ON_QUANTIZED = ("attn-noise-mid", "rope-theta-x4", "final-norm-scaled")
+# `int4_awq-exp`: a healthy group-wise int4 build as lane trtllm makes it: ModelOpt's INT4_AWQ_CFG (int4 in blocks of
+# 128 along the input, awq_lite), calibrated on the lane's own data (EXPORT_CALIBRATION prompts of
+# configs/prompts/general.jsonl, not the judged prompts: the reference is the export itself, so how well it is
+# calibrated does not matter to like with like), exported by export_hf_checkpoint as hf_ptq.py exports it (ModelOpt's
+# unified checkpoint, W4A16_AWQ), served as that checkpoint dequantized in BUILD_DTYPE; judged with the export as
+# --quantized-checkpoint. ModelOpt 0.47.0's export packs only whole blocks (modelopt/torch/export/quant_utils.py
+# `_validate_int4_block_size`: "Cannot pack weight with input dimension 576 and block size 128: partial blocks are not
+# supported", seen on SmolLM2-135M, hidden size 576): a model whose linears' inputs are not multiples of 128 gets the
+# largest block of EXPORT_BLOCKS that divides them all (SmolLM2: 64; Qwen2.5-0.5B, 896 and 4864: 128), as hf_ptq.py's
+# --awq_block_size would have to be set for it.
+EXPORTED = ("int4_awq-exp",)
+EXPORT_CALIBRATION = 4
+EXPORT_BLOCKS = (128, 64, 32)
+# `fp8-sim16`: fp8 weights (float8 e4m3, one scale per tensor: enginefoundry.smoke.fallback.round_fp8, ModelOpt's
+# FP8 weight format) served in BUILD_DTYPE; activations are not quantized (no plain checkpoint carries that).
+FP8_SIM16 = ("fp8-sim16",)
+ON_QUANTIZED = tuple(f"{base}+{f}" for base in ("int8_wo-mo", "int4_awq-exp", "fp8-sim16") for f in FAULTS_ON_QUANTIZED)
 
 
 def is_quantized(build: str) -> bool:
     """A build of QUANTIZED or QUANTIZED_BREAKAGES (judged against ModelOpt's simulation)."""
     return build.split("+")[0] in (*QUANTIZED, *OTHER_CALIBRATED)
+
+
+def is_exported(build: str) -> bool:
+    return build.split("+")[0] in EXPORTED
+
+
+def is_fp8_sim16(build: str) -> bool:
+    return build.split("+")[0] in FP8_SIM16
+
+
+def export_checkpoint(name: str) -> Path:
+    """ModelOpt's int4_awq of `name`, calibrated on EXPORT_CALIBRATION prompts of the lane's own data and exported as
+    hf_ptq.py exports it (its tokenizer beside it, as hf_ptq.py saves it); computed once, cached."""
+    def make(tmp: Path) -> None:
+        import modelopt.torch.quantization as mtq
+        import torch
+        from modelopt.torch.export import export_hf_checkpoint
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from enginefoundry.smoke.prompts import load_prompt_set
+
+        src = source_dir(name)
+        tok: Any = AutoTokenizer.from_pretrained(src)
+        cases = load_prompt_set(OTHER_CALIBRATION).cases[:EXPORT_CALIBRATION]
+        batches = [tok.apply_chat_template(c.chat(), add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)["input_ids"] for c in cases]
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+
+        def loop(m: object) -> None:
+            with torch.no_grad():
+                for i, b in enumerate(batches, 1):
+                    m(b)  # type: ignore[operator]
+                    print(f"[gate] {name} int4_awq calibration {i}/{len(batches)}", file=sys.stderr, flush=True)
+
+        mtq.quantize(model, awq_config(export_block(name)), loop)
+        export_hf_checkpoint(model, export_dir=tmp)
+        tok.save_pretrained(tmp)
+
+    return _atomic_dir(CACHE / "exports" / f"{name}-int4_awq-g{export_block(name)}-cal{EXPORT_CALIBRATION}", make)
+
+
+def export_block(name: str) -> int:
+    """The largest block of EXPORT_BLOCKS that divides the input size of every linear of `name` (ModelOpt's export
+    packs whole blocks only)."""
+    cfg = json.loads((source_dir(name) / "config.json").read_text())
+    inputs = {int(cfg["hidden_size"]), int(cfg["intermediate_size"])}
+    block = next((b for b in EXPORT_BLOCKS if all(i % b == 0 for i in inputs)), None)
+    if block is None:
+        raise ValueError(f"{name}: no block of {EXPORT_BLOCKS} divides its linears' inputs {sorted(inputs)}")
+    return block
+
+
+def awq_config(block: int) -> dict:
+    """ModelOpt's INT4_AWQ_CFG with its weight quantizer's block along the input set to `block` (128 as shipped)."""
+    import copy
+
+    import modelopt.torch.quantization as mtq
+
+    cfg = copy.deepcopy(mtq.INT4_AWQ_CFG)
+    entries = cfg["quant_cfg"]
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if isinstance(entry, dict) and entry.get("quantizer_name") == "*weight_quantizer":
+            entry["cfg"]["block_sizes"][-1] = block
+            return cfg
+    if isinstance(entries, dict) and "*weight_quantizer" in entries:
+        entries["*weight_quantizer"]["block_sizes"][-1] = block
+        return cfg
+    raise ValueError("INT4_AWQ_CFG has no *weight_quantizer entry to set the block of")
+
+
+def exported_build(name: str, build: str, *, prompt_tokens: int = 32) -> tuple[Path, Path]:
+    """An `int4_awq-exp[+fault]` build of `name`: (the served folder, the export it was made from)."""
+    import torch
+
+    from enginefoundry.smoke.simulated import TORCH_DTYPES, dequantized_checkpoint
+
+    export = export_checkpoint(name)
+    deq = dequantized_checkpoint(export, tokenizer_from=source_dir(name),
+                                 progress=lambda m: print(m, file=sys.stderr, flush=True))
+    dtype_name = TORCH_DTYPES[BUILD_DTYPE]
+    fault = build.split("+")[1] if "+" in build else None
+
+    def make(tmp: Path) -> None:
+        for f in deq.folder.iterdir():
+            if f.is_file() and f.name != "simulated.json":
+                shutil.copy2(f, tmp / f.name)
+        _edit_weights(tmp, lambda t: t.update({k: v.to(getattr(torch, dtype_name)) for k, v in t.items()}))
+        _edit_json(tmp / "config.json", lambda c: c.update({"dtype": dtype_name, "torch_dtype": dtype_name}))
+        if fault is not None:
+            _break(tmp, fault, prompt_tokens)
+
+    return _atomic_dir(CACHE / "builds" / f"{name}-{build}-{deq.key.digest[:12]}", make), export
+
+
+def fp8_sim16_build(name: str, build: str, *, prompt_tokens: int = 32) -> Path:
+    """A `fp8-sim16[+fault]` build of `name`: every linear but the output embedding in fp8 (one scale per tensor),
+    stored and served in BUILD_DTYPE."""
+    import torch
+
+    from enginefoundry.smoke.fallback import round_fp8
+    from enginefoundry.smoke.simulated import TORCH_DTYPES
+
+    base = dtype_build(name, "fp32")
+    dtype_name = TORCH_DTYPES[BUILD_DTYPE]
+    fault = build.split("+")[1] if "+" in build else None
+
+    def make(tmp: Path) -> None:
+        _copy(base, tmp)
+
+        def edit(tensors: dict) -> None:
+            for k, v in tensors.items():
+                tensors[k] = (round_fp8(v) if k.endswith("proj.weight") else v).to(getattr(torch, dtype_name))
+
+        _edit_weights(tmp, edit)
+        _edit_json(tmp / "config.json", lambda c: c.update({"dtype": dtype_name, "torch_dtype": dtype_name}))
+        if fault is not None:
+            _break(tmp, fault, prompt_tokens)
+
+    return _atomic_dir(CACHE / "builds" / f"{name}-{build}", make)
 
 
 def quantized_precision(build: str) -> str:
@@ -528,7 +676,7 @@ def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 
     from enginefoundry.smoke.prompts import load_prompt_set
     from enginefoundry.smoke.simulated import TORCH_DTYPES, simulate, simulated_dtype
 
-    dtype = simulated_dtype(source_dir(name))
+    dtype = simulated_dtype(source_dir(name), TORCH_DTYPES[BUILD_DTYPE])
     dtype_name = TORCH_DTYPES[dtype]  # bfloat16 or float16
     torch_dtype = getattr(torch, dtype_name)
     if build.split("+")[0].endswith("-othercal"):

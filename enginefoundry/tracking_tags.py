@@ -72,6 +72,8 @@ def version_tag(tool: str) -> str:
 SMOKE_REFERENCE_KEY = "enginefoundry.smoke_reference_key"
 SMOKE_REFERENCE = "enginefoundry.smoke_reference"
 SMOKE_POLICY = "enginefoundry.smoke_policy"
+SMOKE_NOT_RUN = "enginefoundry.smoke_not_run"  # the gate's checks that could not run, and why ("none": every one ran)
+SMOKE_REFERENCE_WHY = "enginefoundry.smoke_reference_why"  # why that reference, and which bounds (like with like?)
 SMOKE_SERVER = "enginefoundry.smoke_server"  # the server the smoke stage judged ("enginefoundry scoring server", …)
 
 # Runs that a run of this host started and that never ended (kill -9): who owned them, and why they ended.

@@ -13,6 +13,7 @@ from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
 from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
+from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread
 from enginefoundry.smoke.reference import (
     ReferenceOutcome,
     ReferenceSet,
@@ -23,6 +24,7 @@ from enginefoundry.smoke.reference import (
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
 from enginefoundry.smoke.simulated import FROM_EXPORT_WHY, export_problem, simulated_dtype, simulated_reference
 from enginefoundry.spec import BuildSpec
+from enginefoundry.spec.checks import SIMULATED_REFERENCE, UNIT_PRECISION
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger
 
@@ -60,7 +62,7 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         log(f"smoke: the reference of this {precision} unit: "
             + (f"{FROM_EXPORT_WHY} ({export})" if export is not None else why))
         # In the dtype the lane's build computes in: its dtype option, else the checkpoint's (fp16 for fp32).
-        sim_dtype = simulated_dtype(Path(reference_dir), get_lane(spec.lane).dtype_option(spec))
+        sim_dtype = _build_dtype(spec, Path(reference_dir))
         ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
                                            max_new_tokens=spec.smoke.max_new_tokens, store=store, device=device,
                                            weights_digest=weights_digest, checkpoint=export, dtype=sim_dtype,
@@ -74,7 +76,17 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     if (spec.smoke.like_with_like(precision) or outcome.simulated is not None) and outcome.device == "gpu":
         load_or_compute_spread(Path(outcome.model_dir), cases, ref, store=store, device="gpu", progress=log,
                                trust=trust)
+    elif (outcome.device == "gpu" and outcome.simulated is None and precision in PROXIES and outcome.dtype == "fp32"
+          and spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE)):
+        # No like-with-like reference: its quantization spread, on the unit's GPUs before its server takes them.
+        load_or_compute_quantization_spread(Path(reference_dir), cases, ref, precision=precision,
+                                            dtype=_build_dtype(spec, Path(reference_dir)), device="gpu", progress=log)
     return ref, outcome.model_copy(update={"inputs": list(trust.consumed)})
+
+
+def _build_dtype(spec: BuildSpec, source: Path) -> str:
+    """The dtype the unit's quantized build computes in: the lane's dtype option, else the checkpoint's."""
+    return simulated_dtype(source, get_lane(spec.lane).dtype_option(spec))
 
 
 @task(name="smoke test", cache_policy=NO_CACHE)
@@ -98,7 +110,8 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        precision=precision, progress=log, server_alive=lambda: is_alive(endpoint.pid),
                        max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
                        reference=ref, reference_outcome=outcome, server_log=Path(endpoint.log_path),
-                       reference_device=spec.smoke.reference_device.value, trust=trust)
+                       reference_device=spec.smoke.reference_device.value, trust=trust,
+                       build_dtype=_build_dtype(spec, Path(reference_dir)))
     report.server = endpoint.server or None
     if serves_unit is not None:
         name, key = serves_unit

@@ -165,6 +165,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from enginefoundry.planning.validate import validate_file
     from enginefoundry.rollout.toolchain_channel import channel_status
     from enginefoundry.settings import effective_spec
+    from enginefoundry.smoke.prompts import load_prompt_set, prompt_set_warnings
 
     spec, dest = effective_spec(validate_file(args.spec, args.targets), store=args.store,
                                 mlflow_uri=args.mlflow_uri, s3_endpoint_url=args.s3_endpoint_url)
@@ -179,11 +180,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     expanded = expand_units(spec, args.targets)
     units = len(expanded)
     references = {u.name: reference_summary(spec, u) for u in expanded}
+    warnings = prompt_set_warnings(load_prompt_set(spec.resolve_path(spec.smoke.prompts)))
     channel = channel_status(spec)
     bad_channel = channel is not None and channel.value is None and not channel.transient
     if wants_json(args):
         emit_json({"ok": not bad_channel, "spec": args.spec, "lane": spec.lane, "units": units, "destinations": dest,
-                   "references": references,
+                   "references": references, "warnings": warnings,
                    "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if bad_channel else EXIT_OK
     if bad_channel and channel is not None:
@@ -195,6 +197,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         by_reference.setdefault(reference, []).append(name)
     for reference, names in by_reference.items():
         console.print(f"  judged against {reference}: {', '.join(names)}", markup=False, highlight=False)
+    for warning in warnings:
+        console.print(f"  warning: {warning}", markup=False, highlight=False)
     if channel is not None:
         console.print(f"  {channel.line()}", markup=False, highlight=False)
     table("effective settings (flag > environment > spec > default)", dest.rows())

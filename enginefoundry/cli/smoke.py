@@ -12,11 +12,26 @@ from pathlib import Path
 from enginefoundry.cli.common import emit_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError, ToolError
-from enginefoundry.spec.checks import REFERENCE_PRECISIONS, SIMULATED_PRECISIONS, SIMULATED_REFERENCE
+from enginefoundry.spec.checks import (
+    CALIBRATION_FREE,
+    LOGPROB_CHECKS,
+    NO_LIKE_REFERENCE,
+    REFERENCE_PRECISIONS,
+    SIMULATED_PRECISIONS,
+    SIMULATED_REFERENCE,
+    UNIT_PRECISION,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("smoke", help="judge a running OpenAI-compatible endpoint against a Hugging Face reference")
+    p = sub.add_parser(
+        "smoke", help="judge a running OpenAI-compatible endpoint against a Hugging Face reference",
+        description="Judge a running OpenAI-compatible endpoint against a Hugging Face reference with the pipeline's "
+                    "gate. The log-prob rules need a server that returns log-probs: the project's scoring server "
+                    "serves any Hugging Face folder with chat log-probs and the prompt log-probs of teacher forcing "
+                    "(python -m enginefoundry.smoke.serve MODEL_DIR --host 127.0.0.1 --port 8000 [--device cpu|cuda]; "
+                    "docs/smoke-gate.md). Against a server without them (transformers serve) those checks do not run, "
+                    "and the verdict says so.")
     p.add_argument("--endpoint", required=True, help="base URL of the server, e.g. http://gpu-node:8000")
     p.add_argument("--served-model", required=True, help="the `model` name the server expects in requests")
     p.add_argument("--reference", required=True, help="Hugging Face model folder: the reference")
@@ -24,18 +39,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--precision", default="fp32",
                    help="precision of the unit under test; picks the policy family (default fp32)")
     p.add_argument("--reference-precision", default="unit", choices=REFERENCE_PRECISIONS,
-                   help="`unit` (default, as the spec's smoke.reference_precision): the unit's own precision where "
-                        "transformers computes it (fp32, bf16, fp16; like with like, with log-prob bounds derived "
-                        "from the spread measured at that precision), else fp32; one dtype for the reference; or "
-                        f"`simulated` ({', '.join(SIMULATED_PRECISIONS)}): the quantization tool's simulated model "
-                        "of --reference (int4_awq: ModelOpt's fake quant calibrated on --prompts, the simulate "
-                        "extra; int8_wo, int4_wo: TensorRT-LLM's weight-only quantizer), computed in bf16, and the "
-                        "quantization's own accuracy cost judged apart (as the spec's smoke.reference_precision: "
-                        "simulated; here --precision must be one of those)")
+                   help="`unit` (default, as the spec's smoke.reference_precision): like with like where a "
+                        "reference of the unit's precision exists: fp32, bf16, fp16 computed by transformers; "
+                        f"{', '.join(CALIBRATION_FREE)} against TensorRT-LLM's weight-only quantization of "
+                        "--reference simulated in the build's dtype; with --quantized-checkpoint, that checkpoint "
+                        "dequantized; log-prob bounds derived from the spread measured there, and the "
+                        "quantization's own accuracy cost judged apart; any other precision (fp8, nvfp4, int4_awq) "
+                        "against the fp32 source with bounds derived from its quantization spread "
+                        "(--no-like-reference); one dtype for the reference; or `simulated`: as unit, and "
+                        f"--precision one of {', '.join(SIMULATED_PRECISIONS)} (int4_awq: ModelOpt's fake quant "
+                        "calibrated on --prompts, the simulate extra)")
     p.add_argument("--quantized-checkpoint", metavar="DIR",
-                   help="with --reference-precision simulated: the unit's own quantized checkpoint (ModelOpt's "
-                        "unified export, as hf_ptq.py writes it: W4A16_AWQ), dequantized as the reference instead "
-                        "of a simulation: the build's own calibration and export")
+                   help="the unit's own quantized checkpoint (ModelOpt's unified export, as hf_ptq.py writes it: "
+                        "W4A16_AWQ), dequantized as the reference: the build's own calibration and export")
+    p.add_argument("--build-dtype", choices=("bf16", "fp16"),
+                   help="the dtype a quantized unit computes in, which its simulated reference is computed in (as the "
+                        "engine lane's lane_options.dtype); default the source's 16-bit dtype, fp16 for an fp32 "
+                        "source (convert_checkpoint.py's dtype auto)")
+    p.add_argument("--no-like-reference", choices=NO_LIKE_REFERENCE, default="fallback",
+                   help="a --precision with no reference at its own precision: fallback (default: the fp32 source, "
+                        "bounds derived from the quantization spread, said in the verdict) or refuse (exit 2)")
+    p.add_argument("--logprob-checks", choices=LOGPROB_CHECKS, default="when-served",
+                   help="the log-prob rules: when-served (default: named as not run where the server returns no "
+                        "log-probs) or required (a rule that cannot run fails the verdict)")
     p.add_argument("--reference-device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where the reference answers are computed on a cache miss: a GPU where one is visible "
                         "(auto, the default), or cpu / gpu")
@@ -67,16 +93,17 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         raise InputError(f"smoke: --served-tokenizer {args.served_tokenizer} is not a folder")
     if not args.endpoint.startswith(("http://", "https://")):
         raise InputError(f"smoke: --endpoint '{args.endpoint}' must start with http:// or https://")
-    if args.quantized_checkpoint and (args.reference_precision != SIMULATED_REFERENCE
+    if args.quantized_checkpoint and (args.reference_precision not in (UNIT_PRECISION, SIMULATED_REFERENCE)
                                       or not Path(args.quantized_checkpoint).is_dir()):
         raise InputError(f"smoke: --quantized-checkpoint {args.quantized_checkpoint}: a folder, with "
-                         "--reference-precision simulated")
+                         "--reference-precision unit (the default) or simulated")
     prompts = load_prompt_set(Path(args.prompts))
     try:
         simulated = args.reference_precision == SIMULATED_REFERENCE
         spec = SmokeSpec(prompts=args.prompts, reference_precision=args.reference_precision,
                          max_new_tokens=args.max_new_tokens, small_sample=args.small_sample,
-                         concurrency=args.concurrency)
+                         concurrency=args.concurrency, no_like_reference=args.no_like_reference,
+                         logprob_checks=args.logprob_checks)
     except ValueError as err:
         raise InputError(f"smoke: {str(err).splitlines()[0]}") from None
     store = open_store(args.store) if args.store else None
@@ -92,7 +119,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                            precision=args.precision, progress=say, store=store,
                            server_log=Path(args.server_log) if args.server_log else None,
                            reference_device=args.reference_device, simulated=simulated,
-                           checkpoint=Path(args.quantized_checkpoint) if args.quantized_checkpoint else None)
+                           checkpoint=Path(args.quantized_checkpoint) if args.quantized_checkpoint else None,
+                           build_dtype=args.build_dtype)
     except ToolError as err:
         if "(0/" in str(err):  # not a single answer: the endpoint or the model name is wrong
             raise InputError(str(err).splitlines()[0]) from None

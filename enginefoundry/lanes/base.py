@@ -193,6 +193,12 @@ class Lane(ABC):
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
     dequantizable: frozenset[str] = frozenset()
 
+    def smoke_logprobs_missing(self, spec: BuildSpec) -> str | None:
+        """Which of the gate's log-prob checks the smoke stage's server cannot serve, and why (the server's own
+        code as evidence); None where it returns both chat log-probs and the prompt log-probs of teacher forcing
+        (or nothing is known against it). `smoke.logprob_checks: required` is refused at plan and validate on it."""
+        return None
+
     def dtype_option(self, spec: BuildSpec) -> str | None:
         """The activation dtype (a torch dtype name) the spec sets for this lane's quantized builds, None where they
         follow the checkpoint: a simulated reference computes in it (smoke.simulated.simulated_dtype)."""

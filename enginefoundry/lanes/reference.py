@@ -154,6 +154,14 @@ class ReferenceLane(Lane):
         return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description="transformers serve"),
                             model_name=model_dir, tokenizer_dir=model_dir)
 
+    def smoke_logprobs_missing(self, spec: BuildSpec) -> str | None:
+        """The scoring server returns both; `smoke_server: transformers` judges transformers serve, which returns
+        neither (5.24: `logprobs`, `top_logprobs`, `echo` in its UNUSED_*_FIELDS; docs/smoke-gate.md)."""
+        if reference_options(spec.lane_options).smoke_server == "transformers":
+            return ("log-prob distance and teacher-forced log-probs: transformers serve returns no log-probs "
+                    "(lane_options.smoke_server: transformers; the default, scoring, returns both)")
+        return None
+
     def smoke_serve_command(self, bundle_dir: Path, host: str, port: int, name: str,
                             options: LaneOptions | None = None) -> ServeCommand:
         """The scoring server (enginefoundry/smoke/serve.py) on the bundle's model, device, max_seq_len and

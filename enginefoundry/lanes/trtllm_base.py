@@ -150,6 +150,14 @@ class TrtllmLaneBase(Lane):
     precision_routes: frozenset[Precision] = frozenset(Precision)  # precisions the lane converts
     awq_max_cc: tuple[int, int] | None = None  # first compute capability without int4_awq on the lane's backend
 
+    def smoke_logprobs_missing(self, spec: BuildSpec) -> str | None:
+        """trtllm-serve returns chat log-probs of the generated tokens, no prompt log-probs: `CompletionRequest` has
+        no prompt_logprobs and the echo answer's log-probs are built from the generated tokens only
+        (NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_protocol.py@0076e93, serve/postprocess_handlers.py@01bf192;
+        docs/smoke-gate.md), so teacher forcing cannot run against it."""
+        return ("teacher-forced log-probs: trtllm-serve returns no prompt log-probs "
+                "(tensorrt_llm/serve/postprocess_handlers.py@01bf192)")
+
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable
         self._toolchain: ToolchainInfo | None = None

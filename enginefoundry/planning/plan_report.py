@@ -10,7 +10,13 @@ from enginefoundry.build.model_shape import Check
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.base import PROBE_CHECK
-from enginefoundry.planning.preflight import PreflightReport, format_estimates, preflight, reference_summary
+from enginefoundry.planning.preflight import (
+    PreflightReport,
+    format_estimates,
+    preflight,
+    reference_problems,
+    reference_summary,
+)
 from enginefoundry.spec import BuildSpec
 
 
@@ -60,6 +66,9 @@ def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanR
     for unit in expand_units(spec, only_targets):
         report = preflight(spec, unit, config, None)
         refused_by_spec = spec_checks(spec, unit, lane_problems)
+        index = next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None)
+        refused_by_spec += [Check(name=SPEC_CHECK, ok=False, message=f"{field}: {message}")
+                            for field, message, at in reference_problems(spec) if at is None or at == index]
         report.checks[:0] = refused_by_spec
         reports[unit.name] = report
         problems = report.problems

@@ -31,7 +31,13 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
-from enginefoundry.spec.checks import SIMULATED_DTYPE, SIMULATED_PRECISIONS, SIMULATED_REFERENCE, UNIT_PRECISION
+from enginefoundry.spec.checks import (
+    SIMULATED_DTYPE,
+    SIMULATED_PRECISIONS,
+    SIMULATED_REFERENCE,
+    UNIT_PRECISION,
+    ReferenceSource,
+)
 
 GIB = 1024**3
 
@@ -361,9 +367,56 @@ def reference_need(shape: ModelShape, dtype: str, spread: bool = False) -> int:
 
 
 def dequantizes(spec: BuildSpec, precision: str) -> bool:
-    """smoke.reference_precision: simulated judges a unit of `precision` against its lane's own quantized checkpoint,
-    dequantized (the lane exports ModelOpt's unified checkpoint for it: Lane.dequantizable)."""
-    return spec.smoke.reference_precision == SIMULATED_REFERENCE and precision in get_lane(spec.lane).dequantizable
+    """smoke.reference_precision: unit (the default) or simulated judges a unit of `precision` against its lane's
+    own quantized checkpoint, dequantized (the lane exports ModelOpt's unified checkpoint for it: Lane.dequantizable;
+    like with like)."""
+    return (spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE)
+            and spec.smoke.reference is ReferenceSource.SOURCE and precision in get_lane(spec.lane).dequantizable)
+
+
+def proxied(spec: BuildSpec, precision: str) -> bool:
+    """A unit of `precision` is judged against the fp32 source with its quantization's proxy (smoke/fallback.py: the
+    source's weights rounded to the format, its task accuracy and spread): no like-with-like reference on this lane."""
+    from enginefoundry.smoke.fallback import PROXIES
+
+    return (precision in PROXIES and not like_reference(spec, precision)
+            and spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE))
+
+
+def like_reference(spec: BuildSpec, precision: str) -> bool:
+    """A unit of `precision` is judged like with like (its own precision computed, simulated or dequantized)."""
+    return spec.smoke.has_like_reference(precision, get_lane(spec.lane).dequantizable)
+
+
+def reference_problems(spec: BuildSpec) -> list[tuple[str, str, int | None]]:
+    """What the spec requires of its gate that its units cannot have, as (field, message, the variant's index or
+    None for every unit): like-with-like references (`smoke.no_like_reference: refuse`) for a precision that has
+    none on this lane, log-prob checks (`smoke.logprob_checks: required`) from a smoke server that cannot serve
+    them. `validate` and the run refuse them by field, `plan` on the units they concern."""
+    from enginefoundry.spec.checks import no_like_reference
+
+    problems: list[tuple[str, str, int | None]] = []
+    if spec.smoke.no_like_reference == "refuse":
+        for i, v in enumerate(spec.variants):
+            p = v.precision.value
+            if like_reference(spec, p):
+                continue
+            why = ("smoke.reference: sibling judges it by its sibling's answers"
+                   if spec.smoke.reference is ReferenceSource.SIBLING else
+                   f"smoke.reference_precision {spec.smoke.reference_precision}"
+                   if spec.smoke.reference_precision not in (UNIT_PRECISION, SIMULATED_REFERENCE) else
+                   no_like_reference(p))
+            problems.append(("smoke.no_like_reference", (
+                f"refuse: variants.{i}.precision {p} has no reference at its own precision on lane {spec.lane} "
+                f"({why}); remove that variant, use a lane that exports its checkpoint (lane trtllm's int4_awq), "
+                "or set smoke.no_like_reference: fallback (the fp32 source, bounds derived from the quantization "
+                "spread)"), i))
+    missing = get_lane(spec.lane).smoke_logprobs_missing(spec)
+    if spec.smoke.logprob_checks == "required" and missing is not None:
+        problems.append(("smoke.logprob_checks", f"required, but lane {spec.lane}'s smoke server cannot serve "
+                         f"{missing}; set smoke.logprob_checks: when-served (the verdict names the checks not run)",
+                         None))
+    return problems
 
 
 def unit_reference(spec: BuildSpec, unit: Unit) -> tuple[str, bool]:
@@ -390,10 +443,12 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
         return f"the lane's {unit.variant.precision.value} checkpoint, dequantized (the build's dtype; like with like)"
     if spread:
         return f"{dtype} (like with like)"
-    if spec.smoke.reference_precision == SIMULATED_REFERENCE and unit.variant.precision.value in SIMULATED_PRECISIONS:
-        return f"{dtype} (no {unit.variant.precision.value} simulation on lane {spec.lane}: calibrated on its data)"
+    precision = unit.variant.precision.value
+    if spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE) and precision in SIMULATED_PRECISIONS:
+        return (f"{dtype} (no {precision} reference on lane {spec.lane}: calibrated on its data; bounds from the "
+                "quantization spread)")
     if spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE):
-        return f"{dtype} (no {unit.variant.precision.value} reference)"
+        return f"{dtype} (no {precision} reference; bounds from the quantization spread)"
     return f"{dtype} (smoke.reference_precision)"
 
 
@@ -476,33 +531,37 @@ def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory
     that needs ModelOpt needs it installed). A unit whose lane's checkpoint is dequantized instead (`dequantizes`):
     the float32 tensors and the model loaded back from them, twice that. Refused on the worker (or against
     smoke.reference_host_memory_gib); elsewhere it informs."""
-    from enginefoundry.settings import cache_root
     from enginefoundry.smoke.simulated import can_simulate
 
     precision = unit.variant.precision.value
     export = dequantizes(spec, precision)
+    proxy = not export and not spec.smoke.simulates(precision)  # judged against fp32: its quantization's proxy
     need = int(shape.param_count() * 4 * (DEQUANTIZATION_COPIES if export else SIMULATION_COPIES) * 1.2)
     disk = int(shape.param_count() * 4)
     doing, once = ((f"dequantizing the lane's {precision} checkpoint", "once per checkpoint") if export else
+                   (f"rounding the source's weights to {precision} (the proxy its task accuracy is judged against)",
+                    "once per source") if proxy else
                    (f"the {precision} simulation", "once per source (the weights alone)"))
     what = f"{doing} (host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} under the cache root, {once}"
-    why_not = can_simulate(precision)
+    why_not = None if proxy else can_simulate(precision)
     if why_not is not None:
         return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",
                      fix="pip install 'enginefoundry[simulate]' on the workers that run the smoke reference, or "
-                         "smoke.reference_precision: unit (the fp32 source judges the quantized units)")
+                         "smoke.reference_precision: fp32 (the fp32 source judges every unit)")
     allowed = spec.smoke.reference_host_memory_gib
     limit, where = ((int(allowed * GIB), "smoke.reference_host_memory_gib allows") if allowed is not None
                     else (host_memory, "this host has"))
     if limit is not None and need > limit and (on_worker or allowed is not None):
         return Check(name="simulation", ok=False, message=f"{what}; {where} {_gib(limit)}",
                      fix=f"a reference host with ≥ {math.ceil(need / GIB)} GiB (smoke.reference_host_memory_gib), "
-                         "or smoke.reference_precision: unit (no simulation)")
-    root = cache_root()
+                         "or smoke.reference_precision: fp32 (no simulation: the fp32 source judges every unit)")
+    from enginefoundry.smoke.simulated import default_root
+
+    root = default_root()  # under EF_REFERENCE_CACHE where set, else the cache root's
     free = free_disk_bytes(root)
     if on_worker and free is not None and disk > free:
         return Check(name="simulation", ok=False, message=f"{what}; {root} has {_gib(free)} free",
-                     fix="free space under the cache root (EF_CACHE_DIR) or point it at a larger disk")
+                     fix="free space there (EF_REFERENCE_CACHE, else EF_CACHE_DIR) or point it at a larger disk")
     return Check(name="simulation", ok=True, message=what)
 
 
@@ -556,7 +615,11 @@ def preflight(spec: BuildSpec, unit: Unit,
     if shape is not None:
         host = host_memory if host_memory is not None else host_memory_bytes()
         report.checks.append(reference_check(spec, unit, shape, host, on_worker=gpus is not None, gpus=gpus))
-        if spec.smoke.simulates(unit.variant.precision.value) or dequantizes(spec, unit.variant.precision.value):
+        from enginefoundry.spec.siblings import sibling_variant
+
+        precision = unit.variant.precision.value
+        simulated = spec.smoke.simulates(precision) or dequantizes(spec, precision) or proxied(spec, precision)
+        if simulated and sibling_variant(spec, unit.variant) is None:
             report.checks.append(simulation_check(spec, unit, shape, host, on_worker=gpus is not None))
     lane = get_lane(spec.lane)
     if t.arch is Arch.CPU and not lane.needs_gpu:

@@ -15,6 +15,7 @@ import yaml
 
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.lanes import get_lane
+from enginefoundry.planning.preflight import reference_problems
 from enginefoundry.smoke import check_prompt_count, load_prompt_set
 from enginefoundry.smoke.policy import policy_for
 from enginefoundry.spec import BuildSpec, load_spec
@@ -35,6 +36,7 @@ def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     problems += _prompt_problems(spec)
     problems += _signature_problems(spec)
     problems += _prices_problems(spec)
+    problems += [(field, message) for field, message, _ in reference_problems(spec)]
     return problems
 
 

@@ -43,8 +43,12 @@ class UnitVerdict(GateVerdict):
 
     @property
     def reason(self) -> str:
-        """The failed gate's words (the manifest's `status_reason`); empty for a candidate."""
-        return "" if self.passed else super().reason
+        """The failed gate's words (the manifest's `status_reason`); for a candidate, empty unless a gate's checks
+        could not run ('smoke gate passed; 2 checks not run: the server returns no log-probs'): never a silent
+        skip."""
+        if not self.passed:
+            return super().reason
+        return "; ".join(f"{r.name} passed; {r.not_run}" for r in self.rules if r.not_run)
 
 
 class UnitCommands(BaseModel):
@@ -78,7 +82,8 @@ def verdict(smoke: SmokeReport | None, sweep: SweepReport | None) -> UnitVerdict
     """A unit is a candidate when its smoke gate passed and its benchmark is valid."""
     rules: list[GateRule] = []
     if smoke is not None:
-        rules.append(GateRule(name="smoke gate", ok=smoke.passed, detail=smoke.verdict.reason, kind="hard"))
+        rules.append(GateRule(name="smoke gate", ok=smoke.passed, detail=smoke.verdict.reason, kind="hard",
+                              not_run=smoke.verdict.not_run_summary() or None))
         if not smoke.passed:  # the first failed gate decides: a rejected unit's benchmark is not judged
             return UnitVerdict(passed=False, rules=rules)
     if sweep is not None:

@@ -21,6 +21,7 @@ from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, ScoredToken, ServedAnswer, TokenLogprob
+from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread, proxy_model
 from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import (
@@ -33,6 +34,7 @@ from enginefoundry.smoke.logprobs import (
 from enginefoundry.smoke.policy import GatePolicy, policy_for, policy_table_markdown
 from enginefoundry.smoke.prompts import PromptCase, PromptSet, load_prompt_set
 from enginefoundry.smoke.reference import (
+    PROGRESS_EVERY_S,
     ReferenceAnswer,
     ReferenceOutcome,
     ReferenceSet,
@@ -41,6 +43,7 @@ from enginefoundry.smoke.reference import (
 )
 from enginefoundry.smoke.simulated import (
     QUANTIZATION_COST,
+    TORCH_DTYPES,
     can_simulate,
     export_problem,
     simulated_dtype,
@@ -50,7 +53,9 @@ from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import (
     COMPUTABLE,
+    SIMULATED_REFERENCE,
     UNIT_PRECISION,
+    no_like_reference,
     reference_precision_for,
     simulated_why,
 )
@@ -181,6 +186,7 @@ class SmokeReport(BaseModel):
                 out[f"{key}_tf_logprob_mean_abs_diff"] = sl.tf_mean_abs_diff
         if self.lm_eval is not None:
             out.update(self.lm_eval.summary())
+        out["smoke_checks_not_run"] = len(self.verdict.skipped)
         return out
 
     @property
@@ -194,6 +200,9 @@ class SmokeReport(BaseModel):
             tags[mltags.SMOKE_POLICY] = self.policy.family.value
         if self.server is not None:
             tags[mltags.SMOKE_SERVER] = self.server
+        # Checks that could not run, on the run itself (never a silent skip): "2 checks not run: …", or "none".
+        tags[mltags.SMOKE_NOT_RUN] = self.verdict.not_run_summary() or "none"
+        tags[mltags.SMOKE_REFERENCE_WHY] = (self.verdict.reference_why or "n/a")[:4800]
         return tags
 
     def markdown(self) -> str:
@@ -250,6 +259,7 @@ def run_smoke(
     reference_outcome: ReferenceOutcome | None = None, server_log: Path | None = None,
     reference_device: str = "cpu", simulated: bool = False, checkpoint: Path | None = None,
     trust: InputTrust | None = None,
+    build_dtype: str | None = None,
 ) -> SmokeReport:
     """Every prompt through the endpoint (`spec.concurrency` at a time), compared with the reference answers
     (computed once per key), then the gate.
@@ -269,7 +279,9 @@ def run_smoke(
     the source's at the same dtype, with the precision family's margin). `simulated` refuses a precision that is
     not simulated; both refuse a format whose simulation needs ModelOpt where it is missing (InputError, before the
     endpoint is asked). `checkpoint`: the unit's own quantized checkpoint (ModelOpt's unified export), dequantized
-    as its reference instead of a simulation.
+    as its reference instead of a simulation. `build_dtype` (bf16, fp16): the dtype a quantized build computes in
+    (the engine lane's lane_options.dtype), else the source's 16-bit dtype, fp16 for an fp32 source
+    (simulated.simulated_dtype).
     """
     t0 = time.monotonic()
     cases = prompts.cases
@@ -278,7 +290,16 @@ def run_smoke(
         overrides["max_logprob_diff"] = max_logprob_diff
     source_dir = reference_dir
     given = reference_outcome is not None and reference_outcome.simulated is not None  # by the reference stage
-    simulated = simulated or spec.simulates(precision) or given
+    sibling = reference_outcome is not None and reference_outcome.sibling_unit is not None
+    # Like with like by default (issue 39): a weight-only unit against its quantizer's simulation, a unit whose own
+    # quantized checkpoint is given against that checkpoint dequantized.
+    simulated = simulated or (spec.simulates(precision) and not sibling) or given or checkpoint is not None
+    if spec.no_like_reference == "refuse" and not simulated and not sibling and not spec.has_like_reference(precision):
+        raise InputError(f"smoke.no_like_reference: refuse: a {precision} unit has no reference at its own precision "
+                         f"({no_like_reference(precision)}): give the unit's own quantized checkpoint "
+                         "(--quantized-checkpoint, ModelOpt's unified export), or smoke.no_like_reference: fallback "
+                         "(--no-like-reference fallback) to judge it against the fp32 source with bounds derived from "
+                         "the quantization spread")
     problem = export_problem(checkpoint) if checkpoint is not None else None
     if problem is not None:
         raise InputError(f"smoke: --quantized-checkpoint {checkpoint} is not read: {problem}")
@@ -288,8 +309,10 @@ def run_smoke(
             raise InputError(f"smoke: reference precision simulated: {why_not}")
     # Against its simulation a quantized unit drifts as its compute dtype does: that dtype's policy judges it (the
     # dtype the reference stage computed it in, else the build's: simulated.simulated_dtype).
-    sim_dtype = (reference_outcome.dtype if given and reference_outcome is not None else
-                 simulated_dtype(source_dir)) if simulated else None
+    # The dtype a quantized build computes in: its simulation's and its quantization spread's.
+    build = (simulated_dtype(source_dir, TORCH_DTYPES[build_dtype] if build_dtype else None)
+             if simulated or precision in PROXIES else None)
+    sim_dtype = (reference_outcome.dtype if given and reference_outcome is not None else build) if simulated else None
     policy = policy_for(sim_dtype or precision, **overrides)
     check_prompt_count(prompts, policy, spec.small_sample, precision)
     client = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens)
@@ -324,6 +347,7 @@ def run_smoke(
         evidence.append(_evidence(case, answer, refs[case.id], tok))
     logprobs = compare_logprobs(served_logprobs, refs, refused=client.logprobs_refused)
     progress(f"smoke: log-probs: {logprobs.detail}")
+    progress(f"smoke: scoring the {len(cases)} reference answers under the served model (teacher forcing)")
     scores = score_all(client, cases, refs, tok, concurrency=spec.concurrency, progress=progress)
     teacher = compare_teacher_forced(scores, refs, unavailable=client.scoring_unavailable)
     progress(f"smoke: teacher-forced log-probs: {teacher.detail}")
@@ -337,9 +361,31 @@ def run_smoke(
     if reference_outcome.sibling_unit is not None:
         reference_why = f"the gated higher-precision sibling unit {reference_outcome.sibling_unit} (smoke.reference)"
     spread = None
-    if like and (teacher.available or logprobs.mean_abs_diff is not None):
+    proxy: tuple[str, ReferenceSet] | None = None  # the quantization's proxy: accuracy is judged against it
+    served_logprobs_any = teacher.available or logprobs.mean_abs_diff is not None
+    if like and served_logprobs_any:
         spread = load_or_compute_spread(reference_dir, cases, reference, store=store, device=reference_device,
                                         progress=progress, trust=trust)
+    elif (not like and reference_outcome.sibling_unit is None and precision in PROXIES and build is not None
+          and reference_outcome.dtype == "fp32" and spec.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE)):
+        # No reference at the unit's own precision: the fp32 source, with bounds derived from the quantization
+        # spread (smoke/fallback.py) where the endpoint returned log-probs to judge by, else the family's table; task
+        # accuracy against the source's weights rounded to the format, whose own cost is a rule apart.
+        if served_logprobs_any:
+            spread = load_or_compute_quantization_spread(
+                source_dir, cases, reference, precision=precision, dtype=build,
+                device=reference_device, progress=progress)
+        rounded = proxy_model(source_dir, precision, progress=progress)
+        proxy_ref, _ = load_or_compute_reference(rounded.folder, cases, dtype=build, max_new_tokens=spec.max_new_tokens,
+                                                 store=store, progress=progress, device=reference_device,
+                                                 trust=trust)
+        proxy = (f"the {precision}-rounded source", proxy_ref)
+        reference_why += ("; bounds derived from the quantization spread (" + spread.describe() + ")"
+                          if spread is not None else
+                          f"; the {policy.family.value} family's table bounds (no log-probs to measure a spread "
+                          "against)") + (f"; task accuracy against {proxy[0]} ({PROXIES[precision]}, computed in "
+                                         f"{build}), whose own cost against the source is the rule `quantization "
+                                         "cost`")
     served_tok = tokenizer_digest(served_tokenizer_dir) if served_tokenizer_dir is not None else None
     ref_tok = tokenizer_digest(source_dir)
     verdict = judge(evidence, policy, max_new_tokens=spec.max_new_tokens, reference_tokenizer_digest=ref_tok,
@@ -351,12 +397,20 @@ def run_smoke(
                                          else logprobs.detail.removeprefix("not available: ")),
                     server_message=last_error_line(server_log) if any(a.server_error for a in answers) else None,
                     teacher_forced=teacher, spread=spread, reference_why=reference_why,
-                    teacher_forced_slices={k: v for k, v in teacher_slices.items() if v.available})
+                    teacher_forced_slices={k: v for k, v in teacher_slices.items() if v.available},
+                    logprobs_required=spec.logprob_checks == "required",
+                    accuracy_against=None if proxy is None else (proxy[0], {
+                        c.id: bool(c.is_correct(proxy[1].by_id[c.id].text)) for c in cases if c.expected is not None}))
     if simulated:
         verdict = verdict.with_rule(quantization_cost(
             source_dir, cases, reference, precision=precision, dtype=reference_outcome.dtype,
             max_new_tokens=spec.max_new_tokens, store=store, device=reference_device, weights_digest=weights_digest,
             progress=progress, trust=trust))
+    elif proxy is not None:  # the format's own cost on this model, apart from the build's fidelity
+        verdict = verdict.with_rule(quantization_cost(
+            source_dir, cases, proxy[1], precision=precision, dtype="fp32", max_new_tokens=spec.max_new_tokens,
+            store=store, device=reference_device, weights_digest=weights_digest, progress=progress, what=proxy[0],
+            trust=trust))
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -385,9 +439,10 @@ def run_smoke(
 def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,
                       dtype: str, max_new_tokens: int, store: Store | None, device: str,
                       weights_digest: str | None = None, progress: Callable[[str], None],
-                      trust: InputTrust | None = None) -> GateRule:
+                      what: str | None = None, trust: InputTrust | None = None) -> GateRule:
     """The quantization's own cost, apart from the build's fidelity: the simulated model's task accuracy against
-    the source's at the same dtype (paired non-inferiority at the margin of the precision's family)."""
+    the source's at the same dtype (paired non-inferiority at the margin of the precision's family); `what` names
+    the simulated model (default: the simulated `precision` model)."""
     source, _ = load_or_compute_reference(source_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens,
                                           store=store, weights_digest=weights_digest, progress=progress,
                                           device=device, trust=trust)
@@ -401,9 +456,9 @@ def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: Refe
                                  margin=policy.accuracy_margin, alpha=policy.alpha)
     ok = test.non_inferior
     return GateRule(name=QUANTIZATION_COST, ok=ok, kind="statistical",
-                    detail=(f"the simulated {precision} model {test.unit_correct}/{test.n} vs the {dtype} "
-                            f"source {test.reference_correct}/{test.n} (paired: {test.b} only the source right, "
-                            f"{test.c} only the simulation right); non-inferiority at the {policy.family.value} "
+                    detail=(f"{what or f'the simulated {precision} model'} {test.unit_correct}/{test.n} vs the "
+                            f"{dtype} source {test.reference_correct}/{test.n} (paired: {test.b} only the source "
+                            f"right, {test.c} only the simulation right); non-inferiority at the {policy.family.value} "
                             f"margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α "
                             f"{test.alpha}" + ("" if ok else ": the quantization itself loses task accuracy, "
                                                "whatever the build does")))
@@ -422,15 +477,20 @@ def score_all(client: ChatClient, cases: list[PromptCase], refs: dict[str, Refer
         prompt = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)["input_ids"]
         return case.id, client.score(case.id, list(prompt), ref.token_ids)
 
-    t = time.monotonic()
+    t = last = time.monotonic()
     first = one(todo[0])
     if first[1] is None:
         return {}
     scored = {first[0]: first[1]}
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="score") as pool:
-        for cid, got in pool.map(one, todo[1:]):
+        for i, (cid, got) in enumerate(pool.map(one, todo[1:]), 2):
             if got is not None:
                 scored[cid] = got
+            now = time.monotonic()
+            if now - last >= PROGRESS_EVERY_S and i < len(todo):
+                last = now
+                progress(f"smoke: {i}/{len(todo)} reference answers scored ({now - t:.0f} s, about "
+                         f"{(now - t) / i * (len(todo) - i):.0f} s left)")
     progress(f"smoke: {len(scored)} reference answers scored under the served model in "
              f"{time.monotonic() - t:.1f} s")
     return scored

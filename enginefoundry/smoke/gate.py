@@ -27,6 +27,9 @@ class GateRule(BaseModel):
     detail: str
     kind: Literal["hard", "statistical", "divergence", "info"] = "statistical"
     warning: bool = False  # passed, but the user should know (e.g. a prompt set smaller than the derived minimum)
+    # The check could not run, and why in a few words ("the server returns no log-probs"): the verdict's closing
+    # line says so, never "all rules passed" (issue 39).
+    not_run: str | None = None
 
 
 class GateVerdict(BaseModel):
@@ -45,9 +48,30 @@ class GateVerdict(BaseModel):
         return [r for r in self.rules if not r.ok]
 
     @property
+    def skipped(self) -> list[GateRule]:
+        """The checks that could not run (and did not fail the verdict for it)."""
+        return [r for r in self.rules if r.not_run is not None and r.ok]
+
+    def not_run_summary(self) -> str:
+        """'2 checks not run: the server returns no log-probs' (each rule named where their reasons differ); empty
+        when every check ran."""
+        skipped = self.skipped
+        if not skipped:
+            return ""
+        whys = list(dict.fromkeys(r.not_run for r in skipped))
+        what = (whys[0] if len(whys) == 1 else
+                ", ".join(f"{r.name} ({r.not_run})" for r in skipped))
+        return f"{len(skipped)} check{'s' if len(skipped) > 1 else ''} not run: {what}"
+
+    @property
     def reason(self) -> str:
+        """The failed rules with their numbers; for a pass, 'all rules passed' only when every check ran, else
+        'passed; 2 checks not run: …'. Checks that did not run are named after the failed rules too."""
         failed = [f"{r.name}: {r.detail}" for r in self.failed]
-        return "; ".join(failed) if failed else "all rules passed"
+        skipped = self.not_run_summary()
+        if failed:
+            return "; ".join(failed) + (f"; {skipped}" if skipped else "")
+        return f"passed; {skipped}" if skipped else "all rules passed"
 
 
 class CaseEvidence(BaseModel):
@@ -190,12 +214,13 @@ def _rule_sample_size(graded: int, policy: GatePolicy, small_sample: str) -> Gat
                     detail=detail + "; add prompts with an expected answer")
 
 
-def _rule_accuracy(test: NonInferiority) -> GateRule:
+def _rule_accuracy(test: NonInferiority, against: str = "reference") -> GateRule:
     ok = test.non_inferior
     return GateRule(
         name="task accuracy", ok=ok, kind="statistical",
-        detail=(f"{test.unit_correct}/{test.n} vs reference {test.reference_correct}/{test.n} "
-                f"(paired: {test.b} only the reference right, {test.c} only the unit right); non-inferiority "
+        detail=(f"{test.unit_correct}/{test.n} vs {against} {test.reference_correct}/{test.n} "
+                f"(paired: {test.b} only {'the reference' if against == 'reference' else against} right, {test.c} "
+                "only the unit right); non-inferiority "
                 f"at margin {test.margin}: z {test.z:.2f}, p {test.p_value:.4f} {'<' if ok else '≥'} α {test.alpha}"))
 
 
@@ -279,12 +304,16 @@ def judge(
     min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
     server_message: str | None = None, logprob_unavailable: str | None = None,
     teacher_forced: TeacherForced | None = None, spread: LogprobSpread | None = None, reference_why: str = "",
-    teacher_forced_slices: dict[str, TeacherForced] | None = None,
+    teacher_forced_slices: dict[str, TeacherForced] | None = None, logprobs_required: bool = False,
+    accuracy_against: tuple[str, dict[str, bool]] | None = None,
 ) -> GateVerdict:
     """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
     the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
     the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`. So are the teacher-forced
-    rules (`teacher_forced_slices`), each slice against the spread of its own prompts (LogprobSpread.restricted)."""
+    rules (`teacher_forced_slices`), each slice against the spread of its own prompts (LogprobSpread.restricted).
+    `accuracy_against` (what, case id → correct): task accuracy judged against those answers instead of the
+    reference's (a unit judged against fp32 without a like-with-like reference: its quantization's proxy, whose own
+    cost is a rule apart)."""
     if not cases:
         raise ValueError("no cases to judge")
     server = _rule_server(cases, server_message)
@@ -298,15 +327,16 @@ def judge(
     graded = [c for c in cases if c.served_correct is not None and c.reference_correct is not None]
     rules.append(_rule_sample_size(len(graded), policy, small_sample))
     if graded:
+        against, correct = accuracy_against or ("reference", {c.id: bool(c.reference_correct) for c in graded})
         rules.append(_rule_accuracy(paired_noninferiority(
-            [bool(c.reference_correct) for c in graded], [bool(c.served_correct) for c in graded],
-            margin=policy.accuracy_margin, alpha=policy.alpha)))
+            [correct[c.id] for c in graded], [bool(c.served_correct) for c in graded],
+            margin=policy.accuracy_margin, alpha=policy.alpha), against))
     rules += _divergence_rules(cases, policy, confidence, spread=spread)
     for name in slice_names(cases):
         rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name,
                                    spread=spread)
     rules += _logprob_rules(policy, logprob_mean_abs_diff, logprob_tokens, logprob_unavailable, teacher_forced,
-                            spread)
+                            spread, required=logprobs_required)
     for name, part in (teacher_forced_slices or {}).items():  # a fault of positions shows at a distance
         ids = {c.id for c in cases if c.slice == name}
         part_spread = spread.restricted(ids) if spread is not None else None
@@ -331,15 +361,40 @@ def logprob_bound(policy: GatePolicy, spread: LogprobSpread | None) -> tuple[flo
     when the unit is judged like with like, else the family's table value."""
     if spread is not None:
         return spread.max_mean_abs_diff, (f"{spread.factor:g} × spread {spread.mean_abs_diff:.4f} + "
-                                          f"{spread.margin_logprob:g}, measured at {spread.precision}")
+                                          f"{spread.logprob_margin:g}, measured at {spread.precision}")
     return policy.max_logprob_diff, f"the {policy.family.value} family's table limit"
 
 
+REQUIRED_WORDS = ("smoke.logprob_checks is required: a check that cannot run fails the verdict (serve the unit "
+                  "with a server that returns log-probs, e.g. the scoring server python -m enginefoundry.smoke.serve, "
+                  "or set smoke.logprob_checks: when-served)")
+
+
+def not_run_reason(detail: str, *, prompt: bool = False, chat_missing: bool = False) -> str:
+    """A log-prob check's reason for not running, in a few words, from its comparison's detail."""
+    if "reference answers have no token log-probs" in detail or "no answer was scored" in detail:
+        return "the reference has no log-probs"
+    if prompt and not chat_missing:
+        return "the server returns no prompt log-probs"
+    return "the server returns no log-probs"
+
+
+def _not_run(name: str, detail: str, short: str, required: bool) -> GateRule:
+    """A check that could not run: named with why (info, the verdict's closing line says so), or, where the spec
+    requires the log-prob checks, a failed hard rule."""
+    if required:
+        return GateRule(name=name, ok=False, kind="hard", detail=f"not run: {detail}; {REQUIRED_WORDS}")
+    return GateRule(name=name, ok=True, kind="info", warning=True, not_run=short,
+                    detail=f"not run: {detail}; judged on the other rules (docs/smoke-gate.md, 'Where log-probs "
+                           "are unavailable')")
+
+
 def _logprob_rules(policy: GatePolicy, chat_mean: float | None, chat_tokens: int, chat_unavailable: str | None,
-                   teacher: TeacherForced | None, spread: LogprobSpread | None) -> list[GateRule]:
+                   teacher: TeacherForced | None, spread: LogprobSpread | None,
+                   required: bool = False) -> list[GateRule]:
     """Log-prob distance on the agreeing prefix of the greedy answers (chat log-probs), and the teacher-forced
     checks (the reference's answers scored under the served model): each judged where the endpoint returned the
-    log-probs, each named as not run (info) where it did not."""
+    log-probs, each named as not run (info, `not_run`) where it did not, or failed where they are `required`."""
     bound, why = logprob_bound(policy, spread)
     rules = []
     if chat_mean is not None:
@@ -348,15 +403,13 @@ def _logprob_rules(policy: GatePolicy, chat_mean: float | None, chat_tokens: int
                               detail=f"mean |Δ log-prob| {chat_mean:.4f} over {chat_tokens} tokens "
                                      f"{'≤' if ok else '>'} limit {bound} (the answers' agreeing prefix; {why})"))
     elif chat_unavailable is not None:  # the check that could not run is named, not silently left out
-        rules.append(GateRule(name="log-prob distance", ok=True, kind="info", warning=True,
-                              detail=f"not run: {chat_unavailable}; judged on the other rules "
-                                     "(docs/smoke-gate.md, 'Where log-probs are unavailable')"))
+        rules.append(_not_run("log-prob distance", chat_unavailable, not_run_reason(chat_unavailable), required))
     if teacher is None:
         return rules
     if not teacher.available or teacher.mean_abs_diff is None:
-        rules.append(GateRule(name="teacher-forced log-probs", ok=True, kind="info", warning=True,
-                              detail=f"not run: {teacher.detail.removeprefix('not available: ')}; judged on the "
-                                     "other rules (docs/smoke-gate.md, 'Where log-probs are unavailable')"))
+        detail = teacher.detail.removeprefix("not available: ")
+        rules.append(_not_run("teacher-forced log-probs", detail,
+                              not_run_reason(detail, prompt=True, chat_missing=chat_mean is None), required))
         return rules
     return rules + _teacher_rules(teacher, policy, spread)
 
@@ -386,6 +439,6 @@ def _teacher_rules(teacher: TeacherForced, policy: GatePolicy, spread: LogprobSp
     rules.append(GateRule(name=f"teacher-forced top-1 agreement{tag}", ok=ok, kind="divergence",
                           detail=f"{miss:.4f} of {teacher.tokens} reference tokens are not the unit's argmax "
                                  f"{'≤' if ok else '>'} limit {spread.max_top1_disagreement} ({spread.factor:g} × "
-                                 f"spread {spread.top1_disagreement:.4f} + {spread.margin_top1:g}, measured at "
+                                 f"spread {spread.top1_disagreement:.4f} + {spread.top1_margin:g}, measured at "
                                  f"{spread.precision})"))
     return rules

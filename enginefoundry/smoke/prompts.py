@@ -17,9 +17,18 @@ SLICE_NAME_MAX = 32
 
 
 class MatchRule(StrEnum):
+    """How an answer is graded against `expected`. A chat model answers in sentences ("The capital of France is
+    Paris."): `word` (the expected answer as a whole word or number, any case) and `contains` (as a substring, any
+    case) grade those; `exact` (the whole answer, stripped) grades them wrong, and `validate` warns about it."""
+
     EXACT = "exact"
     CONTAINS = "contains"
     REGEX = "regex"
+    WORD = "word"
+
+
+# Matchers that grade a free-form chat answer; `exact` does not (prompt_set_warnings).
+FREE_FORM = (MatchRule.WORD, MatchRule.CONTAINS, MatchRule.REGEX)
 
 
 class ChatMessage(BaseModel):
@@ -76,6 +85,8 @@ class PromptCase(BaseModel):
             return answer == self.expected.strip()
         if self.match is MatchRule.CONTAINS:
             return self.expected.strip().lower() in answer.lower()
+        if self.match is MatchRule.WORD:  # not inside a longer word or number: "4" is not in "14"
+            return re.search(rf"(?<!\w){re.escape(self.expected.strip())}(?!\w)", answer, re.IGNORECASE) is not None
         return re.search(self.expected, answer) is not None
 
 
@@ -87,6 +98,19 @@ class PromptSet(BaseModel):
     def slices(self) -> list[str]:
         """The named slices, in the order they first appear."""
         return list(dict.fromkeys(c.slice for c in self.cases if c.slice is not None))
+
+
+def prompt_set_warnings(prompts: PromptSet) -> list[str]:
+    """What makes a prompt set's task accuracy mean little for a chat model: graded prompts whose matcher cannot grade
+    a free-form answer (`exact`: 'The answer is 4.' is graded wrong against '4')."""
+    graded = [c for c in prompts.cases if c.expected is not None]
+    exact = [c for c in graded if c.match not in FREE_FORM]
+    if not exact:
+        return []
+    return [f"smoke.prompts: {len(exact)} of {len(graded)} graded prompts of {prompts.path} use match: exact (e.g. "
+            f"'{exact[0].id}'), which grades a chat model's free-form answer ('The answer is "
+            f"{exact[0].expected}.') as wrong: task accuracy means little unless the model answers with the expected "
+            "text alone; use match: word (the expected answer as a whole word or number) or contains"]
 
 
 def prompt_set_digest(path: Path) -> str:

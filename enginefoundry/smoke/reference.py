@@ -406,15 +406,26 @@ def spread_store_key(key: ReferenceKey) -> str:
 
 
 
-def teacher_forced(model: Any, tok: Any, cases: list[PromptCase],
-                   answers: list[ReferenceAnswer]) -> list[tuple[list[float], list[bool]]]:
+PROGRESS_EVERY_S = 10.0  # a long pass says how far it got at most this often
+
+
+def teacher_forced(model: Any, tok: Any, cases: list[PromptCase], answers: list[ReferenceAnswer], *,
+                   progress: Callable[[str], None] | None = None,
+                   what: str = "the spread's second computation") -> list[tuple[list[float], list[bool]]]:
     """Each answer's tokens scored in one forward pass over the templated prompt + the answer: the log-prob of
-    each answer token and whether it is the model's argmax."""
+    each answer token and whether it is the model's argmax. `progress`: a line at most every 10 s."""
     import torch
 
     out: list[tuple[list[float], list[bool]]] = []
+    t0 = last = time.monotonic()
     with torch.no_grad():
-        for case, ans in zip(cases, answers, strict=True):
+        for i, (case, ans) in enumerate(zip(cases, answers, strict=True)):
+            now = time.monotonic()
+            if progress is not None and i and now - last >= PROGRESS_EVERY_S:
+                last = now
+                left = (now - t0) / i * (len(cases) - i)
+                progress(f"smoke: {what}: {i}/{len(cases)} answers scored ({now - t0:.0f} s, about {left:.0f} s "
+                         "left)")
             prompt = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)["input_ids"]
             if not ans.token_ids:
                 out.append(([], []))
@@ -455,7 +466,8 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     by_id = ref.by_id
     answers = [by_id[c.id] for c in cases]
     try:
-        b = teacher_forced(model, tok, cases, answers)
+        b = teacher_forced(model, tok, cases, answers, progress=progress,
+                           what=f"log-prob spread of the {key.dtype} reference")
     finally:
         del model
         _release(device)

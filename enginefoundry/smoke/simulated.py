@@ -42,7 +42,7 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
-from enginefoundry.settings import cache_root
+from enginefoundry.settings import EnvSettings, cache_root
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceKey, ReferenceOutcome, ReferenceSet, load_or_compute_reference
 from enginefoundry.spec import Precision
@@ -191,7 +191,10 @@ def simulated_key(source: Path, precision: str, calibration: list[PromptCase],
 
 
 def default_root() -> Path:
-    return cache_root() / "simulated"
+    """Where simulated (and dequantized) models are kept: under the reference cache the user chose
+    (EF_REFERENCE_CACHE/simulated), else the cache root's (EF_CACHE_DIR, ~/.cache/enginefoundry: simulated/)."""
+    chosen = EnvSettings().reference_cache
+    return Path(chosen) / "simulated" if chosen else cache_root() / "simulated"
 
 
 def simulate(source: Path, precision: str, calibration: list[PromptCase], *, root: Path | None = None,

@@ -57,10 +57,27 @@ ReferencePrecision = Literal["unit", "simulated", "fp32", "bf16", "fp16"]
 CALIBRATION_FREE = ("int4_wo", "int8_wo")
 
 
+# What a unit of a precision with no reference at its own precision gets (smoke.no_like_reference): `fallback` judges it
+# against the fp32 source, with bounds derived from a measured quantization spread (smoke/fallback.py); `refuse`
+# refuses the spec at plan and validate (issue 39).
+NO_LIKE_REFERENCE = ("fallback", "refuse")
+# The log-prob rules (smoke.logprob_checks): judged where the endpoint returns log-probs, named as not run where it
+# does not (`when-served`); or required: refused at plan for a lane whose smoke server cannot return them, and a
+# rule that could not run fails the verdict (`required`).
+LOGPROB_CHECKS = ("when-served", "required")
+# Formats with no like-with-like reference: the fp32 source judges them with bounds derived from the spread of the
+# source's weights rounded to the format (smoke/fallback.py PROXIES): fp8 and nvfp4 quantize activations, which no
+# plain checkpoint carries; int4_awq's scales are searched on the lane's own calibration data.
+FALLBACK_WORDS: Final = ("the fp32 source, with bounds derived from the spread measured on the source's weights "
+                         "rounded to {precision} (where the endpoint returns log-probs; else the family's table): a "
+                         "weaker reference")
+
+
 def simulates(setting: str, precision: str) -> bool:
-    """A unit of `precision` is judged against the quantization tool's simulated model under `setting` (the spec's
-    smoke.reference_precision: simulated covers the formats whose quantization the prompt set does not change)."""
-    return setting == SIMULATED_REFERENCE and precision in CALIBRATION_FREE
+    """A unit of `precision` is judged against the quantization tool's simulated model under `setting`: `unit` (the
+    default) and `simulated` cover the formats whose quantization the prompt set does not change (like with like
+    by default: issue 39)."""
+    return setting in (UNIT_PRECISION, SIMULATED_REFERENCE) and precision in CALIBRATION_FREE
 
 
 def simulated_why(precision: str) -> str:
@@ -80,10 +97,6 @@ def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
     unit against the quantization tool's simulated model in SIMULATED_DTYPE, any other as `unit`."""
     if simulates(setting, precision):
         return SIMULATED_DTYPE, simulated_why(precision)
-    if setting == SIMULATED_REFERENCE and precision in SIMULATED_PRECISIONS:
-        return "fp32", (f"{precision} is not simulated for a lane's build: its scales are searched on calibration "
-                        "data, the lane's own (variant.calibration), not the prompt set; the fp32 source, the "
-                        "family's table bounds (lane trtllm: its exported checkpoint, dequantized)")
     if setting == SIMULATED_REFERENCE:
         setting = UNIT_PRECISION
     if setting != UNIT_PRECISION:
@@ -91,8 +104,18 @@ def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
         return setting, f"reference precision {setting} as configured{like}"
     if precision in COMPUTABLE:
         return precision, f"the unit's own precision {precision} (like with like)"
-    return "fp32", (f"{precision} has no transformers reference of its own precision: the fp32 source, the family's "
-                    "table bounds (a sibling reference: smoke.reference: sibling)")
+    return "fp32", f"{no_like_reference(precision)}: {FALLBACK_WORDS.format(precision=precision)}"
+
+
+def no_like_reference(precision: str) -> str:
+    """Why a unit of `precision` has no reference at its own precision (lane trtllm's int4_awq has one: its own
+    exported checkpoint, dequantized; planning.preflight.dequantizes)."""
+    if precision in SIMULATED_PRECISIONS:
+        return (f"no {precision} reference of this lane's build: its scales are searched on the lane's own "
+                "calibration data (variant.calibration), which a simulation here does not have (lane trtllm: its "
+                "exported checkpoint, dequantized)")
+    return (f"no {precision} reference: {precision} quantizes activations, which no plain checkpoint carries "
+            "(a gated sibling: smoke.reference: sibling)")
 
 
 class ReferenceDevice(StrEnum):
@@ -110,10 +133,21 @@ class SmokeSpec(BaseModel):
 
     prompts: str = Field(description="JSONL prompt set; relative paths are taken from the spec's folder")
     reference_precision: ReferencePrecision = Field(
-        default=UNIT_PRECISION, description="the source reference's dtype: unit (each unit's own precision where "
-        "transformers computes it: fp32, bf16, fp16, with log-prob bounds from the spread measured there; fp32 for "
-        "the others), simulated (as unit, and each int8_wo and int4_wo unit against TensorRT-LLM's weight-only "
-        "quantization of the source, simulated in bf16), or one dtype for every unit: fp32, bf16, fp16")
+        default=UNIT_PRECISION, description="the source reference's dtype: unit (each unit like with like where "
+        "a reference of its precision exists: fp32, bf16, fp16 computed by transformers, int8_wo and int4_wo "
+        "against TensorRT-LLM's weight-only quantization of the source simulated in the build's dtype, lane "
+        "trtllm's int4_awq against its own exported checkpoint dequantized; log-prob bounds from the spread measured "
+        "there; fp32 for the others, see no_like_reference), simulated (the same; kept for specs that name it), or one "
+        "dtype for every unit: fp32, bf16, fp16")
+    no_like_reference: Literal["fallback", "refuse"] = Field(
+        default="fallback", description="a unit whose precision has no like-with-like reference (fp8, nvfp4; "
+        "int4_awq but on lane trtllm): fallback (judged against the fp32 source, bounds derived from the spread of "
+        "the source's weights rounded to its format, and the verdict says so) or refuse (plan and validate refuse "
+        "the spec)")
+    logprob_checks: Literal["when-served", "required"] = Field(
+        default="when-served", description="the log-prob rules (log-prob distance, teacher-forced log-probs): "
+        "when-served (judged where the endpoint returns log-probs, else named as not run in the verdict) or "
+        "required (plan refuses a lane whose smoke server cannot return them; a rule that could not run fails)")
     max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
     accuracy_margin: Annotated[float, Field(gt=0.0, lt=1.0)] | None = Field(
         default=None, description="non-inferiority margin δ on task accuracy (paired against the reference)")
@@ -169,6 +203,15 @@ class SmokeSpec(BaseModel):
     def simulates(self, precision: str) -> bool:
         """A unit of `precision` is judged against the quantization tool's simulated model of the source."""
         return simulates(self.reference_precision, precision)
+
+    def has_like_reference(self, precision: str, dequantizable: frozenset[str] = frozenset()) -> bool:
+        """A unit of `precision` is judged against a reference at its own precision (`dequantizable`: the
+        precisions whose lane checkpoint is dequantized into its reference, Lane.dequantizable)."""
+        if self.reference is ReferenceSource.SIBLING:
+            return False
+        own = self.reference_for(precision)[0] == precision and precision in COMPUTABLE
+        exported = self.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE) and precision in dequantizable
+        return own or self.simulates(precision) or exported
 
     def like_with_like(self, precision: str) -> bool:
         """A unit judged against a source reference of its own precision (or its quantization's simulation), its

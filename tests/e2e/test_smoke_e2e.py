@@ -66,7 +66,10 @@ def test_correct_bundle_passes_the_gate(tiny_served: Endpoint, tmp_path: Path):
     assert report.logprobs.detail.startswith("not available: the endpoint returned no log-probs in 108 answers")
     js, md = write_report(report, tmp_path)
     assert json.loads(js.read_text())["verdict"]["passed"] is True
-    assert "| verdict | PASS: all rules passed |" in md.read_text()
+    # Issue 39: never "all rules passed" while checks did not run.
+    assert report.verdict.reason == "passed; 2 checks not run: the server returns no log-probs"
+    assert "| verdict | PASS: passed; 2 checks not run: the server returns no log-probs |" in md.read_text()
+    assert report.tags()["enginefoundry.smoke_not_run"] == "2 checks not run: the server returns no log-probs"
     assert "| log-probs vs reference | not available" in md.read_text()
 
 

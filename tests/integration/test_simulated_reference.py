@@ -146,6 +146,45 @@ def test_a_quantized_unit_is_judged_against_its_simulation(tmp_path: Path, monke
     assert "teacher-forced log-prob distance" in [r.name for r in broken.verdict.failed]
 
 
+def test_by_default_a_weight_only_unit_is_judged_like_with_like_and_fp8_against_the_quantization_spread(
+        tmp_path: Path, monkeypatch):
+    """Issue 39, at default settings (no `simulated`): an int8_wo unit is judged against its quantizer's simulation
+    with the spread's tight bounds; an fp8 unit, which has no reference of its precision, against the fp32 source
+    with bounds derived from the quantization spread (the source's weights rounded as fp8), and the verdict says so;
+    `no_like_reference: refuse` refuses the fp8 unit before the endpoint is asked."""
+    monkeypatch.setenv("EF_REFERENCE_CACHE", str(tmp_path / "refs"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    prompts = load_prompt_set(TINY_PROMPTS)
+    spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn")
+    sim = simulate(TINY_MODEL, "int8_wo", prompts.cases, progress=lambda _: None)
+    with _serve(_engine_build(sim.folder, tmp_path / "int8_wo"), tmp_path) as ep:
+        def judge(precision: str, smoke: SmokeSpec = spec):
+            return run_smoke(smoke, prompts, reference_dir=TINY_MODEL, base_url=ep.base_url,
+                             model_name=ep.model_name, served_tokenizer_dir=None, precision=precision,
+                             progress=lambda _: None)
+
+        int8 = judge("int8_wo")
+        fp8 = judge("fp8")
+    assert int8.passed, int8.verdict.reason
+    assert int8.verdict.reference_why.startswith("the quantization tool's simulated int8_wo model of the source")
+    assert int8.spread is not None and int8.spread.reference_key == int8.reference.key
+    assert fp8.reference.dtype == "fp32" and fp8.spread is not None
+    assert fp8.spread.precision == "fp8-rounded weights in fp16 against fp32"
+    assert "a weaker reference; bounds derived from the quantization spread" in fp8.verdict.reference_why
+    rules = {r.name: r for r in fp8.verdict.rules}
+    assert "measured at fp8-rounded weights in fp16 against fp32" in rules["teacher-forced log-prob distance"].detail
+    assert rules["teacher-forced top-1 agreement"].kind == "divergence"  # judged, not only reported
+    # Task accuracy against the fp8-rounded source; the rounding's own cost against the fp32 source is a rule apart.
+    assert " vs the fp8-rounded source " in rules["task accuracy"].detail
+    assert rules["quantization cost"].detail.startswith("the fp8-rounded source ")
+    assert "vs the fp32 source" in rules["quantization cost"].detail
+    assert (tmp_path / "refs" / f"{fp8.reference.key}.qspread-fp8-fp16-v1.json").is_file()
+    refuse = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn", no_like_reference="refuse")
+    with pytest.raises(InputError, match=r"smoke\.no_like_reference: refuse: a fp8 unit has no reference"):
+        run_smoke(refuse, prompts, reference_dir=TINY_MODEL, base_url="http://127.0.0.1:9", model_name="tiny",
+                  served_tokenizer_dir=None, precision="fp8", progress=lambda _: None)
+
+
 def test_a_precision_without_a_simulation_is_refused_before_the_endpoint_is_asked():
     spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn")
     with pytest.raises(InputError, match="fp8 is not simulated"):
@@ -186,7 +225,8 @@ def test_the_pipelines_stages_judge_a_quantized_unit_against_its_simulation(tmp_
 
     ref, outcome = smoke_reference.fn(spec, str(TINY_MODEL), precision="int8_wo")
     assert outcome.simulated is not None and "simulated int8_wo" in outcome.simulated
-    assert outcome.dtype == "fp16" and Path(outcome.model_dir).parent == tmp_path / "cache" / "simulated"
+    # Issue 39: the simulated model lies under the reference cache the user chose, not the default cache root.
+    assert outcome.dtype == "fp16" and Path(outcome.model_dir).parent == tmp_path / "refs" / "simulated"
     assert outcome.label().startswith(f"fp16 reference {outcome.key[:12]} of simulated int8_wo (TensorRT-LLM's ")
     published = sorted(p.name for p in (tmp_path / "store").rglob("*.json"))
     assert len([n for n in published if "spread" not in n]) == 2  # the simulation's answers and the source's

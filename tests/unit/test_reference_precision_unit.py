@@ -56,10 +56,14 @@ def test_each_unit_gets_the_reference_of_its_own_precision_where_transformers_co
     spec = _spec()
     got = {p["precision"]: unit_reference(spec, _unit(spec, p["precision"])) for p in VARIANTS}
     # (reference dtype, whether the spread is measured: like with like)
+    # int8_wo: like with like by default, against its quantizer's simulation in the build's dtype (issue 39).
     assert got == {"fp32": ("fp32", True), "bf16": ("bf16", True), "fp16": ("fp16", True),
-                   "int8_wo": ("fp32", False), "fp8": ("fp32", False)}
+                   "int8_wo": ("bf16", True), "fp8": ("fp32", False)}
     assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
-    assert spec.smoke.reference_for("fp8")[1].startswith("fp8 has no transformers reference of its own precision")
+    assert spec.smoke.reference_for("fp8")[1].startswith(
+        "no fp8 reference: fp8 quantizes activations, which no plain checkpoint carries")
+    assert "bounds derived from the spread measured on the source's weights rounded to fp8" in \
+        spec.smoke.reference_for("fp8")[1]
     fixed = _spec(reference_precision="bf16")
     assert {unit_reference(fixed, u) for u in expand_units(fixed)} == {("bf16", False)}  # one dtype, no spread
 
@@ -94,8 +98,9 @@ def test_a_spread_that_does_not_fit_is_refused_with_the_field_and_the_fixed_dtyp
 def test_plan_shows_the_reference_each_unit_is_judged_against():
     rows = {r["precision"]: r["reference"] for r in plan_report(_spec()).rows}
     assert rows == {"fp32": "fp32 (like with like)", "bf16": "bf16 (like with like)",
-                    "fp16": "fp16 (like with like)", "int8_wo": "fp32 (no int8_wo reference)",
-                    "fp8": "fp32 (no fp8 reference)"}
+                    "fp16": "fp16 (like with like)",
+                    "int8_wo": "simulated int8_wo (TensorRT-LLM's quantizer, the build's dtype; like with like)",
+                    "fp8": "fp32 (no fp8 reference; bounds from the quantization spread)"}
     sib = _spec([{"precision": "bf16"}, {"precision": "fp8"}], reference="sibling", reference_sibling="bf16")
     assert {r["precision"]: r["reference"] for r in plan_report(sib).rows}["fp8"] == "sibling bf16-tp1"
 
@@ -118,8 +123,9 @@ def test_validate_names_the_reference_of_each_unit(tmp_path, capsys):
 QUANTIZED = [{"precision": p} for p in ("bf16", "int8_wo", "int4_wo", "int4_awq", "fp8")]
 
 
-def test_simulated_judges_each_weight_only_unit_against_its_simulation_and_every_other_as_unit():
-    spec = _spec(QUANTIZED, reference_precision="simulated")
+@pytest.mark.parametrize("setting", ["unit", "simulated"])
+def test_unit_and_simulated_judge_each_weight_only_unit_against_its_simulation(setting):
+    spec = _spec(QUANTIZED, reference_precision=setting)
     got = {p["precision"]: unit_reference(spec, _unit(spec, p["precision"])) for p in QUANTIZED}
     # fp8 quantizes activations: not simulated; int4_awq's scales depend on the lane's calibration data.
     assert got == {"bf16": ("bf16", True), "int8_wo": ("bf16", True), "int4_wo": ("bf16", True),
@@ -127,14 +133,16 @@ def test_simulated_judges_each_weight_only_unit_against_its_simulation_and_every
     assert spec.smoke.reference_for("int4_wo")[1].startswith(
         "the quantization tool's simulated int4_wo model of the source, computed in the build's compute dtype (the "
         "source's 16-bit dtype; fp16 for an fp32 source) (like with like")
-    assert spec.smoke.reference_for("int4_awq")[1].startswith("int4_awq is not simulated for a lane's build")
+    assert spec.smoke.reference_for("int4_awq")[1].startswith(
+        "no int4_awq reference of this lane's build: its scales are searched on the lane's own calibration data")
     assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
     rows = {r["precision"]: r["reference"] for r in plan_report(spec).rows}
     assert rows == {"bf16": "bf16 (like with like)",
                     "int8_wo": "simulated int8_wo (TensorRT-LLM's quantizer, the build's dtype; like with like)",
                     "int4_wo": "simulated int4_wo (TensorRT-LLM's quantizer, the build's dtype; like with like)",
-                    "int4_awq": "fp32 (no int4_awq simulation on lane reference: calibrated on its data)",
-                    "fp8": "fp32 (no fp8 reference)"}
+                    "int4_awq": "fp32 (no int4_awq reference on lane reference: calibrated on its data; bounds "
+                                "from the quantization spread)",
+                    "fp8": "fp32 (no fp8 reference; bounds from the quantization spread)"}
     with pytest.raises(SpecError) as err:  # two answers to one question: refused when the spec is read
         _spec(QUANTIZED, reference_precision="simulated", reference="sibling", reference_sibling="bf16")
     ((field, message),) = err.value.problems
@@ -152,9 +160,13 @@ def test_preflight_budgets_the_simulation_on_the_host_and_refuses_what_does_not_
     assert fits["simulation"].ok and fits["simulation"].message.startswith(
         f"the int4_wo simulation (host CPU) needs ≈{PARAMS * 4 * 1.2 / GIB:.1f} GiB host memory "
         f"and ≈{PARAMS * 4 / GIB:.1f} GiB under the cache root")
-    assert "simulation" not in _checks(_spec(QUANTIZED, reference_host_memory_gib=2000), "int4_awq")  # unit
-    for other in ("fp8", "int4_awq"):
-        assert "simulation" not in _checks(_spec(QUANTIZED, reference_precision="simulated"), other)
+    assert "simulation" in _checks(_spec(QUANTIZED, reference_host_memory_gib=2000), "int4_wo")  # unit simulates
+    assert "simulation" not in _checks(_spec(QUANTIZED, reference_precision="fp32"), "int4_wo")  # one dtype
+    for other in ("fp8", "int4_awq"):  # judged against fp32: the source's weights rounded, their proxy (issue 39)
+        proxy = _checks(_spec(QUANTIZED, reference_host_memory_gib=2000), other)["simulation"]
+        assert proxy.ok and proxy.message.startswith(f"rounding the source's weights to {other} (the proxy its task "
+                                                     f"accuracy is judged against) (host CPU) needs ≈")
+        assert "simulation" not in _checks(_spec(QUANTIZED, reference_precision="fp32"), other)
     small = _checks(_spec(QUANTIZED, reference_precision="simulated", reference_host_memory_gib=200), "int8_wo")
     assert not small["simulation"].ok and "smoke.reference_host_memory_gib allows 200.0 GiB" in \
         small["simulation"].message
@@ -190,9 +202,12 @@ def test_on_lane_trtllm_an_int4_awq_unit_is_judged_against_its_own_checkpoint_de
     checks = _checks(spec, "int4_awq")  # the 70B shape
     assert checks["simulation"].message.startswith(
         f"dequantizing the lane's int4_awq checkpoint (host CPU) needs ≈{PARAMS * 4 * 2 * 1.2 / GIB:.1f} GiB")
-    data["smoke"]["reference_precision"] = "unit"
+    data["smoke"]["reference_precision"] = "unit"  # the default: like with like there too (issue 39)
     plain = parse_spec(data, source="test spec", base_dir=CONFIGS)
-    assert unit_reference(plain, _unit(plain, "int4_awq")) == ("fp32", False)
+    assert unit_reference(plain, _unit(plain, "int4_awq")) == ("bf16", True)
+    data["smoke"]["reference_precision"] = "fp32"  # one dtype: the fp32 source, no dequantization
+    fixed = parse_spec(data, source="test spec", base_dir=CONFIGS)
+    assert unit_reference(fixed, _unit(fixed, "int4_awq")) == ("fp32", False)
 
 
 @pytest.mark.parametrize(("config_dtype", "override", "expected"), [
