@@ -147,7 +147,9 @@ def alias_problems(spec: BuildSpec, registry: Any, only_targets: list[str] | Non
 
 def registry_if_reachable(spec: BuildSpec) -> Any | None:
     """The spec's registry when one exists to ask: a SQLite file that is not there yet has no aliases (None, and
-    none is created); a server is asked (its errors are the caller's to judge)."""
+    none is created); a server is asked once, without the client's retries (its errors are the caller's to judge:
+    this check is advisory, and registration and promotion check again with retries). With the retries, `validate`
+    against a tracking server that is away waited ~15 s for an answer it then ignores."""
     from pathlib import Path
 
     from enginefoundry.records.promotion import Registry
@@ -155,7 +157,9 @@ def registry_if_reachable(spec: BuildSpec) -> Any | None:
     uri = spec.tracking.mlflow_uri
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None
-    return Registry(uri)
+    registry = Registry(uri)
+    registry.client = registry.client.raw  # one attempt (MLflow's own HTTP retries are off: records.tracking)
+    return registry
 
 
 def refuse_alias_collisions(spec: BuildSpec, only_targets: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from enginefoundry.build.model_config import MAX_CONFIG_BYTES, expert_count, lookup, read_config
@@ -19,6 +20,15 @@ from enginefoundry.spec import Precision, load_spec
 from tests.support.paths import CONFIGS, FIXTURES
 
 QWEN_MOE = FIXTURES / "model-configs" / "qwen3-30b-a3b" / "config.json"
+
+
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No hub: huggingface_hub reads HF_HUB_OFFLINE once, at import, so an earlier test's import would leave the
+    variable unread and a lookup would wait on the network (no internet here: ~20 s of retries)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 def write_spec(folder: Path, source: str = "hf://Qwen/Qwen3-30B-A3B@main", name: str = "qwen3-30b-a3b") -> Path:
@@ -33,7 +43,7 @@ def write_spec(folder: Path, source: str = "hf://Qwen/Qwen3-30B-A3B@main", name:
 
 
 def test_the_model_configs_folder_beside_the_spec_comes_before_the_packaged_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline(monkeypatch)
     spec = load_spec(write_spec(tmp_path, "hf://meta-llama/Llama-3.1-8B-Instruct@main", "llama-3.1-8b-instruct"))
     packaged = lookup(spec)
     assert packaged.config and packaged.source.endswith("configs/model-configs/llama-3.1-8b-instruct.json")
@@ -45,7 +55,7 @@ def test_the_model_configs_folder_beside_the_spec_comes_before_the_packaged_one(
 
 
 def test_a_hub_model_without_a_cached_config_is_not_downloaded_by_plan(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline(monkeypatch)
     spec = load_spec(write_spec(tmp_path))
     found = lookup(spec, fetch=False)
     assert found.config is None and "Qwen/Qwen3-30B-A3B@main" in found.why and "enginefoundry search" in found.why
@@ -65,7 +75,7 @@ def test_config_files_are_read_bounded_and_as_objects(tmp_path):
 
 
 def test_an_unsafe_model_name_is_not_a_path(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline(monkeypatch)
     spec = load_spec(write_spec(tmp_path))
     (tmp_path / "secret.json").write_text(json.dumps({"num_experts": 4}))
     hostile = spec.model_copy(update={"model": spec.model.model_copy(update={"name": "../secret"})})
@@ -120,7 +130,7 @@ def predicted(**kw) -> Predicted:
 
 
 def test_a_moe_search_shows_the_parallel_columns_and_builds_only_what_a_variant_is(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline(monkeypatch)
     (tmp_path / "model-configs").mkdir()
     shutil.copy(QWEN_MOE, tmp_path / "model-configs" / "qwen3-30b-a3b.json")
     spec = load_spec(write_spec(tmp_path))
@@ -138,14 +148,14 @@ def test_a_moe_search_shows_the_parallel_columns_and_builds_only_what_a_variant_
 
 
 def test_a_dense_search_keeps_its_columns(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline(monkeypatch)
     spec = load_spec(CONFIGS / "llama-3.1-8b-search.yaml")
     _, report = materialise(spec, predictor=FakePredictor([predicted()]), progress=lambda _: None)
     assert report.experts == 0 and "moe_ep" not in rows(report)[0]
 
 
 def test_without_any_config_the_reason_names_where_it_looked(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline(monkeypatch)
     spec = load_spec(write_spec(tmp_path))
     _, report = materialise(spec, predictor=FakePredictor([]), progress=lambda _: None)
     [ts] = report.targets
