@@ -23,7 +23,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -258,6 +258,18 @@ def store_key(key: ReferenceKey | SiblingReferenceKey) -> str:
 COMPUTE_COUNT = {"n": 0}
 
 
+def _candidates(cache: Path, store: Store | None, skey: str, signed: Iterable[str]) -> Iterator[tuple[str, bytes]]:
+    """Where a cached document may be, in order: the local cache, the store's document, and the store's signed
+    copies (blobs named by the digests a trusted key signed)."""
+    if cache.is_file():
+        yield "local cache", cache.read_bytes()
+    if store is not None and store.exists(skey):
+        yield "store", store.read_bytes(skey)
+    for digest in signed:
+        if store is not None and store.exists(blob_key(digest)):
+            yield "store", store.read_bytes(blob_key(digest))
+
+
 def _lookup(key: ReferenceKey | SiblingReferenceKey, cache: Path, store: Store | None,
             trust: InputTrust | None = None) -> tuple[ReferenceSet, str] | None:
     """The document of `key` from the local cache (re-published to the store if it lacks it), else the store.
@@ -267,17 +279,7 @@ def _lookup(key: ReferenceKey | SiblingReferenceKey, cache: Path, store: Store |
     skey = store_key(key)
     kind = _kind(key)
     signed = trust.proven(store, kind, key.digest) if trust is not None and trust.required and store is not None else {}
-
-    def candidates() -> Iterator[tuple[str, bytes]]:
-        if cache.is_file():
-            yield "local cache", cache.read_bytes()
-        if store is not None and store.exists(skey):
-            yield "store", store.read_bytes(skey)
-        for digest in signed:
-            if store is not None and store.exists(blob_key(digest)):
-                yield "store", store.read_bytes(blob_key(digest))
-
-    for source, data in candidates():
+    for source, data in _candidates(cache, store, skey, signed):
         try:
             ref = ReferenceSet.model_validate_json(data)
         except ValueError:
@@ -497,21 +499,12 @@ def load_or_compute_spread(model_dir: Path, cases: list[PromptCase], ref: Refere
     proof = trust is not None and trust.required and store is not None
     signed = trust.proven(store, "spread", key.digest) if trust is not None and proof and store is not None else {}
 
-    def candidates() -> Iterator[tuple[str, bytes]]:
-        if cache.is_file():
-            yield "local cache", cache.read_bytes()
-        if store is not None and store.exists(skey):
-            yield "store", store.read_bytes(skey)
-        for digest in signed:
-            if store is not None and store.exists(blob_key(digest)):
-                yield "store", store.read_bytes(blob_key(digest))
-
     def used(digest: str, origin: Literal["computed", "store", "local cache"], proven_by: str = "") -> None:
         if trust is not None:
             trust.record(BuildInput(kind="spread", key=key.digest, uri=store.url(skey) if store is not None else "",
                                     sha256=digest, origin=origin, proven_by=proven_by))
 
-    for source, data in candidates():
+    for source, data in _candidates(cache, store, skey, signed):
         try:
             spread = LogprobSpread.model_validate_json(data)
         except ValueError:

@@ -7,32 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import expand_units
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.records.alias_lineage import alias_problems, refuse_alias_collisions, unit_lineage
 from enginefoundry.records.promotion import PromotionPolicy, Registry, decide
-from enginefoundry.search.plan import materialise
-from enginefoundry.spec import BuildSpec, load_spec, parse_spec
-
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "configs"
-
-
-def _cpu() -> BuildSpec:
-    return load_spec(CONFIGS / "tiny-cpu.yaml")
-
-
-def _search(registered_model: str | None = None, mlflow: str | None = None) -> BuildSpec:
-    data = yaml.safe_load((CONFIGS / "tiny-search.yaml").read_text())
-    if registered_model is not None:
-        data["tracking"]["registered_model"] = registered_model
-    if mlflow is not None:
-        data["tracking"]["mlflow_uri"] = mlflow
-    spec, _ = materialise(parse_spec(data, base_dir=CONFIGS), progress=lambda _: None)
-    return spec
+from tests.support.shipped_specs import tiny_cpu, tiny_search
 
 
 @pytest.fixture
@@ -53,10 +34,10 @@ def _register(registry: Registry, model: str, tags: dict[str, str], *aliases: st
 
 def test_a_colliding_pair_is_refused_with_the_field_and_the_fix(registry: Registry, tmp_path: Path) -> None:
     """tiny-search as it was (registered into tiny-chat) after tiny-cpu's unit took `cpu`: refused at validate."""
-    cpu = _cpu()
+    cpu = tiny_cpu()
     (cpu_unit,) = expand_units(cpu)
     _register(registry, "tiny-chat", unit_lineage(cpu, cpu_unit).tags(), "cpu-champion", "cpu-candidate")
-    colliding = _search(registered_model="tiny-chat", mlflow=registry.uri)
+    colliding = tiny_search(registered_model="tiny-chat", mlflow=registry.uri)
     problems = alias_problems(colliding, registry)
     assert len(problems) == 1
     field, message = problems[0]
@@ -68,11 +49,11 @@ def test_a_colliding_pair_is_refused_with_the_field_and_the_fix(registry: Regist
         refuse_alias_collisions(colliding)
     # The same spec's own lineage, and the shipped (distinct) tiny-search, pass.
     assert alias_problems(cpu.model_copy(update={"tracking": colliding.tracking}), registry) == []
-    assert alias_problems(_search(mlflow=registry.uri), registry) == []
+    assert alias_problems(tiny_search(mlflow=registry.uri), registry) == []
 
 
 def test_promotion_never_judges_or_replaces_another_lineage(registry: Registry) -> None:
-    cpu, search = _cpu(), _search(registered_model="tiny-chat")
+    cpu, search = tiny_cpu(), tiny_search(registered_model="tiny-chat")
     cpu_lineage = unit_lineage(cpu, expand_units(cpu)[0])
     search_lineage = unit_lineage(search, expand_units(search)[0])
     champion = _register(registry, "tiny-chat", search_lineage.tags(), "cpu-champion")

@@ -4,36 +4,14 @@ side)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
 from enginefoundry.build.units import expand_units
 from enginefoundry.records.alias_lineage import manifest_lineage, unit_lineage
 from enginefoundry.records.promotion import alias_stems
-from enginefoundry.search.plan import materialise
-from enginefoundry.spec import BuildSpec, load_spec, parse_spec
-
-REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "configs"
-
-
-def _cpu() -> BuildSpec:
-    return load_spec(CONFIGS / "tiny-cpu.yaml")
-
-
-def _search(registered_model: str | None = None, mlflow: str | None = None) -> BuildSpec:
-    data = yaml.safe_load((CONFIGS / "tiny-search.yaml").read_text())
-    if registered_model is not None:
-        data["tracking"]["registered_model"] = registered_model
-    if mlflow is not None:
-        data["tracking"]["mlflow_uri"] = mlflow
-    spec, _ = materialise(parse_spec(data, base_dir=CONFIGS), progress=lambda _: None)
-    return spec
+from tests.support.shipped_specs import tiny_cpu, tiny_search
 
 
 def test_the_shipped_cpu_specs_take_distinct_aliases() -> None:
-    cpu, search = _cpu(), _search()
+    cpu, search = tiny_cpu(), tiny_search()
     cpu_stems = {(cpu.registered_model_name, s) for s in alias_stems(cpu).values()}
     search_stems = {(search.registered_model_name, s) for s in alias_stems(search).values()}
     assert cpu_stems == {("tiny-chat", "cpu")}  # `make demo`'s aliases are unchanged
@@ -44,7 +22,7 @@ def test_the_shipped_cpu_specs_take_distinct_aliases() -> None:
 
 
 def test_a_lineage_is_what_a_rollout_keeps() -> None:
-    spec = _cpu()
+    spec = tiny_cpu()
     (unit,) = expand_units(spec)
     mine = unit_lineage(spec, unit)
     # A new source or toolchain is the same lineage.
