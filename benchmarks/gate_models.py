@@ -627,7 +627,7 @@ def exported_build(name: str, build: str, *, prompt_tokens: int = 32) -> tuple[P
 
     def make(tmp: Path) -> None:
         for f in deq.folder.iterdir():
-            if f.is_file() and f.name != "simulated.json":
+            if f.is_file() and f.name != ".simulated.json":
                 shutil.copy2(f, tmp / f.name)
         _edit_weights(tmp, lambda t: t.update({k: v.to(getattr(torch, dtype_name)) for k, v in t.items()}))
         _edit_json(tmp / "config.json", lambda c: c.update({"dtype": dtype_name, "torch_dtype": dtype_name}))
@@ -687,7 +687,7 @@ def quantized_build(name: str, build: str, cases: list, *, prompt_tokens: int = 
 
     def make(tmp: Path) -> None:
         for f in sim.folder.iterdir():
-            if f.name not in ("simulated.json", "quantizers.safetensors"):
+            if f.name not in (".simulated.json", "quantizers.safetensors"):
                 shutil.copy2(f, tmp / f.name)
 
         def to_build_dtype(tensors: dict) -> None:

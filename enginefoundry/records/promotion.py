@@ -556,6 +556,11 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
     if candidate.tags.get(mltags.ROLLED_BACK_AT):
         return held.model_copy(update={"reasons": [*notes, f"candidate v{number} was rolled back from: only "
                                                            "`enginefoundry promote --version` puts it back"]})
+    from enginefoundry.evidence.attest import promotion_refusal
+
+    # A signature the policy requires and the candidate lacks refuses it whatever the comparison would say.
+    if refusal := promotion_refusal(manifest_uri_of(candidate), trust):
+        return held.model_copy(update={"reasons": [*notes, refusal]})
     cand_manifest = read_version_manifest(model, candidate)
     champ_manifest = read_version_manifest(model, champion) if champion is not None else None
     verdict = compare(cand_manifest, champ_manifest, policy,
@@ -565,10 +570,6 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
             [f"version {number} is tagged '{candidate.tags.get(mltags.STATUS) or 'untracked'}', not a candidate"]
         return held.model_copy(update={"reasons": [*notes, *reasons, *compared],
                                        "inconclusive": verdict.inconclusive})
-    from enginefoundry.evidence.attest import promotion_refusal
-
-    if refusal := promotion_refusal(manifest_uri_of(candidate), trust):
-        return held.model_copy(update={"reasons": [*notes, refusal]})
     move = registry.promote(model, stem, number, "; ".join(g.detail for g in verdict.gates))
     serving = None
     from enginefoundry.lanes.serve_files import SERVE_SH

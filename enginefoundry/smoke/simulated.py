@@ -216,12 +216,18 @@ def simulate(source: Path, precision: str, calibration: list[PromptCase], *, roo
     return _materialize(key, root, lambda tmp: _compute(source, precision, calibration, key, tmp, dtype, progress))
 
 
+# The folder's record of how it was made (its own path, the seconds it took): a hidden file, so the folder's
+# weights digest (identity.list_files skips hidden entries), which keys the simulation's answers and is signed as an
+# input, is the model's alone and the same on every worker.
+MARKER = ".simulated.json"
+
+
 def _materialize(key: SimulatedKey, root: Path | None,
                  compute: Callable[[Path], SimulatedModel]) -> SimulatedModel:
     """The folder of `key` under `root` (default_root()): found, or computed into `<key>.partial-<pid>` and renamed
     (whole or absent; a killed computation's folder is removed by the next one of that key)."""
     final = (root or default_root()) / key.digest
-    meta = final / "simulated.json"
+    meta = final / MARKER
     if meta.is_file():
         done = SimulatedModel.model_validate_json(meta.read_text())
         return done.model_copy(update={"folder": final, "source": "local cache"})
@@ -233,7 +239,7 @@ def _materialize(key: SimulatedKey, root: Path | None,
     try:
         made = compute(tmp)
         made.folder = final
-        (tmp / "simulated.json").write_text(made.model_dump_json(indent=2))
+        (tmp / MARKER).write_text(made.model_dump_json(indent=2))
         try:
             os.rename(tmp, final)  # whole or absent: a kill leaves only a .partial-<pid> folder, never read
         except OSError:

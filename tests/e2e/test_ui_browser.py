@@ -205,7 +205,7 @@ def test_a_typo_and_a_rejected_build_show_failed_with_one_message(cluster: Prefe
             assert message.startswith("1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected (smoke gate: "), message
             page_text = shows_failed(page, cluster, rejected["id"], "1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu")
             logs = run_logs(cluster, rejected["id"])
-            assert "WARNING 1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected" in logs, logs[-3000:]
+            assert "ERROR 1 of 1 unit(s) did not pass: fp32-tp1.chat.cpu rejected" in logs, logs[-3000:]
             assert "Traceback" not in logs and "Traceback" not in page_text
             children = cluster.children(rejected["id"])
             assert [(c["name"], c["state_type"]) for c in children] == [("unit fp32-tp1.chat.cpu", "FAILED")]

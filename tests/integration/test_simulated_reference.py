@@ -108,7 +108,7 @@ def _engine_build(sim_folder: Path, dst: Path, *, norm_scale: float = 1.0) -> Pa
     (convert_checkpoint.py makes an fp32 source fp16); optionally the final norm scaled."""
     dst.mkdir()
     for f in sim_folder.iterdir():
-        if f.name not in ("simulated.json", "quantizers.safetensors"):
+        if f.name not in (".simulated.json", "quantizers.safetensors"):
             shutil.copy2(f, dst / f.name)
     tensors = {k: v.to(torch.float16) for k, v in load_file(dst / "model.safetensors").items()}
     tensors["model.norm.weight"] = tensors["model.norm.weight"] * norm_scale
