@@ -109,7 +109,8 @@ class ReferenceLane(Lane):
         cast_checkpoint(source_dir, out, dtype)
         return ConvertResult(checkpoint_dir=str(out), params={"dtype": dtype, "format": "safetensors"})
 
-    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
+              draft_dir: Path | None = None) -> BuildResult:
         """Bundle the checkpoint and warm it up on the target's device, recording what that device is."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
