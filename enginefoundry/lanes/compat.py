@@ -179,7 +179,10 @@ def speculation_section() -> list[str]:
              "pinned release lacks (the rows above), a model family the feature page does not list for it "
              f"({REF_SPEC_MODELS}), `mtp` on a model without MTP layers, and a draft whose vocab_size differs from "
              "the target's (its tokenizer files are compared once both are fetched, before any GPU time). Lanes "
-             f"reference and trtllm-engine refuse the algorithms they do not serve. Other models: {ALL_MODELS}.", "",
+             "reference (draft_target only: transformers' assisted generation) and trtllm-engine refuse the "
+             "algorithms they do not serve. The smoke gate's rule `lossless speculation` compares every greedy "
+             "answer with the non-speculative twin's (docs/smoke-gate.md); lane trtllm has no twin server yet, so "
+             f"the rule rejects its speculative units as not run. Other models: {ALL_MODELS}.", "",
              "| algorithm | decoding_type | fields | draft | models |", "|---|---|---|---|---|"]
     for a in SpecAlgorithm:
         old, new = DECODING_TYPE[a]

@@ -221,3 +221,19 @@ def test_the_fetched_draft_is_checked_and_pinned(tmp_path):
     snap = SourceSnapshot(uri="hf://meta-llama/Llama-3.2-1B@main", kind=SourceKind.HF, local_dir=str(same),
                           revision="c" * 40, weights_digest="w", tokenizer_digest="t")
     assert pinned_draft(hub, snap).speculative.draft == "hf://meta-llama/Llama-3.2-1B@" + "c" * 40
+
+
+# --- the gate's lossless rule ------------------------------------------------------------------------------------
+
+def test_the_lossless_rule_compares_every_greedy_answer_with_the_twin():
+    from enginefoundry.smoke.gate import LOSSLESS, rule_lossless
+
+    served = [("a", "42", "stop"), ("b", "Paris", "stop")]
+    ok = rule_lossless(served, [("b", "Paris", "stop"), ("a", "42", "stop")])
+    assert ok.ok and ok.name == LOSSLESS and ok.kind == "hard" and "all 2 greedy answers" in ok.detail
+    bad = rule_lossless(served, [("a", "42", "stop"), ("b", "Cairo", "stop")])
+    assert not bad.ok and "1 of 2" in bad.detail and "'b'" in bad.detail and "'Cairo'" in bad.detail
+    cut = rule_lossless(served, [("a", "42", "length"), ("b", "Paris", "stop")])  # the same text, stopped otherwise
+    assert not cut.ok
+    never = rule_lossless(served, None, "the lane's server has no non-speculative switch")
+    assert not never.ok and never.not_run and "could not compare" in never.detail  # never passed on trust
