@@ -13,6 +13,9 @@ This server answers, with the same Hugging Face model code and greedy decoding:
   * `POST /v1/completions`: `prompt` as text or token ids; with `echo: true` and `logprobs: k` the answer's
     `logprobs.token_logprobs` / `top_logprobs` cover the prompt tokens too (the first is null), as vLLM's server
     does: that is how the gate scores the reference's continuation under the served model (teacher forcing);
+  * `POST /v1/chat/completions` with `stream: true`: the whole answer, then sent as one server-sent chunk per token
+    (so a streaming benchmark client such as AIPerf can measure a speculative unit's throughput; its time to first
+    token is the whole answer's latency here);
   * `GET /health`, `GET /v1/models`;
   * with `--draft` (the reference lane's draft/target speculation, issue 37): greedy answers come from transformers'
     assisted generation (`generate(..., assistant_model=draft)`, `--max-draft-len` candidate tokens per step, the
@@ -33,6 +36,7 @@ listens on.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -49,6 +53,7 @@ from typing import Any
 log = logging.getLogger("enginefoundry.smoke.serve")
 MAX_TOP = 20
 SPECULATIVE_PATH = "/v1/speculative"  # GET: the draft tokens proposed and accepted so far
+STREAM_PIECES = "_stream_pieces"  # the answer's text per token, sent as SSE chunks (never in a JSON answer)
 LOGITS_BUDGET_BYTES = 1 << 30  # float32 logits of one echo batch (tokens × vocabulary × 4 bytes)
 # Generation-config fields that leave greedy decoding the raw argmax (no logits processor): with only these
 # set, an echoed prompt's next token is read off the same forward pass instead of a second one.
@@ -406,7 +411,8 @@ class Api:
         return bool(new) and (new[-1] in self.scorer.eos or len(new) < max_tokens)
 
     def chat(self, messages: list[dict[str, Any]],  # JSON edge: the request's OpenAI chat messages
-             max_tokens: int, top: int | None, speculative: bool = True) -> dict[str, Any]:  # JSON edge: response
+             max_tokens: int, top: int | None, speculative: bool = True,
+             stream: bool = False) -> dict[str, Any]:  # JSON edge: OpenAI chat response
         s = self.scorer
         ids = s.chat_ids(messages)
         n = len(ids)
@@ -425,8 +431,13 @@ class Api:
             "index": 0, "finish_reason": "stop" if self._stopped(res.new, max_tokens) else "length",
             "message": {"role": "assistant", "content": s.tok.decode(res.new, skip_special_tokens=True)},
             "logprobs": {"content": content} if top is not None else None}
-        return {"object": "chat.completion", "choices": [choice],
-                "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
+        out: dict[str, Any] = {  # JSON edge: the response
+            "object": "chat.completion", "choices": [choice],
+            "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
+        if stream:
+            texts = [str(s.tok.decode(res.new[:i], skip_special_tokens=True)) for i in range(len(res.new) + 1)]
+            out[STREAM_PIECES] = [b[len(a):] for a, b in itertools.pairwise(texts)]
+        return out
 
     def complete(self, prompt: str | list[int], max_tokens: int, echo: bool,
                  top: int | None, speculative: bool = True) -> dict[str, Any]:  # JSON edge: completions response
@@ -475,8 +486,8 @@ class Api:
         if body.get("model") not in (None, self.name):
             raise RequestError(404, f"model '{body.get('model')}' is not served here; this server serves "
                                     f"'{self.name}'")
-        if body.get("stream"):
-            raise RequestError(400, "stream is not supported")
+        if body.get("stream") and path != "/v1/chat/completions":
+            raise RequestError(400, "stream is supported for chat completions only")
         speculative = body.get("speculative", True)
         if not isinstance(speculative, bool):
             raise RequestError(400, f"speculative must be true or false, got {speculative!r}")
@@ -487,7 +498,7 @@ class Api:
             max_tokens = _int_field(body, "max_tokens", 16, 1, 1 << 16) or 16
             want = bool(body.get("logprobs"))
             top = _int_field(body, "top_logprobs", 0, 0, MAX_TOP) if want else None
-            return self.chat(messages, max_tokens, top, speculative)
+            return self.chat(messages, max_tokens, top, speculative, stream=bool(body.get("stream")))
         if path == "/v1/completions":
             prompt: Any = body.get("prompt")
             ok_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
@@ -526,6 +537,27 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(data)
 
+        def _stream(self, answer: dict[str, Any], pieces: list[str]) -> None:  # JSON edge: the response
+            """An answer as server-sent chat chunks, one per token, after it is complete (the batcher generates
+            whole answers): a streaming client (AIPerf) gets the right tokens and throughput, but its time to
+            first token is the whole answer's latency here."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            choice = answer["choices"][0]
+            chunks = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
+                      *({"index": 0, "delta": {"content": p}, "finish_reason": None} for p in pieces),
+                      {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]
+            for i, c in enumerate(chunks):
+                event: dict[str, Any] = {"id": "chatcmpl-ef", "object": "chat.completion.chunk",  # JSON edge
+                                         "model": api.name, "choices": [c]}
+                if i == len(chunks) - 1:
+                    event["usage"] = answer["usage"]
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
@@ -545,7 +577,12 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
                     body = json.loads(self.rfile.read(length) or b"null")
                 except json.JSONDecodeError:
                     raise RequestError(400, "the request body is not JSON") from None
-                self._send(200, api.handle(self.path, body))
+                answer = api.handle(self.path, body)
+                pieces = answer.pop(STREAM_PIECES, None)
+                if pieces is None:
+                    self._send(200, answer)
+                else:
+                    self._stream(answer, pieces)
             except RequestError as err:
                 if err.status >= 500:
                     log.error("%s", err)

@@ -73,3 +73,34 @@ def test_a_draft_target_unit_is_lossless_and_a_broken_draft_path_is_rejected(tmp
     assert not broken.passed and LOSSLESS in {r.name for r in broken.verdict.failed}, broken.verdict.reason
     assert "the speculative path changed the model's answers" in broken.verdict.reason
     assert not stats["verified"]
+
+
+def test_the_benchmark_records_acceptance_and_the_speed_up_over_the_twin(tmp_path: Path):
+    """AIPerf against the speculative unit's server and against its twin (the same server, speculative: false):
+    every point has the draft tokens proposed and accepted during it and its speed-up at that concurrency."""
+    from enginefoundry.bench import run_sweep
+    from enginefoundry.tasks.bench import draft_counters, speculative_twin_sweep
+
+    spec = _spec(tmp_path)
+    bench = spec.benchmark.model_copy(update={"concurrency": [1, 2], "request_count": 6, "warmup_request_count": 1})
+    spec = spec.model_copy(update={"benchmark": bench})
+    lane = get_lane("reference")
+    unit = expand_units(spec)[0]
+    built = lane.build(spec, unit, TINY_MODEL, tmp_path / "work", TINY_DRAFT)
+    cmd = lane.smoke_serve_command(Path(built.bundle_dir), "127.0.0.1", free_port(), spec.model.name,
+                                   spec.lane_options)
+    command = cmd.command.model_copy(update={"env": {**cmd.command.env, "PYTHONPATH": str(REPO)}})
+    with serving(cmd.model_copy(update={"command": command}), tmp_path / "bench.log", timeout_s=120) as ep:
+        report = run_sweep(bench, url=ep.base_url, model=ep.model_name, tokenizer=ep.tokenizer_dir,
+                           out=tmp_path / "bench", progress=str, telemetry=False,
+                           draft_counters=draft_counters(ep.base_url))
+        report = speculative_twin_sweep(spec, ep, report, tmp_path / "bench", str, unit)
+    assert [p.concurrency for p in report.points] == [1, 2] and report.valid, report.failures
+    for p in report.points:
+        assert p.speculation is not None and p.speculation.drafted > 0 and p.speculation.accepted > 0
+        assert p.speculation.twin_output_tokens_per_s and p.metrics()["spec_speedup"] > 0
+    summary = report.summary()
+    assert 0.0 < summary["spec_acceptance_rate"] <= 1.0  # random synthetic prompts: lower than the prompt set
+    assert {"spec_speedup_c1", "spec_speedup_c2"} <= set(summary)
+    assert "Speculation: draft acceptance" in report.slo_markdown()
+    assert (tmp_path / "bench" / "twin" / "sweep.json").is_file()

@@ -237,3 +237,32 @@ def test_the_lossless_rule_compares_every_greedy_answer_with_the_twin():
     assert not cut.ok
     never = rule_lossless(served, None, "the lane's server has no non-speculative switch")
     assert not never.ok and never.not_run and "could not compare" in never.detail  # never passed on trust
+
+
+# --- the benchmark: acceptance rate and speed-up over the twin at each concurrency -------------------------------
+
+def test_the_sweep_records_acceptance_and_speed_up_per_concurrency():
+    from enginefoundry.bench import BenchPoint, SweepReport
+    from enginefoundry.bench.result import Percentiles, SpeculationPoint
+
+    def point(c, tok_s, spec=None):
+        return BenchPoint(tool="aiperf", scenario="short", concurrency=c, requested=8, completed=8, errors=0,
+                          error_rate=0.0, complete=True, output_tokens_per_s=tok_s, requests_per_s=1.0,
+                          ttft_ms=Percentiles(), itl_ms=Percentiles(), latency_ms=Percentiles(), input_len_avg=24,
+                          output_len_avg=16, speculation=spec)
+
+    unit = SweepReport(points=[point(1, 30.0, SpeculationPoint(drafted=30, accepted=27)),
+                               point(4, 50.0, SpeculationPoint(drafted=10, accepted=3))],
+                       slo=[], exports=[], duration_s=1.0)
+    twin = SweepReport(points=[point(1, 20.0), point(4, 100.0)], slo=[], exports=[], duration_s=1.0)
+    report = unit.with_twin(twin)
+    summary = report.summary()
+    assert {k: summary[k] for k in ("spec_acceptance_rate", "spec_speedup_c1", "spec_speedup_c4")} == {
+        "spec_acceptance_rate": 0.75, "spec_speedup_c1": 1.5, "spec_speedup_c4": 0.5}
+    m = report.points[0].metrics()  # MLflow, step = concurrency; the manifest's benchmark points
+    assert m["spec_acceptance_rate"] == 0.9 and m["spec_speedup"] == 1.5 and m["spec_twin_output_tokens_per_s"] == 20
+    assert report.table()[1]["speedup"] == 0.5 and "×1.50 at c1, ×0.50 at c4" in report.slo_markdown()
+    half = unit.with_twin(SweepReport(points=[point(1, 20.0)], slo=[], exports=[], duration_s=1.0))
+    assert "no valid twin point for short-c4" in half.warnings[0] and "spec_speedup_c4" not in half.summary()
+    plain = SweepReport(points=[point(1, 20.0)], slo=[], exports=[], duration_s=1.0)
+    assert not any(k.startswith("spec_") for k in plain.summary())  # other units: unchanged
