@@ -19,7 +19,7 @@ from enginefoundry.build.model_shape import read_model_config
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.toolchain import parse_version
 from enginefoundry.errors import InputError
-from enginefoundry.lanes.trtllm_flags import ABSENT, LLM_API, REF_SPEC_MODELS, flag
+from enginefoundry.lanes.trtllm_flags import ABSENT, CHECKED, LLM_API, REF_SPEC_MODELS, flag
 from enginefoundry.spec import BuildSpec, SourceKind, SpecAlgorithm, SpeculativeSpec
 
 FIELD = "speculative"
@@ -82,8 +82,8 @@ def release_problems(sp: SpeculativeSpec, version: str | None) -> list[tuple[str
     if entry.status(version) == ABSENT:
         return [(f"{FIELD}.algorithm",
                  f"{sp.algorithm.value} (speculative_config.decoding_type {dt}) is not in TensorRT-LLM {version}: the "
-                 f"first release whose sources show it is {entry.since} ({'; '.join(entry.refs[:2])}); pin "
-                 f"toolchain.trtllm_version {entry.since} or later, or use {_others(sp.algorithm, version)}")]
+                 f"first release whose sources show it is {entry.since} ({entry.refs[0].split(' (')[0]}); pin "
+                 f"toolchain.trtllm_version {_pin(entry.since)}, or use {_others(sp.algorithm, version)}")]
     out = []
     for key in cfg:
         if key == "decoding_type":
@@ -92,8 +92,15 @@ def release_problems(sp: SpeculativeSpec, version: str | None) -> list[tuple[str
         if item.status(version) == ABSENT:
             out.append((f"{FIELD}.{_spec_field(key)}",
                         f"speculative_config.{key} is not in TensorRT-LLM {version} (from {item.since}): remove it "
-                        f"or pin toolchain.trtllm_version {item.since} or later"))
+                        f"or pin toolchain.trtllm_version {_pin(item.since)}"))
     return out
+
+
+def _pin(since: str) -> str:
+    """A release the fix may name: the newest the registry's evidence covers, when it is that new."""
+    if parse_version(CHECKED).release >= parse_version(since).release:
+        return f"{CHECKED} (or another release from {since} on)"
+    return f"a release from {since} on"
 
 
 def _spec_field(key: str) -> str:

@@ -106,7 +106,8 @@ def test_mtp_ngram_and_draft_target_yaml():
 def test_an_algorithm_the_release_lacks_is_refused_with_the_fix():
     found = problems(spec_for("1.2.1", {"algorithm": "draft_target", "draft": "hf://meta-llama/Llama-3.2-1B@main"}))
     msg = found["speculative.algorithm"]
-    assert "Draft_Target" in msg and "1.2.1" in msg and "pin toolchain.trtllm_version 1.3" in msg
+    assert "Draft_Target" in msg and "1.2.1" in msg and "pin toolchain.trtllm_version 1.3.0rc24" in msg
+    assert get_lane("trtllm").validate_options(spec_for("1.3.0rc24", None)) == []  # the fix is a pin the lane takes
     assert "eagle3 / mtp / ngram" in msg
     # plan agrees: the registry calls the item absent for 1.2.1
     spec = spec_for("1.2.1", {"algorithm": "draft_target", "draft": "hf://meta-llama/Llama-3.2-1B@main"})
@@ -266,3 +267,31 @@ def test_the_sweep_records_acceptance_and_speed_up_per_concurrency():
     assert "no valid twin point for short-c4" in half.warnings[0] and "spec_speedup_c4" not in half.summary()
     plain = SweepReport(points=[point(1, 20.0)], slo=[], exports=[], duration_s=1.0)
     assert not any(k.startswith("spec_") for k in plain.summary())  # other units: unchanged
+
+
+# --- the reference lane serves a speculative bundle with its draft -----------------------------------------------
+
+def test_a_speculative_reference_bundle_is_served_with_its_draft(tmp_path):
+    from enginefoundry.errors import InputError
+    from enginefoundry.lanes.base import BundleInfo, ServeSettings
+
+    lane = get_lane("reference")
+
+    def bundle(**params):
+        BundleInfo(lane="reference", unit="u", params={"device": "cpu", **params},
+                   serve=ServeSettings(model_dir="model")).write(tmp_path)
+        return tmp_path
+
+    b = bundle(speculative="draft_target", draft="draft", max_draft_len=4)
+    for cmd in (lane.serve_command(b, "127.0.0.1", 8000), lane.named_serve_command(b, "127.0.0.1", 8000, "tiny"),
+                lane.smoke_serve_command(b, "127.0.0.1", 8000, "tiny")):
+        argv = cmd.command.argv
+        assert "enginefoundry.smoke.serve" in argv and argv[argv.index("--draft") + 1] == str((b / "draft").resolve())
+        assert argv[argv.index("--max-draft-len") + 1] == "4" and cmd.shipped  # the benchmarked, shipped server
+    with pytest.raises(InputError, match="rebuild it"):
+        lane.serve_command(bundle(draft="../elsewhere", max_draft_len=4), "127.0.0.1", 8000)
+    plain = lane.serve_command(bundle(), "127.0.0.1", 8000)
+    assert "--draft" not in plain.command.argv and "serve" in plain.command.argv  # transformers serve, as before
+    spec = spec_for(None, {"algorithm": "draft_target", "draft": "hf://org/draft@v"}, lane="reference")
+    described = " ".join(" ".join(c.argv) for c in lane.describe(spec, expand_units(spec)[0]))
+    assert "--draft <bundle>/draft --max-draft-len 3" in described and "transformers serve" not in described
