@@ -307,6 +307,7 @@ class TrtllmLane(TrtllmLaneBase):
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC
+    moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
