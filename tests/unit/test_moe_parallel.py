@@ -250,3 +250,21 @@ def test_past_the_evidence_the_moe_keys_are_to_be_probed_and_the_probe_decides(f
     without = s14.model_copy(update={"llm_api": fields})
     with pytest.raises(UnsupportedByRelease, match="enable_attention_dp"):
         check_against_surface(lane.planned_work(spec, u, without), without)
+
+
+def test_shared_experts_and_dense_layers_count_as_active_and_the_lane_option_names_the_variant_field():
+    # a DeepSeek-shaped config: 1 dense layer of 3, 8 routed experts (2 active) and 1 shared expert per MoE layer
+    cfg = {"num_hidden_layers": 3, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 64,
+           "moe_intermediate_size": 8, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+           "first_k_dense_replace": 1, "vocab_size": 100}
+    shape = ModelShape.from_config(cfg)
+    parts = shape.params()
+    assert (shape.num_experts, shape.dense_layers, shape.shared_intermediate_size) == (8, 1, 8)
+    assert parts["experts"] == 2 * 8 * 3 * 16 * 8  # 2 MoE layers × 8 experts × gated FFN 16 → 8
+    assert parts["mlp"] == 3 * 16 * 64 + 2 * (3 * 16 * 8 + 16 * 8)  # the dense layer; shared experts and routers
+    assert shape.active_param_count() == shape.param_count() - parts["experts"] * 6 // 8
+    # the LLM API names written as lane options are refused with the variant field to set instead
+    for option, field in (("moe_expert_parallel_size", "moe_ep"), ("moe_tensor_parallel_size", "moe_tp"),
+                          ("enable_attention_dp", "attention_dp")):
+        with pytest.raises(SpecError, match=rf"not a lane option: set it as variants\[\]\.{field}"):
+            qwen_spec(lane_options={option: 8})
