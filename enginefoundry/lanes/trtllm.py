@@ -28,7 +28,7 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
 from enginefoundry.gpu.devices import host_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
-from enginefoundry.lanes import triton_llmapi
+from enginefoundry.lanes import moe_parallel, triton_llmapi
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
     SERVE_CWD_VAR,
@@ -174,6 +174,7 @@ def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge:
         "max_seq_len": p.max_seq_len,
         "kv_cache_config": kv,
     }
+    cfg.update(moe_parallel.llm_api_options(v))  # moe_expert/tensor_parallel_size, enable_attention_dp when set
     if v.precision in TORCH_DTYPE:
         # The HF checkpoint passes through unconverted: pin the compute dtype to the variant's.
         cfg["dtype"] = TORCH_DTYPE[v.precision]
@@ -306,6 +307,7 @@ class TrtllmLane(TrtllmLaneBase):
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC
+    moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
@@ -324,6 +326,7 @@ class TrtllmLane(TrtllmLaneBase):
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
+        problems += moe_parallel.variant_problems(spec)  # moe_tp × moe_ep = tp, attention DP needs tp ≥ 2
         if self.options(spec).triton:
             why = triton_image_problem(spec.toolchain.trtllm_version, spec.toolchain.image)
             if why:
