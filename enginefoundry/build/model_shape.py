@@ -32,6 +32,12 @@ class ModelShape(BaseModel):
     tie_word_embeddings: bool = False
     gated_mlp: bool = True
     num_experts: int = 1
+    # Mixture of experts: the routed experts' FFN width (Qwen3-MoE / DeepSeek `moe_intermediate_size`; Mixtral's
+    # experts are `intermediate_size` wide), experts per token, always-on shared experts' width, dense layers.
+    moe_intermediate_size: int | None = None
+    experts_per_token: int = 1
+    shared_intermediate_size: int = 0
+    dense_layers: int = 0
     dtype: str | None = None
     max_position_embeddings: int | None = None
     rope_scaling: dict[str, Any] | None = None  # JSON edge: config.json rope_scaling
@@ -55,7 +61,12 @@ class ModelShape(BaseModel):
                 vocab_size=int(cfg["vocab_size"]),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
                 gated_mlp=str(cfg.get("hidden_act", "silu")) in ("silu", "swiglu", "gelu_pytorch_tanh", "geglu"),
-                num_experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 1),
+                num_experts=_experts(cfg),
+                moe_intermediate_size=cfg.get("moe_intermediate_size"),
+                experts_per_token=int(cfg.get("num_experts_per_tok") or 1),
+                shared_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+                or int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0),
+                dense_layers=_dense_layers(cfg),
                 # transformers 5 writes `dtype`; older configs `torch_dtype`.
                 dtype=cfg.get("dtype") or cfg.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype"),
                 max_position_embeddings=cfg.get("max_position_embeddings"),
@@ -79,21 +90,59 @@ class ModelShape(BaseModel):
             return int(self.max_position_embeddings * float(rope["factor"]))
         return int(self.max_position_embeddings)
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
     def params(self) -> dict[str, int]:
-        """Parameter count by part (biases ignored: Llama-family models have none)."""
+        """Parameter count by part (biases ignored: Llama-family models have none). `attention`, `experts` (every
+        routed expert of every MoE layer) and `mlp` (dense layers' and shared experts' FFNs, routers) are the linear
+        layers; a dense model has no `experts`."""
         h, hd = self.hidden_size, self.head_dim
         attn = h * self.num_attention_heads * hd * 2 + h * self.num_key_value_heads * hd * 2
-        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size * self.num_experts
-        router = h * self.num_experts if self.num_experts > 1 else 0
+        ffn = 3 if self.gated_mlp else 2
+        layers = self.num_hidden_layers
+        if self.is_moe:
+            moe_layers = max(0, layers - self.dense_layers)
+            expert = ffn * h * (self.moe_intermediate_size or self.intermediate_size)
+            experts = moe_layers * expert * self.num_experts
+            mlp = (self.dense_layers * ffn * h * self.intermediate_size
+                   + moe_layers * (ffn * h * self.shared_intermediate_size + h * self.num_experts))
+        else:
+            experts, mlp = 0, layers * ffn * h * self.intermediate_size
         return {
             "embedding": self.vocab_size * h,
-            "linear": self.num_hidden_layers * (attn + mlp + router),
-            "norms": self.num_hidden_layers * 2 * h + h,
+            "attention": layers * attn,
+            "experts": experts,
+            "mlp": mlp,
+            "norms": layers * 2 * h + h,
             "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h,
         }
 
     def param_count(self) -> int:
+        """Total parameters: what the checkpoint holds and the GPUs load."""
         return sum(self.params().values())
+
+    def active_param_count(self) -> int:
+        """Parameters one token passes through: the routed experts count `experts_per_token` of `num_experts`."""
+        parts = self.params()
+        routed = parts["experts"] * min(self.experts_per_token, self.num_experts) // max(self.num_experts, 1)
+        return sum(parts.values()) - parts["experts"] + routed
+
+
+def _experts(cfg: dict[str, Any]) -> int:  # JSON edge: config.json
+    """Routed experts (enginefoundry.build.model_config.expert_count reads the same keys); 1 for a dense model."""
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            return value
+    return 1
+
+
+def _dense_layers(cfg: dict[str, Any]) -> int:  # JSON edge: config.json
+    """Layers of an MoE model with a dense FFN: DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers."""
+    only = cfg.get("mlp_only_layers")
+    return int(cfg.get("first_k_dense_replace") or 0) + (len(only) if isinstance(only, list) else 0)
 
 
 def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:  # JSON edge: a Hugging Face config.json

@@ -98,7 +98,7 @@ def checkpoint_key_components(
         "tokenizer_digest": tokenizer_digest,
         "lane": spec.lane,
         "toolchain": toolchain,
-        "variant": variant.model_dump(mode="json", exclude={"targets"}),
+        "variant": variant.key_json(),
         "calibration": calib,
     }
 
@@ -123,7 +123,7 @@ def unit_key_components(
         "tokenizer_digest": tokenizer_digest,
         "lane": spec.lane,
         "toolchain": toolchain,
-        "variant": unit.variant.model_dump(mode="json", exclude={"targets"}),
+        "variant": unit.variant.key_json(),
         "profile": unit.profile.model_dump(mode="json"),
         "target": target_identity(unit.target),
         "calibration": calib,

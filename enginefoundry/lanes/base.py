@@ -189,6 +189,7 @@ class Lane(ABC):
     needs_gpu: bool = False  # refuse cpu targets
     embedding_sharded: bool = True  # the embedding is split over tp ranks (False: replicated on every tp rank)
     sizes_kv_pool: bool = True  # the runtime gives the free memory to a KV pool (the KV budget check applies)
+    moe_parallel: bool = False  # variants may set moe_ep / moe_tp / attention_dp (enginefoundry.lanes.moe_parallel)
     # Precisions whose converted checkpoint is ModelOpt's unified export, which smoke.reference_precision: simulated
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
     dequantizable: frozenset[str] = frozenset()

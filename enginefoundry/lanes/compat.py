@@ -30,6 +30,21 @@ from enginefoundry.lanes.trtllm_flags import (
     Flag,
 )
 
+
+def moe_parallel_section() -> list[str]:
+    """The variant fields of MoE parallelism, the LLM API keys they emit, TensorRT-LLM's rules and the refusals."""
+    from enginefoundry.lanes.moe_parallel import DOC_FIELDS, DOC_RULES
+
+    lines = ["## MoE parallelism (`variants[].moe_ep`, `moe_tp`, `attention_dp`; lane `trtllm`)", "",
+             "| variant field | LLM API key | emitted when | evidence |", "|---|---|---|---|"]
+    for field, key, when in DOC_FIELDS:
+        entry = next(e for e in EMITTED if e.key == key)
+        lines.append(f"| `{field}` | `{key}` | {when} | {'; '.join(entry.refs)} |")
+    lines += ["", "Refused at `validate` and `plan`, before any download, with the field and the fix:", ""]
+    lines += [f"- {rule}" for rule in DOC_RULES]
+    return lines
+
+
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trtllm-compat.md"
 # Column → the release it is judged at. 1.3: the line that removed the engine path ("post-removal"), as far as
 # the registry's evidence reaches (rc24); the later 1.3 rcs and the 1.4 line: releases it knows, items to be probed
@@ -123,6 +138,7 @@ def render() -> str:
         lines.append(f"| {model} | {len(keys)} keys | {cells} | {REF_TEMPLATES}; {REF_TRITON_REMOVED} |")
     lines.append(f"| llmapi/tensorrt_llm (lane trtllm, `model.yaml`; no `${{}}` keys) | the {LLMAPI_TRITON} rows "
                  f"above | " + " | ".join("see rows" for _ in cols) + f" | {REF_LLMAPI_PBTXT}; {REF_LLMAPI_DOCS} |")
+    lines += ["", *moe_parallel_section()]
     lines += ["", "## Refused: removed or renamed flags", "", "| flag | tool | change | in | replacement | evidence |",
               "|---|---|---|---|---|---|"]
     for r in REMOVED.values():

@@ -29,6 +29,7 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
 )
+from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.reference_options import reference_options
 from enginefoundry.spec import Arch, BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
@@ -108,6 +109,8 @@ class ReferenceLane(Lane):
                                  f"use one of {', '.join(p.value for p in TORCH_DTYPES)} or lane trtllm"))
             if v.tp != 1 or v.pp != 1:
                 problems.append((f"variants.{i}.tp", "the reference lane serves on one device: use tp: 1, pp: 1"))
+        problems += unsupported_problems(spec, self.name, "serves on one device, every expert in one model: it has "
+                                                          "no expert, MoE tensor or attention data parallelism")
         return problems
 
     def versions(self) -> dict[str, str]:

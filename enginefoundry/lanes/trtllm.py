@@ -29,7 +29,7 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
 from enginefoundry.gpu.devices import host_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
-from enginefoundry.lanes import speculation, triton_llmapi
+from enginefoundry.lanes import moe_parallel, speculation, triton_llmapi
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
     SERVE_CWD_VAR,
@@ -178,6 +178,7 @@ def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
         "max_seq_len": p.max_seq_len,
         "kv_cache_config": kv,
     }
+    cfg.update(moe_parallel.llm_api_options(v))  # moe_expert/tensor_parallel_size, enable_attention_dp when set
     if v.precision in TORCH_DTYPE:
         # The HF checkpoint passes through unconverted: pin the compute dtype to the variant's.
         cfg["dtype"] = TORCH_DTYPE[v.precision]
@@ -314,6 +315,7 @@ class TrtllmLane(TrtllmLaneBase):
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC
     speculative_algorithms = frozenset(a.value for a in SpecAlgorithm)  # the four speculative_config classes
+    moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
@@ -336,6 +338,7 @@ class TrtllmLane(TrtllmLaneBase):
             found = lookup(spec)  # config.json without a download: a local source, model-configs/, the Hub cache
             problems += speculation.spec_problems(spec, spec.toolchain.trtllm_version, found.config,
                                                   found.source or "the model's config.json")
+        problems += moe_parallel.variant_problems(spec)  # moe_tp × moe_ep = tp, attention DP needs tp ≥ 2
         if self.options(spec).triton:
             why = triton_image_problem(spec.toolchain.trtllm_version, spec.toolchain.image)
             if why:

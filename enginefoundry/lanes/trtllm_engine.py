@@ -36,6 +36,7 @@ from enginefoundry.lanes.base import (
     ServeSettings,
     TritonSettings,
 )
+from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.trtllm import model_activation_dtype
 from enginefoundry.lanes.trtllm_base import (
     WORKER_PYTHON,
@@ -355,6 +356,8 @@ class TrtllmEngineLane(TrtllmLaneBase):
             problems.append(("toolchain.trtllm_version",
                              "lane trtllm-engine needs a pinned TensorRT-LLM 1.0 – 1.2.x (e.g. 1.2.1): an unpinned "
                              "or --pre install may be 1.3+, which has no engine path"))
+        problems += unsupported_problems(spec, self.name, "does not emit MoE parallelism (convert_checkpoint.py's "
+                                                          "MoE flags are not registered here)")
         load_by_shard = bool(self.options(spec).load_by_shard)
         for i, v in enumerate(spec.variants):
             if v.kv_cache_dtype in (KVCacheDtype.FP16, KVCacheDtype.BF16):

@@ -82,6 +82,16 @@ REF_SERVE_14 = ("docs 1.4.0rc4/commands/trtllm-serve/trtllm-serve.html (syntax: 
 REF_LLM_API_14 = ("docs 1.4.0rc4/llm-api/reference/TorchLlmArgs.html (tensor_parallel_size, dtype, "
                   "pipeline_parallel_size, moe_tensor_parallel_size, moe_expert_parallel_size, enable_attention_dp, "
                   "kv_cache_config, enable_chunked_prefill)")
+# MoE parallelism (issue 37 item 1). The three options of BaseLlmArgs, inherited by TorchLlmArgs; the world-size rules
+# are Mapping's (tensorrt_llm/mapping.py), which the LLM API builds from them (enginefoundry/lanes/moe_parallel.py).
+REF_MOE_LLM_ARGS = ("tensorrt_llm/llmapi/llm_args.py@fcd3f31682808ae56118ae43c1d7864a3a945e6f (BaseLlmArgs: "
+                    "moe_tensor_parallel_size, moe_expert_parallel_size: Optional[int] = None, enable_attention_dp: "
+                    "bool = False)")
+REF_MAPPING = ("tensorrt_llm/mapping.py@b35ac1b64368513d215c57d2ed01d62d910df8da (MappingBase: moe_tp × moe_ep × "
+               "moe_cluster must equal tp; unset moe_tp = tp // moe_ep; dp_size = tp_size if enable_attention_dp; "
+               "ep_experts: num_experts // moe_ep_size per rank)")
+REF_ADP_ATTENTION = ("tensorrt_llm/_torch/modules/attention.py@c6d3bb2aae305e0b5ac1b97b7954dcf87d653322 (attention "
+                     "with tp_size = 1 under enable_attention_dp: replicated weights)")
 # Top-level LLM() options of the PyTorch backend at 1.0.0 (the 1.0 templates write them under build_config instead).
 REF_LLM_RUNTIME_100 = ("docs 1.0.0/examples/llm_runtime.html (LLM(max_batch_size=, max_seq_len=, "
                        "cuda_graph_config=CudaGraphConfig(batch_sizes=, enable_padding=), kv_cache_config="
@@ -322,6 +332,14 @@ EMITTED: tuple[Flag, ...] = (
     Flag(LLM_API, "speculative_config.decoding_type", value="Draft_Target", since="1.3",
          refs=(REF_SPEC_FEATURE_13, REF_SPEC_14, REF_SPEC_CLASSES), checked=LINE_14,
          note="draft_target; no release-named source before 1.3.0rc17: refused below 1.3"),
+    # In every template from 0.20.0 to 1.3.0rc23 (keys.json) and in the 1.4.0rc4 TorchLlmArgs reference.
+    *_flags(LLM_API, "moe_expert_parallel_size moe_tensor_parallel_size",
+            refs=(ref_aic("1.0.0", "1.3.0rc23"), REF_LLM_API_14, REF_MOE_LLM_ARGS, REF_MAPPING), checked=LINE_14,
+            note="emitted only for a variant with moe_ep > 1 or moe_tp (variants[].moe_ep, variants[].moe_tp)"),
+    Flag(LLM_API, "enable_attention_dp",
+         refs=(ref_aic("1.0.0", "1.3.0rc23"), REF_LLM_API_14, REF_MOE_LLM_ARGS, REF_MAPPING, REF_ADP_ATTENTION),
+         checked=LINE_14,
+         note="emitted only for a variant with attention_dp: true (needs tp ≥ 2)"),
 )
 
 _EMITTED_INDEX = {(f.tool, f.key): f for f in EMITTED}
@@ -431,6 +449,12 @@ SPEC_FIELDS: dict[str, str] = {
     "kv_cache_type": "profiles[].paged_kv_cache",
     "tensor_parallel_size": "variants[].tp",
     "pipeline_parallel_size": "variants[].pp",
+    "moe_expert_parallel_size": "variants[].moe_ep",
+    "moe_ep_size": "variants[].moe_ep",
+    "ep_size": "variants[].moe_ep",
+    "moe_tensor_parallel_size": "variants[].moe_tp",
+    "moe_tp_size": "variants[].moe_tp",
+    "enable_attention_dp": "variants[].attention_dp",
     "kv_cache_dtype": "variants[].kv_cache_dtype",
     "use_fp8": "variants[].precision: fp8",
     "use_nvfp4": "variants[].precision: nvfp4",

@@ -58,6 +58,13 @@ def spec_checks(spec: BuildSpec, unit: Unit, problems: list[tuple[str, str]]) ->
     return out
 
 
+def _moe_shape(unit: Unit) -> str:
+    """The variant's MoE parallelism for the plan's tp×pp cell ("" where it sets none)."""
+    v = unit.variant
+    parts = [f"ep{v.moe_ep}×moe_tp{v.moe_tp_size}"] if v.moe_ep > 1 or v.moe_tp is not None else []
+    return "".join(f" {p}" for p in [*parts, *(["attention DP"] if v.attention_dp else [])])
+
+
 def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanReport:
     lane = get_lane(spec.lane)
     config = model_config_for(spec)
@@ -74,7 +81,7 @@ def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanR
         problems = report.problems
         rows.append({
             "unit": unit.name, "precision": unit.variant.precision.value,
-            "tp×pp": f"{unit.variant.tp}×{unit.variant.pp}", "target": unit.target.name,
+            "tp×pp": f"{unit.variant.tp}×{unit.variant.pp}" + _moe_shape(unit), "target": unit.target.name,
             "arch": unit.target.arch.value, "pool": unit.target.pool,
             "batch/in/seq": f"{unit.profile.max_batch_size}/{unit.profile.max_input_len}/{unit.profile.max_seq_len}",
             "reference": reference_summary(spec, unit),

@@ -24,11 +24,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.build.model_config import expert_count
 from enginefoundry.build.model_shape import Check, ModelShape
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import PreflightError
 from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
+from enginefoundry.lanes.moe_parallel import MOE_ADP_REPLICATES, expert_check
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
 from enginefoundry.spec.checks import (
@@ -63,6 +65,9 @@ LINEAR_BYTES = {
 
 class MemoryEstimate(BaseModel):
     params: int
+    active_params: int | None = Field(default=None, description="per token, for a mixture-of-experts model")
+    expert_weights_bytes_per_gpu: int | None = Field(default=None, description="the routed experts' share of "
+                                                     "weights_bytes_per_gpu (split over moe_ep × moe_tp)")
     weights_bytes_total: int
     weights_bytes_per_gpu: int
     kv_bytes_per_token_per_gpu: int
@@ -177,7 +182,11 @@ def _parallel_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> l
     else:
         extra = f" (uses {world} of {t.gpu_count})" if world < t.gpu_count else ""
         out.append(Check(name="parallelism", ok=True, message=f"tp {v.tp} × pp {v.pp} on {t.gpu_count} GPU(s){extra}"))
-    if shape:
+    if shape and v.attention_dp:
+        out.append(Check(name="heads_divisible", ok=True,
+                         message=f"attention DP: every rank runs attention with all {shape.num_attention_heads} heads "
+                                 f"({MOE_ADP_REPLICATES.split(' (')[0]})"))
+    elif shape:
         problems = []
         if shape.num_attention_heads % v.tp:
             problems.append(f"{shape.num_attention_heads} attention heads are not divisible by tp {v.tp}")
@@ -221,27 +230,39 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
     TensorRT-LLM loads the weights, allocates activations, then gives `kv_cache_free_gpu_memory_fraction` of the
     free memory to the KV pool. Estimate: kv_budget = (memory − weights) × (1 − RUNTIME_MARGIN) × fraction.
     The engine lane replicates the embedding on every TP rank (convert_checkpoint's --use_parallel_embedding
-    is off by default); the PyTorch backend shards it.
+    is off by default); the PyTorch backend shards it. A mixture-of-experts model loads every expert (total, not
+    active, parameters): the routed experts are split over moe_ep × moe_tp ranks, the rest over tp, unless attention
+    DP replicates it on every rank (and each rank's KV cache then holds every KV head of its own requests).
     """
     v, p = unit.variant, unit.profile
     act = activation_dtype(v.precision, shape) or "bfloat16"
     act_bytes = TORCH_BYTES.get(act, 2)
     parts = shape.params()
-    linear_bytes = parts["linear"] * LINEAR_BYTES[v.precision]
+    per_weight = LINEAR_BYTES[v.precision]
+    expert_bytes = parts["experts"] * per_weight
+    dense_bytes = (parts["attention"] + parts["mlp"]) * per_weight
     other_bytes = (parts["lm_head"] + parts["norms"]) * act_bytes
     embed_bytes = parts["embedding"] * act_bytes
     world = v.tp * v.pp
-    total = int(linear_bytes + other_bytes + embed_bytes)
-    embed_per_gpu = embed_bytes / world if get_lane(spec.lane).embedding_sharded else embed_bytes / v.pp
-    per_gpu = int((linear_bytes + other_bytes) / world + embed_per_gpu)
+    total = int(expert_bytes + dense_bytes + other_bytes + embed_bytes)
+    # Routed experts: split over moe_ep × moe_tp (= tp, the lane's world-size rule) ranks of each pipeline stage.
+    experts_per_gpu = expert_bytes / (v.moe_ep * v.moe_tp_size * v.pp)
+    if v.attention_dp:
+        # Attention DP: attention, dense FFNs, embedding and lm_head run with tp 1 on every rank (MOE_ADP_REPLICATES).
+        per_gpu = int((dense_bytes + other_bytes + embed_bytes) / v.pp + experts_per_gpu)
+    else:
+        embed_per_gpu = embed_bytes / world if get_lane(spec.lane).embedding_sharded else embed_bytes / v.pp
+        per_gpu = int((dense_bytes + other_bytes) / world + embed_per_gpu + experts_per_gpu)
 
     kv_bytes = KV_BYTES.get(
         v.kv_cache_dtype, act_bytes)
     layers_per_stage = math.ceil(shape.num_hidden_layers / v.pp)
-    kv_heads_per_gpu = math.ceil(shape.num_key_value_heads / v.tp)
+    kv_heads_per_gpu = shape.num_key_value_heads if v.attention_dp else math.ceil(shape.num_key_value_heads / v.tp)
     kv_per_token = layers_per_stage * 2 * kv_heads_per_gpu * shape.head_dim * kv_bytes
 
-    est = MemoryEstimate(params=shape.param_count(), weights_bytes_total=total, weights_bytes_per_gpu=per_gpu,
+    est = MemoryEstimate(params=shape.param_count(), active_params=shape.active_param_count() if shape.is_moe else None,
+                         expert_weights_bytes_per_gpu=int(experts_per_gpu) if shape.is_moe else None,
+                         weights_bytes_total=total, weights_bytes_per_gpu=per_gpu,
                          kv_bytes_per_token_per_gpu=kv_per_token, gpu_memory_bytes=gpu_memory_bytes,
                          gpu_memory_source=gpu_memory_source)
     if gpu_memory_bytes:
@@ -637,6 +658,13 @@ def preflight(spec: BuildSpec, unit: Unit,
     report.checks += lane.preflight_checks(spec, unit, shape)  # precision × arch, plugins, chunked prefill
     report.checks += _length_checks(spec, unit, shape)
     report.checks += _parallel_checks(spec, unit, shape)
+    if unit.variant.moe_ep > 1 or unit.variant.moe_tp is not None:
+        if model_config is None:
+            report.notes.append("model config unknown: the expert count is not checked against moe_ep")
+        else:
+            experts = expert_check(unit.variant, expert_count(model_config))
+            if experts is not None:
+                report.checks.append(experts)
     if t.arch is Arch.CPU:
         return report
     if shape is None:
@@ -660,7 +688,8 @@ def format_estimates(report: PreflightReport) -> str:
     e = report.estimates
     if e is None:
         return "; ".join(report.notes) or "no estimates"
-    parts = [f"{e.params / 1e9:.1f}B params", f"weights {_gib(e.weights_bytes_per_gpu)}/GPU",
+    active = f" ({e.active_params / 1e9:.1f}B active)" if e.active_params is not None else ""
+    parts = [f"{e.params / 1e9:.1f}B params{active}", f"weights {_gib(e.weights_bytes_per_gpu)}/GPU",
              f"KV {e.kv_bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU"]
     if e.kv_tokens_fit is not None:
         parts.append(f"KV pool ≈{e.kv_tokens_fit / 1000:.1f}k tokens ({e.full_sequences_fit} full sequences)")

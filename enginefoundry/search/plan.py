@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from enginefoundry.bench.costs import cost_per_mtok
 from enginefoundry.build.model_config import ModelConfig, expert_count, lookup
+from enginefoundry.lanes import get_lane
 from enginefoundry.search.predictor import (
     AIConfigurator,
     Coverage,
@@ -136,23 +137,22 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
     scored = sorted(pool, key=lambda p: -(objective_value(objective, spec, target, p) or float("-inf")))
     seen: set[str] = set()
     config = config if config is not None else lookup(spec).config
+    moe_lane = get_lane(spec.lane).moe_parallel
     for p in scored:
-        variant = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
+        variant, not_a_unit = searched_variant(p, spec.lane, moe_lane)
         unit = Unit(variant=variant, profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"),
                     target=target)
-        name = unit.name if p.tp_pp_only else f"{unit.name} {p.moe_label()}"
+        name = unit.name if not not_a_unit else f"{unit.name} {p.moe_label()}"
         if name in seen:
             continue
         seen.add(name)
         value = objective_value(objective, spec, target, p)
         cand = Candidate(rank=len(ts.candidates) + 1, predicted=p, objective_value=value, unit=unit.name,
                          usd_per_mtok=cost_per_mtok(spec, target, p.tokens_per_s_gpu))
-        if not p.tp_pp_only:
-            # A variant is precision × tp × pp: expert parallelism and attention data parallelism are not variant
-            # fields yet, so this configuration is shown and not built (building it as tp × pp would measure another
-            # configuration than the one predicted).
+        if not_a_unit:
+            # Building it as another shape would measure another configuration than the one predicted.
             cand.unit = "-"
-            cand.verdict = f"not a unit: {p.moe_label()} needs expert/attention-DP variant fields"
+            cand.verdict = f"not a unit: {p.moe_label()}: {not_a_unit}"
         elif len(ts.units) >= search.top_k:
             cand.verdict = "below top_k"
         else:
@@ -167,6 +167,29 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
         ts.reason = "no predicted configuration became a unit: " + (
             "; ".join(f"{k}: {v}" for k, v in ts.problems.items()) or "every one was refused by preflight")
     return ts
+
+
+def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, str | None]:
+    """The variant that runs a predicted configuration, or (its tp × pp shape, why none does).
+
+    The predictor's columns are AIConfigurator's (tp, pp, dp = attention tp, pp, attention DP; moe_tp, moe_ep of the
+    MoE layers; GPUs = tp × pp × dp). Its own TensorRT-LLM generator turns them into LLM API options as
+    tensor_parallel_size = moe_tp × moe_ep and enable_attention_dp = dp > 1 for an MoE model (AIConfigurator 0.12.0
+    generator/rule_plugin/trtllm.rule), and TensorRT-LLM's attention DP runs attention with tp 1 on each of the tp
+    ranks (mapping.py dp_size = tp_size): a configuration with attention tp inside attention DP is not one TensorRT-LLM
+    runs, and one whose MoE world is not its GPUs is not a shape at all."""
+    plain = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
+    if p.tp_pp_only:
+        return plain, None
+    if not moe_lane:
+        return plain, f"lane {lane} has no expert/attention-DP parallelism (lane trtllm has: moe_ep, attention_dp)"
+    world = p.moe_tp * p.moe_ep
+    if p.dp > 1 and p.tp > 1:
+        return plain, (f"attention tp {p.tp} inside attention DP {p.dp}: TensorRT-LLM's attention DP runs attention "
+                       "with tp 1 on every rank")
+    if world != p.tp * p.dp:
+        return plain, f"moe_tp × moe_ep = {world} is not its {p.tp * p.dp} attention ranks (tp × dp)"
+    return Variant(precision=p.precision, tp=world, pp=p.pp, moe_ep=p.moe_ep, attention_dp=p.dp > 1), None
 
 
 def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: ModelConfig | None) -> TargetSearch:
@@ -197,13 +220,14 @@ def searched_units(spec: BuildSpec, report: SearchReport) -> list[SearchedUnit]:
     search = spec.search
     assert search is not None
     out = []
+    moe_lane = get_lane(spec.lane).moe_parallel
     for ts in report.targets:
         if ts.covered:
             for c in ts.candidates:
                 if c.chosen:
                     p = c.predicted
                     out.append(SearchedUnit(
-                        target=ts.target, variant=Variant(precision=p.precision, tp=p.tp, pp=p.pp),
+                        target=ts.target, variant=searched_variant(p, spec.lane, moe_lane)[0],
                         profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"), rank=c.rank,
                         predicted=p.figures(), predictor=ts.predictor, note=ts.note,
                         pareto=ts.pareto.get(p.precision.value) or None))

@@ -156,6 +156,15 @@ def load_options(device: str) -> dict[str, str]:
     return {"device_map": "auto"} if device == "gpu" else {}
 
 
+def wide_options(wide: str) -> dict[str, str]:
+    """from_pretrained's options for the spread's wider pass. A mixture-of-experts model (Qwen3-MoE, Mixtral, …)
+    runs its experts with torch's grouped_mm by default in transformers 5, which has no float64 kernel ("Expected
+    mat_a to be Float32, BFloat16 or Float16 matrix, got Double", transformers/integrations/moe.py `_grouped_mm`):
+    the float64 pass asks for the eager experts loop, the same arithmetic one expert at a time. A dense model has
+    no experts and ignores it."""
+    return {"experts_implementation": "eager"} if wide == "float64" else {}
+
+
 def resolve_device(device: str) -> str:
     """"auto": a GPU where torch sees one (the reference of 80 prompts on a 135M model: minutes on a shared
     CPU, seconds on a GPU), else the host CPU."""
@@ -456,7 +465,8 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     # Loaded in the wider dtype, so that device_map="auto" places the size it will hold (a model accelerate has
     # dispatched cannot be cast with .to(): "You can't move a model that has some modules offloaded"), then each
     # weight rounded to the reference's dtype in place: the same (rounded) weights, wider arithmetic.
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, wide), **load_options(device))
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, wide), **load_options(device),
+                                                      **wide_options(wide))
     model.eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

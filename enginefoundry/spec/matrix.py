@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -76,6 +76,14 @@ class Variant(BaseModel):
     precision: Precision = Precision.BF16
     tp: Annotated[int, Field(ge=1, le=64)] = 1
     pp: Annotated[int, Field(ge=1, le=64)] = 1
+    # Mixture-of-experts parallelism inside the tp ranks (lane trtllm: moe_expert_parallel_size,
+    # moe_tensor_parallel_size, enable_attention_dp). The world-size rules live with the lane (they are TensorRT-LLM's).
+    moe_ep: Annotated[int, Field(ge=1, le=64, description="expert parallelism: experts split over this many of "
+                                                          "the tp ranks")] = 1
+    moe_tp: Annotated[int, Field(ge=1, le=64, description="tensor parallelism inside each expert; unset: "
+                                                          "tp / moe_ep")] | None = None
+    attention_dp: bool = Field(default=False, description="attention data parallelism: the tp ranks serve "
+                                                           "requests as dp ranks, attention weights replicated")
     kv_cache_dtype: KVCacheDtype = KVCacheDtype.AUTO
     calibration: CalibrationSpec | None = None
     # Restrict this variant to some targets (by name), e.g. fp8 only where the architecture allows it.
@@ -86,15 +94,43 @@ class Variant(BaseModel):
         parts = [self.precision.value, f"tp{self.tp}"]
         if self.pp > 1:
             parts.append(f"pp{self.pp}")
+        if self.moe_ep > 1:
+            parts.append(f"ep{self.moe_ep}")
+        if self.moe_tp is not None and self.moe_tp != self.tp // self.moe_ep:
+            parts.append(f"moetp{self.moe_tp}")
+        if self.attention_dp:
+            parts.append("adp")
         if self.kv_cache_dtype is not KVCacheDtype.AUTO:
             parts.append(f"kv{self.kv_cache_dtype.value}")
         return "-".join(parts)
+
+    @property
+    def moe_tp_size(self) -> int:
+        """MoE tensor parallelism as TensorRT-LLM resolves it: the given moe_tp, else tp // moe_ep (Mapping)."""
+        return self.moe_tp if self.moe_tp is not None else max(1, self.tp // self.moe_ep)
+
+    @property
+    def moe_parallel(self) -> bool:
+        """Whether any MoE parallel field is set (a lane without MoE parallelism refuses the variant)."""
+        return self.moe_ep > 1 or self.moe_tp is not None or self.attention_dp
+
+    def key_json(self) -> dict[str, Any]:  # JSON edge: the variant as unit keys hash it
+        """The variant as keys hash it: its fields without the target list, and without the MoE fields where they
+        are unset (so a variant written before they existed keeps its key)."""
+        data = self.model_dump(mode="json", exclude={"targets"})
+        for name in MOE_FIELDS:
+            if data.get(name) == Variant.model_fields[name].default:
+                data.pop(name)
+        return data
 
     @model_validator(mode="after")
     def _calibration_for_quantized(self) -> Variant:
         if self.precision.is_quantized and self.calibration is None:
             self.calibration = CalibrationSpec()
         return self
+
+
+MOE_FIELDS = ("moe_ep", "moe_tp", "attention_dp")
 
 
 class Profile(BaseModel):

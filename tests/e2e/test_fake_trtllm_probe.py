@@ -185,3 +185,24 @@ def test_the_probe_reads_the_autotuner_variable_from_the_installed_source(on_wor
         lane.refuse_unsupported(spec, unit)
         cmds = lane.describe(spec, unit, surface)
         assert any("TLLM_AUTOTUNER_CACHE_PATH" in c.env for c in cmds) is reads
+
+
+@pytest.mark.parametrize(("release", "version"), [("1.0", "1.0.0"), ("1.2", "1.2.1"), ("1.4", "1.4.0rc4")])
+def test_the_worker_probe_accepts_the_moe_parallel_units_of_the_qwen3_moe_spec(on_worker, release, version):
+    """Issue 37 item 1: the shipped Qwen3-MoE spec's expert-parallel and attention-DP units, probed in child processes
+    like on a worker: the installed TorchLlmArgs has moe_expert_parallel_size, moe_tensor_parallel_size and
+    enable_attention_dp, so every unit is accepted before any download."""
+    root = on_worker(release)
+    lane = TrtllmLane(python=str(root / "bin" / "python"))
+    data = yaml.safe_load((CONFIGS / "qwen3-30b-a3b-moe.yaml").read_text())
+    data["toolchain"] = {"trtllm_version": version}
+    spec = parse_spec(data, base_dir=CONFIGS)
+    surface = lane.surface(spec)
+    assert {"moe_expert_parallel_size", "moe_tensor_parallel_size", "enable_attention_dp"} <= set(
+        (surface.llm_api or {})[""])
+    units = expand_units(spec)
+    assert {u.variant.name for u in units} >= {"bf16-tp8-ep8-adp", "bf16-tp8-ep8", "bf16-tp8-ep4"}
+    for unit in units:
+        lane.refuse_unsupported(spec, unit)
+        keys = {k for c in lane.describe(spec, unit, surface) for k in c.llm_api_keys}
+        assert "moe_expert_parallel_size" in keys

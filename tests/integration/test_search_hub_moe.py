@@ -64,14 +64,21 @@ def test_search_fetches_only_config_json_and_shows_moe_columns(tmp_path: Path) -
     assert (hf_home / "hub" / "models--Qwen--Qwen3-30B-A3B" / "snapshots" / sha / "config.json").is_file()
     [target] = report["targets"]
     ranked = [c["predicted"] for c in target["candidates"]]
-    assert target["covered"] and ranked
+    assert target["covered"] and ranked, target.get("reason")
     # The predictor searched expert and attention-DP parallelism for this MoE model, and said so per row.
     assert any(p["moe_ep"] > 1 or p["dp"] > 1 for p in ranked), ranked[:3]
     for c in target["candidates"]:
         p = c["predicted"]
         assert p["tp"] * p["pp"] * p["dp"] <= 8
-        if p["moe_ep"] > 1 or p["dp"] > 1:
-            assert not c["chosen"] and "expert/attention-DP" in c["verdict"]
+        # Issue 37 item 1: an expert-parallel / attention-DP configuration is a unit of lane trtllm (tp = moe_tp ×
+        # moe_ep, attention_dp = dp > 1), unless TensorRT-LLM cannot run it (attention tp inside attention DP).
+        if p["dp"] > 1 and p["tp"] > 1:
+            assert not c["chosen"] and "inside attention DP" in c["verdict"], c
+        elif p["moe_ep"] > 1 or p["dp"] > 1:
+            assert "-ep" in c["unit"] or "-adp" in c["unit"], c  # a unit name with its MoE shape
+    # the best-ranked configuration the lane runs is the unit: here an expert-parallel one
+    [chosen] = [c for c in target["candidates"] if c["chosen"]]
+    assert chosen["predicted"]["moe_ep"] > 1 or chosen["predicted"]["dp"] > 1, chosen
     # Offline, from the cache alone: the same config, no request to the hub (it is gone).
     again = _search(spec, {**env, "HF_HUB_OFFLINE": "1"})
     assert again["experts"] == 128 and "Hugging Face cache" in again["config_source"]

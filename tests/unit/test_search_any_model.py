@@ -129,22 +129,48 @@ def predicted(**kw) -> Predicted:
     return Predicted(**{**base, **kw})
 
 
-def test_a_moe_search_shows_the_parallel_columns_and_builds_only_what_a_variant_is(tmp_path, monkeypatch):
+def test_a_moe_search_shows_the_parallel_columns_and_builds_expert_and_attention_dp_units(tmp_path, monkeypatch):
+    """Issue 37 item 1: a predicted expert-parallel / attention-DP configuration becomes a unit of lane trtllm, with
+    the shape AIConfigurator's own TensorRT-LLM generator writes (tensor_parallel_size = moe_tp × moe_ep,
+    enable_attention_dp = dp > 1: generator/rule_plugin/trtllm.rule); one TensorRT-LLM cannot run is listed only."""
     offline(monkeypatch)
     (tmp_path / "model-configs").mkdir()
     shutil.copy(QWEN_MOE, tmp_path / "model-configs" / "qwen3-30b-a3b.json")
     spec = load_spec(write_spec(tmp_path))
-    fake = FakePredictor([predicted(dp=8, moe_ep=8, tokens_per_s_gpu=3100.0), predicted(tp=4, moe_tp=4)])
+    fake = FakePredictor([predicted(dp=8, moe_ep=8, tokens_per_s_gpu=3100.0),
+                          predicted(tp=2, dp=2, moe_ep=4, tokens_per_s_gpu=3050.0),
+                          predicted(tp=4, moe_tp=4)])
     searched, report = materialise(spec, predictor=fake, progress=lambda _: None)
     assert fake.configs[0]["num_experts"] == 128 and report.experts == 128
     assert report.config_source.endswith("model-configs/qwen3-30b-a3b.json")
     table = rows(report)
     assert {"dp", "moe_tp", "moe_ep", "GPUs"} <= set(table[0])
-    first, second = table[0], table[1]
+    first, second, third = table[0], table[1], table[2]
     assert (first["dp"], first["moe_tp"], first["moe_ep"], first["GPUs"]) == ("8", "1", "8", "8")
-    assert first["unit"] == "-" and "expert/attention-DP variant fields" in first["why"]
-    assert second["unit"] != "-" and (second["moe_tp"], second["moe_ep"]) == ("4", "1"), second["why"]
-    assert [(u.variant.tp, u.variant.pp) for u in searched.searched] == [(4, 1)]
+    assert first["unit"] == "bf16-tp8-ep8-adp.search-b64.h200", first["why"]
+    assert second["unit"] == "-" and "attention tp 2 inside attention DP 2" in second["why"]
+    assert third["unit"] != "-" and (third["moe_tp"], third["moe_ep"]) == ("4", "1"), third["why"]
+    shapes = [(u.variant.tp, u.variant.pp, u.variant.moe_ep, u.variant.attention_dp) for u in searched.searched]
+    assert shapes == [(8, 1, 8, True), (4, 1, 1, False)]
+    # the chosen unit's LLM API YAML has the predicted shape
+    from enginefoundry.build.units import expand_units
+    from enginefoundry.lanes.trtllm import runtime_config
+
+    unit = next(u for u in expand_units(searched) if u.variant.attention_dp)
+    cfg = runtime_config(searched, unit)
+    assert (cfg["tensor_parallel_size"], cfg["moe_expert_parallel_size"], cfg["moe_tensor_parallel_size"],
+            cfg["enable_attention_dp"]) == (8, 8, 1, True)
+
+
+def test_a_moe_configuration_is_not_a_unit_on_a_lane_without_moe_parallelism():
+    from enginefoundry.search.plan import searched_variant
+
+    variant, why = searched_variant(predicted(dp=8, moe_ep=8), "reference", moe_lane=False)
+    assert (variant.tp, variant.moe_ep) == (1, 1) and "lane reference has no expert/attention-DP" in why
+    variant, why = searched_variant(predicted(tp=2, moe_ep=4), "trtllm", moe_lane=True)
+    assert "moe_tp × moe_ep = 4 is not its 2 attention ranks" in why
+    variant, why = searched_variant(predicted(tp=4, moe_ep=4), "trtllm", moe_lane=True)
+    assert why is None and (variant.tp, variant.moe_ep, variant.moe_tp_size, variant.attention_dp) == (4, 4, 1, False)
 
 
 def test_a_dense_search_keeps_its_columns(tmp_path, monkeypatch):

@@ -267,9 +267,12 @@ def test_every_emitted_key_is_in_the_release_template_or_has_other_evidence():
     assert len(releases) >= 15 and "1.3.0rc23" in releases
     full = {"tokens_per_block": 32, "enable_block_reuse": True, "enable_chunked_prefill": True, "cuda_graphs": True}
     checked = 0
-    spec = spec_for("1.2.1", lane_options=full, variants=[{"precision": "bf16", "kv_cache_dtype": "fp8"}])
+    # a MoE-parallel variant too (issue 37 item 1): moe_expert/tensor_parallel_size, enable_attention_dp
+    spec = spec_for("1.2.1", lane_options=full, variants=[
+        {"precision": "bf16", "kv_cache_dtype": "fp8", "tp": 2, "moe_ep": 2, "attention_dp": True}])
     keys = llm_api_key_paths(runtime_config(spec, expand_units(spec)[0]))  # the same keys for every release
     assert "kv_cache_config.tokens_per_block" in keys and "cuda_graph_config.enable_padding" in keys
+    assert {"moe_expert_parallel_size", "moe_tensor_parallel_size", "enable_attention_dp"} <= set(keys)
     for release, template in releases.items():
         if parse_version(release).release < (1, 0, 0):
             continue  # the lanes need 1.0+
