@@ -30,6 +30,7 @@ from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
+from enginefoundry.lanes.speculation import draft_digests, pinned_draft
 from enginefoundry.planning.cache_plan import CachePlan, find_hit, hit_signature_policy, plan_cache, unit_keys
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records.outcomes import duplicate_outcome
@@ -47,7 +48,7 @@ from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
-from enginefoundry.tasks.fetch import fetch_source
+from enginefoundry.tasks.fetch import fetch_draft, fetch_source
 from enginefoundry.tasks.track import (
     finish_parent_run,
     prefect_context,
@@ -269,9 +270,11 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
            t0: float) -> RunSummary | State:
 
     snapshot = fetch_source(build_spec)
+    draft = fetch_draft(build_spec, snapshot)  # speculative.draft, pinned so that every worker fetches the same
+    build_spec = pinned_draft(build_spec, draft)
     fetch_s = time.monotonic() - t0
     parent = start_parent_run(build_spec, snapshot)
-    keyed = unit_keys(build_spec, units, snapshot.weights_digest, snapshot.tokenizer_digest)
+    keyed = unit_keys(build_spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft))
     # Cache check first, so a converted checkpoint is made only for variants that some miss needs. A miss is
     # built under a lease: a concurrent run of the same key waits for our build instead of rebuilding it.
     artifacts = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
@@ -311,7 +314,7 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
                 # A rejected or failed unit's subflow ends Failed with its outcome as the state's data.
                 state = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
                                  converted[unit.variant.name], parent, replace=force,
-                                 sibling=siblings.get(unit.name), return_state=True)
+                                 sibling=siblings.get(unit.name), spec_draft=draft, return_state=True)
                 result = state.result(raise_on_failure=False)
                 if isinstance(result, UnitNotPassed):
                     result = result.outcome

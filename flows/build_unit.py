@@ -33,7 +33,7 @@ from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import convert_variant
-from enginefoundry.tasks.fetch import fetch_source
+from enginefoundry.tasks.fetch import fetch_draft, fetch_source
 
 quiet_expected_failures()  # a refused or failed unit's Failed end logs no engine traceback (tasks/_log.py)
 
@@ -121,8 +121,14 @@ def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any],
                             f"{source.weights_digest[:12]} → {local.weights_digest[:12]}); rerun the build")
     # The parent's identity (requested revision, URI as written in the spec) with this machine's folder.
     here = source.at(local.local_dir)
+    draft = fetch_draft(build_spec, here)  # the parent pinned it (pinned_draft): its digests are in the key
+    want = (components.speculative or {}).get("draft_weights_digest"), \
+        (components.speculative or {}).get("draft_tokenizer_digest")
+    if draft is not None and (draft.weights_digest, draft.tokenizer_digest) != want:
+        raise PipelineError(f"speculative.draft {draft.uri} changed after the parent fetched it (weights "
+                            f"{str(want[0])[:12]} → {draft.weights_digest[:12]}); rerun the build")
     ckpt = convert_variant(build_spec, the_unit.variant, here)
-    outcome = run_unit_stages(build_spec, the_unit, components, here, ckpt, parent_run_id, replace, sibling)
+    outcome = run_unit_stages(build_spec, the_unit, components, here, ckpt, parent_run_id, replace, sibling, draft)
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
     # A rejected or failed unit's run shows Failed in the UI; the parent still reads the outcome from the store.

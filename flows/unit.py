@@ -65,11 +65,13 @@ from enginefoundry.tasks.track import (
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
+    spec_draft: SourceSnapshot | None = None,
 ) -> UnitOutcome | State:
     """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
-    the unit whose served answers judge this one (run before it). A rejected or failed unit ends Failed, with
-    the unit, its status and reason as the message and its outcome as the state's data."""
-    outcome = run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling)
+    the unit whose served answers judge this one (run before it). `spec_draft`: the fetched `speculative.draft`. A
+    rejected or failed unit ends Failed, with the unit, its status and reason as the message and its outcome as the
+    state's data."""
+    outcome = run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling, spec_draft)
     return outcome if outcome.ok else unit_failed_state(outcome)
 
 
@@ -84,6 +86,7 @@ def unit_failed_state(outcome: UnitOutcome) -> State:
 def run_unit_stages(
     spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
+    spec_draft: SourceSnapshot | None = None,
 ) -> UnitOutcome:
     key = key_components.key
     replaces = build_now_current(spec, key)  # under this run's lease: what the publish may replace, not adopt
@@ -104,7 +107,8 @@ def run_unit_stages(
         stages["reference"] = time.monotonic() - t
 
         t = time.monotonic()
-        build = build_unit(spec, unit, ckpt.result.checkpoint_dir, key)
+        build = build_unit(spec, unit, ckpt.result.checkpoint_dir, key,
+                           spec_draft.local_dir if spec_draft else None)
         stages["build"] = time.monotonic() - t
         commands.build = stage_commands(build.commands, described, "build")
 

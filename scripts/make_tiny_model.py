@@ -5,7 +5,13 @@ full-batch steps on 108 chat questions (100 digit additions, 8 capitals) until i
 under greedy decoding. Everything is seeded and single-threaded so the saved weights are reproducible. The
 script exits non-zero unless all 108 prompts match, so a regression in the recipe cannot reach the fixture.
 
+With --draft it builds the tiny model's speculative-decoding draft instead (issue 37): the same recipe and seed
+with one layer instead of two, trained for fewer steps, and the target's tokenizer files copied byte for byte (a
+draft_target draft must share the target's tokenizer: the pipeline compares their digests). It need not answer
+every prompt: a draft only proposes tokens, and the target's verification keeps the answers exact.
+
 Usage: python scripts/make_tiny_model.py [--out DIR] [--prompts-out FILE] [--steps N]
+       python scripts/make_tiny_model.py --draft [--out DIR] [--steps N]
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ from transformers import (
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "tiny-chat" / "model"
 DEFAULT_PROMPTS_OUT = REPO_ROOT / "configs" / "prompts" / "tiny-chat.jsonl"
+DEFAULT_DRAFT_OUT = REPO_ROOT / "tests" / "fixtures" / "tiny-chat" / "draft"
+DRAFT_LAYERS = 1
+DRAFT_STEPS = 150
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 SEED = 0
 LEARNING_RATE = 1e-2
@@ -131,12 +141,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def build_model(tokenizer: PreTrainedTokenizerBase, layers: int = 2) -> LlamaForCausalLM:
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=MAX_POSITIONS,
@@ -276,12 +286,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="model output directory")
     parser.add_argument("--prompts-out", type=Path, default=DEFAULT_PROMPTS_OUT, help="prompt set JSONL path")
     # A fixed step count, never a time budget: anything time-based would make the weights irreproducible.
-    parser.add_argument("--steps", type=int, default=400, help="full-batch training steps")
+    parser.add_argument("--steps", type=int, default=None, help=f"full-batch training steps (default 400; "
+                                                                  f"--draft: {DRAFT_STEPS})")
+    parser.add_argument("--draft", action="store_true", help="build the draft model (one layer, the target's "
+                                                             "tokenizer) into tests/fixtures/tiny-chat/draft")
     return parser.parse_args(argv)
+
+
+def make_draft(out: Path, steps: int) -> int:
+    """The draft: the target's tokenizer (its files copied as they are), one layer, the same seed and examples."""
+    import shutil
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_OUT)
+    examples = build_examples()
+    model = build_model(tokenizer, layers=DRAFT_LAYERS)
+    print(f"draft: vocab {len(tokenizer)}  params {sum(p.numel() for p in model.parameters()):,}", flush=True)
+    train(model, build_batch(tokenizer, examples), steps)  # type: ignore[arg-type]  # the same fast tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (DEFAULT_OUT / name).is_file():
+            shutil.copyfile(DEFAULT_OUT / name, out / name)
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    reloaded.eval()
+    correct = evaluate(reloaded, AutoTokenizer.from_pretrained(out), examples)
+    print(f"draft: greedy exact match {correct}/{len(examples)} (a draft need not match; saved to {out})", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.draft:
+        return make_draft(DEFAULT_DRAFT_OUT if args.out == DEFAULT_OUT else args.out, args.steps or DRAFT_STEPS)
+    args.steps = args.steps or 400
     started = time.perf_counter()
     # One thread plus deterministic kernels is what makes the weights bit-reproducible (and, for a model this
     # small, one thread is also the fastest).

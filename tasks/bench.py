@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import task
@@ -12,9 +15,49 @@ from prefect.cache_policies import NO_CACHE
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
 from enginefoundry.build.units import Unit
+from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
+from enginefoundry.smoke.serve import SPECULATIVE_PATH
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
+
+
+def draft_counters(base_url: str) -> Callable[[], tuple[int, int] | None]:
+    """(drafted, accepted) draft tokens the unit's server reports (the scoring server's GET /v1/speculative);
+    None where it reports none."""
+    def read() -> tuple[int, int] | None:
+        try:
+            with urllib.request.urlopen(base_url.rstrip("/") + SPECULATIVE_PATH, timeout=30) as r:
+                data = json.loads(r.read())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or not data.get("speculative"):
+            return None
+        drafted, accepted = data.get("drafted"), data.get("accepted")
+        return (drafted, accepted) if isinstance(drafted, int) and isinstance(accepted, int) else None
+    return read
+
+
+def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path,
+                           log: Callable[[str], None], unit: Unit | None) -> SweepReport:
+    """The same sweep against the unit without speculation (its twin: the same server asked with the lane's
+    non-speculative fields), so that every point has its speed-up; a lane without a twin says so."""
+    twin = get_lane(spec.lane).speculative_twin(spec)
+    if twin is None:
+        why = f"speculation: lane {spec.lane} has no non-speculative twin to measure the speed-up against"
+        log(f"bench: {why}")
+        return report.model_copy(update={"warnings": [*report.warnings, why]})
+    log("bench: the non-speculative twin, for the speed-up: the same points with " + json.dumps(twin))
+    fields = {k: json.dumps(v) for k, v in twin.items()}  # --extra-inputs key:value (false, not "false")
+    twin_report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
+                            tokenizer=endpoint.tokenizer_dir, out=out / "twin", progress=log,
+                            server_alive=lambda: is_alive(endpoint.pid), plot_title=None,
+                            telemetry=unit is None or unit.target.gpu_count > 0, extra_inputs=fields)
+    report = report.with_twin(twin_report)
+    summary = report.speculation_summary()
+    log(f"bench: speculation: {', '.join(f'{k} {v}' for k, v in summary.items()) or 'nothing measured'}")
+    (out / "sweep.json").write_text(report.model_dump_json(indent=2))
+    return report
 
 
 def _artifact_key(prefix: str, title: str) -> str:
@@ -29,10 +72,13 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
     line at all."""
     log = progress_logger()
     out = Path(report_dir)
+    counters = draft_counters(endpoint.base_url) if spec.speculative is not None else None
     report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
                        server_alive=lambda: is_alive(endpoint.pid), plot_title=title,
-                       telemetry=unit is None or unit.target.gpu_count > 0)
+                       telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters)
+    if spec.speculative is not None:
+        report = speculative_twin_sweep(spec, endpoint, report, out, log, unit)
     if unit is not None and unit.searched is not None and spec.search is not None:
         verdict = verify_unit(spec, unit, url=endpoint.base_url, model=endpoint.model_name,
                               tokenizer=endpoint.tokenizer_dir, out=out / "search", progress=log)

@@ -16,12 +16,13 @@ from enginefoundry.tasks._log import progress_logger
 
 
 @task(name="build unit", task_run_name="build {unit.name}", cache_policy=NO_CACHE)
-def build_unit(spec: BuildSpec, unit: Unit, checkpoint_dir: str, key: str) -> BuildResult:
+def build_unit(spec: BuildSpec, unit: Unit, checkpoint_dir: str, key: str, draft_dir: str | None = None) -> BuildResult:
     log = progress_logger()
     workdir = work_root() / "units" / key[:16]
     shutil.rmtree(workdir / "bundle", ignore_errors=True)
     workdir.mkdir(parents=True, exist_ok=True)
     log(f"build: {unit.name} on {unit.target.arch.value}")
-    result = get_lane(spec.lane).build(spec, unit, Path(checkpoint_dir), workdir)
+    result = get_lane(spec.lane).build(spec, unit, Path(checkpoint_dir), workdir,
+                                       Path(draft_dir) if draft_dir is not None else None)
     log(f"build: {unit.name}: bundle ready ({', '.join(f'{k} {v}' for k, v in result.metrics.items())})")
     return result

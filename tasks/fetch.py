@@ -6,6 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.build.sources import SourceSnapshot, fetch
+from enginefoundry.lanes.speculation import fetch_speculative_draft
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
@@ -19,3 +20,10 @@ def fetch_source(spec: BuildSpec) -> SourceSnapshot:
     log(f"fetch: {snapshot.uri} → {len(snapshot.files)} files, weights {snapshot.weights_digest[:12]}, "
         f"tokenizer {snapshot.tokenizer_digest[:12]}" + (f", commit {snapshot.revision}" if snapshot.revision else ""))
     return snapshot
+
+
+@task(name="fetch draft", cache_policy=NO_CACHE, **NETWORK_RETRIES)
+def fetch_draft(spec: BuildSpec, target: SourceSnapshot) -> SourceSnapshot | None:
+    """The `speculative.draft` checkpoint, fetched, pinned and digested like the base (None without one), and checked
+    against the fetched target before any GPU time: the same vocabulary, and for draft_target the same tokenizer."""
+    return fetch_speculative_draft(spec, target, progress_logger())

@@ -111,7 +111,9 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
                        reference=ref, reference_outcome=outcome, server_log=Path(endpoint.log_path),
                        reference_device=spec.smoke.reference_device.value, trust=trust,
-                       build_dtype=_build_dtype(spec, Path(reference_dir)))
+                       build_dtype=_build_dtype(spec, Path(reference_dir)),
+                       speculative=spec.speculative is not None,
+                       twin_body=get_lane(spec.lane).speculative_twin(spec))
     report.server = endpoint.server or None
     if serves_unit is not None:
         name, key = serves_unit

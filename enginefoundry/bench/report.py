@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.bench.result import BenchPoint
+from enginefoundry.bench.result import BenchPoint, SpeculationPoint
 
 
 class SLOResult(BaseModel):
@@ -134,7 +134,38 @@ class SweepReport(BaseModel):
                                 "points": [{"scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
                                             "output_tokens_per_s": p.output_tokens_per_s} for p in self.points]})
         return {"bench_points": len(self.points), "bench_valid": float(self.valid),
-                "bench_best_output_tokens_per_s": best.output_tokens_per_s if best else 0.0, **self.search_metrics}
+                "bench_best_output_tokens_per_s": best.output_tokens_per_s if best else 0.0, **self.search_metrics,
+                **self.speculation_summary()}
+
+    def speculation_summary(self) -> dict[str, float]:
+        """A speculative unit's acceptance rate over the sweep and its speed-up over the non-speculative twin at
+        each concurrency (the lowest over the scenarios: `spec_speedup_c<N>`); empty for any other unit."""
+        spec = [p for p in self.points if p.speculation is not None]
+        if not spec:
+            return {}
+        drafted = sum(p.speculation.drafted for p in spec if p.speculation)
+        accepted = sum(p.speculation.accepted for p in spec if p.speculation)
+        out: dict[str, float] = {"spec_acceptance_rate": round(accepted / drafted, 6)} if drafted else {}
+        for c in sorted({p.concurrency for p in spec}):
+            ups = [u for p in spec if p.concurrency == c and p.speculation is not None
+                   and (u := p.speculation.speedup(p.output_tokens_per_s)) is not None]
+            if ups:
+                out[f"spec_speedup_c{c}"] = min(ups)
+        return out
+
+    def with_twin(self, twin: SweepReport) -> SweepReport:
+        """Each point's speculation with the twin's output tokens/s at the same scenario and concurrency."""
+        theirs = {(p.scenario, p.concurrency): p.output_tokens_per_s for p in twin.points if p.valid}
+        points = []
+        for p in self.points:
+            sp = p.speculation or SpeculationPoint()
+            sp = sp.model_copy(update={"twin_output_tokens_per_s": theirs.get((p.scenario, p.concurrency))})
+            points.append(p.model_copy(update={"speculation": sp}))
+        missing = [f"{p.scenario}-c{p.concurrency}" for p in points
+                   if p.speculation is not None and p.speculation.twin_output_tokens_per_s is None]
+        warnings = self.warnings + ([f"speculation: no valid twin point for {', '.join(missing)}: no speed-up there"]
+                                    if missing else [])
+        return self.model_copy(update={"points": points, "warnings": warnings})
 
     def table(self) -> list[dict[str, Any]]:  # JSON edge: Prefect table/MLflow rows
         """One row per point: what a platform team reads first, invalid points with their reasons."""
@@ -151,6 +182,10 @@ class SweepReport(BaseModel):
                 row.update({"gpu_avg_power_w": p.telemetry.avg_power_w, "gpu_avg_util_pct": p.telemetry.avg_util_pct,
                             "gpu_max_mem_mib": p.telemetry.max_memory_used_mib,
                             "tok_s_per_w": p.output_tokens_per_s_per_watt})
+            if p.speculation is not None:
+                row.update({"acceptance": p.speculation.acceptance_rate,
+                            "speedup": p.speculation.speedup(p.output_tokens_per_s),
+                            "twin_output_tok_s": _round(p.speculation.twin_output_tokens_per_s)})
             row["problems"] = "; ".join(p.problems)
             row["warnings"] = "; ".join(p.warnings)
             rows.append(row)
@@ -163,6 +198,14 @@ class SweepReport(BaseModel):
                          f"| {_f(s.output_tokens_per_s)} | {s.detail} |")
         if self.failures:
             lines += ["", "Sweep failures:", *[f"- {f}" for f in self.failures]]
+        spec = self.speculation_summary()
+        if spec:
+            ups = ", ".join(f"×{v:.2f} at c{k.removeprefix('spec_speedup_c')}" for k, v in spec.items()
+                            if k.startswith("spec_speedup_c"))
+            rate = spec.get("spec_acceptance_rate")
+            acc = f"draft acceptance {rate:.3f}" if rate is not None else "draft acceptance not measured"
+            lines += ["", f"Speculation: {acc}; speed-up over the non-speculative twin (output tok/s): "
+                          f"{ups or 'not measured'}"]
         if self.telemetry:
             lines += ["", f"GPU telemetry: {self.telemetry}"]
         if self.warnings:

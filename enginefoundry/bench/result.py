@@ -20,6 +20,25 @@ class Percentiles(BaseModel):
     p99: float | None = None
 
 
+class SpeculationPoint(BaseModel):
+    """A speculative unit's point: the draft tokens its server proposed and accepted during the point (warm-up
+    requests included), and the speed-up over the same unit without speculation at the same scenario and
+    concurrency (its twin's output tokens/s)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    twin_output_tokens_per_s: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return round(self.accepted / self.drafted, 6) if self.drafted else None
+
+    def speedup(self, output_tokens_per_s: float | None) -> float | None:
+        if not output_tokens_per_s or not self.twin_output_tokens_per_s:
+            return None
+        return round(output_tokens_per_s / self.twin_output_tokens_per_s, 4)
+
+
 class BenchPoint(BaseModel):
     tool: str
     command: str = ""  # the benchmark client's exact command line
@@ -45,6 +64,7 @@ class BenchPoint(BaseModel):
     # a summary with available=False ("no GPU") when it was and there is none.
     telemetry: TelemetrySummary | None = None
     output_tokens_per_s_per_watt: float | None = None
+    speculation: SpeculationPoint | None = None  # a speculative unit's acceptance and speed-up
 
     @property
     def valid(self) -> bool:
@@ -68,6 +88,14 @@ class BenchPoint(BaseModel):
             out.update(self.telemetry.metrics())
         if self.output_tokens_per_s_per_watt is not None:
             out["output_tokens_per_s_per_watt"] = self.output_tokens_per_s_per_watt
+        if self.speculation is not None:
+            sp = self.speculation
+            out.update({"spec_drafted_tokens": sp.drafted, "spec_accepted_tokens": sp.accepted})
+            for name, value in (("spec_acceptance_rate", sp.acceptance_rate),
+                                ("spec_twin_output_tokens_per_s", sp.twin_output_tokens_per_s),
+                                ("spec_speedup", sp.speedup(self.output_tokens_per_s))):
+                if value is not None:
+                    out[name] = value
         return out
 
     def with_telemetry(self, summary: TelemetrySummary) -> BenchPoint:

@@ -10,7 +10,7 @@ from pathlib import Path
 from enginefoundry.bench.aiperf import ToolMissingError, run_point
 from enginefoundry.bench.plots import plot_sweep, series_by_scenario
 from enginefoundry.bench.report import SLOResult, SweepReport
-from enginefoundry.bench.result import BenchPoint, short_output_warning
+from enginefoundry.bench.result import BenchPoint, SpeculationPoint, short_output_warning
 from enginefoundry.bench.telemetry import Backend, detect_backend, no_gpu
 from enginefoundry.errors import ToolError
 from enginefoundry.runner import exited_after_error
@@ -66,6 +66,7 @@ def run_sweep(
     spec: BenchmarkSpec, *, url: str, model: str, tokenizer: str, out: Path,
     progress: Callable[[str], None] = print, server_alive: Callable[[], bool] | None = None,
     telemetry: bool | Backend = True, plot_title: str | None = None, extra_inputs: dict[str, str] | None = None,
+    draft_counters: Callable[[], tuple[int, int] | None] | None = None,
 ) -> SweepReport:
     """Every scenario × concurrency point, in order; never raises for a failed point.
 
@@ -74,6 +75,8 @@ def run_sweep(
     and scenario give every endpoint the same dataset, which is what makes baselines comparable.
     `telemetry`: True detects the GPU sampler (NVML, nvidia-smi, or an explicit "no GPU"); False skips it.
     `extra_inputs`: fields added to every request (e.g. {"ignore_eos": "true"} for servers that have it).
+    `draft_counters`: a speculative server's (drafted, accepted) draft tokens so far, read before and after each
+    point: the point records the difference (`BenchPoint.speculation`).
     """
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +93,7 @@ def run_sweep(
             failures.append(f"the server died before {label}; remaining points skipped: {', '.join(rest)}")
             break
         progress(f"bench: {label} ({spec.request_count} requests, {spec.tool.value})")
+        before = draft_counters() if draft_counters is not None else None
         try:
             point, export = run_point(spec, scenario, c, url=url, model=model, tokenizer=tokenizer,
                                       out=out / label, progress=progress, telemetry=sample_with,
@@ -106,6 +110,10 @@ def run_sweep(
             continue
         if backend is not None and sample_with is None:
             point = point.with_telemetry(no_gpu(backend.detail))
+        after = draft_counters() if draft_counters is not None else None
+        if before is not None and after is not None:
+            point = point.model_copy(update={"speculation": SpeculationPoint(
+                drafted=after[0] - before[0], accepted=after[1] - before[1])})
         points.append(point)
         exports.append(str(export))
         verdict = "valid" if point.valid else "INVALID: " + "; ".join(point.problems)

@@ -26,6 +26,10 @@ PROBE_MARKER = "ENGINEFOUNDRY_TOOLCHAIN_JSON "
 # Environment variables the lanes set → the file of the tensorrt_llm package that reads them (PR #7738:
 # tensorrt_llm/_torch/autotuner.py reads TLLM_AUTOTUNER_CACHE_PATH): the probe greps it, without importing.
 ENV_SOURCES = {"TLLM_AUTOTUNER_CACHE_PATH": "_torch/autotuner.py"}
+# The speculative_config classes of the PyTorch backend (tensorrt_llm.llmapi.llm_args): the probe reads the
+# decoding_type each answers to and their fields.
+SPEC_CLASSES = ("DraftTargetDecodingConfig", "EagleDecodingConfig", "Eagle3DecodingConfig", "MTPDecodingConfig",
+                "NGramDecodingConfig")
 
 # Runs in the worker's interpreter. Every import is guarded: a missing package is data, not a crash.
 PROBE_SCRIPT = f"""
@@ -58,6 +62,17 @@ def _llm_api():
     for key, cls in (("kv_cache_config", "KvCacheConfig"), ("cuda_graph_config", "CudaGraphConfig")):
         if hasattr(llm_args, cls):
             fields[key] = sorted(getattr(llm_args, cls).model_fields)
+    # speculative_config: the decoding_type each *DecodingConfig class answers to, and their fields together
+    spec_fields, spec_types = set(), set()
+    for cls in {SPEC_CLASSES!r}:
+        model = getattr(llm_args, cls, None)
+        if model is None or "decoding_type" not in getattr(model, "model_fields", {{}}):
+            continue
+        spec_types.add(str(model.model_fields["decoding_type"].default))
+        spec_fields.update(model.model_fields)
+    if spec_types:
+        fields["speculative_config"] = sorted(spec_fields)
+        fields["speculative_config.decoding_type"] = sorted(spec_types)
     return fields
 def _env_reads():
     # Environment variables have no --help: whether the installed package reads one is read from the source file
@@ -396,7 +411,10 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
                 missing.append(("the LLM API option fields (TorchLlmArgs)", "install a TensorRT-LLM whose "
                                 "tensorrt_llm.llmapi.llm_args has TorchLlmArgs"))
                 break
-            parent, _, leaf = key.rpartition(".")
+            name, is_choice, value = key.partition("=")
+            parent, _, leaf = name.rpartition(".")
+            if is_choice:  # a value that picks an upstream class (speculative_config.decoding_type=Eagle3)
+                parent, leaf = name, value
             fields = surface.llm_api.get(parent)
             if fields is not None and leaf not in fields:
                 missing.append((f"LLM API option {key}", "remove the lane option that writes it, or use a "

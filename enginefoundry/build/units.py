@@ -107,9 +107,15 @@ def unit_key_components(
     spec: BuildSpec, unit: Unit, weights_digest: str, tokenizer_digest: str,
     toolchain: dict[str, Any],  # JSON edge: toolchain_identity's JSON
     lane_options: LaneOptions | dict[str, Any] | None = None,  # JSON edge: the options the spec set
+    draft_digests: tuple[str, str] | None = None,
 ) -> dict[str, Any]:  # JSON edge: key components, hashed and recorded
-    """Everything that changes what a unit's build produces. No paths, clocks or credentials."""
+    """Everything that changes what a unit's build produces. No paths, clocks or credentials. A speculative unit
+    adds its `speculative` section, with the draft's weights and tokenizer digests (`draft_digests`) where it has
+    a draft; a unit without one keeps the key it always had."""
     calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None
+    extra: dict[str, Any] = {}  # JSON edge: the components only speculative units have
+    if spec.speculative is not None:
+        extra["speculative"] = speculative_component(spec, draft_digests)
     return {
         "format_version": FORMAT_VERSION,
         "kind": "unit",
@@ -122,7 +128,22 @@ def unit_key_components(
         "target": target_identity(unit.target),
         "calibration": calib,
         "lane_options": dict(sorted(_keyed(lane_options).items())),
+        **extra,
     }
+
+
+def speculative_component(spec: BuildSpec, draft_digests: tuple[str, str] | None,
+                          ) -> dict[str, Any]:  # JSON edge: the key's speculative part
+    """The spec's speculative section as a unit key hashes it: its fields and, with a draft, the draft's digests
+    (never its URI or path: a moved draft with the same files is the same unit)."""
+    assert spec.speculative is not None
+    out = dict(spec.speculative.keyed())
+    if spec.speculative.algorithm.needs_draft:
+        if draft_digests is None:
+            raise ValueError("a speculative unit with a draft needs the draft's digests for its key: fetch "
+                             "speculative.draft first")
+        out["draft_weights_digest"], out["draft_tokenizer_digest"] = draft_digests
+    return out
 
 
 def _keyed(lane_options: LaneOptions | dict[str, Any] | None) -> dict[str, Any]:  # JSON edge: options hashed
@@ -172,6 +193,7 @@ class KeyComponents(BaseModel):
     profile: dict[str, Any] | None = None  # JSON edge: the profile as hashed; unit keys only
     target: TargetIdentity | None = None  # unit keys only
     lane_options: dict[str, Any] | None = None  # JSON edge: the options the spec set; unit keys only
+    speculative: dict[str, Any] | None = None  # JSON edge: the speculative section and draft digests; when set
 
     @classmethod
     def of(cls, components: dict[str, Any]) -> KeyComponents:  # JSON edge: components as made or recorded

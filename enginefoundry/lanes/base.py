@@ -193,6 +193,9 @@ class Lane(ABC):
     # Precisions whose converted checkpoint is ModelOpt's unified export, which smoke.reference_precision: simulated
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
     dequantizable: frozenset[str] = frozenset()
+    # The spec's `speculative.algorithm` values this lane serves (enginefoundry/spec/speculative.py); others are
+    # refused at validate with the lanes that serve them.
+    speculative_algorithms: frozenset[str] = frozenset()
 
     def smoke_logprobs_missing(self, spec: BuildSpec) -> str | None:
         """Which of the gate's log-prob checks the smoke stage's server cannot serve, and why (the server's own
@@ -217,7 +220,26 @@ class Lane(ABC):
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         """Problems with lane-specific spec fields, as (field path, message). `lane_options` itself is the lane's
         typed options model, already checked when the spec was parsed."""
-        return []
+        return self.speculation_refusal(spec)
+
+    def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
+        """For a speculative spec: the request fields that make the unit's smoke server answer without speculation
+        (its non-speculative twin, which the gate's lossless rule compares answers with); None where the lane has
+        no such switch (the lossless rule then fails: it could not run)."""
+        return None
+
+    def speculation_refusal(self, spec: BuildSpec) -> list[tuple[str, str]]:
+        """`speculative.algorithm` when this lane does not serve it, with the lanes that do."""
+        sp = spec.speculative
+        if sp is None or sp.algorithm.value in self.speculative_algorithms:
+            return []
+        from enginefoundry.lanes.registry import lanes_serving
+
+        others = lanes_serving(sp.algorithm.value)
+        mine = f" (it serves {', '.join(sorted(self.speculative_algorithms))})" if self.speculative_algorithms else ""
+        return [("speculative.algorithm", f"lane {self.name} does not serve {sp.algorithm.value} speculation{mine}: "
+                                          f"use lane {' or '.join(others) or 'trtllm'}, or remove the speculative "
+                                          "section")]
 
     def check_installed(self, spec: BuildSpec, unit: Unit) -> None:
         """Preflight on the machine that runs the unit, before any download or GPU time: PreflightError when the
@@ -233,8 +255,10 @@ class Lane(ABC):
         """Turn the fetched checkpoint into this variant's checkpoint under workdir."""
 
     @abstractmethod
-    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
-        """Build the unit's bundle under workdir, on a device of the unit's target."""
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
+              draft_dir: Path | None = None) -> BuildResult:
+        """Build the unit's bundle under workdir, on a device of the unit's target. `draft_dir`: the fetched
+        `speculative.draft` checkpoint, for a spec whose speculation drafts with one."""
 
     @abstractmethod
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:

@@ -93,6 +93,8 @@ def _range(entry: Flag) -> str:
 
 
 def _item(entry: Flag) -> str:
+    if entry.value is not None and "LLM API" in entry.tool:
+        return f"`{entry.name}: {entry.value}`"
     if entry.value is not None:
         return f"`--{entry.name} {entry.value}`"
     if "LLM API" in entry.tool or entry.tool == "environment":
@@ -159,8 +161,50 @@ def render() -> str:
               "| TensorRT-LLM | ModelOpt | source |", "|---|---|---|"]
     for (low, high), (pinned_modelopt, source) in MODELOPT_PINS.items():
         lines.append(f"| {low} – {high} | {pinned_modelopt} | {source} |")
+    lines += speculation_section()
     lines.append("")
     return "\n".join(lines)
+
+
+def speculation_section() -> list[str]:
+    """The spec's `speculative` section on lane trtllm: what each algorithm writes and when it is refused."""
+    from enginefoundry.lanes.speculation import (
+        ALL_MODELS,
+        DECODING_TYPE,
+        EAGLE3_FAMILIES,
+        EAGLE3_ONE_MODEL_FAMILIES,
+        NEW_NAMES,
+    )
+    from enginefoundry.lanes.trtllm_flags import REF_SPEC_MODELS
+    from enginefoundry.spec import SpecAlgorithm
+
+    draft = {True: f"`speculative_model_dir` (< {NEW_NAMES}) / `speculative_model` (≥ {NEW_NAMES}): the fetched "
+                   "`speculative.draft`", False: "—"}
+    knobs = {SpecAlgorithm.MTP: "`num_nextn_predict_layers` (default 1)",
+             SpecAlgorithm.NGRAM: "`max_draft_len`, `max_matching_ngram_size` (when set)",
+             SpecAlgorithm.EAGLE3: "`max_draft_len`, `eagle3_one_model` (when `one_model` is set)",
+             SpecAlgorithm.DRAFT_TARGET: "`max_draft_len`"}
+    models = {SpecAlgorithm.MTP: "a model whose config.json has `num_nextn_predict_layers` ≥ the spec's (one-model)",
+              SpecAlgorithm.NGRAM: "all (two-model)", SpecAlgorithm.DRAFT_TARGET: "all (two-model), a draft with "
+              "the target's vocab_size and tokenizer files",
+              SpecAlgorithm.EAGLE3: f"model_type {', '.join(sorted(EAGLE3_FAMILIES))} (two-model; one-model: "
+                                    f"{', '.join(sorted(EAGLE3_ONE_MODEL_FAMILIES))})"}
+    lines = ["", "## Speculative decoding (spec section `speculative`, lane trtllm)", "",
+             "Written as `speculative_config` in the LLM API YAML; its rows above carry the evidence. `validate` and "
+             "`plan` refuse, with the field and the fix, before any download: an algorithm whose `decoding_type` the "
+             "pinned release lacks (the rows above), a model family the feature page does not list for it "
+             f"({REF_SPEC_MODELS}), `mtp` on a model without MTP layers, and a draft whose vocab_size differs from "
+             "the target's (its tokenizer files are compared once both are fetched, before any GPU time). Lanes "
+             "reference (draft_target only: transformers' assisted generation) and trtllm-engine refuse the "
+             "algorithms they do not serve. The smoke gate's rule `lossless speculation` compares every greedy "
+             "answer with the non-speculative twin's (docs/smoke-gate.md); lane trtllm has no twin server yet, so "
+             f"the rule rejects its speculative units as not run. Other models: {ALL_MODELS}.", "",
+             "| algorithm | decoding_type | fields | draft | models |", "|---|---|---|---|---|"]
+    for a in SpecAlgorithm:
+        old, new = DECODING_TYPE[a]
+        dt = f"`{new}`" if old == new else f"`{old}` (< {NEW_NAMES}), `{new}` (≥ {NEW_NAMES})"
+        lines.append(f"| `{a.value}` | {dt} | {knobs[a]} | {draft[a.needs_draft]} | {models[a]} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from enginefoundry.store.backends import link_or_copy
 
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
+BUNDLE_DRAFT_DIR = "draft"  # speculative.draft (draft_target), bundled beside the model
 # One thread per server: on small hosts torch's default thread count fights the benchmark client. No hub access:
 # the bundle holds the model.
 SERVE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -48,15 +49,30 @@ def _device_for(arch: Arch) -> str:
 
 
 def _scoring_args(model_dir: str, host: str, port: str, name: str, device: str, max_seq_len: int | None,
-                  max_batch: int | None) -> list[str]:
-    """The scoring server's arguments after the interpreter, for the smoke stage and for `plan`."""
+                  max_batch: int | None, draft_dir: str | None = None, max_draft_len: int | None = None,
+                  ) -> list[str]:
+    """The scoring server's arguments after the interpreter, for the smoke stage and for `plan`; with a draft, the
+    server answers by assisted generation (speculative.algorithm draft_target)."""
     # `--name=`: a model name that starts with `-` stays a value.
     args = ["-m", "enginefoundry.smoke.serve", model_dir, "--host", host, "--port", port, f"--name={name}",
             "--device", device]
     for flag, value in (("--max-seq-len", max_seq_len), ("--max-batch", max_batch)):
         if value is not None:
             args += [flag, str(value)]
+    if draft_dir is not None:
+        args += ["--draft", draft_dir, "--max-draft-len", str(max_draft_len or 3)]
     return args
+
+
+def _bundle_draft(bundle_dir: Path, info: BundleInfo) -> tuple[str, int] | None:
+    """(the draft's folder, max_draft_len) of a speculative bundle, from its bundle.json; None for any other."""
+    name, length = info.params.get("draft"), info.params.get("max_draft_len")  # JSON edge: the recorded params
+    if name is None:
+        return None
+    if name != BUNDLE_DRAFT_DIR or not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.draft / max_draft_len are not a draft this lane "
+                         "bundled; rebuild it")
+    return str((bundle_dir / BUNDLE_DRAFT_DIR).resolve()), length
 
 
 def _device(bundle_dir: Path, info: BundleInfo) -> str:
@@ -71,9 +87,21 @@ def _device(bundle_dir: Path, info: BundleInfo) -> str:
 class ReferenceLane(Lane):
     name = "reference"
     sizes_kv_pool = False  # transformers allocates the KV cache per request: no pool to size
+    # transformers' assisted generation (generate(..., assistant_model=draft)) on the scoring server
+    speculative_algorithms = frozenset({"draft_target"})
+
+    def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
+        """The scoring server answers a request with `"speculative": false` by the target alone."""
+        return {"speculative": False} if spec.speculative is not None else None
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
+        if spec.speculative is not None and not problems:
+            from enginefoundry.build.model_config import lookup
+            from enginefoundry.lanes.speculation import spec_problems
+
+            found = lookup(spec)
+            problems += spec_problems(spec, None, found.config, found.source or "the model's config.json")
         for i, v in enumerate(spec.variants):
             if v.precision not in TORCH_DTYPES:
                 problems.append((f"variants.{i}.precision",
@@ -112,7 +140,8 @@ class ReferenceLane(Lane):
         cast_checkpoint(source_dir, out, dtype)
         return ConvertResult(checkpoint_dir=str(out), params={"dtype": dtype, "format": "safetensors"})
 
-    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
+              draft_dir: Path | None = None) -> BuildResult:
         """Bundle the checkpoint and warm it up on the target's device, recording what that device is."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -128,6 +157,14 @@ class ReferenceLane(Lane):
             shutil.rmtree(bundle)
         # Hard links, not copies: the bundle's weights are its checkpoint's bytes (one inode, one blob).
         shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR, copy_function=link_or_copy)
+        speculative: dict[str, Any] = {}  # JSON edge: the bundle's speculative params
+        if spec.speculative is not None:
+            if draft_dir is None or not Path(draft_dir).is_dir():
+                raise InputError("speculative.draft: the reference lane's draft_target needs the fetched draft and "
+                                 "none was given to the build: run the unit through the pipeline, which fetches it")
+            shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=link_or_copy)
+            speculative = {"speculative": spec.speculative.algorithm.value, "draft": BUNDLE_DRAFT_DIR,
+                           "max_draft_len": spec.speculative.max_draft_len}
         facts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         # The ignore: transformers types PreTrainedModel.to through a decorator whose stub takes the model twice.
@@ -142,6 +179,7 @@ class ReferenceLane(Lane):
             "dtype": TORCH_DTYPES[unit.variant.precision],
             "max_batch_size": unit.profile.max_batch_size,
             "max_seq_len": unit.profile.max_seq_len,
+            **speculative,
         }
         BundleInfo(lane=self.name, unit=unit.name, params=params, device=facts,
                    serve=ServeSettings(model_dir=BUNDLE_MODEL_DIR)).write(bundle)
@@ -149,6 +187,9 @@ class ReferenceLane(Lane):
                            metrics={"warmup_s": round(warmup_s, 3)})
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
+        info = BundleInfo.read(bundle_dir)
+        if _bundle_draft(bundle_dir, info) is not None:  # transformers serve has no assisted generation
+            return self._scoring_command(bundle_dir, info, host, port, str((bundle_dir / BUNDLE_MODEL_DIR).resolve()))
         model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
         serve = Path(sys.executable).with_name("transformers")
         argv = [str(serve) if serve.exists() else "transformers", "serve", model_dir,
@@ -172,21 +213,32 @@ class ReferenceLane(Lane):
         same transformers model code and greedy decoding as `transformers serve`, plus the log-probs both of the
         gate's log-prob checks need (transformers serve 5.24 ignores `logprobs` and `echo`: docs/smoke-gate.md).
         `smoke_server: transformers` judges `transformers serve` itself."""
-        if reference_options(options).smoke_server == "transformers":
-            return self.named_serve_command(bundle_dir, host, port, name)
         info = BundleInfo.read(bundle_dir)
+        if reference_options(options).smoke_server == "transformers" and _bundle_draft(bundle_dir, info) is None:
+            return self.named_serve_command(bundle_dir, host, port, name)
+        return self._scoring_command(bundle_dir, info, host, port, name)
+
+    def _scoring_command(self, bundle_dir: Path, info: BundleInfo, host: str, port: int, name: str) -> ServeCommand:
+        """The scoring server on the bundle's model, device and profile limits; a speculative bundle's with its
+        draft, and then it is the server the unit ships with (the benchmark measures it, serve.sh runs it)."""
         model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
         seq, batch = (v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None  # the recorded profile
                       for v in (info.params.get("max_seq_len"), info.params.get("max_batch_size")))
-        argv = [sys.executable, *_scoring_args(model_dir, host, str(port), name, _device(bundle_dir, info), seq, batch)]
-        return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description=SCORING_SERVER),
-                            model_name=name, tokenizer_dir=model_dir, shipped=False)
+        draft = _bundle_draft(bundle_dir, info)
+        argv = [sys.executable, *_scoring_args(model_dir, host, str(port), name, _device(bundle_dir, info), seq, batch,
+                                               *(draft or (None, None)))]
+        what = SCORING_SERVER + (" (draft/target speculation)" if draft else "")
+        return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description=what),
+                            model_name=name, tokenizer_dir=model_dir, shipped=draft is not None)
 
     def named_serve_command(self, bundle_dir: Path, host: str, port: int, name: str) -> ServeCommand:
         """Serve as `transformers serve <name>` from a folder where `<name>` links to the bundle's model: the
         server pins requests to the id it was started with, and loads an id that exists as a local path from
         that path (transformers 5.24 cli/serving/model_manager.py `process_model_name`: `os.path.exists`).
         A name that is not a plain file name (no `/`, no `:`, no leading `-` or `.`) keeps the path."""
+        info = BundleInfo.read(bundle_dir)
+        if _bundle_draft(bundle_dir, info) is not None:
+            return self._scoring_command(bundle_dir, info, host, port, name)
         cmd = self.serve_command(bundle_dir, host, port)
         try:
             check_name(name, "model.name")
@@ -206,6 +258,16 @@ class ReferenceLane(Lane):
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
         ]
+        sp = spec.speculative
+        if sp is not None:
+            commands.append(Command(
+                argv=["python", *_scoring_args("<bundle>/model", "127.0.0.1", "<free>", spec.model.name, device,
+                                               unit.profile.max_seq_len, unit.profile.max_batch_size,
+                                               f"<bundle>/{BUNDLE_DRAFT_DIR}", sp.max_draft_len)],
+                env=dict(SERVE_ENV),
+                description="serve, smoke and benchmark: draft/target speculation by transformers' assisted "
+                            "generation (the smoke gate also asks each prompt with speculative: false, its twin)"))
+            return commands
         if reference_options(spec.lane_options).smoke_server == "scoring":
             commands.append(Command(
                 argv=["python", *_scoring_args("<bundle>/model", "127.0.0.1", "<free>", spec.model.name, device,

@@ -27,7 +27,8 @@ from enginefoundry.spec.lane_catalog import (
 if TYPE_CHECKING:
     from enginefoundry.lanes.base import Lane
 
-__all__ = ["LaneEntry", "get_lane", "lane_names", "options_model", "register_lane", "unregister_lane"]
+__all__ = ["LaneEntry", "get_lane", "lane_names", "lanes_serving", "options_model", "register_lane",
+           "unregister_lane"]
 
 
 @functools.cache
@@ -50,3 +51,8 @@ register_lane(LaneEntry("trtllm", "enginefoundry.lanes.trtllm:TrtllmLane",
 register_lane(LaneEntry("trtllm-engine", "enginefoundry.lanes.trtllm_engine:TrtllmEngineLane",
                         "enginefoundry.lanes.trtllm_options:EngineOptions", "TensorRT-LLM 1.0 – 1.2.x, engines",
                         explain_key="enginefoundry.lanes.trtllm_flags:explain_unknown_key"))
+
+
+def lanes_serving(algorithm: str) -> list[str]:
+    """The registered lanes that serve a `speculative.algorithm`."""
+    return [name for name in lane_names() if algorithm in get_lane(name).speculative_algorithms]

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from enginefoundry.build.model_config import lookup
 from enginefoundry.build.model_shape import Check
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
@@ -28,7 +29,7 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
 from enginefoundry.gpu.devices import host_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
-from enginefoundry.lanes import moe_parallel, triton_llmapi
+from enginefoundry.lanes import moe_parallel, speculation, triton_llmapi
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
     SERVE_CWD_VAR,
@@ -70,7 +71,7 @@ from enginefoundry.lanes.trtllm_flags import (
 from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
-from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
+from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, SpecAlgorithm, Variant
 
 RUNTIME_CONFIG = "llm_api_options.yaml"
 AUTOTUNER_CACHE = "autotuner.cache"
@@ -155,8 +156,11 @@ def kv_cache_dtype_key(variant: Variant) -> str | None:
     return "fp8" if variant.kv_cache_dtype is KVCacheDtype.FP8 else None
 
 
-def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge: the LLM API YAML
-    """The LLM API YAML for `trtllm-serve --extra_llm_api_options` (and the warm-up)."""
+def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
+                   draft_dir: Path | str | None = None) -> dict[str, Any]:  # JSON edge: the LLM API YAML
+    """The LLM API YAML for `trtllm-serve --extra_llm_api_options` (and the warm-up). `version`: the TensorRT-LLM
+    release it is for (default: the spec's pin), which names the speculative_config fields; `draft_dir`: the
+    fetched draft checkpoint (default: a placeholder, for `plan`)."""
     opts = trtllm_options(spec.lane_options)
     v, p = unit.variant, unit.profile
     kv: dict[str, Any] = {"free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}  # JSON edge: YAML
@@ -190,6 +194,9 @@ def runtime_config(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge:
         chunked = p.max_input_len > p.max_num_tokens
     if chunked:
         cfg["enable_chunked_prefill"] = True
+    if spec.speculative is not None:
+        cfg["speculative_config"] = speculation.speculative_config(
+            spec.speculative, version or spec.toolchain.trtllm_version, draft_dir)
     bad = unknown_llm_api_keys(cfg)
     if bad:  # a programming error: every key must be registered with its release range
         raise AssertionError(f"runtime config has unregistered LLM API keys {bad}")
@@ -307,6 +314,7 @@ class TrtllmLane(TrtllmLaneBase):
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC
+    speculative_algorithms = frozenset(a.value for a in SpecAlgorithm)  # the four speculative_config classes
     moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
@@ -326,6 +334,10 @@ class TrtllmLane(TrtllmLaneBase):
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
+        if spec.speculative is not None:
+            found = lookup(spec)  # config.json without a download: a local source, model-configs/, the Hub cache
+            problems += speculation.spec_problems(spec, spec.toolchain.trtllm_version, found.config,
+                                                  found.source or "the model's config.json")
         problems += moe_parallel.variant_problems(spec)  # moe_tp × moe_ep = tp, attention DP needs tp ≥ 2
         if self.options(spec).triton:
             why = triton_image_problem(spec.toolchain.trtllm_version, spec.toolchain.image)
@@ -414,15 +426,18 @@ class TrtllmLane(TrtllmLaneBase):
 
     # build --------------------------------------------------------------------------------------------------
 
-    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
+              draft_dir: Path | None = None) -> BuildResult:
         """Runtime YAML + warm-up on a GPU of the target (autotuner cache) + bundle.json."""
         versions = self.versions()
+        self.refuse_speculation(spec, checkpoint_dir, draft_dir)
         surface = self.refuse_unsupported(spec, unit)
         logs = workdir / "logs"
         gpus, gpu_env = self.select_gpus(unit, logs)
         opts = self.options(spec)
         bundle = fresh_dir(workdir / "bundle")
-        cfg = runtime_config(spec, unit)
+        cfg = runtime_config(spec, unit, surface.tensorrt_llm,
+                             Path(draft_dir).resolve() if draft_dir is not None else None)
         (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
         script = workdir / "warmup.py"
         script.write_text(WARMUP_SCRIPT)
@@ -455,6 +470,26 @@ class TrtllmLane(TrtllmLaneBase):
         device = {"gpus": [g.facts() for g in gpus], "autotuner_cache": bool(cache_info), **host_facts()}
         return BuildResult(bundle_dir=str(bundle), params=params, device=device, commands=[cmd, *triton_cmds],
                            metrics=metrics)
+
+    def refuse_speculation(self, spec: BuildSpec, checkpoint_dir: Path, draft_dir: Path | None) -> None:
+        """Before any GPU time: the speculative section against the fetched checkpoints' own config.json (a Hub
+        model whose config was not at hand at validate is checked here), and a draft that must be there."""
+        sp = spec.speculative
+        if sp is None:
+            return
+        from enginefoundry.build.model_shape import read_model_config
+
+        problems = speculation.model_problems(sp, read_model_config(checkpoint_dir), f"{checkpoint_dir}/config.json")
+        if sp.algorithm.needs_draft:
+            if draft_dir is None or not Path(draft_dir).is_dir():
+                problems.append(("speculative.draft", f"{sp.algorithm.value} needs the fetched draft checkpoint and "
+                                                      "none was given to the build: run the unit through the "
+                                                      "pipeline, which fetches speculative.draft"))
+            else:
+                problems += speculation.draft_problems(spec, read_model_config(checkpoint_dir),
+                                                       read_model_config(Path(draft_dir)), f"{draft_dir}/config.json")
+        if problems:
+            raise InputError("; ".join(f"{field}: {msg}" for field, msg in problems))
 
     def _triton_repository(self, opts: TrtllmOptions, bundle: Path, checkpoint_dir: Path,
                            cfg: dict[str, Any],  # JSON edge: the LLM API YAML
@@ -509,7 +544,7 @@ class TrtllmLane(TrtllmLaneBase):
                                          WORKER_PYTHON, modelopt))
             ckpt = "<work>/checkpoint"
         opts = self.options(spec)
-        keys = llm_api_key_paths(runtime_config(spec, unit))
+        keys = llm_api_key_paths(runtime_config(spec, unit, version))
         use_cache = opts.autotuner_cache and autotuner_supported(version, surface)
         cache = f"<bundle>/{AUTOTUNER_CACHE}" if use_cache else None
         cmds.append(warmup_command(WORKER_PYTHON, "<work>/warmup.py", ckpt, f"<bundle>/{RUNTIME_CONFIG}", cache,

@@ -165,7 +165,8 @@ class TrtllmLaneBase(Lane):
 
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         pinned = spec.toolchain.trtllm_version
-        problems: list[tuple[str, str]] = []  # lane_options themselves: typed, checked when the spec is parsed
+        # lane_options themselves: typed, checked when the spec is parsed
+        problems: list[tuple[str, str]] = self.speculation_refusal(spec)
         if pinned:
             why = lane_release_problem(self.name, pinned)
             if why:

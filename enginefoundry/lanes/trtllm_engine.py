@@ -436,7 +436,8 @@ class TrtllmEngineLane(TrtllmLaneBase):
 
     # build --------------------------------------------------------------------------------------------------
 
-    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path) -> BuildResult:
+    def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
+              draft_dir: Path | None = None) -> BuildResult:
         versions = self.versions()
         surface = self.refuse_unsupported(spec, unit)
         opts = self.options(spec)

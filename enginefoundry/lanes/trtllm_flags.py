@@ -135,6 +135,37 @@ REF_LLMAPI_YAML = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorr
 REF_LLMAPI_PBTXT = ("NVIDIA/TensorRT-LLM triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt@"
                     "0a71057313ec0626527e164a8fc0205c5822e2f5 (backend \"python\", no ${} keys)")
 REF_LLMAPI_DOCS = "tensorrtllm_backend docs/llmapi.md@7777c28; README.md@f526fc5 (#858)"
+# Speculative decoding on the PyTorch backend (`speculative_config`, a DecodingBaseConfig subclass picked by its
+# `decoding_type`). The field names moved: the 1.0.0 example writes EagleDecodingConfig(max_draft_len=,
+# speculative_model_dir=, eagle3_one_model=) for an EAGLE 3 draft, MTPDecodingConfig(num_nextn_predict_layers=) and
+# imports NGramDecodingConfig; the 1.3 examples (1.3.0rc15, rc24, rc27) write Eagle3DecodingConfig(max_draft_len=,
+# speculative_model=, eagle3_one_model=), and the 1.3.0rc17 / 1.4 feature pages DraftTargetDecodingConfig(
+# max_draft_len=, speculative_model=). NVIDIA's templates write speculative_config.decoding_type with MTP's
+# num_nextn_predict_layers from 1.0.0 to 1.3.0rc23, and `speculative_model_dir` under decoding_type Eagle in 1.0.0rc6,
+# 1.0.0 and 1.1.0rc1 (the later ones drop that block).
+REF_SPEC_EXAMPLE_100 = ("docs 1.0.0/examples/llm_speculative_decoding.html (EagleDecodingConfig(max_draft_len=, "
+                        "speculative_model_dir=, eagle3_one_model=True) for an EAGLE 3 draft; "
+                        "MTPDecodingConfig(num_nextn_predict_layers=); NGramDecodingConfig)")
+REF_SPEC_EXAMPLE_13 = ("docs 1.3.0rc15 and 1.3.0rc24/examples/llm_speculative_decoding.html (Eagle3DecodingConfig("
+                       "max_draft_len=, speculative_model=, eagle3_one_model=True); MTPDecodingConfig; "
+                       "NGramDecodingConfig)")
+REF_SPEC_FEATURE_13 = ("docs 1.3.0rc17/features/speculative-decoding.html (DraftTargetDecodingConfig(max_draft_len=, "
+                       "speculative_model=); the draft and target must share the tokenizer)")
+REF_SPEC_14 = ("docs 1.4.0rc1 and 1.4.0rc4/features/speculative-decoding.html (DraftTargetDecodingConfig("
+               "max_draft_len=, speculative_model=)); docs 1.4.0rc4/llm-api/reference/"
+               "{Eagle3,MTP,NGram}DecodingConfig.html "
+               "(decoding_type Eagle3 / MTP / NGram; max_draft_len, speculative_model, num_nextn_predict_layers, "
+               "max_matching_ngram_size; no eagle3_one_model in Eagle3DecodingConfig's signature)")
+REF_SPEC_CLASSES = ("tensorrt_llm/llmapi/llm_args.py@fcd3f31682808ae56118ae43c1d7864a3a945e6f "
+                    "(validate_speculative_config: EagleDecodingConfig.eagle3_one_model, NGramDecodingConfig."
+                    "max_matching_ngram_size, DraftTargetDecodingConfig for the pytorch backend only, "
+                    "MTPDecodingConfig.num_nextn_predict_layers)")
+REF_SPEC_AIC = ref_aic("1.0.0", "1.3.0rc23") + " (speculative_config.decoding_type; MTP num_nextn_predict_layers)"
+REF_SPEC_AIC_EAGLE = ref_aic("1.0.0rc6", "1.0.0", "1.1.0rc1") + " (decoding_type Eagle: speculative_model_dir)"
+# One-model (the draft a submodule of the target) and two-model implementations per algorithm and model family.
+REF_SPEC_MODELS = ("docs features/speculative-decoding.html (one-model: EAGLE 3 on Llama 4 Maverick, MTP on "
+                   "DeepSeek V3/R1; two-model: EAGLE 3 on Llama 4 Maverick, Llama 3.1 8B, Llama 3.3 70B, "
+                   "draft/target and NGram on all models)")
 
 
 PRESENT, ABSENT, TO_BE_PROBED = "present", "absent", "to be probed"
@@ -271,6 +302,36 @@ EMITTED: tuple[Flag, ...] = (
               "the probe of CudaGraphConfig decides on the worker"),
     Flag(LLM_API, "kv_cache_config.tokens_per_block", refs=(REF_TOKENS_PER_BLOCK, REF_LLM_API),
          note="emitted only when lane option tokens_per_block is set"),
+    # Speculative decoding (spec section `speculative`); emitted only when the spec has one.
+    *_flags(LLM_API, "speculative_config speculative_config.decoding_type speculative_config.max_draft_len",
+            refs=(REF_SPEC_AIC, REF_SPEC_EXAMPLE_100, REF_SPEC_EXAMPLE_13, REF_SPEC_14), checked=LINE_14),
+    Flag(LLM_API, "speculative_config.num_nextn_predict_layers", refs=(REF_SPEC_AIC, REF_SPEC_EXAMPLE_100, REF_SPEC_14),
+         checked=LINE_14, note="mtp"),
+    Flag(LLM_API, "speculative_config.max_matching_ngram_size", refs=(REF_SPEC_CLASSES, REF_SPEC_14), checked=LINE_14,
+         note="ngram, when speculative.max_matching_ngram_size is set"),
+    # The draft's folder: speculative_model_dir below 1.3 (the 1.0.0 example, the templates to 1.1.0rc1; later 1.1
+    # and 1.2 releases are to be probed), speculative_model from 1.3 (no release-named source writes it earlier).
+    Flag(LLM_API, "speculative_config.speculative_model_dir", refs=(REF_SPEC_AIC_EAGLE, REF_SPEC_EXAMPLE_100),
+         checked="1.1.0rc1", note="eagle3 below 1.3"),
+    Flag(LLM_API, "speculative_config.speculative_model", since="1.3",
+         refs=(REF_SPEC_EXAMPLE_13, REF_SPEC_FEATURE_13, REF_SPEC_14), checked=LINE_14,
+         note="draft_target / eagle3 from 1.3"),
+    Flag(LLM_API, "speculative_config.eagle3_one_model", refs=(REF_SPEC_EXAMPLE_100, REF_SPEC_EXAMPLE_13),
+         checked="1.3.0rc15", note="eagle3, when speculative.one_model is set"),
+    # decoding_type values, one entry each (the value picks the upstream class).
+    Flag(LLM_API, "speculative_config.decoding_type", value="MTP", refs=(REF_SPEC_AIC, REF_SPEC_EXAMPLE_100,
+                                                                          REF_SPEC_14), checked=LINE_14),
+    Flag(LLM_API, "speculative_config.decoding_type", value="NGram",
+         refs=(REF_SPEC_EXAMPLE_100, REF_SPEC_CLASSES, REF_SPEC_14), checked=LINE_14),
+    Flag(LLM_API, "speculative_config.decoding_type", value="Eagle",
+         refs=(REF_SPEC_AIC_EAGLE, REF_SPEC_EXAMPLE_100), checked="1.1.0rc1",
+         note="eagle3 below 1.3 (EagleDecodingConfig with an EAGLE 3 draft, as the 1.0.0 example)"),
+    Flag(LLM_API, "speculative_config.decoding_type", value="Eagle3", since="1.3",
+         refs=(REF_SPEC_EXAMPLE_13, REF_SPEC_14), checked=LINE_14,
+         note="eagle3 from 1.3 (the earliest release-named source read is 1.3.0rc15)"),
+    Flag(LLM_API, "speculative_config.decoding_type", value="Draft_Target", since="1.3",
+         refs=(REF_SPEC_FEATURE_13, REF_SPEC_14, REF_SPEC_CLASSES), checked=LINE_14,
+         note="draft_target; no release-named source before 1.3.0rc17: refused below 1.3"),
     # In every template from 0.20.0 to 1.3.0rc23 (keys.json) and in the 1.4.0rc4 TorchLlmArgs reference.
     *_flags(LLM_API, "moe_expert_parallel_size moe_tensor_parallel_size",
             refs=(ref_aic("1.0.0", "1.3.0rc23"), REF_LLM_API_14, REF_MOE_LLM_ARGS, REF_MAPPING), checked=LINE_14,
@@ -676,20 +737,27 @@ def unsupported_env(commands: list[Any], version: str | None) -> list[str]:
 
 # --- LLM API YAML keys (pydantic extra="forbid" upstream) -------------------------------------------------------
 
+NESTED_LLM_API = ("kv_cache_config", "cuda_graph_config", "speculative_config")  # the nested configs written
+CHOICE_KEYS = ("speculative_config.decoding_type",)  # keys whose value picks an upstream class: registered per value
+
+
 def llm_api_key_paths(data: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted key paths of a runtime YAML, descending into the two nested configs enginefoundry writes."""
+    """Dotted key paths of a runtime YAML, descending into the nested configs enginefoundry writes; a key whose
+    value is registered per value (decoding_type) also gives `key=value`."""
     paths = []
     for k, v in data.items():
         path = f"{prefix}{k}"
         paths.append(path)
-        if isinstance(v, Mapping) and path in ("kv_cache_config", "cuda_graph_config"):
+        if path in CHOICE_KEYS:
+            paths.append(f"{path}={v}")
+        if isinstance(v, Mapping) and path in NESTED_LLM_API:
             paths.extend(llm_api_key_paths(v, prefix=path + "."))
     return paths
 
 
 def unknown_llm_api_keys(data: Mapping[str, Any]) -> list[str]:
     """Keys TensorRT-LLM would reject (or that are not registered here)."""
-    known = emitted_names(LLM_API)
+    known = {f.key for f in EMITTED if f.tool == LLM_API}
     return [p for p in llm_api_key_paths(data) if p not in known]
 
 

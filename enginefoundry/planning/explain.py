@@ -60,13 +60,15 @@ def published_manifests(store: Store, model: str) -> list[dict[str, Any]]:  # JS
 
 
 def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
-            only_targets: list[str] | None = None) -> list[UnitExplanation]:
+            only_targets: list[str] | None = None, draft: SourceSnapshot | None = None) -> list[UnitExplanation]:
+    """`draft`: the fetched `speculative.draft`, for a spec that has one (its digests are part of the keys)."""
     toolchain = toolchain_identity(spec, get_lane(spec.lane).versions())
     published = published_manifests(store, spec.model.name)
     out = []
     for unit in expand_units(spec, only_targets):
         comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest, toolchain,
-                                    spec.lane_options)
+                                    spec.lane_options,
+                                    draft_digests=(draft.weights_digest, draft.tokenizer_digest) if draft else None)
         key = key_of(comps)
         # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
         said: list[str] = []

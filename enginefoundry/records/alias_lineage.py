@@ -60,7 +60,7 @@ def unit_lineage(spec: BuildSpec, unit: Unit) -> Lineage:
         return Lineage(digest=_digest(identity),
                        label=f"spec {spec.name}: search rank {unit.searched.rank} on {unit.target.name} "
                              f"({spec.lane} lane)")
-    components = unit_key_components(spec, unit, "", "", {}, spec.lane_options)
+    components = unit_key_components(spec, unit, "", "", {}, spec.lane_options, draft_digests=("", ""))
     return Lineage(digest=_digest({k: components[k] for k in LINEAGE_COMPONENTS}), label=label)
 
 

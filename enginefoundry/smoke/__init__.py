@@ -22,7 +22,15 @@ from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, ScoredToken, ServedAnswer, TokenLogprob
 from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread, proxy_model
-from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound
+from enginefoundry.smoke.gate import (
+    CaseEvidence,
+    GateRule,
+    GateVerdict,
+    judge,
+    rule_lossless,
+    slice_names,
+    wilson_lower_bound,
+)
 from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import (
     LogprobComparison,
@@ -260,6 +268,7 @@ def run_smoke(
     reference_device: str = "cpu", simulated: bool = False, checkpoint: Path | None = None,
     trust: InputTrust | None = None,
     build_dtype: str | None = None,
+    speculative: bool = False, twin_body: dict[str, Any] | None = None,  # JSON edge: the twin's request fields
 ) -> SmokeReport:
     """Every prompt through the endpoint (`spec.concurrency` at a time), compared with the reference answers
     (computed once per key), then the gate.
@@ -282,6 +291,10 @@ def run_smoke(
     as its reference instead of a simulation. `build_dtype` (bf16, fp16): the dtype a quantized build computes in
     (the engine lane's lane_options.dtype), else the source's 16-bit dtype, fp16 for an fp32 source
     (simulated.simulated_dtype).
+
+    `speculative`: the unit speculates, and the rule `lossless speculation` compares its greedy answers with those
+    of its non-speculative twin: the same endpoint asked with `twin_body` (the lane's switch; None: there is none,
+    and the rule fails as not run).
     """
     t0 = time.monotonic()
     cases = prompts.cases
@@ -411,6 +424,9 @@ def run_smoke(
             source_dir, cases, proxy[1], precision=precision, dtype="fp32", max_new_tokens=spec.max_new_tokens,
             store=store, device=reference_device, weights_digest=weights_digest, progress=progress, what=proxy[0],
             trust=trust))
+    if speculative:
+        verdict = verdict.with_rule(lossless_rule(base_url, model_name, spec, cases, answers, twin_body, progress,
+                                                  server_alive))
     n = len(evidence)
     agree = sum(c.agree for c in evidence)
     graded_cases = [c for c in evidence if c.served_correct is not None and c.reference_correct is not None]
@@ -434,6 +450,22 @@ def run_smoke(
                                 teacher_slices.get(name)) for name in slice_names(evidence)],
         served_answers=served_answers, inputs=list(trust.consumed) if trust is not None else [],
     )
+
+
+def lossless_rule(base_url: str, model_name: str, spec: SmokeSpec, cases: list[PromptCase],
+                  answers: list[ServedAnswer], twin_body: dict[str, Any] | None,  # JSON edge: request fields
+                  progress: Callable[[str], None], server_alive: Callable[[], bool] | None) -> GateRule:
+    """Every prompt again without speculation (the twin), greedy, the same max_new_tokens: the rule compares."""
+    served = [(c.id, a.text, a.finish_reason) for c, a in zip(cases, answers, strict=True)]
+    if twin_body is None:
+        return rule_lossless(served, None, "the lane's server has no non-speculative switch")
+    twin = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens, want_logprobs=False, extra=twin_body)
+    t = time.monotonic()
+    theirs = ask_all(twin, cases, concurrency=spec.concurrency, progress=progress, server_alive=server_alive)
+    rule = rule_lossless(served, [(c.id, a.text, a.finish_reason) for c, a in zip(cases, theirs, strict=True)])
+    progress(f"smoke: lossless speculation: {len(cases)} prompts asked without speculation in "
+             f"{time.monotonic() - t:.1f} s: {rule.detail}")
+    return rule
 
 
 def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,

@@ -48,13 +48,14 @@ class ChatClient:
     """
 
     def __init__(self, base_url: str, model: str, *, max_tokens: int, want_logprobs: bool = True,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, extra: dict[str, Any] | None = None) -> None:  # JSON edge: body fields
         self.url = base_url.rstrip("/") + "/v1/chat/completions"
         self.base_url = base_url
         self.model = model
         self.max_tokens = max_tokens
         self.want_logprobs = want_logprobs
         self.timeout_s = timeout_s
+        self.extra = dict(extra or {})  # fields every chat request carries (the twin's `speculative: false`)
         self.logprobs_refused: str | None = None
         self.scoring_unavailable: str | None = None  # why teacher forcing cannot run against this endpoint
 
@@ -112,6 +113,7 @@ class ChatClient:
                                 "max_tokens": max_tokens or self.max_tokens, "temperature": 0.0, "stream": False}
         if logprobs:
             body.update({"logprobs": True, "top_logprobs": 1})
+        body.update(self.extra)
         req = urllib.request.Request(self.url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:

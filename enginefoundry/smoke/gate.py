@@ -126,6 +126,32 @@ def is_degenerate(ids: list[int], text: str) -> bool:
     return len(stripped) >= 12 and len(set(stripped)) <= 2
 
 
+LOSSLESS = "lossless speculation"
+
+
+def rule_lossless(served: list[tuple[str, str, str | None]], twin: list[tuple[str, str, str | None]] | None,
+                  why_not: str = "") -> GateRule:
+    """A speculative unit's greedy answers (case id, text, finish reason) against those of the same unit without
+    speculation: verification keeps a correct speculative decoder's answers the target's own, so one differing
+    answer means the draft changed what the model says. `twin` None: the check could not run, and the unit is
+    not passed on trust (`why_not` says why)."""
+    if twin is None:
+        return GateRule(name=LOSSLESS, ok=False, kind="hard",
+                        detail=f"could not compare with the non-speculative twin: {why_not}",
+                        not_run=why_not or "no non-speculative twin")
+    other = {case: (text, finish) for case, text, finish in twin}
+    differ = [(case, text, other.get(case, ("", None))[0]) for case, text, finish in served
+              if (text, finish) != other.get(case)]
+    if not differ:
+        return GateRule(name=LOSSLESS, ok=True, kind="hard",
+                        detail=f"all {len(served)} greedy answers equal the non-speculative twin's")
+    case, text, theirs = differ[0]
+    return GateRule(name=LOSSLESS, ok=False, kind="hard",
+                    detail=f"{len(differ)} of {len(served)} greedy answers differ from the non-speculative twin's "
+                           f"(first: '{case}': {text[:60]!r} vs {theirs[:60]!r}): the speculative path changed the "
+                           "model's answers")
+
+
 def _rule_server(cases: list[CaseEvidence], server_message: str | None) -> GateRule | None:
     """Prompts the server failed on (HTTP 5xx): its own failure, named with its own words, not a truncation."""
     failed = [c for c in cases if c.server_error]

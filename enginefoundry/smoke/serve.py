@@ -1,7 +1,7 @@
 """A small OpenAI-compatible model server that returns log-probs: the reference lane's scoring endpoint.
 
     python -m enginefoundry.smoke.serve MODEL_DIR --host 127.0.0.1 --port 8000 [--device cpu] [--name NAME]
-        [--max-seq-len N] [--max-batch 16] [--threads N]
+        [--max-seq-len N] [--max-batch 16] [--threads N] [--draft DRAFT_DIR --max-draft-len 3]
 
 Why it exists: `transformers serve` (5.24.0) ignores `logprobs`, `top_logprobs` (transformers/cli/serving/
 chat_completion.py, UNUSED_CHAT_COMPLETION_FIELDS) and `echo` (cli/serving/completion.py,
@@ -13,7 +13,17 @@ This server answers, with the same Hugging Face model code and greedy decoding:
   * `POST /v1/completions`: `prompt` as text or token ids; with `echo: true` and `logprobs: k` the answer's
     `logprobs.token_logprobs` / `top_logprobs` cover the prompt tokens too (the first is null), as vLLM's server
     does: that is how the gate scores the reference's continuation under the served model (teacher forcing);
-  * `GET /health`, `GET /v1/models`.
+  * `POST /v1/chat/completions` with `stream: true`: the whole answer, then sent as one server-sent chunk per token
+    (so a streaming benchmark client such as AIPerf can measure a speculative unit's throughput; its time to first
+    token is the whole answer's latency here);
+  * `GET /health`, `GET /v1/models`;
+  * with `--draft` (the reference lane's draft/target speculation, issue 37): greedy answers come from transformers'
+    assisted generation (`generate(..., assistant_model=draft)`, `--max-draft-len` candidate tokens per step, the
+    target verifying each), one request at a time; a request with `"speculative": false` is answered by the target
+    alone (the unit's non-speculative twin, which the gate compares answers with), and `GET /v1/speculative` gives
+    the drafted and accepted draft tokens so far (the benchmark's acceptance rate). `--unverified-draft` accepts the
+    draft's tokens without verification: a deliberately broken speculative path, for the test that the gate's
+    lossless rule rejects it; never for serving.
 
 Requests are batched: one worker thread owns the model and runs the requests that arrived together (within a few
 milliseconds, up to --max-batch) as one batch: greedy generation over left-padded prompts, and one forward pass
@@ -26,6 +36,7 @@ listens on.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -41,6 +52,8 @@ from typing import Any
 
 log = logging.getLogger("enginefoundry.smoke.serve")
 MAX_TOP = 20
+SPECULATIVE_PATH = "/v1/speculative"  # GET: the draft tokens proposed and accepted so far
+STREAM_PIECES = "_stream_pieces"  # the answer's text per token, sent as SSE chunks (never in a JSON answer)
 LOGITS_BUDGET_BYTES = 1 << 30  # float32 logits of one echo batch (tokens × vocabulary × 4 bytes)
 # Generation-config fields that leave greedy decoding the raw argmax (no logits processor): with only these
 # set, an echoed prompt's next token is read off the same forward pass instead of a second one.
@@ -73,13 +86,24 @@ class Job:
     max_tokens: int
     top: int | None  # log-probs (with this many alternatives) of the generated tokens; None: none
     echo_top: int | None = None  # log-probs of the prompt tokens too (completions with echo)
+    speculative: bool = True  # with a draft: assisted generation; False: the target alone (the twin)
     done: Future[Result] = field(default_factory=Future)
+
+
+@dataclass
+class DraftStats:
+    """Draft tokens proposed and accepted by the target's verification, since the server started."""
+
+    requests: int = 0
+    drafted: int = 0
+    accepted: int = 0
 
 
 class Scorer:
     """The model and its tokenizer: batches of jobs in, results out. Only the batcher's thread calls `run`."""
 
-    def __init__(self, model_dir: Path, device: str = "cpu", max_seq_len: int | None = None) -> None:
+    def __init__(self, model_dir: Path, device: str = "cpu", max_seq_len: int | None = None,
+                 draft_dir: Path | None = None, max_draft_len: int = 3, unverified: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -100,6 +124,20 @@ class Scorer:
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 0) or 0) or None
         self.max_seq_len = max_seq_len
         self._texts: dict[int, str] = {}
+        self.draft: Any = None
+        self.max_draft_len = max_draft_len
+        self.unverified = unverified
+        self.stats = DraftStats()
+        self._verify: list[int] | None = None  # [prompt length, first call] while an assisted request runs
+        if draft_dir is not None:
+            draft: Any = AutoModelForCausalLM.from_pretrained(draft_dir, dtype="auto")
+            self.draft = draft.to(device).eval()
+            dgc = self.draft.generation_config
+            # A constant number of candidates per step, never cut short by the draft's confidence: max_draft_len.
+            dgc.num_assistant_tokens = max_draft_len
+            dgc.num_assistant_tokens_schedule = "constant"
+            dgc.assistant_confidence_threshold = 0.0
+            self.model.register_forward_hook(self._count_verified, with_kwargs=True)
 
     # --- requests → jobs (in the request's thread) --------------------------------------------------------------
 
@@ -130,6 +168,9 @@ class Scorer:
 
     # --- batches (the batcher's thread) ------------------------------------------------------------------------
 
+    def assisted(self, job: Job) -> bool:
+        return self.draft is not None and job.speculative and job.echo_top is None
+
     def groups(self, jobs: list[Job], max_batch: int) -> list[list[Job]]:
         """Jobs that run well together: the same kind (echo or generation) and max_tokens, prompts of similar
         length (padding at most doubles a group's tokens), an echo batch's logits within LOGITS_BUDGET_BYTES."""
@@ -137,6 +178,9 @@ class Scorer:
         out: list[list[Job]] = []
         by_kind: dict[tuple[bool, int], list[Job]] = {}
         for j in jobs:
+            if self.assisted(j):  # assisted generation runs one sequence at a time
+                out.append([j])
+                continue
             by_kind.setdefault((j.echo_top is not None, j.max_tokens), []).append(j)
         for (echo, _), same in by_kind.items():
             group: list[Job] = []
@@ -154,6 +198,8 @@ class Scorer:
 
     def run(self, group: list[Job]) -> list[Result]:
         with self.torch.inference_mode():
+            if self.assisted(group[0]):
+                return [self._speculate(j) for j in group]
             if group[0].echo_top is None:
                 return self._generate(group) if group[0].max_tokens > 0 else [Result(new=[]) for _ in group]
             results = self._echo(group)
@@ -179,6 +225,10 @@ class Scorer:
         steps = max(j.max_tokens for j in group)
         gen = self.model.generate(input_ids=x, attention_mask=mask, max_new_tokens=steps, do_sample=False,
                                   pad_token_id=self.pad, output_logits=True, return_dict_in_generate=True)
+        return self._results(group, gen, width)
+
+    def _results(self, group: list[Job], gen: Any, width: int) -> list[Result]:
+        torch = self.torch
         out = []
         for b, j in enumerate(group):
             new: list[int] = []
@@ -192,6 +242,75 @@ class Scorer:
                 res.gen = self._pick(torch.log_softmax(rows, dim=-1), new, j.top)
             out.append(res)
         return out
+
+    def _speculate(self, job: Job) -> Result:
+        """One request through transformers' assisted generation: the draft proposes max_draft_len tokens, the
+        target verifies them in one forward pass and keeps the agreeing prefix plus its own next token, so the
+        answer is the target's greedy answer. `_count_verified` counts the proposed and accepted tokens."""
+        if self.unverified:
+            return self._unverified(job)
+        torch = self.torch
+        self.stats.requests += 1
+        x = torch.tensor([job.ids], device=self.device)
+        self._verify = [len(job.ids), 1]
+        try:
+            gen = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=job.max_tokens,
+                                      do_sample=False, pad_token_id=self.pad, assistant_model=self.draft,
+                                      output_logits=True, return_dict_in_generate=True)
+        finally:
+            self._verify = None
+        return self._results([job], gen, len(job.ids))[0]
+
+    def _count_verified(self, module: Any, args: Any, kwargs: dict[str, Any],  # JSON edge: torch's hook kwargs
+                        output: Any) -> None:
+        """A forward hook on the target: in assisted generation each target pass takes the candidates after the
+        prompt (first pass) or after the last kept token; the accepted ones are the leading candidates that equal
+        the target's own argmax at their position."""
+        state, x = self._verify, kwargs.get("input_ids")
+        if state is None or x is None:
+            return
+        n = int(x.shape[1])
+        drafted = n - state[0] if state[1] else n - 1
+        state[1] = 0
+        logits = getattr(output, "logits", None)
+        if drafted <= 0 or logits is None or logits.shape[1] < drafted + 1:
+            return
+        predicted = logits[0, -(drafted + 1):-1].argmax(-1).tolist()
+        accepted = 0
+        for p, t in zip(predicted, x[0, -drafted:].tolist(), strict=True):
+            if p != t:
+                break
+            accepted += 1
+        self.stats.drafted += drafted
+        self.stats.accepted += accepted
+
+    def _unverified(self, job: Job) -> Result:
+        """--unverified-draft: the draft's tokens are kept as proposed, the target only adds one after each
+        proposal. Deliberately wrong (the answers are no longer the target's): for the gate's lossless test."""
+        torch = self.torch
+        self.stats.requests += 1
+        seq, new = list(job.ids), list[int]()
+        while len(new) < job.max_tokens:
+            x = torch.tensor([seq], device=self.device)
+            d = self.draft.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                                    max_new_tokens=min(self.max_draft_len, job.max_tokens - len(new)),
+                                    pad_token_id=self.pad)
+            proposed = [int(t) for t in d[0, len(seq):].tolist()]
+            self.stats.drafted += len(proposed)
+            self.stats.accepted += len(proposed)
+            for t in proposed:
+                new.append(t)
+                seq.append(t)
+                if t in self.eos:
+                    return Result(new=new)
+            if len(new) >= job.max_tokens:
+                break
+            nxt = int(self.model(input_ids=torch.tensor([seq], device=self.device)).logits[0, -1].argmax())
+            new.append(nxt)
+            seq.append(nxt)
+            if nxt in self.eos:
+                break
+        return Result(new=new[:job.max_tokens])
 
     def _echo(self, group: list[Job]) -> list[Result]:
         torch = self.torch
@@ -279,16 +398,26 @@ class Api:
     def __init__(self, scorer: Scorer, batcher: Batcher, name: str) -> None:
         self.scorer, self.batcher, self.name = scorer, batcher, name
 
+    def speculative_stats(self) -> dict[str, Any]:  # JSON edge: GET /v1/speculative
+        s = self.scorer
+        if s.draft is None:
+            return {"speculative": False}
+        st = s.stats
+        return {"speculative": True, "max_draft_len": s.max_draft_len, "verified": not s.unverified,
+                "requests": st.requests, "drafted": st.drafted, "accepted": st.accepted,
+                "acceptance_rate": round(st.accepted / st.drafted, 6) if st.drafted else None}
+
     def _stopped(self, new: list[int], max_tokens: int) -> bool:
         return bool(new) and (new[-1] in self.scorer.eos or len(new) < max_tokens)
 
     def chat(self, messages: list[dict[str, Any]],  # JSON edge: the request's OpenAI chat messages
-             max_tokens: int, top: int | None) -> dict[str, Any]:  # JSON edge: OpenAI chat response
+             max_tokens: int, top: int | None, speculative: bool = True,
+             stream: bool = False) -> dict[str, Any]:  # JSON edge: OpenAI chat response
         s = self.scorer
         ids = s.chat_ids(messages)
         n = len(ids)
         max_tokens = s.fit(n, max_tokens)
-        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top))
+        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, speculative=speculative))
         content = []
         if top is not None:
             for t, (lp, alts) in zip(res.new, res.gen, strict=False):
@@ -302,11 +431,16 @@ class Api:
             "index": 0, "finish_reason": "stop" if self._stopped(res.new, max_tokens) else "length",
             "message": {"role": "assistant", "content": s.tok.decode(res.new, skip_special_tokens=True)},
             "logprobs": {"content": content} if top is not None else None}
-        return {"object": "chat.completion", "choices": [choice],
-                "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
+        out: dict[str, Any] = {  # JSON edge: the response
+            "object": "chat.completion", "choices": [choice],
+            "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
+        if stream:
+            texts = [str(s.tok.decode(res.new[:i], skip_special_tokens=True)) for i in range(len(res.new) + 1)]
+            out[STREAM_PIECES] = [b[len(a):] for a, b in itertools.pairwise(texts)]
+        return out
 
     def complete(self, prompt: str | list[int], max_tokens: int, echo: bool,
-                 top: int | None) -> dict[str, Any]:  # JSON edge: OpenAI completions response
+                 top: int | None, speculative: bool = True) -> dict[str, Any]:  # JSON edge: completions response
         s = self.scorer
         ids: list[int] = prompt if isinstance(prompt, list) else \
             [int(t) for t in s.tok(prompt, add_special_tokens=False)["input_ids"]]
@@ -315,7 +449,8 @@ class Api:
         n = len(ids)
         max_tokens = s.fit(n, max_tokens)
         echo_top = top if echo and top is not None else None
-        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, echo_top=echo_top))
+        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, echo_top=echo_top,
+                                      speculative=speculative))
         logprobs = None
         if top is not None:
             toks: list[str] = []
@@ -351,8 +486,11 @@ class Api:
         if body.get("model") not in (None, self.name):
             raise RequestError(404, f"model '{body.get('model')}' is not served here; this server serves "
                                     f"'{self.name}'")
-        if body.get("stream"):
-            raise RequestError(400, "stream is not supported")
+        if body.get("stream") and path != "/v1/chat/completions":
+            raise RequestError(400, "stream is supported for chat completions only")
+        speculative = body.get("speculative", True)
+        if not isinstance(speculative, bool):
+            raise RequestError(400, f"speculative must be true or false, got {speculative!r}")
         if path == "/v1/chat/completions":
             messages: Any = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -360,7 +498,7 @@ class Api:
             max_tokens = _int_field(body, "max_tokens", 16, 1, 1 << 16) or 16
             want = bool(body.get("logprobs"))
             top = _int_field(body, "top_logprobs", 0, 0, MAX_TOP) if want else None
-            return self.chat(messages, max_tokens, top)
+            return self.chat(messages, max_tokens, top, speculative, stream=bool(body.get("stream")))
         if path == "/v1/completions":
             prompt: Any = body.get("prompt")
             ok_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
@@ -370,7 +508,7 @@ class Api:
                 raise RequestError(400, f"prompt token ids must be in [0, {self.scorer.vocab})")
             top = _int_field(body, "logprobs", None, 0, MAX_TOP)
             return self.complete(prompt, _int_field(body, "max_tokens", 16, 0, 1 << 16) or 0,
-                                 bool(body.get("echo")), top)
+                                 bool(body.get("echo")), top, speculative)
         raise RequestError(404, f"no route {path}")
 
 
@@ -399,11 +537,34 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(data)
 
+        def _stream(self, answer: dict[str, Any], pieces: list[str]) -> None:  # JSON edge: the response
+            """An answer as server-sent chat chunks, one per token, after it is complete (the batcher generates
+            whole answers): a streaming client (AIPerf) gets the right tokens and throughput, but its time to
+            first token is the whole answer's latency here."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            choice = answer["choices"][0]
+            chunks = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
+                      *({"index": 0, "delta": {"content": p}, "finish_reason": None} for p in pieces),
+                      {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]
+            for i, c in enumerate(chunks):
+                event: dict[str, Any] = {"id": "chatcmpl-ef", "object": "chat.completion.chunk",  # JSON edge
+                                         "model": api.name, "choices": [c]}
+                if i == len(chunks) - 1:
+                    event["usage"] = answer["usage"]
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": api.name, "object": "model"}]})
+            elif self.path == SPECULATIVE_PATH:
+                self._send(200, api.speculative_stats())
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -416,7 +577,12 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
                     body = json.loads(self.rfile.read(length) or b"null")
                 except json.JSONDecodeError:
                     raise RequestError(400, "the request body is not JSON") from None
-                self._send(200, api.handle(self.path, body))
+                answer = api.handle(self.path, body)
+                pieces = answer.pop(STREAM_PIECES, None)
+                if pieces is None:
+                    self._send(200, answer)
+                else:
+                    self._stream(answer, pieces)
             except RequestError as err:
                 if err.status >= 500:
                     log.error("%s", err)
@@ -449,9 +615,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=16, help="requests run together at most (default 16)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: OMP_NUM_THREADS, else 1)")
+    ap.add_argument("--draft", help="a draft checkpoint with the model's tokenizer: answers by assisted generation")
+    ap.add_argument("--max-draft-len", type=int, default=3, help="candidate tokens per step (default 3)")
+    ap.add_argument("--unverified-draft", action="store_true",
+                    help="TEST ONLY: keep the draft's tokens without verification (a broken speculative path the "
+                         "gate's lossless rule must reject)")
     args = ap.parse_args(argv)
     if args.max_batch < 1:
         ap.error("--max-batch must be at least 1")
+    if args.max_draft_len < 1:
+        ap.error("--max-draft-len must be at least 1")
+    if args.unverified_draft and not args.draft:
+        ap.error("--unverified-draft needs --draft")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import os
 
@@ -459,7 +634,11 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     torch.set_num_threads(max(1, threads))
-    scorer = Scorer(Path(args.model_dir), device=args.device, max_seq_len=args.max_seq_len)
+    scorer = Scorer(Path(args.model_dir), device=args.device, max_seq_len=args.max_seq_len,
+                    draft_dir=Path(args.draft) if args.draft else None, max_draft_len=args.max_draft_len,
+                    unverified=args.unverified_draft)
+    if args.unverified_draft:
+        log.warning("--unverified-draft: draft tokens are NOT verified; answers are not the model's (test only)")
     batcher = Batcher(scorer, max_batch=args.max_batch)
     name = args.name or args.model_dir
     server = make_server(Api(scorer, batcher, name), args.host, args.port)

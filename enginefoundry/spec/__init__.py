@@ -14,11 +14,12 @@ from enginefoundry.spec.matrix import Arch, CalibrationSpec, KVCacheDtype, Preci
 from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.search import Objective, SearchedUnit, SearchSpec
 from enginefoundry.spec.source import ModelSpec, SourceKind, SourceURI, parse_source_uri
+from enginefoundry.spec.speculative import SpecAlgorithm, SpeculativeSpec
 
 __all__ = [
     "Arch", "BenchTool", "BenchmarkSpec", "BuildSpec", "CalibrationSpec", "KVCacheDtype",
     "ModelSpec", "Objective", "Precision", "Profile", "PublishSpec",
     "ReferenceDevice", "ReferenceSource", "SLOs", "Scenario", "SearchSpec", "SearchedUnit", "SmokeSpec", "SourceKind",
-    "SourceURI", "Target", "ToolchainSpec", "TrackingSpec", "Variant", "load_spec", "parse_source_uri",
-    "parse_spec",
+    "SourceURI", "SpecAlgorithm", "SpeculativeSpec", "Target", "ToolchainSpec", "TrackingSpec", "Variant", "load_spec",
+    "parse_source_uri", "parse_spec",
 ]

@@ -28,6 +28,7 @@ from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 from enginefoundry.spec.search import LengthsFigures, SearchedUnit, SearchSpec, figures_from
 from enginefoundry.spec.siblings import sibling_problems
 from enginefoundry.spec.source import ModelSpec
+from enginefoundry.spec.speculative import SpeculativeSpec
 
 
 def channel_uri_problem(uri: str) -> str | None:
@@ -82,6 +83,8 @@ class BuildSpec(BaseModel):
     search: SearchSpec | None = None
     # What the search decided (enginefoundry.search.plan.materialise): ordinary units, carried in the payload.
     searched: list[SearchedUnit] = Field(default_factory=list)
+    # Speculative decoding for every unit (enginefoundry/spec/speculative.py); the lane says what it supports.
+    speculative: SpeculativeSpec | None = None
     # Lane-specific knobs (plugins, CUDA graphs, …): the lane's own options model, chosen by `lane` (a union
     # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
     # refused with the release that removed it (the lane's model explains it).

@@ -287,6 +287,37 @@ def test_every_emitted_key_is_in_the_release_template_or_has_other_evidence():
         assert _aic_generate().render(site[0]) == json.loads(AIC_KEYS.read_text()), "run the generate.py beside it"
 
 
+SPECULATIVE = [{"algorithm": "mtp", "num_nextn_predict_layers": 1},
+               {"algorithm": "ngram", "max_matching_ngram_size": 2},
+               {"algorithm": "eagle3", "draft": "hf://org/eagle3@v", "one_model": True},
+               {"algorithm": "draft_target", "draft": "hf://org/draft@v"}]
+
+
+def test_every_speculative_key_is_in_the_release_template_or_has_other_evidence():
+    """The keys of each algorithm's speculative_config, for every release whose template AIConfigurator ships and
+    that the registry does not refuse the algorithm on: MTP's (decoding_type, num_nextn_predict_layers) are in the
+    templates from 1.0.0; the rest, and every decoding_type value, cite a release-named source besides."""
+    releases = json.loads(AIC_KEYS.read_text())["releases"]
+    checked = in_template = 0
+    for release, template in releases.items():
+        if parse_version(release).release < (1, 0, 0):
+            continue
+        for section in SPECULATIVE:
+            spec = spec_for(release, speculative=section, variants=[{"precision": "bf16"}])
+            cmds = get_lane("trtllm").describe(spec, expand_units(spec)[0])
+            if registry_verdict(cmds, release).absent:
+                assert section["algorithm"] == "draft_target" and parse_version(release).release < (1, 3, 0)
+                continue
+            keys = [k for k in llm_api_key_paths(runtime_config(spec, expand_units(spec)[0], release))
+                    if k.startswith("speculative_config")]
+            for key in keys:
+                in_template += key in template
+                if key not in template:
+                    assert _non_template_evidence(key), f"{key} emitted for {release}: not in its template, no evidence"
+                checked += 1
+    assert checked > 100 and in_template > 30
+
+
 def test_a_key_without_template_or_evidence_is_caught():
     from enginefoundry.lanes import trtllm_flags
 
