@@ -121,11 +121,13 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
                       cached=sum(p.cached for p in predictions))
     pool: list[Predicted] = []
     for prediction in predictions:
+        # A disaggregated search's answers sit beside the aggregated ones of its precision, under their own key.
+        kind = prediction.precision.value + (" disagg" if prediction.disagg else "")
         if prediction.problem:
-            ts.problems[prediction.precision.value] = prediction.problem
+            ts.problems[kind] = prediction.problem
         pool += prediction.ranked
         if prediction.pareto:
-            ts.pareto[prediction.precision.value] = prediction.pareto
+            ts.pareto[kind] = prediction.pareto
     objective = search.objective
     if objective is not Objective.TOKENS_PER_GPU and all(objective_value(objective, spec, target, p) is None
                                                           for p in pool) and pool:
@@ -142,7 +144,7 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
         variant, not_a_unit = searched_variant(p, spec.lane, moe_lane)
         unit = Unit(variant=variant, profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"),
                     target=target)
-        name = unit.name if not not_a_unit else f"{unit.name} {p.moe_label()}"
+        name = p.label() if p.disagg else unit.name if not not_a_unit else f"{unit.name} {p.moe_label()}"
         if name in seen:
             continue
         seen.add(name)
@@ -152,7 +154,8 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
         if not_a_unit:
             # Building it as another shape would measure another configuration than the one predicted.
             cand.unit = "-"
-            cand.verdict = f"not a unit: {p.moe_label()}: {not_a_unit}"
+            cand.verdict = (f"not a unit: {not_a_unit}" if p.disagg else
+                            f"not a unit: {p.moe_label()}: {not_a_unit}")
         elif len(ts.units) >= search.top_k:
             cand.verdict = "below top_k"
         else:
@@ -177,8 +180,14 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     tensor_parallel_size = moe_tp × moe_ep and enable_attention_dp = dp > 1 for an MoE model (AIConfigurator 0.12.0
     generator/rule_plugin/trtllm.rule), and TensorRT-LLM's attention DP runs attention with tp 1 on each of the tp
     ranks (mapping.py dp_size = tp_size): a configuration with attention tp inside attention DP is not one TensorRT-LLM
-    runs, and one whose MoE world is not its GPUs is not a shape at all."""
+    runs, and one whose MoE world is not its GPUs is not a shape at all.
+
+    A disaggregated configuration (prefill and decode workers) is ranked but not yet built: a unit is one aggregated
+    replica, and the `trtllm-serve disaggregated` unit is issue 37 item 3's part still to come."""
     plain = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
+    if p.disagg:
+        return plain, (f"disaggregated serving ({p.disagg.total_gpus} GPUs: prefill and decode workers) is ranked "
+                       "for comparison; units are aggregated replicas (a disaggregated unit is not built yet)")
     if p.tp_pp_only:
         return plain, None
     if not moe_lane:
@@ -272,8 +281,9 @@ def rows(report: SearchReport) -> list[dict[str, str]]:
             p = c.predicted
             parallel = {"dp": str(p.dp), "moe_tp": str(p.moe_tp), "moe_ep": str(p.moe_ep),
                         "GPUs": str(p.gpus)} if moe else {}
-            out.append({"target": ts.target, "rank": str(c.rank),
-                        "config": f"{p.precision.value} tp{p.tp}pp{p.pp} bs{p.batch_size}", **parallel,
+            if moe and p.disagg:  # each role's dp / moe_tp / moe_ep are in its config label
+                parallel.update(dp="-", moe_tp="-", moe_ep="-")
+            out.append({"target": ts.target, "rank": str(c.rank), "config": p.label(), **parallel,
                         "tok/s/GPU": f"{p.tokens_per_s_gpu:.0f}", "tok/s/user": f"{p.tokens_per_s_user:.1f}",
                         "TTFT ms": f"{p.ttft_ms:.0f}",
                         "$/1M tok": f"{c.usd_per_mtok:.3f}" if c.usd_per_mtok is not None else "-",

@@ -157,6 +157,9 @@ class SearchSpec(BaseModel):
         default=0.3, description="|measured − predicted| / predicted tokens/s/GPU beyond which a unit is flagged")
     goodput: GoodputSearch = Field(default_factory=GoodputSearch)
     prices: Prices = Field(default_factory=Prices)
+    disaggregated: bool = Field(
+        default=False, description="also search disaggregated serving (prefill and decode workers, the predictor's "
+                                   "disagg mode), ranked beside the aggregated configurations")
 
 
 class SearchedUnit(BaseModel):
