@@ -186,8 +186,7 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     replica, and the `trtllm-serve disaggregated` unit is issue 37 item 3's part still to come."""
     plain = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
     if p.disagg:
-        return plain, (f"disaggregated serving ({p.disagg.total_gpus} GPUs: prefill and decode workers) is ranked "
-                       "for comparison; units are aggregated replicas (a disaggregated unit is not built yet)")
+        return plain, f"disaggregated serving ({p.disagg.total_gpus} GPUs) is not built yet"
     if p.tp_pp_only:
         return plain, None
     if not moe_lane:

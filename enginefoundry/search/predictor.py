@@ -340,7 +340,8 @@ def choose_db_version(pinned: str | None, versions: list[str], current: str | No
 
 
 class AIConfigurator:
-    """The predictor on AIConfigurator's `cli exp` (aggregated serving), offline, cached under ~/.cache."""
+    """The predictor on AIConfigurator's `cli exp` (aggregated serving, and disaggregated with `search.disaggregated`),
+    offline, cached under ~/.cache."""
 
     name = "aiconfigurator"
 
