@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -34,6 +35,9 @@ class Candidate(BaseModel):
     unit: str
     chosen: bool = False
     verdict: str = ""  # "unit", "refused by preflight: …", "below top_k"
+    # A disaggregated configuration on lane trtllm: the files that would serve it (router config, per-role LLM-API
+    # YAMLs, worker commands; enginefoundry.lanes.trtllm_disagg), for the toolchain's release.
+    serving: dict[str, Any] | None = None
 
 
 class TargetSearch(BaseModel):
@@ -151,6 +155,9 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
         value = objective_value(objective, spec, target, p)
         cand = Candidate(rank=len(ts.candidates) + 1, predicted=p, objective_value=value, unit=unit.name,
                          usd_per_mtok=cost_per_mtok(spec, target, p.tokens_per_s_gpu))
+        if p.disagg:
+            cand.serving, refused = disagg_serving(spec, p, expert_count(config) > 0)
+            not_a_unit = refused or not_a_unit
         if not_a_unit:
             # Building it as another shape would measure another configuration than the one predicted.
             cand.unit = "-"
@@ -198,6 +205,25 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     if world != p.tp * p.dp:
         return plain, f"moe_tp × moe_ep = {world} is not its {p.tp * p.dp} attention ranks (tp × dp)"
     return Variant(precision=p.precision, tp=world, pp=p.pp, moe_ep=p.moe_ep, attention_dp=p.dp > 1), None
+
+
+def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """On lane trtllm with a pinned release: the files that serve a disaggregated configuration, or why that release
+    cannot (the first refusal, with its fix). Other lanes and an unpinned toolchain: neither."""
+    from enginefoundry.errors import SpecError
+    from enginefoundry.lanes.trtllm_disagg import disaggregated_serving
+
+    release = spec.toolchain.trtllm_version
+    if p.disagg is None or spec.lane != "trtllm" or not release or spec.search is None:
+        return None, None
+    try:
+        s = disaggregated_serving(p.disagg, release, spec.model.name, isl=spec.search.workload.mean_isl,
+                                  osl=spec.search.workload.osl, moe=moe)
+    except SpecError as e:
+        path, message = e.problems[0]
+        return None, f"{path}: {message}"
+    return {"release": release, "disagg_config.yaml": s.config, "context.yaml": s.context,
+            "generation.yaml": s.generation, "commands": s.commands, "to_be_probed": s.to_be_probed}, None
 
 
 def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: ModelConfig | None) -> TargetSearch:

@@ -49,6 +49,10 @@ def test_search_ranks_disaggregated_configurations_beside_aggregated_ones(tmp_pa
              c["predicted"]["disagg"]["decode"]["batch_size"], c["predicted"]["tokens_per_s_gpu"])
             for c in disagg] == expected
     assert all(c["verdict"].startswith("not a unit: disaggregated serving") for c in disagg)
+    # Lane trtllm, 1.3.0rc20: each disaggregated row carries its trtllm-serve disaggregated files.
+    top = disagg[0]["serving"]
+    assert top["release"] == "1.3.0rc20" and top["disagg_config.yaml"]["context_servers"]["num_instances"] == 2
+    assert top["generation.yaml"]["tensor_parallel_size"] == 2 and top["context.yaml"]["disable_overlap_scheduler"]
     # One ranking: ranks are by tokens/s/GPU over both kinds, and the unit is the best aggregated configuration.
     values = [c["predicted"]["tokens_per_s_gpu"] for c in ts["candidates"]]
     assert values == sorted(values, reverse=True) and agg and ts["units"] == [agg[0]["unit"]]

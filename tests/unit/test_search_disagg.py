@@ -151,3 +151,21 @@ def test_the_field_is_a_boolean(value: object) -> None:
     data["search"]["disaggregated"] = value
     with pytest.raises(SpecError, match="disaggregated"):
         parse_spec(data, base_dir=CONFIGS)
+
+
+def test_on_lane_trtllm_a_disaggregated_row_carries_its_serving_files_or_the_releases_refusal(tmp_path: Path) -> None:
+    spec = _spec()  # lane trtllm, toolchain 1.2.1
+    disagg = _read("llama_disagg", _request(spec, True), tmp_path)
+    ts = _choose(spec, spec.targets[0], COV, [disagg], "aiconfigurator")
+    serving = ts.candidates[0].serving
+    assert serving is not None and serving["release"] == "1.2.1"
+    assert serving["disagg_config.yaml"]["context_servers"]["num_instances"] == 2
+    assert serving["context.yaml"]["disable_overlap_scheduler"] is True
+    assert serving["generation.yaml"]["tensor_parallel_size"] == 2
+    assert serving["commands"][-1] == ["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"]
+    old = spec.model_copy(update={"toolchain": spec.toolchain.model_copy(update={"trtllm_version": "1.0.0rc3"})})
+    refused = _choose(old, old.targets[0], COV, [disagg], "aiconfigurator").candidates[0]
+    assert refused.serving is None and refused.unit == "-"
+    assert refused.verdict.startswith("not a unit: toolchain.trtllm_version: TensorRT-LLM 1.0.0rc3 has no "
+                                      "cache_transceiver_config")
+    assert "pin toolchain.trtllm_version ≥ 1.0.0rc4" in refused.verdict
