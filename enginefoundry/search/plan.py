@@ -285,6 +285,21 @@ def materialise(spec: BuildSpec, only_targets: list[str] | None = None, predicto
     return spec.model_copy(update={"searched": searched_units(spec, report)}), report
 
 
+def disagg_lines(report: SearchReport) -> list[str]:
+    """One line per target whose disaggregated search answered: how many configurations, the best one, and that
+    none is built or benchmarked here (a disaggregated benchmark needs GPUs: several trtllm-serve processes and the
+    KV-cache transfer between them)."""
+    out = []
+    for ts in report.targets:
+        found = [c for c in ts.candidates if c.predicted.disagg]
+        if found:
+            best = found[0]
+            out.append(f"{ts.target}: {len(found)} disaggregated configuration(s) ranked, best rank {best.rank} "
+                       f"{best.predicted.tokens_per_s_gpu:.0f} tok/s/GPU on {best.predicted.gpus} GPUs "
+                       f"({best.predicted.label()}); not built (disaggregated benchmark: needs GPUs)")
+    return out
+
+
 MOE_COLUMNS = ("dp", "moe_tp", "moe_ep")  # AIConfigurator's parallel columns besides tp, pp (ColumnsAgg, 0.12.0)
 
 

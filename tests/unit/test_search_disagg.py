@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.search.plan import SearchReport, _choose, rows
+from enginefoundry.search.plan import SearchReport, _choose, disagg_lines, rows
 from enginefoundry.search.predictor import (
     Coverage,
     Predicted,
@@ -124,6 +124,9 @@ def test_disaggregated_configurations_rank_beside_aggregated_ones_and_are_not_bu
     table = rows(report)
     assert table[1]["config"] == "bf16 disagg P 2×tp1pp1 bs1 + D 1×tp2pp1 bs304"
     assert table[1]["tok/s/GPU"] == "4455" and table[1]["unit"] == "-"
+    assert disagg_lines(report) == [
+        "h100: 3 disaggregated configuration(s) ranked, best rank 2 4455 tok/s/GPU on 4 GPUs (bf16 disagg P "
+        "2×tp1pp1 bs1 + D 1×tp2pp1 bs304); not built (disaggregated benchmark: needs GPUs)"]
     # --json carries each role's workers and parallelism.
     dumped = report.model_dump(mode="json")["targets"][0]["candidates"][1]["predicted"]["disagg"]
     assert dumped["prefill"]["workers"] == 2 and dumped["decode"]["tp"] == 2 and dumped["total_gpus"] == 4
