@@ -190,7 +190,8 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     runs, and one whose MoE world is not its GPUs is not a shape at all.
 
     A disaggregated configuration (prefill and decode workers) is ranked but not yet built: a unit is one aggregated
-    replica, and the `trtllm-serve disaggregated` unit is issue 37 item 3's part still to come."""
+    replica. On lane trtllm its `trtllm-serve disaggregated` files travel with the candidate (`disagg_serving`); the
+    unit that builds and benchmarks them is issue 37 item 3's part still to come."""
     plain = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
     if p.disagg:
         return plain, f"disaggregated serving ({p.disagg.total_gpus} GPUs) is not built yet"
