@@ -172,3 +172,15 @@ def test_on_lane_trtllm_a_disaggregated_row_carries_its_serving_files_or_the_rel
     assert refused.verdict.startswith("not a unit: toolchain.trtllm_version: TensorRT-LLM 1.0.0rc3 has no "
                                       "cache_transceiver_config")
     assert "pin toolchain.trtllm_version ≥ 1.0.0rc4" in refused.verdict
+
+
+@pytest.mark.parametrize("change", [{"lane": "reference"}, {"toolchain": {}}])
+def test_without_lane_trtllm_or_a_pinned_release_a_disaggregated_row_has_no_serving_files(
+        tmp_path: Path, change: dict[str, object]) -> None:
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
+    data["search"].update(precisions=["bf16"], disaggregated=True)
+    data.update(change)
+    spec = parse_spec(data, base_dir=CONFIGS)
+    disagg = _read("llama_disagg", _request(spec, True), tmp_path)
+    (first, *_) = _choose(spec, spec.targets[0], COV, [disagg], "aiconfigurator").candidates
+    assert first.serving is None and first.verdict == "not a unit: disaggregated serving (4 GPUs) is not built yet"
