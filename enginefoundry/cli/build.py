@@ -221,7 +221,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                    "toolchain_channel": channel.model_dump(mode="json") if channel else None})
         return EXIT_INPUT if report.refused else EXIT_OK
     if searched is not None:
-        from enginefoundry.search.plan import rows
+        from enginefoundry.search.plan import disagg_lines, rows
 
         table(f"{spec.name}: search (predicted, ranked by {searched.objective.value}; 'unit' = became a unit)",
               rows(searched))
@@ -232,6 +232,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         for ts in searched.targets:
             console.print(f"  {ts.target}: " + (f"{ts.predictor}; {ts.note}" if ts.covered else
                                                  f"not predicted ({ts.reason}): measured search"), markup=False)
+        for line in disagg_lines(searched):
+            console.print(f"  {line}", markup=False)
     table(f"{spec.name}: {len(report.rows)} unit(s), lane {spec.lane}", report.rows)
     if channel is not None:
         console.print(f"{channel.line()} (`rollout` builds with the channel's value)", markup=False,

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from enginefoundry.search.plan import rows
+    from enginefoundry.search.plan import disagg_lines, rows
 
     spec, _, report = load_searched(args.spec, args)
     if report is None:
@@ -43,5 +43,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         what = (f"{ts.predictor} ({ts.cached} cached, {ts.seconds:.1f} s)" if ts.covered
                 else f"not predicted: {ts.reason}")
         console.print(f"  {ts.target}: {what}" + (f"; {ts.note}" if ts.note else ""), markup=False)
+    for line in disagg_lines(report):
+        console.print(f"  {line}", markup=False)
     console.print(f"search: {report.seconds:.1f} s", markup=False)
     return EXIT_OK if any(ts.units for ts in report.targets) else EXIT_INPUT

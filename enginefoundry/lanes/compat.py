@@ -54,7 +54,7 @@ TRTLLM_RELEASES = {"1.0": "1.0.0", "1.1": "1.1.0", "1.2": "1.2.1", "1.3 ≤ rc24
 MODELOPT_RELEASES = ("0.37", "0.39", "0.46")
 # An upstream reference: file@commit, a PR or issue number, a release note, a tag, or a facts section that cites them.
 _REF = re.compile(r"(@[0-9a-f]{7,40}|#\d+|release[-/ ]notes?|release/\d|tag \d|facts §|requirements\.txt|\.py|\.md|"
-                  r"\.pbtxt|\.html|\.ya?ml\.j2|support matrix|compatibility matrix)", re.IGNORECASE)
+                  r"\.pbtxt|\.html|\.ya?ml\.j2|\.rule|support matrix|compatibility matrix)", re.IGNORECASE)
 
 
 def entry_problems(entry: Flag) -> list[str]:
@@ -162,6 +162,9 @@ def render() -> str:
     for (low, high), (pinned_modelopt, source) in MODELOPT_PINS.items():
         lines.append(f"| {low} – {high} | {pinned_modelopt} | {source} |")
     lines += speculation_section()
+    from enginefoundry.lanes.trtllm_disagg import compat_section
+
+    lines += compat_section(TRTLLM_RELEASES)
     lines.append("")
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -34,6 +35,9 @@ class Candidate(BaseModel):
     unit: str
     chosen: bool = False
     verdict: str = ""  # "unit", "refused by preflight: …", "below top_k"
+    # A disaggregated configuration on lane trtllm: the files that would serve it (router config, per-role LLM-API
+    # YAMLs, worker commands; enginefoundry.lanes.trtllm_disagg), for the toolchain's release.
+    serving: dict[str, Any] | None = None
 
 
 class TargetSearch(BaseModel):
@@ -121,11 +125,13 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
                       cached=sum(p.cached for p in predictions))
     pool: list[Predicted] = []
     for prediction in predictions:
+        # A disaggregated search's answers sit beside the aggregated ones of its precision, under their own key.
+        kind = prediction.precision.value + (" disagg" if prediction.disagg else "")
         if prediction.problem:
-            ts.problems[prediction.precision.value] = prediction.problem
+            ts.problems[kind] = prediction.problem
         pool += prediction.ranked
         if prediction.pareto:
-            ts.pareto[prediction.precision.value] = prediction.pareto
+            ts.pareto[kind] = prediction.pareto
     objective = search.objective
     if objective is not Objective.TOKENS_PER_GPU and all(objective_value(objective, spec, target, p) is None
                                                           for p in pool) and pool:
@@ -142,17 +148,21 @@ def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Pr
         variant, not_a_unit = searched_variant(p, spec.lane, moe_lane)
         unit = Unit(variant=variant, profile=profile_for(search, p.batch_size, f"search-b{p.batch_size}"),
                     target=target)
-        name = unit.name if not not_a_unit else f"{unit.name} {p.moe_label()}"
+        name = p.label() if p.disagg else unit.name if not not_a_unit else f"{unit.name} {p.moe_label()}"
         if name in seen:
             continue
         seen.add(name)
         value = objective_value(objective, spec, target, p)
         cand = Candidate(rank=len(ts.candidates) + 1, predicted=p, objective_value=value, unit=unit.name,
                          usd_per_mtok=cost_per_mtok(spec, target, p.tokens_per_s_gpu))
+        if p.disagg:
+            cand.serving, refused = disagg_serving(spec, p, expert_count(config) > 0)
+            not_a_unit = refused or not_a_unit
         if not_a_unit:
             # Building it as another shape would measure another configuration than the one predicted.
             cand.unit = "-"
-            cand.verdict = f"not a unit: {p.moe_label()}: {not_a_unit}"
+            cand.verdict = (f"not a unit: {not_a_unit}" if p.disagg else
+                            f"not a unit: {p.moe_label()}: {not_a_unit}")
         elif len(ts.units) >= search.top_k:
             cand.verdict = "below top_k"
         else:
@@ -177,8 +187,14 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     tensor_parallel_size = moe_tp × moe_ep and enable_attention_dp = dp > 1 for an MoE model (AIConfigurator 0.12.0
     generator/rule_plugin/trtllm.rule), and TensorRT-LLM's attention DP runs attention with tp 1 on each of the tp
     ranks (mapping.py dp_size = tp_size): a configuration with attention tp inside attention DP is not one TensorRT-LLM
-    runs, and one whose MoE world is not its GPUs is not a shape at all."""
+    runs, and one whose MoE world is not its GPUs is not a shape at all.
+
+    A disaggregated configuration (prefill and decode workers) is ranked but not yet built: a unit is one aggregated
+    replica. On lane trtllm its `trtllm-serve disaggregated` files travel with the candidate (`disagg_serving`); the
+    unit that builds and benchmarks them is issue 37 item 3's part still to come."""
     plain = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
+    if p.disagg:
+        return plain, f"disaggregated serving ({p.disagg.total_gpus} GPUs) is not built yet"
     if p.tp_pp_only:
         return plain, None
     if not moe_lane:
@@ -190,6 +206,25 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     if world != p.tp * p.dp:
         return plain, f"moe_tp × moe_ep = {world} is not its {p.tp * p.dp} attention ranks (tp × dp)"
     return Variant(precision=p.precision, tp=world, pp=p.pp, moe_ep=p.moe_ep, attention_dp=p.dp > 1), None
+
+
+def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[dict[str, Any] | None, str | None]:
+    """On lane trtllm with a pinned release: the files that serve a disaggregated configuration, or why that release
+    cannot (the first refusal, with its fix). Other lanes and an unpinned toolchain: neither."""
+    from enginefoundry.errors import SpecError
+    from enginefoundry.lanes.trtllm_disagg import disaggregated_serving
+
+    release = spec.toolchain.trtllm_version
+    if p.disagg is None or spec.lane != "trtllm" or not release or spec.search is None:
+        return None, None
+    try:
+        s = disaggregated_serving(p.disagg, release, spec.model.name, isl=spec.search.workload.mean_isl,
+                                  osl=spec.search.workload.osl, moe=moe)
+    except SpecError as e:
+        path, message = e.problems[0]
+        return None, f"{path}: {message}"
+    return {"release": release, "disagg_config.yaml": s.config, "context.yaml": s.context,
+            "generation.yaml": s.generation, "commands": s.commands, "to_be_probed": s.to_be_probed}, None
 
 
 def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: ModelConfig | None) -> TargetSearch:
@@ -251,6 +286,21 @@ def materialise(spec: BuildSpec, only_targets: list[str] | None = None, predicto
     return spec.model_copy(update={"searched": searched_units(spec, report)}), report
 
 
+def disagg_lines(report: SearchReport) -> list[str]:
+    """One line per target whose disaggregated search answered: how many configurations, the best one, and that
+    none is built or benchmarked here (a disaggregated benchmark needs GPUs: several trtllm-serve processes and the
+    KV-cache transfer between them)."""
+    out = []
+    for ts in report.targets:
+        found = [c for c in ts.candidates if c.predicted.disagg]
+        if found:
+            best = found[0]
+            out.append(f"{ts.target}: {len(found)} disaggregated configuration(s) ranked, best rank {best.rank} "
+                       f"{best.predicted.tokens_per_s_gpu:.0f} tok/s/GPU on {best.predicted.gpus} GPUs "
+                       f"({best.predicted.label()}); not built (disaggregated benchmark: needs GPUs)")
+    return out
+
+
 MOE_COLUMNS = ("dp", "moe_tp", "moe_ep")  # AIConfigurator's parallel columns besides tp, pp (ColumnsAgg, 0.12.0)
 
 
@@ -272,8 +322,9 @@ def rows(report: SearchReport) -> list[dict[str, str]]:
             p = c.predicted
             parallel = {"dp": str(p.dp), "moe_tp": str(p.moe_tp), "moe_ep": str(p.moe_ep),
                         "GPUs": str(p.gpus)} if moe else {}
-            out.append({"target": ts.target, "rank": str(c.rank),
-                        "config": f"{p.precision.value} tp{p.tp}pp{p.pp} bs{p.batch_size}", **parallel,
+            if moe and p.disagg:  # each role's dp / moe_tp / moe_ep are in its config label
+                parallel.update(dp="-", moe_tp="-", moe_ep="-")
+            out.append({"target": ts.target, "rank": str(c.rank), "config": p.label(), **parallel,
                         "tok/s/GPU": f"{p.tokens_per_s_gpu:.0f}", "tok/s/user": f"{p.tokens_per_s_user:.1f}",
                         "TTFT ms": f"{p.ttft_ms:.0f}",
                         "$/1M tok": f"{c.usd_per_mtok:.3f}" if c.usd_per_mtok is not None else "-",

@@ -9,6 +9,10 @@ Evidence (aiconfigurator 0.12.0 / aiconfigurator-core 0.12.0 as installed from t
 * results: `D/<run>/<experiment>/best_config_topn.csv` (columns concurrency, bs, ttft, tpot, tokens/s/gpu,
   tokens/s/user, tp, pp, dp, moe_tp, moe_ep, version, system, power_w: ColumnsAgg in
   aiconfigurator_core/sdk/common.py) and `pareto.csv` beside it;
+* disaggregated serving (`serving_mode: disagg`, aiconfigurator/cli/example.yaml `disagg_full`: prefill_* and
+  decode_* keys per role, `total_gpus`): `best_config_topn.csv` with the ColumnsDisagg columns ((p)workers, (p)tp,
+  (p)pp, (p)dp, (p)moe_tp, (p)moe_ep, (p)bs, the same for (d), num_total_gpus, concurrency, ttft, tpot,
+  tokens/s/gpu, tokens/s/user, power_w; aiconfigurator_core/sdk/common.py);
 * systems and perf-database versions: `aiconfigurator_core.sdk.perf_database.get_supported_databases()`
   (system → backend → versions); GEMM quant modes: `aiconfigurator_core.sdk.common.GEMMQuantMode`.
 """
@@ -35,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from enginefoundry.errors import ToolError
 from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, Precision, SearchSpec, Target
+from enginefoundry.spec.search import Disagg, Worker
 
 REPO = Path(__file__).resolve().parents[2]
 PREDICT_VENV = REPO / ".venv-predict"
@@ -88,6 +93,29 @@ class Experiment(TypedDict):
     request_latency: NotRequired[float]
 
 
+class DisaggExperiment(TypedDict):
+    """One disaggregated `cli exp` experiment (AIConfigurator 0.12.0 flat V2 schema, aiconfigurator/cli/example.yaml
+    `disagg_full`: the workload and SLO shared, model, system, backend and quant mode per role)."""
+
+    serving_mode: str
+    isl: int
+    osl: int
+    ttft: float
+    tpot: float
+    total_gpus: int
+    prefill_model_path: str
+    prefill_system_name: str
+    prefill_backend_name: str
+    prefill_backend_version: str
+    prefill_gemm_quant_mode: str
+    decode_model_path: str
+    decode_system_name: str
+    decode_backend_name: str
+    decode_backend_version: str
+    decode_gemm_quant_mode: str
+    request_latency: NotRequired[float]
+
+
 class Predicted(BaseModel):
     """One predicted configuration (one replica of tp × pp GPUs) at the SLO."""
 
@@ -108,11 +136,20 @@ class Predicted(BaseModel):
     ttft_ms: float
     tpot_ms: float
     power_w: float | None = None
+    disagg: Disagg | None = None  # a disaggregated configuration (then tp … moe_ep are its decode workers')
 
     @property
     def gpus(self) -> int:
-        """GPUs of one replica: tp × pp × dp (AIConfigurator's gpus/worker, cli/report_and_save.py)."""
-        return self.tp * self.pp * self.dp
+        """GPUs of one replica: tp × pp × dp (AIConfigurator's gpus/worker, cli/report_and_save.py); a disaggregated
+        replica's prefill and decode workers together."""
+        return self.disagg.total_gpus if self.disagg else self.tp * self.pp * self.dp
+
+    def label(self) -> str:
+        """The configuration as the search table shows it."""
+        if self.disagg:
+            return (f"{self.precision.value} disagg P {self.disagg.prefill.label()} + "
+                    f"D {self.disagg.decode.label()}")
+        return f"{self.precision.value} tp{self.tp}pp{self.pp} bs{self.batch_size}"
 
     @property
     def tp_pp_only(self) -> bool:
@@ -139,6 +176,7 @@ class Prediction(BaseModel):
     ranked: list[Predicted]
     pareto: list[tuple[float, float]]  # (tokens/s/user, tokens/s/gpu)
     problem: str = ""  # why there is no configuration (e.g. the SLO cannot be met, no data for the quant mode)
+    disagg: bool = False  # from the predictor's disaggregated search
     cached: bool = False
     seconds: float = 0.0
 
@@ -173,6 +211,7 @@ class Request:
     total_gpus: int
     max_gpus_per_replica: int
     e2e_ms: float | None = None  # search.slo.e2e_p95_ms → the experiment's `request_latency`
+    disagg: bool = False  # serving_mode disagg: prefill and decode workers (search.disaggregated)
 
     def key(self, tool_version: str) -> str:
         body: dict[str, object] = {"format": CACHE_FORMAT, "tool": tool_version, "config": self.config_digest,
@@ -181,6 +220,8 @@ class Request:
                 "tpot": self.tpot_ms, "gpus": self.total_gpus, "per_replica": self.max_gpus_per_replica}
         if self.e2e_ms is not None:
             body["e2e"] = self.e2e_ms
+        if self.disagg:  # only then: the aggregated requests keep their cache keys
+            body["mode"] = "disagg"
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -266,7 +307,8 @@ def choose_db_version(pinned: str | None, versions: list[str], current: str | No
 
 
 class AIConfigurator:
-    """The predictor on AIConfigurator's `cli exp` (aggregated serving), offline, cached under ~/.cache."""
+    """The predictor on AIConfigurator's `cli exp` (aggregated serving, and disaggregated with `search.disaggregated`),
+    offline, cached under ~/.cache."""
 
     name = "aiconfigurator"
 
@@ -350,9 +392,10 @@ class AIConfigurator:
             model_dir = Path(tmp) / "model"
             model_dir.mkdir()
             (model_dir / "config.json").write_text(json.dumps(model_config))
-            names = {f"e{i}_{r.precision.value}": r for i, r in enumerate(requests)}
+            names = {f"e{i}_{r.precision.value}{'_disagg' if r.disagg else ''}": r for i, r in enumerate(requests)}
             (Path(tmp) / "exp.yaml").write_text(yaml.safe_dump(
-                {name: experiment(r, model_dir) for name, r in names.items()}, sort_keys=False))
+                {name: disagg_experiment(r, model_dir) if r.disagg else experiment(r, model_dir)
+                 for name, r in names.items()}, sort_keys=False))
             # Through the runner, like every tool: its own process group, killed with this process however it
             # dies (kill -9 included), a clean ToolError on timeout.
             done = run_tool([str(self.tool), "cli", "exp", "--yaml-path", str(Path(tmp) / "exp.yaml"),
@@ -379,6 +422,26 @@ def experiment(r: Request, model_dir: Path) -> Experiment:
     return exp
 
 
+def disagg_experiment(r: Request, model_dir: Path) -> DisaggExperiment:
+    """One disaggregated `cli exp` experiment: the same model, system, backend, database version and GEMM mode for
+    both roles; the worker counts and each role's parallelism are the tool's own search space (its defaults, as in
+    aiconfigurator/cli/exps/qwen3_32b_disagg.yaml), capped by `total_gpus`."""
+    role = {"model_path": str(model_dir), "system_name": r.coverage.system, "backend_name": r.coverage.backend,
+            "backend_version": r.coverage.db_version, "gemm_quant_mode": GEMM_MODE[r.precision]}
+    exp: DisaggExperiment = {
+        "serving_mode": "disagg", "isl": r.isl, "osl": r.osl, "ttft": float(r.ttft_ms), "tpot": float(r.tpot_ms),
+        "total_gpus": min(r.total_gpus, r.max_gpus_per_replica),
+        "prefill_model_path": role["model_path"], "prefill_system_name": role["system_name"],
+        "prefill_backend_name": role["backend_name"], "prefill_backend_version": role["backend_version"],
+        "prefill_gemm_quant_mode": role["gemm_quant_mode"],
+        "decode_model_path": role["model_path"], "decode_system_name": role["system_name"],
+        "decode_backend_name": role["backend_name"], "decode_backend_version": role["backend_version"],
+        "decode_gemm_quant_mode": role["gemm_quant_mode"]}
+    if r.e2e_ms is not None:
+        exp["request_latency"] = float(r.e2e_ms)
+    return exp
+
+
 def read_experiment(out: Path, name: str, r: Request, key: str, seconds: float, rc: int, log: str) -> Prediction:
     found = sorted(out.glob(f"*/{name}/best_config_topn.csv"))
     if not found:
@@ -389,13 +452,14 @@ def read_experiment(out: Path, name: str, r: Request, key: str, seconds: float, 
         why = (said[0][:400] if said else
                f"no configuration meets TTFT ≤ {r.ttft_ms:g} ms and TPOT ≤ {r.tpot_ms:g} ms" if rc == 0 else
                f"the predictor failed (exit {rc}): {tail}")
-        return Prediction(key=key, precision=r.precision, ranked=[], pareto=[], problem=why, seconds=seconds)
-    ranked = [_row(row, r.precision) for row in _rows(found[0])]
+        return Prediction(key=key, precision=r.precision, ranked=[], pareto=[], problem=why, seconds=seconds,
+                          disagg=r.disagg)
+    ranked = [(_disagg_row if r.disagg else _row)(row, r.precision) for row in _rows(found[0])]
     ranked = [p for p in ranked if p.gpus <= r.max_gpus_per_replica and within_slo(p, r)]
     pareto = [(float(row["tokens/s/user"]), float(row["tokens/s/gpu"])) for row in _rows(found[0].parent /
                                                                                          "pareto.csv")]
     return Prediction(key=key, precision=r.precision, ranked=ranked, pareto=sorted(pareto), seconds=seconds,
-                      problem="" if ranked else "no configuration fits the target's gpu_count")
+                      problem="" if ranked else "no configuration fits the target's gpu_count", disagg=r.disagg)
 
 
 def within_slo(p: Predicted, r: Request) -> bool:
@@ -431,14 +495,36 @@ def _row(row: dict[str, str], precision: Precision) -> Predicted:
                      tpot_ms=float(row["tpot"]), power_w=power)
 
 
+def _worker(row: dict[str, str], role: str) -> Worker:
+    """One role's columns of a disaggregated row: (p)workers, (p)tp, (p)pp, (p)dp, (p)moe_tp, (p)moe_ep, (p)bs
+    (ColumnsDisagg, aiconfigurator_core/sdk/common.py, 0.12.0)."""
+    def col(name: str) -> int:
+        return _parallel(row, f"({role}){name}")
+    return Worker(workers=col("workers"), tp=col("tp"), pp=col("pp"), dp=col("dp"), moe_tp=col("moe_tp"),
+                  moe_ep=col("moe_ep"), batch_size=col("bs"))
+
+
+def _disagg_row(row: dict[str, str], precision: Precision) -> Predicted:
+    prefill, decode = _worker(row, "p"), _worker(row, "d")
+    total = _parallel(row, "num_total_gpus") if row.get("num_total_gpus") else prefill.gpus + decode.gpus
+    power = float(row.get("power_w") or 0) or None
+    return Predicted(precision=precision, tp=decode.tp, pp=decode.pp, batch_size=decode.batch_size, dp=decode.dp,
+                     moe_tp=decode.moe_tp, moe_ep=decode.moe_ep, concurrency=int(float(row["concurrency"])),
+                     tokens_per_s_gpu=float(row["tokens/s/gpu"]), tokens_per_s_user=float(row["tokens/s/user"]),
+                     ttft_ms=float(row["ttft"]), tpot_ms=float(row["tpot"]), power_w=power,
+                     disagg=Disagg(prefill=prefill, decode=decode, total_gpus=total))
+
+
 def config_digest(model_config: ModelConfig) -> str:
     return hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest()
 
 
 def requests_for(search: SearchSpec, target: Target, coverage: Coverage, digest: str) -> list[Request]:
+    """The aggregated request per precision, and with `search.disaggregated` a disaggregated one beside it."""
     per_replica = max(target.gpu_count, 1)
+    modes = (False, True) if search.disaggregated else (False,)
     return [Request(target=target.name, precision=p, coverage=coverage, config_digest=digest,
                     isl=search.workload.mean_isl, osl=search.workload.osl, ttft_ms=search.slo.ttft_p95_ms,
                     tpot_ms=search.slo.itl_p95_ms, total_gpus=search.gpu_budget or per_replica,
-                    max_gpus_per_replica=per_replica, e2e_ms=search.slo.e2e_p95_ms)
-            for p in search.precisions if p in GEMM_MODE]
+                    max_gpus_per_replica=per_replica, e2e_ms=search.slo.e2e_p95_ms, disagg=d)
+            for p in search.precisions if p in GEMM_MODE for d in modes]
