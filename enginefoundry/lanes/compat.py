@@ -197,8 +197,11 @@ def speculation_section() -> list[str]:
              "the target's (its tokenizer files are compared once both are fetched, before any GPU time). Lanes "
              "reference (draft_target only: transformers' assisted generation) and trtllm-engine refuse the "
              "algorithms they do not serve. The smoke gate's rule `lossless speculation` compares every greedy "
-             "answer with the non-speculative twin's (docs/smoke-gate.md); lane trtllm has no twin server yet, so "
-             f"the rule rejects its speculative units as not run. Other models: {ALL_MODELS}.", "",
+             "answer with the non-speculative twin's (docs/smoke-gate.md): lane trtllm's twin is a second "
+             "`trtllm-serve` of the same checkpoint from `llm_api_options.twin.yaml` (the build's YAML less "
+             "`speculative_config`), started after the unit's own server has answered and stopped (never both at "
+             "once on one GPU's memory); the benchmark measures the same points on it for the speed-up. "
+             f"Other models: {ALL_MODELS}.", "",
              "| algorithm | decoding_type | fields | draft | models |", "|---|---|---|---|---|"]
     for a in SpecAlgorithm:
         old, new = DECODING_TYPE[a]

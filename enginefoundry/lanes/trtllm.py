@@ -74,6 +74,9 @@ from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, SpecAlgorithm, Variant
 
 RUNTIME_CONFIG = "llm_api_options.yaml"
+# A speculative unit's non-speculative twin: the same YAML without speculative_config, served by a second
+# trtllm-serve after the unit's own is stopped (the smoke gate's lossless rule and the benchmark's speed-up).
+TWIN_CONFIG = "llm_api_options.twin.yaml"
 AUTOTUNER_CACHE = "autotuner.cache"
 WARMUP_MARKER = "ENGINEFOUNDRY_WARMUP_JSON "
 QUANTIZE_TIMEOUT_S = 6 * 3600.0  # a 70B calibration takes hours (#1331)
@@ -203,6 +206,15 @@ def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
     return cfg
 
 
+def write_runtime_configs(bundle: Path, cfg: dict[str, Any]) -> None:  # JSON edge: the LLM API YAML
+    """The runtime YAML, and with speculative_config its non-speculative twin's (TWIN_CONFIG: every other key the
+    same), into the bundle."""
+    (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if "speculative_config" in cfg:
+        twin = {k: v for k, v in cfg.items() if k != "speculative_config"}
+        (bundle / TWIN_CONFIG).write_text(yaml.safe_dump(twin, sort_keys=False))
+
+
 def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, out_dir: Path | str,
                      python: str | None = None, modelopt: str | None = None) -> Command:
     """ModelOpt PTQ to a unified HF checkpoint (hf_quant_config.json) with Model-Optimizer's hf_ptq.py.
@@ -315,6 +327,7 @@ class TrtllmLane(TrtllmLaneBase):
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC
     speculative_algorithms = frozenset(a.value for a in SpecAlgorithm)  # the four speculative_config classes
+    serves_twin_apart = True  # the same checkpoint from TWIN_CONFIG (trtllm-serve has no per-request switch)
     moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
@@ -438,7 +451,7 @@ class TrtllmLane(TrtllmLaneBase):
         bundle = fresh_dir(workdir / "bundle")
         cfg = runtime_config(spec, unit, surface.tensorrt_llm,
                              Path(draft_dir).resolve() if draft_dir is not None else None)
-        (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        write_runtime_configs(bundle, cfg)
         script = workdir / "warmup.py"
         script.write_text(WARMUP_SCRIPT)
         use_cache = opts.autotuner_cache and autotuner_supported(surface.tensorrt_llm, surface)
@@ -511,6 +524,16 @@ class TrtllmLane(TrtllmLaneBase):
     # serve --------------------------------------------------------------------------------------------------
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
+        return self._serve_command(bundle_dir, host, port)
+
+    def twin_serve_command(self, bundle_dir: Path, host: str, port: int, model_name: str) -> ServeCommand | None:
+        """The speculative unit's twin: trtllm-serve of the same checkpoint with the bundle's TWIN_CONFIG (the
+        runtime YAML less speculative_config, written by the build); None for a bundle without one."""
+        if not (Path(bundle_dir) / TWIN_CONFIG).is_file():
+            return None
+        return self._serve_command(bundle_dir, host, port, TWIN_CONFIG)
+
+    def _serve_command(self, bundle_dir: Path, host: str, port: int, config: str | None = None) -> ServeCommand:
         info = read_bundle_info(bundle_dir)
         checkpoint = bundle_checkpoint(Path(bundle_dir), info)
         env = {}
@@ -529,8 +552,10 @@ class TrtllmLane(TrtllmLaneBase):
         if not info.runtime_config:
             raise InputError(f"{Path(bundle_dir) / BUNDLE_INFO} names no runtime_config: not a bundle of lane "
                              f"{self.name}; serve it with the lane that built it, or rebuild it")
-        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info.runtime_config, host, port, yaml_flag)
-        return ServeCommand(command=Command(argv=argv, env=env, description="trtllm-serve (PyTorch backend)"),
+        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / (config or info.runtime_config), host, port,
+                          yaml_flag)
+        what = "trtllm-serve (PyTorch backend)" + (", the non-speculative twin" if config else "")
+        return ServeCommand(command=Command(argv=argv, env=env, description=what),
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint),
                             copies=copies)
 

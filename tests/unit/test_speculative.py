@@ -295,3 +295,80 @@ def test_a_speculative_reference_bundle_is_served_with_its_draft(tmp_path):
     spec = spec_for(None, {"algorithm": "draft_target", "draft": "hf://org/draft@v"}, lane="reference")
     described = " ".join(" ".join(c.argv) for c in lane.describe(spec, expand_units(spec)[0]))
     assert "--draft <bundle>/draft --max-draft-len 3" in described and "transformers serve" not in described
+
+
+# --- lane trtllm's twin: a second trtllm-serve from the YAML without speculative_config --------------------------
+
+def test_lane_trtllm_serves_its_twin_from_the_runtime_yaml_less_speculative_config(tmp_path):
+    from enginefoundry.lanes.trtllm import RUNTIME_CONFIG, TWIN_CONFIG, write_runtime_configs
+    from enginefoundry.tasks.bench import twin_served_apart
+
+    spec = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": "hf://org/draft@v"})
+    cfg = runtime_config(spec, expand_units(spec)[0], "1.3.0rc24", "/drafts/d")
+    write_runtime_configs(tmp_path, cfg)
+    twin = yaml.safe_load((tmp_path / TWIN_CONFIG).read_text())
+    assert "speculative_config" not in twin and {**twin, "speculative_config": cfg["speculative_config"]} == cfg
+    (tmp_path / "bundle.json").write_text(json.dumps({"checkpoint": {"path": str(tmp_path)},
+                                                      "runtime_config": RUNTIME_CONFIG}))
+    lane = get_lane("trtllm")
+    own, other = (lane.serve_command(tmp_path, "127.0.0.1", 8000),
+                  lane.twin_serve_command(tmp_path, "127.0.0.1", 8001, "m"))
+    assert other is not None and other.command.argv[3] == str(tmp_path.resolve() / TWIN_CONFIG)
+    assert own.command.argv[3] == str(tmp_path.resolve() / RUNTIME_CONFIG) and "twin" in other.command.description
+    assert [a for a in own.command.argv if a not in (own.command.argv[3], "8000")] == \
+        [a for a in other.command.argv if a not in (other.command.argv[3], "8001")]  # only the YAML differs
+    (tmp_path / TWIN_CONFIG).unlink()
+    write_runtime_configs(tmp_path, {k: v for k, v in cfg.items() if k != "speculative_config"})
+    assert not (tmp_path / TWIN_CONFIG).exists() and lane.twin_serve_command(tmp_path, "h", 1, "m") is None
+    assert twin_served_apart(spec) and not twin_served_apart(spec_for("1.3.0rc24", None))
+    ref = spec_for(None, {"algorithm": "draft_target", "draft": "hf://org/draft@v"}, lane="reference")
+    assert not twin_served_apart(ref)  # its server has a request switch: the same server is the twin
+
+
+def test_the_twin_servers_answers_replace_the_lossless_rule_not_run():
+    from enginefoundry.smoke import CaseResult, SmokeReport, with_twin_answers
+    from enginefoundry.smoke.gate import LOSSLESS, GateRule, GateVerdict, rule_lossless
+
+    cases = [CaseResult(id=i, served=t, reference=t, agree=True, first_n_agree=True, matched_prefix=1,
+                        served_correct=None, reference_correct=None, finish_reason="stop")
+             for i, t in (("a", "42"), ("b", "Paris"))]
+    pending = GateVerdict(passed=False, rules=[GateRule(name="agreement", ok=True, kind="hard", detail="ok"),
+                                               rule_lossless([], None, "the lane's server has no switch")])
+    report = SmokeReport.model_construct(cases=cases, verdict=pending)
+    ok = with_twin_answers(report, [("a", "42", "stop"), ("b", "Paris", "stop")])
+    assert ok.passed and [r.name for r in ok.verdict.rules] == ["agreement", LOSSLESS]
+    bad = with_twin_answers(report, [("a", "42", "stop"), ("b", "Cairo", "stop")])
+    assert not bad.passed and [r.name for r in bad.verdict.failed] == [LOSSLESS] and not pending.rules[0].not_run
+
+
+def test_the_pipeline_serves_the_twin_after_the_units_server_and_always_stops_it(monkeypatch, tmp_path):
+    """flows/unit.py serve_twin: the twin server started (twin=True) only now, asked the smoke prompts, then the
+    benchmark's points where the unit was benchmarked, and stopped, also when a stage fails."""
+    from enginefoundry.flows import unit as unit_flow
+    from enginefoundry.records.outcomes import UnitCommands
+
+    calls: list[str] = []
+    ep = type("Ep", (), {"command": "trtllm-serve twin"})()
+
+    def start(spec, bundle, log_dir, twin=False):
+        calls.append(f"start twin={twin}")
+        return ep
+
+    monkeypatch.setattr(unit_flow, "start_unit_server", start)
+    monkeypatch.setattr(unit_flow, "stop_unit_server", lambda e: calls.append("stop"))
+    monkeypatch.setattr(unit_flow, "smoke_twin", lambda spec, e, report, d: calls.append("smoke") or "judged")
+    monkeypatch.setattr(unit_flow, "twin_benchmark",
+                        lambda spec, e, sweep, d, unit=None: calls.append("bench") or "measured")
+    stages: dict[str, float] = {"serve": 1.0}
+    commands = UnitCommands()
+    out = unit_flow.serve_twin(None, None, "b", tmp_path, "report", "sweep", stages, commands)
+    assert out == ("judged", "measured") and calls == ["start twin=True", "smoke", "bench", "stop"]
+    assert commands.smoke_serve == ["trtllm-serve twin"] and stages["serve"] >= 1.0 and "bench" in stages
+    calls.clear()
+    assert unit_flow.serve_twin(None, None, "b", tmp_path, "r", None, {}, commands) == ("judged", None)
+    assert calls == ["start twin=True", "smoke", "stop"]  # not benchmarked: no twin sweep
+    calls.clear()
+    monkeypatch.setattr(unit_flow, "smoke_twin", lambda *a: (_ for _ in ()).throw(RuntimeError("gone")))
+    with pytest.raises(RuntimeError):
+        unit_flow.serve_twin(None, None, "b", tmp_path, "r", None, {}, commands)
+    assert calls == ["start twin=True", "stop"]
