@@ -179,7 +179,8 @@ def speculation_section() -> list[str]:
     from enginefoundry.spec import SpecAlgorithm
 
     draft = {True: f"`speculative_model_dir` (< {NEW_NAMES}) / `speculative_model` (≥ {NEW_NAMES}): the fetched "
-                   "`speculative.draft`", False: "—"}
+                   "`speculative.draft`, bundled as `<bundle>/draft` and named `draft`, relative to the server's "
+                   "working folder, which links it (serve.sh: `${EF_UNIT_DIR}/bundle/draft`)", False: "—"}
     knobs = {SpecAlgorithm.MTP: "`num_nextn_predict_layers` (default 1)",
              SpecAlgorithm.NGRAM: "`max_draft_len`, `max_matching_ngram_size` (when set)",
              SpecAlgorithm.EAGLE3: "`max_draft_len`, `eagle3_one_model` (when `one_model` is set)",

@@ -17,7 +17,13 @@ import yaml
 
 from enginefoundry.build.units import expand_units
 from enginefoundry.lanes import get_lane
-from enginefoundry.lanes.trtllm import RUNTIME_CONFIG, TWIN_CONFIG, runtime_config, write_runtime_configs
+from enginefoundry.lanes.trtllm import (
+    RUNTIME_CONFIG,
+    TWIN_CONFIG,
+    bundle_draft,
+    runtime_config,
+    write_runtime_configs,
+)
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.smoke.gate import LOSSLESS
 from enginefoundry.spec import parse_spec
@@ -40,8 +46,9 @@ def _spec(tmp: Path):
 def _bundle(spec, tmp: Path) -> Path:
     bundle = tmp / "bundle"
     bundle.mkdir()
-    write_runtime_configs(bundle, runtime_config(spec, expand_units(spec)[0], "1.3.0rc20", TINY_DRAFT.resolve()))
-    (bundle / "bundle.json").write_text(json.dumps({"checkpoint": {"path": str(TINY_MODEL)},
+    draft = bundle_draft(bundle, TINY_DRAFT)  # the draft travels in the bundle, named relative to the server's cwd
+    write_runtime_configs(bundle, runtime_config(spec, expand_units(spec)[0], "1.3.0rc20", draft))
+    (bundle / "bundle.json").write_text(json.dumps({"checkpoint": {"path": str(TINY_MODEL)}, "params": {"draft": draft},
                                                     "runtime_config": RUNTIME_CONFIG, "autotuner_cache": None}))
     return bundle
 
@@ -73,7 +80,7 @@ def test_the_trtllm_twin_is_served_and_a_lossy_speculative_path_is_rejected(tmp_
     bundle = _bundle(spec, tmp_path)
     twin_yaml = yaml.safe_load((bundle / TWIN_CONFIG).read_text())
     own = yaml.safe_load((bundle / RUNTIME_CONFIG).read_text())
-    assert own.pop("speculative_config")["speculative_model"] == str(TINY_DRAFT.resolve()) and own == twin_yaml
+    assert own.pop("speculative_config")["speculative_model"] == "draft" and own == twin_yaml
     reference = smoke_reference.fn(spec, str(TINY_MODEL), precision="fp32")
 
     report = _judge(spec, bundle, tmp_path, "speculative", reference)

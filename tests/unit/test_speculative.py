@@ -372,3 +372,56 @@ def test_the_pipeline_serves_the_twin_after_the_units_server_and_always_stops_it
     with pytest.raises(RuntimeError):
         unit_flow.serve_twin(None, None, "b", tmp_path, "r", None, {}, commands)
     assert calls == ["start twin=True", "stop"]
+
+
+# --- lane trtllm: the draft travels in the bundle ------------------------------------------------------------------
+
+def test_lane_trtllms_draft_is_bundled_named_relative_and_a_tampered_draft_is_refused(tmp_path):
+    """The draft is copied into <bundle>/draft; the YAML names it `draft`, relative to the server's working folder,
+    which links it (ServeCommand.links; serve.sh's mktemp folder links ${EF_UNIT_DIR}/bundle/draft): no build-host
+    path in the unit. Its files are published with the bundle, digested: a tampered draft blob is refused at pull;
+    a bundle.json naming a draft outside the bundle is refused at serve."""
+    from enginefoundry.build.units import key_of
+    from enginefoundry.errors import InputError, StoreError
+    from enginefoundry.lanes.serve_files import serve_script, serving_plan
+    from enginefoundry.lanes.trtllm import BUNDLE_DRAFT_DIR, RUNTIME_CONFIG, bundle_draft, write_runtime_configs
+    from enginefoundry.store.backends import FileStore, blob_key
+    from enginefoundry.store.publish import find_current, publish_build
+    from enginefoundry.store.verify import pull
+    from tests.support.paths import TINY_MODEL
+
+    spec = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": "hf://org/draft@v"})
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    draft = bundle_draft(bundle, TINY_MODEL.parent / "draft")
+    assert draft == BUNDLE_DRAFT_DIR and (bundle / "draft" / "model.safetensors").is_file()
+    write_runtime_configs(bundle, runtime_config(spec, expand_units(spec)[0], "1.3.0rc24", draft))
+    assert yaml.safe_load((bundle / RUNTIME_CONFIG).read_text())["speculative_config"]["speculative_model"] == "draft"
+    (tmp_path / "ckpt").mkdir()
+    info = {"checkpoint": {"path": str(tmp_path / "ckpt")}, "runtime_config": RUNTIME_CONFIG}
+    (bundle / "bundle.json").write_text(json.dumps({**info, "params": {"draft": draft}}))
+    lane = get_lane("trtllm")
+    cmd = lane.serve_command(bundle, "127.0.0.1", 8000)
+    assert cmd.links == {"draft": str((bundle / "draft").resolve())}
+    plan = serving_plan(lane, bundle, unit="u", model="m", key="k" * 64, artifact_uri="file:///s/u",
+                        checkpoint_dir=tmp_path / "ckpt", checkpoint_uri=None)
+    assert plan.links == {"draft": "${EF_UNIT_DIR}/bundle/draft"} and str(tmp_path) not in serve_script(plan)
+    for hostile, match in (("../elsewhere", "params.draft"), ("model", "not a folder of the bundle")):
+        (bundle / "bundle.json").write_text(json.dumps({**info, "params": {"draft": hostile}}))
+        with pytest.raises((InputError, ValueError), match=match):
+            lane.serve_command(bundle, "127.0.0.1", 8000)
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    comps = {"k": "draft"}
+    fields = dict(key=key_of(comps), key_components=comps, model="m", unit="u", lane="trtllm", target={},
+                  variant={}, profile={}, source={}, status="candidate", mlflow_run_id="r")
+    result = publish_build(store, "m", fields, {"bundle": bundle}, progress=lambda _: None)
+    entry = next(e for e in result.manifest.files if e.path == "bundle/draft/model.safetensors")
+    data = bytearray((bundle / "draft" / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # same size: only the sha256 tells
+    bad = tmp_path / "tampered"
+    bad.write_bytes(bytes(data))
+    store.delete(blob_key(entry.sha256))
+    store.put_file(bad, blob_key(entry.sha256))
+    with pytest.raises(StoreError, match=r"bundle/draft/model.safetensors: .* is corrupted"):
+        pull(store, find_current(store, "m", result.manifest.key), tmp_path / "down")
