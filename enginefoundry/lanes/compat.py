@@ -202,6 +202,10 @@ def speculation_section() -> list[str]:
              "`trtllm-serve` of the same checkpoint from `llm_api_options.twin.yaml` (the build's YAML less "
              "`speculative_config`), started after the unit's own server has answered and stopped (never both at "
              "once on one GPU's memory); the benchmark measures the same points on it for the speed-up. "
+             "The plan's memory estimate counts a speculative unit's extra weights: the draft (draft_target, "
+             "eagle3: its config.json's parameters in its own dtype, whole on every GPU) or the MTP layers "
+             "(`num_nextn_predict_layers` decoder layers of the target with their eh_proj, split over tp like its "
+             "layers); a Hub draft whose config is not cached is noted, not counted. "
              f"Other models: {ALL_MODELS}.", "",
              "| algorithm | decoding_type | fields | draft | models |", "|---|---|---|---|---|"]
     for a in SpecAlgorithm:

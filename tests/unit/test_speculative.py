@@ -425,3 +425,55 @@ def test_lane_trtllms_draft_is_bundled_named_relative_and_a_tampered_draft_is_re
     store.put_file(bad, blob_key(entry.sha256))
     with pytest.raises(StoreError, match=r"bundle/draft/model.safetensors: .* is corrupted"):
         pull(store, find_current(store, "m", result.manifest.key), tmp_path / "down")
+
+
+# --- the memory estimate counts the draft's weights and the MTP layers --------------------------------------------
+
+def test_the_memory_estimate_counts_the_draft_and_the_mtp_layers(tmp_path):
+    from enginefoundry.build.model_shape import ModelShape
+    from enginefoundry.planning.preflight import GIB, estimate_memory, format_estimates, preflight
+    from enginefoundry.spec.speculative import SpeculativeSpec
+
+    draft_dir = tmp_path / "llama-1b"
+    draft_dir.mkdir()
+    draft_cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+                 "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                 "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True, "dtype": "bfloat16"}
+    (draft_dir / "config.json").write_text(json.dumps(draft_cfg))
+    draft = ModelShape.from_config(draft_cfg)
+    assert 1.2e9 < draft.param_count() < 1.3e9  # Llama 3.2 1B's 1.24B
+    plain = spec_for("1.3.0rc24", None)
+    spec = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": str(draft_dir)})
+    unit, shape = expand_units(spec)[0], ModelShape.from_config(LLAMA)
+    base = estimate_memory(plain, expand_units(plain)[0], shape, 80 * GIB)
+    est = estimate_memory(spec, unit, shape, 80 * GIB, draft=draft)
+    assert est.speculative_bytes_per_gpu == draft.param_count() * 2  # bf16, whole on the GPU
+    assert est.weights_bytes_per_gpu == base.weights_bytes_per_gpu + est.speculative_bytes_per_gpu
+    assert est.weights_bytes_total == base.weights_bytes_total + draft.param_count() * 2
+    assert est.kv_tokens_fit is not None and base.kv_tokens_fit is not None and est.kv_tokens_fit < base.kv_tokens_fit
+    report = preflight(spec, unit, LLAMA, None)  # the local draft's config.json is read at plan time
+    assert report.estimates is not None and report.estimates.speculative_bytes_per_gpu == est.speculative_bytes_per_gpu
+    assert "incl. the draft_target draft (1236M params) 2.3 GiB" in format_estimates(report)
+    hub = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": "hf://org/not-cached-draft@v"})
+    unknown = preflight(hub, expand_units(hub)[0], LLAMA, None)
+    assert unknown.estimates is not None and unknown.estimates.speculative_bytes_per_gpu is None
+    assert any("draft config unknown" in n for n in unknown.notes)
+
+    # MTP: num_nextn_predict_layers decoder layers of the target (+ eh_proj), split over tp like its layers.
+    mtp = plain.model_copy(update={"speculative": SpeculativeSpec(algorithm="mtp", num_nextn_predict_layers=2)})
+    h = shape.hidden_size
+    layer = shape.decoder_layer_params()
+    assert layer["attention"] + layer["mlp"] + layer["norms"] == (shape.params()["attention"] + shape.params()["mlp"]
+                                                                  + shape.params()["norms"] - h) // 32
+    one = estimate_memory(mtp, expand_units(mtp)[0], shape, 80 * GIB)
+    linear = (layer["attention"] + layer["mlp"] + 2 * h * h) * 2  # bf16
+    assert one.speculative_bytes_per_gpu == 2 * (linear + 2 * h * 2) and one.speculative_what == "2 MTP layer(s)"
+    tp2 = mtp.model_copy(update={"variants": [mtp.variants[0].model_copy(update={"tp": 2})]})
+    split = estimate_memory(tp2, expand_units(tp2)[0], shape, 80 * GIB)
+    assert split.speculative_bytes_per_gpu == 2 * (linear // 2 + 2 * h * 2)
+    ngram = plain.model_copy(update={"speculative": SpeculativeSpec(algorithm="ngram")})
+    assert estimate_memory(ngram, expand_units(ngram)[0], shape, 80 * GIB).speculative_bytes_per_gpu is None
+    moe = ModelShape.from_config(json.loads((CONFIGS / "model-configs" / "qwen3-moe-30b-a3b.json").read_text()))
+    moe_layer = moe.decoder_layer_params()  # an MoE layer: every routed expert, the router
+    assert moe_layer["experts"] == moe.params()["experts"] // moe.num_hidden_layers and moe_layer["experts"] > 0
+    assert moe_layer["mlp"] == moe.params()["mlp"] // moe.num_hidden_layers
