@@ -41,18 +41,19 @@ from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.settings import work_root
 from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.gate import LOSSLESS
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.unit_status import UnitStatus
 from enginefoundry.tasks._log import progress_logger
-from enginefoundry.tasks.bench import benchmark
+from enginefoundry.tasks.bench import benchmark, twin_benchmark, twin_served_apart
 from enginefoundry.tasks.build import build_unit
 from enginefoundry.tasks.convert import ConvertedCheckpoint
 from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import build_now_current, publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serve_files import write_serving
-from enginefoundry.tasks.smoke import smoke_reference, smoke_test
+from enginefoundry.tasks.smoke import smoke_reference, smoke_test, smoke_twin
 from enginefoundry.tasks.track import (
     prefect_context,
     record_unit,
@@ -125,7 +126,9 @@ def run_unit_stages(
                                reference=reference,
                                serves_unit=(unit.name, key) if serves_as_sibling(spec, unit) else None)
             stages["smoke"] = time.monotonic() - t
-            if spec.benchmark.enabled and not smoke.passed and not spec.benchmark.on_rejected:
+            # A twin served apart judges the lossless rule after the benchmark (one server at a time): not yet failed.
+            passed = smoke.passed or (twin_served_apart(spec) and [r.name for r in smoke.verdict.failed] == [LOSSLESS])
+            if spec.benchmark.enabled and not passed and not spec.benchmark.on_rejected:
                 progress_logger("warning")(f"bench: {unit.name} not benchmarked: its smoke gate rejected it "
                                            "(benchmark.on_rejected: true benchmarks it anyway)")
             elif spec.benchmark.enabled:
@@ -137,6 +140,8 @@ def run_unit_stages(
                 commands.bench = [p.command for p in sweep.points]
         finally:
             stop_unit_server(endpoint)
+        if smoke is not None and twin_served_apart(spec):
+            smoke, sweep = serve_twin(spec, unit, build.bundle_dir, report_dir, smoke, sweep, stages, commands)
     except Exception as err:
         exit_if_terminating()  # a cancel that surfaced as a stage error (its server stopped) is a cancel
         record_unit(spec, run_id, ok=False, tags={mltags.STATUS: UnitStatus.FAILED, mltags.COMMANDS: commands.tag()},
@@ -203,6 +208,30 @@ def shipped_server(spec: BuildSpec, endpoint: Endpoint, bundle_dir: str, report_
     stages["serve"] += time.monotonic() - t
     commands.add_server(shipped.command, shipped.shipped)
     return shipped
+
+
+def serve_twin(spec: BuildSpec, unit: Unit, bundle_dir: str, report_dir: Path, smoke: SmokeReport,
+               sweep: SweepReport | None, stages: dict[str, float],
+               commands: UnitCommands) -> tuple[SmokeReport, SweepReport | None]:
+    """A speculative unit whose lane serves its non-speculative twin apart (lane trtllm: the same checkpoint, the
+    YAML less speculative_config): the twin started once the unit's own server is stopped (one GPU's memory, never
+    both), asked the smoke prompts (the rule `lossless speculation`) and, where the unit was benchmarked, the same
+    points (the speed-up); stopped."""
+    t = time.monotonic()
+    twin = start_unit_server(spec, bundle_dir, str(report_dir), twin=True)
+    stages["serve"] = stages.get("serve", 0.0) + time.monotonic() - t
+    commands.add_server(twin.command, False)
+    try:
+        t = time.monotonic()
+        smoke = smoke_twin(spec, twin, smoke, str(report_dir))
+        stages["smoke"] = stages.get("smoke", 0.0) + time.monotonic() - t
+        if sweep is not None:
+            t = time.monotonic()
+            sweep = twin_benchmark(spec, twin, sweep, str(report_dir / "bench"), unit=unit)
+            stages["bench"] = stages.get("bench", 0.0) + time.monotonic() - t
+    finally:
+        stop_unit_server(twin)
+    return smoke, sweep
 
 
 def write_commands(unit_dir: Path, commands: UnitCommands) -> str:

@@ -49,15 +49,39 @@ def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepRep
         return report.model_copy(update={"warnings": [*report.warnings, why]})
     log("bench: the non-speculative twin, for the speed-up: the same points with " + json.dumps(twin))
     fields = {k: json.dumps(v) for k, v in twin.items()}  # --extra-inputs key:value (false, not "false")
+    return twin_sweep(spec, endpoint, report, out, log, unit, fields)
+
+
+def twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path, log: Callable[[str], None],
+               unit: Unit | None, extra_inputs: dict[str, str] | None = None) -> SweepReport:
+    """The spec's sweep against the twin `endpoint` (with `extra_inputs`: the unit's own server asked without
+    speculation; without: a twin server of its own), under out/twin; `report` gets each point's speed-up."""
     twin_report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
                             tokenizer=endpoint.tokenizer_dir, out=out / "twin", progress=log,
                             server_alive=lambda: is_alive(endpoint.pid), plot_title=None,
-                            telemetry=unit is None or unit.target.gpu_count > 0, extra_inputs=fields)
+                            telemetry=unit is None or unit.target.gpu_count > 0, extra_inputs=extra_inputs)
     report = report.with_twin(twin_report)
     summary = report.speculation_summary()
     log(f"bench: speculation: {', '.join(f'{k} {v}' for k, v in summary.items()) or 'nothing measured'}")
     (out / "sweep.json").write_text(report.model_dump_json(indent=2))
     return report
+
+
+def twin_served_apart(spec: BuildSpec) -> bool:
+    """A speculative spec whose lane has no request switch for its twin but serves it apart (the pipeline then
+    measures the twin after the unit's server is stopped: `twin_benchmark`)."""
+    lane = get_lane(spec.lane)
+    return spec.speculative is not None and lane.speculative_twin(spec) is None and lane.serves_twin_apart
+
+
+@task(name="benchmark twin", cache_policy=NO_CACHE)
+def twin_benchmark(spec: BuildSpec, twin: Endpoint, report: SweepReport, report_dir: str,
+                   unit: Unit | None = None) -> SweepReport:
+    """The speculative unit's sweep again on its twin server (the lane's `twin_serve_command`), for each point's
+    speed-up; sweep.json written again."""
+    log = progress_logger()
+    log("bench: the non-speculative twin server, for the speed-up: the same points")
+    return twin_sweep(spec, twin, report, Path(report_dir), log, unit)
 
 
 def _artifact_key(prefix: str, title: str) -> str:
@@ -77,7 +101,7 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
                        server_alive=lambda: is_alive(endpoint.pid), plot_title=title,
                        telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters)
-    if spec.speculative is not None:
+    if spec.speculative is not None and not twin_served_apart(spec):
         report = speculative_twin_sweep(spec, endpoint, report, out, log, unit)
     if unit is not None and unit.searched is not None and spec.search is not None:
         verdict = verify_unit(spec, unit, url=endpoint.base_url, model=endpoint.model_name,

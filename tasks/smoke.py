@@ -12,7 +12,16 @@ from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
-from enginefoundry.smoke import LmEvalConfig, SmokeReport, load_prompt_set, run_lm_eval, run_smoke, write_report
+from enginefoundry.smoke import (
+    LmEvalConfig,
+    SmokeReport,
+    load_prompt_set,
+    run_lm_eval,
+    run_smoke,
+    twin_answers,
+    with_twin_answers,
+    write_report,
+)
 from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread
 from enginefoundry.smoke.reference import (
     ReferenceOutcome,
@@ -128,4 +137,19 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
     write_report(report, Path(report_dir))
     log(f"smoke: {'PASS' if report.passed else 'FAIL'}: {report.verdict.reason} "
         f"(judged against {report.reference.label()}; server {endpoint.server or endpoint.base_url})")
+    return report
+
+
+@task(name="smoke twin", cache_policy=NO_CACHE)
+def smoke_twin(spec: BuildSpec, twin: Endpoint, report: SmokeReport, report_dir: str) -> SmokeReport:
+    """A speculative unit's rule `lossless speculation` on its lane's twin server (`Lane.twin_serve_command`, the
+    same bundle without speculation, started after the unit's own server was stopped): every smoke prompt asked
+    again of it, its greedy answers and finish reasons compared with the unit's; the report written again."""
+    log = progress_logger()
+    prompts = load_prompt_set(spec.resolve_path(spec.smoke.prompts))
+    theirs = twin_answers(twin.base_url, twin.model_name, spec.smoke, prompts.cases, log,
+                          server_alive=lambda: is_alive(twin.pid))
+    report = with_twin_answers(report, theirs)
+    write_report(report, Path(report_dir))
+    log(f"smoke: {'PASS' if report.passed else 'FAIL'} with the twin server's answers: {report.verdict.reason}")
     return report

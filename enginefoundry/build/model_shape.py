@@ -119,6 +119,19 @@ class ModelShape(BaseModel):
             "lm_head": 0 if self.tie_word_embeddings else self.vocab_size * h,
         }
 
+    def decoder_layer_params(self) -> dict[str, int]:
+        """One decoder layer by part (a mixture-of-experts model's: an MoE layer, every routed expert), as params()
+        names them: what one MTP module repeats of the model (it shares the embedding and lm_head)."""
+        h, hd = self.hidden_size, self.head_dim
+        ffn = 3 if self.gated_mlp else 2
+        if self.is_moe:
+            experts = ffn * h * (self.moe_intermediate_size or self.intermediate_size) * self.num_experts
+            mlp = ffn * h * self.shared_intermediate_size + h * self.num_experts
+        else:
+            experts, mlp = 0, ffn * h * self.intermediate_size
+        return {"attention": h * self.num_attention_heads * hd * 2 + h * self.num_key_value_heads * hd * 2,
+                "experts": experts, "mlp": mlp, "norms": 2 * h}
+
     def param_count(self) -> int:
         """Total parameters: what the checkpoint holds and the GPUs load."""
         return sum(self.params().values())

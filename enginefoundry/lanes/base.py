@@ -193,6 +193,9 @@ class Lane(ABC):
     # Precisions whose converted checkpoint is ModelOpt's unified export, which smoke.reference_precision: simulated
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
     dequantizable: frozenset[str] = frozenset()
+    # A speculative unit's non-speculative twin is a second server of the bundle (`twin_serve_command`), not a
+    # request switch of its own (`speculative_twin`).
+    serves_twin_apart: bool = False
     # The spec's `speculative.algorithm` values this lane serves (enginefoundry/spec/speculative.py); others are
     # refused at validate with the lanes that serve them.
     speculative_algorithms: frozenset[str] = frozenset()
@@ -226,6 +229,13 @@ class Lane(ABC):
         """For a speculative spec: the request fields that make the unit's smoke server answer without speculation
         (its non-speculative twin, which the gate's lossless rule compares answers with); None where the lane has
         no such switch (the lossless rule then fails: it could not run)."""
+        return None
+
+    def twin_serve_command(self, bundle_dir: Path, host: str, port: int, model_name: str) -> ServeCommand | None:
+        """For a speculative unit whose server has no request switch (`speculative_twin` None): a second server of
+        the same bundle without speculation, which the pipeline starts after the unit's own is stopped (never both
+        at once: each takes its share of the GPU's free memory) to ask the smoke prompts and the benchmark's
+        points again. None: the lane has none (the lossless rule then fails as not run)."""
         return None
 
     def speculation_refusal(self, spec: BuildSpec) -> list[tuple[str, str]]:

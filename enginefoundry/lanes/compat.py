@@ -182,7 +182,8 @@ def speculation_section() -> list[str]:
     from enginefoundry.spec import SpecAlgorithm
 
     draft = {True: f"`speculative_model_dir` (< {NEW_NAMES}) / `speculative_model` (≥ {NEW_NAMES}): the fetched "
-                   "`speculative.draft`", False: "—"}
+                   "`speculative.draft`, bundled as `<bundle>/draft` and named `draft`, relative to the server's "
+                   "working folder, which links it (serve.sh: `${EF_UNIT_DIR}/bundle/draft`)", False: "—"}
     knobs = {SpecAlgorithm.MTP: "`num_nextn_predict_layers` (default 1)",
              SpecAlgorithm.NGRAM: "`max_draft_len`, `max_matching_ngram_size` (when set)",
              SpecAlgorithm.EAGLE3: "`max_draft_len`, `eagle3_one_model` (when `one_model` is set)",
@@ -200,8 +201,15 @@ def speculation_section() -> list[str]:
              "the target's (its tokenizer files are compared once both are fetched, before any GPU time). Lanes "
              "reference (draft_target only: transformers' assisted generation) and trtllm-engine refuse the "
              "algorithms they do not serve. The smoke gate's rule `lossless speculation` compares every greedy "
-             "answer with the non-speculative twin's (docs/smoke-gate.md); lane trtllm has no twin server yet, so "
-             f"the rule rejects its speculative units as not run. Other models: {ALL_MODELS}.", "",
+             "answer with the non-speculative twin's (docs/smoke-gate.md): lane trtllm's twin is a second "
+             "`trtllm-serve` of the same checkpoint from `llm_api_options.twin.yaml` (the build's YAML less "
+             "`speculative_config`), started after the unit's own server has answered and stopped (never both at "
+             "once on one GPU's memory); the benchmark measures the same points on it for the speed-up. "
+             "The plan's memory estimate counts a speculative unit's extra weights: the draft (draft_target, "
+             "eagle3: its config.json's parameters in its own dtype, whole on every GPU) or the MTP layers "
+             "(`num_nextn_predict_layers` decoder layers of the target with their eh_proj, split over tp like its "
+             "layers); a Hub draft whose config is not cached is noted, not counted. "
+             f"Other models: {ALL_MODELS}.", "",
              "| algorithm | decoding_type | fields | draft | models |", "|---|---|---|---|---|"]
     for a in SpecAlgorithm:
         old, new = DECODING_TYPE[a]

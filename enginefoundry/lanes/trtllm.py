@@ -72,8 +72,15 @@ from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, SpecAlgorithm, Variant
+from enginefoundry.store.backends import link_or_copy
 
 RUNTIME_CONFIG = "llm_api_options.yaml"
+# A speculative unit's non-speculative twin: the same YAML without speculative_config, served by a second
+# trtllm-serve after the unit's own is stopped (the smoke gate's lossless rule and the benchmark's speed-up).
+TWIN_CONFIG = "llm_api_options.twin.yaml"
+# The draft checkpoint (speculative.draft), bundled: the YAML's speculative_model names it relative to the server's
+# working folder, which holds it as a link to <bundle>/draft (ServeCommand.links), wherever the unit is unpacked.
+BUNDLE_DRAFT_DIR = "draft"
 AUTOTUNER_CACHE = "autotuner.cache"
 WARMUP_MARKER = "ENGINEFOUNDRY_WARMUP_JSON "
 QUANTIZE_TIMEOUT_S = 6 * 3600.0  # a 70B calibration takes hours (#1331)
@@ -203,6 +210,34 @@ def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
     return cfg
 
 
+def write_runtime_configs(bundle: Path, cfg: dict[str, Any]) -> None:  # JSON edge: the LLM API YAML
+    """The runtime YAML, and with speculative_config its non-speculative twin's (TWIN_CONFIG: every other key the
+    same), into the bundle."""
+    (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    if "speculative_config" in cfg:
+        twin = {k: v for k, v in cfg.items() if k != "speculative_config"}
+        (bundle / TWIN_CONFIG).write_text(yaml.safe_dump(twin, sort_keys=False))
+
+
+def bundle_draft(bundle: Path, draft_dir: Path | None) -> str | None:
+    """The fetched draft copied (hard-linked where it can) into <bundle>/draft, published and digested with the
+    unit; the name the YAML gives it (relative: the server's working folder links it), or None without a draft."""
+    if draft_dir is None:
+        return None
+    shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=link_or_copy)
+    return BUNDLE_DRAFT_DIR
+
+
+def warmup_folder(workdir: Path, bundle: Path, draft: str | None) -> Path:
+    """The warm-up's working folder: `workdir`, or with a bundled draft a fresh one beside it that links the draft
+    by the name the YAML gives it (as the server's does)."""
+    if draft is None:
+        return workdir
+    folder = fresh_dir(workdir / "warmup-cwd")
+    (folder / draft).symlink_to((bundle / draft).resolve())
+    return folder
+
+
 def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, out_dir: Path | str,
                      python: str | None = None, modelopt: str | None = None) -> Command:
     """ModelOpt PTQ to a unified HF checkpoint (hf_quant_config.json) with Model-Optimizer's hf_ptq.py.
@@ -315,6 +350,7 @@ class TrtllmLane(TrtllmLaneBase):
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC
     speculative_algorithms = frozenset(a.value for a in SpecAlgorithm)  # the four speculative_config classes
+    serves_twin_apart = True  # the same checkpoint from TWIN_CONFIG (trtllm-serve has no per-request switch)
     moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
@@ -436,16 +472,17 @@ class TrtllmLane(TrtllmLaneBase):
         gpus, gpu_env = self.select_gpus(unit, logs)
         opts = self.options(spec)
         bundle = fresh_dir(workdir / "bundle")
-        cfg = runtime_config(spec, unit, surface.tensorrt_llm,
-                             Path(draft_dir).resolve() if draft_dir is not None else None)
-        (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
+        draft = bundle_draft(bundle, draft_dir if spec.speculative is not None else None)
+        cfg = runtime_config(spec, unit, surface.tensorrt_llm, draft)
+        write_runtime_configs(bundle, cfg)
         script = workdir / "warmup.py"
         script.write_text(WARMUP_SCRIPT)
         use_cache = opts.autotuner_cache and autotuner_supported(surface.tensorrt_llm, surface)
         cache = bundle / AUTOTUNER_CACHE if use_cache else None
         cmd = warmup_command(self.python, script, checkpoint_dir, bundle / RUNTIME_CONFIG, cache,
                              opts.warmup_requests, env=gpu_env, llm_api_keys=llm_api_key_paths(cfg))
-        run = run_tool(cmd.argv, logs / "warmup.log", timeout_s=WARMUP_TIMEOUT_S, env=cmd.env, cwd=workdir,
+        run = run_tool(cmd.argv, logs / "warmup.log", timeout_s=WARMUP_TIMEOUT_S, env=cmd.env,
+                       cwd=warmup_folder(workdir, bundle, draft),
                        what="TensorRT-LLM warm-up")
         result = parse_marker_json(Path(run.log_path).read_text(errors="replace"), WARMUP_MARKER, "warm-up")
         cache_info = None
@@ -455,7 +492,7 @@ class TrtllmLane(TrtllmLaneBase):
                                         tensorrt_llm=versions.get("tensorrt_llm"), gpu_name=gpus[0].name,
                                         compute_capability=gpus[0].compute_capability)
         params = {"runtime_config": cfg, "precision": unit.variant.precision.value,
-                  "kv_cache_dtype": unit.variant.kv_cache_dtype.value}
+                  "kv_cache_dtype": unit.variant.kv_cache_dtype.value, **({"draft": draft} if draft else {})}
         triton_info, triton_cmds = self._triton_repository(opts, bundle, checkpoint_dir, cfg)
         lane_info = BundleInfo(checkpoint=CheckpointRef(path=str(Path(checkpoint_dir).resolve())),
                                runtime_config=RUNTIME_CONFIG, autotuner_cache=cache_info,
@@ -511,6 +548,16 @@ class TrtllmLane(TrtllmLaneBase):
     # serve --------------------------------------------------------------------------------------------------
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
+        return self._serve_command(bundle_dir, host, port)
+
+    def twin_serve_command(self, bundle_dir: Path, host: str, port: int, model_name: str) -> ServeCommand | None:
+        """The speculative unit's twin: trtllm-serve of the same checkpoint with the bundle's TWIN_CONFIG (the
+        runtime YAML less speculative_config, written by the build); None for a bundle without one."""
+        if not (Path(bundle_dir) / TWIN_CONFIG).is_file():
+            return None
+        return self._serve_command(bundle_dir, host, port, TWIN_CONFIG)
+
+    def _serve_command(self, bundle_dir: Path, host: str, port: int, config: str | None = None) -> ServeCommand:
         info = read_bundle_info(bundle_dir)
         checkpoint = bundle_checkpoint(Path(bundle_dir), info)
         env = {}
@@ -529,10 +576,20 @@ class TrtllmLane(TrtllmLaneBase):
         if not info.runtime_config:
             raise InputError(f"{Path(bundle_dir) / BUNDLE_INFO} names no runtime_config: not a bundle of lane "
                              f"{self.name}; serve it with the lane that built it, or rebuild it")
-        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / info.runtime_config, host, port, yaml_flag)
-        return ServeCommand(command=Command(argv=argv, env=env, description="trtllm-serve (PyTorch backend)"),
+        links = {}
+        draft = info.params.get("draft")  # JSON edge: the recorded params
+        if draft is not None:  # the YAML names the bundled draft relative to the server's working folder
+            name = check_name(str(draft), "bundle.json params.draft")
+            if not (Path(bundle_dir) / name).is_dir():
+                raise InputError(f"{Path(bundle_dir) / BUNDLE_INFO}: params.draft {name!r} is not a folder of the "
+                                 "bundle: rebuild it")
+            links[name] = str((Path(bundle_dir) / name).resolve())
+        argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / (config or info.runtime_config), host, port,
+                          yaml_flag)
+        what = "trtllm-serve (PyTorch backend)" + (", the non-speculative twin" if config else "")
+        return ServeCommand(command=Command(argv=argv, env=env, description=what),
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint),
-                            copies=copies)
+                            copies=copies, links=links)
 
     def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version

@@ -77,6 +77,10 @@ class MemoryEstimate(BaseModel):
     kv_tokens_fit: int | None = None
     full_sequences_fit: int | None = None
     oversubscription: float | None = Field(default=None, description="max_batch_size × max_seq_len / tokens_fit")
+    speculative_bytes_per_gpu: int | None = Field(
+        default=None, description="a speculative unit's share of weights_bytes_per_gpu: the draft's weights "
+        "(draft_target, eagle3) or the MTP layers (mtp)")
+    speculative_what: str | None = None
     host_needed_bytes: int | None = None
     host_available_bytes: int | None = None
     disk_needed_bytes: int | None = None
@@ -223,8 +227,40 @@ def _gpu_memory(target: Target, gpus: Sequence[GPUInfo] | None) -> tuple[int | N
     return None, None
 
 
+def speculative_weights(spec: BuildSpec, unit: Unit, shape: ModelShape,
+                        draft: ModelShape | None) -> tuple[int, int, str] | None:
+    """(bytes in all, bytes per GPU, what) a speculative unit loads besides the target's weights; None for none (no
+    `speculative` section, ngram, or a draft whose config.json is not at hand: `draft` None).
+
+    draft_target / eagle3: the draft checkpoint (an EAGLE 3 head is a one-layer model with its own config.json), in
+    its own dtype (the variant quantizes the target only), counted whole on every GPU (conservative: the draft's
+    parallelism is the runtime's choice). mtp: num_nextn_predict_layers (default 1) decoder layers of the target
+    (an MoE layer for an MoE model) plus each module's eh_proj (2·hidden × hidden), in the variant's precision,
+    split as the target's layers are over tp (routed experts over moe_ep × moe_tp), on one pipeline stage."""
+    sp = spec.speculative
+    if sp is None:
+        return None
+    if sp.algorithm.needs_draft:
+        if draft is None:
+            return None
+        total = draft.param_count() * draft.dtype_bytes
+        return total, total, f"the {sp.algorithm.value} draft ({draft.param_count() / 1e6:.0f}M params)"
+    if sp.algorithm.value != "mtp":
+        return None
+    v = unit.variant
+    n = sp.num_nextn_predict_layers or 1
+    layer = shape.decoder_layer_params()
+    per_weight = LINEAR_BYTES[v.precision]
+    dense = (layer["attention"] + layer["mlp"] + 2 * shape.hidden_size * shape.hidden_size) * per_weight
+    experts = layer["experts"] * per_weight
+    norms = layer["norms"] * TORCH_BYTES.get(activation_dtype(v.precision, shape) or "bfloat16", 2)
+    total = int(n * (dense + experts + norms))
+    per_gpu = int(n * (dense / (1 if v.attention_dp else v.tp) + experts / (v.moe_ep * v.moe_tp_size) + norms))
+    return total, per_gpu, f"{n} MTP layer(s)"
+
+
 def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_bytes: int | None,
-                    gpu_memory_source: str | None = None) -> MemoryEstimate:
+                    gpu_memory_source: str | None = None, draft: ModelShape | None = None) -> MemoryEstimate:
     """Weights per GPU, KV bytes per token per GPU, and how many tokens the KV pool holds.
 
     TensorRT-LLM loads the weights, allocates activations, then gives `kv_cache_free_gpu_memory_fraction` of the
@@ -232,7 +268,8 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
     The engine lane replicates the embedding on every TP rank (convert_checkpoint's --use_parallel_embedding
     is off by default); the PyTorch backend shards it. A mixture-of-experts model loads every expert (total, not
     active, parameters): the routed experts are split over moe_ep × moe_tp ranks, the rest over tp, unless attention
-    DP replicates it on every rank (and each rank's KV cache then holds every KV head of its own requests).
+    DP replicates it on every rank (and each rank's KV cache then holds every KV head of its own requests). A
+    speculative unit adds its draft's weights or its MTP layers (`speculative_weights`; `draft`: the draft's shape).
     """
     v, p = unit.variant, unit.profile
     act = activation_dtype(v.precision, shape) or "bfloat16"
@@ -254,6 +291,10 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
         embed_per_gpu = embed_bytes / world if get_lane(spec.lane).embedding_sharded else embed_bytes / v.pp
         per_gpu = int((dense_bytes + other_bytes) / world + embed_per_gpu + experts_per_gpu)
 
+    speculative = speculative_weights(spec, unit, shape, draft)
+    if speculative is not None:
+        total, per_gpu = total + speculative[0], per_gpu + speculative[1]
+
     kv_bytes = KV_BYTES.get(
         v.kv_cache_dtype, act_bytes)
     layers_per_stage = math.ceil(shape.num_hidden_layers / v.pp)
@@ -264,7 +305,9 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
                          expert_weights_bytes_per_gpu=int(experts_per_gpu) if shape.is_moe else None,
                          weights_bytes_total=total, weights_bytes_per_gpu=per_gpu,
                          kv_bytes_per_token_per_gpu=kv_per_token, gpu_memory_bytes=gpu_memory_bytes,
-                         gpu_memory_source=gpu_memory_source)
+                         gpu_memory_source=gpu_memory_source,
+                         speculative_bytes_per_gpu=speculative[1] if speculative else None,
+                         speculative_what=speculative[2] if speculative else None)
     if gpu_memory_bytes:
         free = max(0, gpu_memory_bytes - per_gpu)
         budget = int(free * (1 - RUNTIME_MARGIN) * p.kv_cache_free_gpu_memory_fraction)
@@ -671,7 +714,8 @@ def preflight(spec: BuildSpec, unit: Unit,
         report.notes.append("model config unknown: head-divisibility, VRAM, host-memory and disk estimates skipped")
         return report
     mem, source = _gpu_memory(t, gpus)
-    est = estimate_memory(spec, unit, shape, mem, source)
+    draft = _draft_shape(spec, report)
+    est = estimate_memory(spec, unit, shape, mem, source, draft)
     report.estimates = est
     if mem is None:
         report.notes.append(f"GPU memory unknown (no detected GPU, no memory_gib on target {t.name}): VRAM check "
@@ -683,13 +727,34 @@ def preflight(spec: BuildSpec, unit: Unit,
     return report
 
 
+def _draft_shape(spec: BuildSpec, report: PreflightReport) -> ModelShape | None:
+    """The speculative draft's shape from its config.json where it is at hand (a local draft, a Hub draft's cached
+    config); else a note that its weights are not in the estimate."""
+    sp = spec.speculative
+    if sp is None or not sp.algorithm.needs_draft:
+        return None
+    from enginefoundry.errors import InputError
+    from enginefoundry.lanes.speculation import draft_config
+
+    try:
+        config, _ = draft_config(spec)
+        shape = ModelShape.from_config(config) if config else None
+    except InputError:
+        shape = None
+    if shape is None:
+        report.notes.append("speculative.draft config unknown: its weights are not in the memory estimate")
+    return shape
+
+
 def format_estimates(report: PreflightReport) -> str:
     """One line for the plan table: params, weights per GPU, KV per token, tokens and sequences that fit."""
     e = report.estimates
     if e is None:
         return "; ".join(report.notes) or "no estimates"
     active = f" ({e.active_params / 1e9:.1f}B active)" if e.active_params is not None else ""
-    parts = [f"{e.params / 1e9:.1f}B params{active}", f"weights {_gib(e.weights_bytes_per_gpu)}/GPU",
+    draft = (f" incl. {e.speculative_what} {_gib(e.speculative_bytes_per_gpu)}"
+             if e.speculative_bytes_per_gpu is not None else "")
+    parts = [f"{e.params / 1e9:.1f}B params{active}", f"weights {_gib(e.weights_bytes_per_gpu)}/GPU{draft}",
              f"KV {e.kv_bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU"]
     if e.kv_tokens_fit is not None:
         parts.append(f"KV pool ≈{e.kv_tokens_fit / 1000:.1f}k tokens ({e.full_sequences_fit} full sequences)")

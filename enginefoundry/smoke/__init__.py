@@ -23,6 +23,7 @@ from enginefoundry.runner import exited_after_error
 from enginefoundry.smoke.client import ChatClient, ScoredToken, ServedAnswer, TokenLogprob
 from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread, proxy_model
 from enginefoundry.smoke.gate import (
+    LOSSLESS,
     CaseEvidence,
     GateRule,
     GateVerdict,
@@ -74,7 +75,8 @@ __all__ = [
     "COMPUTABLE", "UNIT_PRECISION", "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig", "LmEvalResult",
     "LogprobComparison", "SliceSummary", "SmokeReport", "ask_all", "check_prompt_count", "last_error_line",
     "load_or_compute_reference", "load_prompt_set", "policy_for", "policy_table_markdown", "reference_precision_for",
-    "run_lm_eval", "run_smoke", "tokenizer_digest", "wilson_lower_bound", "write_report",
+    "run_lm_eval", "run_smoke", "tokenizer_digest", "twin_answers", "wilson_lower_bound", "with_twin_answers",
+    "write_report",
 ]
 
 
@@ -466,6 +468,29 @@ def lossless_rule(base_url: str, model_name: str, spec: SmokeSpec, cases: list[P
     progress(f"smoke: lossless speculation: {len(cases)} prompts asked without speculation in "
              f"{time.monotonic() - t:.1f} s: {rule.detail}")
     return rule
+
+
+def twin_answers(base_url: str, model_name: str, spec: SmokeSpec, cases: list[PromptCase],
+                 progress: Callable[[str], None],
+                 server_alive: Callable[[], bool] | None = None) -> list[tuple[str, str, str | None]]:
+    """(case id, text, finish reason) of every prompt asked of a non-speculative twin server (a lane whose own
+    server has no request switch serves its twin apart: `Lane.twin_serve_command`), greedy, the same
+    max_new_tokens as the unit was asked with."""
+    twin = ChatClient(base_url, model_name, max_tokens=spec.max_new_tokens, want_logprobs=False)
+    t = time.monotonic()
+    theirs = ask_all(twin, cases, concurrency=spec.concurrency, progress=progress, server_alive=server_alive)
+    progress(f"smoke: lossless speculation: {len(cases)} prompts asked of the twin server in "
+             f"{time.monotonic() - t:.1f} s")
+    return [(c.id, a.text, a.finish_reason) for c, a in zip(cases, theirs, strict=True)]
+
+
+def with_twin_answers(report: SmokeReport, twin: list[tuple[str, str, str | None]]) -> SmokeReport:
+    """The report with its rule `lossless speculation` judged again on `twin`'s answers (the one run_smoke wrote
+    without a twin to ask, as not run, is replaced)."""
+    served = [(c.id, c.served, c.finish_reason) for c in report.cases]
+    rules = [r for r in report.verdict.rules if r.name != LOSSLESS]
+    verdict = report.verdict.model_copy(update={"rules": rules}).with_rule(rule_lossless(served, twin))
+    return report.model_copy(update={"verdict": verdict})
 
 
 def quantization_cost(source_dir: Path, cases: list[PromptCase], simulated: ReferenceSet, *, precision: str,

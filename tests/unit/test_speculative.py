@@ -295,3 +295,185 @@ def test_a_speculative_reference_bundle_is_served_with_its_draft(tmp_path):
     spec = spec_for(None, {"algorithm": "draft_target", "draft": "hf://org/draft@v"}, lane="reference")
     described = " ".join(" ".join(c.argv) for c in lane.describe(spec, expand_units(spec)[0]))
     assert "--draft <bundle>/draft --max-draft-len 3" in described and "transformers serve" not in described
+
+
+# --- lane trtllm's twin: a second trtllm-serve from the YAML without speculative_config --------------------------
+
+def test_lane_trtllm_serves_its_twin_from_the_runtime_yaml_less_speculative_config(tmp_path):
+    from enginefoundry.lanes.trtllm import RUNTIME_CONFIG, TWIN_CONFIG, write_runtime_configs
+    from enginefoundry.tasks.bench import twin_served_apart
+
+    spec = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": "hf://org/draft@v"})
+    cfg = runtime_config(spec, expand_units(spec)[0], "1.3.0rc24", "/drafts/d")
+    write_runtime_configs(tmp_path, cfg)
+    twin = yaml.safe_load((tmp_path / TWIN_CONFIG).read_text())
+    assert "speculative_config" not in twin and {**twin, "speculative_config": cfg["speculative_config"]} == cfg
+    (tmp_path / "bundle.json").write_text(json.dumps({"checkpoint": {"path": str(tmp_path)},
+                                                      "runtime_config": RUNTIME_CONFIG}))
+    lane = get_lane("trtllm")
+    own, other = (lane.serve_command(tmp_path, "127.0.0.1", 8000),
+                  lane.twin_serve_command(tmp_path, "127.0.0.1", 8001, "m"))
+    assert other is not None and other.command.argv[3] == str(tmp_path.resolve() / TWIN_CONFIG)
+    assert own.command.argv[3] == str(tmp_path.resolve() / RUNTIME_CONFIG) and "twin" in other.command.description
+    assert [a for a in own.command.argv if a not in (own.command.argv[3], "8000")] == \
+        [a for a in other.command.argv if a not in (other.command.argv[3], "8001")]  # only the YAML differs
+    (tmp_path / TWIN_CONFIG).unlink()
+    write_runtime_configs(tmp_path, {k: v for k, v in cfg.items() if k != "speculative_config"})
+    assert not (tmp_path / TWIN_CONFIG).exists() and lane.twin_serve_command(tmp_path, "h", 1, "m") is None
+    assert twin_served_apart(spec) and not twin_served_apart(spec_for("1.3.0rc24", None))
+    ref = spec_for(None, {"algorithm": "draft_target", "draft": "hf://org/draft@v"}, lane="reference")
+    assert not twin_served_apart(ref)  # its server has a request switch: the same server is the twin
+
+
+def test_the_twin_servers_answers_replace_the_lossless_rule_not_run():
+    from enginefoundry.smoke import CaseResult, SmokeReport, with_twin_answers
+    from enginefoundry.smoke.gate import LOSSLESS, GateRule, GateVerdict, rule_lossless
+
+    cases = [CaseResult(id=i, served=t, reference=t, agree=True, first_n_agree=True, matched_prefix=1,
+                        served_correct=None, reference_correct=None, finish_reason="stop")
+             for i, t in (("a", "42"), ("b", "Paris"))]
+    pending = GateVerdict(passed=False, rules=[GateRule(name="agreement", ok=True, kind="hard", detail="ok"),
+                                               rule_lossless([], None, "the lane's server has no switch")])
+    report = SmokeReport.model_construct(cases=cases, verdict=pending)
+    ok = with_twin_answers(report, [("a", "42", "stop"), ("b", "Paris", "stop")])
+    assert ok.passed and [r.name for r in ok.verdict.rules] == ["agreement", LOSSLESS]
+    bad = with_twin_answers(report, [("a", "42", "stop"), ("b", "Cairo", "stop")])
+    assert not bad.passed and [r.name for r in bad.verdict.failed] == [LOSSLESS] and not pending.rules[0].not_run
+
+
+def test_the_pipeline_serves_the_twin_after_the_units_server_and_always_stops_it(monkeypatch, tmp_path):
+    """flows/unit.py serve_twin: the twin server started (twin=True) only now, asked the smoke prompts, then the
+    benchmark's points where the unit was benchmarked, and stopped, also when a stage fails."""
+    from enginefoundry.flows import unit as unit_flow
+    from enginefoundry.records.outcomes import UnitCommands
+
+    calls: list[str] = []
+    ep = type("Ep", (), {"command": "trtllm-serve twin"})()
+
+    def start(spec, bundle, log_dir, twin=False):
+        calls.append(f"start twin={twin}")
+        return ep
+
+    monkeypatch.setattr(unit_flow, "start_unit_server", start)
+    monkeypatch.setattr(unit_flow, "stop_unit_server", lambda e: calls.append("stop"))
+    monkeypatch.setattr(unit_flow, "smoke_twin", lambda spec, e, report, d: calls.append("smoke") or "judged")
+    monkeypatch.setattr(unit_flow, "twin_benchmark",
+                        lambda spec, e, sweep, d, unit=None: calls.append("bench") or "measured")
+    stages: dict[str, float] = {"serve": 1.0}
+    commands = UnitCommands()
+    out = unit_flow.serve_twin(None, None, "b", tmp_path, "report", "sweep", stages, commands)
+    assert out == ("judged", "measured") and calls == ["start twin=True", "smoke", "bench", "stop"]
+    assert commands.smoke_serve == ["trtllm-serve twin"] and stages["serve"] >= 1.0 and "bench" in stages
+    calls.clear()
+    assert unit_flow.serve_twin(None, None, "b", tmp_path, "r", None, {}, commands) == ("judged", None)
+    assert calls == ["start twin=True", "smoke", "stop"]  # not benchmarked: no twin sweep
+    calls.clear()
+    monkeypatch.setattr(unit_flow, "smoke_twin", lambda *a: (_ for _ in ()).throw(RuntimeError("gone")))
+    with pytest.raises(RuntimeError):
+        unit_flow.serve_twin(None, None, "b", tmp_path, "r", None, {}, commands)
+    assert calls == ["start twin=True", "stop"]
+
+
+# --- lane trtllm: the draft travels in the bundle ------------------------------------------------------------------
+
+def test_lane_trtllms_draft_is_bundled_named_relative_and_a_tampered_draft_is_refused(tmp_path):
+    """The draft is copied into <bundle>/draft; the YAML names it `draft`, relative to the server's working folder,
+    which links it (ServeCommand.links; serve.sh's mktemp folder links ${EF_UNIT_DIR}/bundle/draft): no build-host
+    path in the unit. Its files are published with the bundle, digested: a tampered draft blob is refused at pull;
+    a bundle.json naming a draft outside the bundle is refused at serve."""
+    from enginefoundry.build.units import key_of
+    from enginefoundry.errors import InputError, StoreError
+    from enginefoundry.lanes.serve_files import serve_script, serving_plan
+    from enginefoundry.lanes.trtllm import BUNDLE_DRAFT_DIR, RUNTIME_CONFIG, bundle_draft, write_runtime_configs
+    from enginefoundry.store.backends import FileStore, blob_key
+    from enginefoundry.store.publish import find_current, publish_build
+    from enginefoundry.store.verify import pull
+    from tests.support.paths import TINY_MODEL
+
+    spec = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": "hf://org/draft@v"})
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    draft = bundle_draft(bundle, TINY_MODEL.parent / "draft")
+    assert draft == BUNDLE_DRAFT_DIR and (bundle / "draft" / "model.safetensors").is_file()
+    write_runtime_configs(bundle, runtime_config(spec, expand_units(spec)[0], "1.3.0rc24", draft))
+    assert yaml.safe_load((bundle / RUNTIME_CONFIG).read_text())["speculative_config"]["speculative_model"] == "draft"
+    (tmp_path / "ckpt").mkdir()
+    info = {"checkpoint": {"path": str(tmp_path / "ckpt")}, "runtime_config": RUNTIME_CONFIG}
+    (bundle / "bundle.json").write_text(json.dumps({**info, "params": {"draft": draft}}))
+    lane = get_lane("trtllm")
+    cmd = lane.serve_command(bundle, "127.0.0.1", 8000)
+    assert cmd.links == {"draft": str((bundle / "draft").resolve())}
+    plan = serving_plan(lane, bundle, unit="u", model="m", key="k" * 64, artifact_uri="file:///s/u",
+                        checkpoint_dir=tmp_path / "ckpt", checkpoint_uri=None)
+    assert plan.links == {"draft": "${EF_UNIT_DIR}/bundle/draft"} and str(tmp_path) not in serve_script(plan)
+    for hostile, match in (("../elsewhere", "params.draft"), ("model", "not a folder of the bundle")):
+        (bundle / "bundle.json").write_text(json.dumps({**info, "params": {"draft": hostile}}))
+        with pytest.raises((InputError, ValueError), match=match):
+            lane.serve_command(bundle, "127.0.0.1", 8000)
+
+    store = FileStore(f"file://{tmp_path / 'store'}")
+    comps = {"k": "draft"}
+    fields = dict(key=key_of(comps), key_components=comps, model="m", unit="u", lane="trtllm", target={},
+                  variant={}, profile={}, source={}, status="candidate", mlflow_run_id="r")
+    result = publish_build(store, "m", fields, {"bundle": bundle}, progress=lambda _: None)
+    entry = next(e for e in result.manifest.files if e.path == "bundle/draft/model.safetensors")
+    data = bytearray((bundle / "draft" / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # same size: only the sha256 tells
+    bad = tmp_path / "tampered"
+    bad.write_bytes(bytes(data))
+    store.delete(blob_key(entry.sha256))
+    store.put_file(bad, blob_key(entry.sha256))
+    with pytest.raises(StoreError, match=r"bundle/draft/model.safetensors: .* is corrupted"):
+        pull(store, find_current(store, "m", result.manifest.key), tmp_path / "down")
+
+
+# --- the memory estimate counts the draft's weights and the MTP layers --------------------------------------------
+
+def test_the_memory_estimate_counts_the_draft_and_the_mtp_layers(tmp_path):
+    from enginefoundry.build.model_shape import ModelShape
+    from enginefoundry.planning.preflight import GIB, estimate_memory, format_estimates, preflight
+    from enginefoundry.spec.speculative import SpeculativeSpec
+
+    draft_dir = tmp_path / "llama-1b"
+    draft_dir.mkdir()
+    draft_cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+                 "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                 "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True, "dtype": "bfloat16"}
+    (draft_dir / "config.json").write_text(json.dumps(draft_cfg))
+    draft = ModelShape.from_config(draft_cfg)
+    assert 1.2e9 < draft.param_count() < 1.3e9  # Llama 3.2 1B's 1.24B
+    plain = spec_for("1.3.0rc24", None)
+    spec = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": str(draft_dir)})
+    unit, shape = expand_units(spec)[0], ModelShape.from_config(LLAMA)
+    base = estimate_memory(plain, expand_units(plain)[0], shape, 80 * GIB)
+    est = estimate_memory(spec, unit, shape, 80 * GIB, draft=draft)
+    assert est.speculative_bytes_per_gpu == draft.param_count() * 2  # bf16, whole on the GPU
+    assert est.weights_bytes_per_gpu == base.weights_bytes_per_gpu + est.speculative_bytes_per_gpu
+    assert est.weights_bytes_total == base.weights_bytes_total + draft.param_count() * 2
+    assert est.kv_tokens_fit is not None and base.kv_tokens_fit is not None and est.kv_tokens_fit < base.kv_tokens_fit
+    report = preflight(spec, unit, LLAMA, None)  # the local draft's config.json is read at plan time
+    assert report.estimates is not None and report.estimates.speculative_bytes_per_gpu == est.speculative_bytes_per_gpu
+    assert "incl. the draft_target draft (1236M params) 2.3 GiB" in format_estimates(report)
+    hub = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": "hf://org/not-cached-draft@v"})
+    unknown = preflight(hub, expand_units(hub)[0], LLAMA, None)
+    assert unknown.estimates is not None and unknown.estimates.speculative_bytes_per_gpu is None
+    assert any("draft config unknown" in n for n in unknown.notes)
+
+    # MTP: num_nextn_predict_layers decoder layers of the target (+ eh_proj), split over tp like its layers.
+    mtp = plain.model_copy(update={"speculative": SpeculativeSpec(algorithm="mtp", num_nextn_predict_layers=2)})
+    h = shape.hidden_size
+    layer = shape.decoder_layer_params()
+    assert layer["attention"] + layer["mlp"] + layer["norms"] == (shape.params()["attention"] + shape.params()["mlp"]
+                                                                  + shape.params()["norms"] - h) // 32
+    one = estimate_memory(mtp, expand_units(mtp)[0], shape, 80 * GIB)
+    linear = (layer["attention"] + layer["mlp"] + 2 * h * h) * 2  # bf16
+    assert one.speculative_bytes_per_gpu == 2 * (linear + 2 * h * 2) and one.speculative_what == "2 MTP layer(s)"
+    tp2 = mtp.model_copy(update={"variants": [mtp.variants[0].model_copy(update={"tp": 2})]})
+    split = estimate_memory(tp2, expand_units(tp2)[0], shape, 80 * GIB)
+    assert split.speculative_bytes_per_gpu == 2 * (linear // 2 + 2 * h * 2)
+    ngram = plain.model_copy(update={"speculative": SpeculativeSpec(algorithm="ngram")})
+    assert estimate_memory(ngram, expand_units(ngram)[0], shape, 80 * GIB).speculative_bytes_per_gpu is None
+    moe = ModelShape.from_config(json.loads((CONFIGS / "model-configs" / "qwen3-moe-30b-a3b.json").read_text()))
+    moe_layer = moe.decoder_layer_params()  # an MoE layer: every routed expert, the router
+    assert moe_layer["experts"] == moe.params()["experts"] // moe.num_hidden_layers and moe_layer["experts"] > 0
+    assert moe_layer["mlp"] == moe.params()["mlp"] // moe.num_hidden_layers
