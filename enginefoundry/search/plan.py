@@ -37,6 +37,7 @@ class Candidate(BaseModel):
     verdict: str = ""  # "unit", "refused by preflight: …", "below top_k"
     # A disaggregated configuration on lane trtllm: the files that would serve it (router config, per-role LLM-API
     # YAMLs, worker commands; enginefoundry.lanes.trtllm_disagg), for the toolchain's release.
+    # JSON edge: the lane's serving files (YAML documents) for a disaggregated row
     serving: dict[str, Any] | None = None
 
 
@@ -208,6 +209,7 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     return Variant(precision=p.precision, tp=world, pp=p.pp, moe_ep=p.moe_ep, attention_dp=p.dp > 1), None
 
 
+# JSON edge: the lane's serving files (YAML documents)
 def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[dict[str, Any] | None, str | None]:
     """On lane trtllm with a pinned release: the files that serve a disaggregated configuration, or why that release
     cannot (the first refusal, with its fix). Other lanes and an unpinned toolchain: neither."""
