@@ -179,6 +179,30 @@ def test_goodput_doubles_then_bisects_to_the_highest_load_that_meets_the_slo():
     assert (best.concurrency, len(probes), bounded) == (4, 3, "points")
 
 
+def test_goodput_starts_no_point_that_would_not_fit_the_time_budget():
+    """Seen on the lent H100 (issue 38): 40 requests at c=1 took 100 s of a 120 s budget, and c=2 was started."""
+    from enginefoundry.bench.goodput import find_goodput
+
+    spec = load_spec(CONFIGS / "tiny-search.yaml")
+    search = spec.search.model_copy(update={"goodput": spec.search.goodput.model_copy(
+        update={"max_concurrency": 64, "max_points": 10, "time_budget_s": 120})})
+    now = [0.0]
+    seen = []
+
+    def run_at(c):
+        seen.append(c)
+        now[0] += 100.0  # each point takes 100 s
+        return _point(c, 100.0), None
+
+    best, probes, bounded = find_goodput(search, run_at, 1, progress=lambda _: None, clock=lambda: now[0])
+    assert (seen, best.concurrency, bounded) == ([1], 1, "time")
+    # With room for the next point it is measured: 100 s spent, the slowest point 100 s, budget 250 s.
+    roomy = search.model_copy(update={"goodput": search.goodput.model_copy(update={"time_budget_s": 250})})
+    now[0], seen[:] = 0.0, []
+    best, probes, bounded = find_goodput(roomy, run_at, 1, progress=lambda _: None, clock=lambda: now[0])
+    assert (seen, bounded) == ([1, 2], "time")
+
+
 def _searched_manifest(usd: float | None, slo: dict | None = None) -> Manifest:
     search = {"goodput_concurrency": 4, "slo": slo or {"ttft_p95_ms": 2000.0, "itl_p95_ms": 500.0},
               "cost": {"usd_per_mtok": usd, "energy": "unavailable"}, "prediction_error": None}
