@@ -200,7 +200,7 @@ def test_goodput_starts_no_point_that_would_not_fit_the_time_budget():
     roomy = search.model_copy(update={"goodput": search.goodput.model_copy(update={"time_budget_s": 250})})
     now[0], seen[:] = 0.0, []
     best, probes, bounded = find_goodput(roomy, run_at, 1, progress=lambda _: None, clock=lambda: now[0])
-    assert (seen, bounded) == ([1, 2], "time")
+    assert (seen, [p.concurrency for p in probes], best.concurrency, bounded) == ([1, 2], [1, 2], 2, "time")
 
 
 def _searched_manifest(usd: float | None, slo: dict | None = None) -> Manifest:
