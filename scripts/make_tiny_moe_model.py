@@ -41,7 +41,7 @@ def build_model(tokenizer: tiny.PreTrainedTokenizerFast) -> Qwen3MoeForCausalLM:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=16,  # type: ignore[call-arg]  # not in the signature of transformers 5.24, read from kwargs (checked: .head_dim == 16)
         max_position_embeddings=tiny.MAX_POSITIONS,
         tie_word_embeddings=True,
         output_router_logits=False,
