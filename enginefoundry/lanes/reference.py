@@ -33,7 +33,7 @@ from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.reference_options import reference_options
 from enginefoundry.spec import Arch, BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
-from enginefoundry.store.backends import link_or_copy
+from enginefoundry.store.backends import clone_or_copy, link_or_copy
 
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
@@ -162,7 +162,9 @@ class ReferenceLane(Lane):
             if draft_dir is None or not Path(draft_dir).is_dir():
                 raise InputError("speculative.draft: the reference lane's draft_target needs the fetched draft and "
                                  "none was given to the build: run the unit through the pipeline, which fetches it")
-            shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=link_or_copy)
+            # Copies (clones where the filesystem can), never hard links: the fetched draft of a local source is the
+            # user's own folder (issue 21).
+            shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=clone_or_copy)
             speculative = {"speculative": spec.speculative.algorithm.value, "draft": BUNDLE_DRAFT_DIR,
                            "max_draft_len": spec.speculative.max_draft_len}
         facts = {**host_facts(), **torch_device_facts(device)}

@@ -72,7 +72,7 @@ from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, SpecAlgorithm, Variant
-from enginefoundry.store.backends import link_or_copy
+from enginefoundry.store.backends import clone_or_copy
 
 RUNTIME_CONFIG = "llm_api_options.yaml"
 # A speculative unit's non-speculative twin: the same YAML without speculative_config, served by a second
@@ -220,11 +220,12 @@ def write_runtime_configs(bundle: Path, cfg: dict[str, Any]) -> None:  # JSON ed
 
 
 def bundle_draft(bundle: Path, draft_dir: Path | None) -> str | None:
-    """The fetched draft copied (hard-linked where it can) into <bundle>/draft, published and digested with the
-    unit; the name the YAML gives it (relative: the server's working folder links it), or None without a draft."""
+    """The fetched draft copied (cloned where the filesystem can; never hard-linked: the fetched draft of a local
+    source is the user's own folder, issue 21) into <bundle>/draft, published and digested with the unit; the name
+    the YAML gives it (relative: the server's working folder links it), or None without a draft."""
     if draft_dir is None:
         return None
-    shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=link_or_copy)
+    shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=clone_or_copy)
     return BUNDLE_DRAFT_DIR
 
 

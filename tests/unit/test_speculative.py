@@ -4,6 +4,7 @@ checked by the probe of the fake toolchains), and every refusal before any downl
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -477,3 +478,21 @@ def test_the_memory_estimate_counts_the_draft_and_the_mtp_layers(tmp_path):
     moe_layer = moe.decoder_layer_params()  # an MoE layer: every routed expert, the router
     assert moe_layer["experts"] == moe.params()["experts"] // moe.num_hidden_layers and moe_layer["experts"] > 0
     assert moe_layer["mlp"] == moe.params()["mlp"] // moe.num_hidden_layers
+
+
+def test_the_bundled_draft_never_shares_an_inode_with_the_users_draft(tmp_path: Path) -> None:
+    """The fetched draft of a local source is the user's own folder (issue 21): copied into the bundle, not linked
+    (a hard link let a later write to either reach the other; CI caught the tiny fixture with st_nlink 2)."""
+    from enginefoundry.lanes.trtllm import bundle_draft
+
+    user = tmp_path / "draft"
+    user.mkdir()
+    (user / "config.json").write_text("{}")
+    (user / "model.safetensors").write_bytes(b"weights")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    assert bundle_draft(bundle, user) == "draft"
+    for name in ("config.json", "model.safetensors"):
+        ours, theirs = (bundle / "draft" / name).stat(), (user / name).stat()
+        assert ours.st_ino != theirs.st_ino and theirs.st_nlink == 1, name
+        assert (bundle / "draft" / name).read_bytes() == (user / name).read_bytes()
