@@ -8,6 +8,7 @@ draft tokens kept without verification) is rejected by that rule. The stages' fu
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -86,7 +87,11 @@ def test_the_benchmark_records_acceptance_and_the_speed_up_over_the_twin(tmp_pat
     spec = spec.model_copy(update={"benchmark": bench})
     lane = get_lane("reference")
     unit = expand_units(spec)[0]
-    built = lane.build(spec, unit, TINY_MODEL, tmp_path / "work", TINY_DRAFT)
+    # The lane's build hard-links from its checkpoint (the pipeline's own work copy), so it gets a copy of the
+    # fixture: linked, the fixture's files would share an inode with the bundle (test_checkpoint_cast checks not).
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(TINY_MODEL, checkpoint)
+    built = lane.build(spec, unit, checkpoint, tmp_path / "work", TINY_DRAFT)
     cmd = lane.smoke_serve_command(Path(built.bundle_dir), "127.0.0.1", free_port(), spec.model.name,
                                    spec.lane_options)
     command = cmd.command.model_copy(update={"env": {**cmd.command.env, "PYTHONPATH": str(REPO)}})
