@@ -17,7 +17,7 @@ RESULTS=${1:-${OUT:-.gpu-run/out}}
 SITE=${EF_GPU_SITE:-/tmp/ef-site}
 PY=${PYTHON:-python3}
 mkdir -p "$RESULTS" .gpu-run
-rm -rf .gpu-run/store .gpu-run/mlflow.db .gpu-run/work .gpu-run/broken-smoke
+rm -rf .gpu-run/store .gpu-run/mlflow.db .gpu-run/workdir .gpu-run/broken-smoke
 TIMINGS=.gpu-run/timings.tsv
 : > "$TIMINGS"
 
@@ -40,7 +40,7 @@ step() {  # step NAME CMD…: run, time, record; a failed step is recorded and t
 
 step install "$PY" scripts/gpu_install.py --bundle .gpu-bundle --into "$SITE" > .gpu-run/install.json || exit 1
 export PYTHONPATH="$PWD:$SITE" PATH="$SITE/bin:$PATH" EF_AIPERF="$SITE/bin/aiperf"
-export EF_WORK_DIR="$PWD/.gpu-run/work" EF_CACHE_DIR="$PWD/.gpu-run/cache" HF_HUB_OFFLINE=1
+export EF_WORK_DIR="$PWD/.gpu-run/workdir" EF_CACHE_DIR="$PWD/.gpu-run/cache" HF_HUB_OFFLINE=1
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 
 if [ ! -f .gpu-run/model/model.safetensors ]; then
@@ -78,5 +78,5 @@ print(json.dumps({name: {"seconds": int(s), "exit": int(rc)} for name, s, rc in 
 EOF
 tar -czf "$RESULTS/results.tar.gz" --exclude='*.safetensors' --exclude='*.bin' --exclude='cache' \
   .gpu-run/install.json .gpu-run/model.log .gpu-run/broken-server.log .gpu-run/broken-smoke.log \
-  .gpu-run/broken-smoke .gpu-run/mlflow.db .gpu-run/store/manifests .gpu-run/work/units/*/reports 2>/dev/null
+  .gpu-run/broken-smoke .gpu-run/mlflow.db .gpu-run/store/manifests .gpu-run/workdir/units/*/reports 2>/dev/null
 cat "$RESULTS/timings.json" >&2

@@ -157,13 +157,14 @@ def build_model(tokenizer: PreTrainedTokenizerBase, layers: int = 2) -> LlamaFor
     )
     torch.manual_seed(SEED)
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    )
+    model.generation_config = greedy_generation_config(tokenizer)
     return model
+
+
+def greedy_generation_config(tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+    """Greedy decoding with the tokenizer's special tokens: what every tiny model of this repo ships."""
+    return GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, do_sample=False)
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:

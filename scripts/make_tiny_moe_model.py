@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_model as tiny  # the tiny chat model's recipe, beside this script
@@ -51,12 +51,7 @@ def build_model(tokenizer: tiny.PreTrainedTokenizerFast) -> Qwen3MoeForCausalLM:
     )
     torch.manual_seed(tiny.SEED)
     model = Qwen3MoeForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    )
+    model.generation_config = tiny.greedy_generation_config(tokenizer)
     return model
 
 

@@ -94,9 +94,7 @@ class ModelSpec(BaseModel):
     @field_validator("source", "tokenizer")
     @classmethod
     def _valid_uri(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_source_uri(value)
-        return value
+        return checked_source_uri(value)
 
     @model_validator(mode="after")
     def _patterns_for_hub_sources(self) -> ModelSpec:
@@ -116,3 +114,11 @@ class ModelSpec(BaseModel):
         if src.kind is SourceKind.LOCAL and base_dir is not None and not Path(src.location).is_absolute():
             return SourceURI(kind=SourceKind.LOCAL, location=str((base_dir / src.location).resolve()))
         return src
+
+
+def checked_source_uri(value: str | None) -> str | None:
+    """A spec field naming a checkpoint source (model.source, model.tokenizer, speculative.draft), as written,
+    once parse_source_uri accepts it; a field validator's body."""
+    if value is not None:
+        parse_source_uri(value)
+    return value

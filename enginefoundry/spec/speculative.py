@@ -17,7 +17,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from enginefoundry.spec.source import SourceKind, SourceURI, parse_source_uri
+from enginefoundry.spec.source import SourceKind, SourceURI, checked_source_uri, parse_source_uri
 
 
 class SpecAlgorithm(StrEnum):
@@ -55,9 +55,7 @@ class SpeculativeSpec(BaseModel):
     @field_validator("draft")
     @classmethod
     def _valid_uri(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_source_uri(value)
-        return value
+        return checked_source_uri(value)
 
     @model_validator(mode="after")
     def _fields_of_the_algorithm(self) -> SpeculativeSpec:
