@@ -75,17 +75,22 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
     return {k: v for k, v in tags.items() if v}
 
 
-def find_registered(client: Any, registered_model: str, manifest_uri: str) -> Any | None:
-    """The newest version registered for this manifest URI. Tags are filtered here: tag names with dots
+def registered_versions(client: Any, registered_model: str, manifest_uri: str) -> list[Any]:
+    """The versions registered for this manifest URI, oldest first. Tags are filtered here: tag names with dots
     need quoting that differs between MLflow stores (as promotion.Registry.versions_with does)."""
     from mlflow.exceptions import MlflowException
 
     try:
         found = client.search_model_versions(f"name = '{registered_model}'", max_results=10_000)
     except MlflowException:
-        return None
-    mine = [v for v in found if v.tags.get(MANIFEST_URI_TAG) == manifest_uri]
-    return max(mine, key=lambda v: int(v.version)) if mine else None
+        return []
+    return sorted((v for v in found if v.tags.get(MANIFEST_URI_TAG) == manifest_uri), key=lambda v: int(v.version))
+
+
+def find_registered(client: Any, registered_model: str, manifest_uri: str) -> Any | None:
+    """The newest version registered for this manifest URI."""
+    mine = registered_versions(client, registered_model, manifest_uri)
+    return mine[-1] if mine else None
 
 
 def ensure_registered(
@@ -105,6 +110,12 @@ def ensure_registered(
                                 tags={**tags, MANIFEST_URI_TAG: manifest_uri}, params=manifest.build_params,
                                 alias=None, description=version_description(unit, manifest, manifest_uri))
         created = True
+        first = next(iter(registered_versions(client, registered_model, manifest_uri)), None)
+        if first is not None and int(first.version) < int(version):
+            # Another run registered this manifest at the same moment: the first version stands, ours goes (version
+            # numbers are handed out in commit order, so the later registrant always sees the earlier one here).
+            client.delete_model_version(registered_model, version)
+            version, created = str(first.version), False
     else:
         version, created = str(existing.version), False
         if tags.get(mltags.MANIFEST_SHA256) and not existing.tags.get(mltags.MANIFEST_SHA256):
@@ -116,18 +127,35 @@ def ensure_registered(
     refused = _other_lineage_holds(client, registered_model, alias, tags)
     if refused:
         return Registration(version=version, created=created, alias=None, alias_set=False, refused=refused)
-    try:
-        holder = str(client.get_model_version_by_alias(registered_model, alias).version)
-    except MlflowException:
-        holder = None
+    holder = _alias_holder(client, registered_model, alias)
     if holder == version:
         return Registration(version=version, created=created, alias=alias, alias_set=False)
     if holder is not None and not (move_alias or created):
         return Registration(version=version, created=created, alias=None, alias_set=False)
-    client.set_registered_model_alias(registered_model, alias, version)
+    try:
+        client.set_registered_model_alias(registered_model, alias, version)
+    except MlflowException:
+        # Another run of this spec set the alias between our read and our write (the store's upsert is a read then
+        # an insert: two at once collide on the alias's unique row). Read it again and decide on what is there now.
+        now = _alias_holder(client, registered_model, alias)
+        if now == version:
+            return Registration(version=version, created=created, alias=alias, alias_set=False)
+        if now is not None and not (move_alias or created):
+            return Registration(version=version, created=created, alias=None, alias_set=False)
+        client.set_registered_model_alias(registered_model, alias, version)  # the row exists now: an update
+        holder = now
     if holder is not None:
         _supersede(client, registered_model, holder)
     return Registration(version=version, created=created, alias=alias, alias_set=True)
+
+
+def _alias_holder(client: Any, registered_model: str, alias: str) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client.get_model_version_by_alias(registered_model, alias).version)
+    except MlflowException:
+        return None
 
 
 def version_description(unit: Unit, manifest: Manifest, manifest_uri: str) -> str:

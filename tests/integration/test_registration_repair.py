@@ -95,3 +95,70 @@ def test_cache_hit_repairs_a_missing_registration_and_alias(setup, unique: str):
     moved = _register(tracker, spec, unit, newer, run)
     record_hit(tracker, spec, unit, hit.manifest.key, hit, parent)
     assert tracker.client.get_model_version_by_alias(model, alias).version == moved.version
+
+
+class _Racing:
+    """The tracker's client, with another run of the spec acting once at the worst moment: `before` runs just before
+    the named call's first use (a real registration through the real client), so this run read the registry before
+    the other one wrote to it."""
+
+    def __init__(self, client, name: str, before) -> None:
+        self._client, self._name, self._before = client, name, before
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if name != self._name or self._before is None:
+            return attr
+
+        def call(*args, **kwargs):
+            act, self._before = self._before, None
+            return act(attr, *args, **kwargs)
+
+        return call
+
+
+def test_two_runs_registering_one_unit_at_once_leave_one_version(setup, unique: str, monkeypatch):
+    """Two runs of one spec register the same published unit at once (three concurrent runs: one builds, two take
+    its build as a hit): each read "not registered" before either wrote. The later version is withdrawn, both
+    runs answer with the first, and the alias points at it."""
+    spec, unit, tracker = setup
+    hit = _published(unique)
+    other_run, run = tracker.start_run("other", {}), tracker.start_run("u", {})
+    real = tracker.client
+    others: list = []
+
+    def other_registers_first(search, *args, **kwargs):
+        before = search(*args, **kwargs)
+        others.append(_register(tracker, spec, unit, hit, other_run))  # through the real client: acts once
+        return before  # what this run read: not yet registered
+
+    monkeypatch.setattr(tracker, "client", _Racing(real, "search_model_versions", other_registers_first))
+    mine = _register(tracker, spec, unit, hit, run)
+    model = spec.registered_model_name
+    assert others and others[0].created
+    assert mine.version == others[0].version and not mine.created
+    assert [v.version for v in real.search_model_versions(f"name = '{model}'")] == [mine.version]
+    alias = candidate_alias_of(spec, unit, hit.manifest)
+    assert real.get_model_version_by_alias(model, alias).version == mine.version and mine.alias == alias
+
+
+def test_an_alias_set_by_another_run_in_between_is_taken_as_set(setup, unique: str, monkeypatch):
+    """The alias write collides with another run's write of the same alias (CI: `UNIQUE constraint failed:
+    registered_model_aliases` on SQLite, whose upsert reads then inserts): this run reads the alias again and, as it
+    points at this version, answers with it instead of failing the run."""
+    from mlflow.exceptions import MlflowException
+
+    spec, unit, tracker = setup
+    hit = _published(unique)
+    model, alias = spec.registered_model_name, candidate_alias_of(spec, unit, hit.manifest)
+    run = tracker.start_run("u", {})
+    real = tracker.client
+
+    def other_sets_it_first(set_alias, name, alias_name, version):
+        real.set_registered_model_alias(name, alias_name, version)
+        raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: registered_model_aliases.name")
+
+    monkeypatch.setattr(tracker, "client", _Racing(real, "set_registered_model_alias", other_sets_it_first))
+    mine = _register(tracker, spec, unit, hit, run)
+    assert mine.created and mine.alias == alias and not mine.alias_set
+    assert real.get_model_version_by_alias(model, alias).version == mine.version
