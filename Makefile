@@ -4,14 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-unit test-integration test-e2e lint plan stack stack-down stack-status deploy targets bench-venv predict-venv gpu-bundle clean
+.PHONY: demo test test-unit test-integration test-e2e lint docs plan stack stack-down stack-status deploy targets bench-venv predict-venv gpu-bundle clean
 
 $(BIN)/enginefoundry: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	# torch 2.13.0 CPU: pip takes the local wheel where one lies on disk (uv would download CUDA builds).
 	# server: the full MLflow for `make stack`'s tracking server (the core needs only mlflow-skinny).
-	$(BIN)/pip install -q -e '.[reference,bench,test,server,simulate]'
+	# docs: MkDocs for the docs site (`make docs`; tests/unit/test_docs.py builds it strictly).
+	$(BIN)/pip install -q -e '.[reference,bench,test,server,simulate,docs]'
 	touch $@
 
 # AIPerf in its own venv, so its pins (rich~=14.1, pandas, pyzmq) never meet TensorRT-LLM's; the bench stage
@@ -76,6 +77,12 @@ test-integration: $(BIN)/enginefoundry $(PREDICT_VENV)/bin/aiconfigurator
 
 test-e2e: $(BIN)/enginefoundry
 	$(PYTEST) tests/e2e
+
+# The docs site from docs/ (mkdocs.yml) into site/; --strict fails on a broken link or anchor. The reference pages
+# in docs/reference/ and the spec's JSON Schema are generated first (scripts/gen_docs.py).
+docs: $(BIN)/enginefoundry
+	$(BIN)/python scripts/gen_docs.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: $(BIN)/enginefoundry
 	$(BIN)/ruff check .

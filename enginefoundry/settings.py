@@ -12,7 +12,7 @@ default) resolves against the spec's folder, like every input path of the spec; 
 environment variable resolves against the working directory, as a shell user expects. Either way the
 effective value is absolute, so a flow or a worker that runs elsewhere writes to the same place.
 
-The README's "Configuration" table lists `ENV_TABLE`; tests/unit/test_settings.py keeps the two equal.
+The table in docs/configuration.md lists `ENV_TABLE`; tests/unit/test_settings.py keeps the two equal.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class EnvSettings(BaseSettings):
 
 
 def env_table() -> list[tuple[str, str, str]]:
-    """(variable, default, what it sets) for every field, in declaration order: the README table."""
+    """(variable, default, what it sets) for every field, in declaration order: the table in docs/configuration.md."""
     rows = []
     for field in EnvSettings.model_fields.values():
         alias = field.validation_alias

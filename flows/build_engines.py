@@ -84,7 +84,7 @@ def resolve_spec(spec_path: str | None, spec: dict[str, Any] | None,  # JSON edg
 
 
 def pasted_spec_dir() -> Path:
-    """Pasted YAML is read as if it were a file in the worker's `configs/` folder (README: "The build spec"):
+    """Pasted YAML is read as if it were a file in the worker's `configs/` folder (docs/spec.md):
     the shipped specs' relative paths (`prompts/…`, `../tests/…`, `file://../.enginefoundry/store`) are written
     from there, so a spec pasted unchanged runs as `spec_path=configs/<name>.yaml` does."""
     return Path.cwd() / "configs"

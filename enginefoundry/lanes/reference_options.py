@@ -7,6 +7,8 @@ from __future__ import annotations
 import difflib
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from enginefoundry.spec.lane_options import LaneOptions
 
 # Which server the pipeline's smoke stage judges (docs/smoke-gate.md, "Which servers return them"):
@@ -19,7 +21,10 @@ SmokeServer = Literal["scoring", "transformers"]
 
 
 class ReferenceOptions(LaneOptions):
-    smoke_server: SmokeServer = "scoring"
+    smoke_server: SmokeServer = Field(
+        default="scoring", description="the server the smoke stage judges: scoring (enginefoundry.smoke.serve, "
+        "returns log-probs) or transformers (`transformers serve`, no log-prob checks); the benchmark and serve.sh "
+        "run `transformers serve` either way; not part of the unit key")
 
     # The smoke server changes how a build is judged, not what it is: a unit's key leaves it out, so switching it
     # neither rebuilds nor re-judges a published unit (`--force` does).

@@ -73,14 +73,18 @@ class BuildSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=SAFE_NAME, max_length=100, description="spec name, shown in runs")
-    model: ModelSpec
+    model: ModelSpec = Field(description="the checkpoint: where it comes from and its short name")
     lane: str = Field(default="reference", description="a lane of enginefoundry.lanes.registry")
-    toolchain: ToolchainSpec = Field(default_factory=ToolchainSpec)
+    toolchain: ToolchainSpec = Field(default_factory=ToolchainSpec, description="the TensorRT-LLM toolchain "
+                                     "the units are built with (part of the unit key), or the channel to follow")
     # Hand-written variants × profiles; may be empty when `search` decides what to build (docs/search.md).
-    variants: list[Variant] = Field(default_factory=list)
-    profiles: list[Profile] = Field(default_factory=list)
-    targets: list[Target] = Field(min_length=1)
-    search: SearchSpec | None = None
+    variants: list[Variant] = Field(default_factory=list, description="how to convert the checkpoint: precision "
+                                    "and parallelism; a unit is variant × profile × target")
+    profiles: list[Profile] = Field(default_factory=list, description="shape limits a unit is built for")
+    targets: list[Target] = Field(min_length=1, description="GPU architectures (and SKUs) that get their own "
+                                  "build, each on a worker of its pool")
+    search: SearchSpec | None = Field(default=None, description="decide the variants and profiles from the "
+                                      "traffic and the SLO (docs/search.md)")
     # What the search decided (enginefoundry.search.plan.materialise): ordinary units, carried in the payload.
     searched: list[SearchedUnit] = Field(default_factory=list)
     # Speculative decoding for every unit (enginefoundry/spec/speculative.py); the lane says what it supports.
@@ -89,10 +93,11 @@ class BuildSpec(BaseModel):
     # discriminated by `lane` over the registered lanes). Unknown keys are refused; a removed TensorRT-LLM flag is
     # refused with the release that removed it (the lane's model explains it).
     lane_options: SerializeAsAny[LaneOptions] = Field(default_factory=NoOptions, validate_default=True)
-    smoke: SmokeSpec
-    benchmark: BenchmarkSpec
-    publish: PublishSpec = Field(default_factory=PublishSpec)
-    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    smoke: SmokeSpec = Field(description="the accuracy gate against a reference (docs/smoke-gate.md)")
+    benchmark: BenchmarkSpec = Field(description="the load sweep of each unit that passed its gate")
+    publish: PublishSpec = Field(default_factory=PublishSpec, description="the artifact store and signatures")
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="MLflow: tracking URI, experiment "
+                                   "and registered model")
     # Folder the spec was read from: relative input paths resolve against it. Not part of any key.
     base_dir: str | None = Field(default=None, exclude=True)
 
@@ -163,7 +168,7 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
             out.append((path, _lane_option_message(e, data)))
             continue
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or check its spelling against the spec reference in README.md"
+            msg = "unknown key; remove it or check its spelling against the spec reference, docs/reference/spec.md"
             # A removed or renamed TensorRT-LLM flag gets its history and replacement (lanes own that table).
             known = explain_unknown_key(str(e["loc"][-1]))
             if known:

@@ -148,22 +148,31 @@ class SmokeSpec(BaseModel):
         default="when-served", description="the log-prob rules (log-prob distance, teacher-forced log-probs): "
         "when-served (judged where the endpoint returns log-probs, else named as not run in the verdict) or "
         "required (plan refuses a lane whose smoke server cannot return them; a rule that could not run fails)")
-    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096, description="tokens generated per prompt")] = 16
     accuracy_margin: Annotated[float, Field(gt=0.0, lt=1.0)] | None = Field(
         default=None, description="non-inferiority margin δ on task accuracy (paired against the reference)")
-    alpha: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
-    power: Annotated[float, Field(ge=0.5, lt=1.0)] | None = None
-    expected_discordance: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    first_n_tokens: Annotated[int, Field(ge=1)] | None = None
-    min_first_n_agreement: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    min_prefix_share: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    max_degenerate_share: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    alpha: Annotated[float, Field(gt=0.0, lt=0.5)] | None = Field(
+        default=None, description="significance level α of the non-inferiority test; unset: the family's")
+    power: Annotated[float, Field(ge=0.5, lt=1.0)] | None = Field(
+        default=None, description="power the minimum prompt count is derived for; unset: the family's")
+    expected_discordance: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        default=None, description="expected share ψ of prompts the unit and the reference disagree on (for the "
+        "minimum prompt count); unset: the family's")
+    first_n_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="N of the first-N-tokens agreement rule; unset: the family's")
+    min_first_n_agreement: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="lower bound the first-N agreement must reach; unset: the family's")
+    min_prefix_share: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="least mean share of the answer's common prefix; unset: the family's")
+    max_degenerate_share: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="most answers allowed to be degenerate (repetition, empty); unset: the "
+        "family's")
     small_sample: Literal["refuse", "warn"] = Field(
         default="refuse", description="a prompt set smaller than the derived minimum: refuse (fail) or warn")
     min_agreement: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         default=None, description="optional floor on full-answer agreement (Wilson lower bound); off by default "
         "because reduced precision drifts late in answers")
-    confidence: Annotated[float, Field(gt=0.5, lt=1.0)] = 0.95
+    confidence: Annotated[float, Field(gt=0.5, lt=1.0, description="confidence of the gate's intervals")] = 0.95
     concurrency: Annotated[int, Field(ge=1, le=256)] = Field(
         default=8, description="requests in flight against the endpoint during the smoke test (a batching "
         "server answers them together; 1 asks one prompt at a time)")
@@ -248,18 +257,20 @@ class BenchTool(StrEnum):
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
-    input_tokens_mean: Annotated[int, Field(ge=1)]
-    input_tokens_stddev: Annotated[int, Field(ge=0)] = 0
-    output_tokens_mean: Annotated[int, Field(ge=1)]
-    output_tokens_stddev: Annotated[int, Field(ge=0)] = 0
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64, description="scenario name")]
+    input_tokens_mean: Annotated[int, Field(ge=1, description="mean prompt length (tokens)")]
+    input_tokens_stddev: Annotated[int, Field(ge=0, description="its standard deviation")] = 0
+    output_tokens_mean: Annotated[int, Field(ge=1, description="mean output length (tokens)")]
+    output_tokens_stddev: Annotated[int, Field(ge=0, description="its standard deviation")] = 0
 
 
 class SLOs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    ttft_p95_ms: Annotated[float, Field(gt=0)] | None = None
-    itl_p95_ms: Annotated[float, Field(gt=0)] | None = None
+    ttft_p95_ms: Annotated[float, Field(gt=0)] | None = Field(default=None,
+                                                              description="time to first token, p95 (ms)")
+    itl_p95_ms: Annotated[float, Field(gt=0)] | None = Field(default=None,
+                                                             description="inter-token latency, p95 (ms)")
 
 
 # One client host holds at most this many connections to one server address and port: Linux's default ephemeral
@@ -271,18 +282,23 @@ MAX_CONCURRENCY = 60999 - 32768 + 1
 class BenchmarkSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="false: no benchmark stage")
     on_rejected: bool = Field(default=False, description="benchmark a unit its smoke gate rejected too (to diagnose "
                                                          "it); default: a rejected unit is not benchmarked")
-    tool: BenchTool = BenchTool.AIPERF
-    scenarios: list[Scenario] = Field(min_length=1)
-    concurrency: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
-    request_count: Annotated[int, Field(ge=1)] = 64
-    warmup_request_count: Annotated[int, Field(ge=0)] = 4
-    seed: int = 42
-    timeout_s: Annotated[float, Field(gt=0)] = 600.0
-    slo: SLOs = Field(default_factory=SLOs)
-    baseline_endpoints: list[str] = Field(default_factory=list)
+    tool: BenchTool = Field(default=BenchTool.AIPERF, description="the load generator")
+    scenarios: list[Scenario] = Field(min_length=1, description="input/output length mixes; each one runs at "
+                                      "every concurrency")
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, description=f"requests in flight, one point each (at most {MAX_CONCURRENCY}: one client "
+        "host's connections to one server)")
+    request_count: Annotated[int, Field(ge=1, description="requests per point; at least the largest "
+                                                          "concurrency")] = 64
+    warmup_request_count: Annotated[int, Field(ge=0, description="requests before each measured point")] = 4
+    seed: int = Field(default=42, description="the load generator's random seed")
+    timeout_s: Annotated[float, Field(gt=0, description="longest a benchmark point may take (s)")] = 600.0
+    slo: SLOs = Field(default_factory=SLOs, description="latency objectives the sweep reports goodput against")
+    baseline_endpoints: list[str] = Field(default_factory=list, description="other OpenAI-compatible endpoints "
+                                          "benchmarked alongside, for comparison")
     # Extra request fields for every benchmark request, e.g. {"ignore_eos": "true"} on TensorRT-LLM servers for
     # fair output-length accounting (transformers serve rejects unknown fields).
     extra_inputs: dict[str, str] = Field(default_factory=dict)

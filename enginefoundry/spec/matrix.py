@@ -64,8 +64,8 @@ class CalibrationSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field(default="cnn_dailymail", description="Calibration dataset name or local path")
-    samples: Annotated[int, Field(ge=16, le=100_000)] = 512
-    max_seq_length: Annotated[int, Field(ge=64)] = 512
+    samples: Annotated[int, Field(ge=16, le=100_000, description="calibration samples")] = 512
+    max_seq_length: Annotated[int, Field(ge=64, description="tokens per calibration sample")] = 512
 
 
 class Variant(BaseModel):
@@ -73,21 +73,25 @@ class Variant(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    precision: Precision = Precision.BF16
-    tp: Annotated[int, Field(ge=1, le=64)] = 1
-    pp: Annotated[int, Field(ge=1, le=64)] = 1
+    precision: Precision = Field(default=Precision.BF16, description="weights precision; quantized ones "
+                                 "(fp8, nvfp4, int4_awq, int8_wo, int4_wo) get a default calibration")
+    tp: Annotated[int, Field(ge=1, le=64, description='tensor parallelism: GPUs a layer is split over')] = 1
+    pp: Annotated[int, Field(ge=1, le=64, description='pipeline parallelism: stages the layers are split into')] = 1
     # Mixture-of-experts parallelism inside the tp ranks (lane trtllm: moe_expert_parallel_size,
     # moe_tensor_parallel_size, enable_attention_dp). The world-size rules live with the lane (they are TensorRT-LLM's).
     moe_ep: Annotated[int, Field(ge=1, le=64, description="expert parallelism: experts split over this many of "
                                                           "the tp ranks")] = 1
-    moe_tp: Annotated[int, Field(ge=1, le=64, description="tensor parallelism inside each expert; unset: "
-                                                          "tp / moe_ep")] | None = None
+    moe_tp: Annotated[int, Field(ge=1, le=64)] | None = Field(
+        default=None, description="tensor parallelism inside each expert; unset: tp / moe_ep")
     attention_dp: bool = Field(default=False, description="attention data parallelism: the tp ranks serve "
                                                            "requests as dp ranks, attention weights replicated")
-    kv_cache_dtype: KVCacheDtype = KVCacheDtype.AUTO
-    calibration: CalibrationSpec | None = None
+    kv_cache_dtype: KVCacheDtype = Field(default=KVCacheDtype.AUTO, description="KV cache dtype; auto: the "
+                                         "model's")
+    calibration: CalibrationSpec | None = Field(default=None, description="quantization calibration; default "
+                                                "for a quantized precision: the defaults below")
     # Restrict this variant to some targets (by name), e.g. fp8 only where the architecture allows it.
-    targets: list[str] | None = None
+    targets: list[str] | None = Field(default=None, description="build this variant only for these targets "
+                                      "(by name), e.g. fp8 only where the architecture has it; default all")
 
     @property
     def name(self) -> str:
@@ -138,14 +142,17 @@ class Profile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)] = "default"
-    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 64
-    max_input_len: Annotated[int, Field(ge=1)] = 2048
-    max_seq_len: Annotated[int, Field(ge=2)] = 4096
-    max_num_tokens: Annotated[int, Field(ge=1)] = 8192
-    kv_cache_free_gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=0.99)] = 0.8
-    paged_kv_cache: bool = True
-    remove_input_padding: bool = True
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64,
+                               description="profile name, part of unit names")] = "default"
+    max_batch_size: Annotated[int, Field(ge=1, le=4096, description="requests batched at once")] = 64
+    max_input_len: Annotated[int, Field(ge=1, description="longest prompt (tokens); below max_seq_len")] = 2048
+    max_seq_len: Annotated[int, Field(ge=2, description="longest sequence: prompt plus output tokens")] = 4096
+    max_num_tokens: Annotated[int, Field(ge=1, description="tokens in one forward pass, over the batch")] = 8192
+    kv_cache_free_gpu_memory_fraction: Annotated[float, Field(
+        gt=0.0, le=0.99, description="share of the GPU memory left after the weights that the KV cache takes")] = 0.8
+    paged_kv_cache: bool = Field(default=True, description="paged KV cache (TensorRT engines)")
+    remove_input_padding: bool = Field(default=True, description="packed inputs without padding (TensorRT "
+                                       "engines)")
 
     @model_validator(mode="after")
     def _input_shorter_than_sequence(self) -> Profile:
@@ -162,11 +169,13 @@ class Target(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)]
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64,
+                               description="target name, part of unit names and MLflow aliases")]
     arch: Arch
     # Substrings matched case-insensitively against the GPU name, e.g. ["H100", "H200"]. Empty: any SKU of the arch.
-    sku: list[str] = Field(default_factory=list)
-    gpu_count: Annotated[int, Field(ge=0, le=64)] = 1
+    sku: list[str] = Field(default_factory=list, description="GPU name substrings, matched case-insensitively "
+                           "(H100 and H200 are both sm90); empty: any GPU of the arch")
+    gpu_count: Annotated[int, Field(ge=0, le=64, description="GPUs a unit may use on its worker")] = 1
     memory_gib: Annotated[float, Field(gt=0)] | None = Field(
         default=None, description="GPU memory per device, for the VRAM preflight when no GPU is at hand"
     )

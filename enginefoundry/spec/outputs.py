@@ -51,5 +51,5 @@ class TrackingSpec(BaseModel):
         default="sqlite:///.enginefoundry/mlflow.db",
         description="MLflow tracking URI (the CLI flag --mlflow-uri overrides it)",
     )
-    experiment: str = "enginefoundry"
+    experiment: str = Field(default="enginefoundry", description="MLflow experiment of the runs")
     registered_model: str | None = Field(default=None, description="defaults to the model name")

@@ -44,8 +44,8 @@ class Workload(BaseModel):
     isl: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         default=None, description="mean input length (tokens); or give lengths_file")
     osl: Annotated[int, Field(ge=1, le=1_000_000)] = Field(description="mean output length (tokens)")
-    isl_stddev: Annotated[int, Field(ge=0)] = 0
-    osl_stddev: Annotated[int, Field(ge=0)] = 0
+    isl_stddev: Annotated[int, Field(ge=0, description="standard deviation of the input length")] = 0
+    osl_stddev: Annotated[int, Field(ge=0, description="standard deviation of the output length")] = 0
     lengths_file: str | None = Field(
         default=None, description='JSONL of {"tokens": N} records, relative to the spec: ISL mean and stddev from it')
     lengths: LengthsFigures | None = Field(default=None, description="filled from lengths_file; never by hand")
@@ -103,10 +103,10 @@ class GoodputSearch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    min_concurrency: Annotated[int, Field(ge=1)] = 1
-    max_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 256
-    max_points: Annotated[int, Field(ge=1, le=32)] = 6
-    time_budget_s: Annotated[float, Field(gt=0)] = 900.0
+    min_concurrency: Annotated[int, Field(ge=1, description="lowest concurrency the bisection tries")] = 1
+    max_concurrency: Annotated[int, Field(ge=1, le=100_000, description="highest concurrency it tries")] = 256
+    max_points: Annotated[int, Field(ge=1, le=32, description="most benchmark points per unit")] = 6
+    time_budget_s: Annotated[float, Field(gt=0, description="longest the search may measure one unit (s)")] = 900.0
     request_count: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="requests per point; default benchmark.request_count")
 
@@ -146,10 +146,12 @@ class SearchSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workload: Workload
-    slo: SearchSLO
-    objective: Objective = Objective.TOKENS_PER_GPU
-    precisions: list[Precision] = Field(default_factory=lambda: [Precision.BF16], min_length=1)
-    top_k: Annotated[int, Field(ge=1, le=16)] = 2
+    slo: SearchSLO = Field(description="the latency objectives a configuration must meet")
+    objective: Objective = Field(default=Objective.TOKENS_PER_GPU, description="what the ranking maximises: "
+                                 "output tokens per GPU, the lowest $/1M output tokens, or tokens per joule")
+    precisions: list[Precision] = Field(default_factory=lambda: [Precision.BF16], min_length=1,
+                                        description="precisions the predictor may choose")
+    top_k: Annotated[int, Field(ge=1, le=16, description="configurations built and verified per target")] = 2
     gpu_budget: Annotated[int, Field(ge=1, le=4096)] | None = Field(
         default=None, description="GPUs the predictor may spread replicas over; default each target's gpu_count")
     targets: list[str] | None = Field(default=None, description="targets searched (by name); default all")

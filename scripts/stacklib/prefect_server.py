@@ -31,7 +31,7 @@ def start_prefect(ctx: Context) -> Outcome:
     # ("database is locked", SQLITE_BUSY_SNAPSHOT; prefect/server/api/server.py 3.9.1,
     # custom_internal_exception_handler), which it otherwise answers without a line. Prefect's clients (the CLI,
     # workers, flows) send those requests again; the UI shows "Oops. Something went wrong." and a second Submit
-    # goes through (README, after "Tasks that cross the network").
+    # goes through (docs/cluster-mode.md, after "Tasks that cross the network").
     env = child_env(ctx.state, {**prefect_env(ctx), "PREFECT_SERVER_UI_ENABLED": "true",
                                 "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true"})
     return launch(ctx, "prefect", lambda: argv, env, lambda: http_status(ctx.url("prefect") + "/api/health") == 200)

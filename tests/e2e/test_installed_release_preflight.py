@@ -1,5 +1,5 @@
 """Issue 23, audit finding 3: the installed-release check is preflight. A worker whose TensorRT-LLM is not the
-release the spec pins is refused before the source is downloaded (README: refusal before any download or GPU
+release the spec pins is refused before the source is downloaded (docs/cli.md: refusal before any download or GPU
 time), with one clean state message. Real child processes (the fake 1.1 toolchain's `python` and `--help`), the
 Prefect ephemeral API; an unreachable hub, so a download attempt would show as a network error instead."""
 

@@ -88,7 +88,7 @@ def test_the_trigger_says_the_channel_moved_from_x_to_y():
 
 
 def test_an_s3_channel_that_cannot_be_reached_is_not_fatal_to_plan_and_validate(tmp_path: Path, monkeypatch, capsys):
-    """Issue 34: the README says a channel that cannot be read is shown, not fatal, in `plan` and `validate`; an S3
+    """Issue 34: docs/rollout.md says a channel that cannot be read is shown, not fatal, in `plan` and `validate`; an S3
     endpoint nobody answers made both exit 1 with botocore's error. It is asked once (connection refused on a
     closed loopback port: no server, no wait) and reported as could not be read now."""
     from enginefoundry.cli import main
