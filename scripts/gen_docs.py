@@ -22,6 +22,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -216,7 +217,11 @@ def _bounds(node: dict[str, Any], defs: dict[str, Any]) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One line of a table cell: `|` escaped, and `<`/`>` outside code spans (Markdown would read <name> as HTML)."""
+    parts = " ".join(text.split()).split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts).replace("|", "\\|")
 
 
 def _value(value: Any, limit: int = 70) -> str:
@@ -230,8 +235,11 @@ def _value(value: Any, limit: int = 70) -> str:
     return "`" + text.replace("`", "'").replace("|", "\\|") + "`"
 
 
-def _anchor(path: str) -> str:
-    return "-".join("".join(c if c.isalnum() else " " for c in path.lower()).split())
+def _anchor(heading: str) -> str:
+    """The id a heading gets, the same from MkDocs (Python-Markdown's toc slugify) and GitHub for ASCII headings:
+    lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    kept = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", kept)
 
 
 def _structured(value: Any) -> bool:
@@ -275,11 +283,11 @@ def spec_reference(schema: dict[str, Any] | None = None) -> str:
              "that sets the field. Checks across fields (a profile's `max_input_len` below its `max_seq_len`, a "
              "variant's parallelism against the model and the GPUs, …) run in `validate` and `plan`, with the field "
              "and the fix.", ""]
-    lines += ["Sections: " + ", ".join(f"[`{p or 'top level'}`](#{_anchor(p) if p else 'top-level'})"
+    lines += ["Sections: " + ", ".join(f"[`{p or 'top level'}`](#{_anchor(p or 'top level')})"
                                         for p, _ in sections), ""]
     for path, obj in sections:
         heading = f"`{path}`" if path else "top level"
-        lines += [f"## {heading} {{#{_anchor(path) if path else 'top-level'}}}", ""]
+        lines += [f"## {heading}", ""]
         if obj.get("description"):
             lines += [_cell(obj["description"]), ""]
         required = set(obj.get("required", []))
@@ -381,7 +389,7 @@ def cli_reference() -> str:
              "Global options (before or after the command):", "", *_arguments_table(parser, set()),
              "Commands: " + ", ".join(f"[`{n}`](#{n})" for n in sub.choices), ""]
     for name, command in sub.choices.items():
-        lines += [f"## {name} {{#{name}}}", "", _cell(helps.get(name, "")) + ("." if helps.get(name) else ""), "",
+        lines += [f"## {name}", "", _cell(helps.get(name, "")) + ("." if helps.get(name) else ""), "",
                   "```", _usage(command), "```", ""]
         if command.description and command.description != helps.get(name):
             lines += [_cell(command.description), ""]

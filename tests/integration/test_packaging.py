@@ -39,6 +39,7 @@ def test_wheel_installs_one_package_with_flows_and_tasks_inside(tmp_path: Path) 
         shipped = {Path(n).name for n in names if n.startswith(f"enginefoundry/{layer}/") and n.endswith(".py")}
         assert shipped == {p.name for p in (REPO / layer).glob("*.py")}, layer
     assert "enginefoundry/schemas/manifest.schema.json" in names
+    assert "enginefoundry/schemas/spec.schema.json" in names  # the spec's, for editors (scripts/gen_docs.py)
 
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     requires = [line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()

@@ -53,7 +53,7 @@ def test_spec_reference_lists_every_field_of_every_model(gen: Any) -> None:
     from enginefoundry.spec.build_spec import BuildSpec
 
     page = gen.spec_reference()
-    sections = dict(re.findall(r"^## (.+?) \{#[^}]*\}\n(.*?)(?=^## |\Z)", page, flags=re.M | re.S))
+    sections = dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", page, flags=re.M | re.S))
     top = sections["top level"]
     for name in BuildSpec.model_fields:
         assert (f"| `{name}` |" in top) == (name not in gen.INTERNAL_FIELDS), name
@@ -113,7 +113,7 @@ def test_cli_reference_has_every_command_and_option(gen: Any) -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     for name, command in sub.choices.items():
-        section = page.split(f"## {name} {{#{name}}}", 1)[1].split("\n## ", 1)[0]
+        section = page.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
         for action in command._actions:
             if action.help == argparse.SUPPRESS or action.dest in ("help", "verbose", "json"):
                 continue
