@@ -103,8 +103,8 @@ def load_passwords(state: State, create: bool) -> dict[str, str]:
 
 
 def bin_dir(wanted_major: str | None = None) -> Path:
-    """The folder of PostgreSQL's server binaries; `wanted_major` (a data directory's PG_VERSION) is preferred
-    among Debian's folders."""
+    """The folder of PostgreSQL's server binaries; with `wanted_major` (a data directory's PG_VERSION), the first
+    folder of that release if there is one (else the first found, and the caller refuses the mismatch)."""
     override = os.environ.get("EF_POSTGRES_BIN", "")
     candidates: list[Path] = []
     if override:
@@ -113,15 +113,14 @@ def bin_dir(wanted_major: str | None = None) -> Path:
         on_path = shutil.which("initdb")
         if on_path:
             candidates.append(Path(on_path).resolve().parent)
-        debian = sorted(Path("/").glob(DEBIAN_BIN_GLOB.lstrip("/")), key=_major_of_folder, reverse=True)
-        if wanted_major:
-            debian.sort(key=lambda p: p.parent.name != wanted_major)
-        candidates += debian
-    for folder in candidates:
-        if all(os.access(folder / name, os.X_OK) for name in BINARIES):
-            return folder
-    where = f"EF_POSTGRES_BIN={override}" if override else f"PATH and {DEBIAN_BIN_GLOB}"
-    raise StackError(f"postgres: no initdb/postgres/pg_isready/psql found ({where}); {INSTALL_HINT}")
+        candidates += sorted(Path("/").glob(DEBIAN_BIN_GLOB.lstrip("/")), key=_major_of_folder, reverse=True)
+    found = [folder for folder in candidates if all(os.access(folder / name, os.X_OK) for name in BINARIES)]
+    if not found:
+        where = f"EF_POSTGRES_BIN={override}" if override else f"PATH and {DEBIAN_BIN_GLOB}"
+        raise StackError(f"postgres: no initdb/postgres/pg_isready/psql found ({where}); {INSTALL_HINT}")
+    if wanted_major:
+        return next((folder for folder in found if server_major(folder) == wanted_major), found[0])
+    return found[0]
 
 
 def _major_of_folder(folder: Path) -> int:
@@ -176,7 +175,8 @@ def initialise(ctx: Context, bins: Path) -> None:
         log.write(f"\n=== initdb -> rc {done.returncode}\n{done.stdout}{done.stderr}")
     if done.returncode != 0:
         shutil.rmtree(scratch, ignore_errors=True)
-        hint = (" (root runs it in a user namespace: this machine refused one; run the stack as a non-root user)"
+        hint = (" (run by root, it runs through `unshare --user --map-user`, which needs util-linux 2.38 or later "
+                "and a kernel that allows user namespaces; or run the stack as a non-root user)"
                 if "unshare" in done.stderr else "")
         raise StackError(f"postgres: initdb failed (rc {done.returncode}){hint}:\n{done.stderr.strip()[-2000:]}")
     os.replace(scratch, data)
