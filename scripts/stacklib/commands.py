@@ -203,9 +203,14 @@ def cmd_down(state: State, _args: argparse.Namespace) -> int:
                 all_stopped &= stopped
                 print(f"  {name:<14} {detail}", flush=True)
     if database:
-        orphans = stop_postgres_orphans(state)  # PostgreSQL's children leave its process group (postgres.py)
-        if orphans:
-            print(f"  {'postgres':<14} killed {len(orphans)} process(es) left of it: {orphans}", flush=True)
+        try:
+            orphans = stop_postgres_orphans(state)  # PostgreSQL's children leave its process group (postgres.py)
+        except StackError as err:
+            all_stopped = False
+            print(f"  {'postgres':<14} {err}", flush=True)
+        else:
+            if orphans:
+                print(f"  {'postgres':<14} killed {len(orphans)} process(es) left of it: {orphans}", flush=True)
     # The owner's watcher goes last: a `down` by hand that is interrupted halfway (a second Ctrl-C, a CI runner's
     # kill of a cancelled test session) leaves it armed to stop the rest once its owner exits.
     if watcher is not None and watcher != os.getpid():
