@@ -94,10 +94,11 @@ plan: $(BIN)/enginefoundry
 	$(BIN)/enginefoundry plan configs/llama-3-70b-tp2-a100.yaml
 	$(BIN)/enginefoundry plan configs/llama-3.1-8b-multiarch.yaml
 
-# A local cluster-mode stack on loopback: SeaweedFS, MLflow server, Prefect server, the test hub and a
-# worker for the cpu pool. `source .stack/env` afterwards points the CLI and Prefect at it.
+# A local cluster-mode stack on loopback: SeaweedFS, PostgreSQL (the database of the next two: a cluster in
+# .stack/postgres; needs PostgreSQL's binaries, e.g. `apt-get install postgresql`), MLflow server, Prefect server,
+# the test hub and a worker for the cpu pool. `source .stack/env` afterwards points the CLI and Prefect at it.
 stack: $(BIN)/enginefoundry
-	$(BIN)/python scripts/stack.py up --services s3,mlflow,prefect,hub --worker-pools cpu
+	$(BIN)/python scripts/stack.py up --services s3,postgres,mlflow,prefect,hub --worker-pools cpu
 
 # deployment.yaml on the stack's Prefect server: the work pools first (`prefect deploy` refuses a deployment
 # whose pool does not exist), then every deployment. Runs on gpu-* pools wait for a worker of that pool.

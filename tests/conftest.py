@@ -1,5 +1,5 @@
-"""Shared fixtures: the real services (SeaweedFS, MLflow server, loopback hub), started once per session, and
-the cluster fixtures of tests/support/cluster.py (`prefect_server`, `cluster`).
+"""Shared fixtures: the real services (SeaweedFS, MLflow and Prefect servers on PostgreSQL, loopback hub), started
+once per session, and the cluster fixtures of tests/support/cluster.py (`prefect_server`, `cluster`).
 
 CI (`.ci/run`) starts them with scripts/stack.py and exports their addresses; a developer who runs
 `make test` without a stack gets one started here, in a temporary state dir, and stopped afterwards.

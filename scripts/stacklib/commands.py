@@ -16,7 +16,10 @@ from pathlib import Path
 from stacklib.envfiles import stack_env, write_env_files
 from stacklib.hub import start_hub
 from stacklib.mlflow_server import start_mlflow
-from stacklib.net import DEFAULT_PORTS, HOST, port_is_free, service_port
+from stacklib.net import DEFAULT_PORTS, HOST, free_port, port_is_free, service_port
+from stacklib.postgres import describe as describe_postgres
+from stacklib.postgres import start_postgres
+from stacklib.postgres import stop_orphans as stop_postgres_orphans
 from stacklib.prefect_server import start_prefect
 from stacklib.s3 import start_s3
 from stacklib.state import StackError, State, load_or_create_credentials
@@ -32,7 +35,9 @@ from stacklib.supervisor import (
 )
 from stacklib.workers import DEFAULT_POOL, WORKER_PREFIX, start_worker
 
-SERVICES = ("s3", "mlflow", "prefect", "hub")
+SERVICES = ("s3", "postgres", "mlflow", "prefect", "hub")
+# The servers that keep their state in the stack's PostgreSQL: asking for one brings the database up with it.
+ON_POSTGRES = ("mlflow", "prefect")
 
 
 def parse_list(raw: str | None) -> list[str]:
@@ -45,6 +50,8 @@ def plan_up(state: State, services: list[str], pools: list[str] | None) -> tuple
     if unknown:
         raise StackError(f"unknown service(s) {', '.join(unknown)}; choose from {','.join(SERVICES)}")
     running = {name for name in SERVICES if owned_members(state, state.read_pid(name))}
+    if any(s in services for s in ON_POSTGRES) and "postgres" not in services and "postgres" not in running:
+        services = ["postgres", *services]
     if "mlflow" in services and "s3" not in services and "s3" not in running:
         raise StackError("mlflow stores its artifacts in s3: add s3 to --services (or start it first)")
     if pools is None:  # the default pool comes with a Prefect server we start, not with every `up`
@@ -68,6 +75,11 @@ def resolve_ports(state: State, services: list[str]) -> dict[str, int]:
         if isinstance(recorded, int) and owned_members(state, state.read_pid(name)):
             ports[name] = recorded
             continue
+        if name == "postgres" and not os.environ.get("EF_POSTGRES_PORT"):
+            # No fixed default (a system PostgreSQL may hold 5432, and every test stack has one): the port of the
+            # last start while it is free, else one the kernel picks.
+            ports[name] = recorded if isinstance(recorded, int) and port_is_free(recorded) else free_port()
+            continue
         ports[name] = service_port(name)
         if name in services and not port_is_free(ports[name]):
             busy.append(f"port {ports[name]} for {name} is in use (set EF_{name.upper()}_PORT to another port)")
@@ -77,27 +89,31 @@ def resolve_ports(state: State, services: list[str]) -> dict[str, int]:
 
 
 def run_parallel(ctx: Context, services: list[str], pools: list[str]) -> tuple[list[Outcome], list[str]]:
-    """Every service starts at once; mlflow waits for s3 (its bucket must exist), workers for prefect."""
-    starters = {"s3": start_s3, "mlflow": start_mlflow, "prefect": start_prefect, "hub": start_hub}
+    """Every service starts at once; prefect and mlflow wait for postgres (their databases must exist), mlflow for
+    s3 too (its bucket must exist), workers for prefect."""
+    starters = {"s3": start_s3, "postgres": start_postgres, "hub": start_hub}
     futures: dict[str, Future[Outcome]] = {}
 
-    def after(dependency: str, name: str, fn: Callable[[], Outcome]) -> Outcome:
-        if dependency in futures:
-            try:
-                futures[dependency].result()
-            except Exception:
-                raise StackError(f"{name}: skipped because {dependency} failed") from None
+    def after(dependencies: tuple[str, ...], name: str, fn: Callable[[], Outcome]) -> Outcome:
+        for dependency in dependencies:
+            if dependency in futures:
+                try:
+                    futures[dependency].result()
+                except Exception:
+                    raise StackError(f"{name}: skipped because {dependency} failed") from None
         return fn()
 
     with ThreadPoolExecutor(max_workers=max(1, len(services) + len(pools))) as pool_exec:
-        for name in ("s3", "prefect", "hub"):
+        for name in ("s3", "postgres", "hub"):
             if name in services:
                 futures[name] = pool_exec.submit(starters[name], ctx)
+        if "prefect" in services:
+            futures["prefect"] = pool_exec.submit(after, ("postgres",), "prefect", lambda: start_prefect(ctx))
         if "mlflow" in services:
-            futures["mlflow"] = pool_exec.submit(after, "s3", "mlflow", lambda: start_mlflow(ctx))
+            futures["mlflow"] = pool_exec.submit(after, ("postgres", "s3"), "mlflow", lambda: start_mlflow(ctx))
         for pool in pools:
             futures[WORKER_PREFIX + pool] = pool_exec.submit(
-                after, "prefect", WORKER_PREFIX + pool, functools.partial(start_worker, ctx, pool)
+                after, ("prefect",), WORKER_PREFIX + pool, functools.partial(start_worker, ctx, pool)
             )
         try:
             return collect(futures)
@@ -172,16 +188,29 @@ def cmd_down(state: State, _args: argparse.Namespace) -> int:
     names = [n for n in state.recorded_names() if n != OWNER_WATCH]
     watcher = state.read_pid(OWNER_WATCH)
     workers = [n for n in names if n.startswith(WORKER_PREFIX)]
-    others = [n for n in names if n not in workers]
+    database = [n for n in names if n == "postgres"]
+    others = [n for n in names if n not in workers and n not in database]
     all_stopped = True
-    # Workers first: a worker whose server vanished did not exit within 15 s (facts §3.4).
-    for group in (workers, others):
+    # Workers first: a worker whose server vanished did not exit within 15 s (facts §3.4). The database last, once
+    # its clients (Prefect, MLflow) are gone, so its fast shutdown ends no open transaction.
+    for group in (workers, others, database):
+        if not group:
+            continue
         with ThreadPoolExecutor(max_workers=max(1, len(group))) as pool_exec:
             for name, (stopped, detail) in zip(
                 group, pool_exec.map(lambda n: stop_group(state, n), group), strict=True
             ):
                 all_stopped &= stopped
                 print(f"  {name:<14} {detail}", flush=True)
+    if database:
+        try:
+            orphans = stop_postgres_orphans(state)  # PostgreSQL's children leave its process group (postgres.py)
+        except StackError as err:
+            all_stopped = False
+            print(f"  {'postgres':<14} {err}", flush=True)
+        else:
+            if orphans:
+                print(f"  {'postgres':<14} killed {len(orphans)} process(es) left of it: {orphans}", flush=True)
     # The owner's watcher goes last: a `down` by hand that is interrupted halfway (a second Ctrl-C, a CI runner's
     # kill of a cancelled test session) leaves it armed to stop the rest once its owner exits.
     if watcher is not None and watcher != os.getpid():
@@ -209,6 +238,12 @@ def cmd_status(state: State, _args: argparse.Namespace) -> int:
             f"http://{HOST}:{service_port(name)}" if name in DEFAULT_PORTS else ""
         )
         detail = f"pid {pid}" if running else ""
+        if name == "postgres":
+            port = registry.get(name, {}).get("port")
+            if running and isinstance(port, int):
+                detail += f"  {describe_postgres(state, port)}"
+            elif (state.root / "postgres").is_dir():
+                detail += f"data {state.root / 'postgres'}"
         print(f"  {name:<14} {'running' if running else 'stopped':<8} {url:<24} {detail}")
     return 0
 

@@ -50,6 +50,13 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def free_port() -> int:
+    """A port nothing listens on now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
 def service_port(name: str) -> int:
     raw = os.environ.get(f"EF_{name.upper()}_PORT", "")
     port = int(raw) if raw.isdigit() else DEFAULT_PORTS[name] if not raw else -1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stacklib.net import HOST, http_status
+from stacklib.postgres import cluster
 from stacklib.supervisor import Context, Outcome, child_env, executable, launch
 
 
@@ -27,11 +28,15 @@ def start_prefect(ctx: Context) -> Outcome:
         str(ctx.ports["prefect"]),
         "--analytics-off",
     ]
-    # PREFECT_SERVER_LOG_RETRYABLE_ERRORS: the server's log names the SQLite error behind each 503 it answers
-    # ("database is locked", SQLITE_BUSY_SNAPSHOT; prefect/server/api/server.py 3.9.1,
-    # custom_internal_exception_handler), which it otherwise answers without a line. Prefect's clients (the CLI,
-    # workers, flows) send those requests again; the UI shows "Oops. Something went wrong." and a second Submit
-    # goes through (docs/cluster-mode.md, after "Tasks that cross the network").
+    # The database: the stack's PostgreSQL (postgres.py), through the environment so the password is on no command
+    # line. Prefect migrates it as it starts (PREFECT_SERVER_DATABASE_MIGRATE_ON_START, default on). On SQLite this
+    # server answered 503 for "database is locked" under concurrent writes (docs/facts/infra.md §3.7); on
+    # PostgreSQL the hammer gets none (benchmarks/prefect_hammer.py).
+    # PREFECT_SERVER_LOG_RETRYABLE_ERRORS: the server's log names the error behind any 503 it still answers
+    # (prefect/server/api/server.py 3.9.1, custom_internal_exception_handler: a dropped database connection, say),
+    # which it otherwise answers without a line.
+    database = cluster(ctx.state, ctx.ports["postgres"]).url("prefect", driver="postgresql+asyncpg")
     env = child_env(ctx.state, {**prefect_env(ctx), "PREFECT_SERVER_UI_ENABLED": "true",
+                                "PREFECT_SERVER_DATABASE_CONNECTION_URL": database,
                                 "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true"})
     return launch(ctx, "prefect", lambda: argv, env, lambda: http_status(ctx.url("prefect") + "/api/health") == 200)

@@ -40,6 +40,10 @@ MARKER_ENV = "EF_STACK_DIR"
 STOP_STEPS: dict[str, tuple[tuple[signal.Signals, float], ...]] = {
     "default": ((signal.SIGTERM, 2.0), (signal.SIGINT, 2.0), (signal.SIGKILL, 2.0)),
     "s3": ((signal.SIGTERM, 2.0), (signal.SIGINT, 8.0), (signal.SIGKILL, 2.0)),
+    # PostgreSQL's shutdown modes by signal (https://www.postgresql.org/docs/15/server-shutdown.html): TERM is
+    # "smart" (waits for every client to leave), INT "fast" (disconnects them, then a checkpoint), QUIT
+    # "immediate" (no checkpoint; crash recovery at the next start). `down` stops the servers first.
+    "postgres": ((signal.SIGINT, 15.0), (signal.SIGQUIT, 5.0), (signal.SIGKILL, 2.0)),
 }
 
 

@@ -1,7 +1,7 @@
 """`make stack` as a user runs it: a default run of `build-engines/manual` (`prefect deployment run`, no
 parameters) lands in the stack's MLflow server and SeaweedFS, because the worker's environment (EF_STORE,
-MLFLOW_TRACKING_URI) outranks the spec's local paths. Its own stack (scripts/stack.py, temp state dir, free
-ports), deployment.yaml deployed as is."""
+MLFLOW_TRACKING_URI) outranks the spec's local paths; both servers keep their state in the stack's PostgreSQL. Its
+own stack (scripts/stack.py, temp state dir, free ports), deployment.yaml deployed as is."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from enginefoundry.gpu_targets import pools
 from enginefoundry.model_server import free_port
 from tests.support.cluster import prefect_http
 from tests.support.paths import REPO
-from tests.support.private_stack import private_stack
+from tests.support.private_stack import private_stack, stack_database
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 POOLS = tuple(pools())  # the GPU target table's pools, cpu first, as deployment.yaml declares them
@@ -43,7 +43,7 @@ def _prefect(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
                           timeout=600)
 
 
-def test_a_default_ui_run_publishes_to_the_stacks_store_and_mlflow(user_stack: dict[str, str]) -> None:
+def test_a_default_ui_run_publishes_to_the_stacks_store_and_mlflow(user_stack: dict[str, str], tmp_path: Path) -> None:
     env = user_stack
     for pool in POOLS[1:]:  # `make deploy`: the pools first (cpu exists: its worker runs)
         _prefect(env, "work-pool", "create", pool, "--type", "process")
@@ -84,3 +84,11 @@ def test_a_default_ui_run_publishes_to_the_stacks_store_and_mlflow(user_stack: d
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
     assert any(r.data.tags.get("enginefoundry.manifest_uri", "").startswith("s3://enginefoundry/store/") for r in runs)
+    # Both servers keep their state in the stack's PostgreSQL (issue 40), each in its own database.
+    with stack_database(tmp_path / "stack", "mlflow") as mlflow_db:
+        found = mlflow_db.execute("SELECT run_uuid FROM runs WHERE experiment_id = %s",
+                                  (int(experiment.experiment_id),)).fetchall()
+    assert {r.info.run_id for r in runs} == {row[0] for row in found}
+    with stack_database(tmp_path / "stack", "prefect") as prefect_db:
+        state = prefect_db.execute("SELECT state_type::text FROM flow_run WHERE id = %s::uuid", (flow_run_id,))
+        assert state.fetchone() == ("COMPLETED",)

@@ -1,8 +1,8 @@
 """Fixtures for cluster-mode tests: a Prefect server of their own, the deployments of deployment.yaml, and
 process workers that inherit the test services' environment.
 
-Their own server (scripts/stack.py in a temp state dir, on a free port), even where `.ci/run` exported
-PREFECT_API_URL: that stack's `cpu` worker would pick up our runs with another environment, and the
+Their own server (scripts/stack.py in a temp state dir, on a free port, with its own PostgreSQL), even where
+`.ci/run` exported PREFECT_API_URL: that stack's `cpu` worker would pick up our runs with another environment, and the
 assertions about which worker ran which unit need workers we started. The S3/MLflow/hub services come from
 the session `stack` fixture of conftest.py.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -42,59 +41,12 @@ DEPLOYMENT_POOLS = tuple(pools())  # every row of enginefoundry/gpu_targets.py
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 
-class RetryWhenBusy(httpx.HTTPTransport):
-    """Sends a request again while the Prefect server answers 503 or resets the connection, as Prefect's own
-    client does.
-
-    The SQLite-backed server answers 503 "Service Unavailable" for the errors it calls retryable
-    (prefect/server/api/server.py 3.9.1, custom_internal_exception_handler and is_client_retryable_exception:
-    SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT, "database is locked"); its client retries 429, 502 and 503 with an
-    exponential backoff (prefect/client/base.py, PrefectHttpxSyncClient._send_with_retry). create_flow_run reads
-    the deployment and then writes the run in one deferred SQLite transaction, so any write committed by another
-    connection in between (a worker's poll, a running flow's states and events) fails it with
-    SQLITE_BUSY_SNAPSHOT at once: 2 of a CI run's tests got that 503. Measured here: 8 threads creating runs of
-    one deployment at once got 54 answers of 503 out of 61.
-
-    Many short waits rather than Prefect's few long ones (5 retries, 2 s doubling: about a minute in all), within
-    a budget of that order: the race is lost per try, so a try soon after is as likely to win as one much later.
-    A first version gave up after 7 tries (about 16 s): the test of it failed one fresh-clone CI run.
-    """
-
-    def __init__(self, budget_s: float = 90.0, tries: int = 1000, first_wait_s: float = 0.25,
-                 max_wait_s: float = 2.0, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.budget_s, self.tries = budget_s, tries
-        self.first_wait_s, self.max_wait_s = first_wait_s, max_wait_s
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        deadline = time.monotonic() + self.budget_s
-        attempt = 0
-        while True:
-            attempt += 1
-            wait = min(self.max_wait_s, self.first_wait_s * 2 ** (attempt - 1)) * random.uniform(1.0, 1.5)
-            last = attempt >= self.tries or time.monotonic() + wait > deadline
-            try:
-                response = super().handle_request(request)
-            except RESET_ERRORS:
-                if last:
-                    raise
-            else:
-                if response.status_code != 503 or last:
-                    return response
-                response.read()
-                response.close()
-            time.sleep(wait)
-
-
-# A connection the server reset or closed mid-answer, which Prefect's client sends again too (client/base.py 3.9.1,
-# `retry_exceptions`: ReadError for ConnectionResetError, WriteError, RemoteProtocolError for uvicorn's PrefectHQ/
-# prefect#7512). Seen here under 8 concurrent writers: "Connection reset by peer" on a create.
-RESET_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-
-
-def prefect_http(api: str, **transport: Any) -> httpx.Client:
-    """A client of a test Prefect server's REST API that sends a request again while the server answers 503."""
-    return httpx.Client(base_url=api, timeout=30, trust_env=False, transport=RetryWhenBusy(**transport))
+def prefect_http(api: str) -> httpx.Client:
+    """A client of a test Prefect server's REST API. It sends nothing again: the server keeps its state in the
+    stack's PostgreSQL (scripts/stacklib/postgres.py), where concurrent writes get no 503. On SQLite they did
+    ("database is locked", SQLITE_BUSY_SNAPSHOT: docs/facts/infra.md §3.7), and this client retried them until
+    issue 40; tests/integration/test_prefect_busy.py holds the server to none."""
+    return httpx.Client(base_url=api, timeout=30, trust_env=False)
 
 
 @dataclass

@@ -40,3 +40,18 @@ def stack_down(state: Path, env: dict[str, str] | None = None, timeout_s: float 
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     down.wait(timeout=timeout_s)
+
+
+def stack_database(state: Path, role: str, password: str | None = None,
+                   dbname: str | None = None):  # -> psycopg.Connection (imported here: the `server` extra)
+    """A connection to a stack's PostgreSQL (scripts/stacklib/postgres.py) as `role` (`prefect`, `mlflow` or the
+    admin `ef`) on its database (or `dbname`), with the password the stack keeps in <state>/postgres.env unless
+    one is given."""
+    import psycopg
+
+    passwords = dict(line.split("=", 1) for line in (state / "postgres.env").read_text().splitlines() if "=" in line)
+    port = json.loads((state / "stack.json").read_text())["postgres"]["port"]
+    dbname = dbname or (role if role != "ef" else "postgres")
+    return psycopg.connect(host="127.0.0.1", port=port, user=role, dbname=dbname,
+                           password=passwords[role] if password is None else password, connect_timeout=10,
+                           autocommit=True)
