@@ -85,7 +85,8 @@ class AdapterMode(StrEnum):
 
 ADAPTER_NAME = r"^[a-z0-9][a-z0-9_-]*$"  # part of unit names, alias stems and served model names
 MAX_ADAPTERS = 32
-DEFAULT_MAX_LORA_RANK = 64  # TensorRT-LLM LoraConfig.max_lora_rank's default (docs/trtllm-compat.md, LoRA rows)
+# TensorRT-LLM's LoraConfig.max_lora_rank default (tensorrt_llm/lora_helper.py@037d4ba; docs/trtllm-compat.md, LoRA)
+DEFAULT_MAX_LORA_RANK = 64
 
 
 class AdapterSpec(BaseModel):
