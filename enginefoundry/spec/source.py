@@ -85,7 +85,7 @@ class AdapterMode(StrEnum):
 
 ADAPTER_NAME = r"^[a-z0-9][a-z0-9_-]*$"  # part of unit names, alias stems and served model names
 MAX_ADAPTERS = 32
-# TensorRT-LLM's LoraConfig.max_lora_rank default (tensorrt_llm/lora_helper.py@037d4ba; docs/trtllm-compat.md, LoRA)
+# TensorRT-LLM's LoraConfig.max_lora_rank default (lanes/trtllm_flags.py REF_LORA_CONFIG; docs/trtllm-compat.md)
 DEFAULT_MAX_LORA_RANK = 64
 
 
