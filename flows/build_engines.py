@@ -277,7 +277,8 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
     snapshot = fetch_source(build_spec)
     draft = fetch_draft(build_spec, snapshot)  # speculative.draft, pinned so that every worker fetches the same
     build_spec = pinned_draft(build_spec, draft)
-    adapters = fetch_adapters(build_spec, snapshot)  # model.adapters: checked against the base, then fetched
+    # model.adapters: checked against the fetched base, then fetched (a spec without adapters runs no such task)
+    adapters = fetch_adapters(build_spec, snapshot) if build_spec.model.adapters else {}
     build_spec = pinned_adapters(build_spec, adapters)
     fetch_s = time.monotonic() - t0
     parent = start_parent_run(build_spec, snapshot)

@@ -279,8 +279,11 @@ def merged_source(base: SourceSnapshot, name: str, adapter: SourceSnapshot,
                  f"({base.weights_digest[:12]}) with PEFT merge_and_unload, in float32")
         _merge(Path(base.local_dir), Path(adapter.local_dir), tmp)
         (tmp / ".complete").touch()
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
+        if (dest / ".complete").is_file():  # another run merged the same digest first: its folder may be in use
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(dest, ignore_errors=True)  # a folder without .complete: never used by anyone
+            tmp.rename(dest)
     identity = {**base.identity, "base_weights_digest": base.weights_digest,
                 "adapter": adapter_lineage(name, adapter)}
     return SourceSnapshot(uri=base.uri, kind=base.kind, local_dir=str(dest), revision=base.revision,

@@ -105,5 +105,6 @@ def test_the_adapter_units_are_built_gated_published_and_registered_with_its_lin
             refused = _cli([command, str(spec)], env)
             assert refused.returncode == 2 and "model.adapters.0" in refused.stderr, refused.stderr[-2000:]
             assert words in refused.stderr
-    # refused before any download or merge: only the two good adapters' merged checkpoints are there
-    assert len(list((tmp_path / "cache" / "merged").iterdir())) == 2
+    # refused before any download or merge: only the good adapters' merged checkpoints are there (plus-one, retrained
+    # and its new revision)
+    assert len(list((tmp_path / "cache" / "merged").iterdir())) == 3

@@ -71,3 +71,25 @@ def test_an_adapter_unit_passes_against_its_own_reference_and_the_base_served_in
                    reference)
     assert not wrong.passed
     assert any(r.name.startswith("first-") for r in wrong.verdict.failed), wrong.verdict.reason
+
+
+def test_a_merge_killed_half_way_leaves_nothing_reused_and_a_finished_one_is_reused(tmp_path: Path, monkeypatch):
+    """Crash safety: the merge writes `<digest>.partial-<pid>` and renames it when complete; a partial folder of a
+    process that is gone (kill -9) is removed by the next merge, and a complete folder is reused, not merged again."""
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    spec = _spec(tmp_path)
+    lane = get_lane("reference")
+    base = fetch(spec.model.parsed_source(spec.base_path), progress=str)
+    adapter = fetch_adapters(spec, base, lane.name, lane.max_lora_rank, progress=str)["plus-one"]
+    dest = tmp_path / "cache" / "merged" / merged_digest(base, adapter)[:16]
+    dead = dest.with_name(f"{dest.name}.partial-{2**22 + 7}")  # above the default pid_max: no such process
+    dead.mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"half a file")
+    said: list[str] = []
+    merged = merged_source(base, "plus-one", adapter, progress=said.append)
+    assert Path(merged.local_dir) == dest and (dest / ".complete").is_file() and not dead.exists()
+    assert (dest / "model.safetensors").stat().st_size > 100_000 and any("merge: adapter plus-one" in s for s in said)
+    before = (dest / "model.safetensors").stat().st_mtime_ns
+    said.clear()
+    assert merged_source(base, "plus-one", adapter, progress=said.append) == merged and said == []
+    assert (dest / "model.safetensors").stat().st_mtime_ns == before
