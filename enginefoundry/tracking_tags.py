@@ -26,6 +26,13 @@ SOURCE_URI = "enginefoundry.source_uri"
 SOURCE_REVISION = "enginefoundry.source_revision"
 WEIGHTS_DIGEST = "enginefoundry.weights_digest"
 TOKENIZER_DIGEST = "enginefoundry.tokenizer_digest"
+# A unit of a LoRA adapter (model.adapters, merge mode): the base's weights digest (WEIGHTS_DIGEST is the merged
+# checkpoint's, derived from both) and the adapter's name, source, revision and digest.
+BASE_WEIGHTS_DIGEST = "enginefoundry.base_weights_digest"
+ADAPTER = "enginefoundry.adapter"
+ADAPTER_URI = "enginefoundry.adapter_uri"
+ADAPTER_REVISION = "enginefoundry.adapter_revision"
+ADAPTER_DIGEST = "enginefoundry.adapter_digest"
 PROMPTS_DIGEST = "enginefoundry.prompts_digest"
 PREFECT_FLOW_RUN_ID = "enginefoundry.prefect_flow_run_id"
 PREFECT_FLOW_RUN_URL = "enginefoundry.prefect_flow_run_url"

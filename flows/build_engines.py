@@ -24,6 +24,8 @@ from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.build.adapters import adapter_digests, pinned_adapters
+from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
@@ -48,7 +50,7 @@ from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
-from enginefoundry.tasks.fetch import fetch_draft, fetch_source
+from enginefoundry.tasks.fetch import fetch_adapters, fetch_draft, fetch_source, merge_adapter
 from enginefoundry.tasks.track import (
     finish_parent_run,
     prefect_context,
@@ -260,6 +262,9 @@ def build_engines(
     units = expand_units(build_spec, targets or None)
     try:
         check_installed(build_spec, units)  # in this process (embedded) or the parent's image (cluster)
+        if mode == "cluster" and build_spec.model.adapters:
+            raise InputError("model.adapters: cluster mode does not send adapter units to workers yet (issue 36); "
+                             "run them embedded (mode: embedded, the default)")
     except InputError as err:
         return input_failure(err)
     with watching():  # a cancel of this run or of its parent (a rollout) stops it and its units at once
@@ -272,9 +277,13 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
     snapshot = fetch_source(build_spec)
     draft = fetch_draft(build_spec, snapshot)  # speculative.draft, pinned so that every worker fetches the same
     build_spec = pinned_draft(build_spec, draft)
+    # model.adapters: checked against the fetched base, then fetched (a spec without adapters runs no such task)
+    adapters = fetch_adapters(build_spec, snapshot) if build_spec.model.adapters else {}
+    build_spec = pinned_adapters(build_spec, adapters)
     fetch_s = time.monotonic() - t0
     parent = start_parent_run(build_spec, snapshot)
-    keyed = unit_keys(build_spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft))
+    keyed = unit_keys(build_spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
+                      adapter_digests(adapters))
     # Cache check first, so a converted checkpoint is made only for variants that some miss needs. A miss is
     # built under a lease: a concurrent run of the same key waits for our build instead of rebuilding it.
     artifacts = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)
@@ -301,10 +310,14 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
                                             replace=force, siblings=siblings)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
+            sources: dict[str | None, SourceSnapshot] = {None: snapshot}  # an adapter unit's: the base ⊕ adapter
             t_convert = time.monotonic()
             for unit in plan.misses:
-                if unit.variant.name not in converted:
-                    converted[unit.variant.name] = convert_variant(build_spec, unit.variant, snapshot)
+                if unit.adapter is not None and unit.adapter not in sources:
+                    sources[unit.adapter] = merge_adapter(snapshot, unit.adapter, adapters[unit.adapter])
+                if converted_name(unit) not in converted:
+                    converted[converted_name(unit)] = convert_variant(build_spec, unit.variant,
+                                                                      sources[unit.adapter])
             convert_s = time.monotonic() - t_convert
             for unit in (u for wave in waves for u in wave):
                 built |= refused_by_sibling([unit], siblings, built)
@@ -312,8 +325,8 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
                     continue
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 # A rejected or failed unit's subflow ends Failed with its outcome as the state's data.
-                state = run_unit(build_spec, unit, keyed.components[unit.name], snapshot,
-                                 converted[unit.variant.name], parent, replace=force,
+                state = run_unit(build_spec, unit, keyed.components[unit.name], sources[unit.adapter],
+                                 converted[converted_name(unit)], parent, replace=force,
                                  sibling=siblings.get(unit.name), spec_draft=draft, return_state=True)
                 result = state.result(raise_on_failure=False)
                 if isinstance(result, UnitNotPassed):
@@ -334,6 +347,11 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
     finish_parent_run(build_spec, parent, summary, time.monotonic() - t0, fetch_s, convert_s)
     report_build(build_spec, summary)
     return summary if summary.ok else not_passed(summary)
+
+
+def converted_name(unit: Unit) -> str:
+    """The converted checkpoint a unit builds from: its variant's, of the base or of the base ⊕ its adapter."""
+    return unit.variant.name + (f"+{unit.adapter}" if unit.adapter else "")
 
 
 def not_passed(summary: RunSummary) -> State:

@@ -26,6 +26,7 @@ from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.flows.reports import report_unit_links
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint
+from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.outcomes import (
     UnitCommands,
     build_run_tags,
@@ -181,7 +182,7 @@ def run_unit_stages(
                 tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri, mltags.COMMANDS: commands.tag(),
                       mltags.MANIFEST_SHA256: published.manifest_sha256,
                       mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
-                      **(smoke.tags() if smoke else {})},
+                      **adapter_tags(draft.source), **(smoke.tags() if smoke else {})},
                 metrics=unit_metrics(stages, build.metrics, published.bytes_total, smoke, sweep),
                 sweep=sweep, artifacts=artifacts)
     register_published_unit(spec, unit, published.manifest, published.uri, run_id, published.manifest_sha256)

@@ -56,16 +56,32 @@ class SourceIdentity(BaseModel):
         return SourceSnapshot.model_validate({**self.model_dump(mode="json"), "local_dir": local_dir})
 
 
-def fetch(source: SourceURI, progress: Callable[[str], None] = print) -> SourceSnapshot:
+CHECKPOINT_MARKER = "config.json"  # a Hugging Face checkpoint folder has it; a PEFT adapter folder adapter_config.json
+
+
+def fetch(source: SourceURI, progress: Callable[[str], None] = print, *, marker: str = CHECKPOINT_MARKER,
+          field: str = "model.source") -> SourceSnapshot:
+    """Fetch, pin and digest a source. `marker`: the file that makes the folder what the field names (config.json
+    for a checkpoint); `field`: the spec field the source came from, named in every refusal."""
+    try:
+        return _fetch(source, progress, marker)
+    except SourceError as err:
+        if field == "model.source":
+            raise
+        raise SourceError(str(err).replace("model.source", field)) from None
+
+
+def _fetch(source: SourceURI, progress: Callable[[str], None], marker: str) -> SourceSnapshot:
     rev: str | None = None
     if source.kind is SourceKind.HF:
         local, identity, rev = _fetch_hf(source, progress)
     elif source.kind is SourceKind.S3:
         local, identity = _fetch_s3(source, progress)
     else:
-        local, identity = _fetch_local(source), {}
-    if not (local / "config.json").is_file():
-        raise SourceError(f"{source.uri} has no config.json: point the source at a Hugging Face checkpoint folder")
+        local, identity = _fetch_local(source, marker), {}
+    if not (local / marker).is_file():
+        raise SourceError(f"model.source: {source.uri} has no {marker}: point the source at a "
+                          f"{_folder_kind(marker)} folder")
     # Digests are computed once here, streaming; every key downstream uses them.
     weights, tok, files = checkpoint_digests(local)
     if source.kind is SourceKind.LOCAL:
@@ -88,15 +104,20 @@ def check_local(source: SourceURI) -> Path:
     return _fetch_local(source)
 
 
-def _fetch_local(source: SourceURI) -> Path:
+def _folder_kind(marker: str) -> str:
+    return "Hugging Face checkpoint" if marker == CHECKPOINT_MARKER else f"Hugging Face PEFT ({marker})"
+
+
+def _fetch_local(source: SourceURI, marker: str = CHECKPOINT_MARKER) -> Path:
     path = Path(source.location).expanduser()
     if not path.is_dir():
         raise SourceError(f"model.source: local folder {path} does not exist; check the path in the spec")
     path = path.resolve()
     # Refused before anything walks it (`/usr` took 36 s to walk before its refusal): a system folder, a folder
-    # without config.json, or one with more entries than any checkpoint has.
-    if path in SYSTEM_FOLDERS or not (path / "config.json").is_file():
-        raise SourceError(f"model.source: {path} is not a Hugging Face checkpoint folder (no config.json"
+    # without its marker (config.json), or one with more entries than any checkpoint has.
+    if path in SYSTEM_FOLDERS or not (path / marker).is_file():
+        kind = "Hugging Face checkpoint folder" if marker == CHECKPOINT_MARKER else "folder with " + marker
+        raise SourceError(f"model.source: {path} is not a {kind} (no {marker}"
                           f"{', a system folder' if path in SYSTEM_FOLDERS else ''}); point it at one")
     # A symlink leading out of the folder would make us read (and publish) files the spec never named. A
     # Hugging Face cache snapshot (<repo>/snapshots/<sha>) links into its own <repo>/blobs: that is allowed.

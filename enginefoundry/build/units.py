@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.identity import sha256_json
-from enginefoundry.spec import BuildSpec, Profile, SearchedUnit, Target, Variant
+from enginefoundry.spec import AdapterMode, BuildSpec, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 
 # Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
@@ -26,10 +26,13 @@ class Unit(BaseModel):
     target: Target
     # Set when the search proposed this unit (its prediction, or why it fell back); never part of a key.
     searched: SearchedUnit | None = None
+    # model.adapters, adapter_mode merge: the adapter merged into the base of this unit (its name); None: the base.
+    adapter: str | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.variant.name}.{self.profile.name}.{self.target.name}"
+        variant = self.variant.name + (f"+{self.adapter}" if self.adapter else "")
+        return f"{variant}.{self.profile.name}.{self.target.name}"
 
 
 def expand_units(spec: BuildSpec, only_targets: list[str] | None = None) -> list[Unit]:
@@ -49,8 +52,17 @@ def expand_units(spec: BuildSpec, only_targets: list[str] | None = None) -> list
             if only_targets and target.name not in only_targets:
                 continue
             for profile in spec.profiles:
-                units.append(Unit(variant=variant, profile=profile, target=target))
+                for adapter in merged_adapters(spec):
+                    units.append(Unit(variant=variant, profile=profile, target=target, adapter=adapter))
     return _with_searched(spec, only_targets, units)
+
+
+def merged_adapters(spec: BuildSpec) -> list[str | None]:
+    """What each variant × profile × target is built for: the base alone (None), or in adapter_mode merge one unit
+    per adapter (the base ⊕ that adapter), the base itself then not a unit of the spec."""
+    if spec.model.adapters and spec.model.adapter_mode is AdapterMode.MERGE:
+        return [a.name for a in spec.model.adapters]
+    return [None]
 
 
 def _with_searched(spec: BuildSpec, only_targets: list[str] | None, units: list[Unit]) -> list[Unit]:
@@ -61,12 +73,13 @@ def _with_searched(spec: BuildSpec, only_targets: list[str] | None, units: list[
     for s in spec.searched:
         if s.target not in by_name or (only_targets and s.target not in only_targets):
             continue
-        unit = Unit(variant=s.variant, profile=s.profile, target=by_name[s.target], searched=s)
-        if unit.name in index:
-            units[index[unit.name]] = unit
-        else:
-            index[unit.name] = len(units)
-            units.append(unit)
+        for adapter in merged_adapters(spec):
+            unit = Unit(variant=s.variant, profile=s.profile, target=by_name[s.target], searched=s, adapter=adapter)
+            if unit.name in index:
+                units[index[unit.name]] = unit
+            else:
+                index[unit.name] = len(units)
+                units.append(unit)
     return units
 
 
@@ -108,14 +121,18 @@ def unit_key_components(
     toolchain: dict[str, Any],  # JSON edge: toolchain_identity's JSON
     lane_options: LaneOptions | dict[str, Any] | None = None,  # JSON edge: the options the spec set
     draft_digests: tuple[str, str] | None = None,
+    adapter_digests: dict[str, str] | None = None,
 ) -> dict[str, Any]:  # JSON edge: key components, hashed and recorded
     """Everything that changes what a unit's build produces. No paths, clocks or credentials. A speculative unit
     adds its `speculative` section, with the draft's weights and tokenizer digests (`draft_digests`) where it has
-    a draft; a unit without one keeps the key it always had."""
+    a draft; a unit without one keeps the key it always had. A unit of an adapter adds its `adapter` (name, mode
+    and the adapter's digest from `adapter_digests`, name → digest of the fetched adapter folder)."""
     calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None
-    extra: dict[str, Any] = {}  # JSON edge: the components only speculative units have
+    extra: dict[str, Any] = {}  # JSON edge: the components only speculative units and adapter units have
     if spec.speculative is not None:
         extra["speculative"] = speculative_component(spec, draft_digests)
+    if unit.adapter is not None:
+        extra["adapter"] = adapter_component(spec, unit.adapter, adapter_digests)
     return {
         "format_version": FORMAT_VERSION,
         "kind": "unit",
@@ -144,6 +161,16 @@ def speculative_component(spec: BuildSpec, draft_digests: tuple[str, str] | None
                              "speculative.draft first")
         out["draft_weights_digest"], out["draft_tokenizer_digest"] = draft_digests
     return out
+
+
+def adapter_component(spec: BuildSpec, name: str, adapter_digests: dict[str, str] | None,
+                      ) -> dict[str, Any]:  # JSON edge: the key's adapter part
+    """The unit's adapter as its key hashes it: its name, the mode and the digest of its fetched folder (never its
+    URI or path: a moved adapter with the same files is the same unit; a new revision is a new key)."""
+    digest = (adapter_digests or {}).get(name)
+    if digest is None:
+        raise ValueError(f"a unit of adapter {name} needs the adapter's digest for its key: fetch model.adapters first")
+    return {"name": name, "mode": spec.model.adapter_mode.value, "weights_digest": digest}
 
 
 def _keyed(lane_options: LaneOptions | dict[str, Any] | None) -> dict[str, Any]:  # JSON edge: options hashed
@@ -194,6 +221,7 @@ class KeyComponents(BaseModel):
     target: TargetIdentity | None = None  # unit keys only
     lane_options: dict[str, Any] | None = None  # JSON edge: the options the spec set; unit keys only
     speculative: dict[str, Any] | None = None  # JSON edge: the speculative section and draft digests; when set
+    adapter: dict[str, Any] | None = None  # JSON edge: the unit's adapter (name, mode, digest); adapter units only
 
     @classmethod
     def of(cls, components: dict[str, Any]) -> KeyComponents:  # JSON edge: components as made or recorded

@@ -249,8 +249,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from enginefoundry.build.adapters import fetch_adapters
     from enginefoundry.build.sources import fetch
     from enginefoundry.console import say
+    from enginefoundry.lanes import get_lane
     from enginefoundry.lanes.speculation import fetch_speculative_draft
     from enginefoundry.planning.explain import explain
     from enginefoundry.store.backends import open_store
@@ -258,8 +260,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     spec, _ = load(args.spec, args)
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say)
     draft = fetch_speculative_draft(spec, snapshot, say)
+    lane = get_lane(spec.lane)
+    adapters = fetch_adapters(spec, snapshot, lane.name, lane.max_lora_rank, say)
     rows = explain(spec, snapshot, open_store(spec.publish.store, spec.publish.s3_endpoint_url), args.targets,
-                   draft)
+                   draft, adapters)
     if wants_json(args):
         emit_json({"spec": spec.name, "store": spec.publish.store, "units": rows})
         return EXIT_OK

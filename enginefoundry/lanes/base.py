@@ -190,6 +190,8 @@ class Lane(ABC):
     embedding_sharded: bool = True  # the embedding is split over tp ranks (False: replicated on every tp rank)
     sizes_kv_pool: bool = True  # the runtime gives the free memory to a KV pool (the KV budget check applies)
     moe_parallel: bool = False  # variants may set moe_ep / moe_tp / attention_dp (enginefoundry.lanes.moe_parallel)
+    # The largest LoRA rank of model.adapters this lane builds (enginefoundry/build/adapters.py); None: no adapters.
+    max_lora_rank: int | None = None
     # Precisions whose converted checkpoint is ModelOpt's unified export, which smoke.reference_precision: simulated
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
     dequantizable: frozenset[str] = frozenset()

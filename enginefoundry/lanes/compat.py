@@ -162,6 +162,7 @@ def render() -> str:
     for (low, high), (pinned_modelopt, source) in MODELOPT_PINS.items():
         lines.append(f"| {low} – {high} | {pinned_modelopt} | {source} |")
     lines += speculation_section()
+    lines += lora_section()
     from enginefoundry.lanes.trtllm_disagg import compat_section
 
     lines += compat_section(TRTLLM_RELEASES)
@@ -216,6 +217,32 @@ def speculation_section() -> list[str]:
         dt = f"`{new}`" if old == new else f"`{old}` (< {NEW_NAMES}), `{new}` (≥ {NEW_NAMES})"
         lines.append(f"| `{a.value}` | {dt} | {knobs[a]} | {draft[a.needs_draft]} | {models[a]} |")
     return lines
+
+
+def lora_section() -> list[str]:
+    """LoRA adapters (`model.adapters`): what lane trtllm does with them today (refuses them) and the upstream facts
+    in use (the default rank bound) or ready for its `lora_config`."""
+    from enginefoundry.lanes.trtllm_flags import REF_LORA_CONFIG, REF_LORA_DOCS
+    from enginefoundry.spec.source import DEFAULT_MAX_LORA_RANK
+
+    return ["", "## LoRA adapters (`model.adapters`; lane trtllm: not emitted yet)", "",
+            "Lane trtllm emits no LoRA item yet: its `max_lora_rank` is unset, so `validate` and `run` refuse a spec "
+            "with `model.adapters` on it, naming lane reference, which merges each adapter into the base with PEFT "
+            "(docs/adapters.md). The upstream facts in use, and those a later `lora_config` will be written from:",
+            "", "| item | used here | evidence |", "|---|---|---|",
+            f"| `LoraConfig.max_lora_rank` default {DEFAULT_MAX_LORA_RANK} | the default of `model.max_lora_rank`, so "
+            "an adapter accepted by default fits TensorRT-LLM's default | "
+            f"{REF_LORA_CONFIG}: `class LoraConfig` (`lora_dir: List[str]`, `lora_ckpt_source` `hf` \\| `nemo`, "
+            "`max_lora_rank: int = 64`, `lora_target_modules`, `trtllm_modules_to_hf_modules`, `max_loras`, "
+            "`max_cpu_loras`, `swap_gate_up_proj`) |",
+            "| TensorRT-LLM ↔ Hugging Face module names | not yet (a preflight of `target_modules` against what the "
+            "lane applies) | " f"{REF_LORA_CONFIG}: `get_default_trtllm_modules_to_hf_modules` (`attn_q`→`q_proj`, "
+            "`attn_k`→`k_proj`, `attn_v`→`v_proj`, `attn_dense`→`o_proj`, `mlp_h_to_4h`→`gate_proj`, "
+            "`mlp_4h_to_h`→`down_proj`, `mlp_gate`→`up_proj`, `mlp_gate_up`→`gate_up_proj`, MoE `w1`/`w2`/`w3`, "
+            "`gate`) |",
+            "| PyTorch backend LoRA: several adapters at once, chosen per request (`LoRARequest(name, id, path)`), "
+            "quantized bases, Hugging Face and NeMo formats, `trtllm-serve` and `trtllm-bench` | not yet "
+            f"(adapter_mode serve on lane trtllm) | {REF_LORA_DOCS} |"]
 
 
 def main(argv: list[str] | None = None) -> int:

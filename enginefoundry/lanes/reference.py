@@ -89,6 +89,9 @@ class ReferenceLane(Lane):
     sizes_kv_pool = False  # transformers allocates the KV cache per request: no pool to size
     # transformers' assisted generation (generate(..., assistant_model=draft)) on the scoring server
     speculative_algorithms = frozenset({"draft_target"})
+    # model.adapters in adapter_mode merge: PEFT merges any rank; the spec's own bound (ModelSpec.max_lora_rank) is
+    # the ceiling, its default the TensorRT-LLM lane's (LoraConfig.max_lora_rank 64).
+    max_lora_rank = 1024
 
     def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
         """The scoring server answers a request with `"speculative": false` by the target alone."""

@@ -166,6 +166,11 @@ REF_SPEC_AIC_EAGLE = ref_aic("1.0.0rc6", "1.0.0", "1.1.0rc1") + " (decoding_type
 REF_SPEC_MODELS = ("docs features/speculative-decoding.html (one-model: EAGLE 3 on Llama 4 Maverick, MTP on "
                    "DeepSeek V3/R1; two-model: EAGLE 3 on Llama 4 Maverick, Llama 3.1 8B, Llama 3.3 70B, "
                    "draft/target and NGram on all models)")
+# LoRA adapters (model.adapters): not emitted by lane trtllm yet; the facts the spec already relies on (the default
+# max_lora_rank) and those a later `lora_config` will be written from (docs/adapters.md).
+REF_LORA_CONFIG = "NVIDIA/TensorRT-LLM tensorrt_llm/lora_helper.py@037d4ba10931fbb9777d52fba06a9aef4b41acdd"
+REF_LORA_DOCS = ("docs 1.3.0rc18 features/lora.html (also 1.3.0rc20, 1.3.0rc24: the sections \"TRTLLM serve with "
+                 "LoRA\", \"TRTLLM bench with LoRA\")")
 
 
 PRESENT, ABSENT, TO_BE_PROBED = "present", "absent", "to be probed"

@@ -205,10 +205,14 @@ class UnitKeys(BaseModel):
 
 
 def unit_keys(spec: BuildSpec, units: list[Unit], weights_digest: str, tokenizer_digest: str,
-              draft_digests: tuple[str, str] | None = None) -> UnitKeys:
-    """`draft_digests`: the fetched `speculative.draft`'s weights and tokenizer digests, for a spec that has one."""
+              draft_digests: tuple[str, str] | None = None, adapter_digests: dict[str, str] | None = None,
+              ) -> UnitKeys:
+    """`draft_digests`: the fetched `speculative.draft`'s weights and tokenizer digests, for a spec that has one;
+    `adapter_digests`: each fetched adapter's digest by name (enginefoundry.build.adapters.adapter_digests)."""
     toolchain = toolchain_identity(spec, get_lane(spec.lane).versions())
     components = {unit.name: KeyComponents.of(unit_key_components(spec, unit, weights_digest, tokenizer_digest,
                                                                   toolchain, spec.lane_options,
-                                                                  draft_digests=draft_digests)) for unit in units}
+                                                                  draft_digests=draft_digests,
+                                                                  adapter_digests=adapter_digests))
+                  for unit in units}
     return UnitKeys(components=components, keys={name: c.key for name, c in components.items()})

@@ -60,15 +60,19 @@ def published_manifests(store: Store, model: str) -> list[dict[str, Any]]:  # JS
 
 
 def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
-            only_targets: list[str] | None = None, draft: SourceSnapshot | None = None) -> list[UnitExplanation]:
-    """`draft`: the fetched `speculative.draft`, for a spec that has one (its digests are part of the keys)."""
+            only_targets: list[str] | None = None, draft: SourceSnapshot | None = None,
+            adapters: dict[str, SourceSnapshot] | None = None) -> list[UnitExplanation]:
+    """`draft`: the fetched `speculative.draft`, for a spec that has one (its digests are part of the keys);
+    `adapters`: the fetched model.adapters by name (each adapter unit's key has its digest: a new revision of one
+    adapter shows as a miss of that adapter's units alone, `adapter.weights_digest` differing)."""
     toolchain = toolchain_identity(spec, get_lane(spec.lane).versions())
     published = published_manifests(store, spec.model.name)
     out = []
     for unit in expand_units(spec, only_targets):
         comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest, toolchain,
                                     spec.lane_options,
-                                    draft_digests=(draft.weights_digest, draft.tokenizer_digest) if draft else None)
+                                    draft_digests=(draft.weights_digest, draft.tokenizer_digest) if draft else None,
+                                    adapter_digests={n: a.weights_digest for n, a in (adapters or {}).items()})
         key = key_of(comps)
         # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
         said: list[str] = []

@@ -31,9 +31,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.build.adapters import adapter_digests, fetch_adapters
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
+from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import draft_digests, fetch_speculative_draft
 from enginefoundry.planning.cache_plan import check_hits, hit_signature_policy, unit_keys
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome
@@ -61,8 +63,11 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     units = expand_units(spec, targets or None)
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=progress)
     draft = fetch_speculative_draft(spec, snapshot, progress)
+    lane = get_lane(spec.lane)
+    adapters = fetch_adapters(spec, snapshot, lane.name, lane.max_lora_rank, progress)
     fetch_s = time.monotonic() - t0
-    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft))
+    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
+                      adapter_digests(adapters))
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     hits: dict[str, PublishedBuild] = {}
     for check in check_hits(store, spec.model.name, units, keyed.keys, rehash=rehash, progress=progress,

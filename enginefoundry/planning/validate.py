@@ -37,7 +37,19 @@ def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     problems += _signature_problems(spec)
     problems += _prices_problems(spec)
     problems += [(field, message) for field, message, _ in reference_problems(spec)]
+    problems += _adapter_problems(spec)
     return problems
+
+
+def _adapter_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """model.adapters checked from each adapter_config.json alone (enginefoundry/build/adapters.py), before any
+    download of weights: the base it names, its target modules, its rank, the base's precision."""
+    if not spec.model.adapters:
+        return []
+    from enginefoundry.build.adapters import adapter_problems
+
+    lane = get_lane(spec.lane)
+    return adapter_problems(spec, lane.name, lane.max_lora_rank)
 
 
 def _prices_problems(spec: BuildSpec) -> list[tuple[str, str]]:

@@ -60,8 +60,20 @@ def unit_lineage(spec: BuildSpec, unit: Unit) -> Lineage:
         return Lineage(digest=_digest(identity),
                        label=f"spec {spec.name}: search rank {unit.searched.rank} on {unit.target.name} "
                              f"({spec.lane} lane)")
-    components = unit_key_components(spec, unit, "", "", {}, spec.lane_options, draft_digests=("", ""))
-    return Lineage(digest=_digest({k: components[k] for k in LINEAGE_COMPONENTS}), label=label)
+    components = unit_key_components(spec, unit, "", "", {}, spec.lane_options, draft_digests=("", ""),
+                                     adapter_digests={unit.adapter: ""} if unit.adapter else None)
+    return Lineage(digest=_digest(_lineage_identity(components)), label=label)
+
+
+def _lineage_identity(components: dict[str, Any]) -> dict[str, Any]:  # JSON edge: key components → what is hashed
+    """The lineage's part of a unit key: LINEAGE_COMPONENTS, and an adapter unit's adapter name (a new adapter
+    revision is what a rollout changes; another adapter is another lineage). A unit without an adapter keeps the
+    lineage it always had."""
+    out = {k: components[k] for k in LINEAGE_COMPONENTS}
+    adapter = components.get("adapter")
+    if isinstance(adapter, dict):
+        out["adapter"] = adapter.get("name")
+    return out
 
 
 def manifest_lineage(key_components: dict[str, Any]) -> str | None:  # JSON edge: a manifest's key components
@@ -69,7 +81,7 @@ def manifest_lineage(key_components: dict[str, Any]) -> str | None:  # JSON edge
     recorded it); None for a manifest that lacks them."""
     if any(k not in key_components for k in LINEAGE_COMPONENTS):
         return None
-    return _digest({k: key_components[k] for k in LINEAGE_COMPONENTS})
+    return _digest(_lineage_identity(key_components))
 
 
 def version_lineage(version: Any) -> str | None:

@@ -169,6 +169,7 @@ def lineage(ref: str, mlflow_uri: str, trusted_keys: list[str] | None = None,
                    "requested_revision": src.get("requested_revision"),
                    "weights_digest": src.get("weights_digest"), "tokenizer_digest": src.get("tokenizer_digest"),
                    "identity": src.get("identity")},
+        "adapter": adapter_of(src),
         "converted_checkpoint": {"key": manifest.checkpoint_key, "uri": manifest.checkpoint_uri},
         "lane": manifest.lane, "versions": manifest.versions,
         "target": manifest.target, "built_on": manifest.device,
@@ -181,6 +182,28 @@ def lineage(ref: str, mlflow_uri: str, trusted_keys: list[str] | None = None,
         "builds": registry.pop("builds", [uri]),
         "mlflow": {**runs, **({"registry": registry} if registry else {})},
     }
+
+
+def adapter_of(source: dict[str, Any]) -> dict[str, Any] | None:  # JSON edge: a manifest's source
+    """A unit's adapter lineage from its manifest's source (build.adapters.adapter_lineage), with the base's own
+    weights digest; None for a unit of the base alone."""
+    identity = source.get("identity")
+    adapter = identity.get("adapter") if isinstance(identity, dict) else None
+    if not isinstance(adapter, dict):
+        return None
+    return {**adapter, "base_weights_digest": identity.get("base_weights_digest") if isinstance(identity, dict)
+            else None}
+
+
+def adapter_tags(source: dict[str, Any]) -> dict[str, str]:  # JSON edge: a manifest's or snapshot's source
+    """The MLflow tags of a unit's adapter lineage (runs and registered versions); none for the base alone."""
+    adapter = adapter_of(source)
+    if adapter is None:
+        return {}
+    return {mltags.ADAPTER: str(adapter.get("name") or ""), mltags.ADAPTER_URI: str(adapter.get("uri") or ""),
+            mltags.ADAPTER_REVISION: str(adapter.get("revision") or ""),
+            mltags.ADAPTER_DIGEST: str(adapter.get("weights_digest") or ""),
+            mltags.BASE_WEIGHTS_DIGEST: str(adapter.get("base_weights_digest") or "")}
 
 
 def serving_cost(search: dict[str, Any] | None) -> dict[str, Any] | None:  # JSON edge: manifest search summary

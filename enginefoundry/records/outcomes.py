@@ -17,6 +17,7 @@ from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import StoreError
+from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.gate import GateRule, GateVerdict
@@ -128,7 +129,7 @@ def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
     manifest = unit_manifest_of(hit)
     return {mltags.KEY: key, mltags.CACHE_HIT: "true", mltags.BUILT_BY_RUN: manifest.mlflow_run_id or "",
             mltags.MANIFEST_URI: hit.uri, mltags.MANIFEST_SHA256: hit.manifest_sha256,
-            mltags.STATUS: manifest.status}
+            mltags.STATUS: manifest.status, **adapter_tags(manifest.source)}
 
 
 def unit_manifest(

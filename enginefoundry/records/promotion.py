@@ -489,11 +489,16 @@ def alias_stems(spec: BuildSpec) -> dict[str, str]:
     """THE alias rule (registration, `promote`, `rollback` and rollout all use it): per unit name, the stem of
     its aliases `<stem>-candidate` / `<stem>-champion`. The target's name when the spec has one unit for that
     target, else `<target>-<variant>-<profile>`, so units of one target never take each other's aliases. It
-    depends on the spec only, not on which targets one run builds."""
+    depends on the spec only, not on which targets one run builds. A unit of an adapter (adapter_mode merge) has
+    `<target>-<adapter>` in place of the target's name: a champion per adapter."""
     units = expand_units(spec)
-    per_target = Counter(u.target.name for u in units)
-    return {u.name: u.target.name if per_target[u.target.name] == 1
-            else f"{u.target.name}-{u.variant.name}-{u.profile.name}".replace(".", "-") for u in units}
+    per_target = Counter((u.target.name, u.adapter) for u in units)
+
+    def stem(u: Unit) -> str:
+        head = f"{u.target.name}-{u.adapter}" if u.adapter else u.target.name  # a champion per adapter
+        return head if per_target[(u.target.name, u.adapter)] == 1 else \
+            f"{head}-{u.variant.name}-{u.profile.name}".replace(".", "-")
+    return {u.name: stem(u) for u in units}
 
 
 def unit_alias_stem(spec: BuildSpec, unit: Unit) -> str:

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit
 from enginefoundry.records.alias_lineage import unit_lineage
+from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.records.tracking import Tracker, register_unit
 from enginefoundry.spec import BuildSpec
@@ -59,6 +60,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
         mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
         mltags.WEIGHTS_DIGEST: manifest.source.get("weights_digest", ""),
         mltags.TOKENIZER_DIGEST: manifest.source.get("tokenizer_digest", ""),
+        **adapter_tags(manifest.source),
         mltags.TOOLCHAIN_IMAGE: "@".join(x for x in (toolchain.get("image"), toolchain.get("image_digest")) if x),
         mltags.GATE_VERDICT: manifest.status + (f": {manifest.status_reason}" if manifest.status_reason else
                                                  ": smoke and benchmark gates passed"),

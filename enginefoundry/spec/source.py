@@ -76,6 +76,52 @@ def parse_source_uri(raw: str) -> SourceURI:
     return SourceURI(kind=SourceKind.LOCAL, location=raw)
 
 
+class AdapterMode(StrEnum):
+    """How a spec's LoRA adapters are served (docs/adapters.md)."""
+
+    MERGE = "merge"  # each adapter merged into the base at conversion (PEFT merge_and_unload): a unit per adapter
+    SERVE = "serve"  # one unit serves the base and every adapter, chosen per request by the OpenAI `model` name
+
+
+ADAPTER_NAME = r"^[a-z0-9][a-z0-9_-]*$"  # part of unit names, alias stems and served model names
+MAX_ADAPTERS = 32
+# TensorRT-LLM's LoraConfig.max_lora_rank default (lanes/trtllm_flags.py REF_LORA_CONFIG; docs/trtllm-compat.md)
+DEFAULT_MAX_LORA_RANK = 64
+
+
+class AdapterSpec(BaseModel):
+    """One LoRA adapter: a Hugging Face PEFT folder (adapter_config.json + adapter_model.safetensors), a source
+    like the base (fetched, pinned to a commit, confined and digested the same way)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(pattern=ADAPTER_NAME, max_length=48)] = Field(
+        description="short adapter name: in unit names, alias stems and the served model name")
+    source: str = Field(max_length=1024, description="hf://org/name@revision, s3://bucket/prefix, file:///path or a "
+                                                     "path: a PEFT adapter folder")
+    base_model: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        default=None, description="the base as the adapter's adapter_config.json names it (base_model_name_or_path), "
+                                  "when the spec's model.source is a copy under another name (an S3 prefix, a "
+                                  "folder); default: the source's repo id, folder name or model.name")
+
+    @field_validator("source")
+    @classmethod
+    def _valid_uri(cls, value: str) -> str:
+        checked_source_uri(value)
+        return value
+
+    def parsed_source(self, base_dir: Path | None = None) -> SourceURI:
+        """The adapter's source URI; a relative local path is taken relative to `base_dir` (the spec's folder)."""
+        return relative_to(parse_source_uri(self.source), base_dir)
+
+
+def relative_to(src: SourceURI, base_dir: Path | None) -> SourceURI:
+    """A local source's relative path taken relative to `base_dir` (the spec's folder); any other as it is."""
+    if src.kind is SourceKind.LOCAL and base_dir is not None and not Path(src.location).is_absolute():
+        return SourceURI(kind=SourceKind.LOCAL, location=str((base_dir / src.location).resolve()))
+    return src
+
+
 class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -90,11 +136,28 @@ class ModelSpec(BaseModel):
         default=None, description="hf sources: skip repo files matching these patterns; default: duplicate weight "
         "formats (original/*, *.pth, *.gguf, onnx/*, *.msgpack, *.h5, and *.bin when safetensors exist); "
         "[] fetches every file")
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list, max_length=MAX_ADAPTERS,
+        description="LoRA adapters of this base (Hugging Face PEFT folders); see adapter_mode")
+    adapter_mode: AdapterMode = Field(
+        default=AdapterMode.MERGE, description="merge: each adapter merged into the base at conversion, one unit per "
+                                               "adapter; serve: one unit serves the base and every adapter")
+    max_lora_rank: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=DEFAULT_MAX_LORA_RANK, description="the largest LoRA rank an adapter may have (the lane may allow "
+                                                   "less: its own max_lora_rank)")
 
     @field_validator("source", "tokenizer")
     @classmethod
     def _valid_uri(cls, value: str | None) -> str | None:
         return checked_source_uri(value)
+
+    @model_validator(mode="after")
+    def _distinct_adapters(self) -> ModelSpec:
+        names = [a.name for a in self.adapters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"adapters must have distinct names; repeated: {', '.join(dupes)}")
+        return self
 
     @model_validator(mode="after")
     def _patterns_for_hub_sources(self) -> ModelSpec:
@@ -111,9 +174,14 @@ class ModelSpec(BaseModel):
             src = src.model_copy(update={
                 "allow_patterns": None if self.allow_patterns is None else tuple(self.allow_patterns),
                 "ignore_patterns": None if self.ignore_patterns is None else tuple(self.ignore_patterns)})
-        if src.kind is SourceKind.LOCAL and base_dir is not None and not Path(src.location).is_absolute():
-            return SourceURI(kind=SourceKind.LOCAL, location=str((base_dir / src.location).resolve()))
-        return src
+        return relative_to(src, base_dir)
+
+    def adapter(self, name: str) -> AdapterSpec:
+        """The adapter of that name (KeyError names the known ones)."""
+        for a in self.adapters:
+            if a.name == name:
+                return a
+        raise KeyError(f"no adapter '{name}' in model.adapters ({', '.join(a.name for a in self.adapters)})")
 
 
 def checked_source_uri(value: str | None) -> str | None:

@@ -1,0 +1,110 @@
+"""Issue 36 (LoRA adapters, merge mode): the shipped spec configs/tiny-lora.yaml through the CLI on this CPU (its
+benchmark off here, to keep the test short) with a second adapter, a file:// store and a local MLflow: one unit per
+adapter, published with the adapter's lineage in its manifest, its MLflow run and its registered version (aliases
+cpu-plus-one-candidate, cpu-retrained-candidate); after a new revision of one adapter `explain` shows that adapter's
+unit alone as a miss, naming its digest, and the next run rebuilds that unit alone; a wrong-base adapter and a
+wrong-rank one are refused by `validate` and by `run` before any download, naming the field and the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.support.paths import CONFIGS, REPO, TINY_MODEL
+
+ADAPTERS = TINY_MODEL.parent / "adapters"
+
+
+def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "enginefoundry.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _set_dropout(folder: Path, dropout: float) -> None:
+    path = folder / "adapter_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "lora_dropout": dropout}, indent=2))
+
+
+def test_the_adapter_units_are_built_gated_published_and_registered_with_its_lineage(tmp_path: Path):
+    from mlflow import MlflowClient
+
+    from enginefoundry import tracking_tags as mltags
+
+    # A second adapter: the same weights retrained elsewhere, its adapter_config.json another revision's (dropout,
+    # which merging ignores): its own unit, key, alias and lineage.
+    retrained = tmp_path / "retrained"
+    shutil.copytree(ADAPTERS / "plus-one", retrained)
+    _set_dropout(retrained, 0.05)
+    data = yaml.safe_load((CONFIGS / "tiny-lora.yaml").read_text())
+    data["benchmark"]["enabled"] = False
+    data["model"]["source"] = str(TINY_MODEL)
+    data["model"]["adapters"] = [{"name": "plus-one", "source": str(ADAPTERS / "plus-one")},
+                                 {"name": "retrained", "source": str(retrained)}]
+    data["smoke"]["prompts"] = str(CONFIGS / "prompts" / "tiny-chat.jsonl")
+    spec = tmp_path / "tiny-lora.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "EF_STORE": f"file://{tmp_path / 'store'}", "MLFLOW_TRACKING_URI": mlflow_uri,
+           "EF_CACHE_DIR": str(tmp_path / "cache"), "EF_WORK_DIR": str(tmp_path / "work"),
+           "EF_REFERENCE_CACHE": str(tmp_path / "refs"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    run = _cli(["run", str(spec)], env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    docs = [json.loads(p.read_text()) for p in (tmp_path / "store" / "manifests" / "tiny-chat").glob("*/2*.json")]
+    units = {d["unit"]: d for d in docs if "unit" in d}  # beside them: the merged checkpoints' converted builds
+    assert sorted(units) == ["fp32-tp1+plus-one.chat.cpu", "fp32-tp1+retrained.chat.cpu"]
+    manifest = units["fp32-tp1+plus-one.chat.cpu"]
+    assert manifest["status"] == "candidate" and units["fp32-tp1+retrained.chat.cpu"]["status"] == "candidate"
+    adapter = manifest["key_components"]["adapter"]
+    assert adapter["name"] == "plus-one" and adapter["mode"] == "merge"
+    lineage = manifest["source"]["identity"]["adapter"]
+    assert lineage["uri"].endswith("adapters/plus-one") and lineage["weights_digest"] == adapter["weights_digest"]
+    assert manifest["smoke"]["smoke_passed"] is True
+
+    client = MlflowClient(mlflow_uri)
+    version = client.get_model_version_by_alias("tiny-chat", "cpu-plus-one-candidate")
+    assert version.tags[mltags.ADAPTER] == "plus-one"
+    assert version.tags[mltags.ADAPTER_DIGEST] == adapter["weights_digest"]
+    assert version.tags[mltags.BASE_WEIGHTS_DIGEST] == manifest["source"]["identity"]["base_weights_digest"]
+    assert client.get_run(manifest["mlflow_run_id"]).data.tags[mltags.ADAPTER_URI].endswith("adapters/plus-one")
+    other = client.get_model_version_by_alias("tiny-chat", "cpu-retrained-candidate")
+    assert other.tags[mltags.ADAPTER] == "retrained" and other.version != version.version
+
+    # A new revision of one adapter: `explain` shows that adapter's unit alone as a miss, and why.
+    _set_dropout(retrained, 0.1)
+    explained = _cli(["explain", str(spec), "--json"], env)
+    assert explained.returncode == 0, explained.stderr[-3000:]
+    rows = {r["unit"]: r for r in json.loads(explained.stdout)["units"]}
+    assert rows["fp32-tp1+plus-one.chat.cpu"]["hit"] is True
+    assert rows["fp32-tp1+plus-one.chat.cpu"]["key"] == manifest["key"]
+    changed = rows["fp32-tp1+retrained.chat.cpu"]
+    assert changed["hit"] is False and [d.split(":")[0] for d in changed["differences"]] == ["adapter.weights_digest"]
+
+    # ... and the next run rebuilds and gates that adapter's unit alone; the other is a cache hit whose run keeps its
+    # adapter's lineage
+    again = _cli(["run", str(spec), "--json"], env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    outcomes = {o["unit"]: o for o in json.loads(again.stdout)["outcomes"]}
+    assert outcomes["fp32-tp1+plus-one.chat.cpu"]["cache_hit"] is True
+    rebuilt = outcomes["fp32-tp1+retrained.chat.cpu"]
+    assert rebuilt["cache_hit"] is False and rebuilt["status"] == "candidate" and rebuilt["key"] == changed["key"]
+    hit_run = client.get_run(outcomes["fp32-tp1+plus-one.chat.cpu"]["mlflow_run_id"])
+    assert hit_run.data.tags[mltags.CACHE_HIT] == "true" and hit_run.data.tags[mltags.ADAPTER] == "plus-one"
+
+    for name, words in (("wrong-base", "trained on base 'tiny-chat-draft'"),
+                        ("wrong-rank", "LoRA rank 128")):
+        data["model"]["adapters"] = [{"name": "bad", "source": str(ADAPTERS / name)}]
+        spec.write_text(yaml.safe_dump(data))
+        for command in ("validate", "run"):
+            refused = _cli([command, str(spec)], env)
+            assert refused.returncode == 2 and "model.adapters.0" in refused.stderr, refused.stderr[-2000:]
+            assert words in refused.stderr
+    # refused before any download or merge: only the good adapters' merged checkpoints are there (plus-one, retrained
+    # and its new revision)
+    assert len(list((tmp_path / "cache" / "merged").iterdir())) == 3

@@ -1,0 +1,170 @@
+"""LoRA adapters (`model.adapters`, issue 36): the spec's shape, the preflight from adapter_config.json alone against
+the real fixture adapters (tests/fixtures/tiny-chat/adapters, trained by scripts/make_tiny_lora.py), and how adapter
+units are expanded, keyed, aliased and given lineages."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from enginefoundry.build.adapters import (
+    AdapterConfig,
+    adapter_problems,
+    missing_targets,
+    names_base,
+    read_adapter_config,
+)
+from enginefoundry.build.units import expand_units, key_of, unit_key_components
+from enginefoundry.errors import SpecError
+from enginefoundry.planning.validate import validate_deep
+from enginefoundry.records.alias_lineage import unit_lineage
+from enginefoundry.records.promotion import alias_stems
+from enginefoundry.spec import BuildSpec, parse_spec
+from tests.support.paths import CONFIGS, TINY_MODEL
+
+ADAPTERS = TINY_MODEL.parent / "adapters"
+
+
+def _data(**model: Any) -> dict[str, Any]:  # JSON edge: a spec mapping
+    data = yaml.safe_load((CONFIGS / "tiny-lora.yaml").read_text())
+    data["model"].update(model)
+    return data
+
+
+def _spec(**model: Any) -> BuildSpec:
+    return parse_spec(_data(**model), source="test spec", base_dir=CONFIGS)
+
+
+def _adapter(name: str, folder: str | Path) -> dict[str, str]:
+    return {"name": name, "source": str(folder)}
+
+
+def test_the_shipped_adapter_spec_parses_with_merge_mode_and_the_default_rank_bound():
+    spec = _spec()
+    (a,) = spec.model.adapters
+    assert a.name == "plus-one" and spec.model.adapter_mode == "merge" and spec.model.max_lora_rank == 64
+    assert a.parsed_source(spec.base_path).location == str(ADAPTERS / "plus-one")
+
+
+@pytest.mark.parametrize(("model", "field", "words"), [
+    ({"adapters": [_adapter("a", "x"), _adapter("a", "y")]}, "model", "distinct names; repeated: a"),
+    ({"adapters": [_adapter("Bad Name", "x")]}, "model.adapters.0.name", "should match pattern"),
+    ({"adapters": [_adapter("a", "ftp://host/x")]}, "model.adapters.0.source", "unknown source scheme 'ftp://'"),
+    ({"adapters": [{"name": "a", "source": "x", "rank": 8}]}, "model.adapters.0.rank", "unknown key"),
+    ({"adapter_mode": "mix"}, "model.adapter_mode", "'merge' or 'serve'"),
+    ({"max_lora_rank": 0}, "model.max_lora_rank", "greater than or equal to 1"),
+    ({"max_lora_rank": 5000}, "model.max_lora_rank", "less than or equal to 1024"),
+    ({"adapters": [_adapter(f"a{i}", "x") for i in range(33)]}, "model.adapters", "at most 32"),
+])
+def test_a_malformed_adapter_section_is_refused_naming_the_field(model, field, words):
+    with pytest.raises(SpecError) as err:
+        _spec(**model)
+    assert any(f == field and words in m for f, m in err.value.problems), err.value.problems
+
+
+def test_the_good_adapter_passes_preflight():
+    assert adapter_problems(_spec(), "reference", 1024) == []
+
+
+def test_a_wrong_base_adapter_is_refused_with_the_field_and_the_fix_and_accepted_once_its_base_is_named():
+    spec = _spec(adapters=[_adapter("bad", ADAPTERS / "wrong-base")])
+    ((field, message),) = adapter_problems(spec, "reference", 1024)
+    assert field == "model.adapters.0"
+    assert "trained on base 'tiny-chat-draft'" in message and "set model.adapters.0.base_model" in message
+    # A base served from a copy under another name: the spec says what the adapter calls it.
+    named = _spec(adapters=[{**_adapter("bad", ADAPTERS / "wrong-base"), "base_model": "tiny-chat-draft"}])
+    assert adapter_problems(named, "reference", 1024) == []
+
+
+def test_a_wrong_rank_adapter_is_refused_until_the_spec_raises_its_bound():
+    spec = _spec(adapters=[_adapter("wide", ADAPTERS / "wrong-rank")])
+    ((field, message),) = adapter_problems(spec, "reference", 1024)
+    assert field == "model.adapters.0" and "LoRA rank 128" in message and "raise model.max_lora_rank" in message
+    assert adapter_problems(_spec(adapters=[_adapter("wide", ADAPTERS / "wrong-rank")], max_lora_rank=128),
+                            "reference", 1024) == []
+    # the lane's own ceiling bounds the spec's
+    problems = adapter_problems(_spec(max_lora_rank=128), "reference", 64)
+    assert ("model.max_lora_rank", "128 exceeds lane reference's max_lora_rank (64); lower it") in problems
+
+
+def test_target_modules_the_base_lacks_are_refused(tmp_path: Path):
+    other = tmp_path / "other-arch"
+    shutil.copytree(ADAPTERS / "plus-one", other)
+    cfg = json.loads((other / "adapter_config.json").read_text())
+    cfg["target_modules"] = ["q_proj", "query_key_value"]  # a GPT-NeoX / Falcon name
+    (other / "adapter_config.json").write_text(json.dumps(cfg))
+    ((field, message),) = adapter_problems(_spec(adapters=[_adapter("neox", other)]), "reference", 1024)
+    assert field == "model.adapters.0" and "['query_key_value']" in message and "(llama)" in message
+
+
+def test_target_module_matching_follows_peft():
+    modules = {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj", "lm_head"}
+    cfg = AdapterConfig(peft_type="LORA", target_modules=["q_proj", "down_proj", "c_attn"])
+    assert missing_targets(cfg, modules) == ["c_attn"]
+    assert missing_targets(AdapterConfig(peft_type="LORA", target_modules=r".*\.q_proj"), modules) == []
+    assert missing_targets(AdapterConfig(peft_type="LORA", target_modules=r".*\.c_attn"), modules) == [r".*\.c_attn"]
+    assert missing_targets(AdapterConfig(peft_type="LORA", target_modules="all-linear"), modules) == []
+    assert AdapterConfig(peft_type="LORA", r=8, rank_pattern={"q_proj": 32}).max_rank == 32
+
+
+def test_base_names_accept_a_repo_id_a_path_or_the_bare_name():
+    names = {"tiny-chat", "model", "org/tiny-chat"}
+    assert names_base("org/tiny-chat", names) and names_base("/data/ckpts/tiny-chat/", names)
+    assert names_base("tiny-chat", names) and not names_base("org/tiny-chat-draft", names)
+
+
+def test_a_folder_without_adapter_config_or_with_a_huge_one_is_refused(tmp_path: Path):
+    spec = _spec(adapters=[_adapter("none", tmp_path)])
+    ((field, message),) = adapter_problems(spec, "reference", 1024)
+    assert field == "model.adapters.0.source" and "not a JSON object of at most" in message
+    (tmp_path / "adapter_config.json").write_text(" " * (2 << 20) + "{}")
+    assert read_adapter_config(spec, spec.model.adapters[0])[0] is None
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "IA3", "r": 4}))
+    ((field, message),) = adapter_problems(spec, "reference", 1024)
+    assert "peft_type IA3 is not LORA" in message
+
+
+def test_serve_mode_and_a_lane_without_adapters_are_refused_and_validate_reports_them():
+    assert ("model.adapter_mode", "serve (one unit serving every adapter per request) is not built yet (issue 36): "
+            "use adapter_mode: merge (one unit per adapter)") in adapter_problems(
+        _spec(adapter_mode="serve"), "reference", 1024)
+    assert adapter_problems(_spec(), "trtllm", None)[0][0] == "model.adapters"
+    with pytest.raises(SpecError) as err:
+        validate_deep(_spec(adapters=[_adapter("bad", ADAPTERS / "wrong-base")]))
+    assert any(f == "model.adapters.0" for f, _ in err.value.problems)
+
+
+def test_one_unit_per_adapter_with_its_own_key_alias_stem_and_lineage():
+    spec = _spec(adapters=[_adapter("plus-one", ADAPTERS / "plus-one"), _adapter("other", ADAPTERS / "plus-one")])
+    units = expand_units(spec)
+    assert [u.name for u in units] == ["fp32-tp1+plus-one.chat.cpu", "fp32-tp1+other.chat.cpu"]
+    assert alias_stems(spec) == {"fp32-tp1+plus-one.chat.cpu": "cpu-plus-one", "fp32-tp1+other.chat.cpu": "cpu-other"}
+    assert unit_lineage(spec, units[0]).digest != unit_lineage(spec, units[1]).digest
+
+    def keys(digests: dict[str, str]) -> list[str]:
+        return [key_of(unit_key_components(spec, u, "w", "t", {}, spec.lane_options, adapter_digests=digests))
+                for u in units]
+
+    before = keys({"plus-one": "a1", "other": "b1"})
+    after = keys({"plus-one": "a2", "other": "b1"})  # a new revision of one adapter
+    assert before[0] != after[0] and before[1] == after[1]
+    with pytest.raises(ValueError, match=r"fetch model\.adapters first"):
+        keys({})
+
+
+def test_a_spec_without_adapters_keeps_its_units_and_keys():
+    plain = parse_spec(yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text()), base_dir=CONFIGS)
+    (unit,) = expand_units(plain)
+    assert unit.adapter is None and unit.name == "fp32-tp1.chat.cpu"
+    components = unit_key_components(plain, unit, "w", "t", {}, plain.lane_options)
+    assert "adapter" not in components
+    # the same spec with serve-mode adapters builds the base unit, whose key has no adapter part either
+    served = _spec(adapter_mode="serve")
+    (base_unit,) = expand_units(served)
+    assert base_unit.name == unit.name and key_of(unit_key_components(served, base_unit, "w", "t", {}, {})) == \
+        key_of(unit_key_components(plain, unit, "w", "t", {}, {}))
