@@ -8,6 +8,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.build.quantized_source import DEQUANTIZED, read_quantization
+from enginefoundry.errors import InputError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
@@ -62,6 +64,13 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     dtype, why = spec.smoke.reference_for(precision)
     device = spec.smoke.reference_device.value
     export = Path(checkpoint_dir) if checkpoint_dir and dequantizes(spec, precision) else None
+    prequantized = read_quantization(Path(reference_dir))
+    if prequantized is not None:  # the source is the export: judged against its dequantized self, on every lane
+        if not prequantized.dequantizable:
+            raise InputError(f"smoke: the source is pre-quantized ({prequantized.label()}): the gate has no "
+                             f"reference for it (it dequantizes {', '.join(sorted(DEQUANTIZED))} exports without a "
+                             "quantized KV cache); use such an export, or the unquantized checkpoint as model.source")
+        export = Path(reference_dir)
     problem = export_problem(export) if export is not None else None
     if problem is not None:
         log(f"smoke: the converted checkpoint {export} is not dequantized ({problem}): judged against the {dtype} "

@@ -249,6 +249,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from enginefoundry.build.quantized_source import refuse_contradiction
     from enginefoundry.build.sources import fetch
     from enginefoundry.console import say
     from enginefoundry.lanes.speculation import fetch_speculative_draft
@@ -256,7 +257,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from enginefoundry.store.backends import open_store
 
     spec, _ = load(args.spec, args)
-    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say)
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say,
+                     check=lambda quant: refuse_contradiction(spec, quant))
     draft = fetch_speculative_draft(spec, snapshot, say)
     rows = explain(spec, snapshot, open_store(spec.publish.store, spec.publish.s3_endpoint_url), args.targets,
                    draft)

@@ -68,7 +68,8 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
     for unit in expand_units(spec, only_targets):
         comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest, toolchain,
                                     spec.lane_options,
-                                    draft_digests=(draft.weights_digest, draft.tokenizer_digest) if draft else None)
+                                    draft_digests=(draft.weights_digest, draft.tokenizer_digest) if draft else None,
+                                    source_quantization=snapshot.quantization)
         key = key_of(comps)
         # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
         said: list[str] = []

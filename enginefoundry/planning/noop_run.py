@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.build.quantized_source import refuse_contradiction
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
@@ -59,10 +60,12 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     every file re-hashed too), else None: the flow then plans again and rebuilds what is refused."""
     t0 = time.monotonic()
     units = expand_units(spec, targets or None)
-    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=progress)
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=progress,
+                     check=lambda quant: refuse_contradiction(spec, quant))
     draft = fetch_speculative_draft(spec, snapshot, progress)
     fetch_s = time.monotonic() - t0
-    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft))
+    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
+                      snapshot.quantization)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     hits: dict[str, PublishedBuild] = {}
     for check in check_hits(store, spec.model.name, units, keyed.keys, rehash=rehash, progress=progress,
