@@ -241,7 +241,29 @@ def spec_quantization_problems(spec: BuildSpec) -> list[tuple[str, str]]:
         found = lookup_quantization(spec)
     except SourceError as err:
         return [("model.source", str(err).removeprefix("model.source: "))]
-    return quantization_problems(spec, found.quantization)
+    problems = quantization_problems(spec, found.quantization)
+    return problems + unquantized_problems(spec, found)
+
+
+def unquantized_problems(spec: BuildSpec, found: QuantizationLookup) -> list[tuple[str, str]]:
+    """`model.unquantized` where the source is known not to be pre-quantized, or names a quantized checkpoint (a
+    local one, read here)."""
+    original = spec.model.parsed_unquantized(spec.base_path)
+    if original is None:
+        return []
+    if found.known and found.quantization is None:
+        return [("model.unquantized", "the source is not pre-quantized (no hf_quant_config.json, no ModelOpt "
+                                      "quantization_config): the lane quantizes it and the gate judges the cost "
+                                      "itself; remove model.unquantized")]
+    if original.kind is SourceKind.LOCAL and (Path(original.location) / MODEL_CONFIG).is_file():
+        try:
+            quant = read_quantization(Path(original.location), "model.unquantized")
+        except SourceError as err:
+            return [("model.unquantized", str(err).removeprefix("model.unquantized: "))]
+        if quant is not None:
+            return [("model.unquantized", f"{original.location} is quantized too ({quant.label()}); point it at the "
+                                          "unquantized checkpoint the export was made from")]
+    return []
 
 
 def quantization_problems(spec: BuildSpec, quant: SourceQuantization | None) -> list[tuple[str, str]]:

@@ -162,6 +162,7 @@ def render() -> str:
     for (low, high), (pinned_modelopt, source) in MODELOPT_PINS.items():
         lines.append(f"| {low} – {high} | {pinned_modelopt} | {source} |")
     lines += speculation_section()
+    lines += prequantized_section()
     from enginefoundry.lanes.trtllm_disagg import compat_section
 
     lines += compat_section(TRTLLM_RELEASES)
@@ -215,6 +216,34 @@ def speculation_section() -> list[str]:
         old, new = DECODING_TYPE[a]
         dt = f"`{new}`" if old == new else f"`{old}` (< {NEW_NAMES}), `{new}` (≥ {NEW_NAMES})"
         lines.append(f"| `{a.value}` | {dt} | {knobs[a]} | {draft[a.needs_draft]} | {models[a]} |")
+    return lines
+
+
+def prequantized_section() -> list[str]:
+    """A pre-quantized source (issue 36 item 5): what each lane does with a ModelOpt export, nothing emitted."""
+    from enginefoundry.build.quantized_source import ALGO_PRECISION, DEQUANTIZED
+    from enginefoundry.lanes.trtllm_flags import REF_PREQUANTIZED
+
+    lines = ["", "## Pre-quantized sources (`model.source` is a ModelOpt export)", "",
+             "A source whose checkpoint carries `hf_quant_config.json` (or a `quantization_config` with "
+             "`quant_method: modelopt` in config.json) is never quantized again. Its `quant_algo` gives its precision; "
+             "`validate`, `plan` and the fetch (once the config files are here, before any weight) refuse a variant "
+             "whose `precision` contradicts it, and any other algorithm, with the field and the fix. The unit key "
+             "records the checkpoint's own quantization (`source_quantization`). Lane `trtllm` emits nothing for it: "
+             "no `hf_ptq.py` run, no LLM API key; `trtllm-serve` loads the checkpoint as it is. Evidence: "
+             f"{REF_PREQUANTIZED}.", "",
+             "| quant_algo | precision | conversion | the smoke gate's reference |", "|---|---|---|---|"]
+    for algo, precision in ALGO_PRECISION.items():
+        if algo in DEQUANTIZED:
+            lines.append(f"| `{algo}` | `{precision.value}` | lane trtllm: none, `trtllm-serve` loads the export; lane "
+                         "reference: dequantized (codes × group scales × AWQ pre-quant scale) into the build's 16-bit "
+                         "dtype | the export dequantized (like with like); the quantization cost against the "
+                         "unquantized original where one is given |")
+        else:
+            why = ("it quantizes activations too, which no dequantized checkpoint holds" if algo in ("FP8", "NVFP4")
+                   else "no dequantizer for it here")
+            lines.append(f"| `{algo}` | `{precision.value}` | — (refused at `validate` and `plan`, every lane) | none "
+                         f"yet: {why}; use the unquantized checkpoint as the source and let the lane quantize it |")
     return lines
 
 

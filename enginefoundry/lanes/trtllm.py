@@ -333,14 +333,8 @@ ROUTES = frozenset(Precision) - {Precision.INT8_WO, Precision.INT4_WO}
 
 # A pre-quantized source (ModelOpt's unified HF export: hf_quant_config.json, or an inline `quantization_config` with
 # quant_method modelopt; build.quantized_source) is not quantized again: the PyTorch backend loads it as it is and
-# reads its quantization from those files, so nothing is converted and the runtime YAML carries no quantization key
-# (facts §1: QuantConfig "for pytorch backend is ignored. You can load quantized model with hf_quant_config.json
-# directly"). Evidence: docs/source/features/quantization.md "Running Pre-quantized Models: TensorRT LLM can directly
-# run pre-quantized models generated with the NVIDIA TensorRT Model Optimizer" (docs 1.0.0,
-# nvidia.github.io/TensorRT-LLM/1.0.0/features/quantization.html); tensorrt_llm/_torch/model_config.py@008e0af8
-# `ModelConfig.from_pretrained` ("quantized ckpt in modelopt format": `cached_file(checkpoint_dir,
-# 'hf_quant_config.json')` → `_build_modelopt_quant_config`; an inline ModelOpt config through `load_hf_quant_config`
-# → `is_modelopt_quant_config`). docs/trtllm-compat.md "Pre-quantized sources".
+# reads its quantization from those files, so nothing is converted and the runtime YAML carries no quantization key.
+# Evidence: trtllm_flags.REF_PREQUANTIZED (docs/trtllm-compat.md "Pre-quantized sources").
 PREQUANTIZED_EVIDENCE = "TensorRT-LLM ≥ 1.0 docs features/quantization.md 'Running Pre-quantized Models'"
 
 

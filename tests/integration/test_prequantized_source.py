@@ -25,7 +25,7 @@ from enginefoundry.model_server import free_port, serving
 from enginefoundry.planning.cache_plan import unit_keys
 from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.planning.validate import validate_file
-from enginefoundry.smoke import load_prompt_set, run_smoke
+from enginefoundry.smoke import load_prompt_set
 from enginefoundry.spec import BuildSpec, parse_spec
 from enginefoundry.tasks.smoke import smoke_reference, smoke_test
 from tests.support.paths import CONFIGS, REPO, TINY_PROMPTS
@@ -78,6 +78,19 @@ def test_a_contradicting_precision_is_refused_with_the_fix_before_any_work(expor
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
     assert proc.returncode == 2, proc.stderr
     assert "set variants.0.precision: int4_awq" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unquantized_original_is_refused_where_it_does_not_apply(export: tuple[Path, Path], tmp_path: Path):
+    from enginefoundry.build.quantized_source import spec_quantization_problems
+
+    original, exported = export
+    plain = _spec(tmp_path, original, "bf16")
+    plain["model"]["unquantized"] = str(original)
+    assert [f for f, _ in spec_quantization_problems(_parsed(plain))] == ["model.unquantized"]
+    twice = _spec(tmp_path, exported, "int4_awq")
+    twice["model"]["unquantized"] = str(exported)
+    [(field, message)] = spec_quantization_problems(_parsed(twice))
+    assert field == "model.unquantized" and "is quantized too (W4A16_AWQ" in message
 
 
 def test_a_hub_source_is_refused_once_its_config_files_are_fetched_before_its_weights(export: tuple[Path, Path],
@@ -168,16 +181,19 @@ def test_the_export_plans_and_runs_on_the_reference_lane_without_a_second_quanti
     assert outcome.simulated is not None and outcome.dtype == "fp16"
     assert outcome.simulated_why is not None and outcome.simulated_why.startswith(
         "the pre-quantized source's own checkpoint (ModelOpt's unified export), dequantized")
+    # Given the unquantized original (model.unquantized), the quantization's own cost is judged against it.
+    data = _spec(tmp_path, exported, "int4_awq")
+    data["model"]["unquantized"] = str(original)
+    spec_original = _parsed(data)
+    ref_o, outcome_o = smoke_reference.fn(spec_original, snapshot.local_dir, snapshot.weights_digest,
+                                          precision="int4_awq", checkpoint_dir=str(ckpt))
+    assert outcome_o.key == outcome.key  # the same dequantized reference
     with serving(cmd, tmp_path / "server.log", timeout_s=120) as ep:
         gated = smoke_test.fn(spec, ep, snapshot.local_dir, str(tmp_path / "report"), precision="int4_awq",
                               weights_digest=snapshot.weights_digest, reference=(ref, outcome))
-        prompts = load_prompt_set(TINY_PROMPTS)
-        # Given the unquantized original, the quantization's own cost is judged against it.
-        with_original = run_smoke(spec.smoke, prompts, reference_dir=Path(snapshot.local_dir),
-                                  base_url=ep.base_url, model_name=ep.model_name,
-                                  served_tokenizer_dir=Path(ep.tokenizer_dir), precision="int4_awq",
-                                  progress=lambda _: None, reference=ref, reference_outcome=outcome,
-                                  original_dir=original)
+        with_original = smoke_test.fn(spec_original, ep, snapshot.local_dir, str(tmp_path / "report-o"),
+                                      precision="int4_awq", weights_digest=snapshot.weights_digest,
+                                      reference=(ref_o, outcome_o))
     assert gated.passed, gated.verdict.reason
     assert gated.verdict.reference_why.startswith("the pre-quantized source's own checkpoint")
     assert gated.spread is not None and gated.tokenizer_match is True
