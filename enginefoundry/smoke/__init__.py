@@ -310,6 +310,9 @@ def run_smoke(
     if max_logprob_diff is not None:
         overrides["max_logprob_diff"] = max_logprob_diff
     source_dir = reference_dir
+    prequantized = read_quantization(source_dir)
+    if prequantized is not None and checkpoint is None and prequantized.dequantizable:
+        checkpoint = source_dir  # a pre-quantized source is judged against itself, dequantized
     given = reference_outcome is not None and reference_outcome.simulated is not None  # by the reference stage
     sibling = reference_outcome is not None and reference_outcome.sibling_unit is not None
     # Like with like by default (issue 39): a weight-only unit against its quantizer's simulation, a unit whose own
@@ -422,7 +425,6 @@ def run_smoke(
                     logprobs_required=spec.logprob_checks == "required",
                     accuracy_against=None if proxy is None else (proxy[0], {
                         c.id: bool(c.is_correct(proxy[1].by_id[c.id].text)) for c in cases if c.expected is not None}))
-    prequantized = read_quantization(source_dir)
     if simulated and prequantized is not None and original_dir is None:
         verdict = verdict.with_rule(GateRule(
             name=QUANTIZATION_COST, ok=True, kind="info",

@@ -194,6 +194,17 @@ def test_the_export_plans_and_runs_on_the_reference_lane_without_a_second_quanti
         with_original = smoke_test.fn(spec_original, ep, snapshot.local_dir, str(tmp_path / "report-o"),
                                       precision="int4_awq", weights_digest=snapshot.weights_digest,
                                       reference=(ref_o, outcome_o))
+        # The `smoke` command on the export as --reference: judged against it dequantized, without a spec.
+        cli = subprocess.run(
+            [sys.executable, "-m", "enginefoundry.cli", "smoke", "--endpoint", ep.base_url, "--served-model",
+             ep.model_name, "--reference", str(exported), "--prompts", str(TINY_PROMPTS), "--precision", "int4_awq",
+             "--small-sample", "warn", "--max-new-tokens", "6", "--unquantized-original", str(original), "--json"],
+            capture_output=True, text=True, timeout=600, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    said = json.loads(cli.stdout)
+    assert said["verdict"]["reference_why"].startswith("the pre-quantized source's own checkpoint")
+    assert "the pre-quantized source (W4A16_AWQ), dequantized," in json.dumps(said["verdict"]["rules"])
     assert gated.passed, gated.verdict.reason
     assert gated.verdict.reference_why.startswith("the pre-quantized source's own checkpoint")
     assert gated.spread is not None and gated.tokenizer_match is True
