@@ -310,7 +310,8 @@ def _problem(cfg: dict[str, Any] | None) -> str | None:  # JSON edge: hf_quant_c
 
 
 def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path | None = None,
-                           progress: Callable[[str], None] = print) -> SimulatedModel:
+                           progress: Callable[[str], None] = print,
+                           what: str = "the lane's checkpoint") -> SimulatedModel:
     """The lane's exported checkpoint as a plain float32 checkpoint (cached by the checkpoint's digest; its
     tokenizer files, else `tokenizer_from`'s). Raises InputError for a quantization this module does not read."""
     config = _quant_config(checkpoint)  # read once: the problem, the key and the group size come from it
@@ -327,11 +328,12 @@ def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path
                        modelopt=f"{producer.get('name', '?')} {producer.get('version', '?')} (export)",
                        torch=torch.__version__)
     group = int(quant.get("group_size") or 128)
-    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, group, key, tmp, progress))
+    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, group, key, tmp, progress,
+                                                            what))
 
 
 def _dequantize(checkpoint: Path, tokenizer_from: Path, group: int, key: SimulatedKey, out: Path,
-                progress: Callable[[str], None]) -> SimulatedModel:
+                progress: Callable[[str], None], what: str = "the lane's checkpoint") -> SimulatedModel:
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
@@ -356,9 +358,9 @@ def _dequantize(checkpoint: Path, tokenizer_from: Path, group: int, key: Simulat
     if wrong:
         raise ToolError(f"smoke: the dequantized checkpoint does not load as its model: {sorted(wrong)[:3]}")
     seconds = round(time.monotonic() - t0, 1)
-    progress(f"smoke: the lane's int4_awq checkpoint dequantized ({layers} layers; {seconds:.0f} s)")
+    progress(f"smoke: {what} (int4_awq) dequantized ({layers} layers; {seconds:.0f} s)")
     return SimulatedModel(folder=out, key=key, source="computed",
-                          description=f"the lane's checkpoint ({key.modelopt}), dequantized",
+                          description=f"{what} ({key.modelopt}), dequantized",
                           modules=layers, awq_scaled=sum(k.endswith(".pre_quant_scale") for k in tensors),
                           seconds=seconds)
 
@@ -391,7 +393,8 @@ def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *
     dtype = dtype or simulated_dtype(source)
     prequantized = read_quantization(source) is not None
     if checkpoint is not None:
-        sim, why = (dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress),
+        what = "the pre-quantized source" if prequantized else "the lane's checkpoint"
+        sim, why = (dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress, what=what),
                     PREQUANTIZED_WHY if prequantized else FROM_EXPORT_WHY)
     else:
         sim, why = simulate(source, precision, cases, dtype=dtype, progress=progress), simulated_why(precision)
