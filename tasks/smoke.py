@@ -34,7 +34,13 @@ from enginefoundry.smoke.reference import (
     publish_sibling_reference,
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
-from enginefoundry.smoke.simulated import FROM_EXPORT_WHY, export_problem, simulated_dtype, simulated_reference
+from enginefoundry.smoke.simulated import (
+    FROM_EXPORT_WHY,
+    PREQUANTIZED_WHY,
+    export_problem,
+    simulated_dtype,
+    simulated_reference,
+)
 from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.checks import SIMULATED_REFERENCE, UNIT_PRECISION
 from enginefoundry.store.backends import open_store
@@ -80,7 +86,8 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         export = None
     if spec.smoke.simulates(precision) or export is not None:
         log(f"smoke: the reference of this {precision} unit: "
-            + (f"{FROM_EXPORT_WHY} ({export})" if export is not None else why))
+            + (f"{PREQUANTIZED_WHY if prequantized is not None else FROM_EXPORT_WHY} ({export})"
+               if export is not None else why))
         # In the dtype the lane's build computes in: its dtype option, else the checkpoint's (fp16 for fp32).
         sim_dtype = _build_dtype(spec, Path(reference_dir))
         ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
