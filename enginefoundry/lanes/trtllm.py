@@ -384,8 +384,8 @@ class TrtllmLane(TrtllmLaneBase):
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
-        # Quantization loads the whole HF model; otherwise each rank loads its shard. No engine on disk.
-        quantized = unit.variant.precision.is_quantized
+        # Quantization loads the whole HF model; otherwise (a pre-quantized source too) each rank loads its shard.
+        quantized = unit.variant.precision.is_quantized and spec_quantization(spec) is None
         host = source_bytes if quantized else per_rank_bytes
         return host, source_bytes + (est.weights_bytes_total if quantized else 0)
 
@@ -426,7 +426,8 @@ class TrtllmLane(TrtllmLaneBase):
         tools = {SERVE: ["trtllm-serve"]}
         opts = trtllm_options(spec.lane_options if spec else None)
         root = opts.modelopt_dir or EnvSettings().modelopt_dir
-        if root and spec and any(v.precision.is_quantized for v in spec.variants):
+        # A pre-quantized source needs no quantizer on the worker: its checkpoint is served as it is.
+        if root and spec and any(v.precision.is_quantized for v in spec.variants) and spec_quantization(spec) is None:
             tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
         triton = self.triton_dir(spec)
         if triton is not None:

@@ -216,7 +216,8 @@ def test_the_export_plans_and_runs_on_the_reference_lane_without_a_second_quanti
     assert "vs the fp16 source" in cost.detail
 
 
-def test_the_trtllm_lane_plans_the_export_without_hf_ptq(export: tuple[Path, Path], tmp_path: Path):
+def test_the_trtllm_lane_plans_the_export_without_hf_ptq(export: tuple[Path, Path], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
     """Lane trtllm: the PyTorch backend loads the export as it is (TensorRT-LLM docs 'Running Pre-quantized
     Models'), so `plan` renders no ModelOpt quantization and convert hands the export through unchanged."""
     _, exported = export
@@ -227,6 +228,13 @@ def test_the_trtllm_lane_plans_the_export_without_hf_ptq(export: tuple[Path, Pat
     for commands in report.commands.values():
         assert not any("hf_ptq" in c for c in commands), commands
         assert "convert (no PTQ)" in commands[0] and "W4A16_AWQ" in commands[0]
+    # The worker's probe asks for no quantizer either, wherever Model-Optimizer is configured.
+    monkeypatch.setenv("EF_MODELOPT_DIR", str(tmp_path / "Model-Optimizer"))
+    from enginefoundry.lanes.trtllm_flags import HF_PTQ
+
+    assert HF_PTQ not in get_lane("trtllm").tool_commands(spec)
+    data["model"]["source"] = str(export[0])  # the unquantized original: the lane quantizes it
+    assert HF_PTQ in get_lane("trtllm").tool_commands(_parsed(data))
     [unit, *_] = expand_units(spec)
     converted = get_lane("trtllm").convert(spec, unit.variant, exported, tmp_path / "work")
     assert Path(converted.checkpoint_dir) == exported and converted.params["passthrough"] is True
