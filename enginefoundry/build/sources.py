@@ -410,7 +410,7 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None], check: Quantiz
         ordered = configs + [o for o in objects if o not in configs]
         for i, obj in enumerate(ordered):
             if check is not None and i == len(configs):
-                check(read_quantization(tmp))
+                _check_or_clear(check, tmp)
             rel = obj["Key"][len(prefix) + 1 :]
             try:
                 target = confined_join(tmp, rel, f"S3 object key under s3://{bucket}/{prefix}/:")
@@ -420,7 +420,7 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None], check: Quantiz
             progress(f"fetch: s3://{bucket}/{obj['Key']} ({obj['Size']} bytes)")
             client.download_file(bucket, obj["Key"], str(target))
         if check is not None and len(configs) == len(ordered):  # config files alone: checked after them
-            check(read_quantization(tmp))
+            _check_or_clear(check, tmp)
         (tmp / ".complete").touch()
         if (dest / ".complete").exists():  # another run finished the same download first
             shutil.rmtree(tmp, ignore_errors=True)
@@ -428,6 +428,16 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None], check: Quantiz
             shutil.rmtree(dest, ignore_errors=True)
             tmp.rename(dest)
     return dest, {"bucket": bucket, "prefix": prefix, "objects": identity}
+
+
+def _check_or_clear(check: QuantizationCheck, tmp: Path) -> None:
+    """`check` on the config files fetched into `tmp` so far; refused, the partial folder goes (nothing is left
+    that a later fetch would find)."""
+    try:
+        check(read_quantization(tmp))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _bucket_prefix(source: SourceURI) -> tuple[str, str]:

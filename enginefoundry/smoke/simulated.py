@@ -37,9 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from enginefoundry.build.quantized_source import dequantize_w4a16_awq, read_quantization
+from enginefoundry.build.quantized_source import (
+    MAX_QUANT_CONFIG_BYTES,
+    dequantize_w4a16_awq,
+    read_json_bounded,
+    read_quantization,
+)
 from enginefoundry.build.sources import remove_stale_partials
-from enginefoundry.errors import InputError, ToolError
+from enginefoundry.errors import InputError, SourceError, ToolError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
@@ -271,11 +276,11 @@ def _quant_config(checkpoint: Path) -> dict[str, Any] | None:  # JSON edge: hf_q
     path = checkpoint / UNIFIED_QUANT_CONFIG
     if not path.is_file():
         return None
-    try:
-        cfg = json.loads(path.read_text())
-        if not isinstance(cfg, dict) or not isinstance(_block(cfg), dict):
+    try:  # bounded: the checkpoint's files are input (build.quantized_source.read_json_bounded)
+        cfg = read_json_bounded(path, MAX_QUANT_CONFIG_BYTES, "smoke")
+        if cfg is None or not isinstance(_block(cfg), dict):
             raise TypeError("no quantization block")
-    except (ValueError, TypeError) as err:
+    except (SourceError, TypeError) as err:
         raise ToolError(f"smoke: {path} is not a ModelOpt quantization config ({err})") from None
     return cfg
 

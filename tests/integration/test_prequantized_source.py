@@ -239,3 +239,34 @@ def test_the_trtllm_lane_plans_the_export_without_hf_ptq(export: tuple[Path, Pat
     converted = get_lane("trtllm").convert(spec, unit.variant, exported, tmp_path / "work")
     assert Path(converted.checkpoint_dir) == exported and converted.params["passthrough"] is True
     assert converted.params["quant_algo"] == "W4A16_AWQ" and not (tmp_path / "work" / "checkpoint").exists()
+
+
+@pytest.mark.services
+def test_an_s3_source_is_refused_after_its_config_objects_before_its_weights(export: tuple[Path, Path], s3, s3_env,
+                                                                             unique: str, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """The S3 fetch downloads the config objects first: a contradicting precision stops it before a byte of the
+    weights, and leaves no partial folder; an agreeing one fetches the whole export, its quantization recorded."""
+    _, exported = export
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    bucket = f"prequant-{unique}"
+    s3.create_bucket(Bucket=bucket)
+    for f in sorted(exported.iterdir()):
+        s3.put_object(Bucket=bucket, Key=f"tiny-int4-awq/{f.name}", Body=f.read_bytes())
+    data = _spec(tmp_path, exported, "nvfp4")
+    data["model"]["source"] = f"s3://{bucket}/tiny-int4-awq"
+    spec = _parsed(data)
+    fetched: list[str] = []
+    with pytest.raises(SpecError) as refused:
+        fetch(spec.model.parsed_source(spec.base_path), progress=fetched.append,
+              check=lambda q: refuse_contradiction(spec, q))
+    assert [f for f, _ in refused.value.problems] == ["variants.0.precision"]
+    names = [line.split("/")[-1].split(" ")[0] for line in fetched if line.startswith("fetch: s3://")]
+    assert sorted(names) == ["config.json", "hf_quant_config.json"]  # the weights were never asked for
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no partial folder left behind
+    data["variants"] = [{"precision": "int4_awq"}]
+    spec = _parsed(data)
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=lambda _: None,
+                     check=lambda q: refuse_contradiction(spec, q))
+    assert snapshot.quantization is not None and snapshot.quantization.quant_algo == "W4A16_AWQ"
+    assert (Path(snapshot.local_dir) / "model.safetensors").is_file()
