@@ -311,7 +311,11 @@ def run_smoke(
         overrides["max_logprob_diff"] = max_logprob_diff
     source_dir = reference_dir
     prequantized = read_quantization(source_dir)
-    if prequantized is not None and checkpoint is None and prequantized.dequantizable:
+    if prequantized is not None and not prequantized.dequantizable:
+        raise InputError(f"smoke: {source_dir} is pre-quantized ({prequantized.label()}), and the gate has no "
+                         "reference for it (it dequantizes W4A16_AWQ exports without a quantized KV cache); judge "
+                         "against the unquantized checkpoint instead")
+    if prequantized is not None and checkpoint is None:
         checkpoint = source_dir  # a pre-quantized source is judged against itself, dequantized
     given = reference_outcome is not None and reference_outcome.simulated is not None  # by the reference stage
     sibling = reference_outcome is not None and reference_outcome.sibling_unit is not None

@@ -195,3 +195,17 @@ def test_the_keys_record_the_checkpoints_own_quantization(tmp_path: Path):
     other = quant.model_copy(update={"group_size": 64})
     assert KeyComponents.of(checkpoint_key_components(spec, unit.variant, "w", "t", TOOLCHAIN,
                                                       other)).key != KeyComponents.of(ckpt).key
+
+
+def test_the_smoke_command_refuses_a_pre_quantized_reference_it_cannot_dequantize(tmp_path: Path):
+    from enginefoundry.errors import InputError
+    from enginefoundry.smoke import load_prompt_set, run_smoke
+    from enginefoundry.spec import SmokeSpec
+    from tests.support.paths import TINY_PROMPTS
+
+    folder = _checkpoint(tmp_path, {"producer": {"name": "modelopt", "version": "0.47.0"},
+                                    "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
+    spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn")
+    with pytest.raises(InputError, match=r"is pre-quantized \(FP8 \(fp8, KV FP8.*the gate has no reference"):
+        run_smoke(spec, load_prompt_set(TINY_PROMPTS), reference_dir=folder, base_url="http://127.0.0.1:9",
+                  model_name="tiny", served_tokenizer_dir=None, precision="fp8", progress=lambda _: None)
