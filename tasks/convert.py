@@ -64,7 +64,8 @@ def convert_variant(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot)
     lane = get_lane(spec.lane)
     components = KeyComponents.of(checkpoint_key_components(spec, variant, snapshot.weights_digest,
                                                             snapshot.tokenizer_digest,
-                                                            toolchain_identity(spec, lane.versions())))
+                                                            toolchain_identity(spec, lane.versions()),
+                                                            snapshot.quantization))
     ckey = components.key
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     uri = store.url(manifests_prefix(spec.model.name, ckey))

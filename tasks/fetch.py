@@ -6,6 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.build import adapters
+from enginefoundry.build.quantized_source import refuse_contradiction
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import fetch_speculative_draft
@@ -18,7 +19,9 @@ from enginefoundry.tasks._retry import NETWORK_RETRIES
 @task(name="fetch checkpoint", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def fetch_source(spec: BuildSpec) -> SourceSnapshot:
     log = progress_logger()
-    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=log)
+    # A pre-quantized source whose quantization a variant contradicts is refused before its weights are fetched.
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=log,
+                     check=lambda quant: refuse_contradiction(spec, quant))
     log(f"fetch: {snapshot.uri} → {len(snapshot.files)} files, weights {snapshot.weights_digest[:12]}, "
         f"tokenizer {snapshot.tokenizer_digest[:12]}" + (f", commit {snapshot.revision}" if snapshot.revision else ""))
     return snapshot

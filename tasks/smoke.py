@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.build.quantized_source import DEQUANTIZED, read_quantization
+from enginefoundry.errors import InputError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
@@ -31,7 +34,13 @@ from enginefoundry.smoke.reference import (
     publish_sibling_reference,
 )
 from enginefoundry.smoke.sibling import SiblingRef, sibling_reference
-from enginefoundry.smoke.simulated import FROM_EXPORT_WHY, export_problem, simulated_dtype, simulated_reference
+from enginefoundry.smoke.simulated import (
+    FROM_EXPORT_WHY,
+    PREQUANTIZED_WHY,
+    export_problem,
+    simulated_dtype,
+    simulated_reference,
+)
 from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.checks import SIMULATED_REFERENCE, UNIT_PRECISION
 from enginefoundry.store.backends import open_store
@@ -62,6 +71,14 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     dtype, why = spec.smoke.reference_for(precision)
     device = spec.smoke.reference_device.value
     export = Path(checkpoint_dir) if checkpoint_dir and dequantizes(spec, precision) else None
+    prequantized = read_quantization(Path(reference_dir))
+    if prequantized is not None:  # the source is the export: judged against its dequantized self, on every lane
+        if not prequantized.dequantizable:
+            raise InputError(f"smoke: the source is pre-quantized ({prequantized.label()}): the gate has no "
+                             f"reference for it (it dequantizes {', '.join(sorted(DEQUANTIZED))} exports without a "
+                             "quantized KV cache); use such an export, or the unquantized checkpoint as model.source")
+        export = Path(reference_dir)
+    original = unquantized_original(spec, log) if prequantized is not None else None
     problem = export_problem(export) if export is not None else None
     if problem is not None:
         log(f"smoke: the converted checkpoint {export} is not dequantized ({problem}): judged against the {dtype} "
@@ -69,13 +86,14 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         export = None
     if spec.smoke.simulates(precision) or export is not None:
         log(f"smoke: the reference of this {precision} unit: "
-            + (f"{FROM_EXPORT_WHY} ({export})" if export is not None else why))
+            + (f"{PREQUANTIZED_WHY if prequantized is not None else FROM_EXPORT_WHY} ({export})"
+               if export is not None else why))
         # In the dtype the lane's build computes in: its dtype option, else the checkpoint's (fp16 for fp32).
         sim_dtype = _build_dtype(spec, Path(reference_dir))
         ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
                                            max_new_tokens=spec.smoke.max_new_tokens, store=store, device=device,
                                            weights_digest=weights_digest, checkpoint=export, dtype=sim_dtype,
-                                           progress=log, trust=trust)
+                                           progress=log, trust=trust, original=original)
     else:
         log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
         ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
@@ -91,6 +109,22 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         load_or_compute_quantization_spread(Path(reference_dir), cases, ref, precision=precision,
                                             dtype=_build_dtype(spec, Path(reference_dir)), device="gpu", progress=log)
     return ref, outcome.model_copy(update={"inputs": list(trust.consumed)})
+
+
+def unquantized_original(spec: BuildSpec, log: Callable[[str], None]) -> Path | None:
+    """`model.unquantized`, fetched here (the stage that needs it, on whichever machine runs it; the Hugging Face
+    cache, the S3 cache folder or the local folder make a second fetch a lookup), None where the spec names none.
+    InputError where it is quantized itself."""
+    from enginefoundry.build.sources import fetch
+
+    src = spec.model.parsed_unquantized(spec.base_path)
+    if src is None:
+        return None
+    snapshot = fetch(src, progress=log)
+    if snapshot.quantization is not None:
+        raise InputError(f"model.unquantized: {snapshot.uri} is quantized too ({snapshot.quantization.label()}); "
+                         "point it at the unquantized checkpoint the export was made from")
+    return Path(snapshot.local_dir)
 
 
 def _build_dtype(spec: BuildSpec, source: Path) -> str:
@@ -122,7 +156,9 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        reference_device=spec.smoke.reference_device.value, trust=trust,
                        build_dtype=_build_dtype(spec, Path(reference_dir)),
                        speculative=spec.speculative is not None,
-                       twin_body=get_lane(spec.lane).speculative_twin(spec))
+                       twin_body=get_lane(spec.lane).speculative_twin(spec),
+                       original_dir=(unquantized_original(spec, log)
+                                     if read_quantization(Path(reference_dir)) is not None else None))
     report.server = endpoint.server or None
     if serves_unit is not None:
         name, key = serves_unit

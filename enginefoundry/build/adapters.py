@@ -222,6 +222,11 @@ def fetch_adapters(spec: BuildSpec, base: SourceSnapshot, lane_name: str, lane_m
     if not spec.model.adapters:
         return {}
     problems = adapter_problems(spec, lane_name, lane_max_rank, read_config(Path(base.local_dir) / "config.json"))
+    if base.quantization is not None and spec.model.adapter_mode is AdapterMode.MERGE:
+        # A ModelOpt export says so in hf_quant_config.json, which config.json's check above does not see.
+        problems.append(("model.adapter_mode", f"the base checkpoint is pre-quantized ({base.quantization.label()}): "
+                                               "a LoRA adapter cannot be merged into quantized weights; use the "
+                                               "unquantized base as model.source"))
     if problems:
         raise InputError("; ".join(f"{f}: {m}" for f, m in problems))
     out = {}

@@ -10,6 +10,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.build.quantized_source import (
+    MAX_CONFIG_BYTES,
+    MAX_QUANT_CONFIG_BYTES,
+    MODEL_CONFIG,
+    QUANT_CONFIG,
+    SourceQuantization,
+    quantization_from,
+    read_json_bounded,
+    read_quantization,
+)
 from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath, symlinks_leaving
 from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
@@ -32,6 +42,8 @@ class SourceSnapshot(BaseModel):
     weights_digest: str
     tokenizer_digest: str
     files: dict[str, str] = Field(default_factory=dict, description="relative path → sha256")
+    quantization: SourceQuantization | None = Field(
+        default=None, description="a pre-quantized checkpoint's own quantization (build.quantized_source)")
 
 
 class SourceIdentity(BaseModel):
@@ -46,6 +58,7 @@ class SourceIdentity(BaseModel):
     weights_digest: str
     tokenizer_digest: str
     files: dict[str, str] = Field(default_factory=dict)
+    quantization: SourceQuantization | None = None
 
     @classmethod
     def of(cls, snapshot: SourceSnapshot) -> SourceIdentity:
@@ -57,31 +70,44 @@ class SourceIdentity(BaseModel):
 
 
 CHECKPOINT_MARKER = "config.json"  # a Hugging Face checkpoint folder has it; a PEFT adapter folder adapter_config.json
+# Checked before any weight is fetched: what a pre-quantized source's own quantization allows (the caller's check).
+QuantizationCheck = Callable[[SourceQuantization | None], None]
+CONFIG_FILES = (MODEL_CONFIG, QUANT_CONFIG)  # fetched first, so that the check runs before the weights come
 
 
-def fetch(source: SourceURI, progress: Callable[[str], None] = print, *, marker: str = CHECKPOINT_MARKER,
-          field: str = "model.source") -> SourceSnapshot:
-    """Fetch, pin and digest a source. `marker`: the file that makes the folder what the field names (config.json
-    for a checkpoint); `field`: the spec field the source came from, named in every refusal."""
+def fetch(source: SourceURI, progress: Callable[[str], None] = print, check: QuantizationCheck | None = None, *,
+          marker: str = CHECKPOINT_MARKER, field: str = "model.source") -> SourceSnapshot:
+    """Fetch, pin and digest a source. `check`: called with the checkpoint's own quantization
+    (build.quantized_source; None for an unquantized one) once its config files are here and before its weights are
+    fetched (a Hub source's config files come alone first; an S3 source's objects come config files first); its
+    error stops the fetch. `marker`: the file that makes the folder what the field names (config.json for a
+    checkpoint); `field`: the spec field the source came from, named in every refusal."""
     try:
-        return _fetch(source, progress, marker)
+        return _fetch(source, progress, check, marker)
     except SourceError as err:
         if field == "model.source":
             raise
         raise SourceError(str(err).replace("model.source", field)) from None
 
 
-def _fetch(source: SourceURI, progress: Callable[[str], None], marker: str) -> SourceSnapshot:
+def _fetch(source: SourceURI, progress: Callable[[str], None], check: QuantizationCheck | None,
+           marker: str) -> SourceSnapshot:
     rev: str | None = None
     if source.kind is SourceKind.HF:
-        local, identity, rev = _fetch_hf(source, progress)
+        local, identity, rev = _fetch_hf(source, progress, check)
     elif source.kind is SourceKind.S3:
-        local, identity = _fetch_s3(source, progress)
+        local, identity = _fetch_s3(source, progress, check)
     else:
         local, identity = _fetch_local(source, marker), {}
+        if check is not None and (local / MODEL_CONFIG).is_file():
+            check(read_quantization(local))
     if not (local / marker).is_file():
         raise SourceError(f"model.source: {source.uri} has no {marker}: point the source at a "
                           f"{_folder_kind(marker)} folder")
+    quantization = read_quantization(local) if marker == CHECKPOINT_MARKER else None
+    if quantization is not None:
+        progress(f"fetch: {source.uri} is pre-quantized: {quantization.label()}; it is served as it is, never "
+                 "quantized again")
     # Digests are computed once here, streaming; every key downstream uses them.
     weights, tok, files = checkpoint_digests(local)
     if source.kind is SourceKind.LOCAL:
@@ -89,7 +115,7 @@ def _fetch(source: SourceURI, progress: Callable[[str], None], marker: str) -> S
     return SourceSnapshot(
         uri=source.uri, kind=source.kind, local_dir=str(local), revision=rev,
         requested_revision=source.revision, identity=identity, weights_digest=weights,
-        tokenizer_digest=tok, files=files,
+        tokenizer_digest=tok, files=files, quantization=quantization,
     )
 
 
@@ -240,7 +266,7 @@ def _hf_cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def _fetch_hf(source: SourceURI, progress: Callable[[str], None],
+def _fetch_hf(source: SourceURI, progress: Callable[[str], None], check: QuantizationCheck | None = None,
               ) -> tuple[Path, dict[str, Any], str]:  # JSON edge: the source identity, recorded
     """Resolve the revision to a commit sha, then download the selected files of exactly that commit into the
     standard HF cache, with huggingface_hub's progress bars. A download resumes file by file: an interrupted
@@ -268,6 +294,8 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None],
             snapshot = Path(snapshot_download(repo, revision=sha, allow_patterns=list(allow) if allow else None,
                                               ignore_patterns=list(ignore)))
             progress(f"fetch: {repo}@{rev} is commit {sha[:12]} in the local cache {cache} (HF_HUB_OFFLINE)")
+            if check is not None:
+                check(read_quantization(snapshot))
         else:
             sha = _resolve_hf(source)
             listing = {f.path: f.size or 0 for f in HfApi().list_repo_tree(repo, revision=sha, recursive=True)
@@ -281,6 +309,8 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None],
                      f"{_gb(sum(listing[f] for f in files))}; {fetching}"
                      + (f"; skipped {len(skipped)} by pattern: {', '.join(skipped[:5])}"
                         + (" …" if len(skipped) > 5 else "") if skipped else ""))
+            if check is not None:  # the config files alone, before any weight
+                _check_hub_configs(repo, sha, [f for f in CONFIG_FILES if f in files], check)
             # By the requested revision, so the cache records refs/<rev> → commit for offline use; the commit
             # must be the one resolved above (a branch that moved in between is refused, not mixed).
             snapshot = Path(snapshot_download(repo, revision=rev, allow_patterns=list(allow) if allow else None,
@@ -306,6 +336,19 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None],
     identity = {"repo": repo, "requested_revision": rev, "commit_sha": sha, "endpoint": endpoint,
                 "allow_patterns": list(allow) if allow else None, "ignore_patterns": list(ignore)}
     return local, identity, sha
+
+
+def _check_hub_configs(repo: str, sha: str, present: list[str], check: QuantizationCheck) -> None:
+    """The repo's config files at commit `sha`, downloaded alone (into the cache the snapshot download reuses), then
+    `check` on their quantization."""
+    from huggingface_hub import hf_hub_download
+
+    paths = {name: Path(hf_hub_download(repo, name, revision=sha)) for name in present}
+    check(quantization_from(
+        read_json_bounded(paths[QUANT_CONFIG], MAX_QUANT_CONFIG_BYTES, "model.source") if QUANT_CONFIG in paths
+        else None,
+        read_json_bounded(paths[MODEL_CONFIG], MAX_CONFIG_BYTES, "model.source") if MODEL_CONFIG in paths
+        else None))
 
 
 def _cached_snapshot(source: SourceURI) -> Path:
@@ -348,7 +391,7 @@ def _selection_view(snapshot: Path, files: list[str]) -> Path:
     return view
 
 
-def _fetch_s3(source: SourceURI, progress: Callable[[str], None],
+def _fetch_s3(source: SourceURI, progress: Callable[[str], None], check: QuantizationCheck | None = None,
               ) -> tuple[Path, dict[str, Any]]:  # JSON edge: the source identity, recorded
     """Download every object under the prefix into a cache folder named by the objects' versions/ETags."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -371,6 +414,8 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None],
     identity = {o["Key"][len(prefix) + 1 :]: o.get("VersionId") or o["ETag"].strip('"') for o in objects}
     root = cache_root() / "s3"
     dest = root / bucket / prefix / sha256_json(identity)[:16]
+    if (dest / ".complete").exists() and check is not None:
+        check(read_quantization(dest))
     if not (dest / ".complete").exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(dest)
@@ -378,7 +423,12 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None],
         tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        for obj in objects:
+        # The config files first: the check sees them before any weight is downloaded.
+        configs = [o for o in objects if o["Key"][len(prefix) + 1 :] in CONFIG_FILES]
+        ordered = configs + [o for o in objects if o not in configs]
+        for i, obj in enumerate(ordered):
+            if check is not None and i == len(configs):
+                _check_or_clear(check, tmp)
             rel = obj["Key"][len(prefix) + 1 :]
             try:
                 target = confined_join(tmp, rel, f"S3 object key under s3://{bucket}/{prefix}/:")
@@ -387,6 +437,8 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None],
             target.parent.mkdir(parents=True, exist_ok=True)
             progress(f"fetch: s3://{bucket}/{obj['Key']} ({obj['Size']} bytes)")
             client.download_file(bucket, obj["Key"], str(target))
+        if check is not None and len(configs) == len(ordered):  # config files alone: checked after them
+            _check_or_clear(check, tmp)
         (tmp / ".complete").touch()
         if (dest / ".complete").exists():  # another run finished the same download first
             shutil.rmtree(tmp, ignore_errors=True)
@@ -394,6 +446,16 @@ def _fetch_s3(source: SourceURI, progress: Callable[[str], None],
             shutil.rmtree(dest, ignore_errors=True)
             tmp.rename(dest)
     return dest, {"bucket": bucket, "prefix": prefix, "objects": identity}
+
+
+def _check_or_clear(check: QuantizationCheck, tmp: Path) -> None:
+    """`check` on the config files fetched into `tmp` so far; refused, the partial folder goes (nothing is left
+    that a later fetch would find)."""
+    try:
+        check(read_quantization(tmp))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _bucket_prefix(source: SourceURI) -> tuple[str, str]:

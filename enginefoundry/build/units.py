@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from enginefoundry.build.quantized_source import SourceQuantization
 from enginefoundry.identity import sha256_json
 from enginefoundry.spec import AdapterMode, BuildSpec, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.lane_options import LaneOptions
@@ -102,7 +103,10 @@ def target_identity(target: Target) -> dict[str, Any]:  # JSON edge: the key's t
 def checkpoint_key_components(
     spec: BuildSpec, variant: Variant, weights_digest: str, tokenizer_digest: str,
     toolchain: dict[str, Any],  # JSON edge: toolchain_identity's JSON
+    source_quantization: SourceQuantization | None = None,
 ) -> dict[str, Any]:  # JSON edge: key components, hashed and recorded
+    """`source_quantization`: a pre-quantized source's own quantization (build.quantized_source), recorded in the key
+    (`explain` names it); an unquantized source's key is the one it always had."""
     calib = variant.calibration.model_dump(mode="json") if variant.calibration else None
     return {
         "format_version": FORMAT_VERSION,
@@ -113,7 +117,13 @@ def checkpoint_key_components(
         "toolchain": toolchain,
         "variant": variant.key_json(),
         "calibration": calib,
+        **_quantized(source_quantization),
     }
+
+
+def _quantized(source_quantization: SourceQuantization | None,
+               ) -> dict[str, Any]:  # JSON edge: the key's source_quantization part
+    return {} if source_quantization is None else {"source_quantization": source_quantization.key_json()}
 
 
 def unit_key_components(
@@ -122,11 +132,13 @@ def unit_key_components(
     lane_options: LaneOptions | dict[str, Any] | None = None,  # JSON edge: the options the spec set
     draft_digests: tuple[str, str] | None = None,
     adapter_digests: dict[str, str] | None = None,
+    source_quantization: SourceQuantization | None = None,
 ) -> dict[str, Any]:  # JSON edge: key components, hashed and recorded
     """Everything that changes what a unit's build produces. No paths, clocks or credentials. A speculative unit
     adds its `speculative` section, with the draft's weights and tokenizer digests (`draft_digests`) where it has
     a draft; a unit without one keeps the key it always had. A unit of an adapter adds its `adapter` (name, mode
-    and the adapter's digest from `adapter_digests`, name → digest of the fetched adapter folder)."""
+    and the adapter's digest from `adapter_digests`, name → digest of the fetched adapter folder). A pre-quantized
+    source adds its own quantization (`source_quantization`, as the checkpoint key does)."""
     calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None
     extra: dict[str, Any] = {}  # JSON edge: the components only speculative units and adapter units have
     if spec.speculative is not None:
@@ -146,6 +158,7 @@ def unit_key_components(
         "calibration": calib,
         "lane_options": dict(sorted(_keyed(lane_options).items())),
         **extra,
+        **_quantized(source_quantization),
     }
 
 
@@ -222,6 +235,7 @@ class KeyComponents(BaseModel):
     lane_options: dict[str, Any] | None = None  # JSON edge: the options the spec set; unit keys only
     speculative: dict[str, Any] | None = None  # JSON edge: the speculative section and draft digests; when set
     adapter: dict[str, Any] | None = None  # JSON edge: the unit's adapter (name, mode, digest); adapter units only
+    source_quantization: dict[str, Any] | None = None  # JSON edge: a pre-quantized source's quantization; when set
 
     @classmethod
     def of(cls, components: dict[str, Any]) -> KeyComponents:  # JSON edge: components as made or recorded

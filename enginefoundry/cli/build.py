@@ -250,6 +250,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from enginefoundry.build.adapters import fetch_adapters
+    from enginefoundry.build.quantized_source import refuse_contradiction
     from enginefoundry.build.sources import fetch
     from enginefoundry.console import say
     from enginefoundry.lanes import get_lane
@@ -258,7 +259,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from enginefoundry.store.backends import open_store
 
     spec, _ = load(args.spec, args)
-    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say)
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=say,
+                     check=lambda quant: refuse_contradiction(spec, quant))
     draft = fetch_speculative_draft(spec, snapshot, say)
     lane = get_lane(spec.lane)
     adapters = fetch_adapters(spec, snapshot, lane.name, lane.max_lora_rank, say)

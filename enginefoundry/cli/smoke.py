@@ -52,6 +52,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--quantized-checkpoint", metavar="DIR",
                    help="the unit's own quantized checkpoint (ModelOpt's unified export, as hf_ptq.py writes it: "
                         "W4A16_AWQ), dequantized as the reference: the build's own calibration and export")
+    p.add_argument("--unquantized-original", metavar="DIR",
+                   help="--reference is a pre-quantized checkpoint (ModelOpt's W4A16_AWQ export, judged against itself "
+                        "dequantized): its unquantized original, which the rule `quantization cost` compares with "
+                        "(as the spec's model.unquantized)")
     p.add_argument("--build-dtype", choices=("bf16", "fp16"),
                    help="the dtype a quantized unit computes in, which its simulated reference is computed in (as the "
                         "engine lane's lane_options.dtype); default the source's 16-bit dtype, fp16 for an fp32 "
@@ -97,6 +101,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                                       or not Path(args.quantized_checkpoint).is_dir()):
         raise InputError(f"smoke: --quantized-checkpoint {args.quantized_checkpoint}: a folder, with "
                          "--reference-precision unit (the default) or simulated")
+    if args.unquantized_original and not Path(args.unquantized_original).is_dir():
+        raise InputError(f"smoke: --unquantized-original {args.unquantized_original} is not a folder")
     prompts = load_prompt_set(Path(args.prompts))
     try:
         simulated = args.reference_precision == SIMULATED_REFERENCE
@@ -120,7 +126,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                            server_log=Path(args.server_log) if args.server_log else None,
                            reference_device=args.reference_device, simulated=simulated,
                            checkpoint=Path(args.quantized_checkpoint) if args.quantized_checkpoint else None,
-                           build_dtype=args.build_dtype)
+                           build_dtype=args.build_dtype,
+                           original_dir=Path(args.unquantized_original) if args.unquantized_original else None)
     except ToolError as err:
         if "(0/" in str(err):  # not a single answer: the endpoint or the model name is wrong
             raise InputError(str(err).splitlines()[0]) from None

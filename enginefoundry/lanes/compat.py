@@ -163,6 +163,7 @@ def render() -> str:
         lines.append(f"| {low} – {high} | {pinned_modelopt} | {source} |")
     lines += speculation_section()
     lines += lora_section()
+    lines += prequantized_section()
     from enginefoundry.lanes.trtllm_disagg import compat_section
 
     lines += compat_section(TRTLLM_RELEASES)
@@ -243,6 +244,34 @@ def lora_section() -> list[str]:
             "| PyTorch backend LoRA: several adapters at once, chosen per request (`LoRARequest(name, id, path)`), "
             "quantized bases, Hugging Face and NeMo formats, `trtllm-serve` and `trtllm-bench` | not yet "
             f"(adapter_mode serve on lane trtllm) | {REF_LORA_DOCS} |"]
+
+
+def prequantized_section() -> list[str]:
+    """A pre-quantized source (issue 36 item 5): what each lane does with a ModelOpt export, nothing emitted."""
+    from enginefoundry.build.quantized_source import ALGO_PRECISION, DEQUANTIZED
+    from enginefoundry.lanes.trtllm_flags import REF_PREQUANTIZED
+
+    lines = ["", "## Pre-quantized sources (`model.source` is a ModelOpt export)", "",
+             "A source whose checkpoint carries `hf_quant_config.json` (or a `quantization_config` with "
+             "`quant_method: modelopt` in config.json) is never quantized again. Its `quant_algo` gives its precision; "
+             "`validate`, `plan` and the fetch (once the config files are here, before any weight) refuse a variant "
+             "whose `precision` contradicts it, and any other algorithm, with the field and the fix. The unit key "
+             "records the checkpoint's own quantization (`source_quantization`). Lane `trtllm` emits nothing for it: "
+             "no `hf_ptq.py` run, no LLM API key; `trtllm-serve` loads the checkpoint as it is. Evidence: "
+             f"{REF_PREQUANTIZED}.", "",
+             "| quant_algo | precision | conversion | the smoke gate's reference |", "|---|---|---|---|"]
+    for algo, precision in ALGO_PRECISION.items():
+        if algo in DEQUANTIZED:
+            lines.append(f"| `{algo}` | `{precision.value}` | lane trtllm: none, `trtllm-serve` loads the export; lane "
+                         "reference: dequantized (codes × group scales × AWQ pre-quant scale) into the build's 16-bit "
+                         "dtype | the export dequantized (like with like); the quantization cost against the "
+                         "unquantized original where one is given |")
+        else:
+            why = ("it quantizes activations too, which no dequantized checkpoint holds" if algo in ("FP8", "NVFP4")
+                   else "no dequantizer for it here")
+            lines.append(f"| `{algo}` | `{precision.value}` | — (refused at `validate` and `plan`, every lane) | none "
+                         f"yet: {why}; use the unquantized checkpoint as the source and let the lane quantize it |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,11 +14,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from enginefoundry.build.quantized_source import (
+    DEQUANTIZED,
+    SourceQuantization,
+    read_quantization,
+    spec_quantization,
+    write_dequantized,
+)
 from enginefoundry.build.units import Unit
 from enginefoundry.confine import check_name
 from enginefoundry.errors import InputError, PreflightError, ToolError
 from enginefoundry.gpu.devices import host_facts, torch_device_facts
-from enginefoundry.gpu.precisions import TORCH_DTYPE
+from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
     BuildResult,
@@ -105,11 +112,15 @@ class ReferenceLane(Lane):
 
             found = lookup(spec)
             problems += spec_problems(spec, None, found.config, found.source or "the model's config.json")
+        quant = spec_quantization(spec)  # a pre-quantized source whose files are here (no download)
         for i, v in enumerate(spec.variants):
-            if v.precision not in TORCH_DTYPES:
+            if v.precision not in TORCH_DTYPES and not (quant is not None and quant.precision is v.precision
+                                                        and quant.dequantizable):
                 problems.append((f"variants.{i}.precision",
                                  f"{v.precision.value} is not available on the reference lane; "
-                                 f"use one of {', '.join(p.value for p in TORCH_DTYPES)} or lane trtllm"))
+                                 f"use one of {', '.join(p.value for p in TORCH_DTYPES)} or lane trtllm (a "
+                                 "pre-quantized source of a weight-only format it dequantizes, "
+                                 f"{', '.join(sorted(DEQUANTIZED))}, is served dequantized)"))
             if v.tp != 1 or v.pp != 1:
                 problems.append((f"variants.{i}.tp", "the reference lane serves on one device: use tp: 1, pp: 1"))
         problems += unsupported_problems(spec, self.name, "serves on one device, every expert in one model: it has "
@@ -136,12 +147,33 @@ class ReferenceLane(Lane):
         tokenizer files stay byte-identical to the source (the smoke stage compares tokenizer digests)."""
         from enginefoundry.build.checkpoint_cast import cast_checkpoint
 
-        dtype = TORCH_DTYPES[variant.precision]
         out = workdir / "checkpoint"
         if out.exists():
             shutil.rmtree(out)
+        quant = read_quantization(source_dir)
+        if quant is not None:
+            return self._dequantize(variant, source_dir, quant, out)
+        dtype = TORCH_DTYPES[variant.precision]
         cast_checkpoint(source_dir, out, dtype)
         return ConvertResult(checkpoint_dir=str(out), params={"dtype": dtype, "format": "safetensors"})
+
+    def _dequantize(self, variant: Variant, source_dir: Path, quant: SourceQuantization, out: Path) -> ConvertResult:
+        """A pre-quantized source (never quantized again): a weight-only format's codes × scales written as plain
+        weights in the dtype an engine of it computes in (the checkpoint's 16-bit dtype, fp16 for an fp32 one:
+        gpu.precisions.activation_dtype), the arithmetic a weight-only kernel does, on any device. The gate's
+        reference is the same checkpoint dequantized (smoke/simulated.py `dequantized_checkpoint`)."""
+        from enginefoundry.build.model_shape import checkpoint_shape
+
+        if quant.precision is not variant.precision or not quant.dequantizable:
+            raise InputError(f"variants[{variant.name}].precision: the source is pre-quantized ({quant.label()}); the "
+                             f"reference lane serves it as {quant.precision.value} where it dequantizes the format "
+                             f"({', '.join(sorted(DEQUANTIZED))}): set the variant's precision to "
+                             f"{quant.precision.value}, or use lane trtllm")
+        dtype = activation_dtype(variant.precision, checkpoint_shape(source_dir)) or "bfloat16"
+        layers, awq = write_dequantized(source_dir, quant, out, torch_dtype=dtype, copy_files=_copy_top_level)
+        return ConvertResult(checkpoint_dir=str(out), params={
+            "dtype": dtype, "format": "safetensors", "prequantized": quant.key_json(),
+            "dequantized": f"{quant.quant_algo}: {layers} layers ({awq} AWQ-scaled) as {dtype}"})
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
               draft_dir: Path | None = None) -> BuildResult:
@@ -181,7 +213,7 @@ class ReferenceLane(Lane):
         warmup_s = time.monotonic() - t0
         params = {
             "device": device,
-            "dtype": TORCH_DTYPES[unit.variant.precision],
+            "dtype": TORCH_DTYPES.get(unit.variant.precision) or str(model.dtype).removeprefix("torch."),
             "max_batch_size": unit.profile.max_batch_size,
             "max_seq_len": unit.profile.max_seq_len,
             **speculative,
@@ -257,9 +289,14 @@ class ReferenceLane(Lane):
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
         device = _device_for(unit.target.arch).split(":")[0]
         at = ["--host", "127.0.0.1", "--port", "<free>"]
+        quant = spec_quantization(spec)
+        convert = (Command(argv=["(in-process)", "dequantize", quant.quant_algo, "(the pre-quantized source, never "
+                                 "quantized again; its 16-bit dtype, fp16 for fp32)"], description="convert")
+                   if quant is not None else
+                   Command(argv=["(in-process)", "cast_checkpoint", f"dtype={dtype}",
+                                 "(streamed, one tensor at a time)"], description="convert"))
         commands = [
-            Command(argv=["(in-process)", "cast_checkpoint", f"dtype={dtype}", "(streamed, one tensor at a time)"],
-                    description="convert"),
+            convert,
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
         ]
@@ -283,3 +320,12 @@ class ReferenceLane(Lane):
                                 env=dict(SERVE_ENV),
                                 description=f"serve (from a folder where {spec.model.name} links to <bundle>/model)"))
         return commands
+
+
+def _copy_top_level(folder: Path, out: Path, names: set[str]) -> int:
+    """The files of `folder` (not its subfolders) named in `names`, copied byte for byte into `out` (the tokenizer
+    files stay the source's: the smoke stage compares their digests); how many."""
+    copied = [f for f in folder.iterdir() if f.is_file() and f.name in names]
+    for f in copied:
+        shutil.copyfile(f, out / f.name)
+    return len(copied)

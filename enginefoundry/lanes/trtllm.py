@@ -22,6 +22,7 @@ import yaml
 
 from enginefoundry.build.model_config import lookup
 from enginefoundry.build.model_shape import Check
+from enginefoundry.build.quantized_source import SourceQuantization, read_quantization, spec_quantization
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
 from enginefoundry.confine import UnsafePathError, check_name
@@ -330,6 +331,25 @@ AWQ_MAX_CC = (10, 0)
 ROUTES = frozenset(Precision) - {Precision.INT8_WO, Precision.INT4_WO}
 
 
+# A pre-quantized source (ModelOpt's unified HF export: hf_quant_config.json, or an inline `quantization_config` with
+# quant_method modelopt; build.quantized_source) is not quantized again: the PyTorch backend loads it as it is and
+# reads its quantization from those files, so nothing is converted and the runtime YAML carries no quantization key.
+# Evidence: trtllm_flags.REF_PREQUANTIZED (docs/trtllm-compat.md "Pre-quantized sources").
+PREQUANTIZED_EVIDENCE = "TensorRT-LLM ≥ 1.0 docs features/quantization.md 'Running Pre-quantized Models'"
+
+
+def prequantized_passthrough(variant: Variant, source_dir: Path, quant: SourceQuantization) -> ConvertResult:
+    """The pre-quantized source as the unit's checkpoint (no hf_ptq.py run); InputError where the variant's precision
+    is not the checkpoint's (preflight refuses it before any download: build.quantized_source.precision_problems)."""
+    if quant.precision is not variant.precision:
+        raise InputError(f"variants[{variant.name}].precision {variant.precision.value} contradicts the source's "
+                         f"quantization {quant.label()}: set it to {quant.precision.value}")
+    return ConvertResult(checkpoint_dir=str(source_dir), params={
+        "format": "hf-modelopt", "precision": variant.precision.value, "passthrough": True,
+        "prequantized": quant.key_json(), "quant_algo": quant.quant_algo,
+        "kv_cache_quant_algo": quant.kv_cache_quant_algo})
+
+
 def awq_check(unit: Unit) -> Check | None:
     """int4_awq (W4A16 AWQ) on a Blackwell target: refused, with the matrix as the reason."""
     cc = unit.target.arch.compute_capability
@@ -364,8 +384,8 @@ class TrtllmLane(TrtllmLaneBase):
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
-        # Quantization loads the whole HF model; otherwise each rank loads its shard. No engine on disk.
-        quantized = unit.variant.precision.is_quantized
+        # Quantization loads the whole HF model; otherwise (a pre-quantized source too) each rank loads its shard.
+        quantized = unit.variant.precision.is_quantized and spec_quantization(spec) is None
         host = source_bytes if quantized else per_rank_bytes
         return host, source_bytes + (est.weights_bytes_total if quantized else 0)
 
@@ -406,7 +426,8 @@ class TrtllmLane(TrtllmLaneBase):
         tools = {SERVE: ["trtllm-serve"]}
         opts = trtllm_options(spec.lane_options if spec else None)
         root = opts.modelopt_dir or EnvSettings().modelopt_dir
-        if root and spec and any(v.precision.is_quantized for v in spec.variants):
+        # A pre-quantized source needs no quantizer on the worker: its checkpoint is served as it is.
+        if root and spec and any(v.precision.is_quantized for v in spec.variants) and spec_quantization(spec) is None:
             tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
         triton = self.triton_dir(spec)
         if triton is not None:
@@ -421,6 +442,9 @@ class TrtllmLane(TrtllmLaneBase):
     # convert ------------------------------------------------------------------------------------------------
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
+        quant = read_quantization(source_dir)
+        if quant is not None:
+            return prequantized_passthrough(variant, source_dir, quant)
         if not variant.precision.is_quantized:
             # The PyTorch backend loads the HF checkpoint directly: nothing to convert.
             return ConvertResult(checkpoint_dir=str(source_dir),
@@ -597,7 +621,11 @@ class TrtllmLane(TrtllmLaneBase):
         modelopt = surface.modelopt if surface else assumed_modelopt(spec.toolchain.trtllm_version)
         cmds = []
         ckpt = "<source checkpoint>"
-        if unit.variant.precision.is_quantized:
+        quant = spec_quantization(spec)  # a pre-quantized source whose files are here (no download)
+        if quant is not None:
+            cmds.append(Command(argv=["(none)", f"the source is pre-quantized: {quant.label()}; trtllm-serve loads it "
+                                      f"as it is ({PREQUANTIZED_EVIDENCE})"], description="convert (no PTQ)"))
+        elif unit.variant.precision.is_quantized:
             cmds.append(quantize_command(spec, unit.variant, "<source checkpoint>", "<work>/checkpoint",
                                          WORKER_PYTHON, modelopt))
             ckpt = "<work>/checkpoint"

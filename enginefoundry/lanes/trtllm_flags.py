@@ -163,6 +163,16 @@ REF_SPEC_CLASSES = ("tensorrt_llm/llmapi/llm_args.py@fcd3f31682808ae56118ae43c1d
 REF_SPEC_AIC = ref_aic("1.0.0", "1.3.0rc23") + " (speculative_config.decoding_type; MTP num_nextn_predict_layers)"
 REF_SPEC_AIC_EAGLE = ref_aic("1.0.0rc6", "1.0.0", "1.1.0rc1") + " (decoding_type Eagle: speculative_model_dir)"
 # One-model (the draft a submodule of the target) and two-model implementations per algorithm and model family.
+# A pre-quantized source (ModelOpt's unified HF export) runs as it is on the PyTorch backend: nothing is emitted for
+# it (no hf_ptq.py run, no YAML key), the checkpoint's own files carry its quantization (lanes/trtllm.py
+# `prequantized_passthrough`, build/quantized_source.py).
+REF_PREQUANTIZED = ("docs 1.0.0 features/quantization.html 'Running Pre-quantized Models' (\"TensorRT LLM can directly "
+                    "run pre-quantized models generated with the NVIDIA TensorRT Model Optimizer\"); "
+                    "tensorrt_llm/_torch/model_config.py@008e0af8980fc560003631ba4ac37828836a91c8 "
+                    "(ModelConfig.from_pretrained: hf_quant_config.json, \"quantized ckpt in modelopt format\", "
+                    "authoritative over an inline quantization_config; an inline ModelOpt quantization_config through "
+                    "load_hf_quant_config → is_modelopt_quant_config); facts §1 (QuantConfig \"for pytorch backend is "
+                    "ignored. You can load quantized model with hf_quant_config.json directly\")")
 REF_SPEC_MODELS = ("docs features/speculative-decoding.html (one-model: EAGLE 3 on Llama 4 Maverick, MTP on "
                    "DeepSeek V3/R1; two-model: EAGLE 3 on Llama 4 Maverick, Llama 3.1 8B, Llama 3.3 70B, "
                    "draft/target and NGram on all models)")

@@ -72,7 +72,8 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
         comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest, toolchain,
                                     spec.lane_options,
                                     draft_digests=(draft.weights_digest, draft.tokenizer_digest) if draft else None,
-                                    adapter_digests={n: a.weights_digest for n, a in (adapters or {}).items()})
+                                    adapter_digests={n: a.weights_digest for n, a in (adapters or {}).items()},
+                                    source_quantization=snapshot.quantization)
         key = key_of(comps)
         # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
         said: list[str] = []

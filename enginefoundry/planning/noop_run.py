@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.adapters import adapter_digests, fetch_adapters
+from enginefoundry.build.quantized_source import refuse_contradiction
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
@@ -61,13 +62,14 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     every file re-hashed too), else None: the flow then plans again and rebuilds what is refused."""
     t0 = time.monotonic()
     units = expand_units(spec, targets or None)
-    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=progress)
+    snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=progress,
+                     check=lambda quant: refuse_contradiction(spec, quant))
     draft = fetch_speculative_draft(spec, snapshot, progress)
     lane = get_lane(spec.lane)
     adapters = fetch_adapters(spec, snapshot, lane.name, lane.max_lora_rank, progress)
     fetch_s = time.monotonic() - t0
     keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
-                      adapter_digests(adapters))
+                      adapter_digests(adapters), snapshot.quantization)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     hits: dict[str, PublishedBuild] = {}
     for check in check_hits(store, spec.model.name, units, keyed.keys, rehash=rehash, progress=progress,

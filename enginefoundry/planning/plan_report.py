@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from enginefoundry.build.model_shape import Check
+from enginefoundry.build.quantized_source import spec_quantization_problems
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.base import PROBE_CHECK
@@ -68,7 +69,7 @@ def _moe_shape(unit: Unit) -> str:
 def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanReport:
     lane = get_lane(spec.lane)
     config = model_config_for(spec)
-    lane_problems = list(lane.validate_options(spec))
+    lane_problems = list(lane.validate_options(spec)) + spec_quantization_problems(spec)
     rows, commands, reports = [], {}, {}
     for unit in expand_units(spec, only_targets):
         report = preflight(spec, unit, config, None)

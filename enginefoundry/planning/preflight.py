@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from enginefoundry.build.model_config import expert_count
 from enginefoundry.build.model_shape import Check, ModelShape
+from enginefoundry.build.quantized_source import spec_quantization
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import PreflightError
 from enginefoundry.gpu.detect import GPUInfo, match_target
@@ -434,8 +435,17 @@ def dequantizes(spec: BuildSpec, precision: str) -> bool:
     """smoke.reference_precision: unit (the default) or simulated judges a unit of `precision` against its lane's
     own quantized checkpoint, dequantized (the lane exports ModelOpt's unified checkpoint for it: Lane.dequantizable;
     like with like)."""
+    if prequantized_reference(spec, precision):
+        return True
     return (spec.smoke.reference_precision in (UNIT_PRECISION, SIMULATED_REFERENCE)
             and spec.smoke.reference is ReferenceSource.SOURCE and precision in get_lane(spec.lane).dequantizable)
+
+
+def prequantized_reference(spec: BuildSpec, precision: str) -> bool:
+    """The source is pre-quantized as `precision` in a format the gate dequantizes (build.quantized_source): every
+    lane's unit of it is judged against the checkpoint dequantized, the only reference it has (tasks/smoke.py)."""
+    quant = spec_quantization(spec)
+    return quant is not None and quant.dequantizable and quant.precision.value == precision
 
 
 def proxied(spec: BuildSpec, precision: str) -> bool:
@@ -449,7 +459,8 @@ def proxied(spec: BuildSpec, precision: str) -> bool:
 
 def like_reference(spec: BuildSpec, precision: str) -> bool:
     """A unit of `precision` is judged like with like (its own precision computed, simulated or dequantized)."""
-    return spec.smoke.has_like_reference(precision, get_lane(spec.lane).dequantizable)
+    return prequantized_reference(spec, precision) or spec.smoke.has_like_reference(
+        precision, get_lane(spec.lane).dequantizable)
 
 
 def reference_problems(spec: BuildSpec) -> list[tuple[str, str, int | None]]:
@@ -503,6 +514,9 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
     if spec.smoke.simulates(unit.variant.precision.value):
         # The build's compute dtype (smoke.simulated.simulated_dtype) is read from the source, not known to a plan.
         return f"simulated {unit.variant.precision.value} (TensorRT-LLM's quantizer, the build's dtype; like with like)"
+    if prequantized_reference(spec, unit.variant.precision.value):
+        return (f"the pre-quantized {unit.variant.precision.value} source, dequantized (the build's dtype; like with "
+                "like)")
     if dequantizes(spec, unit.variant.precision.value):
         return f"the lane's {unit.variant.precision.value} checkpoint, dequantized (the build's dtype; like with like)"
     if spread:
@@ -602,12 +616,14 @@ def simulation_check(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory
     proxy = not export and not spec.smoke.simulates(precision)  # judged against fp32: its quantization's proxy
     need = int(shape.param_count() * 4 * (DEQUANTIZATION_COPIES if export else SIMULATION_COPIES) * 1.2)
     disk = int(shape.param_count() * 4)
-    doing, once = ((f"dequantizing the lane's {precision} checkpoint", "once per checkpoint") if export else
+    prequantized = prequantized_reference(spec, precision)  # dequantized by this project's code: no ModelOpt
+    whose = "the pre-quantized source's" if prequantized else "the lane's"
+    doing, once = ((f"dequantizing {whose} {precision} checkpoint", "once per checkpoint") if export else
                    (f"rounding the source's weights to {precision} (the proxy its task accuracy is judged against)",
                     "once per source") if proxy else
                    (f"the {precision} simulation", "once per source (the weights alone)"))
     what = f"{doing} (host CPU) needs ≈{_gib(need)} host memory and ≈{_gib(disk)} under the cache root, {once}"
-    why_not = None if proxy else can_simulate(precision)
+    why_not = None if proxy or prequantized else can_simulate(precision)
     if why_not is not None:
         return Check(name="simulation", ok=not on_worker, message=f"{what}; {why_not}",
                      fix="pip install 'enginefoundry[simulate]' on the workers that run the smoke reference, or "

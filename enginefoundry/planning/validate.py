@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from enginefoundry.build.quantized_source import spec_quantization_problems
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.preflight import reference_problems
@@ -33,6 +34,9 @@ def validate_deep(spec: BuildSpec) -> None:
 
 def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     problems = list(get_lane(spec.lane).validate_options(spec))
+    # A pre-quantized source (read from its files where they are here: a local source, the Hub cache) that a variant
+    # contradicts; a source not here yet is checked by the fetch, before its weights come.
+    problems += spec_quantization_problems(spec)
     problems += _prompt_problems(spec)
     problems += _signature_problems(spec)
     problems += _prices_problems(spec)

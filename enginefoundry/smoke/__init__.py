@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.build.quantized_source import read_quantization
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
@@ -271,6 +272,7 @@ def run_smoke(
     trust: InputTrust | None = None,
     build_dtype: str | None = None,
     speculative: bool = False, twin_body: dict[str, Any] | None = None,  # JSON edge: the twin's request fields
+    original_dir: Path | None = None,
 ) -> SmokeReport:
     """Every prompt through the endpoint (`spec.concurrency` at a time), compared with the reference answers
     (computed once per key), then the gate.
@@ -294,6 +296,10 @@ def run_smoke(
     (the engine lane's lane_options.dtype), else the source's 16-bit dtype, fp16 for an fp32 source
     (simulated.simulated_dtype).
 
+    A pre-quantized source (`reference_dir` is a ModelOpt export: build.quantized_source) is judged against itself
+    dequantized (`checkpoint`, or the reference stage's outcome); its `quantization cost` rule compares with the
+    unquantized `original_dir` where one is given, and is not judged otherwise.
+
     `speculative`: the unit speculates, and the rule `lossless speculation` compares its greedy answers with those
     of its non-speculative twin: the same endpoint asked with `twin_body` (the lane's switch; None: there is none,
     and the rule fails as not run).
@@ -304,6 +310,13 @@ def run_smoke(
     if max_logprob_diff is not None:
         overrides["max_logprob_diff"] = max_logprob_diff
     source_dir = reference_dir
+    prequantized = read_quantization(source_dir)
+    if prequantized is not None and not prequantized.dequantizable:
+        raise InputError(f"smoke: {source_dir} is pre-quantized ({prequantized.label()}), and the gate has no "
+                         "reference for it (it dequantizes W4A16_AWQ exports without a quantized KV cache); judge "
+                         "against the unquantized checkpoint instead")
+    if prequantized is not None and checkpoint is None:
+        checkpoint = source_dir  # a pre-quantized source is judged against itself, dequantized
     given = reference_outcome is not None and reference_outcome.simulated is not None  # by the reference stage
     sibling = reference_outcome is not None and reference_outcome.sibling_unit is not None
     # Like with like by default (issue 39): a weight-only unit against its quantizer's simulation, a unit whose own
@@ -338,7 +351,7 @@ def run_smoke(
             reference, reference_outcome = simulated_reference(
                 source_dir, cases, precision, max_new_tokens=spec.max_new_tokens, store=store,
                 device=reference_device, weights_digest=weights_digest, checkpoint=checkpoint, dtype=sim_dtype,
-                progress=progress, trust=trust)
+                progress=progress, trust=trust, original=original_dir)
         reference_dir = Path(reference_outcome.model_dir)
         reference_why = f"{reference_outcome.simulated_why or reference_why}: {reference_outcome.simulated}"
     if reference is None or reference_outcome is None:
@@ -416,11 +429,18 @@ def run_smoke(
                     logprobs_required=spec.logprob_checks == "required",
                     accuracy_against=None if proxy is None else (proxy[0], {
                         c.id: bool(c.is_correct(proxy[1].by_id[c.id].text)) for c in cases if c.expected is not None}))
-    if simulated:
+    if simulated and prequantized is not None and original_dir is None:
+        verdict = verdict.with_rule(GateRule(
+            name=QUANTIZATION_COST, ok=True, kind="info",
+            detail=f"not judged: the source is pre-quantized ({prequantized.label()}) and no unquantized original "
+                   "was given to compare its task accuracy with"))
+    elif simulated:
         verdict = verdict.with_rule(quantization_cost(
-            source_dir, cases, reference, precision=precision, dtype=reference_outcome.dtype,
-            max_new_tokens=spec.max_new_tokens, store=store, device=reference_device, weights_digest=weights_digest,
-            progress=progress, trust=trust))
+            original_dir or source_dir, cases, reference, precision=precision, dtype=reference_outcome.dtype,
+            max_new_tokens=spec.max_new_tokens, store=store, device=reference_device,
+            weights_digest=None if prequantized is not None else weights_digest, progress=progress, trust=trust,
+            what=(f"the pre-quantized source ({prequantized.quant_algo}), dequantized," if prequantized is not None
+                  else None)))
     elif proxy is not None:  # the format's own cost on this model, apart from the build's fidelity
         verdict = verdict.with_rule(quantization_cost(
             source_dir, cases, proxy[1], precision=precision, dtype="fp32", max_new_tokens=spec.max_new_tokens,

@@ -37,8 +37,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from enginefoundry.build.quantized_source import (
+    MAX_QUANT_CONFIG_BYTES,
+    dequantize_w4a16_awq,
+    read_json_bounded,
+    read_quantization,
+)
 from enginefoundry.build.sources import remove_stale_partials
-from enginefoundry.errors import InputError, ToolError
+from enginefoundry.errors import InputError, SourceError, ToolError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
@@ -259,10 +265,8 @@ def _materialize(key: SimulatedKey, root: Path | None,
 # beside safetensors whose quantized linears hold packed codes and scales. Dequantized, that checkpoint is exactly
 # the quantization the engine serves (the lane's calibration data, and ModelOpt's export-time resmoothing of layers
 # that share an input), where a simulation calibrated here would be another quantization (docs/smoke-gate.md 'AWQ
-# calibrated elsewhere'). Layout read (nvidia-modelopt 0.47.0, modelopt/torch/export/quant_utils.py
-# `pack_int4_in_uint8`, `to_quantized_weight`; unified_export_hf.py): W4A16_AWQ, `<linear>.weight` uint8
-# [out/2, in], two signed 4-bit codes a byte (output rows 2j in the low nibble, 2j+1 in the high one),
-# `<linear>.weight_scale` [out, in/group_size], `<linear>.pre_quant_scale` [in] (the AWQ scale on the input).
+# calibrated elsewhere'). The layout and its dequantization: enginefoundry/build/quantized_source.py (one home, shared
+# with the reference lane, which serves a pre-quantized W4A16_AWQ source dequantized).
 UNIFIED_QUANT_CONFIG = "hf_quant_config.json"
 EXPORTED = {"W4A16_AWQ": "int4_awq"}  # quant_algo -> precision dequantized here
 
@@ -272,11 +276,11 @@ def _quant_config(checkpoint: Path) -> dict[str, Any] | None:  # JSON edge: hf_q
     path = checkpoint / UNIFIED_QUANT_CONFIG
     if not path.is_file():
         return None
-    try:
-        cfg = json.loads(path.read_text())
-        if not isinstance(cfg, dict) or not isinstance(_block(cfg), dict):
+    try:  # bounded: the checkpoint's files are input (build.quantized_source.read_json_bounded)
+        cfg = read_json_bounded(path, MAX_QUANT_CONFIG_BYTES, "smoke")
+        if cfg is None or not isinstance(_block(cfg), dict):
             raise TypeError("no quantization block")
-    except (ValueError, TypeError) as err:
+    except (SourceError, TypeError) as err:
         raise ToolError(f"smoke: {path} is not a ModelOpt quantization config ({err})") from None
     return cfg
 
@@ -310,48 +314,9 @@ def _problem(cfg: dict[str, Any] | None) -> str | None:  # JSON edge: hf_quant_c
     return None
 
 
-def unpack_int4(packed: Tensor) -> Tensor:
-    """[out/2, in] uint8 → [out, in] int8 codes in -8..7 (pack_int4_in_uint8's layout, above)."""
-    import torch
-
-    nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=1).to(torch.int8)  # [out/2, 2, in]
-    codes = torch.where(nibbles >= 8, nibbles - 16, nibbles)
-    return codes.reshape(-1, packed.shape[-1])
-
-
-def dequantize_w4a16_awq(tensors: dict[str, Tensor], group_size: int) -> tuple[dict[str, Tensor], int]:
-    """Every packed linear of a W4A16_AWQ checkpoint as its effective float32 weight, codes × scale of its group ×
-    the pre-quant scale of its input channel; every other tensor as float32. Refuses a scale it does not place."""
-    import torch
-
-    out: dict[str, Tensor] = {}
-    done = 0
-    for name, t in tensors.items():
-        if name.endswith((".weight_scale", ".pre_quant_scale")):
-            continue
-        if name.endswith(("_scale", "_quantizer", ".amax")):
-            raise ToolError(f"smoke: {name}: a quantization parameter W4A16_AWQ does not have; not dequantized")
-        if t.dtype != torch.uint8:
-            out[name] = t.float()
-            continue
-        base = name.removesuffix(".weight")
-        scale = tensors.get(f"{base}.weight_scale")
-        if not name.endswith(".weight") or scale is None:
-            raise ToolError(f"smoke: {name} is packed but has no {base}.weight_scale")
-        codes = unpack_int4(t).float()
-        groups = scale.float().repeat_interleave(group_size, dim=1)[:, : codes.shape[1]]
-        if groups.shape != codes.shape:
-            raise ToolError(f"smoke: {base}: scale {tuple(scale.shape)} does not cover codes {tuple(codes.shape)} "
-                            f"in groups of {group_size}")
-        weight = codes * groups
-        pqs = tensors.get(f"{base}.pre_quant_scale")
-        out[name] = weight * pqs.float().reshape(1, -1) if pqs is not None else weight
-        done += 1
-    return out, done
-
-
 def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path | None = None,
-                           progress: Callable[[str], None] = print) -> SimulatedModel:
+                           progress: Callable[[str], None] = print,
+                           what: str = "the lane's checkpoint") -> SimulatedModel:
     """The lane's exported checkpoint as a plain float32 checkpoint (cached by the checkpoint's digest; its
     tokenizer files, else `tokenizer_from`'s). Raises InputError for a quantization this module does not read."""
     config = _quant_config(checkpoint)  # read once: the problem, the key and the group size come from it
@@ -368,11 +333,12 @@ def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path
                        modelopt=f"{producer.get('name', '?')} {producer.get('version', '?')} (export)",
                        torch=torch.__version__)
     group = int(quant.get("group_size") or 128)
-    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, group, key, tmp, progress))
+    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, group, key, tmp, progress,
+                                                            what))
 
 
 def _dequantize(checkpoint: Path, tokenizer_from: Path, group: int, key: SimulatedKey, out: Path,
-                progress: Callable[[str], None]) -> SimulatedModel:
+                progress: Callable[[str], None], what: str = "the lane's checkpoint") -> SimulatedModel:
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
@@ -397,9 +363,9 @@ def _dequantize(checkpoint: Path, tokenizer_from: Path, group: int, key: Simulat
     if wrong:
         raise ToolError(f"smoke: the dequantized checkpoint does not load as its model: {sorted(wrong)[:3]}")
     seconds = round(time.monotonic() - t0, 1)
-    progress(f"smoke: the lane's int4_awq checkpoint dequantized ({layers} layers; {seconds:.0f} s)")
+    progress(f"smoke: {what} (int4_awq) dequantized ({layers} layers; {seconds:.0f} s)")
     return SimulatedModel(folder=out, key=key, source="computed",
-                          description=f"the lane's checkpoint ({key.modelopt}), dequantized",
+                          description=f"{what} ({key.modelopt}), dequantized",
                           modules=layers, awq_scaled=sum(k.endswith(".pre_quant_scale") for k in tensors),
                           seconds=seconds)
 
@@ -409,11 +375,16 @@ FROM_EXPORT_WHY = (f"the lane's own quantized checkpoint (ModelOpt's unified exp
                    "build's; the policy of its compute dtype)")
 
 
+PREQUANTIZED_WHY = (f"the pre-quantized source's own checkpoint (ModelOpt's unified export), dequantized, computed in "
+                    f"{BUILD_DTYPE_WORDS} (like with like: the unit serves that checkpoint, never quantized again)")
+
+
 def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *, max_new_tokens: int,
                         store: Store | None, device: str = "cpu", weights_digest: str | None = None,
                         checkpoint: Path | None = None, dtype: str | None = None,
                         progress: Callable[[str], None] = print,
-                        trust: InputTrust | None = None) -> tuple[ReferenceSet, ReferenceOutcome]:
+                        trust: InputTrust | None = None,
+                        original: Path | None = None) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The answers a `precision` unit is judged against: the simulated model's (simulated on the host CPU,
     calibrated on `cases`; with `checkpoint`, the lane's exported checkpoint dequantized instead), greedy in
     `dtype` (the build's compute dtype; default simulated_dtype(source)) on `device`; cached and published by key
@@ -421,10 +392,15 @@ def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *
     it), which the `quantization cost` rule judges the simulation against, are computed here too: on a GPU before a
     server takes it. `trust` (evidence/inputs.py): which answers from the store may be used; the simulated model (a
     folder of this host's cache, never read from the store) is recorded in it by its weights digest, which also keys
-    its answers."""
+    its answers. A pre-quantized `source` (build.quantized_source) is itself the checkpoint dequantized (`checkpoint`
+    is `source`); the answers of the quantization-cost rule are the unquantized `original`'s where one is given
+    (none otherwise: transformers does not run a ModelOpt export)."""
     dtype = dtype or simulated_dtype(source)
+    prequantized = read_quantization(source) is not None
     if checkpoint is not None:
-        sim, why = dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress), FROM_EXPORT_WHY
+        what = "the pre-quantized source" if prequantized else "the lane's checkpoint"
+        sim, why = (dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress, what=what),
+                    PREQUANTIZED_WHY if prequantized else FROM_EXPORT_WHY)
     else:
         sim, why = simulate(source, precision, cases, dtype=dtype, progress=progress), simulated_why(precision)
     ref, outcome = load_or_compute_reference(sim.folder, cases, dtype=dtype, max_new_tokens=max_new_tokens,
@@ -433,8 +409,11 @@ def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *
         trust.record(BuildInput(kind="simulation", key=sim.key.digest, uri=str(sim.folder),
                                 sha256=ref.key.weights_digest, origin="computed" if sim.source == "computed"
                                 else "local cache"))
-    load_or_compute_reference(source, cases, dtype=dtype, max_new_tokens=max_new_tokens, store=store,
-                              weights_digest=weights_digest, progress=progress, device=device, trust=trust)
+    answers_of = original if prequantized else source
+    if answers_of is not None:
+        load_or_compute_reference(answers_of, cases, dtype=dtype, max_new_tokens=max_new_tokens, store=store,
+                                  weights_digest=None if prequantized else weights_digest, progress=progress,
+                                  device=device, trust=trust)
     return ref, outcome.model_copy(update={"simulated": sim.label(), "simulated_why": why})
 
 

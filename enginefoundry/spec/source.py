@@ -130,6 +130,9 @@ class ModelSpec(BaseModel):
         description="Short model name used in store paths and MLflow names"
     )
     tokenizer: str | None = Field(default=None, description="Tokenizer source when it is not inside the checkpoint")
+    unquantized: str | None = Field(
+        default=None, description="a pre-quantized source's unquantized original (the same URIs as source): the "
+        "smoke gate judges the quantization's own cost (rule `quantization cost`) against it")
     allow_patterns: list[str] | None = Field(
         default=None, description="hf sources: fetch only repo files matching one of these (fnmatch) patterns")
     ignore_patterns: list[str] | None = Field(
@@ -146,7 +149,7 @@ class ModelSpec(BaseModel):
         default=DEFAULT_MAX_LORA_RANK, description="the largest LoRA rank an adapter may have (the lane may allow "
                                                    "less: its own max_lora_rank)")
 
-    @field_validator("source", "tokenizer")
+    @field_validator("source", "tokenizer", "unquantized")
     @classmethod
     def _valid_uri(cls, value: str | None) -> str | None:
         return checked_source_uri(value)
@@ -166,6 +169,15 @@ class ModelSpec(BaseModel):
             raise ValueError("allow_patterns/ignore_patterns select files of a Hugging Face repo (hf:// sources); "
                              "for an S3 prefix or a folder, point the source at a folder holding only the checkpoint")
         return self
+
+    def parsed_unquantized(self, base_dir: Path | None = None) -> SourceURI | None:
+        """`unquantized` as a source URI (None where unset); a relative local path as `parsed_source` takes it."""
+        if self.unquantized is None:
+            return None
+        src = parse_source_uri(self.unquantized)
+        if src.kind is SourceKind.LOCAL and base_dir is not None and not Path(src.location).is_absolute():
+            return SourceURI(kind=SourceKind.LOCAL, location=str((base_dir / src.location).resolve()))
+        return src
 
     def parsed_source(self, base_dir: Path | None = None) -> SourceURI:
         """The source URI; a relative local path is taken relative to `base_dir` (the spec's folder)."""

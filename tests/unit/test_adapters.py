@@ -168,3 +168,24 @@ def test_a_spec_without_adapters_keeps_its_units_and_keys():
     (base_unit,) = expand_units(served)
     assert base_unit.name == unit.name and key_of(unit_key_components(served, base_unit, "w", "t", {}, {})) == \
         key_of(unit_key_components(plain, unit, "w", "t", {}, {}))
+
+
+def test_merging_into_a_pre_quantized_base_is_refused_before_any_adapter_is_fetched():
+    """A ModelOpt export names its quantization in hf_quant_config.json (config.json may say nothing): merge mode is
+    refused from the fetched base's own quantization, naming the field and the fix."""
+    from enginefoundry.build.adapters import fetch_adapters
+    from enginefoundry.build.quantized_source import SourceQuantization
+    from enginefoundry.build.sources import fetch
+    from enginefoundry.errors import InputError
+    from enginefoundry.spec.matrix import Precision
+
+    spec = _spec()
+    base = fetch(spec.model.parsed_source(spec.base_path), progress=lambda _: None)
+    assert fetch_adapters(spec, base, "reference", 1024, lambda _: None)  # the plain base takes the adapter
+    quantized = base.model_copy(update={"quantization": SourceQuantization(
+        file="hf_quant_config.json", producer="modelopt 0.47.0", quant_algo="W4A16_AWQ", precision=Precision.INT4_AWQ,
+        group_size=128)})
+    with pytest.raises(InputError) as err:
+        fetch_adapters(spec, quantized, "reference", 1024, lambda _: None)
+    assert "model.adapter_mode" in str(err.value) and "pre-quantized (W4A16_AWQ" in str(err.value)
+    assert "use the unquantized base as model.source" in str(err.value)
