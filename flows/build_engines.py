@@ -283,7 +283,7 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
     fetch_s = time.monotonic() - t0
     parent = start_parent_run(build_spec, snapshot)
     keyed = unit_keys(build_spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
-                      adapter_digests(adapters), snapshot.quantization)
+                      adapter_digests=adapter_digests(adapters), source_quantization=snapshot.quantization)
     # Cache check first, so a converted checkpoint is made only for variants that some miss needs. A miss is
     # built under a lease: a concurrent run of the same key waits for our build instead of rebuilding it.
     artifacts = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)

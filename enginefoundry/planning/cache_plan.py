@@ -206,7 +206,7 @@ class UnitKeys(BaseModel):
 
 
 def unit_keys(spec: BuildSpec, units: list[Unit], weights_digest: str, tokenizer_digest: str,
-              draft_digests: tuple[str, str] | None = None, adapter_digests: dict[str, str] | None = None,
+              draft_digests: tuple[str, str] | None = None, *, adapter_digests: dict[str, str] | None = None,
               source_quantization: SourceQuantization | None = None) -> UnitKeys:
     """`draft_digests`: the fetched `speculative.draft`'s weights and tokenizer digests, for a spec that has one;
     `adapter_digests`: each fetched adapter's digest by name (enginefoundry.build.adapters.adapter_digests);

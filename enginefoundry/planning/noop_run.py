@@ -69,7 +69,7 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     adapters = fetch_adapters(spec, snapshot, lane.name, lane.max_lora_rank, progress)
     fetch_s = time.monotonic() - t0
     keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
-                      adapter_digests(adapters), snapshot.quantization)
+                      adapter_digests=adapter_digests(adapters), source_quantization=snapshot.quantization)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     hits: dict[str, PublishedBuild] = {}
     for check in check_hits(store, spec.model.name, units, keyed.keys, rehash=rehash, progress=progress,

@@ -149,7 +149,8 @@ def test_the_export_plans_and_runs_on_the_reference_lane_without_a_second_quanti
     assert (snapshot.quantization.quant_algo, snapshot.quantization.precision.value) == ("W4A16_AWQ", "int4_awq")
     assert snapshot.quantization.producer.startswith("modelopt ") and snapshot.quantization.group_size == 128
     units = expand_units(spec)
-    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, None, snapshot.quantization)
+    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest,
+                      source_quantization=snapshot.quantization)
     plain = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest)
     [(name, components)] = keyed.components.items()
     assert components.source_quantization == snapshot.quantization.key_json()
