@@ -245,34 +245,15 @@ def test_the_pipelines_stages_judge_a_quantized_unit_against_its_simulation(tmp_
 
 
 def _exported_int4_awq(tmp: Path, cases) -> tuple[Path, Path, dict]:
-    """A model whose linears ModelOpt can export as int4 (inputs in whole blocks of 128: the tiny model widened, random
-    weights, the tiny tokenizer), quantized with INT4_AWQ_CFG and exported as hf_ptq.py exports it: (source,
-    checkpoint, the fake-quant model's folded weights before the export)."""
-    import json
-
-    import modelopt.torch.quantization as mtq
+    """A model whose linears ModelOpt can export as int4 (tests.support.modelopt_export.widened_tiny_model), quantized
+    with INT4_AWQ_CFG and exported as hf_ptq.py exports it: (source, checkpoint, the fake-quant model's folded weights
+    before the export)."""
     from modelopt.torch.export import export_hf_checkpoint
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = json.loads((TINY_MODEL / "config.json").read_text())
-    cfg.update(hidden_size=128, intermediate_size=256, head_dim=32)
-    cfg.pop("transformers_version", None)
-    src = tmp / "wide"
-    LlamaForCausalLM(LlamaConfig(**cfg)).save_pretrained(src)
-    for f in TINY_MODEL.iterdir():
-        if f.name not in ("config.json", "model.safetensors"):
-            shutil.copy(f, src / f.name)
-    tok = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    from tests.support.modelopt_export import int4_awq_quantized, widened_tiny_model
 
-    def loop(m):
-        with torch.no_grad():
-            for c in cases[:4]:
-                m(tok.apply_chat_template(c.chat(), add_generation_prompt=True, return_tensors="pt",
-                                          return_dict=True)["input_ids"])
-
-    mtq.quantize(model, mtq.INT4_AWQ_CFG, loop)
+    src = widened_tiny_model(tmp / "wide")
+    model = int4_awq_quantized(src, [c.chat() for c in cases[:4]])
     with torch.no_grad():
         folded, _ = _fold(model)
     export_hf_checkpoint(model, export_dir=tmp / "export")
