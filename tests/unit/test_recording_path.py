@@ -70,7 +70,7 @@ def test_the_flow_and_the_fast_path_decide_a_run_alike(setting, monkeypatch: pyt
                               tokenizer_digest="t" * 64)
     monkeypatch.setattr(noop_run, "expand_units", lambda *_: units)
     monkeypatch.setattr(noop_run, "fetch", lambda *_, **__: snapshot)
-    monkeypatch.setattr(noop_run, "unit_keys", lambda *_: cache_plan.UnitKeys(components={}, keys=keys))
+    monkeypatch.setattr(noop_run, "unit_keys", lambda *_, **__: cache_plan.UnitKeys(components={}, keys=keys))
     monkeypatch.setattr(noop_run, "open_store", lambda *_: store)
     looked_up.clear()
     fast = noop_run.decide_all_hits(spec.model_copy(update={"model": spec.model.model_copy(
