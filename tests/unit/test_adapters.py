@@ -129,11 +129,11 @@ def test_a_folder_without_adapter_config_or_with_a_huge_one_is_refused(tmp_path:
     assert "peft_type IA3 is not LORA" in message
 
 
-def test_serve_mode_and_a_lane_without_adapters_are_refused_and_validate_reports_them():
-    assert ("model.adapter_mode", "serve (one unit serving every adapter per request) is not built yet (issue 36): "
-            "use adapter_mode: merge (one unit per adapter)") in adapter_problems(
-        _spec(adapter_mode="serve"), "reference", 1024)
-    assert adapter_problems(_spec(), "trtllm", None)[0][0] == "model.adapters"
+def test_serve_mode_passes_preflight_on_the_reference_lane_and_stays_refused_where_the_lane_has_no_adapters():
+    assert adapter_problems(_spec(adapter_mode="serve"), "reference", 1024) == []
+    for mode in ("merge", "serve"):  # lane trtllm: only evidence rows exist, no lora_config is written
+        ((field, message),) = adapter_problems(_spec(adapter_mode=mode), "trtllm", None)
+        assert field == "model.adapters" and "use lane reference" in message
     with pytest.raises(SpecError) as err:
         validate_deep(_spec(adapters=[_adapter("bad", ADAPTERS / "wrong-base")]))
     assert any(f == "model.adapters.0" for f, _ in err.value.problems)
@@ -163,11 +163,47 @@ def test_a_spec_without_adapters_keeps_its_units_and_keys():
     assert unit.adapter is None and unit.name == "fp32-tp1.chat.cpu"
     components = unit_key_components(plain, unit, "w", "t", {}, plain.lane_options)
     assert "adapter" not in components
-    # the same spec with serve-mode adapters builds the base unit, whose key has no adapter part either
-    served = _spec(adapter_mode="serve")
-    (base_unit,) = expand_units(served)
-    assert base_unit.name == unit.name and key_of(unit_key_components(served, base_unit, "w", "t", {}, {})) == \
-        key_of(unit_key_components(plain, unit, "w", "t", {}, {}))
+
+
+def test_serve_mode_is_one_unit_whose_key_takes_every_adapter_digest():
+    """adapter_mode serve: one unit (the base's name) serving the base and every adapter; its key has every
+    adapter's name and digest, so a new revision of any one is a new key of that unit, and its lineage names the
+    served set (not the revisions)."""
+    plain = parse_spec(yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text()), base_dir=CONFIGS)
+    (plain_unit,) = expand_units(plain)
+    spec = _spec(adapter_mode="serve", adapters=[_adapter("plus-one", ADAPTERS / "plus-one"),
+                                                 _adapter("other", ADAPTERS / "plus-one")])
+    (unit,) = expand_units(spec)
+    assert unit.adapter is None and unit.name == plain_unit.name == "fp32-tp1.chat.cpu"
+
+    def key(digests: dict[str, str]) -> str:
+        return key_of(unit_key_components(spec, unit, "w", "t", {}, spec.lane_options, adapter_digests=digests))
+
+    components = unit_key_components(spec, unit, "w", "t", {}, spec.lane_options,
+                                     adapter_digests={"plus-one": "a1", "other": "b1"})
+    assert components["adapter"] == {"mode": "serve", "served": [{"name": "plus-one", "weights_digest": "a1"},
+                                                                 {"name": "other", "weights_digest": "b1"}]}
+    base_key = key_of(unit_key_components(plain, plain_unit, "w", "t", {}, plain.lane_options))
+    keys = {base_key, key({"plus-one": "a1", "other": "b1"}), key({"plus-one": "a2", "other": "b1"}),
+            key({"plus-one": "a1", "other": "b2"})}
+    assert len(keys) == 4  # the base alone, the set, and a new revision of either adapter: four keys
+    with pytest.raises(ValueError, match=r"fetch model\.adapters first"):
+        key({"plus-one": "a1"})
+    assert unit_lineage(spec, unit).digest != unit_lineage(plain, plain_unit).digest  # the served set's own lineage
+    assert unit_lineage(spec, unit).digest == unit_lineage(
+        _spec(adapter_mode="serve", adapters=[_adapter("plus-one", ADAPTERS / "wrong-rank"),
+                                              _adapter("other", ADAPTERS / "plus-one")]), unit).digest
+
+
+def test_serve_mode_refuses_speculation_and_a_quantized_base_naming_the_field():
+    spec = _spec(adapter_mode="serve")
+    quantized = {**json.loads((TINY_MODEL / "config.json").read_text()), "quantization_config": {"quant_method": "fp8"}}
+    problems = adapter_problems(spec, "reference", 1024, quantized)
+    assert [f for f, _ in problems] == ["model.adapter_mode"]
+    assert "serve mode's per-adapter gate reference" in problems[0][1]
+    speculative = spec.model_copy(update={"speculative": object()})
+    assert any(f == "model.adapter_mode" and "does not combine with speculative decoding" in m
+               for f, m in adapter_problems(speculative, "reference", 1024))
 
 
 def test_merging_into_a_pre_quantized_base_is_refused_before_any_adapter_is_fetched():
