@@ -18,6 +18,7 @@ from enginefoundry.build.adapters import fetch_adapters, served_source
 from enginefoundry.build.sources import fetch
 from enginefoundry.build.units import expand_units
 from enginefoundry.lanes import get_lane
+from enginefoundry.lanes.serve_files import serving_plan
 from enginefoundry.model_server import Endpoint, free_port, serving
 from enginefoundry.records.lineage import adapter_tags, served_adapters_of
 from enginefoundry.spec import parse_spec
@@ -72,6 +73,9 @@ def test_one_unit_serves_base_and_adapter_each_gated_and_a_unit_ignoring_the_ada
 
     shipped = lane.serve_command(bundle, "127.0.0.1", 8000)
     assert shipped.shipped and "--adapter" in shipped.command.argv  # transformers serve has no per-request adapter
+    plan = serving_plan(lane, bundle, unit=unit.name, model=spec.model.name, key="k", artifact_uri="s3://b/u",
+                        checkpoint_dir=None, checkpoint_uri=None)
+    assert "plus-one=${EF_UNIT_DIR}/bundle/adapters/plus-one" in plan.argv  # serve.sh: relocatable
 
     reference = smoke_reference.fn(spec, base.local_dir, base.weights_digest, precision="fp32")
 
