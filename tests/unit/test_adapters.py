@@ -225,3 +225,56 @@ def test_merging_into_a_pre_quantized_base_is_refused_before_any_adapter_is_fetc
         fetch_adapters(spec, quantized, "reference", 1024, lambda _: None)
     assert "model.adapter_mode" in str(err.value) and "pre-quantized (W4A16_AWQ" in str(err.value)
     assert "use the unquantized base as model.source" in str(err.value)
+
+
+def _served_bundle(tmp: Path, adapters: object) -> Path:
+    bundle = tmp / "bundle"
+    (bundle / "model").mkdir(parents=True)
+    (bundle / "adapters" / "plus-one").mkdir(parents=True)
+    params = {"device": "cpu", "max_seq_len": 256, "max_batch_size": 4, "adapters": adapters}
+    (bundle / "bundle.json").write_text(json.dumps({"params": params}))
+    return bundle
+
+
+def test_a_served_adapter_bundle_ships_the_scoring_server_with_each_adapter_and_a_forged_one_is_refused(
+        tmp_path: Path):
+    from enginefoundry.errors import InputError
+    from enginefoundry.lanes.reference import ReferenceLane
+
+    lane = ReferenceLane()
+    bundle = _served_bundle(tmp_path, ["plus-one"])
+    for cmd in (lane.serve_command(bundle, "h", 1), lane.named_serve_command(bundle, "h", 1, "tiny-chat"),
+                lane.smoke_serve_command(bundle, "h", 1, "tiny-chat", _spec().lane_options)):
+        argv = cmd.command.argv
+        assert argv[1:3] == ["-m", "enginefoundry.smoke.serve"] and cmd.shipped
+        assert argv[argv.index("--adapter") + 1] == f"plus-one={(bundle / 'adapters' / 'plus-one').resolve()}"
+        assert "LoRA adapters" in cmd.command.description
+    for i, forged in enumerate((["../model"], ["missing"], "plus-one", [], ["plus-one", "plus-one"])):
+        with pytest.raises(InputError, match=r"params\.adapters is not a set of adapters this lane bundled"):
+            lane.serve_command(_served_bundle(tmp_path / str(i), forged), "h", 1)
+
+
+def test_plan_describes_the_served_set_on_the_scoring_server():
+    from enginefoundry.lanes.reference import ReferenceLane
+
+    spec = _spec(adapter_mode="serve")
+    (unit,) = expand_units(spec)
+    serve = ReferenceLane().describe(spec, unit)[-1]
+    assert "--adapter" in serve.argv and "plus-one=<bundle>/adapters/plus-one" in serve.argv
+    assert "transformers serve has no per-request adapter" in serve.description
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--adapter", "plus-one"], "NAME=DIR"),
+    (["--adapter", "a=x", "--adapter", "a=y"], "distinct NAME"),
+    (["--adapter", "a=x", "--draft", "d"], "cannot be combined"),
+    (["--ignore-adapters"], "--ignore-adapters needs --adapter"),
+    (["--adapter", "m=x", "--name", "m"], "cannot name an adapter"),
+])
+def test_the_scoring_server_refuses_bad_adapter_arguments_before_loading_anything(args: list[str], words: str,
+                                                                                   capsys: pytest.CaptureFixture[str]):
+    from enginefoundry.smoke.serve import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["/nonexistent-model", *args])
+    assert exited.value.code == 2 and words in capsys.readouterr().err
