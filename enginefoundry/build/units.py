@@ -191,11 +191,11 @@ def adapter_component(spec: BuildSpec, name: str, adapter_digests: dict[str, str
 
 def served_component(spec: BuildSpec, adapter_digests: dict[str, str] | None,
                      ) -> dict[str, Any]:  # JSON edge: the key's adapter part, adapter_mode serve
-    """A unit serving the base and every adapter (adapter_mode serve): the mode and each adapter's name and digest,
-    in the spec's order (a new revision of any one is a new key of the unit that serves it)."""
+    """A unit serving the base and every adapter (adapter_mode serve): the mode and each adapter's digest by name
+    (a new revision of any one is a new key of the unit that serves it; `explain` names `adapter.served.<name>`)."""
     return {"mode": AdapterMode.SERVE.value,
-            "served": [{k: v for k, v in adapter_component(spec, a.name, adapter_digests).items() if k != "mode"}
-                       for a in spec.model.adapters]}
+            "served": {a.name: adapter_component(spec, a.name, adapter_digests)["weights_digest"]
+                       for a in spec.model.adapters}}
 
 
 def _keyed(lane_options: LaneOptions | dict[str, Any] | None) -> dict[str, Any]:  # JSON edge: options hashed

@@ -73,8 +73,7 @@ def _lineage_identity(components: dict[str, Any]) -> dict[str, Any]:  # JSON edg
     adapter = components.get("adapter")
     if isinstance(adapter, dict):  # merge: the adapter's name; serve: the served set's names
         served = adapter.get("served")
-        out["adapter"] = [a.get("name") for a in served if isinstance(a, dict)] if isinstance(served, list) \
-            else adapter.get("name")
+        out["adapter"] = sorted(served) if isinstance(served, dict) else adapter.get("name")
     return out
 
 

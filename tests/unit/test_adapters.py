@@ -181,8 +181,7 @@ def test_serve_mode_is_one_unit_whose_key_takes_every_adapter_digest():
 
     components = unit_key_components(spec, unit, "w", "t", {}, spec.lane_options,
                                      adapter_digests={"plus-one": "a1", "other": "b1"})
-    assert components["adapter"] == {"mode": "serve", "served": [{"name": "plus-one", "weights_digest": "a1"},
-                                                                 {"name": "other", "weights_digest": "b1"}]}
+    assert components["adapter"] == {"mode": "serve", "served": {"plus-one": "a1", "other": "b1"}}
     base_key = key_of(unit_key_components(plain, plain_unit, "w", "t", {}, plain.lane_options))
     keys = {base_key, key({"plus-one": "a1", "other": "b1"}), key({"plus-one": "a2", "other": "b1"}),
             key({"plus-one": "a1", "other": "b2"})}
