@@ -75,6 +75,11 @@ def test_one_unit_serves_every_adapter_each_gated_published_and_registered_with_
     assert version.tags[mltags.ADAPTER_DIGEST] == ",".join(a["weights_digest"] for a in lineage)
     assert client.get_run(manifest["mlflow_run_id"]).data.tags[mltags.ADAPTER] == "plus-one,retrained"
 
+    shown = _cli(["lineage", "models:/tiny-chat@cpu-candidate", "--mlflow-uri", mlflow_uri], env)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    rows = [line for line in shown.stdout.splitlines() if "served adapter" in line]
+    assert len(rows) == 2 and "plus-one:" in rows[0] and "retrained:" in rows[1], shown.stdout[-3000:]
+
     # A new revision of one adapter: the serving unit is a miss, and `explain` names that adapter's digest.
     _set_dropout(retrained, 0.1)
     explained = _cli(["explain", str(spec), "--json"], env)
