@@ -14,11 +14,13 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
+from enginefoundry.bench.report import ServedFigures
 from enginefoundry.build.units import Unit
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
-from enginefoundry.smoke.serve import SPECULATIVE_PATH
-from enginefoundry.spec import BuildSpec
+from enginefoundry.smoke.serve import ADAPTERS_PATH, SPECULATIVE_PATH
+from enginefoundry.spec import AdapterMode, BuildSpec
+from enginefoundry.spec.checks import BenchTool
 from enginefoundry.tasks._log import progress_logger
 
 
@@ -36,6 +38,43 @@ def draft_counters(base_url: str) -> Callable[[], tuple[int, int] | None]:
         drafted, accepted = data.get("drafted"), data.get("accepted")
         return (drafted, accepted) if isinstance(drafted, int) and isinstance(accepted, int) else None
     return read
+
+
+def served_counts(base_url: str) -> dict[str, tuple[int, int, float]] | None:
+    """(requests, completion tokens, seconds) so far per served model name (the scoring server's GET /v1/adapters);
+    None where the server reports none."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + ADAPTERS_PATH, timeout=30) as r:
+            data = json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+    served = data.get("served") if isinstance(data, dict) else None
+    if not isinstance(served, dict):
+        return None
+    out = {}
+    for name, c in served.items():
+        if isinstance(c, dict) and all(isinstance(c.get(k), int | float) for k in ("requests", "completion_tokens",
+                                                                                     "seconds")):
+            out[str(name)] = (int(c["requests"]), int(c["completion_tokens"]), float(c["seconds"]))
+    return out
+
+
+def served_figures(before: dict[str, tuple[int, int, float]],
+                   after: dict[str, tuple[int, int, float]]) -> dict[str, ServedFigures]:
+    """Each served name's requests, tokens, share and mean latency between two readings of served_counts."""
+    diff = {n: tuple(a - b for a, b in zip(after[n], before.get(n, (0, 0, 0.0)), strict=True)) for n in after}
+    total = sum(int(d[0]) for d in diff.values())
+    return {n: ServedFigures(requests=int(d[0]), completion_tokens=int(d[1]),
+                             share=round(int(d[0]) / total, 6) if total else 0.0,
+                             mean_latency_ms=round(1000 * float(d[2]) / int(d[0]), 3) if d[0] else None)
+            for n, d in diff.items()}
+
+
+def served_models(spec: BuildSpec, endpoint: Endpoint) -> list[str]:
+    """The model names a unit serving adapters answers to (the base's, then each adapter's); [] for any other."""
+    if not spec.model.adapters or spec.model.adapter_mode is not AdapterMode.SERVE:
+        return []
+    return [endpoint.model_name, *(a.name for a in spec.model.adapters)]
 
 
 def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path,
@@ -97,10 +136,27 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
     log = progress_logger()
     out = Path(report_dir)
     counters = draft_counters(endpoint.base_url) if spec.speculative is not None else None
-    report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
+    model, served = endpoint.model_name, served_models(spec, endpoint)
+    if served and spec.benchmark.tool is BenchTool.AIPERF:
+        # AIPerf 0.13.0: `--model` takes a comma-separated list, assigned round-robin, the nth request to model
+        # n mod len (aiperf/common/enums/enums.py ModelSelectionStrategy.ROUND_ROBIN, the CLI default:
+        # aiperf/config/endpoint.py MODEL_SELECTION_STRATEGY); weights only in its YAML config (config/models.py).
+        model = ",".join(served)
+        log(f"bench: an even mix of {', '.join(served)} (round-robin by the request's model name)")
+    elif served:
+        log(f"bench: {spec.benchmark.tool.value} sends every request to the base ({model}): the adapter mix is "
+            "measured with aiperf only")
+    before = served_counts(endpoint.base_url) if served else None
+    report = run_sweep(spec.benchmark, url=endpoint.base_url, model=model,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
                        server_alive=lambda: is_alive(endpoint.pid), plot_title=title,
                        telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters)
+    after = served_counts(endpoint.base_url) if before is not None else None
+    if before is not None and after is not None:
+        report.served = served_figures(before, after)
+        log("bench: served: " + ", ".join(f"{n} {f.requests} requests ({f.share:.0%}), mean {f.mean_latency_ms} ms"
+                                          for n, f in report.served.items()))
+        (out / "sweep.json").write_text(report.model_dump_json(indent=2))
     if spec.speculative is not None and not twin_served_apart(spec):
         report = speculative_twin_sweep(spec, endpoint, report, out, log, unit)
     if unit is not None and unit.searched is not None and spec.search is not None:

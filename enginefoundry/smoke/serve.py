@@ -29,8 +29,10 @@ This server answers, with the same Hugging Face model code and greedy decoding:
     adapter on one model with PEFT (`PeftModel.from_pretrained` for the first, `load_adapter` for the others); a
     request's OpenAI `model` picks what answers it: an adapter's name that adapter (`set_adapter`), the served name
     the base alone (`disable_adapter`). Requests of different adapters never share a batch. `GET /v1/models` lists
-    the base and every adapter. `--ignore-adapters` answers every request with the base whatever it asked for: a
-    deliberately broken adapter path, for the test that the gate rejects it; never for serving.
+    the base and every adapter; `GET /v1/adapters` the requests, completion tokens and seconds spent answering so far,
+    per served name (the benchmark's per-adapter figures). `--ignore-adapters` answers every request with the base
+    whatever it asked for: a deliberately broken adapter path, for the test that the gate rejects it; never for
+    serving.
 
 Requests are batched: one worker thread owns the model and runs the requests that arrived together (within a few
 milliseconds, up to --max-batch) as one batch: greedy generation over left-padded prompts, and one forward pass
@@ -61,6 +63,7 @@ from typing import Any
 log = logging.getLogger("enginefoundry.smoke.serve")
 MAX_TOP = 20
 SPECULATIVE_PATH = "/v1/speculative"  # GET: the draft tokens proposed and accepted so far
+ADAPTERS_PATH = "/v1/adapters"  # GET: requests, completion tokens and seconds so far, per served model name
 STREAM_PIECES = "_stream_pieces"  # the answer's text per token, sent as SSE chunks (never in a JSON answer)
 LOGITS_BUDGET_BYTES = 1 << 30  # float32 logits of one echo batch (tokens × vocabulary × 4 bytes)
 # Generation-config fields that leave greedy decoding the raw argmax (no logits processor): with only these
@@ -97,6 +100,15 @@ class Job:
     speculative: bool = True  # with a draft: assisted generation; False: the target alone (the twin)
     adapter: str | None = None  # with --adapter: the LoRA adapter that answers; None: the base alone
     done: Future[Result] = field(default_factory=Future)
+
+
+@dataclass
+class ServedCounts:
+    """What one served model name (the base, or an adapter) answered since the server started."""
+
+    requests: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0  # summed request latency (queue + batch), for the mean
 
 
 @dataclass
@@ -426,6 +438,20 @@ class Api:
 
     def __init__(self, scorer: Scorer, batcher: Batcher, name: str) -> None:
         self.scorer, self.batcher, self.name = scorer, batcher, name
+        self._lock = threading.Lock()
+        self._served = {n: ServedCounts() for n in self.names()}
+
+    def _count(self, adapter: str | None, tokens: int, seconds: float) -> None:
+        with self._lock:
+            c = self._served[adapter or self.name]
+            c.requests += 1
+            c.completion_tokens += tokens
+            c.seconds += seconds
+
+    def served_stats(self) -> dict[str, Any]:  # JSON edge: GET /v1/adapters
+        with self._lock:
+            return {"served": {n: {"requests": c.requests, "completion_tokens": c.completion_tokens,
+                                   "seconds": round(c.seconds, 6)} for n, c in self._served.items()}}
 
     def names(self) -> list[str]:
         """The model names requests may carry: the served name (the base), then each adapter's."""
@@ -450,8 +476,10 @@ class Api:
         ids = s.chat_ids(messages)
         n = len(ids)
         max_tokens = s.fit(n, max_tokens)
+        t = time.monotonic()
         res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, speculative=speculative,
                                       adapter=adapter))
+        self._count(adapter, len(res.new), time.monotonic() - t)
         content = []
         if top is not None:
             for t, (lp, alts) in zip(res.new, res.gen, strict=False):
@@ -484,8 +512,10 @@ class Api:
         n = len(ids)
         max_tokens = s.fit(n, max_tokens)
         echo_top = top if echo and top is not None else None
+        t = time.monotonic()
         res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, echo_top=echo_top,
                                       speculative=speculative, adapter=adapter))
+        self._count(adapter, len(res.new), time.monotonic() - t)
         logprobs = None
         if top is not None:
             toks: list[str] = []
@@ -600,6 +630,8 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
                 self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in api.names()]})
+            elif self.path == ADAPTERS_PATH:
+                self._send(200, api.served_stats())
             elif self.path == SPECULATIVE_PATH:
                 self._send(200, api.speculative_stats())
             else:

@@ -36,6 +36,13 @@ def _spec(tmp: Path):
     return parse_spec(data, source="test spec", base_dir=CONFIGS)
 
 
+def _serve(lane, bundle: Path, spec, log: Path, *extra: str):
+    cmd = lane.smoke_serve_command(bundle, "127.0.0.1", free_port(), spec.model.name, spec.lane_options)
+    command = cmd.command.model_copy(update={"argv": [*cmd.command.argv, *extra],
+                                             "env": {**cmd.command.env, "PYTHONPATH": str(REPO)}})
+    return serving(cmd.model_copy(update={"command": command}), log, timeout_s=120)
+
+
 def _ask(ep: Endpoint, model: str, question: str) -> str:
     body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 4}
     req = urllib.request.Request(f"{ep.base_url}/v1/chat/completions", data=json.dumps(body).encode(),
@@ -80,10 +87,7 @@ def test_one_unit_serves_base_and_adapter_each_gated_and_a_unit_ignoring_the_ada
     reference = smoke_reference.fn(spec, base.local_dir, base.weights_digest, precision="fp32")
 
     def judge(name: str, *extra: str):
-        cmd = lane.smoke_serve_command(bundle, "127.0.0.1", free_port(), spec.model.name, spec.lane_options)
-        command = cmd.command.model_copy(update={"argv": [*cmd.command.argv, *extra],
-                                                 "env": {**cmd.command.env, "PYTHONPATH": str(REPO)}})
-        with serving(cmd.model_copy(update={"command": command}), tmp_path / f"{name}.log", timeout_s=120) as ep:
+        with _serve(lane, bundle, spec, tmp_path / f"{name}.log", *extra) as ep:
             answers = {m: _ask(ep, m, "What is 2 plus 3?") for m in (spec.model.name, "plus-one")}
             with urllib.request.urlopen(f"{ep.base_url}/v1/models", timeout=30) as resp:
                 models = [m["id"] for m in json.load(resp)["data"]]
@@ -105,3 +109,33 @@ def test_one_unit_serves_base_and_adapter_each_gated_and_a_unit_ignoring_the_ada
     assert not broken.passed
     assert [r.name for r in broken.verdict.failed] == ["adapter plus-one"], broken.verdict.reason
     assert "first-" in broken.verdict.reason
+
+
+def test_the_benchmark_sends_an_even_mix_of_base_and_adapter_and_records_each_ones_figures(tmp_path: Path):
+    """AIPerf against the served set: requests round-robin by `model` name over the base and the adapter, and the
+    server's per-name counters (GET /v1/adapters) give each one's requests, share, tokens and mean latency."""
+    from enginefoundry.tasks.bench import benchmark
+
+    spec = _spec(tmp_path)
+    bench = spec.benchmark.model_copy(update={"enabled": True, "concurrency": [1, 2], "request_count": 6,
+                                              "warmup_request_count": 2})
+    spec = spec.model_copy(update={"benchmark": bench})
+    lane = get_lane("reference")
+    base = fetch(spec.model.parsed_source(spec.base_path), progress=str)
+    adapters = fetch_adapters(spec, base, lane.name, lane.max_lora_rank, progress=str)
+    (unit,) = expand_units(spec)
+    ckpt = lane.convert(spec, unit.variant, Path(base.local_dir), tmp_path / "unit")
+    bundle = Path(lane.build(spec, unit, Path(ckpt.checkpoint_dir), tmp_path / "unit",
+                             adapter_dirs={"plus-one": Path(adapters["plus-one"].local_dir)}).bundle_dir)
+    with _serve(lane, bundle, spec, tmp_path / "bench.log") as ep:
+        report = benchmark.fn(spec, ep, str(tmp_path / "bench"), "served set", unit)
+    assert report.valid, report.failures
+    assert sorted(report.served) == ["plus-one", "tiny-chat"]
+    total = sum(f.requests for f in report.served.values())
+    assert total >= 2 * 6  # two points of six requests (and the warm-up), every one counted by its name
+    for f in report.served.values():
+        assert abs(f.share - 0.5) <= 0.1 and f.completion_tokens > 0 and f.mean_latency_ms and f.mean_latency_ms > 0
+    summary = report.summary()
+    assert {"bench_served_plus-one_share", "bench_served_tiny-chat_latency_ms"} <= set(summary)
+    assert "Served adapters" in report.slo_markdown()
+    assert json.loads((tmp_path / "bench" / "sweep.json").read_text())["served"]["plus-one"]["requests"] > 0
