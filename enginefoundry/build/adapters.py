@@ -1,5 +1,6 @@
 """LoRA adapters (`model.adapters`, issue 36): preflight from adapter_config.json alone, fetch like the base, and
-merge into the base with PEFT (adapter_mode merge).
+merge into the base with PEFT (adapter_mode merge; in adapter_mode serve, the merge is each adapter's gate reference
+and the unit serves the base and every adapter with PEFT: `served_source`, enginefoundry/smoke/serve.py).
 
 Preflight reads one small file per adapter (`adapter_config.json`, bounded: a local file, that one file of a Hub repo
 at its revision, or that one S3 object) and refuses, with the field and the fix, an adapter whose

@@ -494,7 +494,7 @@ class Api:
             "message": {"role": "assistant", "content": s.tok.decode(res.new, skip_special_tokens=True)},
             "logprobs": {"content": content} if top is not None else None}
         out: dict[str, Any] = {  # JSON edge: the response
-            "object": "chat.completion", "choices": [choice],
+            "object": "chat.completion", "model": adapter or self.name, "choices": [choice],
             "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
         if stream:
             texts = [str(s.tok.decode(res.new[:i], skip_special_tokens=True)) for i in range(len(res.new) + 1)]
@@ -540,7 +540,7 @@ class Api:
             logprobs = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
         text = str(s.tok.decode(res.new, skip_special_tokens=True))
         full = (str(s.tok.decode(ids)) if echo else "") + text
-        return {"object": "text_completion",
+        return {"object": "text_completion", "model": adapter or self.name,
                 "choices": [{"index": 0, "text": full, "logprobs": logprobs,
                              "finish_reason": "stop" if self._stopped(res.new, max_tokens) else "length"}],
                 "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
@@ -618,7 +618,7 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
                       {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]
             for i, c in enumerate(chunks):
                 event: dict[str, Any] = {"id": "chatcmpl-ef", "object": "chat.completion.chunk",  # JSON edge
-                                         "model": api.name, "choices": [c]}
+                                         "model": answer.get("model", api.name), "choices": [c]}
                 if i == len(chunks) - 1:
                     event["usage"] = answer["usage"]
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
