@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
+from enginefoundry.bench.mix import round_robin, served_shares
 from enginefoundry.bench.report import ServedFigures
 from enginefoundry.build.units import Unit
 from enginefoundry.lanes import get_lane
@@ -59,14 +60,16 @@ def served_counts(base_url: str) -> dict[str, tuple[int, int, float]] | None:
     return out
 
 
-def served_figures(before: dict[str, tuple[int, int, float]],
-                   after: dict[str, tuple[int, int, float]]) -> dict[str, ServedFigures]:
-    """Each served name's requests, tokens, share and mean latency between two readings of served_counts."""
+def served_figures(before: dict[str, tuple[int, int, float]], after: dict[str, tuple[int, int, float]],
+                   asked: dict[str, float] | None = None) -> dict[str, ServedFigures]:
+    """Each served name's requests, tokens, share and mean latency between two readings of served_counts, beside
+    the share the spec `asked` for it."""
     diff = {n: tuple(a - b for a, b in zip(after[n], before.get(n, (0, 0, 0.0)), strict=True)) for n in after}
     total = sum(int(d[0]) for d in diff.values())
     return {n: ServedFigures(requests=int(d[0]), completion_tokens=int(d[1]),
                              share=round(int(d[0]) / total, 6) if total else 0.0,
-                             mean_latency_ms=round(1000 * float(d[2]) / int(d[0]), 3) if d[0] else None)
+                             mean_latency_ms=round(1000 * float(d[2]) / int(d[0]), 3) if d[0] else None,
+                             traffic_share=(asked or {}).get(n))
             for n, d in diff.items()}
 
 
@@ -137,12 +140,15 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
     out = Path(report_dir)
     counters = draft_counters(endpoint.base_url) if spec.speculative is not None else None
     model, served = endpoint.model_name, served_models(spec, endpoint)
-    if served and spec.benchmark.tool is BenchTool.AIPERF:
+    shares = served_shares(spec, endpoint.model_name) if served else None
+    if shares and spec.benchmark.tool is BenchTool.AIPERF:
         # AIPerf 0.13.0: `--model` takes a comma-separated list, assigned round-robin, the nth request to model
         # n mod len (aiperf/common/enums/enums.py ModelSelectionStrategy.ROUND_ROBIN, the CLI default:
-        # aiperf/config/endpoint.py MODEL_SELECTION_STRATEGY); weights only in its YAML config (config/models.py).
-        model = ",".join(served)
-        log(f"bench: an even mix of {', '.join(served)} (round-robin by the request's model name)")
+        # aiperf/config/endpoint.py MODEL_SELECTION_STRATEGY); the shares as names repeated (bench/mix.py).
+        names = round_robin(shares)
+        model = ",".join(names)
+        log("bench: the adapter mix " + ", ".join(f"{n} {s:.0%}" for n, s in shares.items())
+            + f" (round-robin over {len(names)} model names)")
     elif served:
         log(f"bench: {spec.benchmark.tool.value} sends every request to the base ({model}): the adapter mix is "
             "measured with aiperf only")
@@ -153,7 +159,7 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
                        telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters)
     after = served_counts(endpoint.base_url) if before is not None else None
     if before is not None and after is not None:
-        report.served = served_figures(before, after)
+        report.served = served_figures(before, after, shares)
         log("bench: served: " + ", ".join(f"{n} {f.requests} requests ({f.share:.0%}), mean {f.mean_latency_ms} ms"
                                           for n, f in report.served.items()))
         (out / "sweep.json").write_text(report.model_dump_json(indent=2))

@@ -17,6 +17,7 @@ class ServedFigures(BaseModel):
     completion_tokens: int
     share: float  # of the sweep's requests
     mean_latency_ms: float | None  # request latency at the server (queue + batch), mean over the sweep
+    traffic_share: float | None = None  # the share the spec asked (model.adapters[].traffic_share; bench/mix.py)
 
 
 class SLOResult(BaseModel):
@@ -230,10 +231,11 @@ class SweepReport(BaseModel):
             lines += ["", f"Speculation: {acc}; speed-up over the non-speculative twin (output tok/s): "
                           f"{ups or 'not measured'}"]
         if self.served:
-            lines += ["", "Served adapters (round-robin by `model` name; the server's counters over the sweep):", "",
-                      "| model | requests | share | completion tokens | mean latency ms |", "|---|---|---|---|---|",
-                      *[f"| {n} | {f.requests} | {f.share:.3f} | {f.completion_tokens} | {_f(f.mean_latency_ms)} |"
-                        for n, f in self.served.items()]]
+            lines += ["", "Served adapters (the mix by `model` name; the server's counters over the sweep):", "",
+                      "| model | requests | share (asked) | completion tokens | mean latency ms |",
+                      "|---|---|---|---|---|",
+                      *[f"| {n} | {f.requests} | {f.share:.3f} ({_share(f.traffic_share)}) | {f.completion_tokens} "
+                        f"| {_f(f.mean_latency_ms)} |" for n, f in self.served.items()]]
         if self.telemetry:
             lines += ["", f"GPU telemetry: {self.telemetry}"]
         if self.warnings:
@@ -243,6 +245,10 @@ class SweepReport(BaseModel):
 
 def _round(x: float | None, digits: int = 2) -> float | None:
     return None if x is None else round(x, digits)
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _f(x: float | None) -> str:

@@ -285,7 +285,7 @@ def test_served_figures_are_the_difference_of_two_counter_readings_and_reach_the
 
     before = {"tiny-chat": (2, 10, 1.0), "plus-one": (0, 0, 0.0)}
     after = {"tiny-chat": (5, 40, 1.6), "plus-one": (3, 24, 0.9)}
-    figures = served_figures(before, after)
+    figures = served_figures(before, after, {"tiny-chat": 0.5, "plus-one": 0.5})
     assert figures["tiny-chat"].requests == 3 and figures["tiny-chat"].completion_tokens == 30
     assert figures["tiny-chat"].share == figures["plus-one"].share == 0.5
     assert figures["tiny-chat"].mean_latency_ms == 200.0 and figures["plus-one"].mean_latency_ms == 300.0
@@ -293,4 +293,37 @@ def test_served_figures_are_the_difference_of_two_counter_readings_and_reach_the
     assert idle.requests == 0 and idle.share == 0.0 and idle.mean_latency_ms is None
     report = SweepReport(points=[], slo=[], exports=[], duration_s=0.0, served=figures)
     assert report.summary()["bench_served_plus-one_share"] == 0.5
-    assert "| plus-one | 3 | 0.500 | 24 | 300.0 |" in report.slo_markdown()
+    assert "| plus-one | 3 | 0.500 (0.500) | 24 | 300.0 |" in report.slo_markdown()
+
+
+def test_the_mix_gives_the_base_what_the_shares_leave_and_repeats_names_in_proportion():
+    from enginefoundry.bench.mix import round_robin, served_shares
+
+    even = _spec(adapter_mode="serve")
+    assert served_shares(even, "tiny-chat") == {"tiny-chat": 0.5, "plus-one": 0.5}
+    assert round_robin(served_shares(even, "tiny-chat")) == ["tiny-chat", "plus-one"]
+    mixed = _spec(adapter_mode="serve", adapters=[{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0.6},
+                                                  _adapter("b", ADAPTERS / "plus-one")])
+    shares = served_shares(mixed, "tiny-chat")
+    assert shares == pytest.approx({"tiny-chat": 0.2, "a": 0.6, "b": 0.2})
+    names = round_robin(shares)
+    assert sorted(names) == ["a", "a", "a", "b", "tiny-chat"] and names[:2] != ["a", "a"]  # 3:1:1, interleaved
+    assert round_robin({"x": 0.99, "y": 0.01}).count("y") == 1 and len(round_robin({"x": 0.99, "y": 0.01})) <= 20
+    assert round_robin({"x": 1.0, "base": 0.0}) == ["x"]
+
+
+@pytest.mark.parametrize(("model", "words"), [
+    ({"adapter_mode": "merge", "adapters": [{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0.5}]},
+     "set adapter_mode: serve"),
+    ({"adapter_mode": "serve", "adapters": [{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0.7},
+                                            {**_adapter("b", ADAPTERS / "plus-one"), "traffic_share": 0.4}]},
+     "add up to 1.1, over 1"),
+    ({"adapter_mode": "serve", "adapters": [_adapter("tiny-chat", ADAPTERS / "plus-one")]},
+     "would be asked by the base's model name"),
+    ({"adapter_mode": "serve", "adapters": [{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0}]},
+     "traffic_share"),
+])
+def test_a_bad_traffic_share_or_an_adapter_named_like_the_base_is_refused(model: dict[str, Any], words: str):
+    with pytest.raises(SpecError) as err:
+        _spec(**model)
+    assert words in str(err.value)
