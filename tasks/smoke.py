@@ -214,7 +214,8 @@ def smoke_served_adapters(spec: BuildSpec, endpoint: Endpoint, base: SourceSnaps
                   f"{merged.weights_digest[:12]}): {theirs.verdict.reason}")
         report.verdict = report.verdict.with_rule(GateRule(name=f"adapter {name}", ok=theirs.passed, detail=detail,
                                                            kind="hard"))
-        report.inputs += [i for i in theirs.inputs if i not in report.inputs]
+        # what the adapter's gate consumed besides its named sources (its reference's, its own), bound by digest
+        report.inputs += [i for i in [*reference[1].inputs, *theirs.inputs] if i not in report.inputs]
     write_report(report, Path(report_dir))
     log(f"smoke: {'PASS' if report.passed else 'FAIL'} with every served adapter: {report.verdict.reason}")
     return report
