@@ -93,8 +93,7 @@ def rollout_fleet(
         except EngineFoundryError as err:
             loaded[str(path)] = str(err)
     first = next((s for s in loaded.values() if isinstance(s, BuildSpec)), None)
-    fleet_run = (start_fleet_run(name, first.tracking.mlflow_uri, first.tracking.experiment,
-                                 [str(p) for p in paths], limits) if first is not None else None)
+    fleet_run = _start_fleet_run(name, first, [str(p) for p in paths], limits) if first is not None else None
     members: list[FleetMember] = []
     for path_text, spec in loaded.items():
         members.append(_member(path_text, spec, mode, fleet_run, max_accuracy_drop=max_accuracy_drop,
@@ -107,7 +106,11 @@ def rollout_fleet(
                            mlflow_run_id=fleet_run.run_id if fleet_run else None,
                            duration_s=round(time.monotonic() - t0, 2))
     if fleet_run is not None:
-        finish_fleet_run(fleet_run, summary)
+        try:
+            finish_fleet_run(fleet_run, summary)
+        except Exception as err:  # the summary still reaches the UI and the caller; the run ends at exit
+            progress_logger("warning")(f"fleet {name}: could not finish MLflow run {fleet_run.run_id} "
+                                       f"({type(err).__name__}: {str(err)[:200]})")
     key = artifact_key("fleet", name)
     create_markdown_artifact(key=key, markdown=summary.markdown(), description=summary.headline())
     create_table_artifact(key=f"{key}-table"[:100], table=summary.rows(), description=summary.headline())
@@ -116,6 +119,16 @@ def rollout_fleet(
     not_ok = FleetNotOk(summary)
     progress_logger("error")(str(not_ok))
     return Failed(message=str(not_ok), data=not_ok)
+
+
+def _start_fleet_run(name: str, first: BuildSpec, paths: list[str], limits: dict[str, int]) -> FleetRun | None:
+    """The fleet's MLflow run, in the first spec's tracking server and experiment; a fleet whose first MLflow is
+    away still rolls out every spec (each spec's rollout reports its own MLflow problem)."""
+    try:
+        return start_fleet_run(name, first.tracking.mlflow_uri, first.tracking.experiment, paths, limits)
+    except Exception as err:
+        progress_logger("warning")(f"fleet {name}: no MLflow fleet run ({type(err).__name__}: {str(err)[:200]})")
+        return None
 
 
 def _member(path: str, spec: BuildSpec | str, mode: Mode, fleet_run: FleetRun | None, *,
@@ -135,5 +148,9 @@ def _member(path: str, spec: BuildSpec | str, mode: Mode, fleet_run: FleetRun | 
         reason = str(result) if isinstance(result, BaseException) else (state.message or state.name)
         return FleetMember.failure(path, spec.name, f"{state.name}: {reason}", round(time.monotonic() - t0, 2))
     if fleet_run is not None and result.build_run_id:
-        link_to_fleet(fleet_run, spec.tracking.mlflow_uri, spec.tracking.experiment, result.build_run_id)
+        try:
+            link_to_fleet(fleet_run, spec.tracking.mlflow_uri, spec.tracking.experiment, result.build_run_id)
+        except Exception as err:  # the spec's MLflow away now: its rollout stands, only the link is missing
+            progress_logger("warning")(f"fleet: could not link {spec.name}'s build run {result.build_run_id} to the "
+                                       f"fleet run ({type(err).__name__}: {str(err)[:200]})")
     return FleetMember.of_report(path, result, result.build_run_id)

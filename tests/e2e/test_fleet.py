@@ -6,8 +6,10 @@ under it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +59,13 @@ def test_a_fleet_of_three_with_one_failing(tmp_path: Path) -> None:
     for name in ("alpha", "bravo"):
         assert by_spec[name]["status"] == "promoted", by_spec[name]
         assert by_spec[name]["promoted"] == ["cpu"] and by_spec[name]["build_run_id"]
-    # Each built unit waited for (and got) a slot of the pool's limit, which the fleet set on Prefect's server.
-    assert done.stderr.count("pool cpu: waiting for one of its 1 build slot(s)") == 2, done.stderr[-5000:]
+    # The fleet set the pool's limit on Prefect's server (here the temporary one, its database in PREFECT_HOME), and
+    # each built unit's run waited for (and got) one of its slots.
+    with contextlib.closing(sqlite3.connect(tmp_path / "prefect" / "prefect.db")) as db:
+        limits = db.execute("select name, \"limit\", active_slots from concurrency_limit_v2").fetchall()
+        waits = db.execute("select count(*) from log where message like 'pool cpu: waiting for one of its 1 %'")
+        assert ("enginefoundry-pool-cpu", 1, 0) in limits
+        assert waits.fetchone()[0] == 2
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     for name in ("alpha", "bravo"):  # per-model champions, as a rollout of each spec alone makes them
