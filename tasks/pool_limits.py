@@ -11,7 +11,8 @@ strict)` acquires slots of global concurrency limits and releases them on exit, 
 (prefect/concurrency/sync.py); with `strict=False` a missing limit is skipped with a warning, so this module
 asks first (`read_global_concurrency_limit_by_name`, prefect/client/orchestration/_concurrency_limits/client.py)
 and holds nothing for a pool without a limit (no warning in `make demo`); `upsert_global_concurrency_limit_by_name`
-(same file) creates or updates a limit by name.
+(same file) creates or updates a limit by name. A slot is a lease (`lease_duration`, 300 s, renewed while held);
+a process killed while holding one frees it when the lease expires (prefect/server/services/repossessor.py).
 """
 
 from __future__ import annotations
