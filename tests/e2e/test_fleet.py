@@ -69,7 +69,7 @@ def test_a_fleet_of_three_with_one_failing(tmp_path: Path) -> None:
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     for name in ("alpha", "bravo"):  # per-model champions, as a rollout of each spec alone makes them
-        assert client.get_model_version_by_alias(f"tiny-{name}", "cpu-champion").version == "1"
+        assert str(client.get_model_version_by_alias(f"tiny-{name}", "cpu-champion").version) == "1"
     fleet_run = client.get_run(summary["mlflow_run_id"])
     assert fleet_run.info.status == "FAILED" and fleet_run.data.tags["enginefoundry.fleet"] == "e2e"
     assert fleet_run.data.metrics["fleet_promoted"] == 2 and fleet_run.data.metrics["fleet_failed"] == 1
