@@ -51,6 +51,7 @@ from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_adapters, fetch_draft, fetch_source, merge_adapter
+from enginefoundry.tasks.pool_limits import pool_slot
 from enginefoundry.tasks.track import (
     finish_parent_run,
     prefect_context,
@@ -328,10 +329,11 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
                     continue
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 # A rejected or failed unit's subflow ends Failed with its outcome as the state's data.
-                state = run_unit(build_spec, unit, keyed.components[unit.name], sources[unit.adapter],
-                                 converted[converted_name(unit)], parent, replace=force,
-                                 sibling=siblings.get(unit.name), spec_draft=draft,
-                                 spec_adapters=adapters if serves_adapters else None, return_state=True)
+                with pool_slot(unit.target.pool):  # the pool's limit on concurrent unit builds, where one is set
+                    state = run_unit(build_spec, unit, keyed.components[unit.name], sources[unit.adapter],
+                                     converted[converted_name(unit)], parent, replace=force,
+                                     sibling=siblings.get(unit.name), spec_draft=draft,
+                                     spec_adapters=adapters if serves_adapters else None, return_state=True)
                 result = state.result(raise_on_failure=False)
                 if isinstance(result, UnitNotPassed):
                     result = result.outcome
