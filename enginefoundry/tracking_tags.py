@@ -20,6 +20,9 @@ MLFLOW_PARENT_RUN_ID = "mlflow.parentRunId"
 
 # Runs
 SPEC = "enginefoundry.spec"
+# A fleet (enginefoundry/rollout/fleet.py): its run carries FLEET; each member spec's build run names the fleet's run.
+FLEET = "enginefoundry.fleet"
+FLEET_RUN_ID = "enginefoundry.fleet_run_id"
 LANE = "enginefoundry.lane"
 GIT_COMMIT = "enginefoundry.git_commit"  # this project's commit (also as mlflow.source.git.commit)
 SOURCE_URI = "enginefoundry.source_uri"

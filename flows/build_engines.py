@@ -24,7 +24,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.adapters import adapter_digests, pinned_adapters
+from enginefoundry.build.adapters import adapter_digests, pinned_adapters, served_source
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PipelineError, SpecError
@@ -45,12 +45,13 @@ from enginefoundry.records.run_summary import (
     refused_by_sibling,
 )
 from enginefoundry.smoke.sibling import reference_waves, sibling_refs
-from enginefoundry.spec import BuildSpec, load_spec, parse_spec
+from enginefoundry.spec import AdapterMode, BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
 from enginefoundry.tasks.fetch import fetch_adapters, fetch_draft, fetch_source, merge_adapter
+from enginefoundry.tasks.pool_limits import pool_slot
 from enginefoundry.tasks.track import (
     finish_parent_run,
     prefect_context,
@@ -310,7 +311,10 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
                                             replace=force, siblings=siblings)
         else:
             converted: dict[str, ConvertedCheckpoint] = {}
-            sources: dict[str | None, SourceSnapshot] = {None: snapshot}  # an adapter unit's: the base ⊕ adapter
+            serves_adapters = bool(adapters) and build_spec.model.adapter_mode is AdapterMode.SERVE
+            # an adapter unit's source: the base ⊕ adapter; a served set's: the base, recording every adapter
+            sources: dict[str | None, SourceSnapshot] = {
+                None: served_source(snapshot, adapters) if serves_adapters else snapshot}
             t_convert = time.monotonic()
             for unit in plan.misses:
                 if unit.adapter is not None and unit.adapter not in sources:
@@ -325,9 +329,11 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
                     continue
                 run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
                 # A rejected or failed unit's subflow ends Failed with its outcome as the state's data.
-                state = run_unit(build_spec, unit, keyed.components[unit.name], sources[unit.adapter],
-                                 converted[converted_name(unit)], parent, replace=force,
-                                 sibling=siblings.get(unit.name), spec_draft=draft, return_state=True)
+                with pool_slot(unit.target.pool):  # the pool's limit on concurrent unit builds, where one is set
+                    state = run_unit(build_spec, unit, keyed.components[unit.name], sources[unit.adapter],
+                                     converted[converted_name(unit)], parent, replace=force,
+                                     sibling=siblings.get(unit.name), spec_draft=draft,
+                                     spec_adapters=adapters if serves_adapters else None, return_state=True)
                 result = state.result(raise_on_failure=False)
                 if isinstance(result, UnitNotPassed):
                     result = result.outcome

@@ -34,6 +34,7 @@ from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import convert_variant
 from enginefoundry.tasks.fetch import fetch_draft, fetch_source
+from enginefoundry.tasks.pool_limits import pool_slot
 
 quiet_expected_failures()  # a refused or failed unit's Failed end logs no engine traceback (tasks/_log.py)
 
@@ -115,6 +116,12 @@ def _build_unit(spec: dict[str, Any], unit: str, key_components: dict[str, Any],
     if components is None:
         raise InputError(f"unit {unit}: key_components is empty; the parent flow (build-engines, mode cluster) "
                          "sends each unit's key components: start units through it")
+    with pool_slot(the_unit.target.pool):  # the pool's limit on concurrent unit builds, where one is set
+        return _build_checked(build_spec, the_unit, components, source, parent_run_id, replace, sibling)
+
+
+def _build_checked(build_spec: BuildSpec, the_unit: Unit, components: KeyComponents, source: SourceIdentity,
+                   parent_run_id: str, replace: bool, sibling: SiblingRef | None) -> UnitOutcome | State:
     local = fetch_source(pinned(build_spec, source))
     if (local.weights_digest, local.tokenizer_digest) != (source.weights_digest, source.tokenizer_digest):
         raise PipelineError(f"source {source.uri} changed after the parent fetched it (weights "

@@ -146,5 +146,5 @@ def _rollout(build_spec: BuildSpec, targets: list[str] | None, mode: Mode, polic
                      f"{build_spec.name}: old vs new per rebuilt target (champion before vs this build)")
     return RolloutReport(spec=build_spec.name, change=change, built=summary is not None,
                          build_ok=summary.ok if summary else None, decisions=decisions, comparison=comparison,
-                         side_by_side=measured,
+                         side_by_side=measured, build_run_id=summary.parent_run_id if summary else None,
                          duration_s=round(time.monotonic() - t0, 2))

@@ -54,7 +54,7 @@ from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import build_now_current, publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
 from enginefoundry.tasks.serve_files import write_serving
-from enginefoundry.tasks.smoke import smoke_reference, smoke_test, smoke_twin
+from enginefoundry.tasks.smoke import smoke_reference, smoke_served_adapters, smoke_test, smoke_twin
 from enginefoundry.tasks.track import (
     prefect_context,
     record_unit,
@@ -67,13 +67,14 @@ from enginefoundry.tasks.track import (
 def unit_pipeline(
     spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
-    spec_draft: SourceSnapshot | None = None,
+    spec_draft: SourceSnapshot | None = None, spec_adapters: dict[str, SourceSnapshot] | None = None,
 ) -> UnitOutcome | State:
     """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
     the unit whose served answers judge this one (run before it). `spec_draft`: the fetched `speculative.draft`. A
     rejected or failed unit ends Failed, with the unit, its status and reason as the message and its outcome as the
     state's data."""
-    outcome = run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling, spec_draft)
+    outcome = run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling, spec_draft,
+                              spec_adapters)
     return outcome if outcome.ok else unit_failed_state(outcome)
 
 
@@ -88,8 +89,10 @@ def unit_failed_state(outcome: UnitOutcome) -> State:
 def run_unit_stages(
     spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
     ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
-    spec_draft: SourceSnapshot | None = None,
+    spec_draft: SourceSnapshot | None = None, spec_adapters: dict[str, SourceSnapshot] | None = None,
 ) -> UnitOutcome:
+    """`spec_adapters`: the fetched model.adapters of a unit that serves them all (adapter_mode serve): bundled
+    with the unit, each asked by its name and gated against its own merged reference (smoke_served_adapters)."""
     key = key_components.key
     replaces = build_now_current(spec, key)  # under this run's lease: what the publish may replace, not adopt
     stages: dict[str, float] = {}
@@ -110,7 +113,8 @@ def run_unit_stages(
 
         t = time.monotonic()
         build = build_unit(spec, unit, ckpt.result.checkpoint_dir, key,
-                           spec_draft.local_dir if spec_draft else None)
+                           spec_draft.local_dir if spec_draft else None,
+                           {n: a.local_dir for n, a in spec_adapters.items()} if spec_adapters else None)
         stages["build"] = time.monotonic() - t
         commands.build = stage_commands(build.commands, described, "build")
 
@@ -126,6 +130,9 @@ def run_unit_stages(
                                precision=unit.variant.precision.value, weights_digest=snapshot.weights_digest,
                                reference=reference,
                                serves_unit=(unit.name, key) if serves_as_sibling(spec, unit) else None)
+            if spec_adapters:
+                smoke = smoke_served_adapters(spec, endpoint, snapshot, spec_adapters, smoke, str(report_dir),
+                                              precision=unit.variant.precision.value)
             stages["smoke"] = time.monotonic() - t
             # A twin served apart judges the lossless rule after the benchmark (one server at a time): not yet failed.
             passed = smoke.passed or (twin_served_apart(spec) and [r.name for r in smoke.verdict.failed] == [LOSSLESS])

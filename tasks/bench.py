@@ -14,11 +14,14 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
+from enginefoundry.bench.mix import round_robin, served_shares
+from enginefoundry.bench.report import ServedFigures
 from enginefoundry.build.units import Unit
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
-from enginefoundry.smoke.serve import SPECULATIVE_PATH
-from enginefoundry.spec import BuildSpec
+from enginefoundry.smoke.serve import ADAPTERS_PATH, SPECULATIVE_PATH
+from enginefoundry.spec import AdapterMode, BuildSpec
+from enginefoundry.spec.checks import BenchTool
 from enginefoundry.tasks._log import progress_logger
 
 
@@ -36,6 +39,45 @@ def draft_counters(base_url: str) -> Callable[[], tuple[int, int] | None]:
         drafted, accepted = data.get("drafted"), data.get("accepted")
         return (drafted, accepted) if isinstance(drafted, int) and isinstance(accepted, int) else None
     return read
+
+
+def served_counts(base_url: str) -> dict[str, tuple[int, int, float]] | None:
+    """(requests, completion tokens, seconds) so far per served model name (the scoring server's GET /v1/adapters);
+    None where the server reports none."""
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + ADAPTERS_PATH, timeout=30) as r:
+            data = json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+    served = data.get("served") if isinstance(data, dict) else None
+    if not isinstance(served, dict):
+        return None
+    out = {}
+    for name, c in served.items():
+        if isinstance(c, dict) and all(isinstance(c.get(k), int | float) for k in ("requests", "completion_tokens",
+                                                                                     "seconds")):
+            out[str(name)] = (int(c["requests"]), int(c["completion_tokens"]), float(c["seconds"]))
+    return out
+
+
+def served_figures(before: dict[str, tuple[int, int, float]], after: dict[str, tuple[int, int, float]],
+                   asked: dict[str, float] | None = None) -> dict[str, ServedFigures]:
+    """Each served name's requests, tokens, share and mean latency between two readings of served_counts, beside
+    the share the spec `asked` for it."""
+    diff = {n: tuple(a - b for a, b in zip(after[n], before.get(n, (0, 0, 0.0)), strict=True)) for n in after}
+    total = sum(int(d[0]) for d in diff.values())
+    return {n: ServedFigures(requests=int(d[0]), completion_tokens=int(d[1]),
+                             share=round(int(d[0]) / total, 6) if total else 0.0,
+                             mean_latency_ms=round(1000 * float(d[2]) / int(d[0]), 3) if d[0] else None,
+                             traffic_share=(asked or {}).get(n))
+            for n, d in diff.items()}
+
+
+def served_models(spec: BuildSpec, endpoint: Endpoint) -> list[str]:
+    """The model names a unit serving adapters answers to (the base's, then each adapter's); [] for any other."""
+    if not spec.model.adapters or spec.model.adapter_mode is not AdapterMode.SERVE:
+        return []
+    return [endpoint.model_name, *(a.name for a in spec.model.adapters)]
 
 
 def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path,
@@ -97,10 +139,30 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
     log = progress_logger()
     out = Path(report_dir)
     counters = draft_counters(endpoint.base_url) if spec.speculative is not None else None
-    report = run_sweep(spec.benchmark, url=endpoint.base_url, model=endpoint.model_name,
+    model, served = endpoint.model_name, served_models(spec, endpoint)
+    shares = served_shares(spec, endpoint.model_name) if served else None
+    if shares and spec.benchmark.tool is BenchTool.AIPERF:
+        # AIPerf 0.13.0: `--model` takes a comma-separated list, assigned round-robin, the nth request to model
+        # n mod len (aiperf/common/enums/enums.py ModelSelectionStrategy.ROUND_ROBIN, the CLI default:
+        # aiperf/config/endpoint.py MODEL_SELECTION_STRATEGY); the shares as names repeated (bench/mix.py).
+        names = round_robin(shares)
+        model = ",".join(names)
+        log("bench: the adapter mix " + ", ".join(f"{n} {s:.0%}" for n, s in shares.items())
+            + f" (round-robin over {len(names)} model names)")
+    elif served:
+        log(f"bench: {spec.benchmark.tool.value} sends every request to the base ({model}): the adapter mix is "
+            "measured with aiperf only")
+    before = served_counts(endpoint.base_url) if served else None
+    report = run_sweep(spec.benchmark, url=endpoint.base_url, model=model,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
                        server_alive=lambda: is_alive(endpoint.pid), plot_title=title,
                        telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters)
+    after = served_counts(endpoint.base_url) if before is not None else None
+    if before is not None and after is not None:
+        report.served = served_figures(before, after, shares)
+        log("bench: served: " + ", ".join(f"{n} {f.requests} requests ({f.share:.0%}), mean {f.mean_latency_ms} ms"
+                                          for n, f in report.served.items()))
+        (out / "sweep.json").write_text(report.model_dump_json(indent=2))
     if spec.speculative is not None and not twin_served_apart(spec):
         report = speculative_twin_sweep(spec, endpoint, report, out, log, unit)
     if unit is not None and unit.searched is not None and spec.search is not None:

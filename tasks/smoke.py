@@ -9,7 +9,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry.build.adapters import merged_source
 from enginefoundry.build.quantized_source import DEQUANTIZED, read_quantization
+from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.errors import InputError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.lanes.registry import get_lane
@@ -26,6 +28,7 @@ from enginefoundry.smoke import (
     write_report,
 )
 from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread
+from enginefoundry.smoke.gate import GateRule
 from enginefoundry.smoke.reference import (
     ReferenceOutcome,
     ReferenceSet,
@@ -188,4 +191,31 @@ def smoke_twin(spec: BuildSpec, twin: Endpoint, report: SmokeReport, report_dir:
     report = with_twin_answers(report, theirs)
     write_report(report, Path(report_dir))
     log(f"smoke: {'PASS' if report.passed else 'FAIL'} with the twin server's answers: {report.verdict.reason}")
+    return report
+
+
+@task(name="smoke served adapters", cache_policy=NO_CACHE)
+def smoke_served_adapters(spec: BuildSpec, endpoint: Endpoint, base: SourceSnapshot,
+                          adapters: dict[str, SourceSnapshot], report: SmokeReport, report_dir: str,
+                          precision: str = "fp32") -> SmokeReport:
+    """A unit serving the base and every adapter (model.adapter_mode serve): each adapter asked by its own name
+    (`model: <adapter>`) and judged by the whole gate against its own fp32 reference, the base with that adapter
+    merged (build.adapters.merged_source, as merge mode computes it), its report in `adapters/<name>`. The unit's
+    report (the base's, asked by the model's name) gains one hard rule per adapter: a unit that answers with the
+    base, or another adapter, where an adapter was asked for fails that adapter's gate and is rejected."""
+    log = progress_logger()
+    for name, adapter in adapters.items():
+        merged = merged_source(base, name, adapter, log)
+        reference = smoke_reference.fn(spec, merged.local_dir, merged.weights_digest, precision=precision)
+        asked = endpoint.model_copy(update={"model_name": name})
+        theirs = smoke_test.fn(spec, asked, merged.local_dir, str(Path(report_dir) / "adapters" / name),
+                               precision=precision, weights_digest=merged.weights_digest, reference=reference)
+        detail = (f"asked as model '{name}', judged against its own reference (the base with {name} merged, "
+                  f"{merged.weights_digest[:12]}): {theirs.verdict.reason}")
+        report.verdict = report.verdict.with_rule(GateRule(name=f"adapter {name}", ok=theirs.passed, detail=detail,
+                                                           kind="hard"))
+        # what the adapter's gate consumed besides its named sources (its reference's, its own), bound by digest
+        report.inputs += [i for i in [*reference[1].inputs, *theirs.inputs] if i not in report.inputs]
+    write_report(report, Path(report_dir))
+    log(f"smoke: {'PASS' if report.passed else 'FAIL'} with every served adapter: {report.verdict.reason}")
     return report

@@ -9,6 +9,17 @@ from pydantic import BaseModel, Field
 from enginefoundry.bench.result import BenchPoint, SpeculationPoint
 
 
+class ServedFigures(BaseModel):
+    """One served model name's part of a sweep against a unit serving the base and its adapters (adapter_mode serve),
+    from the server's own counters (the scoring server's GET /v1/adapters) read before and after the sweep."""
+
+    requests: int
+    completion_tokens: int
+    share: float  # of the sweep's requests
+    mean_latency_ms: float | None  # request latency at the server (queue + batch), mean over the sweep
+    traffic_share: float | None = None  # the share the spec asked (model.adapters[].traffic_share; bench/mix.py)
+
+
 class SLOResult(BaseModel):
     scenario: str
     best_concurrency: int | None  # highest concurrency meeting the SLOs; None when no point meets them
@@ -124,6 +135,9 @@ class SweepReport(BaseModel):
     # predicted_* beside measured_*, prediction_error, $/1M output tokens, tokens/joule.
     search: dict[str, Any] | None = None  # JSON edge: SearchVerdict as JSON
     search_metrics: dict[str, float] = Field(default_factory=dict)
+    # A unit serving the base and its adapters: the sweep's requests sent round-robin to the base and every adapter
+    # (by the OpenAI `model` name), and each name's figures over the whole sweep; empty for any other unit.
+    served: dict[str, ServedFigures] = Field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
@@ -135,7 +149,17 @@ class SweepReport(BaseModel):
                                             "output_tokens_per_s": p.output_tokens_per_s} for p in self.points]})
         return {"bench_points": len(self.points), "bench_valid": float(self.valid),
                 "bench_best_output_tokens_per_s": best.output_tokens_per_s if best else 0.0, **self.search_metrics,
-                **self.speculation_summary()}
+                **self.speculation_summary(), **self.served_summary()}
+
+    def served_summary(self) -> dict[str, float]:
+        """Each served name's share of the sweep's requests and mean server latency: `bench_served_<name>_share`,
+        `bench_served_<name>_latency_ms`; empty for a unit that serves no adapters."""
+        out: dict[str, float] = {}
+        for name, f in self.served.items():
+            out[f"bench_served_{name}_share"] = f.share
+            if f.mean_latency_ms is not None:
+                out[f"bench_served_{name}_latency_ms"] = f.mean_latency_ms
+        return out
 
     def speculation_summary(self) -> dict[str, float]:
         """A speculative unit's acceptance rate over the sweep and its speed-up over the non-speculative twin at
@@ -206,6 +230,12 @@ class SweepReport(BaseModel):
             acc = f"draft acceptance {rate:.3f}" if rate is not None else "draft acceptance not measured"
             lines += ["", f"Speculation: {acc}; speed-up over the non-speculative twin (output tok/s): "
                           f"{ups or 'not measured'}"]
+        if self.served:
+            lines += ["", "Served adapters (the mix by `model` name; the server's counters over the sweep):", "",
+                      "| model | requests | share (asked) | completion tokens | mean latency ms |",
+                      "|---|---|---|---|---|",
+                      *[f"| {n} | {f.requests} | {f.share:.3f} ({_share(f.traffic_share)}) | {f.completion_tokens} "
+                        f"| {_f(f.mean_latency_ms)} |" for n, f in self.served.items()]]
         if self.telemetry:
             lines += ["", f"GPU telemetry: {self.telemetry}"]
         if self.warnings:
@@ -215,6 +245,10 @@ class SweepReport(BaseModel):
 
 def _round(x: float | None, digits: int = 2) -> float | None:
     return None if x is None else round(x, digits)
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _f(x: float | None) -> str:

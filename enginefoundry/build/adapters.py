@@ -1,5 +1,6 @@
 """LoRA adapters (`model.adapters`, issue 36): preflight from adapter_config.json alone, fetch like the base, and
-merge into the base with PEFT (adapter_mode merge).
+merge into the base with PEFT (adapter_mode merge; in adapter_mode serve, the merge is each adapter's gate reference
+and the unit serves the base and every adapter with PEFT: `served_source`, enginefoundry/smoke/serve.py).
 
 Preflight reads one small file per adapter (`adapter_config.json`, bounded: a local file, that one file of a Hub repo
 at its revision, or that one S3 object) and refuses, with the field and the fix, an adapter whose
@@ -171,17 +172,19 @@ def adapter_problems(spec: BuildSpec, lane_name: str, lane_max_rank: int | None,
         return [("model.adapters", f"lane {lane_name} does not build LoRA adapters yet: use lane reference, or "
                                    "remove model.adapters")]
     problems: list[tuple[str, str]] = []
-    if spec.model.adapter_mode is AdapterMode.SERVE:
-        problems.append(("model.adapter_mode", "serve (one unit serving every adapter per request) is not built yet "
-                                               "(issue 36): use adapter_mode: merge (one unit per adapter)"))
+    if spec.model.adapter_mode is AdapterMode.SERVE and spec.speculative is not None:
+        problems.append(("model.adapter_mode", "serve (the base and every adapter per request, PEFT) does not combine "
+                                               "with speculative decoding on the scoring server: remove speculative, "
+                                               "or use adapter_mode: merge"))
     if spec.model.max_lora_rank > lane_max_rank:
         problems.append(("model.max_lora_rank", f"{spec.model.max_lora_rank} exceeds lane {lane_name}'s "
                                                 f"max_lora_rank ({lane_max_rank}); lower it"))
     config = base_config if base_config is not None else lookup(spec).config
-    if config is not None and config.get("quantization_config") and spec.model.adapter_mode is AdapterMode.MERGE:
+    if config is not None and config.get("quantization_config"):  # serve too: each adapter's reference is a merge
         problems.append(("model.adapter_mode", "the base checkpoint is already quantized (quantization_config in its "
                                                "config.json): a LoRA adapter cannot be merged into quantized "
-                                               "weights; use the unquantized base as model.source"))
+                                               "weights (merge mode's unit, serve mode's per-adapter gate "
+                                               "reference); use the unquantized base as model.source"))
     modules = base_modules(config) if config is not None else None
     names = base_names(spec)
     limit = min(spec.model.max_lora_rank, lane_max_rank)
@@ -222,7 +225,7 @@ def fetch_adapters(spec: BuildSpec, base: SourceSnapshot, lane_name: str, lane_m
     if not spec.model.adapters:
         return {}
     problems = adapter_problems(spec, lane_name, lane_max_rank, read_config(Path(base.local_dir) / "config.json"))
-    if base.quantization is not None and spec.model.adapter_mode is AdapterMode.MERGE:
+    if base.quantization is not None:  # serve too: each adapter's gate reference is the base with it merged
         # A ModelOpt export says so in hf_quant_config.json, which config.json's check above does not see.
         problems.append(("model.adapter_mode", f"the base checkpoint is pre-quantized ({base.quantization.label()}): "
                                                "a LoRA adapter cannot be merged into quantized weights; use the "
@@ -267,6 +270,13 @@ def adapter_lineage(name: str, adapter: SourceSnapshot) -> dict[str, Any]:  # JS
     return {"name": name, "uri": adapter.uri, "kind": adapter.kind.value, "revision": adapter.revision,
             "requested_revision": adapter.requested_revision, "identity": adapter.identity,
             "weights_digest": adapter.weights_digest}
+
+
+def served_source(base: SourceSnapshot, adapters: dict[str, SourceSnapshot]) -> SourceSnapshot:
+    """The source of a unit serving the base and every adapter (adapter_mode serve): the base itself, its identity
+    recording every adapter's lineage (the manifest's, MLflow's and `lineage`'s record of the served set)."""
+    identity = {**base.identity, "adapters": [adapter_lineage(n, a) for n, a in adapters.items()]}
+    return base.model_copy(update={"identity": identity})
 
 
 def merged_source(base: SourceSnapshot, name: str, adapter: SourceSnapshot,

@@ -27,7 +27,8 @@ class Unit(BaseModel):
     target: Target
     # Set when the search proposed this unit (its prediction, or why it fell back); never part of a key.
     searched: SearchedUnit | None = None
-    # model.adapters, adapter_mode merge: the adapter merged into the base of this unit (its name); None: the base.
+    # model.adapters, adapter_mode merge: the adapter merged into the base of this unit (its name); None: the base
+    # (in adapter_mode serve, the base serving every adapter: its key has them all, units.served_component).
     adapter: str | None = None
 
     @property
@@ -145,6 +146,8 @@ def unit_key_components(
         extra["speculative"] = speculative_component(spec, draft_digests)
     if unit.adapter is not None:
         extra["adapter"] = adapter_component(spec, unit.adapter, adapter_digests)
+    elif spec.model.adapters and spec.model.adapter_mode is AdapterMode.SERVE:
+        extra["adapter"] = served_component(spec, adapter_digests)
     return {
         "format_version": FORMAT_VERSION,
         "kind": "unit",
@@ -184,6 +187,15 @@ def adapter_component(spec: BuildSpec, name: str, adapter_digests: dict[str, str
     if digest is None:
         raise ValueError(f"a unit of adapter {name} needs the adapter's digest for its key: fetch model.adapters first")
     return {"name": name, "mode": spec.model.adapter_mode.value, "weights_digest": digest}
+
+
+def served_component(spec: BuildSpec, adapter_digests: dict[str, str] | None,
+                     ) -> dict[str, Any]:  # JSON edge: the key's adapter part, adapter_mode serve
+    """A unit serving the base and every adapter (adapter_mode serve): the mode and each adapter's digest by name
+    (a new revision of any one is a new key of the unit that serves it; `explain` names `adapter.served.<name>`)."""
+    return {"mode": AdapterMode.SERVE.value,
+            "served": {a.name: adapter_component(spec, a.name, adapter_digests)["weights_digest"]
+                       for a in spec.model.adapters}}
 
 
 def _keyed(lane_options: LaneOptions | dict[str, Any] | None) -> dict[str, Any]:  # JSON edge: options hashed

@@ -24,6 +24,7 @@ from enginefoundry.errors import EXIT_PIPELINE, EngineFoundryError
 
 COMMANDS = (
     "enginefoundry.cli.build",
+    "enginefoundry.cli.fleet",
     "enginefoundry.cli.registry",
     "enginefoundry.cli.lengths",
     "enginefoundry.cli.leases",

@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         cmd.set_defaults(handler=cmd_registry)
 
 
+def _adapter_line(adapter: dict[str, Any]) -> str:  # JSON edge: a lineage's adapter entry
+    """`name: uri @ revision, digest <12>`: one adapter of a unit's lineage, as `lineage` prints it."""
+    revision = f" @ {adapter['revision']}" if adapter.get("revision") else ""
+    return f"{adapter.get('name')}: {adapter.get('uri')}{revision}, digest {str(adapter.get('weights_digest'))[:12]}"
+
+
 def cmd_lineage(args: argparse.Namespace) -> int:
     from enginefoundry.records.lineage import lineage
 
@@ -70,6 +76,11 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         ("last verified", _verified_line(chain.get("verification") or {})),
         ("signature", (chain.get("signature") or {}).get("line", "unknown")),
     ]
+    adapter, served = chain.get("adapter"), chain.get("served_adapters")
+    if adapter:  # a merged adapter's unit (model.adapters, adapter_mode merge)
+        rows.insert(4, ("adapter", _adapter_line(adapter)))
+    for i, one in enumerate(served or []):  # a unit serving the base and every adapter (adapter_mode serve)
+        rows.insert(4 + i, ("served adapter", _adapter_line(one)))
     if chain.get("serving_cost"):
         rows.append(("cost at the SLO", ", ".join(f"{k}={v}" for k, v in chain["serving_cost"].items()
                                                    if v is not None)))

@@ -268,9 +268,10 @@ class Lane(ABC):
 
     @abstractmethod
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
-              draft_dir: Path | None = None) -> BuildResult:
+              draft_dir: Path | None = None, adapter_dirs: dict[str, Path] | None = None) -> BuildResult:
         """Build the unit's bundle under workdir, on a device of the unit's target. `draft_dir`: the fetched
-        `speculative.draft` checkpoint, for a spec whose speculation drafts with one."""
+        `speculative.draft` checkpoint, for a spec whose speculation drafts with one. `adapter_dirs`: name → fetched
+        LoRA adapter folder, for a unit serving them (model.adapter_mode serve; lanes without it refuse adapters)."""
 
     @abstractmethod
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:

@@ -229,7 +229,9 @@ def lora_section() -> list[str]:
     return ["", "## LoRA adapters (`model.adapters`; lane trtllm: not emitted yet)", "",
             "Lane trtllm emits no LoRA item yet: its `max_lora_rank` is unset, so `validate` and `run` refuse a spec "
             "with `model.adapters` on it, naming lane reference, which merges each adapter into the base with PEFT "
-            "(docs/adapters.md). The upstream facts in use, and those a later `lora_config` will be written from:",
+            "(adapter_mode merge) or serves the base and every adapter per request with PEFT on its scoring server "
+            "(adapter_mode serve; docs/adapters.md). The upstream facts in use, and those a later `lora_config` "
+            "will be written from:",
             "", "| item | used here | evidence |", "|---|---|---|",
             f"| `LoraConfig.max_lora_rank` default {DEFAULT_MAX_LORA_RANK} | the default of `model.max_lora_rank`, so "
             "an adapter accepted by default fits TensorRT-LLM's default | "

@@ -38,13 +38,14 @@ from enginefoundry.lanes.base import (
 )
 from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.reference_options import reference_options
-from enginefoundry.spec import Arch, BuildSpec, Variant
+from enginefoundry.spec import AdapterMode, Arch, BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 from enginefoundry.store.backends import clone_or_copy, link_or_copy
 
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
 BUNDLE_DRAFT_DIR = "draft"  # speculative.draft (draft_target), bundled beside the model
+BUNDLE_ADAPTERS_DIR = "adapters"  # model.adapters in adapter_mode serve: adapters/<name>, beside the model
 # One thread per server: on small hosts torch's default thread count fights the benchmark client. No hub access:
 # the bundle holds the model.
 SERVE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -57,9 +58,10 @@ def _device_for(arch: Arch) -> str:
 
 def _scoring_args(model_dir: str, host: str, port: str, name: str, device: str, max_seq_len: int | None,
                   max_batch: int | None, draft_dir: str | None = None, max_draft_len: int | None = None,
-                  ) -> list[str]:
+                  adapters: dict[str, str] | None = None) -> list[str]:
     """The scoring server's arguments after the interpreter, for the smoke stage and for `plan`; with a draft, the
-    server answers by assisted generation (speculative.algorithm draft_target)."""
+    server answers by assisted generation (speculative.algorithm draft_target); with adapters (adapter_mode serve),
+    each request's `model` picks the base or one adapter (PEFT)."""
     # `--name=`: a model name that starts with `-` stays a value.
     args = ["-m", "enginefoundry.smoke.serve", model_dir, "--host", host, "--port", port, f"--name={name}",
             "--device", device]
@@ -68,7 +70,31 @@ def _scoring_args(model_dir: str, host: str, port: str, name: str, device: str, 
             args += [flag, str(value)]
     if draft_dir is not None:
         args += ["--draft", draft_dir, "--max-draft-len", str(max_draft_len or 3)]
+    for name, folder in (adapters or {}).items():
+        args += ["--adapter", f"{name}={folder}"]
     return args
+
+
+def _bundle_adapters(bundle_dir: Path, info: BundleInfo) -> dict[str, str] | None:
+    """name → folder of a served-adapter bundle's adapters (adapter_mode serve), from its bundle.json; None for any
+    other. A recorded name that is not a plain file name, or whose folder is missing, is refused."""
+    names = info.params.get("adapters")  # JSON edge: the recorded params
+    if names is None:
+        return None
+    out: dict[str, str] = {}
+    if not isinstance(names, list) or not names or len(names) > 1000:
+        names = [None]
+    for name in names:
+        try:
+            check_name(name if isinstance(name, str) else "", "adapter")
+        except ValueError:
+            name = None
+        folder = bundle_dir / BUNDLE_ADAPTERS_DIR / name if isinstance(name, str) else None
+        if folder is None or not folder.is_dir() or name in out:
+            raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters is not a set of adapters this lane "
+                             "bundled; rebuild it")
+        out[name] = str(folder.resolve())
+    return out
 
 
 def _bundle_draft(bundle_dir: Path, info: BundleInfo) -> tuple[str, int] | None:
@@ -96,8 +122,8 @@ class ReferenceLane(Lane):
     sizes_kv_pool = False  # transformers allocates the KV cache per request: no pool to size
     # transformers' assisted generation (generate(..., assistant_model=draft)) on the scoring server
     speculative_algorithms = frozenset({"draft_target"})
-    # model.adapters in adapter_mode merge: PEFT merges any rank; the spec's own bound (ModelSpec.max_lora_rank) is
-    # the ceiling, its default the TensorRT-LLM lane's (LoraConfig.max_lora_rank 64).
+    # model.adapters (merge: PEFT merges any rank; serve: PEFT serves any rank on the scoring server); the spec's own
+    # bound (ModelSpec.max_lora_rank) is the ceiling, its default the TensorRT-LLM lane's (LoraConfig.max_lora_rank 64).
     max_lora_rank = 1024
 
     def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
@@ -176,8 +202,10 @@ class ReferenceLane(Lane):
             "dequantized": f"{quant.quant_algo}: {layers} layers ({awq} AWQ-scaled) as {dtype}"})
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
-              draft_dir: Path | None = None) -> BuildResult:
-        """Bundle the checkpoint and warm it up on the target's device, recording what that device is."""
+              draft_dir: Path | None = None, adapter_dirs: dict[str, Path] | None = None) -> BuildResult:
+        """Bundle the checkpoint and warm it up on the target's device, recording what that device is. With
+        `adapter_dirs` (adapter_mode serve: name → fetched PEFT folder), the adapters are bundled beside the model
+        and the bundle ships the scoring server, which serves the base and each adapter per request."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -202,6 +230,13 @@ class ReferenceLane(Lane):
             shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=clone_or_copy)
             speculative = {"speculative": spec.speculative.algorithm.value, "draft": BUNDLE_DRAFT_DIR,
                            "max_draft_len": spec.speculative.max_draft_len}
+        served: dict[str, Any] = {}  # JSON edge: the bundle's adapter params
+        if adapter_dirs:
+            for name, folder in adapter_dirs.items():
+                check_name(name, "model.adapters.name")
+                # Copies, never hard links: a local adapter's fetched folder is the user's own (as the draft's).
+                shutil.copytree(folder, bundle / BUNDLE_ADAPTERS_DIR / name, copy_function=clone_or_copy)
+            served = {"adapters": list(adapter_dirs)}
         facts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         # The ignore: transformers types PreTrainedModel.to through a decorator whose stub takes the model twice.
@@ -217,6 +252,7 @@ class ReferenceLane(Lane):
             "max_batch_size": unit.profile.max_batch_size,
             "max_seq_len": unit.profile.max_seq_len,
             **speculative,
+            **served,
         }
         BundleInfo(lane=self.name, unit=unit.name, params=params, device=facts,
                    serve=ServeSettings(model_dir=BUNDLE_MODEL_DIR)).write(bundle)
@@ -225,7 +261,8 @@ class ReferenceLane(Lane):
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
         info = BundleInfo.read(bundle_dir)
-        if _bundle_draft(bundle_dir, info) is not None:  # transformers serve has no assisted generation
+        # transformers serve has no assisted generation, and no per-request adapter (5.24 cli/serving: no PEFT)
+        if _bundle_draft(bundle_dir, info) is not None or _bundle_adapters(bundle_dir, info) is not None:
             return self._scoring_command(bundle_dir, info, host, port, str((bundle_dir / BUNDLE_MODEL_DIR).resolve()))
         model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
         serve = Path(sys.executable).with_name("transformers")
@@ -251,7 +288,8 @@ class ReferenceLane(Lane):
         gate's log-prob checks need (transformers serve 5.24 ignores `logprobs` and `echo`: docs/smoke-gate.md).
         `smoke_server: transformers` judges `transformers serve` itself."""
         info = BundleInfo.read(bundle_dir)
-        if reference_options(options).smoke_server == "transformers" and _bundle_draft(bundle_dir, info) is None:
+        if reference_options(options).smoke_server == "transformers" and _bundle_draft(bundle_dir, info) is None \
+                and _bundle_adapters(bundle_dir, info) is None:
             return self.named_serve_command(bundle_dir, host, port, name)
         return self._scoring_command(bundle_dir, info, host, port, name)
 
@@ -262,11 +300,14 @@ class ReferenceLane(Lane):
         seq, batch = (v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None  # the recorded profile
                       for v in (info.params.get("max_seq_len"), info.params.get("max_batch_size")))
         draft = _bundle_draft(bundle_dir, info)
+        adapters = _bundle_adapters(bundle_dir, info)
+        draft_dir, draft_len = draft or (None, None)
         argv = [sys.executable, *_scoring_args(model_dir, host, str(port), name, _device(bundle_dir, info), seq, batch,
-                                               *(draft or (None, None)))]
-        what = SCORING_SERVER + (" (draft/target speculation)" if draft else "")
+                                               draft_dir, draft_len, adapters)]
+        what = SCORING_SERVER + (" (draft/target speculation)" if draft else "") + \
+            (f" (base + {len(adapters)} LoRA adapters, PEFT, per request)" if adapters else "")
         return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description=what),
-                            model_name=name, tokenizer_dir=model_dir, shipped=draft is not None)
+                            model_name=name, tokenizer_dir=model_dir, shipped=draft is not None or adapters is not None)
 
     def named_serve_command(self, bundle_dir: Path, host: str, port: int, name: str) -> ServeCommand:
         """Serve as `transformers serve <name>` from a folder where `<name>` links to the bundle's model: the
@@ -274,7 +315,7 @@ class ReferenceLane(Lane):
         that path (transformers 5.24 cli/serving/model_manager.py `process_model_name`: `os.path.exists`).
         A name that is not a plain file name (no `/`, no `:`, no leading `-` or `.`) keeps the path."""
         info = BundleInfo.read(bundle_dir)
-        if _bundle_draft(bundle_dir, info) is not None:
+        if _bundle_draft(bundle_dir, info) is not None or _bundle_adapters(bundle_dir, info) is not None:
             return self._scoring_command(bundle_dir, info, host, port, name)
         cmd = self.serve_command(bundle_dir, host, port)
         try:
@@ -300,6 +341,17 @@ class ReferenceLane(Lane):
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
         ]
+        if spec.model.adapters and spec.model.adapter_mode is AdapterMode.SERVE:
+            served = {a.name: f"<bundle>/{BUNDLE_ADAPTERS_DIR}/{a.name}" for a in spec.model.adapters}
+            commands.append(Command(
+                argv=["python", *_scoring_args("<bundle>/model", "127.0.0.1", "<free>", spec.model.name, device,
+                                               unit.profile.max_seq_len, unit.profile.max_batch_size,
+                                               adapters=served)],
+                env=dict(SERVE_ENV),
+                description="serve, smoke and benchmark: the base and every LoRA adapter (PEFT), chosen per request "
+                            "by the OpenAI `model` name (transformers serve has no per-request adapter); the smoke "
+                            "gate asks each adapter by its name and judges it against its own merged reference"))
+            return commands
         sp = spec.speculative
         if sp is not None:
             commands.append(Command(

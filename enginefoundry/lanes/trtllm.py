@@ -488,7 +488,7 @@ class TrtllmLane(TrtllmLaneBase):
     # build --------------------------------------------------------------------------------------------------
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
-              draft_dir: Path | None = None) -> BuildResult:
+              draft_dir: Path | None = None, adapter_dirs: dict[str, Path] | None = None) -> BuildResult:
         """Runtime YAML + warm-up on a GPU of the target (autotuner cache) + bundle.json."""
         versions = self.versions()
         self.refuse_speculation(spec, checkpoint_dir, draft_dir)

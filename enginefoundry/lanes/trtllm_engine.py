@@ -437,7 +437,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
     # build --------------------------------------------------------------------------------------------------
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
-              draft_dir: Path | None = None) -> BuildResult:
+              draft_dir: Path | None = None, adapter_dirs: dict[str, Path] | None = None) -> BuildResult:
         versions = self.versions()
         surface = self.refuse_unsupported(spec, unit)
         opts = self.options(spec)

@@ -61,7 +61,7 @@ def unit_lineage(spec: BuildSpec, unit: Unit) -> Lineage:
                        label=f"spec {spec.name}: search rank {unit.searched.rank} on {unit.target.name} "
                              f"({spec.lane} lane)")
     components = unit_key_components(spec, unit, "", "", {}, spec.lane_options, draft_digests=("", ""),
-                                     adapter_digests={unit.adapter: ""} if unit.adapter else None)
+                                     adapter_digests={a.name: "" for a in spec.model.adapters} or None)
     return Lineage(digest=_digest(_lineage_identity(components)), label=label)
 
 
@@ -71,8 +71,9 @@ def _lineage_identity(components: dict[str, Any]) -> dict[str, Any]:  # JSON edg
     lineage it always had."""
     out = {k: components[k] for k in LINEAGE_COMPONENTS}
     adapter = components.get("adapter")
-    if isinstance(adapter, dict):
-        out["adapter"] = adapter.get("name")
+    if isinstance(adapter, dict):  # merge: the adapter's name; serve: the served set's names
+        served = adapter.get("served")
+        out["adapter"] = sorted(served) if isinstance(served, dict) else adapter.get("name")
     return out
 
 

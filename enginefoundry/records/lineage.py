@@ -170,6 +170,7 @@ def lineage(ref: str, mlflow_uri: str, trusted_keys: list[str] | None = None,
                    "weights_digest": src.get("weights_digest"), "tokenizer_digest": src.get("tokenizer_digest"),
                    "identity": src.get("identity")},
         "adapter": adapter_of(src),
+        "served_adapters": served_adapters_of(src),
         "converted_checkpoint": {"key": manifest.checkpoint_key, "uri": manifest.checkpoint_uri},
         "lane": manifest.lane, "versions": manifest.versions,
         "target": manifest.target, "built_on": manifest.device,
@@ -195,8 +196,25 @@ def adapter_of(source: dict[str, Any]) -> dict[str, Any] | None:  # JSON edge: a
             else None}
 
 
+def served_adapters_of(source: dict[str, Any]) -> list[dict[str, Any]] | None:  # JSON edge: a manifest's source
+    """The adapters a unit serves beside its base (adapter_mode serve; build.adapters.served_source), each as
+    adapter_lineage records it; None for any other unit."""
+    identity = source.get("identity")
+    served = identity.get("adapters") if isinstance(identity, dict) else None
+    if not isinstance(served, list):
+        return None
+    return [a for a in served if isinstance(a, dict)]
+
+
 def adapter_tags(source: dict[str, Any]) -> dict[str, str]:  # JSON edge: a manifest's or snapshot's source
-    """The MLflow tags of a unit's adapter lineage (runs and registered versions); none for the base alone."""
+    """The MLflow tags of a unit's adapter lineage (runs and registered versions); none for the base alone. A unit
+    serving a set of adapters: each tag lists every adapter's value, comma-separated, in the spec's order."""
+    served = served_adapters_of(source)
+    if served is not None:
+        def joined(field: str) -> str:
+            return ",".join(str(a.get(field) or "") for a in served)[:5000]  # MLflow's tag value limit
+        return {mltags.ADAPTER: joined("name"), mltags.ADAPTER_URI: joined("uri"),
+                mltags.ADAPTER_REVISION: joined("revision"), mltags.ADAPTER_DIGEST: joined("weights_digest")}
     adapter = adapter_of(source)
     if adapter is None:
         return {}

@@ -208,6 +208,7 @@ class RolloutReport(BaseModel):
                                                                                "targets this rollout rebuilt")
     side_by_side: list[SideBySide] = Field(default_factory=list, description="champion and candidate measured in "
                                                                              "this rollout, per stem")
+    build_run_id: str | None = Field(default=None, description="the MLflow parent run of the build, when it built")
     duration_s: float = 0.0
 
     @property

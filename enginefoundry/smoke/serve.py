@@ -2,6 +2,7 @@
 
     python -m enginefoundry.smoke.serve MODEL_DIR --host 127.0.0.1 --port 8000 [--device cpu] [--name NAME]
         [--max-seq-len N] [--max-batch 16] [--threads N] [--draft DRAFT_DIR --max-draft-len 3]
+        [--adapter NAME=ADAPTER_DIR ...]
 
 Why it exists: `transformers serve` (5.24.0) ignores `logprobs`, `top_logprobs` (transformers/cli/serving/
 chat_completion.py, UNUSED_CHAT_COMPLETION_FIELDS) and `echo` (cli/serving/completion.py,
@@ -23,7 +24,15 @@ This server answers, with the same Hugging Face model code and greedy decoding:
     alone (the unit's non-speculative twin, which the gate compares answers with), and `GET /v1/speculative` gives
     the drafted and accepted draft tokens so far (the benchmark's acceptance rate). `--unverified-draft` accepts the
     draft's tokens without verification: a deliberately broken speculative path, for the test that the gate's
-    lossless rule rejects it; never for serving.
+    lossless rule rejects it; never for serving;
+  * with `--adapter NAME=DIR` (repeatable; model.adapters in adapter_mode serve, issue 36): the base and every LoRA
+    adapter on one model with PEFT (`PeftModel.from_pretrained` for the first, `load_adapter` for the others); a
+    request's OpenAI `model` picks what answers it: an adapter's name that adapter (`set_adapter`), the served name
+    the base alone (`disable_adapter`). Requests of different adapters never share a batch. `GET /v1/models` lists
+    the base and every adapter; `GET /v1/adapters` the requests, completion tokens and seconds spent answering so far,
+    per served name (the benchmark's per-adapter figures). `--ignore-adapters` answers every request with the base
+    whatever it asked for: a deliberately broken adapter path, for the test that the gate rejects it; never for
+    serving.
 
 Requests are batched: one worker thread owns the model and runs the requests that arrived together (within a few
 milliseconds, up to --max-batch) as one batch: greedy generation over left-padded prompts, and one forward pass
@@ -36,6 +45,7 @@ listens on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -53,6 +63,7 @@ from typing import Any
 log = logging.getLogger("enginefoundry.smoke.serve")
 MAX_TOP = 20
 SPECULATIVE_PATH = "/v1/speculative"  # GET: the draft tokens proposed and accepted so far
+ADAPTERS_PATH = "/v1/adapters"  # GET: requests, completion tokens and seconds so far, per served model name
 STREAM_PIECES = "_stream_pieces"  # the answer's text per token, sent as SSE chunks (never in a JSON answer)
 LOGITS_BUDGET_BYTES = 1 << 30  # float32 logits of one echo batch (tokens × vocabulary × 4 bytes)
 # Generation-config fields that leave greedy decoding the raw argmax (no logits processor): with only these
@@ -87,7 +98,17 @@ class Job:
     top: int | None  # log-probs (with this many alternatives) of the generated tokens; None: none
     echo_top: int | None = None  # log-probs of the prompt tokens too (completions with echo)
     speculative: bool = True  # with a draft: assisted generation; False: the target alone (the twin)
+    adapter: str | None = None  # with --adapter: the LoRA adapter that answers; None: the base alone
     done: Future[Result] = field(default_factory=Future)
+
+
+@dataclass
+class ServedCounts:
+    """What one served model name (the base, or an adapter) answered since the server started."""
+
+    requests: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0  # summed request latency (queue + batch), for the mean
 
 
 @dataclass
@@ -103,13 +124,23 @@ class Scorer:
     """The model and its tokenizer: batches of jobs in, results out. Only the batcher's thread calls `run`."""
 
     def __init__(self, model_dir: Path, device: str = "cpu", max_seq_len: int | None = None,
-                 draft_dir: Path | None = None, max_draft_len: int = 3, unverified: bool = False) -> None:
+                 draft_dir: Path | None = None, max_draft_len: int = 3, unverified: bool = False,
+                 adapters: dict[str, Path] | None = None, ignore_adapters: bool = False) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        self.adapters = sorted(adapters or {})
+        self.ignore_adapters = ignore_adapters
+        if adapters:
+            from peft import PeftModel
+
+            (first, first_dir), *rest = adapters.items()
+            model = PeftModel.from_pretrained(model, str(first_dir), adapter_name=first)
+            for name, folder in rest:
+                model.load_adapter(str(folder), adapter_name=name)
         self.model: Any = model.to(device).eval()
         self.device = device
         self.special = set(self.tok.all_special_ids)
@@ -172,17 +203,17 @@ class Scorer:
         return self.draft is not None and job.speculative and job.echo_top is None
 
     def groups(self, jobs: list[Job], max_batch: int) -> list[list[Job]]:
-        """Jobs that run well together: the same kind (echo or generation) and max_tokens, prompts of similar
+        """Jobs that run well together: the same kind (echo or generation), max_tokens and adapter, prompts of similar
         length (padding at most doubles a group's tokens), an echo batch's logits within LOGITS_BUDGET_BYTES."""
         budget = max(1, LOGITS_BUDGET_BYTES // (4 * self.vocab))
         out: list[list[Job]] = []
-        by_kind: dict[tuple[bool, int], list[Job]] = {}
+        by_kind: dict[tuple[bool, int, str | None], list[Job]] = {}
         for j in jobs:
             if self.assisted(j):  # assisted generation runs one sequence at a time
                 out.append([j])
                 continue
-            by_kind.setdefault((j.echo_top is not None, j.max_tokens), []).append(j)
-        for (echo, _), same in by_kind.items():
+            by_kind.setdefault((j.echo_top is not None, j.max_tokens, j.adapter), []).append(j)
+        for (echo, _, _), same in by_kind.items():
             group: list[Job] = []
             for j in sorted(same, key=lambda j: len(j.ids)):
                 n = len(j.ids)
@@ -196,8 +227,18 @@ class Scorer:
                 out.append(group)
         return out
 
+    def using(self, adapter: str | None) -> Any:
+        """The context a group runs in: its adapter active (PEFT set_adapter), or the base alone (disable_adapter);
+        nothing without adapters. --ignore-adapters: always the base."""
+        if not self.adapters:
+            return contextlib.nullcontext()
+        if adapter is None or self.ignore_adapters:
+            return self.model.disable_adapter()
+        self.model.set_adapter(adapter)
+        return contextlib.nullcontext()
+
     def run(self, group: list[Job]) -> list[Result]:
-        with self.torch.inference_mode():
+        with self.torch.inference_mode(), self.using(group[0].adapter):
             if self.assisted(group[0]):
                 return [self._speculate(j) for j in group]
             if group[0].echo_top is None:
@@ -397,6 +438,24 @@ class Api:
 
     def __init__(self, scorer: Scorer, batcher: Batcher, name: str) -> None:
         self.scorer, self.batcher, self.name = scorer, batcher, name
+        self._lock = threading.Lock()
+        self._served = {n: ServedCounts() for n in self.names()}
+
+    def _count(self, adapter: str | None, tokens: int, seconds: float) -> None:
+        with self._lock:
+            c = self._served[adapter or self.name]
+            c.requests += 1
+            c.completion_tokens += tokens
+            c.seconds += seconds
+
+    def served_stats(self) -> dict[str, Any]:  # JSON edge: GET /v1/adapters
+        with self._lock:
+            return {"served": {n: {"requests": c.requests, "completion_tokens": c.completion_tokens,
+                                   "seconds": round(c.seconds, 6)} for n, c in self._served.items()}}
+
+    def names(self) -> list[str]:
+        """The model names requests may carry: the served name (the base), then each adapter's."""
+        return [self.name, *self.scorer.adapters]
 
     def speculative_stats(self) -> dict[str, Any]:  # JSON edge: GET /v1/speculative
         s = self.scorer
@@ -412,12 +471,15 @@ class Api:
 
     def chat(self, messages: list[dict[str, Any]],  # JSON edge: the request's OpenAI chat messages
              max_tokens: int, top: int | None, speculative: bool = True,
-             stream: bool = False) -> dict[str, Any]:  # JSON edge: OpenAI chat response
+             stream: bool = False, adapter: str | None = None) -> dict[str, Any]:  # JSON edge: chat response
         s = self.scorer
         ids = s.chat_ids(messages)
         n = len(ids)
         max_tokens = s.fit(n, max_tokens)
-        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, speculative=speculative))
+        t = time.monotonic()
+        res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, speculative=speculative,
+                                      adapter=adapter))
+        self._count(adapter, len(res.new), time.monotonic() - t)
         content = []
         if top is not None:
             for t, (lp, alts) in zip(res.new, res.gen, strict=False):
@@ -432,7 +494,7 @@ class Api:
             "message": {"role": "assistant", "content": s.tok.decode(res.new, skip_special_tokens=True)},
             "logprobs": {"content": content} if top is not None else None}
         out: dict[str, Any] = {  # JSON edge: the response
-            "object": "chat.completion", "choices": [choice],
+            "object": "chat.completion", "model": adapter or self.name, "choices": [choice],
             "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
         if stream:
             texts = [str(s.tok.decode(res.new[:i], skip_special_tokens=True)) for i in range(len(res.new) + 1)]
@@ -440,7 +502,8 @@ class Api:
         return out
 
     def complete(self, prompt: str | list[int], max_tokens: int, echo: bool,
-                 top: int | None, speculative: bool = True) -> dict[str, Any]:  # JSON edge: completions response
+                 top: int | None, speculative: bool = True,
+                 adapter: str | None = None) -> dict[str, Any]:  # JSON edge: completions response
         s = self.scorer
         ids: list[int] = prompt if isinstance(prompt, list) else \
             [int(t) for t in s.tok(prompt, add_special_tokens=False)["input_ids"]]
@@ -449,8 +512,10 @@ class Api:
         n = len(ids)
         max_tokens = s.fit(n, max_tokens)
         echo_top = top if echo and top is not None else None
+        t = time.monotonic()
         res = self.batcher.submit(Job(ids=ids, max_tokens=max_tokens, top=top, echo_top=echo_top,
-                                      speculative=speculative))
+                                      speculative=speculative, adapter=adapter))
+        self._count(adapter, len(res.new), time.monotonic() - t)
         logprobs = None
         if top is not None:
             toks: list[str] = []
@@ -475,7 +540,7 @@ class Api:
             logprobs = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
         text = str(s.tok.decode(res.new, skip_special_tokens=True))
         full = (str(s.tok.decode(ids)) if echo else "") + text
-        return {"object": "text_completion",
+        return {"object": "text_completion", "model": adapter or self.name,
                 "choices": [{"index": 0, "text": full, "logprobs": logprobs,
                              "finish_reason": "stop" if self._stopped(res.new, max_tokens) else "length"}],
                 "usage": {"prompt_tokens": n, "completion_tokens": len(res.new), "total_tokens": n + len(res.new)}}
@@ -483,9 +548,11 @@ class Api:
     def handle(self, path: str, body: Any) -> dict[str, Any]:  # JSON edge: the response body
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
-        if body.get("model") not in (None, self.name):
-            raise RequestError(404, f"model '{body.get('model')}' is not served here; this server serves "
-                                    f"'{self.name}'")
+        asked = body.get("model")
+        if asked not in (None, self.name) and asked not in self.scorer.adapters:
+            raise RequestError(404, f"model '{asked}' is not served here; this server serves "
+                                    f"{', '.join(repr(n) for n in self.names())}")
+        adapter = asked if asked is not None and asked != self.name else None
         if body.get("stream") and path != "/v1/chat/completions":
             raise RequestError(400, "stream is supported for chat completions only")
         speculative = body.get("speculative", True)
@@ -498,7 +565,7 @@ class Api:
             max_tokens = _int_field(body, "max_tokens", 16, 1, 1 << 16) or 16
             want = bool(body.get("logprobs"))
             top = _int_field(body, "top_logprobs", 0, 0, MAX_TOP) if want else None
-            return self.chat(messages, max_tokens, top, speculative, stream=bool(body.get("stream")))
+            return self.chat(messages, max_tokens, top, speculative, stream=bool(body.get("stream")), adapter=adapter)
         if path == "/v1/completions":
             prompt: Any = body.get("prompt")
             ok_ids = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
@@ -508,7 +575,7 @@ class Api:
                 raise RequestError(400, f"prompt token ids must be in [0, {self.scorer.vocab})")
             top = _int_field(body, "logprobs", None, 0, MAX_TOP)
             return self.complete(prompt, _int_field(body, "max_tokens", 16, 0, 1 << 16) or 0,
-                                 bool(body.get("echo")), top, speculative)
+                                 bool(body.get("echo")), top, speculative, adapter)
         raise RequestError(404, f"no route {path}")
 
 
@@ -551,7 +618,7 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
                       {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]
             for i, c in enumerate(chunks):
                 event: dict[str, Any] = {"id": "chatcmpl-ef", "object": "chat.completion.chunk",  # JSON edge
-                                         "model": api.name, "choices": [c]}
+                                         "model": answer.get("model", api.name), "choices": [c]}
                 if i == len(chunks) - 1:
                     event["usage"] = answer["usage"]
                 self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
@@ -562,7 +629,9 @@ def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
             if self.path == "/health":
                 self._send(200, {"status": "ok"})
             elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": api.name, "object": "model"}]})
+                self._send(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in api.names()]})
+            elif self.path == ADAPTERS_PATH:
+                self._send(200, api.served_stats())
             elif self.path == SPECULATIVE_PATH:
                 self._send(200, api.speculative_stats())
             else:
@@ -617,6 +686,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads (default: OMP_NUM_THREADS, else 1)")
     ap.add_argument("--draft", help="a draft checkpoint with the model's tokenizer: answers by assisted generation")
     ap.add_argument("--max-draft-len", type=int, default=3, help="candidate tokens per step (default 3)")
+    ap.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
+                    help="a LoRA adapter (PEFT folder) requests select by `model: NAME` (repeatable)")
+    ap.add_argument("--ignore-adapters", action="store_true",
+                    help="TEST ONLY: answer every request with the base, whatever adapter it asked for (a broken "
+                         "adapter path the gate must reject)")
     ap.add_argument("--unverified-draft", action="store_true",
                     help="TEST ONLY: keep the draft's tokens without verification (a broken speculative path the "
                          "gate's lossless rule must reject)")
@@ -627,6 +701,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--max-draft-len must be at least 1")
     if args.unverified_draft and not args.draft:
         ap.error("--unverified-draft needs --draft")
+    adapters: dict[str, Path] = {}
+    for item in args.adapter:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder or name in adapters:
+            ap.error(f"--adapter {item!r}: NAME=DIR with a distinct NAME")
+        adapters[name] = Path(folder)
+    if adapters and args.draft:
+        ap.error("--adapter and --draft cannot be combined (assisted generation runs the base alone)")
+    if args.ignore_adapters and not adapters:
+        ap.error("--ignore-adapters needs --adapter")
+    name = args.name or args.model_dir
+    if name in adapters:
+        ap.error(f"--adapter {name}: the served model's own name (--name) cannot name an adapter")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import os
 
@@ -636,11 +723,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, threads))
     scorer = Scorer(Path(args.model_dir), device=args.device, max_seq_len=args.max_seq_len,
                     draft_dir=Path(args.draft) if args.draft else None, max_draft_len=args.max_draft_len,
-                    unverified=args.unverified_draft)
+                    unverified=args.unverified_draft, adapters=adapters, ignore_adapters=args.ignore_adapters)
+    if args.ignore_adapters:
+        log.warning("--ignore-adapters: every request is answered by the base, whatever adapter it asks (test only)")
     if args.unverified_draft:
         log.warning("--unverified-draft: draft tokens are NOT verified; answers are not the model's (test only)")
     batcher = Batcher(scorer, max_batch=args.max_batch)
-    name = args.name or args.model_dir
     server = make_server(Api(scorer, batcher, name), args.host, args.port)
     log.info("serving %s on http://%s:%d (batches of up to %d)", name, args.host, args.port, args.max_batch)
     try:

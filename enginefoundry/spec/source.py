@@ -103,6 +103,10 @@ class AdapterSpec(BaseModel):
         default=None, description="the base as the adapter's adapter_config.json names it (base_model_name_or_path), "
                                   "when the spec's model.source is a copy under another name (an S3 prefix, a "
                                   "folder); default: the source's repo id, folder name or model.name")
+    traffic_share: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="adapter_mode serve: this adapter's share of the benchmark's requests (the base gets "
+                                  "what the adapters' shares leave; adapters without one split it evenly with the "
+                                  "base)")
 
     @field_validator("source")
     @classmethod
@@ -160,6 +164,17 @@ class ModelSpec(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"adapters must have distinct names; repeated: {', '.join(dupes)}")
+        if self.adapter_mode is AdapterMode.SERVE and self.name in names:
+            raise ValueError(f"adapter_mode serve: an adapter named '{self.name}' (model.name) would be asked by the "
+                             "base's model name; rename the adapter")
+        shares = [a.traffic_share for a in self.adapters if a.traffic_share is not None]
+        if shares and self.adapter_mode is not AdapterMode.SERVE:
+            raise ValueError("adapters[].traffic_share is the benchmark's mix of one unit serving every adapter: set "
+                             "adapter_mode: serve, or remove traffic_share (merge mode benchmarks each adapter's unit "
+                             "alone)")
+        if sum(shares) > 1 + 1e-9:
+            raise ValueError(f"adapters[].traffic_share add up to {sum(shares):g}, over 1: lower them (the base gets "
+                             "what they leave)")
         return self
 
     @model_validator(mode="after")

@@ -129,11 +129,11 @@ def test_a_folder_without_adapter_config_or_with_a_huge_one_is_refused(tmp_path:
     assert "peft_type IA3 is not LORA" in message
 
 
-def test_serve_mode_and_a_lane_without_adapters_are_refused_and_validate_reports_them():
-    assert ("model.adapter_mode", "serve (one unit serving every adapter per request) is not built yet (issue 36): "
-            "use adapter_mode: merge (one unit per adapter)") in adapter_problems(
-        _spec(adapter_mode="serve"), "reference", 1024)
-    assert adapter_problems(_spec(), "trtllm", None)[0][0] == "model.adapters"
+def test_serve_mode_passes_preflight_on_the_reference_lane_and_stays_refused_where_the_lane_has_no_adapters():
+    assert adapter_problems(_spec(adapter_mode="serve"), "reference", 1024) == []
+    for mode in ("merge", "serve"):  # lane trtllm: only evidence rows exist, no lora_config is written
+        ((field, message),) = adapter_problems(_spec(adapter_mode=mode), "trtllm", None)
+        assert field == "model.adapters" and "use lane reference" in message
     with pytest.raises(SpecError) as err:
         validate_deep(_spec(adapters=[_adapter("bad", ADAPTERS / "wrong-base")]))
     assert any(f == "model.adapters.0" for f, _ in err.value.problems)
@@ -163,11 +163,46 @@ def test_a_spec_without_adapters_keeps_its_units_and_keys():
     assert unit.adapter is None and unit.name == "fp32-tp1.chat.cpu"
     components = unit_key_components(plain, unit, "w", "t", {}, plain.lane_options)
     assert "adapter" not in components
-    # the same spec with serve-mode adapters builds the base unit, whose key has no adapter part either
-    served = _spec(adapter_mode="serve")
-    (base_unit,) = expand_units(served)
-    assert base_unit.name == unit.name and key_of(unit_key_components(served, base_unit, "w", "t", {}, {})) == \
-        key_of(unit_key_components(plain, unit, "w", "t", {}, {}))
+
+
+def test_serve_mode_is_one_unit_whose_key_takes_every_adapter_digest():
+    """adapter_mode serve: one unit (the base's name) serving the base and every adapter; its key has every
+    adapter's name and digest, so a new revision of any one is a new key of that unit, and its lineage names the
+    served set (not the revisions)."""
+    plain = parse_spec(yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text()), base_dir=CONFIGS)
+    (plain_unit,) = expand_units(plain)
+    spec = _spec(adapter_mode="serve", adapters=[_adapter("plus-one", ADAPTERS / "plus-one"),
+                                                 _adapter("other", ADAPTERS / "plus-one")])
+    (unit,) = expand_units(spec)
+    assert unit.adapter is None and unit.name == plain_unit.name == "fp32-tp1.chat.cpu"
+
+    def key(digests: dict[str, str]) -> str:
+        return key_of(unit_key_components(spec, unit, "w", "t", {}, spec.lane_options, adapter_digests=digests))
+
+    components = unit_key_components(spec, unit, "w", "t", {}, spec.lane_options,
+                                     adapter_digests={"plus-one": "a1", "other": "b1"})
+    assert components["adapter"] == {"mode": "serve", "served": {"plus-one": "a1", "other": "b1"}}
+    base_key = key_of(unit_key_components(plain, plain_unit, "w", "t", {}, plain.lane_options))
+    keys = {base_key, key({"plus-one": "a1", "other": "b1"}), key({"plus-one": "a2", "other": "b1"}),
+            key({"plus-one": "a1", "other": "b2"})}
+    assert len(keys) == 4  # the base alone, the set, and a new revision of either adapter: four keys
+    with pytest.raises(ValueError, match=r"fetch model\.adapters first"):
+        key({"plus-one": "a1"})
+    assert unit_lineage(spec, unit).digest != unit_lineage(plain, plain_unit).digest  # the served set's own lineage
+    assert unit_lineage(spec, unit).digest == unit_lineage(
+        _spec(adapter_mode="serve", adapters=[_adapter("plus-one", ADAPTERS / "wrong-rank"),
+                                              _adapter("other", ADAPTERS / "plus-one")]), unit).digest
+
+
+def test_serve_mode_refuses_speculation_and_a_quantized_base_naming_the_field():
+    spec = _spec(adapter_mode="serve")
+    quantized = {**json.loads((TINY_MODEL / "config.json").read_text()), "quantization_config": {"quant_method": "fp8"}}
+    problems = adapter_problems(spec, "reference", 1024, quantized)
+    assert [f for f, _ in problems] == ["model.adapter_mode"]
+    assert "serve mode's per-adapter gate reference" in problems[0][1]
+    speculative = spec.model_copy(update={"speculative": object()})
+    assert any(f == "model.adapter_mode" and "does not combine with speculative decoding" in m
+               for f, m in adapter_problems(speculative, "reference", 1024))
 
 
 def test_merging_into_a_pre_quantized_base_is_refused_before_any_adapter_is_fetched():
@@ -189,3 +224,106 @@ def test_merging_into_a_pre_quantized_base_is_refused_before_any_adapter_is_fetc
         fetch_adapters(spec, quantized, "reference", 1024, lambda _: None)
     assert "model.adapter_mode" in str(err.value) and "pre-quantized (W4A16_AWQ" in str(err.value)
     assert "use the unquantized base as model.source" in str(err.value)
+
+
+def _served_bundle(tmp: Path, adapters: object) -> Path:
+    bundle = tmp / "bundle"
+    (bundle / "model").mkdir(parents=True)
+    (bundle / "adapters" / "plus-one").mkdir(parents=True)
+    params = {"device": "cpu", "max_seq_len": 256, "max_batch_size": 4, "adapters": adapters}
+    (bundle / "bundle.json").write_text(json.dumps({"params": params}))
+    return bundle
+
+
+def test_a_served_adapter_bundle_ships_the_scoring_server_with_each_adapter_and_a_forged_one_is_refused(
+        tmp_path: Path):
+    from enginefoundry.errors import InputError
+    from enginefoundry.lanes.reference import ReferenceLane
+
+    lane = ReferenceLane()
+    bundle = _served_bundle(tmp_path, ["plus-one"])
+    for cmd in (lane.serve_command(bundle, "h", 1), lane.named_serve_command(bundle, "h", 1, "tiny-chat"),
+                lane.smoke_serve_command(bundle, "h", 1, "tiny-chat", _spec().lane_options)):
+        argv = cmd.command.argv
+        assert argv[1:3] == ["-m", "enginefoundry.smoke.serve"] and cmd.shipped
+        assert argv[argv.index("--adapter") + 1] == f"plus-one={(bundle / 'adapters' / 'plus-one').resolve()}"
+        assert "LoRA adapters" in cmd.command.description
+    for i, forged in enumerate((["../model"], ["missing"], "plus-one", [], ["plus-one", "plus-one"])):
+        with pytest.raises(InputError, match=r"params\.adapters is not a set of adapters this lane bundled"):
+            lane.serve_command(_served_bundle(tmp_path / str(i), forged), "h", 1)
+
+
+def test_plan_describes_the_served_set_on_the_scoring_server():
+    from enginefoundry.lanes.reference import ReferenceLane
+
+    spec = _spec(adapter_mode="serve")
+    (unit,) = expand_units(spec)
+    serve = ReferenceLane().describe(spec, unit)[-1]
+    assert "--adapter" in serve.argv and "plus-one=<bundle>/adapters/plus-one" in serve.argv
+    assert "transformers serve has no per-request adapter" in serve.description
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--adapter", "plus-one"], "NAME=DIR"),
+    (["--adapter", "a=x", "--adapter", "a=y"], "distinct NAME"),
+    (["--adapter", "a=x", "--draft", "d"], "cannot be combined"),
+    (["--ignore-adapters"], "--ignore-adapters needs --adapter"),
+    (["--adapter", "m=x", "--name", "m"], "cannot name an adapter"),
+])
+def test_the_scoring_server_refuses_bad_adapter_arguments_before_loading_anything(args: list[str], words: str,
+                                                                                   capsys: pytest.CaptureFixture[str]):
+    from enginefoundry.smoke.serve import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["/nonexistent-model", *args])
+    assert exited.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_served_figures_are_the_difference_of_two_counter_readings_and_reach_the_summary():
+    from enginefoundry.bench.report import SweepReport
+    from enginefoundry.tasks.bench import served_figures
+
+    before = {"tiny-chat": (2, 10, 1.0), "plus-one": (0, 0, 0.0)}
+    after = {"tiny-chat": (5, 40, 1.6), "plus-one": (3, 24, 0.9)}
+    figures = served_figures(before, after, {"tiny-chat": 0.5, "plus-one": 0.5})
+    assert figures["tiny-chat"].requests == 3 and figures["tiny-chat"].completion_tokens == 30
+    assert figures["tiny-chat"].share == figures["plus-one"].share == 0.5
+    assert figures["tiny-chat"].mean_latency_ms == 200.0 and figures["plus-one"].mean_latency_ms == 300.0
+    idle = served_figures(after, after)["plus-one"]
+    assert idle.requests == 0 and idle.share == 0.0 and idle.mean_latency_ms is None
+    report = SweepReport(points=[], slo=[], exports=[], duration_s=0.0, served=figures)
+    assert report.summary()["bench_served_plus-one_share"] == 0.5
+    assert "| plus-one | 3 | 0.500 (0.500) | 24 | 300.0 |" in report.slo_markdown()
+
+
+def test_the_mix_gives_the_base_what_the_shares_leave_and_repeats_names_in_proportion():
+    from enginefoundry.bench.mix import round_robin, served_shares
+
+    even = _spec(adapter_mode="serve")
+    assert served_shares(even, "tiny-chat") == {"tiny-chat": 0.5, "plus-one": 0.5}
+    assert round_robin(served_shares(even, "tiny-chat")) == ["tiny-chat", "plus-one"]
+    mixed = _spec(adapter_mode="serve", adapters=[{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0.6},
+                                                  _adapter("b", ADAPTERS / "plus-one")])
+    shares = served_shares(mixed, "tiny-chat")
+    assert shares == pytest.approx({"tiny-chat": 0.2, "a": 0.6, "b": 0.2})
+    names = round_robin(shares)
+    assert sorted(names) == ["a", "a", "a", "b", "tiny-chat"] and names[:2] != ["a", "a"]  # 3:1:1, interleaved
+    assert round_robin({"x": 0.99, "y": 0.01}).count("y") == 1 and len(round_robin({"x": 0.99, "y": 0.01})) <= 20
+    assert round_robin({"x": 1.0, "base": 0.0}) == ["x"]
+
+
+@pytest.mark.parametrize(("model", "words"), [
+    ({"adapter_mode": "merge", "adapters": [{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0.5}]},
+     "set adapter_mode: serve"),
+    ({"adapter_mode": "serve", "adapters": [{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0.7},
+                                            {**_adapter("b", ADAPTERS / "plus-one"), "traffic_share": 0.4}]},
+     "add up to 1.1, over 1"),
+    ({"adapter_mode": "serve", "adapters": [_adapter("tiny-chat", ADAPTERS / "plus-one")]},
+     "would be asked by the base's model name"),
+    ({"adapter_mode": "serve", "adapters": [{**_adapter("a", ADAPTERS / "plus-one"), "traffic_share": 0}]},
+     "traffic_share"),
+])
+def test_a_bad_traffic_share_or_an_adapter_named_like_the_base_is_refused(model: dict[str, Any], words: str):
+    with pytest.raises(SpecError) as err:
+        _spec(**model)
+    assert words in str(err.value)
