@@ -10,25 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-from tests.support.paths import CONFIGS, REPO, TINY_MODEL
-
-ADAPTERS = TINY_MODEL.parent / "adapters"
-
-
-def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "enginefoundry.cli", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-
-
-def _set_dropout(folder: Path, dropout: float) -> None:
-    path = folder / "adapter_config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "lora_dropout": dropout}, indent=2))
+from tests.support.adapters import ADAPTERS, set_dropout
+from tests.support.adapters import run_cli as _cli
+from tests.support.paths import CONFIGS, TINY_MODEL
 
 
 def test_the_adapter_units_are_built_gated_published_and_registered_with_its_lineage(tmp_path: Path):
@@ -40,7 +28,7 @@ def test_the_adapter_units_are_built_gated_published_and_registered_with_its_lin
     # which merging ignores): its own unit, key, alias and lineage.
     retrained = tmp_path / "retrained"
     shutil.copytree(ADAPTERS / "plus-one", retrained)
-    _set_dropout(retrained, 0.05)
+    set_dropout(retrained, 0.05)
     data = yaml.safe_load((CONFIGS / "tiny-lora.yaml").read_text())
     data["benchmark"]["enabled"] = False
     data["model"]["source"] = str(TINY_MODEL)
@@ -77,7 +65,7 @@ def test_the_adapter_units_are_built_gated_published_and_registered_with_its_lin
     assert other.tags[mltags.ADAPTER] == "retrained" and other.version != version.version
 
     # A new revision of one adapter: `explain` shows that adapter's unit alone as a miss, and why.
-    _set_dropout(retrained, 0.1)
+    set_dropout(retrained, 0.1)
     explained = _cli(["explain", str(spec), "--json"], env)
     assert explained.returncode == 0, explained.stderr[-3000:]
     rows = {r["unit"]: r for r in json.loads(explained.stdout)["units"]}
