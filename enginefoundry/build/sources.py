@@ -99,12 +99,12 @@ def _fetch(source: SourceURI, progress: Callable[[str], None], check: Quantizati
         local, identity = _fetch_s3(source, progress, check)
     else:
         local, identity = _fetch_local(source, marker), {}
-        if check is not None and (local / MODEL_CONFIG).is_file():
-            check(read_quantization(local))
     if not (local / marker).is_file():
         raise SourceError(f"model.source: {source.uri} has no {marker}: point the source at a "
                           f"{_folder_kind(marker)} folder")
     quantization = read_quantization(local) if marker == CHECKPOINT_MARKER else None
+    if check is not None and source.kind is SourceKind.LOCAL:  # a Hub or S3 fetch checked before its weights came
+        check(quantization)
     if quantization is not None:
         progress(f"fetch: {source.uri} is pre-quantized: {quantization.label()}; it is served as it is, never "
                  "quantized again")
