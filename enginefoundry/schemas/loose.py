@@ -1,0 +1,25 @@
+"""The loose types that remain, each named for the outside document it is (issue 35).
+
+A document enginefoundry writes or reads as its own is a model in `enginefoundry.schemas`, never one of these. An
+alias here is for JSON whose shape belongs to someone else (a model's config.json, a Prefect or MLflow payload, a JSON
+Schema), passed through or read with bounds. tests/unit/test_loose_budget.py counts `dict[str, Any]`, bare `Any` and
+these aliases per package against a budget that only goes down.
+
+Add an alias when a new kind of outside JSON comes in; say in its docstring whose document it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+JsonObject: TypeAlias = dict[str, Any]
+"""A JSON object from outside with no narrower name below (read field by field, with bounds)."""
+
+JsonSchemaDocument: TypeAlias = dict[str, Any]
+"""A JSON Schema document (draft 2020-12), as pydantic generates it and jsonschema reads it."""
+
+PrefectJobVariables: TypeAlias = dict[str, Any]
+"""Job variables of a Prefect deployment or flow run (the work pool's base job template decides their shape)."""
+
+HfModelConfig: TypeAlias = dict[str, Any]
+"""A Hugging Face model's config.json (or a ModelOpt hf_quant_config.json): the model's authors decide its keys."""
