@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from enginefoundry.catalog.schemes import SchemeKind, scheme_of
 from enginefoundry.spec import BuildSpec
 
 DEPRECATED_S3_ENV = "EF_S3_ENDPOINT"
@@ -153,10 +154,12 @@ def _pick(name: str, flag: tuple[str | None, str], env: tuple[str | None, str | 
 
 
 def absolute_store(uri: str, base: Path) -> str:
-    """file://relative → file:///absolute against base; s3:// and absolute paths unchanged."""
-    if uri.startswith("file://"):
-        path = Path(uri.removeprefix("file://"))
-        return uri if path.is_absolute() else "file://" + str((base / path).resolve())
+    """file://relative → file:///absolute against base (a scheme of the catalog's local kind); object stores (s3://)
+    and absolute paths unchanged."""
+    row = scheme_of(uri)
+    if row is not None and row.kind is SchemeKind.LOCAL:
+        path = Path(row.body(uri))
+        return uri if path.is_absolute() else row.prefix + str((base / path).resolve())
     return uri
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate every file that lists GPU pools from the one table, enginefoundry/gpu_targets.py:
+"""Generate every file that lists GPU pools from the one table, enginefoundry/catalog/gpu_targets.py:
 
     python scripts/gen_targets.py          # rewrite them
     python scripts/gen_targets.py --check  # exit 1 naming each file that is out of date
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from enginefoundry import gpu_targets as gt  # noqa: E402
+from enginefoundry.catalog import gpu_targets as gt  # noqa: E402
 
 
 def prefect_kubernetes_default() -> dict[str, Any]:
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         stale = stale_files()
         for path in stale:
-            print(f"{path.relative_to(ROOT)} is out of date with enginefoundry/gpu_targets.py: "
+            print(f"{path.relative_to(ROOT)} is out of date with enginefoundry/catalog/gpu_targets.py: "
                   "run python scripts/gen_targets.py", file=sys.stderr)
         return 1 if stale else 0
     expected = expected_files()

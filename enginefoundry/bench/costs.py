@@ -1,7 +1,8 @@
 """What serving costs: $/GPU-hour by SKU → $ per 1M output tokens at the SLO point; energy → tokens per joule.
 
-The shipped table is a default, with its source and date per row; `search.prices` in the spec (or a YAML file it
-names) overrides it. A cpu target is charged per core-hour, and its energy is *unavailable* (None), never zero.
+The shipped table is a default (the catalog's SKU rows), with its source and date per row; `search.prices` in the
+spec (or a YAML file it names) overrides it. A cpu target is charged per core-hour, and its energy is *unavailable*
+(None), never zero.
 """
 
 from __future__ import annotations
@@ -13,25 +14,17 @@ from pathlib import Path
 
 import yaml
 
+from enginefoundry.catalog import gpu_targets as gpu_catalog
+from enginefoundry.catalog.gpu_targets import Price
 from enginefoundry.confine import read_regular
 from enginefoundry.errors import SpecError
 from enginefoundry.spec import BuildSpec, Target
 
 
-@dataclass(frozen=True)
-class Price:
-    usd_per_hour: float  # per GPU (or per core on cpu)
-    source: str
-
-
-# SKU substring (lower case, most specific first) → on-demand $/GPU-hour, with where and when it was read.
-MERCATUS = "mercatus-ai.com/blog/cloud-gpu-pricing (May 2026, specialty-cloud tier, midpoint)"
-DEFAULT_PRICES: tuple[tuple[str, Price], ...] = (
-    ("h200", Price(4.00, MERCATUS + ": H200 SXM5 $3.50–4.50")),
-    ("h100", Price(3.00, MERCATUS + ": H100 SXM5 $2.50–3.50")),
-    ("a100", Price(1.30, MERCATUS + ": A100 80GB $1.10–1.50")),
-    ("b200", Price(6.03, "spheron.network/blog/nvidia-h200-vs-b200-vs-gb200 (on-demand, 17 Mar 2026)")),
-)
+def default_prices() -> list[tuple[str, Price]]:
+    """SKU substring (lower case, most specific first) → on-demand $/GPU-hour, with where and when it was read: the
+    catalog's SKU rows that carry a default price (enginefoundry/catalog/gpu_targets.py SKUS)."""
+    return [(s.needle, s.default_price) for s in gpu_catalog.SKUS if s.default_price]
 
 
 @dataclass(frozen=True)
@@ -63,7 +56,7 @@ def price_table(spec: BuildSpec) -> list[tuple[str, Price]]:
         rows += [(k.lower(), Price(v, "spec search.prices.gpu_hour")) for k, v in prices.gpu_hour.items()]
         if prices.file:
             rows += _file_prices(spec.resolve_path(prices.file), prices.file)
-    return rows + list(DEFAULT_PRICES)
+    return rows + default_prices()
 
 
 PRICES_FILE_MAX_BYTES = 1 << 20  # a table of SKUs is a few hundred bytes

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import SourceError, SpecError, ToolError
 from enginefoundry.spec import BuildSpec, Precision, SourceKind
 
@@ -45,15 +46,11 @@ MAX_DEPTH = 16  # a ModelOpt config nests 3 levels (quantization → quantized_l
 MODELOPT_METHOD = "modelopt"  # config.json quantization_config.quant_method of a ModelOpt export
 
 # ModelOpt's quant_algo (modelopt/torch/export/quant_utils.py `process_layer_quant_config`, nvidia-modelopt 0.47.0)
-# → the precision this project names. Every other algorithm (FP8_PER_CHANNEL_PER_TOKEN, W4A8_AWQ,
-# W8A8_SQ_PER_CHANNEL, W4A16_NVFP4, NVFP4_AWQ, W4A8_NVFP4_FP8, W4A8_MXFP4_FP8, NVFP4_SVD, MXFP8, MIXED_PRECISION …)
-# has no precision here and is refused.
+# → the precision this project names: the catalog's `modelopt_quant_algo` column. Every other algorithm
+# (FP8_PER_CHANNEL_PER_TOKEN, W4A8_AWQ, W8A8_SQ_PER_CHANNEL, W4A16_NVFP4, NVFP4_AWQ, W4A8_NVFP4_FP8, W4A8_MXFP4_FP8,
+# NVFP4_SVD, MXFP8, MIXED_PRECISION …) has no precision here and is refused.
 ALGO_PRECISION: dict[str, Precision] = {
-    "FP8": Precision.FP8,
-    "NVFP4": Precision.NVFP4,
-    "W4A16_AWQ": Precision.INT4_AWQ,
-    "W8A16": Precision.INT8_WO,
-}
+    row.modelopt_quant_algo: p for p, row in PRECISIONS.items() if row.modelopt_quant_algo}
 # The algorithms whose checkpoint this project dequantizes into plain weights (the reference lane's build, the
 # gate's reference): weight-only, so the dequantized checkpoint computes what the quantized one does.
 DEQUANTIZED = frozenset({"W4A16_AWQ"})

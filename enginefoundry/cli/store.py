@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from enginefoundry.catalog.schemes import is_store_uri
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, load
 from enginefoundry.cli.signing import check_signatures, trust_options
 from enginefoundry.console import console, error
@@ -69,7 +70,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Store, PublishedBuild]:
 
         _, uri, registry = resolve(ref, args.mlflow_uri)
         return open_build(uri, endpoint, anchor=registry_anchor(registry))
-    if ref.startswith(("file://", "s3://")):
+    if is_store_uri(ref):  # a scheme of the catalog (enginefoundry/catalog/schemes.py)
         return open_build(ref, endpoint)
     if store_uri is None:
         raise InputError(f"'{ref}' is not a store URI or models:/ reference; to look up a key give --store or --spec")

@@ -1,14 +1,15 @@
-"""The one precision → dtype map: what torch dtype a variant computes in, and how many bytes its KV cache takes."""
+"""Dtypes by precision: what torch dtype a variant computes in, and how many bytes its KV cache takes. The
+precision → torch dtype column is the catalog's (enginefoundry/catalog/precisions.py `torch_dtype`)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.spec import KVCacheDtype, Precision
 
-# variants[].precision → torch dtype name, for the unquantized precisions.
-TORCH_DTYPE: dict[Precision, str] = {Precision.FP32: "float32", Precision.FP16: "float16",
-                                     Precision.BF16: "bfloat16"}
+# variants[].precision → torch dtype name, for the unquantized precisions (the catalog's column).
+TORCH_DTYPE: dict[Precision, str] = {p: row.torch_dtype for p, row in PRECISIONS.items() if row.torch_dtype}
 # torch dtype name → the short name the smoke gate's references and policies use (fp32, fp16, bf16).
 SHORT_DTYPE: dict[str, str] = {torch_name: precision.value for precision, torch_name in TORCH_DTYPE.items()}
 TORCH_BYTES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}

@@ -25,6 +25,7 @@ from enginefoundry.build.model_shape import Check
 from enginefoundry.build.quantized_source import SourceQuantization, read_quantization, spec_quantization
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
+from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.confine import UnsafePathError, check_name
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
@@ -88,9 +89,9 @@ QUANTIZE_TIMEOUT_S = 6 * 3600.0  # a 70B calibration takes hours (#1331)
 WARMUP_TIMEOUT_S = 2 * 3600.0  # MoE tactic profiling costs "a few minutes each time" (facts §1)
 MODELOPT_ENV = "EF_MODELOPT_DIR"
 
-# variants[].precision → hf_ptq.py --qformat (ModelOpt unified HF export). No int8_wo: W8A16 is not in the PyTorch
-# backend's support matrix (validate_options refuses it).
-QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.INT4_AWQ: "int4_awq"}
+# variants[].precision → hf_ptq.py --qformat (ModelOpt unified HF export): the catalog's `qformat` column. No
+# int8_wo: W8A16 is not in the PyTorch backend's support matrix (validate_options refuses it).
+QFORMATS = {p: row.qformat for p, row in PRECISIONS.items() if row.qformat}
 
 # Loads the bundle's YAML exactly as trtllm-serve does (update_llm_args_with_extra_dict turns the nested dicts
 # into KvCacheConfig/CudaGraphConfig), generates a few requests so the autotuner profiles, shuts down (the cache is
@@ -327,8 +328,8 @@ AWQ_MAX_CC = (10, 0)
 
 
 # The precisions hf_ptq.py's unified export and the PyTorch backend give this lane (validate_options refuses the
-# weight-only int8_wo / int4_wo): what its fix hints may offer.
-ROUTES = frozenset(Precision) - {Precision.INT8_WO, Precision.INT4_WO}
+# weight-only int8_wo / int4_wo): what its fix hints may offer. The unquantized ones and those with a ModelOpt qformat.
+ROUTES = frozenset(p for p, row in PRECISIONS.items() if row.torch_dtype or row.qformat)
 
 
 # A pre-quantized source (ModelOpt's unified HF export: hf_quant_config.json, or an inline `quantization_config` with

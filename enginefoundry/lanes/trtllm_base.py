@@ -20,6 +20,7 @@ from enginefoundry.build.toolchain import (
     require_trtllm,
 )
 from enginefoundry.build.units import Unit
+from enginefoundry.catalog.precisions import PRECISIONS, precisions_where
 from enginefoundry.errors import InputError, PreflightError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus, match_target
 from enginefoundry.gpu.devices import host_facts
@@ -40,9 +41,10 @@ BUNDLE_FORMAT = 1
 WORKER_PYTHON = "python3"
 
 
-# facts §2, §0. The lowest (major, minor) compute capability that has the feature.
-MIN_CC = {Precision.FP8: (8, 9), Precision.NVFP4: (10, 0)}
-WEIGHT_ONLY = (Precision.INT8_WO, Precision.INT4_WO, Precision.INT4_AWQ)
+# facts §2, §0. The lowest (major, minor) compute capability that has the feature, and the integer weight-only
+# precisions (INT8/INT4 weights): the catalog's `min_cc` and `int_weight_only` columns.
+MIN_CC = {p: row.min_cc for p, row in PRECISIONS.items() if row.min_cc}
+WEIGHT_ONLY = precisions_where(int_weight_only=True)
 # builder.py refuses the weight-only plugins (and INT8) only for 100 ≤ SM < 120: sm120 has them (facts §0).
 NO_INT_RANGE = ((10, 0), (12, 0))
 
@@ -51,8 +53,9 @@ def no_int_quant(cc: tuple[int, int]) -> bool:
     return NO_INT_RANGE[0] <= cc < NO_INT_RANGE[1]
 
 
-# What a precision refusal may suggest instead, most precise first (fp32 is never the answer to a missing kernel).
-SUGGESTED = (Precision.BF16, Precision.FP16, Precision.FP8, Precision.INT8_WO, Precision.INT4_AWQ, Precision.NVFP4)
+# What a precision refusal may suggest instead, most precise first (fp32 is never the answer to a missing kernel):
+# the catalog's `suggested` column, in its order.
+SUGGESTED = precisions_where(suggested=True)
 
 
 def arch_allows(p: Precision, cc: tuple[int, int], awq_max_cc: tuple[int, int] | None = None) -> bool:
@@ -87,8 +90,7 @@ def precision_checks(unit: Unit, fp8_kv_on_ampere: bool, routes: frozenset[Preci
     need = MIN_CC.get(p)
     instead = " / ".join(precision_alternatives(cc, routes, awq_max_cc, besides=p))
     if need and cc < need:
-        where = {Precision.FP8: "L4/L40S (sm89), H100/H200 (sm90), B200 (sm100)",
-                 Precision.NVFP4: "B200/GB200 (sm100) or sm120"}[p]
+        where = p.row.min_cc_where or f"sm{need[0]}{need[1]}+"
         out.append(Check(name="precision_arch", ok=False,
                          message=f"{p.value} needs sm{need[0]}{need[1]}+ and target {unit.target.name} is "
                                  f"{arch.value}",

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from enginefoundry.build.model_shape import Check, read_model_config
 from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
 from enginefoundry.build.units import Unit
+from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import InputError, ToolError, first_problem
 from enginefoundry.gpu.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES
@@ -61,7 +62,7 @@ from enginefoundry.lanes.trtllm_flags import (
 from enginefoundry.lanes.trtllm_options import EngineOptions, engine_options
 from enginefoundry.runner import run_tool
 from enginefoundry.settings import EnvSettings
-from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
+from enginefoundry.spec import BuildSpec, KVCacheDtype, Variant
 
 CONVERT_TIMEOUT_S = 6 * 3600.0
 BUILD_TIMEOUT_S = 4 * 3600.0  # 30–90 min for 70B (facts §12), with room for a slow host
@@ -74,9 +75,10 @@ TOKENIZER_EXTRA = ("config.json", "generation_config.json")
 # config.json `architectures[0]` / `model_type` → the examples/models/core/<dir> whose convert_checkpoint.py
 # handles it. Llama first; other families need their own script and flags.
 FAMILIES = {"LlamaForCausalLM": "llama", "llama": "llama"}
-WEIGHT_ONLY = {Precision.INT8_WO: "int8", Precision.INT4_WO: "int4"}
-# Precisions quantize.py produces (ModelOpt PTQ with calibration), by --qformat.
-QUANTIZE_QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.INT4_AWQ: "int4_awq"}
+# convert_checkpoint.py --weight_only_precision, and the precisions quantize.py produces (ModelOpt PTQ with
+# calibration) by --qformat: the catalog's `weight_only_precision` and `qformat` columns.
+WEIGHT_ONLY = {p: row.weight_only_precision for p, row in PRECISIONS.items() if row.weight_only_precision}
+QUANTIZE_QFORMATS = {p: row.qformat for p, row in PRECISIONS.items() if row.qformat}
 # convert_checkpoint.py takes HF dataset ids (default ccdv/cnn_dailymail); ModelOpt's short name differs.
 CALIB_DATASETS = {"cnn_dailymail": "ccdv/cnn_dailymail"}
 

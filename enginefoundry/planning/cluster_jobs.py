@@ -2,7 +2,7 @@
 land on, and secrets as references to Prefect Secret blocks.
 
 The variables are those of the pools' base job templates (k8s/base-job-template-<pool>.json, generated from
-enginefoundry/gpu_targets.py): `image`, `gpu_count`, `gpu_products` and Prefect's own `env`. A worker of another
+enginefoundry/catalog/gpu_targets.py): `image`, `gpu_count`, `gpu_products` and Prefect's own `env`. A worker of another
 type (the `process` pools of the local stack) ignores the variables its template does not use; the Prefect
 server accepts them because the templates' variable schemas allow extra keys.
 """
@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from enginefoundry.build.units import Unit
+from enginefoundry.catalog.gpu_targets import gpu_target
 from enginefoundry.errors import InputError
-from enginefoundry.gpu_targets import gpu_target
 from enginefoundry.spec import BuildSpec
 
 # Environment variable → Prefect Secret block holding its value. A unit job gets the ones whose block exists

@@ -33,7 +33,7 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.moe_parallel import MOE_ADP_REPLICATES, expert_check
 from enginefoundry.lanes.registry import get_lane
-from enginefoundry.spec import Arch, BuildSpec, Precision, ReferenceDevice, Target
+from enginefoundry.spec import Arch, BuildSpec, ReferenceDevice, Target
 from enginefoundry.spec.checks import (
     SIMULATED_DTYPE,
     SIMULATED_PRECISIONS,
@@ -52,14 +52,6 @@ RUNTIME_MARGIN = 0.12
 # max_seq_len, and the scheduler queues the rest); at typical lengths (≈ half of max_seq_len) 16× full-length
 # means ≈ 8× oversubscription, where max_batch_size is fiction and its buffers are waste.
 OVERSUBSCRIPTION_LIMIT = 16.0
-
-# Bytes per weight of the quantized linear layers, scales included: int4 AWQ/weight-only keep a 16-bit scale per
-# group of 128; NVFP4 an FP8 scale per block of 16. Embeddings, lm_head and norms stay in the activation dtype
-# (ModelOpt and convert_checkpoint leave lm_head unquantized by default).
-LINEAR_BYTES = {
-    Precision.FP32: 4.0, Precision.FP16: 2.0, Precision.BF16: 2.0, Precision.FP8: 1.0, Precision.INT8_WO: 1.0,
-    Precision.INT4_WO: 0.5 + 2 / 128, Precision.INT4_AWQ: 0.5 + 2 / 128, Precision.NVFP4: 0.5 + 1 / 16,
-}
 
 # --- report --------------------------------------------------------------------------------------------------
 
@@ -251,7 +243,7 @@ def speculative_weights(spec: BuildSpec, unit: Unit, shape: ModelShape,
     v = unit.variant
     n = sp.num_nextn_predict_layers or 1
     layer = shape.decoder_layer_params()
-    per_weight = LINEAR_BYTES[v.precision]
+    per_weight = v.precision.row.weight_bytes  # the linear layers, scales included (the catalog's column)
     dense = (layer["attention"] + layer["mlp"] + 2 * shape.hidden_size * shape.hidden_size) * per_weight
     experts = layer["experts"] * per_weight
     norms = layer["norms"] * TORCH_BYTES.get(activation_dtype(v.precision, shape) or "bfloat16", 2)
@@ -276,7 +268,10 @@ def estimate_memory(spec: BuildSpec, unit: Unit, shape: ModelShape, gpu_memory_b
     act = activation_dtype(v.precision, shape) or "bfloat16"
     act_bytes = TORCH_BYTES.get(act, 2)
     parts = shape.params()
-    per_weight = LINEAR_BYTES[v.precision]
+    # Bytes per weight of the linear layers, scales included (the catalog's weight bits and scale overhead).
+    # Embeddings, lm_head and norms stay in the activation dtype (ModelOpt and convert_checkpoint leave lm_head
+    # unquantized by default).
+    per_weight = v.precision.row.weight_bytes
     expert_bytes = parts["experts"] * per_weight
     dense_bytes = (parts["attention"] + parts["mlp"]) * per_weight
     other_bytes = (parts["lm_head"] + parts["norms"]) * act_bytes

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from enginefoundry import tracking_tags as mltags
+from enginefoundry.catalog.schemes import is_store_uri
 from enginefoundry.errors import InputError
 from enginefoundry.records.tracking import RetryingClient, mlflow_client
 from enginefoundry.store.layout import BUILD_URI_SHAPE, store_of_build_uri
@@ -60,7 +61,7 @@ def resolve(ref: str, mlflow_uri: str) -> tuple[Manifest, str, dict[str, Any]]: 
                          "manifest_sha256": version.tags.get(mltags.MANIFEST_SHA256, "")})
         uri = version.tags.get(mltags.MANIFEST_URI) or version.source.rstrip("/")
         return read_manifest_uri(uri, registry_anchor(registry)), uri, registry
-    if ref.startswith(("file://", "s3://")):
+    if is_store_uri(ref):  # a scheme of the catalog (enginefoundry/catalog/schemes.py)
         return read_manifest_uri(ref), ref, registry
     if _KEY.match(ref):
         runs = _client(mlflow_uri).search_runs(

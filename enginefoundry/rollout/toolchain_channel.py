@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from enginefoundry.catalog.schemes import SchemeKind, scheme_of
 from enginefoundry.errors import SpecError, ToolError, is_transient
 from enginefoundry.spec import BuildSpec
 
@@ -66,7 +67,8 @@ class ChannelStatus(BaseModel):
 def read_channel(uri: str, base: Path, attempts: int | None = None) -> ChannelDocument:
     """The channel's current document (InputError: the document is wrong; ToolError: it could not be read).
     `attempts`: S3 calls at most (default: the store's retry setting)."""
-    raw = _s3_bytes(uri, attempts) if uri.startswith("s3://") else _file_bytes(uri, base)
+    row = scheme_of(uri)  # the catalog's scheme rows: an object store, or a path on this machine
+    raw = _s3_bytes(uri, attempts) if row is not None and row.kind is SchemeKind.OBJECT else _file_bytes(uri, base)
     return parse_channel(uri, raw)
 
 
@@ -102,7 +104,8 @@ def _message(e: Any) -> str:
 
 
 def _file_bytes(uri: str, base: Path) -> bytes:
-    given = uri.removeprefix("file://")
+    row = scheme_of(uri)
+    given = row.body(uri) if row else uri
     path = Path(given) if Path(given).is_absolute() else (base / given).resolve()
     if path.exists() and not path.is_file():  # a FIFO would block the read for ever, a device never end it
         raise SpecError([("toolchain.channel", f"{uri} is not a regular file: name the file the publisher writes")])
@@ -117,7 +120,8 @@ def _file_bytes(uri: str, base: Path) -> bytes:
 def _s3_bytes(uri: str, attempts: int | None = None) -> bytes:
     from enginefoundry.store.s3 import s3_client
 
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    row = scheme_of(uri)
+    bucket, _, key = (row.body(uri) if row else uri).partition("/")
     try:
         body = s3_client(max_attempts=attempts).get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{MAX_BYTES}")["Body"]
         data: bytes = body.read(MAX_BYTES + 1)  # a botocore StreamingBody

@@ -36,6 +36,7 @@ from typing import Any, NotRequired, Protocol, TypedDict
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from enginefoundry.catalog import gpu_targets as gpu_catalog
 from enginefoundry.errors import ToolError
 from enginefoundry.runner import run_tool
 from enginefoundry.spec import BuildSpec, Precision, SearchSpec, Target
@@ -46,20 +47,6 @@ PREDICT_VENV = REPO / ".venv-predict"
 CACHE_FORMAT = 1
 CACHE_MAX_BYTES = 1 << 20  # a cached prediction is a few KiB
 
-# A target's SKU (case-insensitive substring, most specific first) → AIConfigurator system name
-# (aiconfigurator_core/systems/<name>.yaml in 0.12.0).
-SYSTEMS: tuple[tuple[str, str], ...] = (
-    ("gb300", "gb300"), ("gb200", "gb200"), ("b300", "b300_sxm"), ("b200", "b200_sxm"),
-    ("h200", "h200_sxm"), ("h100 pcie", "h100_pcie"), ("h100", "h100_sxm"),
-    ("a100 pcie", "a100_pcie"), ("a100", "a100_sxm"), ("l40s", "l40s"), ("l4", "l4"), ("a30", "a30"),
-    ("rtx pro 6000", "rtx_pro_6000_server"),
-)
-# Our precision → AIConfigurator's GEMM quant mode (GEMMQuantMode in aiconfigurator_core/sdk/common.py, 0.12.0).
-# int4_awq is a 4-bit weight-only GEMM with bf16 activations: the nearest mode is int4_wo (said in the note).
-GEMM_MODE: dict[Precision, str] = {
-    Precision.BF16: "bfloat16", Precision.FP16: "float16", Precision.FP8: "fp8", Precision.NVFP4: "nvfp4",
-    Precision.INT8_WO: "int8_wo", Precision.INT4_WO: "int4_wo", Precision.INT4_AWQ: "int4_wo",
-}
 # Lanes → the predictor backend whose database models them.
 BACKEND_OF_LANE = {"trtllm": "trtllm", "trtllm-engine": "trtllm", "reference": "trtllm"}
 
@@ -279,11 +266,20 @@ def _quiet_env() -> dict[str, str]:
     return env
 
 
+def gemm_mode(precision: Precision) -> str:
+    """AIConfigurator's GEMM quant mode for a precision (the catalog's column; requests_for asks only for those
+    that have one)."""
+    mode = precision.row.gemm_mode
+    if mode is None:
+        raise ValueError(f"precision {precision.value} has no predictor GEMM mode: enginefoundry/catalog/precisions.py")
+    return mode
+
+
 def system_of(target: Target) -> str | None:
     for sku in (s.lower() for s in target.sku):
-        for needle, system in SYSTEMS:
-            if needle in sku:
-                return system
+        for row in gpu_catalog.SKUS:  # the catalog's SKU rows, most specific first
+            if row.predictor_system and row.needle in sku:
+                return row.predictor_system
     return None
 
 
@@ -329,8 +325,9 @@ class AIConfigurator:
             return Coverage(False, "predictor not installed: `make predict-venv` (or set EF_PREDICTOR)")
         system = system_of(target)
         if system is None:
+            known = sorted({s.needle for s in gpu_catalog.SKUS if s.predictor_system})
             return Coverage(False, f"SKU {target.sku or '(none)'} has no predictor system: set targets[].sku to one "
-                                   f"of {', '.join(sorted({s for s, _ in SYSTEMS}))}")
+                                   f"of {', '.join(known)}")
         backend = BACKEND_OF_LANE.get(spec.lane)
         probed = probe(self.tool)
         dbs = probed["databases"].get(system, {})
@@ -415,7 +412,7 @@ def experiment(r: Request, model_dir: Path) -> Experiment:
     exp: Experiment = {"serving_mode": "agg", "model_path": str(model_dir), "system_name": r.coverage.system,
             "backend_name": r.coverage.backend, "backend_version": r.coverage.db_version,
             "isl": r.isl, "osl": r.osl, "ttft": float(r.ttft_ms), "tpot": float(r.tpot_ms),
-            "total_gpus": r.total_gpus, "gemm_quant_mode": GEMM_MODE[r.precision],
+            "total_gpus": r.total_gpus, "gemm_quant_mode": gemm_mode(r.precision),
             "agg_tp_candidates": tps, "agg_pp_candidates": [1]}
     if r.e2e_ms is not None:
         exp["request_latency"] = float(r.e2e_ms)
@@ -427,7 +424,7 @@ def disagg_experiment(r: Request, model_dir: Path) -> DisaggExperiment:
     both roles; the worker counts and each role's parallelism are the tool's own search space (its defaults, as in
     aiconfigurator/cli/exps/qwen3_32b_disagg.yaml), capped by `total_gpus`."""
     role = {"model_path": str(model_dir), "system_name": r.coverage.system, "backend_name": r.coverage.backend,
-            "backend_version": r.coverage.db_version, "gemm_quant_mode": GEMM_MODE[r.precision]}
+            "backend_version": r.coverage.db_version, "gemm_quant_mode": gemm_mode(r.precision)}
     exp: DisaggExperiment = {
         "serving_mode": "disagg", "isl": r.isl, "osl": r.osl, "ttft": float(r.ttft_ms), "tpot": float(r.tpot_ms),
         "total_gpus": min(r.total_gpus, r.max_gpus_per_replica),
@@ -527,4 +524,4 @@ def requests_for(search: SearchSpec, target: Target, coverage: Coverage, digest:
                     isl=search.workload.mean_isl, osl=search.workload.osl, ttft_ms=search.slo.ttft_p95_ms,
                     tpot_ms=search.slo.itl_p95_ms, total_gpus=search.gpu_budget or per_replica,
                     max_gpus_per_replica=per_replica, e2e_ms=search.slo.e2e_p95_ms, disagg=d)
-            for p in search.precisions if p in GEMM_MODE for d in modes]
+            for p in search.precisions if p.row.gemm_mode for d in modes]

@@ -22,25 +22,13 @@ binary outcomes on one prompt set.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from enginefoundry.catalog.precisions import PRECISIONS, PrecisionFamily
 from enginefoundry.smoke.stats import min_sample_size
 
-
-class PrecisionFamily(StrEnum):
-    FULL = "full"  # fp32
-    HALF = "16-bit"  # bf16, fp16
-    EIGHT = "8-bit"  # fp8, int8 weight-only
-    FOUR = "4-bit"  # int4 AWQ / weight-only, nvfp4
-
-
-FAMILY_OF = {
-    "fp32": PrecisionFamily.FULL, "bf16": PrecisionFamily.HALF, "fp16": PrecisionFamily.HALF,
-    "fp8": PrecisionFamily.EIGHT, "int8_wo": PrecisionFamily.EIGHT,
-    "int4_awq": PrecisionFamily.FOUR, "int4_wo": PrecisionFamily.FOUR, "nvfp4": PrecisionFamily.FOUR,
-}
+# precision value → its gate family: the catalog's `family` column (enginefoundry/catalog/precisions.py).
+FAMILY_OF: dict[str, PrecisionFamily] = {p.value: row.family for p, row in PRECISIONS.items()}
 
 
 class GatePolicy(BaseModel):

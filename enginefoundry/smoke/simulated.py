@@ -44,6 +44,7 @@ from enginefoundry.build.quantized_source import (
     read_quantization,
 )
 from enginefoundry.build.sources import remove_stale_partials
+from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import InputError, SourceError, ToolError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
@@ -82,7 +83,8 @@ MODELOPT_CONFIGS = {"int4_awq": "INT4_AWQ_CFG"}  # precision -> ModelOpt config 
 # channel's max |w| in float, steps of max / 2^(bits-1) (max/128, max/8: the full int range, so the largest weight
 # clips to 127 or 7 steps), rounds half away from zero (C `round`), clips to [-2^(bits-1), 2^(bits-1) - 1], and
 # stores the step in the model dtype: the engine multiplies the codes by that stored scale.
-TRTLLM_WEIGHT_ONLY_BITS = {"int8_wo": 8, "int4_wo": 4}
+# The precisions TensorRT-LLM's own weight-only quantizer makes, by their weight bits (the catalog's columns).
+TRTLLM_WEIGHT_ONLY_BITS = {p.value: row.weight_bits for p, row in PRECISIONS.items() if row.weight_only_precision}
 FORMAT = 2  # of the folder this module writes (2: int8_wo and int4_wo are TensorRT-LLM's quantizer, not ModelOpt's)
 QUANTIZATION_COST = "quantization cost"  # the rule judging the simulation against the source (run_smoke)
 CALIBRATION_TOKENS = 512  # each calibration prompt is cut here

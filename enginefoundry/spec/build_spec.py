@@ -18,6 +18,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from enginefoundry.catalog.schemes import SchemeKind, object_forms, scheme_of, store_prefixes
 from enginefoundry.confine import SAFE_NAME
 from enginefoundry.errors import SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
@@ -33,14 +34,15 @@ from enginefoundry.spec.speculative import SpeculativeSpec
 
 def channel_uri_problem(uri: str) -> str | None:
     """Why a `toolchain.channel` value cannot be a channel, or None."""
-    if "://" in uri and not uri.startswith(("s3://", "file://")):
-        return f"'{uri}' has a scheme other than s3:// or file://: give s3://bucket/key, file:///path or a path"
-    if uri.startswith("s3://"):
-        bucket, _, key = uri.removeprefix("s3://").partition("/")
+    row = scheme_of(uri)  # the catalog's scheme rows (enginefoundry/catalog/schemes.py)
+    if "://" in uri and row is None:
+        return f"'{uri}' has a scheme other than {' or '.join(store_prefixes())}: give {object_forms()} or a path"
+    if row is not None and row.kind is SchemeKind.OBJECT:
+        bucket, _, key = row.body(uri).partition("/")
         if not bucket or not key or key.endswith("/"):
-            return f"'{uri}' names no object: give s3://bucket/key/of/channel.yaml"
-    if uri.startswith("file://") and not uri.removeprefix("file://").startswith("/"):
-        return f"'{uri}' is not absolute: give file:///absolute/path, or a plain path relative to the spec"
+            return f"'{uri}' names no object: give {row.prefix}bucket/key/of/channel.yaml"
+    if row is not None and row.kind is SchemeKind.LOCAL and not row.body(uri).startswith("/"):
+        return f"'{uri}' is not absolute: give {row.prefix}/absolute/path, or a plain path relative to the spec"
     if "\x00" in uri:
         return "contains a NUL byte: give a plain URI"
     return None

@@ -7,6 +7,8 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from enginefoundry.catalog.precisions import PRECISIONS, precisions_where
+
 
 class LmEvalSpec(BaseModel):
     """An optional lm-eval task against the served endpoint (local-chat-completions), offline datasets."""
@@ -30,12 +32,13 @@ class ReferenceSource(StrEnum):
 
 
 UNIT_PRECISION: Final = "unit"  # smoke.reference_precision: the unit's own precision, where transformers computes it
-COMPUTABLE = ("fp32", "bf16", "fp16")  # precisions transformers computes a reference in
+# precisions transformers computes a reference in: the catalog's unquantized rows (a torch dtype), in its order
+COMPUTABLE = tuple(p.value for p, row in PRECISIONS.items() if row.torch_dtype)
 # smoke.reference_precision: simulated (and the `smoke` command's --reference-precision simulated): a weight-only
 # quantized unit judged against the quantization tool's simulated model of the source
 # (enginefoundry/smoke/simulated.py), computed in SIMULATED_DTYPE; every other unit as `unit`.
 SIMULATED_REFERENCE: Final = "simulated"
-SIMULATED_PRECISIONS = ("int4_awq", "int4_wo", "int8_wo")
+SIMULATED_PRECISIONS = tuple(sorted(p.value for p in precisions_where(simulated=True)))  # the catalog's column
 # The activations of a TensorRT-LLM weight-only build of a bf16 model: what plans count (2 bytes a parameter) and
 # the simulation's dtype where the source's config names none. A simulation computes in its build's dtype (the
 # source's 16-bit dtype, fp16 for an fp32 source: smoke.simulated.simulated_dtype).

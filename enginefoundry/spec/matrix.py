@@ -7,32 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from enginefoundry.gpu_targets import gpu_target
-
-
-class Precision(StrEnum):
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
-    FP8 = "fp8"
-    NVFP4 = "nvfp4"
-    INT4_AWQ = "int4_awq"
-    INT8_WO = "int8_wo"
-    INT4_WO = "int4_wo"
-
-    @property
-    def is_quantized(self) -> bool:
-        return self not in (Precision.FP32, Precision.FP16, Precision.BF16)
-
-    @property
-    def rank(self) -> int:
-        """Higher is more precise, by the gate's precision families (enginefoundry/smoke/policy.py FAMILY_OF):
-        fp32 3 > bf16, fp16 2 > fp8, int8_wo 1 > int4_awq, int4_wo, nvfp4 0. A sibling reference must rank higher."""
-        return PRECISION_RANK[self]
-
-
-PRECISION_RANK = {Precision.FP32: 3, Precision.BF16: 2, Precision.FP16: 2, Precision.FP8: 1, Precision.INT8_WO: 1,
-                  Precision.INT4_AWQ: 0, Precision.INT4_WO: 0, Precision.NVFP4: 0}
+from enginefoundry.catalog import Arch as Arch  # re-exported: the catalog is its home
+from enginefoundry.catalog import Precision as Precision
+from enginefoundry.catalog import gpu_target
 
 
 class KVCacheDtype(StrEnum):
@@ -41,23 +18,6 @@ class KVCacheDtype(StrEnum):
     BF16 = "bf16"
     FP8 = "fp8"
     INT8 = "int8"
-
-
-class Arch(StrEnum):
-    """GPU architecture by SM version; `cpu` for the reference lane without a GPU. Each value has a row in
-    enginefoundry/gpu_targets.py (compute capability, work pool, node labels); tests/unit/test_gpu_targets.py."""
-
-    CPU = "cpu"
-    SM80 = "sm80"
-    SM86 = "sm86"
-    SM89 = "sm89"
-    SM90 = "sm90"
-    SM100 = "sm100"
-    SM120 = "sm120"
-
-    @property
-    def compute_capability(self) -> tuple[int, int] | None:
-        return gpu_target(self.value).compute_capability
 
 
 class CalibrationSpec(BaseModel):
@@ -180,7 +140,8 @@ class Target(BaseModel):
         default=None, description="GPU memory per device, for the VRAM preflight when no GPU is at hand"
     )
     work_pool: str | None = Field(
-        default=None, description="Prefect work pool; defaults to the arch's pool (enginefoundry/gpu_targets.py)")
+        default=None,
+        description="Prefect work pool; defaults to the arch's pool (enginefoundry/catalog/gpu_targets.py)")
 
     @property
     def pool(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from enginefoundry.catalog.schemes import SchemeKind, scheme_of, store_forms
 from enginefoundry.confine import normalise_prefix
 
 
@@ -32,15 +33,16 @@ class PublishSpec(BaseModel):
     @field_validator("store")
     @classmethod
     def _store_scheme(cls, value: str) -> str:
-        if not (value.startswith("s3://") or value.startswith("file://")):
-            raise ValueError(f"'{value}' is not a store URI: use s3://bucket/prefix or file://path")
-        if value.startswith("s3://") and len(value.rstrip("/")) <= len("s3://"):
-            raise ValueError(f"'{value}' has no bucket: use s3://bucket/prefix")
-        if value.startswith("s3://"):
+        row = scheme_of(value)  # the catalog's scheme rows (enginefoundry/catalog/schemes.py)
+        if row is None:
+            raise ValueError(f"'{value}' is not a store URI: use {store_forms()}")
+        if row.kind is SchemeKind.OBJECT:
+            bucket, _, prefix = row.body(value).partition("/")
+            if not bucket:
+                raise ValueError(f"'{value}' has no bucket: use {row.store_form}")
             # The prefix becomes part of every object key: `..` or `.` segments would move the store.
-            bucket, _, prefix = value.removeprefix("s3://").partition("/")
             prefix = normalise_prefix(prefix, f"the prefix of store '{value}'")
-            return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+            return f"{row.prefix}{bucket}/{prefix}" if prefix else f"{row.prefix}{bucket}"
         return value.rstrip("/")
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import BaseModel
 
+from enginefoundry.catalog.schemes import SchemeKind, scheme_of, store_forms
 from enginefoundry.confine import relative_posix
 from enginefoundry.errors import StoreError, naming_full_disk
 from enginefoundry.identity import CHUNK
@@ -248,7 +249,8 @@ TEMP_DIR = ".tmp"
 
 class FileStore(Store):
     def __init__(self, uri: str) -> None:
-        self.root = Path(uri.removeprefix("file://")).expanduser().resolve()
+        row = scheme_of(uri)
+        self.root = Path(row.body(uri) if row else uri).expanduser().resolve()
         # Absolute, so URIs recorded in manifests and MLflow mean the same thing from any directory.
         self.uri = self.root.as_uri()
         self._swept = False
@@ -755,9 +757,16 @@ class _Exists(Exception):
     """A conditional create found the object already there."""
 
 
+# The backend of each kind of scheme (enginefoundry/catalog/schemes.py): a scheme row of an existing kind needs no
+# code here; a new kind needs its Store class and a line (tests/unit/test_catalog.py checks every kind has one).
+BACKENDS: dict[SchemeKind, Callable[[str, str | None], Store]] = {
+    SchemeKind.LOCAL: lambda uri, _endpoint: FileStore(uri),
+    SchemeKind.OBJECT: S3Store,
+}
+
+
 def open_store(uri: str, endpoint_url: str | None = None) -> Store:
-    if uri.startswith("file://"):
-        return FileStore(uri)
-    if uri.startswith("s3://"):
-        return S3Store(uri, endpoint_url)
-    raise StoreError(f"unknown store URI '{uri}': use s3://bucket/prefix or file://path")
+    row = scheme_of(uri)
+    if row is None:
+        raise StoreError(f"unknown store URI '{uri}': use {store_forms()}")
+    return BACKENDS[row.kind](uri, endpoint_url)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from enginefoundry.catalog.schemes import scheme_of
 from enginefoundry.settings import EnvSettings
 
 
@@ -41,7 +42,8 @@ def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16, max_attemp
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:
-    """s3://bucket/prefix → (bucket, prefix without trailing slash)."""
-    body = uri.removeprefix("s3://")
+    """s3://bucket/prefix → (bucket, prefix without trailing slash); any object-kind scheme of the catalog."""
+    row = scheme_of(uri)
+    body = row.body(uri) if row else uri
     bucket, _, prefix = body.partition("/")
     return bucket, prefix.strip("/")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.gpu_targets import pools
+from enginefoundry.catalog.gpu_targets import pools
 from tests.support.cluster import (
     GPU_POOL,
     SECOND_POOL,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from enginefoundry.gpu_targets import gpu_pools
+from enginefoundry.catalog.gpu_targets import gpu_pools
 from tests.support.cluster import PrefectServer
 from tests.support.paths import REPO
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.gpu_targets import pools
+from enginefoundry.catalog.gpu_targets import pools
 from enginefoundry.model_server import free_port
 from tests.support.cluster import prefect_http
 from tests.support.paths import REPO

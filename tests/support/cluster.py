@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from enginefoundry.gpu_targets import pools
+from enginefoundry.catalog.gpu_targets import pools
 from enginefoundry.model_server import free_port
 from tests.support.paths import REPO, STACK_SCRIPT, TINY_MODEL, TINY_PROMPTS
 from tests.support.private_stack import stack_down
@@ -37,7 +37,7 @@ PREFECT = str(Path(sys.executable).parent / "prefect")
 SECOND_POOL = "cpu-b"
 GPU_POOL = "gpu-sm90"  # a worker here has no GPU: units sent to it must be refused
 WORKER_POOLS = ("cpu", SECOND_POOL, GPU_POOL)
-DEPLOYMENT_POOLS = tuple(pools())  # every row of enginefoundry/gpu_targets.py
+DEPLOYMENT_POOLS = tuple(pools())  # every row of enginefoundry/catalog/gpu_targets.py
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 

@@ -1,4 +1,4 @@
-"""The Kubernetes base job templates of the GPU pools (k8s/, generated from enginefoundry/gpu_targets.py and
+"""The Kubernetes base job templates of the GPU pools (k8s/, generated from enginefoundry/catalog/gpu_targets.py and
 checked against it by tests/unit/test_gpu_targets.py) render into the Job a pool asks for.
 tests/unit/test_cluster_jobs.py renders them with prefect-kubernetes; a real Prefect server accepting them:
 tests/integration/test_k8s_pools_server.py."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from enginefoundry.gpu_targets import gpu_pools
+from enginefoundry.catalog.gpu_targets import gpu_pools
 from tests.support.paths import REPO
 
 K8S = REPO / "k8s"

@@ -1,5 +1,5 @@
-"""One table of GPU targets (enginefoundry/gpu_targets.py): every Arch has a row, and every file that lists pools
-(deployment.yaml, the Makefile, k8s templates, Helm values) is what scripts/gen_targets.py generates from it."""
+"""One table of GPU targets (enginefoundry/catalog/gpu_targets.py): every Arch has a row, and every file that lists
+pools (deployment.yaml, the Makefile, k8s templates, Helm values) is what scripts/gen_targets.py generates from it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from enginefoundry import gpu_targets as gt
+from enginefoundry.catalog import gpu_targets as gt
 from enginefoundry.spec import Arch, Target
 
 REPO = Path(__file__).resolve().parents[2]
