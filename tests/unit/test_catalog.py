@@ -66,7 +66,7 @@ def test_rank_orders_the_gate_families() -> None:
 
 def test_unknown_precision_names_the_catalog() -> None:
     with pytest.raises(KeyError, match=r"catalog/precisions\.py"):
-        precision_row("fp6")
+        precision_row("fp5")
 
 
 @pytest.mark.parametrize("arch", list(Arch))
@@ -109,7 +109,7 @@ def test_a_new_object_scheme_reaches_spec_settings_lineage_store_and_channel(
     with pytest.raises(ValueError, match="has no bucket"):
         PublishSpec(store="minio://")
     with pytest.raises(ValueError, match="minio://bucket/prefix"):
-        PublishSpec(store="gs://bucket")  # the refusal lists the forms the catalog knows
+        PublishSpec(store="ftp://bucket")  # the refusal lists the forms the catalog knows
     assert channel_uri_problem("minio://bucket/ch.yaml") is None
     assert "names no object" in (channel_uri_problem("minio://bucket/") or "")
     assert absolute_store("minio://bucket/p", tmp_path) == "minio://bucket/p"

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from enginefoundry.build.units import expand_units
+from enginefoundry.catalog.schemes import store_forms
 from enginefoundry.errors import SpecError
 from enginefoundry.spec import Precision, load_spec, parse_source_uri, parse_spec
 from tests.support.paths import REPO
@@ -73,10 +74,11 @@ def test_hf_uri_keeps_revision_and_defaults_to_main():
 def test_unknown_lane_and_store_scheme_are_refused():
     data = copy.deepcopy(TINY)
     data["lane"] = "vllm"
-    data["publish"] = {"store": "gs://b/p"}
+    data["publish"] = {"store": "ftp://b/p"}
     problems = _problems(data)
     assert "lane 'vllm' is unknown" in problems["lane"]
-    assert "use s3://bucket/prefix or file://path" in problems["publish.store"]
+    assert f"use {store_forms()}" in problems["publish.store"]  # the catalog's schemes: s3://… or file://…
+    assert "s3://bucket/prefix or file://path" in store_forms()
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path):
