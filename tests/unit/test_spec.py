@@ -78,7 +78,7 @@ def test_unknown_lane_and_store_scheme_are_refused():
     problems = _problems(data)
     assert "lane 'vllm' is unknown" in problems["lane"]
     assert f"use {store_forms()}" in problems["publish.store"]  # the catalog's schemes: s3://… or file://…
-    assert "s3://bucket/prefix or file://path" in store_forms()
+    assert "s3://bucket/prefix" in store_forms() and "file://path" in store_forms()
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path):
