@@ -28,6 +28,7 @@ from enginefoundry.build.model_config import expert_count
 from enginefoundry.build.model_shape import Check, ModelShape
 from enginefoundry.build.quantized_source import spec_quantization
 from enginefoundry.build.units import Unit
+from enginefoundry.catalog.precisions import PRECISIONS, precisions_where
 from enginefoundry.errors import PreflightError
 from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
@@ -328,8 +329,7 @@ def _vram_checks(spec: BuildSpec, unit: Unit, shape: ModelShape, est: MemoryEsti
         if need_tp:
             fixes.append(f"tp {need_tp} on {need_tp}+ GPUs")
         cc = _cc(t.arch) or (0, 0)
-        smaller = ["fp8"] if cc >= (8, 9) else []
-        smaller += ["nvfp4"] if cc >= (10, 0) else ["int4_awq", "int8_wo"]
+        smaller = smaller_precisions(cc)
         fixes.append(f"a smaller precision on {t.arch.value} ({', '.join(smaller)})")
         fixes.append("GPUs with more memory")
         out.append(Check(name="weights_fit", ok=False,
@@ -393,11 +393,21 @@ def _host_checks(spec: BuildSpec, unit: Unit, shape: ModelShape, est: MemoryEsti
     return out
 
 
+def smaller_precisions(cc: tuple[int, int]) -> list[str]:
+    """The quantized precisions a weights-do-not-fit fix may offer on `cc`, from the catalog's rows (quantized,
+    suggested, the minimum capability met) in its order; the integer weight-only ones only below SM 100 (builder.py
+    refuses INT8/INT4 there, facts §0)."""
+    return [p.value for p in precisions_where(suggested=True)
+            if p.is_quantized and (p.row.min_cc is None or cc >= p.row.min_cc)
+            and not (p.row.int_weight_only and cc >= (10, 0))]
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-REFERENCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# A reference's bytes per parameter, by the precision transformers computes it in (the catalog's weight bits).
+REFERENCE_DTYPE_BYTES = {p.value: row.weight_bits // 8 for p, row in PRECISIONS.items() if row.torch_dtype}
 NO_SPREAD = "one dtype for every unit: no log-prob spread is measured, the family's table bounds"
 
 

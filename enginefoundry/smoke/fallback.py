@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests
 from enginefoundry.smoke.logprobs import LogprobSpread, measure_spread
 from enginefoundry.smoke.prompts import PromptCase
@@ -67,7 +68,7 @@ GROUP = 128  # int4_awq's block along the input (int4_per_block.yaml; quantize.p
 NVFP4_BLOCK = 16
 E4M3_MAX = 448.0
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes FP4 e2m1 represents
-TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+TORCH_NAMES = {p.value: row.torch_dtype for p, row in PRECISIONS.items() if row.torch_dtype}  # the catalog's column
 
 
 def round_int4_groups(w: Tensor, group: int = GROUP) -> Tensor:

@@ -57,7 +57,8 @@ ReferencePrecision = Literal["unit", "simulated", "fp32", "bf16", "fp16"]
 # distance 0.30 against a limit of 0.063; docs/smoke-gate.md 'AWQ calibrated elsewhere'). Where the lane exports
 # ModelOpt's unified checkpoint (Lane.dequantizable), `simulated` judges int4_awq against that checkpoint, dequantized
 # (planning.preflight.dequantizes).
-CALIBRATION_FREE = ("int4_wo", "int8_wo")
+# TensorRT-LLM's own weight-only precisions (the catalog's `weight_only_precision` column).
+CALIBRATION_FREE = tuple(sorted(p.value for p, row in PRECISIONS.items() if row.weight_only_precision))
 
 
 # What a unit of a precision with no reference at its own precision gets (smoke.no_like_reference): `fallback` judges it
