@@ -49,8 +49,8 @@ MODELOPT_METHOD = "modelopt"  # config.json quantization_config.quant_method of 
 # → the precision this project names: the catalog's `modelopt_quant_algo` column. Every other algorithm
 # (FP8_PER_CHANNEL_PER_TOKEN, W4A8_AWQ, W8A8_SQ_PER_CHANNEL, W4A16_NVFP4, NVFP4_AWQ, W4A8_NVFP4_FP8, W4A8_MXFP4_FP8,
 # NVFP4_SVD, MXFP8, MIXED_PRECISION …) has no precision here and is refused.
-ALGO_PRECISION: dict[str, Precision] = {
-    row.modelopt_quant_algo: p for p, row in PRECISIONS.items() if row.modelopt_quant_algo}
+ALGO_PRECISION: dict[str, Precision] = dict(sorted(  # by name: the compat page lists them in this order
+    (row.modelopt_quant_algo, p) for p, row in PRECISIONS.items() if row.modelopt_quant_algo))
 # The algorithms whose checkpoint this project dequantizes into plain weights (the reference lane's build, the
 # gate's reference): weight-only, so the dequantized checkpoint computes what the quantized one does.
 DEQUANTIZED = frozenset({"W4A16_AWQ"})
