@@ -7,6 +7,7 @@ Nothing outside a lane module knows a toolchain flag. Each lane turns the spec i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, first_problem
+from enginefoundry.gpu.detect import GpuFacts
+from enginefoundry.gpu.devices import DeviceFacts, HostFacts
+from enginefoundry.schemas.base import DocumentError, parse_json
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 
@@ -60,6 +64,7 @@ class BuildResult(BaseModel):
 
 
 BUNDLE_INFO = "bundle.json"
+MAX_BUNDLE_INFO_BYTES = 1 << 20  # a bundle.json is a few KiB; a bundle folder is anyone's to hand over
 
 
 class _BundlePart(BaseModel):
@@ -113,9 +118,9 @@ class BundleInfo(_BundlePart):
     unit: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the lane's build parameters
     versions: dict[str, str] = Field(default_factory=dict)
-    gpus: list[dict[str, Any]] = Field(default_factory=list)  # JSON edge: GPUInfo.facts()
-    host: dict[str, Any] = Field(default_factory=dict)  # JSON edge: host_facts()
-    device: dict[str, Any] = Field(default_factory=dict)  # JSON edge: reference lane, torch device facts
+    gpus: list[GpuFacts] = Field(default_factory=list)
+    host: HostFacts = Field(default_factory=lambda: HostFacts())
+    device: DeviceFacts = Field(default_factory=lambda: DeviceFacts())  # reference lane
     serve: ServeSettings = Field(default_factory=ServeSettings)
     # lane trtllm
     checkpoint: CheckpointRef | None = None
@@ -129,7 +134,8 @@ class BundleInfo(_BundlePart):
     triton: TritonSettings | None = None
 
     @classmethod
-    def of(cls, data: BundleInfo | dict[str, Any], where: Path | str = BUNDLE_INFO) -> BundleInfo:  # JSON edge
+    def of(cls, data: BundleInfo | Mapping[str, object], where: Path | str = BUNDLE_INFO) -> BundleInfo:
+        """`data` as a BundleInfo: validated when it is a mapping (a parsed bundle.json), as it is otherwise."""
         if isinstance(data, BundleInfo):
             return data
         try:
@@ -142,15 +148,13 @@ class BundleInfo(_BundlePart):
     @classmethod
     def read(cls, bundle_dir: Path) -> BundleInfo:
         """The bundle's bundle.json; InputError when the folder has none or it is not one enginefoundry wrote."""
-        import json
-
         path = Path(bundle_dir) / BUNDLE_INFO
         try:
-            data = json.loads(path.read_text())
+            data = parse_json(path.read_bytes(), what=str(path), max_bytes=MAX_BUNDLE_INFO_BYTES)
         except FileNotFoundError:
             raise InputError(f"{path} does not exist: {bundle_dir} is not a bundle built by enginefoundry") from None
-        except ValueError as err:
-            raise InputError(f"{path} is not JSON ({err}): rebuild the bundle") from None
+        except DocumentError as err:
+            raise InputError(f"{err}: rebuild the bundle") from None
         if not isinstance(data, dict):
             raise InputError(f"{path} is not a JSON object: rebuild the bundle")
         return cls.of(data, path)

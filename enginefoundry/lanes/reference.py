@@ -24,7 +24,7 @@ from enginefoundry.build.quantized_source import (
 from enginefoundry.build.units import Unit
 from enginefoundry.confine import check_name
 from enginefoundry.errors import InputError, PreflightError, ToolError
-from enginefoundry.gpu.devices import host_facts, torch_device_facts
+from enginefoundry.gpu.devices import DeviceFacts, host_facts, torch_device_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
@@ -237,7 +237,7 @@ class ReferenceLane(Lane):
                 # Copies, never hard links: a local adapter's fetched folder is the user's own (as the draft's).
                 shutil.copytree(folder, bundle / BUNDLE_ADAPTERS_DIR / name, copy_function=clone_or_copy)
             served = {"adapters": list(adapter_dirs)}
-        facts = {**host_facts(), **torch_device_facts(device)}
+        facts: DeviceFacts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         # The ignore: transformers types PreTrainedModel.to through a decorator whose stub takes the model twice.
         model = AutoModelForCausalLM.from_pretrained(bundle / BUNDLE_MODEL_DIR).to(device)  # type: ignore[arg-type]
@@ -256,7 +256,7 @@ class ReferenceLane(Lane):
         }
         BundleInfo(lane=self.name, unit=unit.name, params=params, device=facts,
                    serve=ServeSettings(model_dir=BUNDLE_MODEL_DIR)).write(bundle)
-        return BuildResult(bundle_dir=str(bundle), params=params, device=facts,
+        return BuildResult(bundle_dir=str(bundle), params=params, device=dict(facts),
                            metrics={"warmup_s": round(warmup_s, 3)})
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:

@@ -60,6 +60,7 @@ from enginefoundry.lanes.trtllm_flags import (
 )
 from enginefoundry.lanes.trtllm_options import EngineOptions, engine_options
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.loose import HfModelConfig, TrtllmConfig
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, Variant
 
@@ -81,7 +82,7 @@ QUANTIZE_QFORMATS = {Precision.FP8: "fp8", Precision.NVFP4: "nvfp4", Precision.I
 CALIB_DATASETS = {"cnn_dailymail": "ccdv/cnn_dailymail"}
 
 
-def model_family(config: dict[str, Any]) -> str:  # JSON edge: the checkpoint's config.json
+def model_family(config: HfModelConfig) -> str:
     """The example folder for a checkpoint, from config.json; InputError for a family without a script here."""
     archs = list(config.get("architectures") or [])
     for key in [*archs, config.get("model_type")]:
@@ -280,7 +281,7 @@ def plugin_checks(opts: EngineOptions, unit: Unit, shape: Any) -> list[Check]:
     return out
 
 
-def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:  # JSON edge: trtllm-build's config.json
+def check_engine_dir(engine_dir: Path, world: int) -> TrtllmConfig:
     """config.json + rank{N}.engine for every rank; the engine's config.json as a dict."""
     missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
     if not (engine_dir / "config.json").is_file():
@@ -290,7 +291,7 @@ def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:  # JSON ed
     return json_object((engine_dir / "config.json").read_text(), str(engine_dir / "config.json"))
 
 
-def check_checkpoint_dir(ckpt: Path, variant: Variant) -> dict[str, Any]:  # JSON edge: the checkpoint's config.json
+def check_checkpoint_dir(ckpt: Path, variant: Variant) -> TrtllmConfig:
     """The converted checkpoint: config.json whose mapping is the variant's, and rank{N}.safetensors."""
     cfg_path = ckpt / "config.json"
     if not cfg_path.is_file():

@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from enginefoundry.bench.costs import cost_per_mtok
-from enginefoundry.build.model_config import ModelConfig, expert_count, lookup
+from enginefoundry.build.model_config import expert_count, lookup
 from enginefoundry.lanes import get_lane
+from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.search.predictor import (
     AIConfigurator,
     Coverage,
@@ -115,7 +116,7 @@ def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor
 
 
 def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Prediction], tool: str,
-            config: ModelConfig | None = None) -> TargetSearch:
+            config: HfModelConfig | None = None) -> TargetSearch:
     from enginefoundry.build.units import Unit
     from enginefoundry.planning.preflight import preflight
 
@@ -229,7 +230,7 @@ def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[dict[str, 
             "generation.yaml": s.generation, "commands": s.commands, "to_be_probed": s.to_be_probed}, None
 
 
-def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: ModelConfig | None) -> TargetSearch:
+def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: HfModelConfig | None) -> TargetSearch:
     """A measured search: one unit per allowed precision (up to top_k) that passes preflight, tp = 1."""
     from enginefoundry.build.units import Unit
     from enginefoundry.planning.preflight import preflight
