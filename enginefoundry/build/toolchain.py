@@ -13,9 +13,10 @@ import json
 import re
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -375,7 +376,22 @@ def probe_surface(python: str, tools: dict[str, list[str]], triton_dir: Path | N
     return surface
 
 
-def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
+class ToolUse(Protocol):
+    """What a command says it uses, for the check against a release (enginefoundry.lanes.base.Command)."""
+
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def tool(self) -> str | None: ...
+    @property
+    def llm_api_keys(self) -> list[str]: ...
+    @property
+    def template_keys(self) -> Mapping[str, list[str]]: ...
+
+
+def check_against_surface(commands: Sequence[ToolUse], surface: ToolSurface) -> None:
     """UnsupportedByRelease for the first command part the surface lacks (every one is named in `more`).
 
     A command says what it uses: `tool` (the registry's tool name), its argv flags, `llm_api_keys` (dotted
@@ -385,7 +401,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
         f" / ModelOpt {surface.modelopt}" if surface.modelopt else "")
     missing: list[tuple[str, str]] = []
     for cmd in commands:
-        tool = getattr(cmd, "tool", None)
+        tool = cmd.tool
         if tool:
             help_ = surface.tools.get(tool)
             if help_ is None or help_.error:
@@ -406,7 +422,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
                     allowed = help_.choices.get(name)
                     if allowed and value is not None and not value.startswith("--") and value not in allowed:
                         missing.append((f"{tool} --{name} {value}", f"this release accepts {', '.join(allowed)}"))
-        for key in getattr(cmd, "llm_api_keys", []) or []:
+        for key in cmd.llm_api_keys:
             if surface.llm_api is None:
                 missing.append(("the LLM API option fields (TorchLlmArgs)", "install a TensorRT-LLM whose "
                                 "tensorrt_llm.llmapi.llm_args has TorchLlmArgs"))
@@ -419,7 +435,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
             if fields is not None and leaf not in fields:
                 missing.append((f"LLM API option {key}", "remove the lane option that writes it, or use a "
                                                          "release that has it"))
-        for template, keys in (getattr(cmd, "template_keys", {}) or {}).items():
+        for template, keys in cmd.template_keys.items():
             if surface.triton_templates is None:
                 missing.append((f"the Triton template {template} (under all_models/)", "set lane option "
                                 "triton_dir to the release's Triton backend tree"))

@@ -69,7 +69,7 @@ def index_key(build: PublishedBuild) -> str:
 # Statements
 
 
-def _digest(value: Any) -> dict[str, str] | None:
+def _digest(value: object) -> dict[str, str] | None:
     """`sha256:abc…` or a bare hex digest → {"sha256": "abc…"} (in-toto DigestSet); None when absent."""
     if not value or not isinstance(value, str):
         return None
@@ -96,10 +96,11 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> InTotoStateme
     toolchain = comps.get("toolchain", {}) if isinstance(comps.get("toolchain"), dict) else {}
     deps: list[InTotoStatement] = []  # SLSA ResourceDescriptors (resolvedDependencies)
 
-    def dep(name: str, digest: Any, uri: str | None = None, **extra: Any) -> None:
+    def dep(name: str, digest: object, uri: str | None = None, annotations: InTotoStatement | None = None) -> None:
         d = _digest(digest)
         if d or uri:
-            deps.append({"name": name, **({"uri": uri} if uri else {}), **({"digest": d} if d else {}), **extra})
+            deps.append({"name": name, **({"uri": uri} if uri else {}), **({"digest": d} if d else {}),
+                         **({"annotations": annotations} if annotations is not None else {})})
 
     src = m.source
     dep("source", None, src.get("uri"), annotations={"revision": src.get("revision"), "kind": src.get("kind")})
@@ -276,7 +277,7 @@ class SignatureVerdict(BaseModel):
         return "signature check FAILED: " + "; ".join(self.problems)
 
 
-def _parse_time(text: Any) -> datetime | None:
+def _parse_time(text: object) -> datetime | None:
     try:
         t = datetime.fromisoformat(str(text))
     except ValueError:
@@ -294,7 +295,7 @@ def _verifies(bundle: OpenedBundle, public_pem: str) -> bool:
         return False
 
 
-def time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | None:
+def time_problem(trusted: TrustedKey, predicate: object, signer: str) -> str | None:
     """The key must have been valid when it signed (predicate.signedAt, the signer's clock)."""
     signed_at = _parse_time(predicate.get("signedAt") if isinstance(predicate, dict) else None)
     if signed_at is None:
@@ -306,7 +307,7 @@ def time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | None
     return None
 
 
-def _subject_problem(build: PublishedBuild, subject: Any) -> str | None:
+def _subject_problem(build: PublishedBuild, subject: object) -> str | None:
     """The statement's subject must be this build's manifest, at this location (its store key: a signed build copied
     to another key, model or build id is not the build that was signed), with the sha256 the store holds now."""
     subjects = [x for x in subject if isinstance(x, dict)] if isinstance(subject, list) else []

@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -66,7 +66,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _unb64(text: Any, what: str) -> bytes:
+def _unb64(text: object, what: str) -> bytes:
     try:
         return base64.b64decode(str(text), validate=True)
     except ValueError:
@@ -240,7 +240,10 @@ class OpenedBundle(BaseModel):
     signatures: list[tuple[str, bytes]]  # (keyid or hint, signature)
 
 
-def _field(doc: SigstoreBundle, name: str, default: Any, kind: type = dict) -> Any:
+_T = TypeVar("_T")
+
+
+def _field(doc: SigstoreBundle, name: str, default: _T, kind: type[_T]) -> _T:
     """doc[name] when it has the expected shape, default when absent; SignatureError for any other shape (a
     bundle is read from a store that anyone with write access can fill)."""
     value = doc.get(name)
@@ -260,7 +263,8 @@ def open_bundle(data: bytes) -> OpenedBundle:
     if not isinstance(doc, dict):
         raise SignatureError("not a bundle or DSSE envelope")
     env = doc.get("dsseEnvelope", doc)
-    hint = _field(_field(_field(doc, "verificationMaterial", {}), "publicKey", {}), "hint", "", str)
+    material: SigstoreBundle = _field(doc, "verificationMaterial", {}, dict)
+    hint = _field(_field(material, "publicKey", {}, dict), "hint", "", str)
     if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE:
         raise SignatureError(f"payloadType is not {PAYLOAD_TYPE}")
     payload = _unb64(env.get("payload"), "payload")

@@ -9,10 +9,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from enginefoundry.build.model_shape import Check, ModelShape
+from enginefoundry.build.toolchain import ToolSurface
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, first_problem
 from enginefoundry.gpu.detect import GpuFacts
@@ -61,6 +63,13 @@ class BuildResult(BaseModel):
     device: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the manifest's device facts
     commands: list[Command] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class WeightsEstimate(Protocol):
+    """What `Lane.build_footprint` reads of preflight's memory estimate (enginefoundry.planning.preflight)."""
+
+    @property
+    def weights_bytes_total(self) -> int: ...
 
 
 BUNDLE_INFO = "bundle.json"
@@ -217,11 +226,11 @@ class Lane(ABC):
         follow the checkpoint: a simulated reference computes in it (smoke.simulated.simulated_dtype)."""
         return None
 
-    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
         """This lane's own preflight checks (enginefoundry.build.model_shape.Check) for a unit; `shape` may be None."""
         return []
 
-    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: WeightsEstimate, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
         """(host memory, disk) the build needs, before the 10 % margin: by default the source plus the output."""
         return source_bytes + est.weights_bytes_total, source_bytes + est.weights_bytes_total
@@ -293,7 +302,7 @@ class Lane(ABC):
         does, with the same weights and model code, marked `shipped=False` (the benchmark then starts its own)."""
         return self.named_serve_command(bundle_dir, host, port, name)
 
-    def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
+    def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         """The commands this lane would run for a unit, without running anything (for `plan`). `surface`: what
         the worker's toolchain accepts (a probe result) when known, else the spec's pinned release decides."""
         return []

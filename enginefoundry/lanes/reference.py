@@ -21,6 +21,7 @@ from enginefoundry.build.quantized_source import (
     spec_quantization,
     write_dequantized,
 )
+from enginefoundry.build.toolchain import ToolSurface
 from enginefoundry.build.units import Unit
 from enginefoundry.confine import check_name
 from enginefoundry.errors import InputError, PreflightError, ToolError
@@ -326,7 +327,7 @@ class ReferenceLane(Lane):
         return cmd.model_copy(update={"command": cmd.command.model_copy(update={"argv": argv}),
                                       "model_name": name, "links": {name: cmd.model_name}})
 
-    def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
+    def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
         device = _device_for(unit.target.arch).split(":")[0]
         at = ["--host", "127.0.0.1", "--port", "<free>"]

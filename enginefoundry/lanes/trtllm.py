@@ -17,12 +17,11 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from enginefoundry.build.model_config import lookup
-from enginefoundry.build.model_shape import Check
+from enginefoundry.build.model_shape import Check, ModelShape
 from enginefoundry.build.quantized_source import SourceQuantization, read_quantization, spec_quantization
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
@@ -44,6 +43,7 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
     TritonSettings,
+    WeightsEstimate,
 )
 from enginefoundry.lanes.trtllm_base import (
     WORKER_PYTHON,
@@ -379,12 +379,12 @@ class TrtllmLane(TrtllmLaneBase):
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
 
-    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
         checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c
                   for c in precision_checks(unit, self.fp8_kv_on_ampere, self.precision_routes, self.awq_max_cc)]
         return checks + chunked_prefill_check(unit, None) + self.registry_checks(spec, unit)
 
-    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: WeightsEstimate, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
         # Quantization loads the whole HF model; otherwise (a pre-quantized source too) each rank loads its shard.
         quantized = unit.variant.precision.is_quantized and spec_quantization(spec) is None

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from enginefoundry.build.model_shape import Check, read_model_config
+from enginefoundry.build.model_shape import Check, ModelShape, read_model_config
 from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import InputError, ToolError, first_problem
@@ -35,6 +35,7 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
     TritonSettings,
+    WeightsEstimate,
 )
 from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.trtllm import model_activation_dtype
@@ -256,7 +257,7 @@ def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str,
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
 
 
-def plugin_checks(opts: EngineOptions, unit: Unit, shape: Any) -> list[Check]:
+def plugin_checks(opts: EngineOptions, unit: Unit, shape: ModelShape | None) -> list[Check]:
     """trtllm-build plugin dtypes must be the model's dtype (or the variant's fp8/nvfp4)."""
     model_dtype = activation_dtype(unit.variant.precision, shape, opts.dtype)
     out = []
@@ -329,7 +330,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
     def dtype_option(self, spec: BuildSpec) -> str | None:
         return self.options(spec).dtype  # convert_checkpoint.py --dtype (model_activation_dtype)
 
-    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
         opts = self.options(spec)
         why = None
         if unit.variant.kv_cache_dtype is KVCacheDtype.INT8:
@@ -340,7 +341,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
                 + plugin_checks(opts, unit, shape) + chunked_prefill_check(unit, why)
                 + self.registry_checks(spec, unit))
 
-    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: WeightsEstimate, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
         # convert_checkpoint loads the whole HF model unless --load_by_shard; each trtllm-build worker holds one
         # rank's weights and the serialized engine (facts §12: #538, #1543, #2690).
