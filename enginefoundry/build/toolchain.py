@@ -16,12 +16,14 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import JsonObject
 
 PROBE_MARKER = "ENGINEFOUNDRY_TOOLCHAIN_JSON "
 # Environment variables the lanes set → the file of the tensorrt_llm package that reads them (PR #7738:
@@ -183,14 +185,17 @@ class ToolchainInfo(BaseModel):
         return {k: str(getattr(self, k)) for k in keys if getattr(self, k)}
 
 
-def parse_probe_output(text: str) -> dict[str, Any]:  # JSON edge: the probe's result line
+MAX_PROBE_BYTES = 1 << 20  # the probe prints a few hundred bytes of versions and errors
+
+
+def parse_probe_output(text: str) -> JsonObject:
     """The JSON of the marker line; everything else (banners, warnings) is ignored."""
     for line in reversed(text.splitlines()):
         idx = line.find(PROBE_MARKER)
         if idx >= 0:
             try:
-                data = json.loads(line[idx + len(PROBE_MARKER):])
-            except json.JSONDecodeError as err:
+                data = parse_json(line[idx + len(PROBE_MARKER):], what="the result line", max_bytes=MAX_PROBE_BYTES)
+            except DocumentError as err:
                 raise ToolError(f"toolchain probe printed a malformed result line ({err}): {line[:200]}") from None
             if not isinstance(data, dict):
                 raise ToolError(f"toolchain probe printed a malformed result line (not an object): {line[:200]}")
@@ -199,8 +204,7 @@ def parse_probe_output(text: str) -> dict[str, Any]:  # JSON edge: the probe's r
                     + "\n".join(text.splitlines()[-15:]))
 
 
-# JSON edge: `data` is parse_probe_output's object, validated by ToolchainInfo
-def toolchain_from_probe(data: dict[str, Any], driver: str | None = None,  # JSON edge: parse_probe_output's object
+def toolchain_from_probe(data: JsonObject, driver: str | None = None,
                          cuda_driver: str | None = None) -> ToolchainInfo:
     fields = {k: data.get(k) for k in ("python", "tensorrt_llm", "tensorrt", "torch", "cuda", "cuda_available",
                                         "modelopt")}

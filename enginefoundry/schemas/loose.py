@@ -38,4 +38,5 @@ SigstoreBundle: TypeAlias = dict[str, Any]
 """A Sigstore bundle (v0.3) or a part of one (verificationMaterial): the Sigstore protobuf specs decide its shape."""
 
 AiperfExport: TypeAlias = dict[str, Any]
-"""An AIPerf profile export (profile_export_aiperf.json): the tool's release decides its keys."""
+"""A benchmark tool's profile export (AIPerf's profile_export_aiperf.json, genai-perf's profile_export_genai_perf.json):
+the tool's release decides its keys."""

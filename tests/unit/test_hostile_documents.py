@@ -100,3 +100,34 @@ def test_a_bundle_json_reads_its_gpu_and_host_facts_typed(tmp_path: Path) -> Non
 def test_a_tools_json_output_is_a_tool_error(raw: str) -> None:
     with pytest.raises(ToolError, match="the probe"):
         json_object(raw, "the probe")
+
+
+@pytest.mark.parametrize("raw", [DEEP, HUGE_NUMBER, "{nope", '{"a": 1}'],
+                         ids=["deep", "huge-number", "not-json", "not-objects"])
+def test_a_safetensors_header_is_read_within_bounds(tmp_path: Path, raw: str) -> None:
+    import struct
+
+    from enginefoundry.build.checkpoint_cast import read_header
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw.encode())
+    with pytest.raises(InputError, match="not a safetensors file"):
+        read_header(path)
+
+
+@pytest.mark.parametrize("raw", [DEEP, HUGE_NUMBER, "{nope", "[]"], ids=["deep", "huge-number", "not-json", "array"])
+def test_a_benchmark_export_is_read_within_bounds(tmp_path: Path, raw: str) -> None:
+    from enginefoundry.bench.parsers import parse_aiperf
+
+    export = tmp_path / "profile_export_aiperf.json"
+    export.write_text(raw)
+    with pytest.raises(ToolError, match=r"profile_export_aiperf\.json"):
+        parse_aiperf(export, scenario="s", concurrency=1, requested=1)
+
+
+@pytest.mark.parametrize("raw", [DEEP, HUGE_NUMBER, "{nope", "[1]"], ids=["deep", "huge-number", "not-json", "array"])
+def test_a_toolchain_probe_result_line_is_read_within_bounds(raw: str) -> None:
+    from enginefoundry.build.toolchain import PROBE_MARKER, parse_probe_output
+
+    with pytest.raises(ToolError, match="malformed result line"):
+        parse_probe_output(f"banner\n{PROBE_MARKER}{raw}\n")
