@@ -240,7 +240,7 @@ class Lane(ABC):
         typed options model, already checked when the spec was parsed."""
         return self.speculation_refusal(spec)
 
-    def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
+    def speculative_twin(self, spec: BuildSpec) -> dict[str, bool] | None:
         """For a speculative spec: the request fields that make the unit's smoke server answer without speculation
         (its non-speculative twin, which the gate's lossless rule compares answers with); None where the lane has
         no such switch (the lossless rule then fails: it could not run)."""

@@ -12,7 +12,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from enginefoundry.build.quantized_source import (
     DEQUANTIZED,
@@ -127,7 +126,7 @@ class ReferenceLane(Lane):
     # bound (ModelSpec.max_lora_rank) is the ceiling, its default the TensorRT-LLM lane's (LoraConfig.max_lora_rank 64).
     max_lora_rank = 1024
 
-    def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
+    def speculative_twin(self, spec: BuildSpec) -> dict[str, bool] | None:
         """The scoring server answers a request with `"speculative": false` by the target alone."""
         return {"speculative": False} if spec.speculative is not None else None
 
@@ -221,7 +220,7 @@ class ReferenceLane(Lane):
             shutil.rmtree(bundle)
         # Hard links, not copies: the bundle's weights are its checkpoint's bytes (one inode, one blob).
         shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR, copy_function=link_or_copy)
-        speculative: dict[str, Any] = {}  # JSON edge: the bundle's speculative params
+        speculative: dict[str, str | int] = {}  # the bundle's speculative params
         if spec.speculative is not None:
             if draft_dir is None or not Path(draft_dir).is_dir():
                 raise InputError("speculative.draft: the reference lane's draft_target needs the fetched draft and "
@@ -231,7 +230,7 @@ class ReferenceLane(Lane):
             shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=clone_or_copy)
             speculative = {"speculative": spec.speculative.algorithm.value, "draft": BUNDLE_DRAFT_DIR,
                            "max_draft_len": spec.speculative.max_draft_len}
-        served: dict[str, Any] = {}  # JSON edge: the bundle's adapter params
+        served: dict[str, list[str]] = {}  # the bundle's adapter params
         if adapter_dirs:
             for name, folder in adapter_dirs.items():
                 check_name(name, "model.adapters.name")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -228,7 +227,7 @@ class EngineServeSettings(BaseModel):
     serve_backend: str | None = None
 
     @classmethod
-    def of(cls, params: EngineServeSettings | Mapping[str, Any],  # JSON edge: bundle.json params
+    def of(cls, params: EngineServeSettings | Mapping[str, object],  # bundle.json params
            where: Path | str = BUNDLE_INFO) -> EngineServeSettings:
         if isinstance(params, EngineServeSettings):
             return params
@@ -241,7 +240,7 @@ class EngineServeSettings(BaseModel):
 
 
 def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str,
-                      unit_params: EngineServeSettings | Mapping[str, Any],  # JSON edge: bundle.json params
+                      unit_params: EngineServeSettings | Mapping[str, object],  # bundle.json params
                       host: str, port: int, backend: str = "tensorrt") -> list[str]:
     """trtllm-serve of a prebuilt engine: --backend trt|tensorrt (the default is pytorch since 1.0) + --tokenizer.
     `backend`: serve_backend_value() of the installed release."""
