@@ -20,22 +20,13 @@ from typing_extensions import TypedDict
 
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.bundle_info import GpuFacts
 from enginefoundry.spec import Arch, Target
 
 # The columns enginefoundry asks nvidia-smi for, in this order.
 QUERY_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "driver_version")
 NVIDIA_SMI_ARGV = ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
 MIB = 1024 * 1024
-
-
-class GpuFacts(TypedDict, total=False):
-    """What a manifest and bundle.json record about one build GPU (`GPUInfo.facts`); every key optional on read."""
-
-    name: str
-    compute_capability: str
-    arch: str
-    memory_total_mib: int
-    driver_version: str | None
 
 
 class NvmlGpu(TypedDict):

@@ -5,33 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
-from typing_extensions import TypedDict
-
-
-class HostFacts(TypedDict, total=False):
-    """The build host, as a manifest and bundle.json record it (`host_facts`); every key optional on read."""
-
-    hostname_hash: str
-    machine: str
-    cpu: str
-    cpu_count: int | None
-    python: str
-
-
-class TorchDeviceFacts(TypedDict, total=False):
-    """What torch sees of a device (`torch_device_facts`); the GPU keys only for a CUDA device."""
-
-    device: str
-    torch: str
-    gpu_name: str
-    compute_capability: str
-    arch: str
-    memory_gib: float
-    cuda: str | None
-
-
-class DeviceFacts(HostFacts, TorchDeviceFacts, total=False):
-    """A reference-lane build's device: the host's facts and what torch sees of the device it ran on."""
+from enginefoundry.schemas.bundle_info import HostFacts, TorchDeviceFacts
 
 
 def host_facts() -> HostFacts:

@@ -7,19 +7,22 @@ Nothing outside a lane module knows a toolchain flag. Each lane turns the spec i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from enginefoundry.build.model_shape import Check, ModelShape
 from enginefoundry.build.toolchain import ToolSurface
 from enginefoundry.build.units import Unit
-from enginefoundry.errors import InputError, first_problem
-from enginefoundry.gpu.detect import GpuFacts
-from enginefoundry.gpu.devices import DeviceFacts, HostFacts
-from enginefoundry.schemas.base import DocumentError, parse_json
+
+# bundle.json's model lives with the other documents (enginefoundry.schemas); lanes and their callers name it here.
+from enginefoundry.schemas.bundle_info import BUNDLE_INFO as BUNDLE_INFO
+from enginefoundry.schemas.bundle_info import AutotunerCache as AutotunerCache
+from enginefoundry.schemas.bundle_info import BundleInfo as BundleInfo
+from enginefoundry.schemas.bundle_info import CheckpointRef as CheckpointRef
+from enginefoundry.schemas.bundle_info import ServeSettings as ServeSettings
+from enginefoundry.schemas.bundle_info import TritonSettings as TritonSettings
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 
@@ -70,108 +73,6 @@ class WeightsEstimate(Protocol):
 
     @property
     def weights_bytes_total(self) -> int: ...
-
-
-BUNDLE_INFO = "bundle.json"
-MAX_BUNDLE_INFO_BYTES = 1 << 20  # a bundle.json is a few KiB; a bundle folder is anyone's to hand over
-
-
-class _BundlePart(BaseModel):
-    """A part of bundle.json: written with the keys the lane set (no defaults added, the file's bytes stay as the
-    lane has always written them), read leniently (a bundle from before a field existed still serves)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    def as_json(self) -> dict[str, Any]:  # JSON edge: the file's content
-        return self.model_dump(mode="json", exclude_unset=True)
-
-
-class ServeSettings(_BundlePart):
-    """bundle.json `serve`: how the lane's server is reached and started."""
-
-    health: str = "/health"
-    yaml_flag: str | None = None  # trtllm: the trtllm-serve flag that takes the LLM API YAML (the probe's choice)
-    model_dir: str | None = None  # reference: the model folder inside the bundle
-
-
-class TritonSettings(_BundlePart):
-    """bundle.json `triton`: the Triton model repository a serving team launches (not run at build time)."""
-
-    bundle_mount: str | None = None
-    launch: list[str] = Field(default_factory=list)
-    model_repo: str | None = None  # trtllm: the LLM API model's repository folder
-    model: str | None = None
-    checkpoint: str | None = None
-
-
-class AutotunerCache(_BundlePart):
-    """bundle.json `autotuner_cache`: the warm-up's profiling cache and what it was made with."""
-
-    file: str
-    files: list[str] | None = None  # the rank files a multi-GPU warm-up saved (absent: `file` alone)
-    tensorrt_llm: str | None = None
-    gpu_name: str | None = None
-    compute_capability: str | None = None
-
-
-class CheckpointRef(_BundlePart):
-    path: str
-
-
-class BundleInfo(_BundlePart):
-    """bundle.json: what a bundle is and how its server starts; written by the lane's build, read back by its
-    serve_command and the serving files. Every field is optional on read: each reader checks what it needs."""
-
-    format: int | None = None
-    lane: str | None = None
-    unit: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the lane's build parameters
-    versions: dict[str, str] = Field(default_factory=dict)
-    gpus: list[GpuFacts] = Field(default_factory=list)
-    host: HostFacts = Field(default_factory=lambda: HostFacts())
-    device: DeviceFacts = Field(default_factory=lambda: DeviceFacts())  # reference lane
-    serve: ServeSettings = Field(default_factory=ServeSettings)
-    # lane trtllm
-    checkpoint: CheckpointRef | None = None
-    runtime_config: str | None = None
-    autotuner_cache: AutotunerCache | None = None
-    # lane trtllm-engine
-    engine_dir: str | None = None
-    tokenizer_dir: str | None = None
-    triton_model_repo: str | None = None
-    engine_version: Any = None  # JSON edge: the engine config's own `version`, recorded as it is
-    triton: TritonSettings | None = None
-
-    @classmethod
-    def of(cls, data: BundleInfo | Mapping[str, object], where: Path | str = BUNDLE_INFO) -> BundleInfo:
-        """`data` as a BundleInfo: validated when it is a mapping (a parsed bundle.json), as it is otherwise."""
-        if isinstance(data, BundleInfo):
-            return data
-        try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            field, msg = first_problem(err)
-            raise InputError(f"{where}: {field}: {msg}: not a bundle.json enginefoundry wrote; rebuild "
-                             "the bundle") from None
-
-    @classmethod
-    def read(cls, bundle_dir: Path) -> BundleInfo:
-        """The bundle's bundle.json; InputError when the folder has none or it is not one enginefoundry wrote."""
-        path = Path(bundle_dir) / BUNDLE_INFO
-        try:
-            data = parse_json(path.read_bytes(), what=str(path), max_bytes=MAX_BUNDLE_INFO_BYTES)
-        except FileNotFoundError:
-            raise InputError(f"{path} does not exist: {bundle_dir} is not a bundle built by enginefoundry") from None
-        except DocumentError as err:
-            raise InputError(f"{err}: rebuild the bundle") from None
-        if not isinstance(data, dict):
-            raise InputError(f"{path} is not a JSON object: rebuild the bundle")
-        return cls.of(data, path)
-
-    def write(self, bundle_dir: Path) -> None:
-        import json
-
-        (Path(bundle_dir) / BUNDLE_INFO).write_text(json.dumps(self.as_json(), indent=2, sort_keys=True))
 
 
 SERVE_CWD_VAR = "EF_SERVE_CWD"  # ${EF_SERVE_CWD} in a ServeCommand's env: the server's working folder

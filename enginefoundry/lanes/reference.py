@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from pydantic import JsonValue
+
 from enginefoundry.build.quantized_source import (
     DEQUANTIZED,
     SourceQuantization,
@@ -24,7 +26,7 @@ from enginefoundry.build.toolchain import ToolSurface
 from enginefoundry.build.units import Unit
 from enginefoundry.confine import check_name
 from enginefoundry.errors import InputError, PreflightError, ToolError
-from enginefoundry.gpu.devices import DeviceFacts, host_facts, torch_device_facts
+from enginefoundry.gpu.devices import host_facts, torch_device_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
@@ -38,6 +40,7 @@ from enginefoundry.lanes.base import (
 )
 from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.reference_options import reference_options
+from enginefoundry.schemas.bundle_info import DeviceFacts
 from enginefoundry.spec import AdapterMode, Arch, BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 from enginefoundry.store.backends import clone_or_copy, link_or_copy
@@ -90,7 +93,7 @@ def _bundle_adapters(bundle_dir: Path, info: BundleInfo) -> dict[str, str] | Non
         except ValueError:
             name = None
         folder = bundle_dir / BUNDLE_ADAPTERS_DIR / name if isinstance(name, str) else None
-        if folder is None or not folder.is_dir() or name in out:
+        if not isinstance(name, str) or folder is None or not folder.is_dir() or name in out:
             raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters is not a set of adapters this lane "
                              "bundled; rebuild it")
         out[name] = str(folder.resolve())
@@ -220,7 +223,7 @@ class ReferenceLane(Lane):
             shutil.rmtree(bundle)
         # Hard links, not copies: the bundle's weights are its checkpoint's bytes (one inode, one blob).
         shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR, copy_function=link_or_copy)
-        speculative: dict[str, str | int] = {}  # the bundle's speculative params
+        speculative: dict[str, JsonValue] = {}  # the bundle's speculative params
         if spec.speculative is not None:
             if draft_dir is None or not Path(draft_dir).is_dir():
                 raise InputError("speculative.draft: the reference lane's draft_target needs the fetched draft and "
@@ -230,13 +233,13 @@ class ReferenceLane(Lane):
             shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=clone_or_copy)
             speculative = {"speculative": spec.speculative.algorithm.value, "draft": BUNDLE_DRAFT_DIR,
                            "max_draft_len": spec.speculative.max_draft_len}
-        served: dict[str, list[str]] = {}  # the bundle's adapter params
+        served: dict[str, JsonValue] = {}  # the bundle's adapter params
         if adapter_dirs:
             for name, folder in adapter_dirs.items():
                 check_name(name, "model.adapters.name")
                 # Copies, never hard links: a local adapter's fetched folder is the user's own (as the draft's).
                 shutil.copytree(folder, bundle / BUNDLE_ADAPTERS_DIR / name, copy_function=clone_or_copy)
-            served = {"adapters": list(adapter_dirs)}
+            served = {"adapters": [*adapter_dirs]}
         facts: DeviceFacts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         # The ignore: transformers types PreTrainedModel.to through a decorator whose stub takes the model twice.
@@ -246,7 +249,7 @@ class ReferenceLane(Lane):
         with torch.no_grad():
             model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
         warmup_s = time.monotonic() - t0
-        params = {
+        params: dict[str, JsonValue] = {
             "device": device,
             "dtype": TORCH_DTYPES.get(unit.variant.precision) or str(model.dtype).removeprefix("torch."),
             "max_batch_size": unit.profile.max_batch_size,
