@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -12,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from enginefoundry.bench.parsers import parse_aiperf, parse_genai_perf
+from enginefoundry.bench.parsers import parse_aiperf, parse_genai_perf, read_export
 from enginefoundry.bench.result import BenchPoint
 from enginefoundry.bench.telemetry import Backend, aiperf_window, sampling
 from enginefoundry.errors import ToolError
@@ -149,8 +148,8 @@ def run_point(
         if not export.is_file():
             raise ToolError(f"{what} exited 0 but wrote no {export.name} in {out}; log:\n{tail(out / 'tool.log')}")
         try:
-            data = json.loads(export.read_text())
-        except json.JSONDecodeError as err:
+            data = read_export(export)
+        except ToolError as err:
             raise ToolError(f"{what} wrote an unreadable {export.name}: {err}") from None
         parse = parse_aiperf if spec.tool is BenchTool.AIPERF else parse_genai_perf
         point = parse(data, scenario=scenario.name, concurrency=concurrency, requested=spec.request_count,
@@ -181,8 +180,8 @@ def aiperf_benchmark_ids(out: Path) -> set[str]:
     export = out / "profile_export_aiperf.json"
     if export.is_file():
         try:
-            bid = json.loads(export.read_text()).get("benchmark_id")
-        except (OSError, json.JSONDecodeError):
+            bid = read_export(export).get("benchmark_id")
+        except (OSError, ToolError):
             bid = None
         if bid:
             ids.add(str(bid))

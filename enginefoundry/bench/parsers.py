@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from enginefoundry.bench.result import BenchPoint, avg, pct, validate
+from enginefoundry.errors import ToolError
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import AiperfExport
+
+MAX_EXPORT_BYTES = 64 << 20  # a profile export is a summary of a few KiB; its per-request records are elsewhere
+
+
+def read_export(path: Path) -> AiperfExport:
+    """A tool's JSON export, parsed within bounds; ToolError naming the file when it is not a JSON object."""
+    try:
+        data = parse_json(path.read_bytes(), what=str(path), max_bytes=MAX_EXPORT_BYTES)
+    except DocumentError as err:
+        raise ToolError(str(err)) from None
+    if not isinstance(data, dict):
+        raise ToolError(f"{path}: not a JSON object")
+    return data
 
 
 def parse_aiperf(
-    export: Path | dict[str, Any], *, scenario: str, concurrency: int, requested: int,  # JSON edge: the export
+    export: Path | AiperfExport, *, scenario: str, concurrency: int, requested: int,
     expected_output_len: int | None = None,
 ) -> BenchPoint:
     """AIPerf 0.13 `profile_export_aiperf.json` (schema 1.4)."""
-    data = export if isinstance(export, dict) else json.loads(Path(export).read_text())
+    data = export if isinstance(export, dict) else read_export(Path(export))
     completed = int(avg(data, "completed_request_count") or avg(data, "request_count") or 0)
     errors = int(avg(data, "error_request_count") or 0) + len(data.get("error_summary") or [])
     error_rate = (avg(data, "request_error_rate") or 0.0) / 100.0
@@ -31,12 +45,12 @@ def parse_aiperf(
 
 
 def parse_genai_perf(
-    export: Path | dict[str, Any], *, scenario: str, concurrency: int, requested: int,  # JSON edge: the export
+    export: Path | AiperfExport, *, scenario: str, concurrency: int, requested: int,
     expected_output_len: int | None = None,
 ) -> BenchPoint:
     """genai-perf 0.0.16 `profile_export_genai_perf.json`. It has no error or completion fields, so the
     request count is the only completeness signal (facts §6: a broken run reported request_count 1)."""
-    data = export if isinstance(export, dict) else json.loads(Path(export).read_text())
+    data = export if isinstance(export, dict) else read_export(Path(export))
     completed = int(avg(data, "request_count") or 0)
     point = BenchPoint(
         tool="genai-perf", tool_version=None, scenario=scenario, concurrency=concurrency, requested=requested,

@@ -93,13 +93,17 @@ class EndpointSweep(BaseModel):
     failures: list[str] = Field(default_factory=list)
 
 
+TableRow = dict[str, str | int | float | bool | None]
+"""A row of a Prefect table artifact or of MLflow: plain values under column names."""
+
+
 class ComparisonReport(BaseModel):
     unit: str
     endpoints: list[EndpointSweep]  # the unit first, then each baseline
     rows: list[ComparisonRow]
     plot: str | None = None
 
-    def table(self) -> list[dict[str, Any]]:  # JSON edge: Prefect table/MLflow rows
+    def table(self) -> list[TableRow]:
         """Rows for a Prefect table artifact or MLflow: plain values, numbers rounded for reading."""
         return [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.model_dump().items()}
                 for r in self.rows]
@@ -191,11 +195,11 @@ class SweepReport(BaseModel):
                                     if missing else [])
         return self.model_copy(update={"points": points, "warnings": warnings})
 
-    def table(self) -> list[dict[str, Any]]:  # JSON edge: Prefect table/MLflow rows
+    def table(self) -> list[TableRow]:
         """One row per point: what a platform team reads first, invalid points with their reasons."""
         rows = []
         for p in self.points:
-            row: dict[str, Any] = {  # JSON edge: a table row
+            row: TableRow = {
                 "scenario": p.scenario, "concurrency": p.concurrency, "valid": p.valid,
                 "completed": f"{p.completed}/{p.requested}",
                 "output_tok_s": _round(p.output_tokens_per_s), "requests_s": _round(p.requests_per_s),

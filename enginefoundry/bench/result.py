@@ -6,11 +6,10 @@ point is valid only when its own numbers say the run was complete and clean.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
 
 from enginefoundry.bench.telemetry import TelemetrySummary
+from enginefoundry.schemas.loose import AiperfExport
 
 
 class Percentiles(BaseModel):
@@ -145,11 +144,11 @@ def short_output_warning(points: list[BenchPoint], requested: dict[str, int]) ->
             "benchmark.extra_inputs where the server supports it)")
 
 
-def pct(data: dict[str, Any], key: str) -> Percentiles:  # JSON edge: a benchmark export
+def pct(data: AiperfExport, key: str) -> Percentiles:
     m = data.get(key) or {}
     return Percentiles(avg=m.get("avg"), p50=m.get("p50"), p95=m.get("p95"), p99=m.get("p99"))
 
 
-def avg(data: dict[str, Any], key: str) -> float | None:  # JSON edge: a benchmark export
+def avg(data: AiperfExport, key: str) -> float | None:
     m = data.get(key)
     return None if not m else m.get("avg")

@@ -28,10 +28,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from enginefoundry.build.model_config import ModelConfig, lookup, read_config
+from enginefoundry.build.model_config import lookup, read_config
 from enginefoundry.build.sources import SourceSnapshot, fetch, remove_stale_partials
 from enginefoundry.errors import InputError
 from enginefoundry.identity import TOKENIZER_FILES, sha256_json
+from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.settings import cache_root
 from enginefoundry.spec import AdapterMode, AdapterSpec, BuildSpec, SourceKind
 
@@ -94,7 +95,7 @@ def read_adapter_config(spec: BuildSpec, adapter: AdapterSpec) -> tuple[AdapterC
         return None, f"{where}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}; not a PEFT adapter config"
 
 
-def _s3_config(location: str) -> ModelConfig | None:
+def _s3_config(location: str) -> HfModelConfig | None:
     from enginefoundry.store.s3 import s3_client
 
     bucket, _, prefix = location.partition("/")
@@ -124,7 +125,7 @@ def names_base(given: str, names: set[str]) -> bool:
     return given in names or given.rsplit("/", 1)[-1] in names
 
 
-def base_modules(config: ModelConfig) -> set[str] | None:
+def base_modules(config: HfModelConfig) -> set[str] | None:
     """The base's module names (`model.layers.0.self_attn.q_proj`, …), from its config.json alone: the model built
     on PyTorch's meta device (no memory, no weights). None when transformers cannot build that architecture."""
     import torch
@@ -161,7 +162,7 @@ def missing_targets(cfg: AdapterConfig, modules: set[str]) -> list[str]:
 
 
 def adapter_problems(spec: BuildSpec, lane_name: str, lane_max_rank: int | None,
-                     base_config: ModelConfig | None = None) -> list[tuple[str, str]]:
+                     base_config: HfModelConfig | None = None) -> list[tuple[str, str]]:
     """Every refusal of model.adapters, from adapter_config.json alone (before any download of weights).
     `lane_max_rank`: the lane's own ceiling (None: the lane serves no adapters). `base_config`: the base's
     config.json when the caller has it (the fetched base); else looked up as `plan` does (no download)."""

@@ -19,11 +19,12 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
 from enginefoundry.errors import InputError
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import JsonObject
 from enginefoundry.store.backends import clone_or_copy
 
 # safetensors dtype names of the floating types a cast may change; integer and bool tensors are kept.
@@ -33,8 +34,9 @@ CHUNK_BYTES = 64 * 2**20  # rows of a tensor cast and written at a time
 ITEM_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
-# JSON edge: a safetensors header, tensor name (or "__metadata__") → {"dtype", "shape", "data_offsets"}
-Header = dict[str, dict[str, Any]]  # JSON edge: a safetensors header
+Header = dict[str, JsonObject]
+"""A safetensors header: tensor name (or "__metadata__") → {"dtype", "shape", "data_offsets"} (the format's JSON)."""
+MAX_HEADER_BYTES = 100 * 2**20
 
 
 class CastReport(BaseModel):
@@ -54,9 +56,14 @@ def read_header(path: Path) -> tuple[Header, int]:
         if len(raw) != 8:
             raise InputError(f"{path} is not a safetensors file (shorter than 8 bytes)")
         (length,) = struct.unpack("<Q", raw)
-        if length > 100 * 2**20:
+        if length > MAX_HEADER_BYTES:
             raise InputError(f"{path} is not a safetensors file (header length {length})")
-        header: Header = json.loads(f.read(length))
+        try:
+            header = parse_json(f.read(length), what=f"{path}'s header", max_bytes=MAX_HEADER_BYTES)
+        except DocumentError as err:
+            raise InputError(f"{err}: not a safetensors file") from None
+    if not isinstance(header, dict) or not all(isinstance(v, dict) for v in header.values()):
+        raise InputError(f"{path} is not a safetensors file (its header is not an object of objects)")
     return header, 8 + length
 
 

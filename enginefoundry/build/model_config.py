@@ -9,13 +9,13 @@ else of the repository is fetched. Every file is read bounded, as a regular file
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
 from enginefoundry.confine import UnsafePathError, check_name
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import BuildSpec, SourceKind
 
 # The configs shipped with the package (two Llama configs), so estimates work before anything is downloaded.
@@ -24,18 +24,17 @@ BESIDE_SPEC = "model-configs"  # the user's own folder of configs, beside the sp
 MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few KiB; DeepSeek-V3's is under 2 KiB
 CONFIG = "config.json"
 
-ModelConfig = dict[str, Any]  # JSON edge: a checkpoint's parsed Hugging Face config.json
 
 
 class ConfigLookup(BaseModel):
     """The config found (or None), where it came from, and why there is none when there is none."""
 
-    config: dict[str, Any] | None = None  # JSON edge: the checkpoint's config.json
+    config: HfModelConfig | None = None
     source: str = ""
     why: str = ""
 
 
-def read_config(path: Path) -> ModelConfig | None:
+def read_config(path: Path) -> HfModelConfig | None:
     """A config.json: a regular file (not a FIFO or a device) of at most MAX_CONFIG_BYTES holding a JSON object;
     None otherwise (the caller says where else it looked)."""
     try:
@@ -44,8 +43,8 @@ def read_config(path: Path) -> ModelConfig | None:
         if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
             return None
         with path.open("rb") as f:
-            data = json.loads(f.read(MAX_CONFIG_BYTES + 1))
-    except (OSError, ValueError):
+            data = parse_json(f.read(MAX_CONFIG_BYTES + 1), what=str(path), max_bytes=MAX_CONFIG_BYTES)
+    except (OSError, DocumentError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -104,11 +103,11 @@ def hub_config(repo: str, revision: str, fetch: bool, looked: list[str]) -> Conf
     return ConfigLookup(config=found, source=f"{where} config.json (fetched from {endpoint})")
 
 
-def model_config_for(spec: BuildSpec, fetch: bool = False) -> ModelConfig | None:
+def model_config_for(spec: BuildSpec, fetch: bool = False) -> HfModelConfig | None:
     return lookup(spec, fetch).config
 
 
-def expert_count(config: ModelConfig | None) -> int:
+def expert_count(config: HfModelConfig | None) -> int:
     """Routed experts of a mixture-of-experts config (Qwen3-MoE `num_experts`, Mixtral `num_local_experts`,
     DeepSeek-V3 `n_routed_experts`); 0 for a dense model."""
     if not config:

@@ -6,14 +6,15 @@ that hold for every lane.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginefoundry.build.model_config import MAX_CONFIG_BYTES
 from enginefoundry.errors import InputError
 from enginefoundry.gpu.precisions import TORCH_BYTES
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import HfModelConfig
 
 # --- the model's shape ---------------------------------------------------------------------------------------
 
@@ -40,12 +41,12 @@ class ModelShape(BaseModel):
     dense_layers: int = 0
     dtype: str | None = None
     max_position_embeddings: int | None = None
-    rope_scaling: dict[str, Any] | None = None  # JSON edge: config.json rope_scaling
+    rope_scaling: HfModelConfig | None = None  # config.json's rope_scaling object
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelShape:  # JSON edge: a parsed config.json
+    def from_config(cls, config: HfModelConfig) -> ModelShape:
         text = config.get("text_config")
-        cfg: dict[str, Any] = text if isinstance(text, dict) else config  # JSON edge: config.json
+        cfg: HfModelConfig = text if isinstance(text, dict) else config
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
@@ -143,7 +144,7 @@ class ModelShape(BaseModel):
         return sum(parts.values()) - parts["experts"] + routed
 
 
-def _experts(cfg: dict[str, Any]) -> int:  # JSON edge: config.json
+def _experts(cfg: HfModelConfig) -> int:
     """Routed experts (enginefoundry.build.model_config.expert_count reads the same keys); 1 for a dense model."""
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         value = cfg.get(key)
@@ -152,21 +153,25 @@ def _experts(cfg: dict[str, Any]) -> int:  # JSON edge: config.json
     return 1
 
 
-def _dense_layers(cfg: dict[str, Any]) -> int:  # JSON edge: config.json
+def _dense_layers(cfg: HfModelConfig) -> int:
     """Layers of an MoE model with a dense FFN: DeepSeek's first_k_dense_replace, Qwen-MoE's mlp_only_layers."""
     only = cfg.get("mlp_only_layers")
     return int(cfg.get("first_k_dense_replace") or 0) + (len(only) if isinstance(only, list) else 0)
 
 
-def read_model_config(checkpoint_dir: Path) -> dict[str, Any]:  # JSON edge: a Hugging Face config.json
+def read_model_config(checkpoint_dir: Path) -> HfModelConfig:
+    """A checkpoint's Hugging Face config.json, parsed within bounds (size, depth, digits); an `InputError` names the
+    file when it is missing, not JSON, or not a JSON object."""
     path = Path(checkpoint_dir) / "config.json"
     try:
-        config: dict[str, Any] = json.loads(path.read_text())  # JSON edge: config.json
-        return config
+        config = parse_json(path.read_bytes(), what=str(path), max_bytes=MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise InputError(f"{path} does not exist: the checkpoint folder needs a Hugging Face config.json") from None
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path} is not valid JSON ({err})") from None
+    except DocumentError as err:
+        raise InputError(f"{err}: the checkpoint folder needs a Hugging Face config.json") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path} is not a JSON object: the checkpoint folder needs a Hugging Face config.json")
+    return config
 
 
 class Check(BaseModel):

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import SourceError, SpecError, ToolError
+from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import BuildSpec, Precision, SourceKind
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class SourceQuantization(BaseModel):
         return f"{self.quant_algo} ({self.precision.value}{kv}; {self.file}, {self.producer})"
 
 
-def _depth(value: Any) -> int:  # JSON edge: a parsed config
+def _depth(value: object) -> int:
     """Nesting depth of parsed JSON, without recursion."""
     deepest, todo = 0, [(value, 1)]
     while todo:
@@ -93,7 +94,7 @@ def _depth(value: Any) -> int:  # JSON edge: a parsed config
     return deepest
 
 
-def read_json_bounded(path: Path, limit: int, where: str) -> dict[str, Any] | None:  # JSON edge: a config file
+def read_json_bounded(path: Path, limit: int, where: str) -> HfModelConfig | None:
     """The JSON object in `path`, None where there is no such file. SourceError (naming `where` and the fix) for
     what no checkpoint holds: not a regular file, more than `limit` bytes, not a JSON object, deeper than
     MAX_DEPTH."""
@@ -119,11 +120,11 @@ def read_json_bounded(path: Path, limit: int, where: str) -> dict[str, Any] | No
     return data
 
 
-def _text(value: Any, limit: int = 200) -> str | None:  # JSON edge: a config value
+def _text(value: object, limit: int = 200) -> str | None:
     return value[:limit] if isinstance(value, str) and value else None
 
 
-def quantization_from(hf_quant: dict[str, Any] | None, config: dict[str, Any] | None,  # JSON edge: the configs
+def quantization_from(hf_quant: HfModelConfig | None, config: HfModelConfig | None,
                       where: str = "model.source") -> SourceQuantization | None:
     """The quantization `hf_quant_config.json` (`hf_quant`) or config.json's `quantization_config` describes; None
     for an unquantized checkpoint. SourceError for a quantization without a precision here (the field, the fix)."""

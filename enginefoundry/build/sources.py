@@ -24,6 +24,7 @@ from enginefoundry.confine import UnsafePathError, confined_join, normalise_pref
 from enginefoundry.errors import SourceError
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.runner import pid_alive
+from enginefoundry.schemas.loose import JsonObject
 from enginefoundry.settings import cache_root
 from enginefoundry.spec import SourceKind, SourceURI
 from enginefoundry.store.s3 import s3_client, s3_endpoint
@@ -491,8 +492,8 @@ def remove_stale_partials(dest: Path) -> list[Path]:
     return removed
 
 
-def _list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:  # JSON edge: S3 Contents
-    out: list[dict[str, Any]] = []  # JSON edge: S3 Contents
+def _list_objects(client: Any, bucket: str, prefix: str) -> list[JsonObject]:
+    out: list[JsonObject] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         out.extend(page.get("Contents", []))
     return out

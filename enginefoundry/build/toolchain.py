@@ -13,14 +13,17 @@ import json
 import re
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import JsonObject
 
 PROBE_MARKER = "ENGINEFOUNDRY_TOOLCHAIN_JSON "
 # Environment variables the lanes set → the file of the tensorrt_llm package that reads them (PR #7738:
@@ -182,14 +185,17 @@ class ToolchainInfo(BaseModel):
         return {k: str(getattr(self, k)) for k in keys if getattr(self, k)}
 
 
-def parse_probe_output(text: str) -> dict[str, Any]:  # JSON edge: the probe's result line
+MAX_PROBE_BYTES = 1 << 20  # the probe prints a few hundred bytes of versions and errors
+
+
+def parse_probe_output(text: str) -> JsonObject:
     """The JSON of the marker line; everything else (banners, warnings) is ignored."""
     for line in reversed(text.splitlines()):
         idx = line.find(PROBE_MARKER)
         if idx >= 0:
             try:
-                data = json.loads(line[idx + len(PROBE_MARKER):])
-            except json.JSONDecodeError as err:
+                data = parse_json(line[idx + len(PROBE_MARKER):], what="the result line", max_bytes=MAX_PROBE_BYTES)
+            except DocumentError as err:
                 raise ToolError(f"toolchain probe printed a malformed result line ({err}): {line[:200]}") from None
             if not isinstance(data, dict):
                 raise ToolError(f"toolchain probe printed a malformed result line (not an object): {line[:200]}")
@@ -198,8 +204,7 @@ def parse_probe_output(text: str) -> dict[str, Any]:  # JSON edge: the probe's r
                     + "\n".join(text.splitlines()[-15:]))
 
 
-# JSON edge: `data` is parse_probe_output's object, validated by ToolchainInfo
-def toolchain_from_probe(data: dict[str, Any], driver: str | None = None,  # JSON edge: parse_probe_output's object
+def toolchain_from_probe(data: JsonObject, driver: str | None = None,
                          cuda_driver: str | None = None) -> ToolchainInfo:
     fields = {k: data.get(k) for k in ("python", "tensorrt_llm", "tensorrt", "torch", "cuda", "cuda_available",
                                         "modelopt")}
@@ -375,7 +380,22 @@ def probe_surface(python: str, tools: dict[str, list[str]], triton_dir: Path | N
     return surface
 
 
-def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
+class ToolUse(Protocol):
+    """What a command says it uses, for the check against a release (enginefoundry.lanes.base.Command)."""
+
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def tool(self) -> str | None: ...
+    @property
+    def llm_api_keys(self) -> list[str]: ...
+    @property
+    def template_keys(self) -> Mapping[str, list[str]]: ...
+
+
+def check_against_surface(commands: Sequence[ToolUse], surface: ToolSurface) -> None:
     """UnsupportedByRelease for the first command part the surface lacks (every one is named in `more`).
 
     A command says what it uses: `tool` (the registry's tool name), its argv flags, `llm_api_keys` (dotted
@@ -385,7 +405,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
         f" / ModelOpt {surface.modelopt}" if surface.modelopt else "")
     missing: list[tuple[str, str]] = []
     for cmd in commands:
-        tool = getattr(cmd, "tool", None)
+        tool = cmd.tool
         if tool:
             help_ = surface.tools.get(tool)
             if help_ is None or help_.error:
@@ -406,7 +426,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
                     allowed = help_.choices.get(name)
                     if allowed and value is not None and not value.startswith("--") and value not in allowed:
                         missing.append((f"{tool} --{name} {value}", f"this release accepts {', '.join(allowed)}"))
-        for key in getattr(cmd, "llm_api_keys", []) or []:
+        for key in cmd.llm_api_keys:
             if surface.llm_api is None:
                 missing.append(("the LLM API option fields (TorchLlmArgs)", "install a TensorRT-LLM whose "
                                 "tensorrt_llm.llmapi.llm_args has TorchLlmArgs"))
@@ -419,7 +439,7 @@ def check_against_surface(commands: list[Any], surface: ToolSurface) -> None:
             if fields is not None and leaf not in fields:
                 missing.append((f"LLM API option {key}", "remove the lane option that writes it, or use a "
                                                          "release that has it"))
-        for template, keys in (getattr(cmd, "template_keys", {}) or {}).items():
+        for template, keys in cmd.template_keys.items():
             if surface.triton_templates is None:
                 missing.append((f"the Triton template {template} (under all_models/)", "set lane option "
                                 "triton_dir to the release's Triton backend tree"))

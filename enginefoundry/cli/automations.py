@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from enginefoundry.cli.common import emit_json, wants_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, InputError
+from enginefoundry.schemas.loose import JsonObject
 
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "automations.yaml"
 PLACEHOLDER = "NOTIFY_BLOCK_ID"
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     auto.set_defaults(handler=cmd_automations)
 
 
-def load_automations(path: Path) -> list[dict[str, Any]]:  # JSON edge: automations.yaml entries
+def load_automations(path: Path) -> list[JsonObject]:
     import yaml
 
     if not path.is_file():

@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TextIO
 
 from pydantic import BaseModel
 
@@ -20,6 +20,7 @@ from enginefoundry.spec.outputs import TrackingSpec
 
 if TYPE_CHECKING:
     from enginefoundry.flows.ephemeral import EarlyServer
+    from enginefoundry.search.plan import SearchReport
 
 DEFAULT_MLFLOW = TrackingSpec().mlflow_uri
 
@@ -28,7 +29,7 @@ def global_options(*, suppress: bool) -> argparse.ArgumentParser:
     """`-v/--verbose` and `--json`, accepted before or after the subcommand. The copy added to each subcommand
     uses SUPPRESS defaults, so a subcommand without the flag does not reset what the top level parsed."""
     parent = argparse.ArgumentParser(add_help=False)
-    default_false: Any = argparse.SUPPRESS if suppress else False
+    default_false: str | bool = argparse.SUPPRESS if suppress else False
     parent.add_argument("-v", "--verbose", action="store_true", default=default_false,
                         help="show tracebacks and details")
     parent.add_argument("--json", action="store_true", default=default_false,
@@ -54,7 +55,8 @@ def load(path: str, args: argparse.Namespace | None = None) -> tuple[BuildSpec, 
     return spec, dest
 
 
-def load_searched(path: str, args: argparse.Namespace | None = None) -> tuple[BuildSpec, Destinations, Any]:
+def load_searched(path: str, args: argparse.Namespace | None = None,
+                  ) -> tuple[BuildSpec, Destinations, SearchReport | None]:
     """`load`, and the search report (None without a `search` section)."""
     spec, dest = effective_spec(load_spec(path), store=getattr(args, "store", None),
                                 mlflow_uri=getattr(args, "mlflow_uri", None),
@@ -78,7 +80,7 @@ def wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False))
 
 
-_JSON_STREAM: list[Any] = []  # the real stdout while `--json` sends everything else to stderr
+_JSON_STREAM: list[TextIO] = []  # the real stdout while `--json` sends everything else to stderr
 
 
 @contextlib.contextmanager
@@ -102,11 +104,11 @@ def json_mode(enabled: bool) -> Iterator[None]:
         _JSON_STREAM.pop()
 
 
-def emit_json(data: Any) -> None:
+def emit_json(data: object) -> None:
     """One JSON document on stdout (pydantic models and lists of them included), for `--json`. Other commands'
     modules (verify, pull, …) use it too."""
 
-    def default(obj: Any) -> Any:
+    def default(obj: object) -> object:
         if isinstance(obj, BaseModel):
             return obj.model_dump(mode="json")
         return str(obj)

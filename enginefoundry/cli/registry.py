@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, mlflow_uri_of, wants_json
 from enginefoundry.cli.signing import trust_options
 from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK, InputError
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 MLFLOW_HELP = f"MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else {DEFAULT_MLFLOW})"
 STEM_HELP = ("alias stem: the target name, or <target>-<variant>-<profile> when the spec has several units for "
@@ -133,7 +136,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _signature_gate(args: argparse.Namespace, version: Any,  # an MLflow ModelVersion (untyped)
+def _signature_gate(args: argparse.Namespace, version: ModelVersion,
                     what: str = "promote") -> str:
     """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
     are required (the trust options, the spec's policy, $ENGINEFOUNDRY_REQUIRE_SIGNATURE). Returns what was checked:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from enginefoundry import __version__
 from enginefoundry.confine import printable as shown
@@ -37,6 +37,9 @@ from enginefoundry.evidence.signing import (
     open_bundle,
     sign_statement,
 )
+from enginefoundry.schemas.attestation_index import AttestationIndex, IndexEntry, Kind, SignerInfo
+from enginefoundry.schemas.base import DocumentError
+from enginefoundry.schemas.loose import InTotoStatement
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import attestation_index_key, blob_key
 from enginefoundry.store.publish import PublishedBuild
@@ -46,7 +49,6 @@ PROVENANCE = "https://slsa.dev/provenance/v1"
 GATE = "https://in-toto.io/attestation/test-result/v0.1"
 BENCHMARK = "https://enginefoundry.dev/attestation/benchmark/v1"
 BUILD_TYPE = "https://enginefoundry.dev/buildtypes/unit/v1"
-Kind = Literal["provenance", "gate", "benchmark"]
 KINDS: dict[Kind, str] = {"provenance": PROVENANCE, "gate": GATE, "benchmark": BENCHMARK}
 
 # MLflow tags on the unit run and the model version (enginefoundry namespace, as tracking_tags).
@@ -56,30 +58,8 @@ TAG_SIGNER_KEY_ID = "enginefoundry.signer_key_id"
 TAG_INDEX = "enginefoundry.attestations"
 TAG_DIGEST = "enginefoundry.attestation.{kind}"
 
-MAX_BUNDLE_BYTES = 4 << 20  # a signed statement is a few KiB; an index naming a model blob is refused unread
+MAX_BUNDLE_BYTES = AttestationIndex.MAX_BYTES  # a signed statement is a few KiB; a model blob is refused unread
 UNSIGNED_HINT = f"set ${ENV_KEY_FILE} to a key from `enginefoundry keygen` to sign builds"
-
-
-class IndexEntry(BaseModel):
-    kind: Kind
-    predicate_type: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int
-
-
-class SignerInfo(BaseModel):
-    identity: str
-    key_id: str
-    public_key: str | None = None  # PEM; lets a consumer without a trust policy check integrity
-
-
-class AttestationIndex(BaseModel):
-    schema_version: int = 1
-    manifest_key: str
-    manifest_sha256: str
-    signer: SignerInfo
-    signed_at: str
-    attestations: list[IndexEntry]
 
 
 def index_key(build: PublishedBuild) -> str:
@@ -89,7 +69,7 @@ def index_key(build: PublishedBuild) -> str:
 # Statements
 
 
-def _digest(value: Any) -> dict[str, str] | None:
+def _digest(value: object) -> dict[str, str] | None:
     """`sha256:abc…` or a bare hex digest → {"sha256": "abc…"} (in-toto DigestSet); None when absent."""
     if not value or not isinstance(value, str):
         return None
@@ -101,26 +81,26 @@ def _canonical_digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# JSON edge: an in-toto statement and predicate
-def _statement(build: PublishedBuild, predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]:
+def _statement(build: PublishedBuild, predicate_type: str, predicate: InTotoStatement) -> InTotoStatement:
     return {"_type": STATEMENT_TYPE,
             "subject": [{"name": build.manifest_key, "digest": {"sha256": build.manifest_sha256}}],
             "predicateType": predicate_type, "predicate": predicate}
 
 
-def provenance_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:  # JSON edge: in-toto predicate
+def provenance_predicate(build: PublishedBuild, signed_at: str) -> InTotoStatement:
     """SLSA v1 (slsa.dev/spec/v1.0/provenance): builder, external parameters (unit key and its components),
     resolved dependencies (source, weights, tokenizer, calibration, prompt set, toolchain image), run ids/times."""
     m = build.manifest
     assert m is not None
     comps = m.key_components
     toolchain = comps.get("toolchain", {}) if isinstance(comps.get("toolchain"), dict) else {}
-    deps: list[dict[str, Any]] = []  # JSON edge: SLSA resolvedDependencies entries
+    deps: list[InTotoStatement] = []  # SLSA ResourceDescriptors (resolvedDependencies)
 
-    def dep(name: str, digest: Any, uri: str | None = None, **extra: Any) -> None:
+    def dep(name: str, digest: object, uri: str | None = None, annotations: InTotoStatement | None = None) -> None:
         d = _digest(digest)
         if d or uri:
-            deps.append({"name": name, **({"uri": uri} if uri else {}), **({"digest": d} if d else {}), **extra})
+            deps.append({"name": name, **({"uri": uri} if uri else {}), **({"digest": d} if d else {}),
+                         **({"annotations": annotations} if annotations is not None else {})})
 
     src = m.source
     dep("source", None, src.get("uri"), annotations={"revision": src.get("revision"), "kind": src.get("kind")})
@@ -161,7 +141,7 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any
     }
 
 
-def gate_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:  # JSON edge: an in-toto predicate
+def gate_predicate(build: PublishedBuild, signed_at: str) -> InTotoStatement:
     """The in-toto test-result predicate (in-toto/attestation spec/predicates/test-result.md v0.1): result,
     configuration (gate policy and prompt set digests), passed/failed tests; the metrics and sample sizes under
     `enginefoundry`."""
@@ -179,7 +159,7 @@ def gate_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:  # 
             "signedAt": signed_at}
 
 
-def benchmark_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]:  # JSON edge: an in-toto predicate
+def benchmark_predicate(build: PublishedBuild, signed_at: str) -> InTotoStatement:
     """The benchmark as published in the manifest: tool and version, scenarios, per-point figures, goodput."""
     m = build.manifest
     assert m is not None
@@ -188,7 +168,7 @@ def benchmark_predicate(build: PublishedBuild, signed_at: str) -> dict[str, Any]
                 "tool"))), "result": bench, "signedAt": signed_at}
 
 
-PREDICATES: dict[Kind, Callable[[PublishedBuild, str], dict[str, Any]]] = {  # JSON edge: in-toto predicates
+PREDICATES: dict[Kind, Callable[[PublishedBuild, str], InTotoStatement]] = {
     "provenance": provenance_predicate, "gate": gate_predicate, "benchmark": benchmark_predicate}
 
 
@@ -233,9 +213,9 @@ def read_index(store: Store, build: PublishedBuild) -> AttestationIndex | None:
     if got is None:
         return None
     try:
-        index = AttestationIndex.model_validate_json(got[0])
-    except ValidationError:
-        raise StoreError(f"{store.url(ikey)} is not a valid attestation index") from None
+        index = AttestationIndex.parse(got[0])
+    except DocumentError as err:
+        raise StoreError(f"{store.url(ikey)} is not a valid attestation index ({err})") from None
     # Written by whoever can write the store, shown in terminals, logs and MLflow: escaped once, here.
     index.signer.identity = shown(index.signer.identity)
     index.signer.key_id = shown(index.signer.key_id, 64)
@@ -297,7 +277,7 @@ class SignatureVerdict(BaseModel):
         return "signature check FAILED: " + "; ".join(self.problems)
 
 
-def _parse_time(text: Any) -> datetime | None:
+def _parse_time(text: object) -> datetime | None:
     try:
         t = datetime.fromisoformat(str(text))
     except ValueError:
@@ -315,7 +295,7 @@ def _verifies(bundle: OpenedBundle, public_pem: str) -> bool:
         return False
 
 
-def time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | None:
+def time_problem(trusted: TrustedKey, predicate: object, signer: str) -> str | None:
     """The key must have been valid when it signed (predicate.signedAt, the signer's clock)."""
     signed_at = _parse_time(predicate.get("signedAt") if isinstance(predicate, dict) else None)
     if signed_at is None:
@@ -327,7 +307,7 @@ def time_problem(trusted: TrustedKey, predicate: Any, signer: str) -> str | None
     return None
 
 
-def _subject_problem(build: PublishedBuild, subject: Any) -> str | None:
+def _subject_problem(build: PublishedBuild, subject: object) -> str | None:
     """The statement's subject must be this build's manifest, at this location (its store key: a signed build copied
     to another key, model or build id is not the build that was signed), with the sha256 the store holds now."""
     subjects = [x for x in subject if isinstance(x, dict)] if isinstance(subject, list) else []

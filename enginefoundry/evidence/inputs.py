@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from enginefoundry.errors import StoreError
 from enginefoundry.evidence.attest import time_problem
@@ -44,6 +44,7 @@ from enginefoundry.evidence.signing import (
     sign_statement,
     signer_from_env,
 )
+from enginefoundry.schemas.loose import InTotoStatement
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import input_attestations_prefix
 from enginefoundry.store.manifest import BuildInput, InputKind
@@ -147,7 +148,7 @@ def _checked(store: Store, name: str, kind: str, key: str, trusted: TrustedKey) 
         verified = check_signature(bundle, trusted.public_key)
     except (SignatureError, ValueError, TypeError):
         return None
-    statement: dict[str, Any] = bundle.statement  # JSON edge: an in-toto statement
+    statement: InTotoStatement = bundle.statement
     if not verified or statement.get("predicateType") != INPUT_PREDICATE:
         return None
     predicate = statement.get("predicate")

@@ -23,11 +23,13 @@ import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import InTotoStatement, SigstoreBundle
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey, EllipticCurvePublicKey
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+MAX_SIGNED_BYTES = 4 << 20  # a signed bundle and its statement are a few KiB; parsed within this bound
 
 ENV_KEY = "ENGINEFOUNDRY_SIGNING_KEY"  # the PEM text of the private key
 ENV_KEY_FILE = "ENGINEFOUNDRY_SIGNING_KEY_FILE"  # a path to it
@@ -63,7 +66,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _unb64(text: Any, what: str) -> bytes:
+def _unb64(text: object, what: str) -> bytes:
     try:
         return base64.b64decode(str(text), validate=True)
     except ValueError:
@@ -141,7 +144,7 @@ class Signer(Protocol):
 
     def sign(self, data: bytes) -> bytes: ...
 
-    def verification_material(self) -> dict[str, Any]:  # JSON edge: a Sigstore bundle's verificationMaterial
+    def verification_material(self) -> SigstoreBundle:
         """The bundle's `verificationMaterial` (a key hint, or a certificate chain)."""
         ...
 
@@ -174,7 +177,7 @@ class KeyPairSigner:
 
         return self._key.sign(data, ec.ECDSA(hashes.SHA256()))
 
-    def verification_material(self) -> dict[str, Any]:  # JSON edge: a Sigstore bundle's verificationMaterial
+    def verification_material(self) -> SigstoreBundle:
         return {"publicKey": {"hint": self.key_id}}
 
     def public_pem(self) -> str | None:
@@ -218,7 +221,7 @@ def signer_from_env(environ: Mapping[str, str] | None = None) -> Signer | None:
 # Envelopes
 
 
-def sign_statement(statement: dict[str, Any], signer: Signer) -> bytes:  # JSON edge: an in-toto statement
+def sign_statement(statement: InTotoStatement, signer: Signer) -> bytes:
     """A Sigstore bundle (JSON bytes) holding a DSSE envelope over the statement."""
     payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
     sig = signer.sign(pae(PAYLOAD_TYPE, payload))
@@ -232,12 +235,15 @@ def sign_statement(statement: dict[str, Any], signer: Signer) -> bytes:  # JSON 
 
 
 class OpenedBundle(BaseModel):
-    statement: dict[str, Any]  # JSON edge: the in-toto statement read from a bundle
+    statement: InTotoStatement
     payload: bytes
     signatures: list[tuple[str, bytes]]  # (keyid or hint, signature)
 
 
-def _field(doc: dict[str, Any], name: str, default: Any, kind: type = dict) -> Any:  # JSON edge: Sigstore bundle
+_T = TypeVar("_T")
+
+
+def _field(doc: SigstoreBundle, name: str, default: _T, kind: type[_T]) -> _T:
     """doc[name] when it has the expected shape, default when absent; SignatureError for any other shape (a
     bundle is read from a store that anyone with write access can fill)."""
     value = doc.get(name)
@@ -251,22 +257,23 @@ def _field(doc: dict[str, Any], name: str, default: Any, kind: type = dict) -> A
 def open_bundle(data: bytes) -> OpenedBundle:
     """Parse a bundle (or a bare DSSE envelope) without checking signatures."""
     try:
-        doc = json.loads(data)
-    except ValueError:
-        raise SignatureError("not JSON") from None
+        doc = parse_json(data, what="the bundle", max_bytes=MAX_SIGNED_BYTES)
+    except DocumentError as err:
+        raise SignatureError(str(err)) from None
     if not isinstance(doc, dict):
         raise SignatureError("not a bundle or DSSE envelope")
     env = doc.get("dsseEnvelope", doc)
-    hint = _field(_field(_field(doc, "verificationMaterial", {}), "publicKey", {}), "hint", "", str)
+    material: SigstoreBundle = _field(doc, "verificationMaterial", {}, dict)
+    hint = _field(_field(material, "publicKey", {}, dict), "hint", "", str)
     if not isinstance(env, dict) or env.get("payloadType") != PAYLOAD_TYPE:
         raise SignatureError(f"payloadType is not {PAYLOAD_TYPE}")
     payload = _unb64(env.get("payload"), "payload")
     sigs = [(str(s.get("keyid") or hint), _unb64(s.get("sig"), "signature"))
             for s in _field(env, "signatures", [], list) if isinstance(s, dict)]
     try:
-        statement = json.loads(payload)
-    except ValueError:
-        raise SignatureError("payload is not JSON") from None
+        statement = parse_json(payload, what="the payload", max_bytes=MAX_SIGNED_BYTES)
+    except DocumentError as err:
+        raise SignatureError(str(err)) from None
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         raise SignatureError(f"payload is not an in-toto statement ({STATEMENT_TYPE})")
     return OpenedBundle(statement=statement, payload=payload, signatures=sigs)

@@ -13,18 +13,38 @@ import shlex
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import TypedDict
 
 from enginefoundry.errors import PreflightError, ToolError
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.bundle_info import GpuFacts
 from enginefoundry.spec import Arch, Target
 
 # The columns enginefoundry asks nvidia-smi for, in this order.
 QUERY_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "driver_version")
 NVIDIA_SMI_ARGV = ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits"]
 MIB = 1024 * 1024
+
+
+class NvmlGpu(TypedDict):
+    """One GPU of an NVML snapshot."""
+
+    index: int
+    name: str
+    compute_capability: list[int] | str
+    memory_total: int  # bytes
+    uuid: NotRequired[str | None]
+
+
+class NvmlSnapshot(TypedDict):
+    """The NVML snapshot (`nvml_snapshot`, and the fixtures tests/fixtures/gpu/*/nvml.json)."""
+
+    driver: NotRequired[str | None]
+    cuda_driver: NotRequired[int | None]
+    gpus: list[NvmlGpu]
 
 
 class GPUInfo(BaseModel):
@@ -58,7 +78,7 @@ class GPUInfo(BaseModel):
     def memory_gib(self) -> float:
         return self.memory_total_mib / 1024
 
-    def facts(self) -> dict[str, Any]:  # JSON edge: the manifest's GPU facts
+    def facts(self) -> GpuFacts:
         """What a manifest records about the build GPU."""
         return {"name": self.name, "compute_capability": self.compute_capability, "arch": self.arch,
                 "memory_total_mib": self.memory_total_mib, "driver_version": self.driver_version}
@@ -121,13 +141,13 @@ def parse_smi_csv(text: str, fields: Sequence[str] = QUERY_FIELDS) -> list[GPUIn
     return gpus
 
 
-def parse_nvml_json(data: dict[str, Any]) -> list[GPUInfo]:  # JSON edge: an NVML snapshot (nvml.json)
+def parse_nvml_json(data: NvmlSnapshot) -> list[GPUInfo]:
     """The NVML snapshot shape (tests/fixtures/gpu/*/nvml.json, also what `nvml_snapshot` returns)."""
     driver = data.get("driver")
     gpus = []
     for g in data.get("gpus", []):
         cc = g["compute_capability"]
-        cc_text = f"{cc[0]}.{cc[1]}" if isinstance(cc, list | tuple) else str(cc)
+        cc_text = f"{cc[0]}.{cc[1]}" if isinstance(cc, list) else str(cc)
         gpus.append(GPUInfo(index=int(g["index"]), name=str(g["name"]), uuid=g.get("uuid"),
                             compute_capability=cc_text, memory_total_mib=int(g["memory_total"]) // MIB,
                             driver_version=driver))
@@ -141,7 +161,7 @@ def cuda_driver_text(value: int | None) -> str | None:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-def nvml_snapshot() -> dict[str, Any]:  # JSON edge: an NVML snapshot (nvml.json)
+def nvml_snapshot() -> NvmlSnapshot:
     """Driver and per-GPU facts through NVML. Raises ToolError when pynvml or the driver is missing."""
     try:
         import pynvml
@@ -152,11 +172,11 @@ def nvml_snapshot() -> dict[str, Any]:  # JSON edge: an NVML snapshot (nvml.json
     except Exception as err:  # pynvml.NVMLError_LibraryNotFound, _DriverNotLoaded, …
         raise ToolError(f"NVML did not initialise ({err}); no NVIDIA driver on this host?") from None
     try:
-        def text(v: Any) -> str:
+        def text(v: bytes | str) -> str:
             return v.decode() if isinstance(v, bytes) else str(v)
 
-        snap: dict[str, Any] = {"driver": text(pynvml.nvmlSystemGetDriverVersion()),  # JSON edge: nvml.json
-                                "cuda_driver": pynvml.nvmlSystemGetCudaDriverVersion(), "gpus": []}
+        snap: NvmlSnapshot = {"driver": text(pynvml.nvmlSystemGetDriverVersion()),
+                              "cuda_driver": pynvml.nvmlSystemGetCudaDriverVersion(), "gpus": []}
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             snap["gpus"].append({

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any
+
+from enginefoundry.schemas.bundle_info import HostFacts, TorchDeviceFacts
 
 
-def host_facts() -> dict[str, Any]:  # JSON edge: the manifest's host facts
+def host_facts() -> HostFacts:
     return {
         "hostname_hash": _short_hash(platform.node()),  # identifies the builder without leaking its name
         "machine": platform.machine(),
@@ -17,22 +18,20 @@ def host_facts() -> dict[str, Any]:  # JSON edge: the manifest's host facts
     }
 
 
-def torch_device_facts(device: str) -> dict[str, Any]:  # JSON edge: the manifest's device facts
+def torch_device_facts(device: str) -> TorchDeviceFacts:
     """What torch sees for `device` ("cpu" or "cuda:N")."""
     import torch
 
-    facts: dict[str, Any] = {"device": device, "torch": torch.__version__}  # JSON edge: device facts
+    facts: TorchDeviceFacts = {"device": device, "torch": torch.__version__}
     if device.startswith("cuda"):
         idx = int(device.split(":", 1)[1]) if ":" in device else 0
         props = torch.cuda.get_device_properties(idx)
         major, minor = torch.cuda.get_device_capability(idx)
-        facts.update({
-            "gpu_name": props.name,
-            "compute_capability": f"{major}.{minor}",
-            "arch": f"sm{major}{minor}",
-            "memory_gib": round(props.total_memory / 2**30, 1),
-            "cuda": torch.version.cuda,
-        })
+        facts["gpu_name"] = props.name
+        facts["compute_capability"] = f"{major}.{minor}"
+        facts["arch"] = f"sm{major}{minor}"
+        facts["memory_gib"] = round(props.total_memory / 2**30, 1)
+        facts["cuda"] = torch.version.cuda
     return facts
 
 

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field
 
+from enginefoundry.build.model_shape import Check, ModelShape
+from enginefoundry.build.toolchain import ToolSurface
 from enginefoundry.build.units import Unit
-from enginefoundry.errors import InputError, first_problem
+
+# bundle.json's model lives with the other documents (enginefoundry.schemas); lanes and their callers name it here.
+from enginefoundry.schemas.bundle_info import BUNDLE_INFO as BUNDLE_INFO
+from enginefoundry.schemas.bundle_info import AutotunerCache as AutotunerCache
+from enginefoundry.schemas.bundle_info import BundleInfo as BundleInfo
+from enginefoundry.schemas.bundle_info import CheckpointRef as CheckpointRef
+from enginefoundry.schemas.bundle_info import ServeSettings as ServeSettings
+from enginefoundry.schemas.bundle_info import TritonSettings as TritonSettings
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 
@@ -59,106 +68,11 @@ class BuildResult(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
-BUNDLE_INFO = "bundle.json"
+class WeightsEstimate(Protocol):
+    """What `Lane.build_footprint` reads of preflight's memory estimate (enginefoundry.planning.preflight)."""
 
-
-class _BundlePart(BaseModel):
-    """A part of bundle.json: written with the keys the lane set (no defaults added, the file's bytes stay as the
-    lane has always written them), read leniently (a bundle from before a field existed still serves)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    def as_json(self) -> dict[str, Any]:  # JSON edge: the file's content
-        return self.model_dump(mode="json", exclude_unset=True)
-
-
-class ServeSettings(_BundlePart):
-    """bundle.json `serve`: how the lane's server is reached and started."""
-
-    health: str = "/health"
-    yaml_flag: str | None = None  # trtllm: the trtllm-serve flag that takes the LLM API YAML (the probe's choice)
-    model_dir: str | None = None  # reference: the model folder inside the bundle
-
-
-class TritonSettings(_BundlePart):
-    """bundle.json `triton`: the Triton model repository a serving team launches (not run at build time)."""
-
-    bundle_mount: str | None = None
-    launch: list[str] = Field(default_factory=list)
-    model_repo: str | None = None  # trtllm: the LLM API model's repository folder
-    model: str | None = None
-    checkpoint: str | None = None
-
-
-class AutotunerCache(_BundlePart):
-    """bundle.json `autotuner_cache`: the warm-up's profiling cache and what it was made with."""
-
-    file: str
-    files: list[str] | None = None  # the rank files a multi-GPU warm-up saved (absent: `file` alone)
-    tensorrt_llm: str | None = None
-    gpu_name: str | None = None
-    compute_capability: str | None = None
-
-
-class CheckpointRef(_BundlePart):
-    path: str
-
-
-class BundleInfo(_BundlePart):
-    """bundle.json: what a bundle is and how its server starts; written by the lane's build, read back by its
-    serve_command and the serving files. Every field is optional on read: each reader checks what it needs."""
-
-    format: int | None = None
-    lane: str | None = None
-    unit: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)  # JSON edge: the lane's build parameters
-    versions: dict[str, str] = Field(default_factory=dict)
-    gpus: list[dict[str, Any]] = Field(default_factory=list)  # JSON edge: GPUInfo.facts()
-    host: dict[str, Any] = Field(default_factory=dict)  # JSON edge: host_facts()
-    device: dict[str, Any] = Field(default_factory=dict)  # JSON edge: reference lane, torch device facts
-    serve: ServeSettings = Field(default_factory=ServeSettings)
-    # lane trtllm
-    checkpoint: CheckpointRef | None = None
-    runtime_config: str | None = None
-    autotuner_cache: AutotunerCache | None = None
-    # lane trtllm-engine
-    engine_dir: str | None = None
-    tokenizer_dir: str | None = None
-    triton_model_repo: str | None = None
-    engine_version: Any = None  # JSON edge: the engine config's own `version`, recorded as it is
-    triton: TritonSettings | None = None
-
-    @classmethod
-    def of(cls, data: BundleInfo | dict[str, Any], where: Path | str = BUNDLE_INFO) -> BundleInfo:  # JSON edge
-        if isinstance(data, BundleInfo):
-            return data
-        try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            field, msg = first_problem(err)
-            raise InputError(f"{where}: {field}: {msg}: not a bundle.json enginefoundry wrote; rebuild "
-                             "the bundle") from None
-
-    @classmethod
-    def read(cls, bundle_dir: Path) -> BundleInfo:
-        """The bundle's bundle.json; InputError when the folder has none or it is not one enginefoundry wrote."""
-        import json
-
-        path = Path(bundle_dir) / BUNDLE_INFO
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError(f"{path} does not exist: {bundle_dir} is not a bundle built by enginefoundry") from None
-        except ValueError as err:
-            raise InputError(f"{path} is not JSON ({err}): rebuild the bundle") from None
-        if not isinstance(data, dict):
-            raise InputError(f"{path} is not a JSON object: rebuild the bundle")
-        return cls.of(data, path)
-
-    def write(self, bundle_dir: Path) -> None:
-        import json
-
-        (Path(bundle_dir) / BUNDLE_INFO).write_text(json.dumps(self.as_json(), indent=2, sort_keys=True))
+    @property
+    def weights_bytes_total(self) -> int: ...
 
 
 SERVE_CWD_VAR = "EF_SERVE_CWD"  # ${EF_SERVE_CWD} in a ServeCommand's env: the server's working folder
@@ -213,11 +127,11 @@ class Lane(ABC):
         follow the checkpoint: a simulated reference computes in it (smoke.simulated.simulated_dtype)."""
         return None
 
-    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
         """This lane's own preflight checks (enginefoundry.build.model_shape.Check) for a unit; `shape` may be None."""
         return []
 
-    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: WeightsEstimate, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
         """(host memory, disk) the build needs, before the 10 % margin: by default the source plus the output."""
         return source_bytes + est.weights_bytes_total, source_bytes + est.weights_bytes_total
@@ -227,7 +141,7 @@ class Lane(ABC):
         typed options model, already checked when the spec was parsed."""
         return self.speculation_refusal(spec)
 
-    def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
+    def speculative_twin(self, spec: BuildSpec) -> dict[str, bool] | None:
         """For a speculative spec: the request fields that make the unit's smoke server answer without speculation
         (its non-speculative twin, which the gate's lossless rule compares answers with); None where the lane has
         no such switch (the lossless rule then fails: it could not run)."""
@@ -289,7 +203,7 @@ class Lane(ABC):
         does, with the same weights and model code, marked `shipped=False` (the benchmark then starts its own)."""
         return self.named_serve_command(bundle_dir, host, port, name)
 
-    def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
+    def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         """The commands this lane would run for a unit, without running anything (for `plan`). `surface`: what
         the worker's toolchain accepts (a probe result) when known, else the spec's pinned release decides."""
         return []

@@ -15,10 +15,9 @@ The lanes call `variant_problems` from `validate_options` (spec fields only, bef
 
 from __future__ import annotations
 
-from typing import Any
-
 from enginefoundry.build.model_shape import Check
 from enginefoundry.lanes.trtllm_flags import REF_MAPPING
+from enginefoundry.schemas.loose import TrtllmConfig
 from enginefoundry.spec import BuildSpec, Variant
 
 MAPPING_SOURCE = "tensorrt_llm/mapping.py@b35ac1b6 (MappingBase)"
@@ -92,10 +91,10 @@ def unsupported_problems(spec: BuildSpec, lane: str, why: str) -> list[tuple[str
     return out
 
 
-def llm_api_options(v: Variant) -> dict[str, Any]:  # JSON edge: LLM API YAML keys
+def llm_api_options(v: Variant) -> TrtllmConfig:
     """The LLM API keys of the variant's MoE parallelism: none for a variant that sets none (TensorRT-LLM's defaults:
     moe_tp = tp, moe_ep = 1, no attention DP), else the resolved sizes, written out."""
-    out: dict[str, Any] = {}  # JSON edge: LLM API YAML keys
+    out: TrtllmConfig = {}
     if v.moe_ep > 1 or v.moe_tp is not None:
         out["moe_expert_parallel_size"] = v.moe_ep
         out["moe_tensor_parallel_size"] = v.moe_tp_size

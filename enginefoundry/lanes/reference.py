@@ -12,7 +12,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from enginefoundry.build.quantized_source import (
     DEQUANTIZED,
@@ -21,6 +22,7 @@ from enginefoundry.build.quantized_source import (
     spec_quantization,
     write_dequantized,
 )
+from enginefoundry.build.toolchain import ToolSurface
 from enginefoundry.build.units import Unit
 from enginefoundry.confine import check_name
 from enginefoundry.errors import InputError, PreflightError, ToolError
@@ -38,6 +40,7 @@ from enginefoundry.lanes.base import (
 )
 from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.reference_options import reference_options
+from enginefoundry.schemas.bundle_info import DeviceFacts
 from enginefoundry.spec import AdapterMode, Arch, BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 from enginefoundry.store.backends import clone_or_copy, link_or_copy
@@ -90,7 +93,7 @@ def _bundle_adapters(bundle_dir: Path, info: BundleInfo) -> dict[str, str] | Non
         except ValueError:
             name = None
         folder = bundle_dir / BUNDLE_ADAPTERS_DIR / name if isinstance(name, str) else None
-        if folder is None or not folder.is_dir() or name in out:
+        if not isinstance(name, str) or folder is None or not folder.is_dir() or name in out:
             raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters is not a set of adapters this lane "
                              "bundled; rebuild it")
         out[name] = str(folder.resolve())
@@ -126,7 +129,7 @@ class ReferenceLane(Lane):
     # bound (ModelSpec.max_lora_rank) is the ceiling, its default the TensorRT-LLM lane's (LoraConfig.max_lora_rank 64).
     max_lora_rank = 1024
 
-    def speculative_twin(self, spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: a request body's fields
+    def speculative_twin(self, spec: BuildSpec) -> dict[str, bool] | None:
         """The scoring server answers a request with `"speculative": false` by the target alone."""
         return {"speculative": False} if spec.speculative is not None else None
 
@@ -220,7 +223,7 @@ class ReferenceLane(Lane):
             shutil.rmtree(bundle)
         # Hard links, not copies: the bundle's weights are its checkpoint's bytes (one inode, one blob).
         shutil.copytree(checkpoint_dir, bundle / BUNDLE_MODEL_DIR, copy_function=link_or_copy)
-        speculative: dict[str, Any] = {}  # JSON edge: the bundle's speculative params
+        speculative: dict[str, JsonValue] = {}  # the bundle's speculative params
         if spec.speculative is not None:
             if draft_dir is None or not Path(draft_dir).is_dir():
                 raise InputError("speculative.draft: the reference lane's draft_target needs the fetched draft and "
@@ -230,14 +233,14 @@ class ReferenceLane(Lane):
             shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=clone_or_copy)
             speculative = {"speculative": spec.speculative.algorithm.value, "draft": BUNDLE_DRAFT_DIR,
                            "max_draft_len": spec.speculative.max_draft_len}
-        served: dict[str, Any] = {}  # JSON edge: the bundle's adapter params
+        served: dict[str, JsonValue] = {}  # the bundle's adapter params
         if adapter_dirs:
             for name, folder in adapter_dirs.items():
                 check_name(name, "model.adapters.name")
                 # Copies, never hard links: a local adapter's fetched folder is the user's own (as the draft's).
                 shutil.copytree(folder, bundle / BUNDLE_ADAPTERS_DIR / name, copy_function=clone_or_copy)
-            served = {"adapters": list(adapter_dirs)}
-        facts = {**host_facts(), **torch_device_facts(device)}
+            served = {"adapters": [*adapter_dirs]}
+        facts: DeviceFacts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         # The ignore: transformers types PreTrainedModel.to through a decorator whose stub takes the model twice.
         model = AutoModelForCausalLM.from_pretrained(bundle / BUNDLE_MODEL_DIR).to(device)  # type: ignore[arg-type]
@@ -246,7 +249,7 @@ class ReferenceLane(Lane):
         with torch.no_grad():
             model.generate(**ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
         warmup_s = time.monotonic() - t0
-        params = {
+        params: dict[str, JsonValue] = {
             "device": device,
             "dtype": TORCH_DTYPES.get(unit.variant.precision) or str(model.dtype).removeprefix("torch."),
             "max_batch_size": unit.profile.max_batch_size,
@@ -256,7 +259,7 @@ class ReferenceLane(Lane):
         }
         BundleInfo(lane=self.name, unit=unit.name, params=params, device=facts,
                    serve=ServeSettings(model_dir=BUNDLE_MODEL_DIR)).write(bundle)
-        return BuildResult(bundle_dir=str(bundle), params=params, device=facts,
+        return BuildResult(bundle_dir=str(bundle), params=params, device=dict(facts),
                            metrics={"warmup_s": round(warmup_s, 3)})
 
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
@@ -326,7 +329,7 @@ class ReferenceLane(Lane):
         return cmd.model_copy(update={"command": cmd.command.model_copy(update={"argv": argv}),
                                       "model_name": name, "links": {name: cmd.model_name}})
 
-    def describe(self, spec: BuildSpec, unit: Unit, surface: Any = None) -> list[Command]:
+    def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
         dtype = TORCH_DTYPES.get(unit.variant.precision, unit.variant.precision.value)
         device = _device_for(unit.target.arch).split(":")[0]
         at = ["--host", "127.0.0.1", "--port", "<free>"]

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from enginefoundry.build.model_config import ModelConfig, hub_config, read_config
+from enginefoundry.build.model_config import hub_config, read_config
 from enginefoundry.build.model_shape import read_model_config
 from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.build.toolchain import parse_version
 from enginefoundry.errors import InputError
 from enginefoundry.lanes.trtllm_flags import ABSENT, CHECKED, LLM_API, REF_SPEC_MODELS, flag
+from enginefoundry.schemas.loose import HfModelConfig, TrtllmConfig
 from enginefoundry.spec import BuildSpec, SourceKind, SpecAlgorithm, SpeculativeSpec
 
 FIELD = "speculative"
@@ -53,10 +53,10 @@ def decoding_type(algorithm: SpecAlgorithm, version: str | None) -> str:
 
 
 def speculative_config(sp: SpeculativeSpec, version: str | None,
-                       draft_dir: Path | str | None = None) -> dict[str, Any]:  # JSON edge: the LLM API YAML
+                       draft_dir: Path | str | None = None) -> TrtllmConfig:
     """`speculative_config` of the LLM API YAML for TensorRT-LLM `version` (None: the newest form). `draft_dir`:
     the fetched draft on the worker (for `plan`, a placeholder)."""
-    cfg: dict[str, Any] = {"decoding_type": decoding_type(sp.algorithm, version)}  # JSON edge: the YAML
+    cfg: TrtllmConfig = {"decoding_type": decoding_type(sp.algorithm, version)}
     a = sp.algorithm
     if a is SpecAlgorithm.MTP:
         cfg["num_nextn_predict_layers"] = sp.mtp_layers
@@ -114,7 +114,7 @@ def _others(algorithm: SpecAlgorithm, version: str) -> str:
     return " / ".join(ok) if ok else "no speculation on this release"
 
 
-def model_problems(sp: SpeculativeSpec, config: ModelConfig | None, source: str = "the model's config.json",
+def model_problems(sp: SpeculativeSpec, config: HfModelConfig | None, source: str = "the model's config.json",
                    ) -> list[tuple[str, str]]:
     """The target's family and MTP layers against the algorithm (nothing to say without its config.json)."""
     if config is None:
@@ -144,7 +144,7 @@ def model_problems(sp: SpeculativeSpec, config: ModelConfig | None, source: str 
     return []
 
 
-def draft_config(spec: BuildSpec) -> tuple[ModelConfig | None, str]:
+def draft_config(spec: BuildSpec) -> tuple[HfModelConfig | None, str]:
     """The draft's config.json before any download (a local draft, or a Hub draft's cached copy) and where from."""
     sp = spec.speculative
     src = sp.parsed_draft(spec.base_path) if sp else None
@@ -159,7 +159,7 @@ def draft_config(spec: BuildSpec) -> tuple[ModelConfig | None, str]:
     return None, ""
 
 
-def vocab_size(config: ModelConfig | None) -> int | None:
+def vocab_size(config: HfModelConfig | None) -> int | None:
     """The vocabulary a config.json embeds (a multimodal config nests it under text_config)."""
     if not config:
         return None
@@ -169,7 +169,7 @@ def vocab_size(config: ModelConfig | None) -> int | None:
     return None
 
 
-def draft_problems(spec: BuildSpec, target: ModelConfig | None, draft: ModelConfig | None,
+def draft_problems(spec: BuildSpec, target: HfModelConfig | None, draft: HfModelConfig | None,
                    draft_source: str = "the draft's config.json") -> list[tuple[str, str]]:
     """A draft whose vocabulary differs from the target's: its token ids would mean other tokens, so nothing it
     drafts is accepted (the feature page: "the draft and target models were trained with the same tokenizer")."""
@@ -234,7 +234,7 @@ def draft_digests(draft: SourceSnapshot | None) -> tuple[str, str] | None:
     return (draft.weights_digest, draft.tokenizer_digest) if draft is not None else None
 
 
-def spec_problems(spec: BuildSpec, version: str | None, target: ModelConfig | None,
+def spec_problems(spec: BuildSpec, version: str | None, target: HfModelConfig | None,
                   target_source: str = "the model's config.json") -> list[tuple[str, str]]:
     """Every refusal of the spec's `speculative` section on a TensorRT-LLM lane, before any download."""
     sp = spec.speculative

@@ -16,7 +16,6 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -73,7 +72,7 @@ class TritonParams(BaseModel):
         return self.model_copy(update={"prompt_table_templates": have})
 
     @classmethod
-    def for_unit(cls, unit: Unit, opts: EngineOptions | Mapping[str, Any], *, engine_dir: str, tokenizer_dir: str,
+    def for_unit(cls, unit: Unit, opts: EngineOptions | Mapping[str, object], *, engine_dir: str, tokenizer_dir: str,
                  model_dtype: str, chunked_context: bool | None = None) -> TritonParams:
         opts = engine_options(opts)  # a raw mapping: every option by name (resolve_options)
         p = unit.profile

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -23,6 +22,7 @@ from enginefoundry.build.toolchain import LLMAPI_FILES, LLMAPI_TEMPLATE
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import LAUNCH_TRITON, LLMAPI_TRITON, arg, flag
+from enginefoundry.schemas.loose import TrtllmConfig
 
 MODEL = "tensorrt_llm"  # the model's name in the repository (the template's config.pbtxt `name`)
 REPO = "triton_model_repo"
@@ -32,8 +32,8 @@ LAUNCH = Path("scripts") / "launch_triton_server.py"
 TEMPLATE_KEYS = ("model", "backend", "triton_config", "triton_config.max_batch_size", "triton_config.decoupled")
 
 
-def model_yaml(runtime_config: dict[str, Any], model_path: str,  # JSON edge: the LLM API YAML
-               decoupled: bool) -> dict[str, Any]:  # JSON edge: model.yaml
+def model_yaml(runtime_config: TrtllmConfig, model_path: str,
+               decoupled: bool) -> TrtllmConfig:
     """The model.yaml: the bundle's LLM API options, the checkpoint and the two Triton settings model.py reads."""
     for key in TEMPLATE_KEYS:
         flag(LLMAPI_TRITON, key)  # registered with its evidence (KeyError otherwise)
@@ -57,7 +57,7 @@ def missing_template(triton_dir: Path | str) -> str | None:
 
 
 def build_repository(triton_dir: Path | str, dest: Path,
-                     yaml_body: dict[str, Any]) -> Path:  # JSON edge: model.yaml
+                     yaml_body: TrtllmConfig) -> Path:
     """Copy the installed LLM API model into `dest/tensorrt_llm` and write its 1/model.yaml. Returns the repo."""
     why = missing_template(triton_dir)
     if why:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from enginefoundry.build.model_config import lookup
-from enginefoundry.build.model_shape import Check
+from enginefoundry.build.model_shape import Check, ModelShape
 from enginefoundry.build.quantized_source import SourceQuantization, read_quantization, spec_quantization
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
@@ -44,6 +44,7 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
     TritonSettings,
+    WeightsEstimate,
 )
 from enginefoundry.lanes.trtllm_base import (
     WORKER_PYTHON,
@@ -72,6 +73,7 @@ from enginefoundry.lanes.trtllm_flags import (
 )
 from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.loose import TrtllmConfig
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, SpecAlgorithm, Variant
 from enginefoundry.store.backends import clone_or_copy
@@ -166,20 +168,20 @@ def kv_cache_dtype_key(variant: Variant) -> str | None:
 
 
 def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
-                   draft_dir: Path | str | None = None) -> dict[str, Any]:  # JSON edge: the LLM API YAML
+                   draft_dir: Path | str | None = None) -> TrtllmConfig:
     """The LLM API YAML for `trtllm-serve --extra_llm_api_options` (and the warm-up). `version`: the TensorRT-LLM
     release it is for (default: the spec's pin), which names the speculative_config fields; `draft_dir`: the
     fetched draft checkpoint (default: a placeholder, for `plan`)."""
     opts = trtllm_options(spec.lane_options)
     v, p = unit.variant, unit.profile
-    kv: dict[str, Any] = {"free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}  # JSON edge: YAML
+    kv: TrtllmConfig = {"free_gpu_memory_fraction": p.kv_cache_free_gpu_memory_fraction}
     if kv_cache_dtype_key(v):
         kv["dtype"] = kv_cache_dtype_key(v)
     if opts.enable_block_reuse is not None:
         kv["enable_block_reuse"] = opts.enable_block_reuse
     if opts.tokens_per_block is not None:
         kv["tokens_per_block"] = opts.tokens_per_block
-    cfg: dict[str, Any] = {  # JSON edge: the LLM API YAML
+    cfg: TrtllmConfig = {
         "tensor_parallel_size": v.tp,
         "pipeline_parallel_size": v.pp,
         "max_batch_size": p.max_batch_size,
@@ -212,7 +214,7 @@ def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
     return cfg
 
 
-def write_runtime_configs(bundle: Path, cfg: dict[str, Any]) -> None:  # JSON edge: the LLM API YAML
+def write_runtime_configs(bundle: Path, cfg: TrtllmConfig) -> None:
     """The runtime YAML, and with speculative_config its non-speculative twin's (TWIN_CONFIG: every other key the
     same), into the bundle."""
     (bundle / RUNTIME_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -378,12 +380,12 @@ class TrtllmLane(TrtllmLaneBase):
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
 
-    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
         checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c
                   for c in precision_checks(unit, self.fp8_kv_on_ampere, self.precision_routes, self.awq_max_cc)]
         return checks + chunked_prefill_check(unit, None) + self.registry_checks(spec, unit)
 
-    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: WeightsEstimate, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
         # Quantization loads the whole HF model; otherwise (a pre-quantized source too) each rank loads its shard.
         quantized = unit.variant.precision.is_quantized and spec_quantization(spec) is None
@@ -525,7 +527,7 @@ class TrtllmLane(TrtllmLaneBase):
                                serve=ServeSettings(health="/health", yaml_flag=serve_yaml_flag(surface)))
         if triton_info:
             # the key only when there is one
-            lane_info = lane_info.model_copy(update={"triton": TritonSettings.model_validate(triton_info)})
+            lane_info = lane_info.model_copy(update={"triton": triton_info})
         self.write_bundle_info(bundle, unit, params, gpus, versions, lane_info)
         metrics = {"warmup_load_s": round(float(result.get("load_s", 0.0)), 3),
                    "warmup_generate_s": round(float(result.get("generate_s", 0.0)), 3),
@@ -555,8 +557,8 @@ class TrtllmLane(TrtllmLaneBase):
             raise InputError("; ".join(f"{field}: {msg}" for field, msg in problems))
 
     def _triton_repository(self, opts: TrtllmOptions, bundle: Path, checkpoint_dir: Path,
-                           cfg: dict[str, Any],  # JSON edge: the LLM API YAML
-                           ) -> tuple[dict[str, Any] | None, list[Command]]:  # JSON edge: bundle.json `triton`
+                           cfg: TrtllmConfig,
+                           ) -> tuple[TritonSettings | None, list[Command]]:
         """With lane option triton: the LLM API Triton model under <bundle>/triton_model_repo (its model.yaml names
         the checkpoint as the serving container sees it) and the launch command, for bundle.json."""
         if not opts.triton:
@@ -569,7 +571,7 @@ class TrtllmLane(TrtllmLaneBase):
         launch = triton_llmapi.launch_command(opts.triton_dir, repo, llm_api_key_paths(cfg))
         info = TritonSettings(model_repo=triton_llmapi.REPO, model=triton_llmapi.MODEL, checkpoint=model,
                               bundle_mount=mount, launch=launch.argv)
-        return info.as_json(), [launch]
+        return info, [launch]
 
     # serve --------------------------------------------------------------------------------------------------
 
@@ -645,7 +647,7 @@ class TrtllmLane(TrtllmLaneBase):
         return cmds
 
 
-def bundle_checkpoint(bundle_dir: Path, info: BundleInfo | dict[str, Any]) -> Path:  # JSON edge: bundle.json
+def bundle_checkpoint(bundle_dir: Path, info: BundleInfo | Mapping[str, object]) -> Path:
     """The checkpoint a bundle serves: `<bundle>/checkpoint` when the fetch step placed it there, else the
     path recorded at build time."""
     local = bundle_dir / "checkpoint"
@@ -661,7 +663,7 @@ def bundle_checkpoint(bundle_dir: Path, info: BundleInfo | dict[str, Any]) -> Pa
                     f"{local}")
 
 
-def usable_autotuner_cache(bundle_dir: Path, info: BundleInfo | dict[str, Any],  # JSON edge: bundle.json
+def usable_autotuner_cache(bundle_dir: Path, info: BundleInfo | Mapping[str, object],
                            gpus: list[GPUInfo] | None = None, trtllm_version: str | None = None,
                            ) -> tuple[str, list[Path]] | None:
     """The bundle's autotuner cache when it was made by this TensorRT-LLM on this GPU model: the name

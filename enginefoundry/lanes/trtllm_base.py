@@ -34,6 +34,8 @@ from enginefoundry.lanes.trtllm_flags import (
     unsupported_env,
 )
 from enginefoundry.lanes.trtllm_options import OPTIONS, TrtllmOptionsBase, typed_options
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.loose import JsonObject
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision
 
 BUNDLE_FORMAT = 1
@@ -325,7 +327,10 @@ def fresh_dir(path: Path) -> Path:
     return path
 
 
-def parse_marker_json(text: str, marker: str, what: str) -> dict[str, Any]:  # JSON edge: a tool's result line
+MAX_TOOL_JSON_BYTES = 64 << 20  # an engine's config.json or a probe's result line; a few KiB to a few MiB
+
+
+def parse_marker_json(text: str, marker: str, what: str) -> JsonObject:
     for line in reversed(text.splitlines()):
         idx = line.find(marker)
         if idx >= 0:
@@ -333,12 +338,12 @@ def parse_marker_json(text: str, marker: str, what: str) -> dict[str, Any]:  # J
     raise ToolError(f"{what} printed no result line")
 
 
-def json_object(text: str, what: str) -> dict[str, Any]:  # JSON edge: a file or line a tool wrote
+def json_object(text: str, what: str) -> JsonObject:
     """`text` as a JSON object; ToolError naming `what` otherwise."""
     try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise ToolError(f"{what} is not JSON ({err})") from None
+        data = parse_json(text, what=what, max_bytes=MAX_TOOL_JSON_BYTES)
+    except DocumentError as err:
+        raise ToolError(str(err)) from None
     if not isinstance(data, dict):
         raise ToolError(f"{what} is not a JSON object")
     return data

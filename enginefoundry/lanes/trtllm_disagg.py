@@ -14,7 +14,6 @@ probe of the installed release for these keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from enginefoundry.build.toolchain import parse_version
 from enginefoundry.errors import SpecError
@@ -28,6 +27,7 @@ from enginefoundry.lanes.trtllm_flags import (
     flag,
     ref_aic,
 )
+from enginefoundry.schemas.loose import TrtllmConfig
 from enginefoundry.spec.search import Disagg, Worker
 
 ROUTER = "trtllm-serve disaggregated config (-c)"
@@ -84,20 +84,20 @@ def key_status(tool: str, name: str, release: str) -> tuple[Flag, str]:
 class DisaggServing:
     """What serves one disaggregated replica."""
 
-    config: dict[str, Any]  # JSON edge: the router's `trtllm-serve disaggregated -c` YAML
-    context: dict[str, Any]  # JSON edge: LLM-API YAML of every context (prefill) worker
-    generation: dict[str, Any]  # JSON edge: LLM-API YAML of every generation (decode) worker
+    config: TrtllmConfig
+    context: TrtllmConfig
+    generation: TrtllmConfig
     commands: list[list[str]]  # one trtllm-serve per worker, then the router
     to_be_probed: list[str] = field(default_factory=list)  # keys past their evidence: the worker's probe decides
 
 
 # JSON edge: the role's LLM-API YAML keys (written as YAML)
-def _role_parallel(w: Worker, role: str, moe: bool) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def _role_parallel(w: Worker, role: str, moe: bool) -> tuple[TrtllmConfig, list[tuple[str, str]]]:
     """A role's LLM-API parallel keys, as the search maps an aggregated MoE row (search.plan.searched_variant):
     tensor_parallel_size = moe_tp × moe_ep, enable_attention_dp = dp > 1."""
     problems: list[tuple[str, str]] = []
     # JSON edge: the role's LLM-API YAML keys
-    out: dict[str, Any] = {"tensor_parallel_size": w.tp, "pipeline_parallel_size": w.pp}
+    out: TrtllmConfig = {"tensor_parallel_size": w.tp, "pipeline_parallel_size": w.pp}
     if moe or w.dp > 1:
         world = w.moe_tp * w.moe_ep
         if w.dp > 1 and w.tp > 1:
@@ -115,7 +115,7 @@ def _role_parallel(w: Worker, role: str, moe: bool) -> tuple[dict[str, Any], lis
 
 
 # JSON edge: a YAML document's key paths
-def _key_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
+def _key_paths(data: TrtllmConfig, prefix: str = "") -> list[str]:
     out = []
     for key, value in data.items():
         out.append(prefix + key)
@@ -137,7 +137,7 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
     # AIConfigurator's own rule for the buffer: the whole sequence (+500) in whole KV blocks.
     buffer = -(-(isl + osl + 500) // tokens_per_block) * tokens_per_block
     # JSON edge: each role's LLM-API YAML
-    roles: dict[str, dict[str, Any]] = {}
+    roles: dict[str, TrtllmConfig] = {}
     for role, w, overlap_off in (("context", disagg.prefill, True), ("generation", disagg.decode, False)):
         parallel, bad = _role_parallel(w, role, moe)
         problems += bad
@@ -146,7 +146,7 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
     urls = {"context": [f"{host}:{port + 1 + i}" for i in range(disagg.prefill.workers)],
             "generation": [f"{host}:{port + 1 + disagg.prefill.workers + i}" for i in range(disagg.decode.workers)]}
     # JSON edge: the router's YAML
-    config: dict[str, Any] = {"hostname": host, "port": port,
+    config: TrtllmConfig = {"hostname": host, "port": port,
                               "context_servers": {"num_instances": disagg.prefill.workers, "urls": urls["context"]},
                               "generation_servers": {"num_instances": disagg.decode.workers,
                                                      "urls": urls["generation"]}}

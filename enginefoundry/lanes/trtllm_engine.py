@@ -15,11 +15,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from enginefoundry.build.model_shape import Check, read_model_config
+from enginefoundry.build.model_shape import Check, ModelShape, read_model_config
 from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
 from enginefoundry.build.units import Unit
 from enginefoundry.catalog.precisions import PRECISIONS
@@ -36,6 +35,7 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
     TritonSettings,
+    WeightsEstimate,
 )
 from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.trtllm import model_activation_dtype
@@ -61,6 +61,7 @@ from enginefoundry.lanes.trtllm_flags import (
 )
 from enginefoundry.lanes.trtllm_options import EngineOptions, engine_options
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.loose import HfModelConfig, TrtllmConfig
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Variant
 
@@ -83,7 +84,7 @@ QUANTIZE_QFORMATS = {p: row.qformat for p, row in PRECISIONS.items() if row.qfor
 CALIB_DATASETS = {"cnn_dailymail": "ccdv/cnn_dailymail"}
 
 
-def model_family(config: dict[str, Any]) -> str:  # JSON edge: the checkpoint's config.json
+def model_family(config: HfModelConfig) -> str:
     """The example folder for a checkpoint, from config.json; InputError for a family without a script here."""
     archs = list(config.get("architectures") or [])
     for key in [*archs, config.get("model_type")]:
@@ -228,7 +229,7 @@ class EngineServeSettings(BaseModel):
     serve_backend: str | None = None
 
     @classmethod
-    def of(cls, params: EngineServeSettings | Mapping[str, Any],  # JSON edge: bundle.json params
+    def of(cls, params: EngineServeSettings | Mapping[str, object],  # bundle.json params
            where: Path | str = BUNDLE_INFO) -> EngineServeSettings:
         if isinstance(params, EngineServeSettings):
             return params
@@ -241,7 +242,7 @@ class EngineServeSettings(BaseModel):
 
 
 def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str,
-                      unit_params: EngineServeSettings | Mapping[str, Any],  # JSON edge: bundle.json params
+                      unit_params: EngineServeSettings | Mapping[str, object],  # bundle.json params
                       host: str, port: int, backend: str = "tensorrt") -> list[str]:
     """trtllm-serve of a prebuilt engine: --backend trt|tensorrt (the default is pytorch since 1.0) + --tokenizer.
     `backend`: serve_backend_value() of the installed release."""
@@ -257,7 +258,7 @@ def engine_serve_argv(engine_dir: Path | str, tokenizer_dir: Path | str,
             arg(SERVE, "host"), host, arg(SERVE, "port"), str(port)]
 
 
-def plugin_checks(opts: EngineOptions, unit: Unit, shape: Any) -> list[Check]:
+def plugin_checks(opts: EngineOptions, unit: Unit, shape: ModelShape | None) -> list[Check]:
     """trtllm-build plugin dtypes must be the model's dtype (or the variant's fp8/nvfp4)."""
     model_dtype = activation_dtype(unit.variant.precision, shape, opts.dtype)
     out = []
@@ -282,7 +283,7 @@ def plugin_checks(opts: EngineOptions, unit: Unit, shape: Any) -> list[Check]:
     return out
 
 
-def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:  # JSON edge: trtllm-build's config.json
+def check_engine_dir(engine_dir: Path, world: int) -> TrtllmConfig:
     """config.json + rank{N}.engine for every rank; the engine's config.json as a dict."""
     missing = [f"rank{r}.engine" for r in range(world) if not (engine_dir / f"rank{r}.engine").is_file()]
     if not (engine_dir / "config.json").is_file():
@@ -292,7 +293,7 @@ def check_engine_dir(engine_dir: Path, world: int) -> dict[str, Any]:  # JSON ed
     return json_object((engine_dir / "config.json").read_text(), str(engine_dir / "config.json"))
 
 
-def check_checkpoint_dir(ckpt: Path, variant: Variant) -> dict[str, Any]:  # JSON edge: the checkpoint's config.json
+def check_checkpoint_dir(ckpt: Path, variant: Variant) -> TrtllmConfig:
     """The converted checkpoint: config.json whose mapping is the variant's, and rank{N}.safetensors."""
     cfg_path = ckpt / "config.json"
     if not cfg_path.is_file():
@@ -330,7 +331,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
     def dtype_option(self, spec: BuildSpec) -> str | None:
         return self.options(spec).dtype  # convert_checkpoint.py --dtype (model_activation_dtype)
 
-    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: Any) -> list[Any]:
+    def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
         opts = self.options(spec)
         why = None
         if unit.variant.kv_cache_dtype is KVCacheDtype.INT8:
@@ -341,7 +342,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
                 + plugin_checks(opts, unit, shape) + chunked_prefill_check(unit, why)
                 + self.registry_checks(spec, unit))
 
-    def build_footprint(self, spec: BuildSpec, unit: Unit, est: Any, source_bytes: int,
+    def build_footprint(self, spec: BuildSpec, unit: Unit, est: WeightsEstimate, source_bytes: int,
                         per_rank_bytes: int) -> tuple[float, float]:
         # convert_checkpoint loads the whole HF model unless --load_by_shard; each trtllm-build worker holds one
         # rank's weights and the serialized engine (facts §12: #538, #1543, #2690).

@@ -15,11 +15,12 @@ probed* (`Flag.status`), and `plan` says so; only the worker's probe of the inst
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypedDict, Unpack
 
-from enginefoundry.build.toolchain import parse_version
+from enginefoundry.build.toolchain import ToolUse, parse_version
+from enginefoundry.schemas.loose import TrtllmConfig
 
 FLOOR = "1.0"
 # The evidence horizon of an entry that cites nothing newer: the 1.3 line as far as the sources read here reach
@@ -227,11 +228,27 @@ class Flag:
         return PRESENT
 
 
-def _flags(tool: str, names: str, **kw: Any) -> list[Flag]:
+class _FlagFields(TypedDict, total=False):
+    """The fields of `Flag` one `_flags` call gives every name it lists."""
+
+    since: str
+    until: str | None
+    refs: tuple[str, ...]
+    note: str
+    versioned_by: str
+    value: str | None
+    checked: str
+
+
+def _flags(tool: str, names: str, **kw: Unpack[_FlagFields]) -> list[Flag]:
     return [Flag(tool, n, **kw) for n in names.split()]
 
 
-_ENGINE = {"until": ENGINE_LAST}
+class _Until(TypedDict):
+    until: str | None
+
+
+_ENGINE: _Until = {"until": ENGINE_LAST}
 
 EMITTED: tuple[Flag, ...] = (
     # trtllm-build [§4]: the tool exists 1.0 – 1.2.x; removed on main by #15918.
@@ -689,11 +706,11 @@ class RegistryVerdict(NamedTuple):
     to_be_probed: list[str]  # items with no evidence for the release: the worker's probe decides
 
 
-def _command_items(cmd: Any) -> list[tuple[Flag, str]]:
+def _command_items(cmd: ToolUse) -> list[tuple[Flag, str]]:
     """(registry entry, how to name it) for every registered item a command uses."""
     out: list[tuple[Flag, str]] = []
-    tool = getattr(cmd, "tool", None)
-    argv = list(getattr(cmd, "argv", []) or [])
+    tool = cmd.tool
+    argv = list(cmd.argv)
     if tool:
         for i, tok in enumerate(argv):
             if not tok.startswith("--"):
@@ -706,15 +723,15 @@ def _command_items(cmd: Any) -> list[tuple[Flag, str]]:
                 out.append((entry, f"{tool} --{name}"))
             if choice is not None:
                 out.append((choice, f"{tool} --{name} {value}"))
-    for key in getattr(cmd, "llm_api_keys", []) or []:
+    for key in cmd.llm_api_keys:
         entry = _EMITTED_INDEX.get((LLM_API, key))
         if entry is not None:
             out.append((entry, f"LLM API option {key}"))
-    for key in getattr(cmd, "env", {}) or {}:
+    for key in cmd.env:
         entry = _EMITTED_INDEX.get((ENV, key))
         if entry is not None:
             out.append((entry, f"environment variable {key}"))
-    for template, keys in (getattr(cmd, "template_keys", {}) or {}).items():
+    for template, keys in cmd.template_keys.items():
         for key in keys:
             entry = _EMITTED_INDEX.get((LLMAPI_TRITON, key)) if template.startswith("llmapi/") else None
             if entry is not None:
@@ -722,7 +739,7 @@ def _command_items(cmd: Any) -> list[tuple[Flag, str]]:
     return out
 
 
-def registry_verdict(commands: list[Any], version: str) -> RegistryVerdict:
+def registry_verdict(commands: Sequence[ToolUse], version: str) -> RegistryVerdict:
     """The registry's word on every item of `commands` for TensorRT-LLM `version` (ModelOpt-versioned items are
     judged against ModelOpt, by the lane)."""
     absent: list[str] = []
@@ -738,12 +755,12 @@ def registry_verdict(commands: list[Any], version: str) -> RegistryVerdict:
     return RegistryVerdict(absent, unprobed)
 
 
-def unsupported_env(commands: list[Any], version: str | None) -> list[str]:
+def unsupported_env(commands: Sequence[ToolUse], version: str | None) -> list[str]:
     """Registered environment variables the commands set that `version` does not read (env vars have no --help
     to probe: the registry's release range decides)."""
     out = []
     for cmd in commands:
-        for key in getattr(cmd, "env", {}) or {}:
+        for key in cmd.env:
             entry = _EMITTED_INDEX.get((ENV, key))
             if entry is not None and version and not entry.exists_in(version):
                 out.append(key)
@@ -756,7 +773,7 @@ NESTED_LLM_API = ("kv_cache_config", "cuda_graph_config", "speculative_config") 
 CHOICE_KEYS = ("speculative_config.decoding_type",)  # keys whose value picks an upstream class: registered per value
 
 
-def llm_api_key_paths(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+def llm_api_key_paths(data: Mapping[str, object], prefix: str = "") -> list[str]:
     """Dotted key paths of a runtime YAML, descending into the nested configs enginefoundry writes; a key whose
     value is registered per value (decoding_type) also gives `key=value`."""
     paths = []
@@ -770,7 +787,7 @@ def llm_api_key_paths(data: Mapping[str, Any], prefix: str = "") -> list[str]:
     return paths
 
 
-def unknown_llm_api_keys(data: Mapping[str, Any]) -> list[str]:
+def unknown_llm_api_keys(data: TrtllmConfig) -> list[str]:
     """Keys TensorRT-LLM would reject (or that are not registered here)."""
     known = {f.key for f in EMITTED if f.tool == LLM_API}
     return [p for p in llm_api_key_paths(data) if p not in known]

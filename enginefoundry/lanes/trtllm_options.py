@@ -115,7 +115,7 @@ def option_problems(model: type[LaneOptions], error: ValidationError, pinned: st
     return out
 
 
-def validate_lane_options(lane: str, options: dict[str, Any],  # JSON edge: lane_options as written
+def validate_lane_options(lane: str, options: Mapping[str, object],
                          pinned: str | None = None) -> list[tuple[str, str]]:
     """Every problem with raw `lane_options` for a TensorRT-LLM lane, as (field path, message)."""
     model = OPTIONS[lane]
@@ -131,24 +131,24 @@ def validate_lane_options(lane: str, options: dict[str, Any],  # JSON edge: lane
 OptionsT = TypeVar("OptionsT", bound=TrtllmOptionsBase)
 
 
-def typed_options(model: type[OptionsT], options: LaneOptions | Mapping[str, Any] | None) -> OptionsT:
+def typed_options(model: type[OptionsT], options: LaneOptions | Mapping[str, object] | None) -> OptionsT:
     """The lane's options model: the spec's own (typed when the spec was parsed) or one validated from a raw mapping
     (`None`: every default). Lanes read options as its attributes, defaults filled in."""
     if isinstance(options, model):
         return options
-    raw = options.given() if isinstance(options, LaneOptions) else dict(options or {})  # JSON edge: raw options
+    raw = options.given() if isinstance(options, LaneOptions) else dict(options or {})
     return model.model_validate(raw)
 
 
-def trtllm_options(options: LaneOptions | Mapping[str, Any] | None) -> TrtllmOptions:
+def trtllm_options(options: LaneOptions | Mapping[str, object] | None) -> TrtllmOptions:
     return typed_options(TrtllmOptions, options)
 
 
-def engine_options(options: LaneOptions | Mapping[str, Any] | None) -> EngineOptions:
+def engine_options(options: LaneOptions | Mapping[str, object] | None) -> EngineOptions:
     return typed_options(EngineOptions, options)
 
 
-def resolve_options(lane: str, options: Any) -> dict[str, Any]:  # JSON edge: every option by name (tests, plan)
+def resolve_options(lane: str, options: LaneOptions | Mapping[str, object] | None) -> dict[str, Any]:
     """Every option of the lane, defaults filled in (from a validated model, or a raw mapping)."""
     if isinstance(options, LaneOptions):
         return options.resolved()

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from enginefoundry.build.units import Unit
 from enginefoundry.catalog.gpu_targets import gpu_target
 from enginefoundry.errors import InputError
+from enginefoundry.schemas.loose import PrefectJobVariables
 from enginefoundry.spec import BuildSpec
 
 # Environment variable → Prefect Secret block holding its value. A unit job gets the ones whose block exists
@@ -45,7 +45,7 @@ class UnitJobVariables(BaseModel):
     image: str | None = Field(default=None, description="toolchain.image, pinned @ toolchain.image_digest")
     env: dict[str, str] = Field(default_factory=dict, description="name → '{{ prefect.blocks.secret.<block> }}'")
 
-    def as_job_variables(self) -> dict[str, Any]:  # JSON edge: Prefect job variables
+    def as_job_variables(self) -> PrefectJobVariables:
         return self.model_dump(exclude_none=True, exclude_defaults=True)
 
 

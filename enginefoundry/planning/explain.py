@@ -29,7 +29,7 @@ class UnitExplanation(BaseModel):
     reference: str | None = None  # a miss: the reference its smoke stage will judge it against (preflight)
 
 
-def _flatten(prefix: str, value: Any) -> dict[str, str]:
+def _flatten(prefix: str, value: object) -> dict[str, str]:
     if isinstance(value, dict):
         out: dict[str, str] = {}
         for k, v in value.items():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel
 
 from enginefoundry.build.model_shape import Check
@@ -18,6 +16,7 @@ from enginefoundry.planning.preflight import (
     reference_problems,
     reference_summary,
 )
+from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import BuildSpec
 
 
@@ -31,7 +30,7 @@ class PlanReport(BaseModel):
         return sum(not r.ok for r in self.preflight.values())
 
 
-def model_config_for(spec: BuildSpec) -> dict[str, Any] | None:  # JSON edge: config.json
+def model_config_for(spec: BuildSpec) -> HfModelConfig | None:
     """The checkpoint's config.json without downloading (enginefoundry.build.model_config: a local source, the
     spec's model-configs/ folder, the package's, a Hub source's config.json already in the Hugging Face cache)."""
     from enginefoundry.build.model_config import model_config_for as lookup

@@ -20,7 +20,6 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -34,6 +33,7 @@ from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.moe_parallel import MOE_ADP_REPLICATES, expert_check
 from enginefoundry.lanes.registry import get_lane
+from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import Arch, BuildSpec, ReferenceDevice, Target
 from enginefoundry.spec.checks import (
     SIMULATED_DTYPE,
@@ -689,7 +689,7 @@ def reference_fixes(spec: BuildSpec, unit: Unit, shape: ModelShape, host_memory:
 # --- entry points --------------------------------------------------------------------------------------------
 
 def preflight(spec: BuildSpec, unit: Unit,
-              model_config: dict[str, Any] | None,  # JSON edge: the checkpoint's config.json
+              model_config: HfModelConfig | None,
               gpus: list[GPUInfo] | None,
               *, workdir: Path | None = None, host_memory: int | None = None) -> PreflightReport:
     """Check one unit. `gpus` = the build worker's detected GPUs (None when planning elsewhere): with them the

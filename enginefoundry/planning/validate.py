@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -160,7 +159,7 @@ def _source_problems(spec: BuildSpec) -> list[tuple[str, str]]:
 def _raw_input_problems(path: Path) -> list[tuple[str, str]]:
     """Input files named by a spec whose fields are invalid: checked from the raw YAML, so one pass finds both."""
     try:
-        data: Any = yaml.safe_load(path.read_text())
+        data: object = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return []
     smoke = data.get("smoke") if isinstance(data, dict) else None

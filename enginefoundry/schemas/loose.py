@@ -23,3 +23,20 @@ PrefectJobVariables: TypeAlias = dict[str, Any]
 
 HfModelConfig: TypeAlias = dict[str, Any]
 """A Hugging Face model's config.json (or a ModelOpt hf_quant_config.json): the model's authors decide its keys."""
+
+TrtllmConfig: TypeAlias = dict[str, Any]
+"""A TensorRT-LLM document: the LLM API YAML (`--extra_llm_api_options`, `trtllm-serve --config`, the disaggregated
+router's `-c` YAML), or a checkpoint's or engine's config.json. The release decides its keys; lanes/trtllm_flags.py
+checks the LLM API keys against the release's surface."""
+
+InTotoStatement: TypeAlias = dict[str, Any]
+"""An in-toto Statement (v1), one of its predicates or a part of one (SLSA provenance v1, in-toto test-result v0.1,
+enginefoundry's benchmark predicate, which carries the manifest's benchmark): the in-toto and SLSA specs decide the
+envelope's shape, the predicate type the rest."""
+
+SigstoreBundle: TypeAlias = dict[str, Any]
+"""A Sigstore bundle (v0.3) or a part of one (verificationMaterial): the Sigstore protobuf specs decide its shape."""
+
+AiperfExport: TypeAlias = dict[str, Any]
+"""A benchmark tool's profile export (AIPerf's profile_export_aiperf.json, genai-perf's profile_export_genai_perf.json):
+the tool's release decides its keys."""

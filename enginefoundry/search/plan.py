@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
 
 from enginefoundry.bench.costs import cost_per_mtok
-from enginefoundry.build.model_config import ModelConfig, expert_count, lookup
+from enginefoundry.build.model_config import expert_count, lookup
 from enginefoundry.lanes import get_lane
+from enginefoundry.schemas.loose import HfModelConfig, TrtllmConfig
 from enginefoundry.search.predictor import (
     AIConfigurator,
     Coverage,
@@ -26,6 +27,16 @@ from enginefoundry.search.predictor import (
 from enginefoundry.spec import BuildSpec, Objective, Precision, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.search import SearchSpec
 
+DisaggServingFiles = TypedDict("DisaggServingFiles", {
+    "release": str,
+    "disagg_config.yaml": TrtllmConfig,  # the router's `trtllm-serve disaggregated -c`
+    "context.yaml": TrtllmConfig,  # every context (prefill) worker's LLM-API YAML
+    "generation.yaml": TrtllmConfig,  # every generation (decode) worker's
+    "commands": list[list[str]],  # one trtllm-serve per worker, then the router
+    "to_be_probed": list[str],  # keys past their evidence: the worker's probe decides
+})
+"""The files that serve one disaggregated configuration on lane trtllm, by file name (`disagg_serving`)."""
+
 
 class Candidate(BaseModel):
     rank: int
@@ -37,8 +48,7 @@ class Candidate(BaseModel):
     verdict: str = ""  # "unit", "refused by preflight: …", "below top_k"
     # A disaggregated configuration on lane trtllm: the files that would serve it (router config, per-role LLM-API
     # YAMLs, worker commands; enginefoundry.lanes.trtllm_disagg), for the toolchain's release.
-    # JSON edge: the lane's serving files (YAML documents) for a disaggregated row
-    serving: dict[str, Any] | None = None
+    serving: DisaggServingFiles | None = None
 
 
 class TargetSearch(BaseModel):
@@ -115,7 +125,7 @@ def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor
 
 
 def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Prediction], tool: str,
-            config: ModelConfig | None = None) -> TargetSearch:
+            config: HfModelConfig | None = None) -> TargetSearch:
     from enginefoundry.build.units import Unit
     from enginefoundry.planning.preflight import preflight
 
@@ -209,8 +219,7 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     return Variant(precision=p.precision, tp=world, pp=p.pp, moe_ep=p.moe_ep, attention_dp=p.dp > 1), None
 
 
-# JSON edge: the lane's serving files (YAML documents)
-def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[dict[str, Any] | None, str | None]:
+def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[DisaggServingFiles | None, str | None]:
     """On lane trtllm with a pinned release: the files that serve a disaggregated configuration, or why that release
     cannot (the first refusal, with its fix). Other lanes and an unpinned toolchain: neither."""
     from enginefoundry.errors import SpecError
@@ -229,7 +238,7 @@ def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[dict[str, 
             "generation.yaml": s.generation, "commands": s.commands, "to_be_probed": s.to_be_probed}, None
 
 
-def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: ModelConfig | None) -> TargetSearch:
+def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: HfModelConfig | None) -> TargetSearch:
     """A measured search: one unit per allowed precision (up to top_k) that passes preflight, tp = 1."""
     from enginefoundry.build.units import Unit
     from enginefoundry.planning.preflight import preflight

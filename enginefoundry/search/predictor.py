@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import NotRequired, Protocol, TypedDict
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from enginefoundry.catalog import gpu_targets as gpu_catalog
 from enginefoundry.errors import ToolError
 from enginefoundry.runner import run_tool
+from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import BuildSpec, Precision, SearchSpec, Target
 from enginefoundry.spec.search import Disagg, Worker
 
@@ -50,7 +51,6 @@ CACHE_MAX_BYTES = 1 << 20  # a cached prediction is a few KiB
 # Lanes → the predictor backend whose database models them.
 BACKEND_OF_LANE = {"trtllm": "trtllm", "trtllm-engine": "trtllm", "reference": "trtllm"}
 
-ModelConfig = dict[str, Any]  # JSON edge: a checkpoint's parsed Hugging Face config.json
 
 
 class ProbeResult(TypedDict):
@@ -215,9 +215,9 @@ class Request:
 class Predictor(Protocol):
     name: str
 
-    def coverage(self, spec: BuildSpec, target: Target, model_config: ModelConfig | None) -> Coverage: ...
+    def coverage(self, spec: BuildSpec, target: Target, model_config: HfModelConfig | None) -> Coverage: ...
 
-    def predict(self, model_config: ModelConfig, requests: list[Request],
+    def predict(self, model_config: HfModelConfig, requests: list[Request],
                 progress: Callable[[str], None] = print) -> list[Prediction]: ...
 
 
@@ -318,7 +318,7 @@ class AIConfigurator:
     def version(self) -> str:
         return probe(self.tool)["version"] if self.tool else ""
 
-    def coverage(self, spec: BuildSpec, target: Target, model_config: ModelConfig | None) -> Coverage:
+    def coverage(self, spec: BuildSpec, target: Target, model_config: HfModelConfig | None) -> Coverage:
         if target.arch.value == "cpu":
             return Coverage(False, "cpu target: the predictor has perf databases for GPUs only")
         if self.tool is None:
@@ -345,7 +345,7 @@ class AIConfigurator:
         return Coverage(True, system=system, backend=backend, db_version=version,
                         note=f"{arch}; {note}" if note else arch)
 
-    def predict(self, model_config: ModelConfig, requests: list[Request],
+    def predict(self, model_config: HfModelConfig, requests: list[Request],
                 progress: Callable[[str], None] = print) -> list[Prediction]:
         if self.tool is None:
             raise ToolError("predictor not installed: run `make predict-venv` (or set EF_PREDICTOR)")
@@ -384,7 +384,7 @@ class AIConfigurator:
             f.write(p.model_dump_json())
         os.replace(tmp, self.cache_dir / f"{p.key}.json")
 
-    def _run(self, model_config: ModelConfig, requests: list[Request], version: str) -> list[Prediction]:
+    def _run(self, model_config: HfModelConfig, requests: list[Request], version: str) -> list[Prediction]:
         with tempfile.TemporaryDirectory(prefix="ef-predict-") as tmp:
             model_dir = Path(tmp) / "model"
             model_dir.mkdir()
@@ -512,7 +512,7 @@ def _disagg_row(row: dict[str, str], precision: Precision) -> Predicted:
                      disagg=Disagg(prefill=prefill, decode=decode, total_gpus=total))
 
 
-def config_digest(model_config: ModelConfig) -> str:
+def config_digest(model_config: HfModelConfig) -> str:
     return hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()).hexdigest()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ class BuildSpec(BaseModel):
         return self.tracking.registered_model or self.model.name
 
 
-def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str]]:  # JSON edge: the parsed spec file
+def _problems(err: ValidationError, data: Mapping[str, object]) -> list[tuple[str, str]]:
     out = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -181,18 +182,20 @@ def _problems(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
     return out
 
 
-def _lane_option_message(e: ErrorDetails, data: dict[str, Any]) -> str:  # JSON edge: the parsed spec file
+def _lane_option_message(e: ErrorDetails, data: Mapping[str, object]) -> str:
     """The lane's own words for a problem in its options (a removed flag, a spec field, the valid choices)."""
     try:
         model = options_model(str(data.get("lane", "reference")))
     except Exception:
         return e["msg"]
-    pinned = (data.get("toolchain") or {}).get("trtllm_version") if isinstance(data.get("toolchain"), dict) else None
+    toolchain = data.get("toolchain")
+    pinned = toolchain.get("trtllm_version") if isinstance(toolchain, dict) else None
     return option_message(model, {**e, "loc": e["loc"][1:]}, pinned)
 
 
-def parse_spec(data: Any, source: str = "spec", base_dir: Path | None = None) -> BuildSpec:
-    """Validate a spec mapping. Raises SpecError listing every problem with its field path."""
+def parse_spec(data: object, source: str = "spec", base_dir: Path | None = None) -> BuildSpec:
+    """Validate a spec mapping (`data`: whatever the YAML file held). Raises SpecError listing every problem with its
+    field path."""
     if not isinstance(data, dict):
         raise SpecError([("(top level)", "the spec must be a YAML mapping")], source)
     try:

@@ -8,7 +8,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, JsonValue, SerializerFunctionWrapHandler, model_serializer
 from pydantic_core import ErrorDetails
 
 
@@ -30,10 +30,11 @@ class LaneOptions(BaseModel):
         # A spec dumps (and round-trips) as written: defaults stay out of keys, manifests and model_dump().
         return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
-    def given(self) -> dict[str, Any]:  # JSON edge: options as written
+    def given(self) -> dict[str, JsonValue]:
+        """The options the spec set, as JSON values."""
         return self.model_dump(mode="json")
 
-    def keyed(self) -> dict[str, Any]:  # JSON edge: the options a unit key hashes
+    def keyed(self) -> dict[str, JsonValue]:
         """The options the spec set, less the `unkeyed` ones: what a unit's key hashes."""
         return {k: v for k, v in self.given().items() if k not in self.unkeyed}
 
@@ -45,16 +46,16 @@ class LaneOptions(BaseModel):
     def keys(self) -> list[str]:
         return sorted(self.model_fields_set)
 
-    def items(self) -> list[tuple[str, Any]]:
+    def items(self) -> list[tuple[str, JsonValue]]:
         given = self.given()
         return [(k, given[k]) for k in self.keys()]
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> JsonValue:
         if key not in self.model_fields_set:
             raise KeyError(key)
         return self.given()[key]
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: JsonValue = None) -> JsonValue:
         return self.given().get(key, default)
 
     def __len__(self) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError
+from enginefoundry.schemas.loose import JsonObject
 
 ROUND_TO = 256
 MIN_SAMPLES_FOR_P99 = 100
@@ -100,7 +101,7 @@ def analyze_lengths(counts: list[int], output_budget: int = 1024, headroom: floa
     )
 
 
-def _token_count(record: dict[str, Any], tokenizer: Any, where: str) -> int:  # JSON edge: a JSONL dataset record
+def _token_count(record: JsonObject, tokenizer: Any, where: str) -> int:
     for key in ("tokens", "input_tokens"):
         if key in record:
             value = record[key]

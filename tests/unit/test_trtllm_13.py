@@ -194,8 +194,8 @@ def test_the_bundle_gets_the_repository_and_its_launch_command(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     info, cmds = lane._triton_repository(lane.options(spec), bundle, tmp_path / "ckpt", runtime_config(spec, unit))
-    assert info["model_repo"] == "triton_model_repo" and info["checkpoint"] == "/models/b/checkpoint"
-    assert cmds[0].argv[-2:] == ["--model_repo", "/models/b/triton_model_repo"] and info["launch"] == cmds[0].argv
+    assert info is not None and info.model_repo == "triton_model_repo" and info.checkpoint == "/models/b/checkpoint"
+    assert cmds[0].argv[-2:] == ["--model_repo", "/models/b/triton_model_repo"] and info.launch == cmds[0].argv
     written = yaml.safe_load((bundle / "triton_model_repo/tensorrt_llm/1/model.yaml").read_text())
     assert written["max_batch_size"] == unit.profile.max_batch_size  # the LLM API option, not Triton batching
     off = spec_for("llama-3.1-8b-multiarch.yaml")
