@@ -19,6 +19,7 @@ from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
 from enginefoundry.smoke import (
     LmEvalConfig,
+    SmokeInputs,
     SmokeReport,
     load_prompt_set,
     run_lm_eval,
@@ -151,7 +152,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     trust = InputTrust.of_run(spec, progress=log)
     ref, outcome = reference if reference is not None else (None, None)
-    report = run_smoke(spec.smoke, prompts, reference_dir=Path(reference_dir), base_url=endpoint.base_url,
+    report = run_smoke(SmokeInputs(spec.smoke, prompts, reference_dir=Path(reference_dir), base_url=endpoint.base_url,
                        model_name=endpoint.model_name, served_tokenizer_dir=Path(endpoint.tokenizer_dir),
                        precision=precision, progress=log, server_alive=lambda: is_alive(endpoint.pid),
                        max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
@@ -161,7 +162,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        speculative=spec.speculative is not None,
                        twin_body=get_lane(spec.lane).speculative_twin(spec),
                        original_dir=(unquantized_original(spec, log)
-                                     if read_quantization(Path(reference_dir)) is not None else None))
+                                     if read_quantization(Path(reference_dir)) is not None else None)))
     report.server = endpoint.server or None
     if serves_unit is not None:
         name, key = serves_unit

@@ -16,7 +16,7 @@ import pytest
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.model_server import free_port
 from enginefoundry.planning.validate import _prompt_problems
-from enginefoundry.smoke import ask_all, check_prompt_count, last_error_line, load_prompt_set, run_smoke
+from enginefoundry.smoke import SmokeInputs, ask_all, check_prompt_count, last_error_line, load_prompt_set, run_smoke
 from enginefoundry.smoke import reference as reference_mod
 from enginefoundry.smoke.client import ChatClient
 from enginefoundry.smoke.gate import CaseEvidence, judge
@@ -79,9 +79,9 @@ def test_dead_endpoint_is_found_before_any_reference_work(tmp_path: Path, monkey
     before = reference_mod.COMPUTE_COUNT["n"]
     spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6)
     with pytest.raises(ToolError) as caught:
-        run_smoke(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL,
+        run_smoke(SmokeInputs(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL,
                   base_url=f"http://127.0.0.1:{free_port()}", model_name="m", served_tokenizer_dir=None,
-                  precision="bf16", progress=lambda _: None)
+                  precision="bf16", progress=lambda _: None))
     assert "(0/108 prompts answered; checked before any reference work)" in str(caught.value)
     assert reference_mod.COMPUTE_COUNT["n"] == before and not (tmp_path / "refs").exists()
 
@@ -105,9 +105,9 @@ def test_a_prompt_set_too_small_for_the_policy_is_refused_with_the_number_needed
 def test_run_smoke_refuses_a_small_set_before_the_endpoint_or_the_reference(tmp_path: Path):
     before = reference_mod.COMPUTE_COUNT["n"]
     with pytest.raises(InputError, match="needs at least 47"):
-        run_smoke(SmokeSpec(prompts="p.jsonl"), _small_set(tmp_path), reference_dir=TINY_MODEL,
+        run_smoke(SmokeInputs(SmokeSpec(prompts="p.jsonl"), _small_set(tmp_path), reference_dir=TINY_MODEL,
                   base_url=f"http://127.0.0.1:{free_port()}", model_name="m", served_tokenizer_dir=None,
-                  precision="fp16", progress=lambda _: None)
+                  precision="fp16", progress=lambda _: None))
     assert reference_mod.COMPUTE_COUNT["n"] == before
 
 
