@@ -22,7 +22,7 @@ from enginefoundry.build.units import KeyComponents, Unit, expand_units
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError, first_problem
 from enginefoundry.evidence.signing import require_signer_for
 from enginefoundry.flows.build_engines import resolve_spec
-from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
+from enginefoundry.flows.unit import UnitWork, run_unit_stages, unit_failed_state
 from enginefoundry.gpu.placement import check_placement
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.outcomes import save_outcome
@@ -135,7 +135,9 @@ def _build_checked(build_spec: BuildSpec, the_unit: Unit, components: KeyCompone
         raise PipelineError(f"speculative.draft {draft.uri} changed after the parent fetched it (weights "
                             f"{str(want[0])[:12]} → {draft.weights_digest[:12]}); rerun the build")
     ckpt = convert_variant(build_spec, the_unit.variant, here)
-    outcome = run_unit_stages(build_spec, the_unit, components, here, ckpt, parent_run_id, replace, sibling, draft)
+    outcome = run_unit_stages(UnitWork(spec=build_spec, unit=the_unit, key_components=components, snapshot=here,
+                                       ckpt=ckpt, parent_run_id=parent_run_id, replace=replace, sibling=sibling,
+                                       spec_draft=draft))
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
     # A rejected or failed unit's run shows Failed in the UI; the parent still reads the outcome from the store.
