@@ -268,9 +268,22 @@ def exit_if_terminating() -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
+_ON_SIGTERM: list[Callable[[], None]] = []  # on_sigterm's callbacks, in the order registered
+
+
+def on_sigterm(callback: Callable[[], None]) -> None:
+    """Run `callback` when SIGTERM arrives, before the run ends (model_server: stop every server this process
+    started). The one SIGTERM policy of the process is here: `install_sigterm_as_exit` installs its one handler,
+    which runs these callbacks; registering the same callback again is a no-op."""
+    if callback not in _ON_SIGTERM:
+        _ON_SIGTERM.append(callback)
+
+
 def install_sigterm_as_exit() -> None:
-    """SIGTERM (a cancelled run, `kill`) raises SystemExit(143) in the main thread, so `finally` blocks stop
-    servers and tools and runs end; a handler installed before keeps running first. Main thread only."""
+    """SIGTERM (a cancelled run, `kill`) marks the process terminating, runs the `on_sigterm` callbacks, then the
+    handler installed before (if any), and raises SystemExit(143) in the main thread, so `finally` blocks stop
+    servers and tools and runs end. Installing again (every tool or server start) leaves the handler in place.
+    Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
@@ -279,6 +292,8 @@ def install_sigterm_as_exit() -> None:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         _TERMINATING.set()
+        for callback in list(_ON_SIGTERM):
+            callback()
         if callable(previous):
             previous(signum, frame)
         raise SystemExit(128 + signum)
