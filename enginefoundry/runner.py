@@ -357,21 +357,8 @@ def run_tool(
             raise
         install_sigterm_as_exit()
         try:
-            next_note = start + progress_every_s
-            while True:
-                try:
-                    proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    now = time.monotonic()
-                    if now - start > timeout_s:
-                        kill_process_group(proc)
-                        raise ToolError(
-                            f"{what} timed out after {timeout_s:.0f}s; log {log_path}:\n{tail(log_path)}"
-                        ) from None
-                    if progress and now >= next_note:
-                        progress(f"{what}: running for {now - start:.0f}s")
-                        next_note = now + progress_every_s
+            _wait_for(proc, what, log_path, start=start, timeout_s=timeout_s, progress=progress,
+                      progress_every_s=progress_every_s)
         except BaseException:
             # Ctrl-C or any error in this process: never leave the tool's process group behind.
             kill_process_group(proc)
@@ -384,6 +371,24 @@ def run_tool(
     if proc.returncode != 0 and check:
         raise ToolError(f"{what} failed with exit code {proc.returncode}; log {log_path}:\n{tail(log_path)}")
     return run
+
+
+def _wait_for(proc: subprocess.Popen[bytes], what: str, log_path: Path, *, start: float, timeout_s: float,
+              progress: Callable[[str], None] | None, progress_every_s: float) -> None:
+    """Until the tool exits; ToolError (its process group killed) once it has run `timeout_s`."""
+    next_note = start + progress_every_s
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if now - start > timeout_s:
+                kill_process_group(proc)
+                raise ToolError(f"{what} timed out after {timeout_s:.0f}s; log {log_path}:\n{tail(log_path)}") from None
+            if progress and now >= next_note:
+                progress(f"{what}: running for {now - start:.0f}s")
+                next_note = now + progress_every_s
 
 
 def pid_alive(pid: int) -> bool:

@@ -29,7 +29,15 @@ from enginefoundry.smoke.ask import (
 )
 from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
 from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread, proxy_model
-from enginefoundry.smoke.gate import CaseEvidence, GateRule, GateVerdict, judge, slice_names, wilson_lower_bound
+from enginefoundry.smoke.gate import (
+    CaseEvidence,
+    GateRule,
+    GateVerdict,
+    JudgeInputs,
+    judge,
+    slice_names,
+    wilson_lower_bound,
+)
 from enginefoundry.smoke.logprobs import (
     LogprobComparison,
     LogprobSpread,
@@ -338,12 +346,11 @@ def judge_step(inputs: SmokeInputs, smoke_plan: SmokePlan, judged: Judged, score
     """The gate's verdict, then the rules judged apart: the quantization's own cost, lossless speculation."""
     spec, logprobs, proxy = inputs.spec, scored.logprobs, bounds.proxy
     served_tok = tokenizer_digest(inputs.served_tokenizer_dir) if inputs.served_tokenizer_dir is not None else None
-    verdict = judge(
-        scored.evidence, smoke_plan.policy, max_new_tokens=spec.max_new_tokens,
-        reference_tokenizer_digest=tokenizer_digest(smoke_plan.source_dir), served_tokenizer_digest=served_tok,
-        logprob_mean_abs_diff=logprobs.mean_abs_diff, logprob_tokens=logprobs.tokens_compared,
-        small_sample=spec.small_sample, min_full_agreement=spec.min_agreement, confidence=spec.confidence,
-        reference=judged.outcome.label(),
+    given = JudgeInputs(
+        max_new_tokens=spec.max_new_tokens, reference_tokenizer_digest=tokenizer_digest(smoke_plan.source_dir),
+        served_tokenizer_digest=served_tok, logprob_mean_abs_diff=logprobs.mean_abs_diff,
+        logprob_tokens=logprobs.tokens_compared, small_sample=spec.small_sample,
+        min_full_agreement=spec.min_agreement, confidence=spec.confidence, reference=judged.outcome.label(),
         logprob_unavailable=(None if logprobs.mean_abs_diff is not None
                              else logprobs.detail.removeprefix("not available: ")),
         server_message=(last_error_line(inputs.server_log) if any(a.server_error for a in scored.answers)
@@ -353,6 +360,7 @@ def judge_step(inputs: SmokeInputs, smoke_plan: SmokePlan, judged: Judged, score
         logprobs_required=spec.logprob_checks == "required",
         accuracy_against=None if proxy is None else (proxy[0], {
             c.id: bool(c.is_correct(proxy[1].by_id[c.id].text)) for c in inputs.cases if c.expected is not None}))
+    verdict = judge(scored.evidence, smoke_plan.policy, given)
     cost = cost_rule(inputs, smoke_plan, judged, proxy)
     if cost is not None:
         verdict = verdict.with_rule(cost)
