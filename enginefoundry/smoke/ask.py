@@ -8,18 +8,22 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.identity import TOKENIZER_FILES, digest_files, list_files
 from enginefoundry.runner import exited_after_error
-from enginefoundry.smoke.client import ChatClient, ScoredToken, ServedAnswer
+from enginefoundry.smoke.client import ChatClient, RequestFields, ScoredToken, ServedAnswer
 from enginefoundry.smoke.gate import LOSSLESS, CaseEvidence, GateRule, rule_lossless
 from enginefoundry.smoke.policy import GatePolicy
 from enginefoundry.smoke.prompts import PromptCase, PromptSet
 from enginefoundry.smoke.reference import PROGRESS_EVERY_S, ReferenceAnswer
 from enginefoundry.smoke.report import SmokeReport
+from enginefoundry.smoke.tokens import chat_prompt_ids, text_ids
 from enginefoundry.spec import SmokeSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def tokenizer_digest(folder: Path) -> str:
@@ -27,7 +31,7 @@ def tokenizer_digest(folder: Path) -> str:
     return digest_files(folder, files)[0]
 
 def lossless_rule(base_url: str, model_name: str, spec: SmokeSpec, cases: list[PromptCase],
-                  answers: list[ServedAnswer], twin_body: dict[str, Any] | None,  # JSON edge: request fields
+                  answers: list[ServedAnswer], twin_body: RequestFields | None,
                   progress: Callable[[str], None], server_alive: Callable[[], bool] | None) -> GateRule:
     """Every prompt again without speculation (the twin), greedy, the same max_new_tokens: the rule compares."""
     served = [(c.id, a.text, a.finish_reason) for c, a in zip(cases, answers, strict=True)]
@@ -64,7 +68,8 @@ def with_twin_answers(report: SmokeReport, twin: list[tuple[str, str, str | None
     verdict = report.verdict.model_copy(update={"rules": rules}).with_rule(rule_lossless(served, twin))
     return report.model_copy(update={"verdict": verdict})
 
-def score_all(client: ChatClient, cases: list[PromptCase], refs: dict[str, ReferenceAnswer], tok: Any, *,
+def score_all(client: ChatClient, cases: list[PromptCase], refs: dict[str, ReferenceAnswer],
+              tok: PreTrainedTokenizerBase, *,
               concurrency: int, progress: Callable[[str], None]) -> dict[str, list[ScoredToken]]:
     """Teacher forcing: each reference answer scored under the served model (ChatClient.score), `concurrency` at a
     time, after one probe request says whether the endpoint returns prompt log-probs at all."""
@@ -74,8 +79,7 @@ def score_all(client: ChatClient, cases: list[PromptCase], refs: dict[str, Refer
 
     def one(item: tuple[PromptCase, ReferenceAnswer]) -> tuple[str, list[ScoredToken] | None]:
         case, ref = item
-        prompt = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)["input_ids"]
-        return case.id, client.score(case.id, list(prompt), ref.token_ids)
+        return case.id, client.score(case.id, chat_prompt_ids(tok, case.chat()), ref.token_ids)
 
     t = last = time.monotonic()
     first = one(todo[0])
@@ -152,14 +156,15 @@ def ask_all(client: ChatClient, cases: list[PromptCase], *, concurrency: int, pr
     return [a for a in answers if a is not None]
 
 
-def case_evidence(case: PromptCase, answer: ServedAnswer, ref: ReferenceAnswer, tok: Any) -> CaseEvidence:
+def case_evidence(case: PromptCase, answer: ServedAnswer, ref: ReferenceAnswer,
+                  tok: PreTrainedTokenizerBase) -> CaseEvidence:
     graded = case.expected is not None
     # Both texts through the same tokenisation path (the reference tokenizer), so that a served answer
     # equal to the reference's text always agrees token for token.
     return CaseEvidence(
         id=case.id, served=answer.text, reference=ref.text,
-        served_ids=tok(answer.text, add_special_tokens=False)["input_ids"],
-        reference_ids=tok(ref.text, add_special_tokens=False)["input_ids"],
+        served_ids=text_ids(tok, answer.text),
+        reference_ids=text_ids(tok, ref.text),
         served_correct=case.is_correct(answer.text) if graded and answer.refused is None else
         (False if graded else None),
         reference_correct=case.is_correct(ref.text), served_finish=answer.finish_reason,
@@ -184,12 +189,12 @@ def last_error_line(log: Path | None, *, tail_bytes: int = 65536) -> str | None:
     return hits[-1] if hits else None
 
 
-def served_as_reference(case_id: str, answer: ServedAnswer, tok: Any) -> ReferenceAnswer:
+def served_as_reference(case_id: str, answer: ServedAnswer, tok: PreTrainedTokenizerBase) -> ReferenceAnswer:
     """One served answer in the reference's form (ids from the reference tokenizer, the server's token texts and
     log-probs where it returned them), so that a sibling's answers judge other units like a reference's."""
     lps = answer.logprobs or []
-    return ReferenceAnswer(id=case_id, text=answer.text, token_ids=tok(answer.text, add_special_tokens=False)[
-        "input_ids"], token_texts=[t.token for t in lps], token_logprobs=[t.logprob for t in lps],
+    return ReferenceAnswer(id=case_id, text=answer.text, token_ids=text_ids(tok, answer.text),
+        token_texts=[t.token for t in lps], token_logprobs=[t.logprob for t in lps],
         finish="stop" if answer.finish_reason == "stop" else "length", prompt_tokens=answer.prompt_tokens)
 
 

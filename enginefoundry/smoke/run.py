@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from enginefoundry.build.quantized_source import SourceQuantization, read_quantization
 from enginefoundry.errors import InputError
@@ -27,7 +27,7 @@ from enginefoundry.smoke.ask import (
     served_as_reference,
     tokenizer_digest,
 )
-from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
+from enginefoundry.smoke.client import ChatClient, RequestFields, ServedAnswer, TokenLogprob
 from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread, proxy_model
 from enginefoundry.smoke.gate import (
     CaseEvidence,
@@ -67,6 +67,9 @@ from enginefoundry.smoke.stats import paired_noninferiority
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import SIMULATED_REFERENCE, UNIT_PRECISION, no_like_reference, simulated_why
 from enginefoundry.store.backends import Store
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ class SmokeInputs:
     trust: InputTrust | None = None
     build_dtype: str | None = None
     speculative: bool = False
-    twin_body: dict[str, Any] | None = None  # JSON edge: the twin's request fields
+    twin_body: RequestFields | None = None  # the twin's request fields (Lane.speculative_twin)
     original_dir: Path | None = None
 
     @property
@@ -278,7 +281,7 @@ def ask_step(inputs: SmokeInputs, client: ChatClient) -> list[ServedAnswer]:
 
 
 def score_step(inputs: SmokeInputs, client: ChatClient, answers: list[ServedAnswer], reference: ReferenceSet,
-               tok: Any) -> Scored:
+               tok: PreTrainedTokenizerBase) -> Scored:
     """Each answer against the reference's (text, tokens, log-probs), then the reference's answers scored under the
     served model (teacher forcing), overall and per slice."""
     cases, refs, progress = inputs.cases, reference.by_id, inputs.progress
