@@ -1,5 +1,5 @@
 """Every start-up or exit trick that leans on a private internal of Python, in one place, each guarded by the
-exact version it was measured on; the Prefect ones are in `flows/_prefect_private.py` (the domain never imports
+exact version it was measured on; the Prefect ones are in `orchestration/_prefect_private.py` (the domain never imports
 Prefect). On any other version a trick is skipped and the plain public behaviour runs instead, so an upgrade
 can lose seconds but never correctness. What each saves today, and how it was measured: docs/scale.md
 ("Start-up and exit tricks"); tests/unit/test_private_internals.py fails when a guarded name disappears.

@@ -54,6 +54,16 @@ class SourceError(InputError):
     """The model source cannot be resolved (bad URI, unknown repo or revision, unreachable endpoint)."""
 
 
+class TransientError(EngineFoundryError):
+    """A call at a network edge failed in a way the same call may not (a connection refused or reset, a timeout,
+    HTTP 429/5xx, throttling): the client wrappers raise it, as a subclass of their own error (StoreUnavailable,
+    SourceUnreachable), so that a retry decides on the type and never on the message (`is_transient`)."""
+
+
+class SourceUnreachable(SourceError, TransientError):
+    """The model source's endpoint (the hub) did not answer: the same request may succeed later."""
+
+
 class PreflightError(InputError):
     """A unit cannot succeed on its target (precision vs arch, memory budget, ...)."""
 
@@ -68,6 +78,15 @@ class ToolError(PipelineError):
 
 class StoreError(PipelineError):
     """The artifact store refused or corrupted an operation."""
+
+
+class StoreUnavailable(StoreError, TransientError):
+    """The artifact store's client failed in a way the same call may not (store_error decides from the error)."""
+
+
+def store_error(message: str, err: BaseException) -> StoreError:
+    """The store wrapper's error for a client error it caught: StoreUnavailable where a retry may succeed."""
+    return StoreUnavailable(message) if client_error_is_transient(err) else StoreError(message)
 
 
 # Exception type names that mean "the network hiccuped, the same call may succeed": requests, httpx, urllib3,
@@ -94,15 +113,18 @@ _TRANSIENT_MLFLOW_TEXT = ("api request to", "database is locked", "connection re
 
 
 def is_transient(err: BaseException) -> bool:
-    """True for errors worth a retry (a connection refused or reset, a timeout, HTTP 429/5xx, S3 or API
-    throttling, an unreachable MLflow or hub, a locked SQLite tracking file); False for everything a retry
-    cannot fix (bad input, a missing object, a permission error, a failed gate, integrity errors). Looks
-    through the chain, since clients wrap what they caught. The one classifier for Prefect task retries
-    (tasks/_retry.py), `retry.retry_transient` and `pull`."""
-    return any(_transient_one(e) for e in exception_chain(err))
+    """True for errors worth a retry: our own wrappers' TransientError (StoreUnavailable, SourceUnreachable), or a
+    client's error they let through (`client_error_is_transient`); False for everything a retry cannot fix (bad
+    input, a missing object, a permission error, a failed gate, integrity errors). Looks through the chain, since
+    clients wrap what they caught. The one classifier for Prefect task retries (tasks/_retry.py),
+    `retry.retry_transient` and `pull`."""
+    return any(isinstance(e, TransientError) or client_error_is_transient(e) for e in exception_chain(err))
 
 
-def _transient_one(e: BaseException) -> bool:
+def client_error_is_transient(e: BaseException) -> bool:
+    """One third-party client's error (requests, httpx, urllib3, botocore, MLflow, sqlite) that a retry may fix:
+    a connection or timeout error, HTTP 429/5xx, a throttling code, a locked SQLite file. The wrappers ask it of
+    what they caught; MLflow's client errors, whose type does not say, are read by their code and text here only."""
     name = type(e).__name__
     if name in _TRANSIENT_TYPES or isinstance(e, (ConnectionError, TimeoutError)):
         return True
@@ -125,11 +147,7 @@ def _transient_one(e: BaseException) -> bool:
             return True
         http_status = getattr(e, "get_http_status_code", lambda: 0)()
         return isinstance(http_status, int) and (http_status >= 500 or http_status == 429)
-    text = str(e)
-    if isinstance(e, SourceError) and "cannot reach" in text:
-        return True
-    # The store names the client error it wrapped.
-    return isinstance(e, StoreError) and any(word in text for word in (*_TRANSIENT_TYPES, *_TRANSIENT_CODES))
+    return False
 
 
 def exception_chain(err: BaseException, limit: int = 10) -> list[BaseException]:

@@ -11,7 +11,6 @@ import atexit
 import contextlib
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -20,7 +19,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 from pydantic import BaseModel
 
@@ -31,6 +29,7 @@ from enginefoundry.runner import (
     die_with_parent,
     install_sigterm_as_exit,
     kill_process_group,
+    on_sigterm,
     reap_with_this_process,
     signals_held,
     tail,
@@ -39,7 +38,6 @@ from enginefoundry.runner import (
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _LOCK = threading.Lock()
-_STOP_HANDLERS: set[object] = set()  # the SIGTERM handlers _install_sigterm_handler made: installing again is a no-op
 
 
 class Endpoint(BaseModel):
@@ -71,6 +69,7 @@ def _stop_all() -> None:
 
 
 atexit.register(_stop_all)
+on_sigterm(_stop_all)  # SIGTERM stops the servers first (runner.install_sigterm_as_exit, the one SIGTERM policy)
 
 
 def stop_all_servers() -> None:
@@ -78,30 +77,10 @@ def stop_all_servers() -> None:
     _stop_all()
 
 
-def _install_sigterm_handler() -> None:
-    """SIGTERM → stop servers, then behave as before. Only possible from the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous in _STOP_HANDLERS:
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        _stop_all()
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            raise SystemExit(128 + signum)
-
-    _STOP_HANDLERS.add(handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
 def start_server(cmd: ServeCommand, log_path: Path, *, timeout_s: float = 180.0) -> Endpoint:
     """Start the server and wait until its health endpoint answers. On failure, the log tail is in the error."""
     host, port = _host_port(cmd)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    _install_sigterm_handler()
     install_sigterm_as_exit()
     t0 = time.monotonic()
     cwd = _link_folder(cmd, log_path.parent / "serve-cwd")

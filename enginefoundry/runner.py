@@ -268,9 +268,22 @@ def exit_if_terminating() -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
+_ON_SIGTERM: list[Callable[[], None]] = []  # on_sigterm's callbacks, in the order registered
+
+
+def on_sigterm(callback: Callable[[], None]) -> None:
+    """Run `callback` when SIGTERM arrives, before the run ends (model_server: stop every server this process
+    started). The one SIGTERM policy of the process is here: `install_sigterm_as_exit` installs its one handler,
+    which runs these callbacks; registering the same callback again is a no-op."""
+    if callback not in _ON_SIGTERM:
+        _ON_SIGTERM.append(callback)
+
+
 def install_sigterm_as_exit() -> None:
-    """SIGTERM (a cancelled run, `kill`) raises SystemExit(143) in the main thread, so `finally` blocks stop
-    servers and tools and runs end; a handler installed before keeps running first. Main thread only."""
+    """SIGTERM (a cancelled run, `kill`) marks the process terminating, runs the `on_sigterm` callbacks, then the
+    handler installed before (if any), and raises SystemExit(143) in the main thread, so `finally` blocks stop
+    servers and tools and runs end. Installing again (every tool or server start) leaves the handler in place.
+    Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGTERM)
@@ -279,6 +292,8 @@ def install_sigterm_as_exit() -> None:
 
     def handler(signum: int, frame: FrameType | None) -> None:
         _TERMINATING.set()
+        for callback in list(_ON_SIGTERM):
+            callback()
         if callable(previous):
             previous(signum, frame)
         raise SystemExit(128 + signum)
@@ -342,21 +357,8 @@ def run_tool(
             raise
         install_sigterm_as_exit()
         try:
-            next_note = start + progress_every_s
-            while True:
-                try:
-                    proc.wait(timeout=0.5)
-                    break
-                except subprocess.TimeoutExpired:
-                    now = time.monotonic()
-                    if now - start > timeout_s:
-                        kill_process_group(proc)
-                        raise ToolError(
-                            f"{what} timed out after {timeout_s:.0f}s; log {log_path}:\n{tail(log_path)}"
-                        ) from None
-                    if progress and now >= next_note:
-                        progress(f"{what}: running for {now - start:.0f}s")
-                        next_note = now + progress_every_s
+            _wait_for(proc, what, log_path, start=start, timeout_s=timeout_s, progress=progress,
+                      progress_every_s=progress_every_s)
         except BaseException:
             # Ctrl-C or any error in this process: never leave the tool's process group behind.
             kill_process_group(proc)
@@ -369,6 +371,24 @@ def run_tool(
     if proc.returncode != 0 and check:
         raise ToolError(f"{what} failed with exit code {proc.returncode}; log {log_path}:\n{tail(log_path)}")
     return run
+
+
+def _wait_for(proc: subprocess.Popen[bytes], what: str, log_path: Path, *, start: float, timeout_s: float,
+              progress: Callable[[str], None] | None, progress_every_s: float) -> None:
+    """Until the tool exits; ToolError (its process group killed) once it has run `timeout_s`."""
+    next_note = start + progress_every_s
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return
+        except subprocess.TimeoutExpired:
+            now = time.monotonic()
+            if now - start > timeout_s:
+                kill_process_group(proc)
+                raise ToolError(f"{what} timed out after {timeout_s:.0f}s; log {log_path}:\n{tail(log_path)}") from None
+            if progress and now >= next_note:
+                progress(f"{what}: running for {now - start:.0f}s")
+                next_note = now + progress_every_s
 
 
 def pid_alive(pid: int) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
@@ -30,10 +31,17 @@ from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
-from enginefoundry.flows.unit import unit_pipeline
+from enginefoundry.flows.unit import UnitWork, unit_pipeline
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import draft_digests, pinned_draft
-from enginefoundry.planning.cache_plan import CachePlan, find_hit, hit_signature_policy, plan_cache, unit_keys
+from enginefoundry.planning.cache_plan import (
+    CachePlan,
+    UnitKeys,
+    find_hit,
+    hit_signature_policy,
+    plan_cache,
+    unit_keys,
+)
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records.outcomes import duplicate_outcome
 from enginefoundry.records.run_records import mlflow_run_link
@@ -44,7 +52,7 @@ from enginefoundry.records.run_summary import (
     UnitsNotPassed,
     refused_by_sibling,
 )
-from enginefoundry.smoke.sibling import reference_waves, sibling_refs
+from enginefoundry.smoke.sibling import SiblingRef, reference_waves, sibling_refs
 from enginefoundry.spec import AdapterMode, BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
@@ -272,9 +280,52 @@ def build_engines(
         return _build(build_spec, units, force, mode, verify_hits, t0)
 
 
+@dataclass(frozen=True)
+class ParentRun:
+    """One build-engines run after its fetch and cache check: the spec pinned to what was fetched, the units'
+    keys, the cache plan (its misses under this run's leases), the waves the misses build in."""
+
+    spec: BuildSpec
+    units: list[Unit]
+    snapshot: SourceSnapshot
+    draft: SourceSnapshot | None
+    adapters: dict[str, SourceSnapshot]
+    parent: str  # the MLflow parent run
+    keyed: UnitKeys
+    artifacts: Store
+    plan: CachePlan
+    siblings: dict[str, SiblingRef]
+    waves: list[list[Unit]]
+    force: bool
+    fetch_s: float
+
+
 def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, verify_hits: bool,
            t0: float) -> RunSummary | State:
+    run = _prepare(build_spec, units, force, verify_hits, t0)
+    convert_s = 0.0
+    try:
+        report_matrix(run.spec, units, run.keyed.keys, {u.name: run.plan.is_hit(u) for u in units},
+                      {u.name: deployment_name(u) if mode == "cluster" else "in-process" for u in units})
+        if mode == "cluster":
+            built = _build_on_workers(run)
+        else:
+            built, convert_s = _build_in_process(run)
+    finally:
+        run.plan.release(progress=progress_logger())
+    outcomes = [_outcome(run.spec, unit, run.keyed.keys[unit.name], run.plan, built, run.artifacts, run.parent)
+                for unit in units]
+    summary = RunSummary(spec=run.spec.name, source_uri=run.snapshot.uri, source_revision=run.snapshot.revision,
+                         parent_run_id=run.parent, outcomes=outcomes,
+                         stage_seconds={"fetch": round(run.fetch_s, 2), "convert": round(convert_s, 2),
+                                        "total": round(time.monotonic() - t0, 2)})
+    finish_parent_run(run.spec, run.parent, summary, time.monotonic() - t0, run.fetch_s, convert_s)
+    report_build(run.spec, summary)
+    return summary if summary.ok else not_passed(summary)
 
+
+def _prepare(build_spec: BuildSpec, units: list[Unit], force: bool, verify_hits: bool, t0: float) -> ParentRun:
+    """fetch → pin → parent run → keys → cache plan → waves."""
     snapshot = fetch_source(build_spec)
     draft = fetch_draft(build_spec, snapshot)  # speculative.draft, pinned so that every worker fetches the same
     build_spec = pinned_draft(build_spec, draft)
@@ -293,66 +344,67 @@ def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, ve
                       progress=log, signatures=hit_signature_policy(build_spec))
     # smoke.reference: sibling: a unit judged by its sibling's served answers runs in a later wave than it.
     siblings = sibling_refs(build_spec, units, keyed.keys)
-    waves = reference_waves(plan.misses, siblings)
-    convert_s = 0.0
+    return ParentRun(spec=build_spec, units=units, snapshot=snapshot, draft=draft, adapters=adapters, parent=parent,
+                     keyed=keyed, artifacts=artifacts, plan=plan, siblings=siblings,
+                     waves=reference_waves(plan.misses, siblings), force=force, fetch_s=fetch_s)
+
+
+def _build_on_workers(run: ParentRun) -> dict[str, UnitOutcome]:
+    """Cluster mode: conversion happens on the workers (quantizing needs the target's GPU, and the converted
+    checkpoint is published once per key and fetched by the others), wave by wave."""
     built: dict[str, UnitOutcome] = {}
-    try:
-        report_matrix(build_spec, units, keyed.keys, {u.name: plan.is_hit(u) for u in units},
-                      {u.name: deployment_name(u) if mode == "cluster" else "in-process" for u in units})
-        if mode == "cluster":
-            # Conversion happens on the workers: quantizing needs the target's GPU, and the converted
-            # checkpoint is published once per key and fetched by the others.
-            for wave in waves:
-                built |= refused_by_sibling(wave, siblings, built)  # its sibling failed or was rejected
-                todo = [u for u in wave if u.name not in built]
-                if todo:
-                    built |= dispatch_units(build_spec, spec_payload(build_spec), todo, keyed.components, snapshot,
-                                            parent, artifacts, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-                                            replace=force, siblings=siblings)
-        else:
-            converted: dict[str, ConvertedCheckpoint] = {}
-            serves_adapters = bool(adapters) and build_spec.model.adapter_mode is AdapterMode.SERVE
-            # an adapter unit's source: the base ⊕ adapter; a served set's: the base, recording every adapter
-            sources: dict[str | None, SourceSnapshot] = {
-                None: served_source(snapshot, adapters) if serves_adapters else snapshot}
-            t_convert = time.monotonic()
-            for unit in plan.misses:
-                if unit.adapter is not None and unit.adapter not in sources:
-                    sources[unit.adapter] = merge_adapter(snapshot, unit.adapter, adapters[unit.adapter])
-                if converted_name(unit) not in converted:
-                    converted[converted_name(unit)] = convert_variant(build_spec, unit.variant,
-                                                                      sources[unit.adapter])
-            convert_s = time.monotonic() - t_convert
-            for unit in (u for wave in waves for u in wave):
-                built |= refused_by_sibling([unit], siblings, built)
-                if unit.name in built:
-                    continue
-                run_unit = unit_pipeline.with_options(flow_run_name=f"unit {unit.name}")
-                # A rejected or failed unit's subflow ends Failed with its outcome as the state's data.
-                with pool_slot(unit.target.pool):  # the pool's limit on concurrent unit builds, where one is set
-                    state = run_unit(build_spec, unit, keyed.components[unit.name], sources[unit.adapter],
-                                     converted[converted_name(unit)], parent, replace=force,
-                                     sibling=siblings.get(unit.name), spec_draft=draft,
-                                     spec_adapters=adapters if serves_adapters else None, return_state=True)
-                result = state.result(raise_on_failure=False)
-                if isinstance(result, UnitNotPassed):
-                    result = result.outcome
-                elif isinstance(result, BaseException):  # not an outcome: the subflow itself broke, as before
-                    raise result
-                elif not isinstance(result, UnitOutcome):
-                    raise PipelineError(f"unit {unit.name}: its subflow returned {type(result).__name__}, "
-                                        "not an outcome")
-                built[unit.name] = result
-    finally:
-        plan.release(progress=log)
-    outcomes = [_outcome(build_spec, unit, keyed.keys[unit.name], plan, built, artifacts, parent) for unit in units]
-    summary = RunSummary(spec=build_spec.name, source_uri=snapshot.uri, source_revision=snapshot.revision,
-                         parent_run_id=parent, outcomes=outcomes,
-                         stage_seconds={"fetch": round(fetch_s, 2), "convert": round(convert_s, 2),
-                                        "total": round(time.monotonic() - t0, 2)})
-    finish_parent_run(build_spec, parent, summary, time.monotonic() - t0, fetch_s, convert_s)
-    report_build(build_spec, summary)
-    return summary if summary.ok else not_passed(summary)
+    for wave in run.waves:
+        built |= refused_by_sibling(wave, run.siblings, built)  # its sibling failed or was rejected
+        todo = [u for u in wave if u.name not in built]
+        if todo:
+            built |= dispatch_units(run.spec, spec_payload(run.spec), todo, run.keyed.components, run.snapshot,
+                                    run.parent, run.artifacts, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
+                                    replace=run.force, siblings=run.siblings)
+    return built
+
+
+def _build_in_process(run: ParentRun) -> tuple[dict[str, UnitOutcome], float]:
+    """Embedded mode: every miss's variant converted here once, then each unit a subflow of this process, wave by
+    wave; the outcomes and the conversion's seconds."""
+    serves_adapters = bool(run.adapters) and run.spec.model.adapter_mode is AdapterMode.SERVE
+    # an adapter unit's source: the base ⊕ adapter; a served set's: the base, recording every adapter
+    sources: dict[str | None, SourceSnapshot] = {
+        None: served_source(run.snapshot, run.adapters) if serves_adapters else run.snapshot}
+    converted: dict[str, ConvertedCheckpoint] = {}
+    t_convert = time.monotonic()
+    for unit in run.plan.misses:
+        if unit.adapter is not None and unit.adapter not in sources:
+            sources[unit.adapter] = merge_adapter(run.snapshot, unit.adapter, run.adapters[unit.adapter])
+        if converted_name(unit) not in converted:
+            converted[converted_name(unit)] = convert_variant(run.spec, unit.variant, sources[unit.adapter])
+    convert_s = time.monotonic() - t_convert
+    built: dict[str, UnitOutcome] = {}
+    for unit in (u for wave in run.waves for u in wave):
+        built |= refused_by_sibling([unit], run.siblings, built)
+        if unit.name not in built:
+            built[unit.name] = _unit_subflow(UnitWork(
+                spec=run.spec, unit=unit, key_components=run.keyed.components[unit.name],
+                snapshot=sources[unit.adapter], ckpt=converted[converted_name(unit)], parent_run_id=run.parent,
+                replace=run.force, sibling=run.siblings.get(unit.name), spec_draft=run.draft,
+                spec_adapters=run.adapters if serves_adapters else None))
+    return built, convert_s
+
+
+def _unit_subflow(work: UnitWork) -> UnitOutcome:
+    """One unit as a subflow of this process, under its pool's limit; a rejected or failed unit's subflow ends
+    Failed with its outcome as the state's data."""
+    run_unit = unit_pipeline.with_options(flow_run_name=f"unit {work.unit.name}")
+    with pool_slot(work.unit.target.pool):  # the pool's limit on concurrent unit builds, where one is set
+        state = run_unit(work, return_state=True)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, UnitNotPassed):
+        return result.outcome
+    if isinstance(result, BaseException):  # not an outcome: the subflow itself broke, as before
+        raise result
+    if not isinstance(result, UnitOutcome):
+        raise PipelineError(f"unit {work.unit.name}: its subflow returned {type(result).__name__}, "
+                            "not an outcome")
+    return result
 
 
 def converted_name(unit: Unit) -> str:

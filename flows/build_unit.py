@@ -19,11 +19,11 @@ from pydantic import ValidationError
 
 from enginefoundry.build.sources import SourceIdentity
 from enginefoundry.build.units import KeyComponents, Unit, expand_units
-from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, PreflightError, first_problem
+from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, first_problem
 from enginefoundry.evidence.signing import require_signer_for
 from enginefoundry.flows.build_engines import resolve_spec
-from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
-from enginefoundry.gpu.placement import check_placement
+from enginefoundry.flows.unit import UnitWork, run_unit_stages, unit_failed_state
+from enginefoundry.gpu.placement import check_placement, check_toolchain
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.outcomes import save_outcome
 from enginefoundry.records.run_summary import UnitOutcome
@@ -49,15 +49,10 @@ def check_worker(unit: Unit, key_components: KeyComponents | None, lane_name: st
     # The pool the run was dispatched through; None when the flow is called outside a worker (tests, CLI).
     pool = getattr(ctx.flow_run, "work_pool_name", None) if ctx and ctx.flow_run else None
     verdict = check_placement(unit.target, pool, unit.variant.tp * unit.variant.pp)
-    planned = key_components.toolchain.versions if key_components else {}
-    local = get_lane(lane_name).versions()
-    get_lane(lane_name).check_installed(spec, unit)
+    lane = get_lane(lane_name)
+    lane.check_installed(spec, unit)
     require_signer_for(spec)  # this worker publishes: with publish.require_signature it needs a key of its own
-    if planned and dict(sorted(local.items())) != planned:
-        diff = ", ".join(f"{k} {planned.get(k)} → {local.get(k)}" for k in sorted(set(planned) | set(local))
-                         if planned.get(k) != local.get(k))
-        raise PreflightError(f"unit {unit.name}: this worker's toolchain differs from the one its key was computed "
-                             f"with ({diff}); run workers and the parent from the same image")
+    check_toolchain(unit.name, key_components.toolchain.versions if key_components else {}, lane.versions())
     progress_logger()(f"placement: {verdict}")
     return verdict
 
@@ -135,7 +130,9 @@ def _build_checked(build_spec: BuildSpec, the_unit: Unit, components: KeyCompone
         raise PipelineError(f"speculative.draft {draft.uri} changed after the parent fetched it (weights "
                             f"{str(want[0])[:12]} → {draft.weights_digest[:12]}); rerun the build")
     ckpt = convert_variant(build_spec, the_unit.variant, here)
-    outcome = run_unit_stages(build_spec, the_unit, components, here, ckpt, parent_run_id, replace, sibling, draft)
+    outcome = run_unit_stages(UnitWork(spec=build_spec, unit=the_unit, key_components=components, snapshot=here,
+                                       ckpt=ckpt, parent_run_id=parent_run_id, replace=replace, sibling=sibling,
+                                       spec_draft=draft))
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
     # A rejected or failed unit's run shows Failed in the UI; the parent still reads the outcome from the store.

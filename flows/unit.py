@@ -10,21 +10,21 @@ domain (enginefoundry/records/outcomes.py).
 
 from __future__ import annotations
 
-import shutil
-import time
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
+from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
 from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.flows.reports import report_unit_links
-from enginefoundry.lanes import get_lane
+from enginefoundry.lanes import BuildResult, get_lane
 from enginefoundry.model_server import Endpoint
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.outcomes import (
@@ -39,12 +39,14 @@ from enginefoundry.records.outcomes import (
 )
 from enginefoundry.records.run_records import mlflow_run_link
 from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome
+from enginefoundry.records.unit_run import UnitRun
 from enginefoundry.runner import exit_if_terminating
-from enginefoundry.settings import work_root
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.gate import LOSSLESS
+from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet
 from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
 from enginefoundry.spec import BuildSpec
+from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import UnitStatus
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.bench import benchmark, twin_benchmark, twin_served_apart
@@ -63,18 +65,48 @@ from enginefoundry.tasks.track import (
 )
 
 
+class UnitWork(BaseModel):
+    """What one unit's run is given: the unit and its key's components, the fetched source and converted
+    checkpoint, the parent's MLflow run. `replace`: a --force rebuild. `sibling`: the unit whose served answers judge
+    this one (run before it). `spec_draft`: the fetched `speculative.draft`. `spec_adapters`: the fetched
+    model.adapters of a unit that serves them all (adapter_mode serve): bundled with the unit, each asked by its
+    name and gated against its own merged reference (smoke_served_adapters)."""
+
+    spec: BuildSpec
+    unit: Unit
+    key_components: KeyComponents
+    snapshot: SourceSnapshot
+    ckpt: ConvertedCheckpoint
+    parent_run_id: str
+    replace: bool = False
+    sibling: SiblingRef | None = None
+    spec_draft: SourceSnapshot | None = None
+    spec_adapters: dict[str, SourceSnapshot] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.key_components.key
+
+    @property
+    def precision(self) -> str:
+        return self.unit.variant.precision.value
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What the stages before the publish produced: the reference, the build, the smoke report and the sweep."""
+
+    reference: tuple[ReferenceSet, ReferenceOutcome]
+    build: BuildResult
+    smoke: SmokeReport | None
+    sweep: SweepReport | None
+
+
 @flow(name="unit-in-process")
-def unit_pipeline(
-    spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
-    spec_draft: SourceSnapshot | None = None, spec_adapters: dict[str, SourceSnapshot] | None = None,
-) -> UnitOutcome | State:
-    """Embedded mode: the unit as a subflow of the parent's process. `replace`: a --force rebuild. `sibling`:
-    the unit whose served answers judge this one (run before it). `spec_draft`: the fetched `speculative.draft`. A
-    rejected or failed unit ends Failed, with the unit, its status and reason as the message and its outcome as the
-    state's data."""
-    outcome = run_unit_stages(spec, unit, key_components, snapshot, ckpt, parent_run_id, replace, sibling, spec_draft,
-                              spec_adapters)
+def unit_pipeline(work: UnitWork) -> UnitOutcome | State:
+    """Embedded mode: the unit as a subflow of the parent's process. A rejected or failed unit ends Failed, with
+    the unit, its status and reason as the message and its outcome as the state's data."""
+    outcome = run_unit_stages(work)
     return outcome if outcome.ok else unit_failed_state(outcome)
 
 
@@ -86,165 +118,161 @@ def unit_failed_state(outcome: UnitOutcome) -> State:
     return Failed(message=str(err), data=err)
 
 
-def run_unit_stages(
-    spec: BuildSpec, unit: Unit, key_components: KeyComponents, snapshot: SourceSnapshot,
-    ckpt: ConvertedCheckpoint, parent_run_id: str, replace: bool = False, sibling: SiblingRef | None = None,
-    spec_draft: SourceSnapshot | None = None, spec_adapters: dict[str, SourceSnapshot] | None = None,
-) -> UnitOutcome:
-    """`spec_adapters`: the fetched model.adapters of a unit that serves them all (adapter_mode serve): bundled
-    with the unit, each asked by its name and gated against its own merged reference (smoke_served_adapters)."""
-    key = key_components.key
-    replaces = build_now_current(spec, key)  # under this run's lease: what the publish may replace, not adopt
-    stages: dict[str, float] = {}
-    run_id = start_unit_run(spec, parent_run_id, unit.name, unit_params(spec, unit), build_run_tags(spec, unit, key))
-    unit_dir = work_root() / "units" / key[:16]
-    shutil.rmtree(unit_dir, ignore_errors=True)  # a clean start: nothing from an earlier run gets published
-    report_dir = unit_dir / "reports"
+def run_unit_stages(work: UnitWork) -> UnitOutcome:
+    """reference → build → serve → smoke → bench, then the publish and the records; a stage that raises ends the
+    unit failed (recorded, its commands kept), a cancel ends the process."""
+    spec, unit = work.spec, work.unit
+    replaces = build_now_current(spec, work.key)  # under this run's lease: what the publish may replace, not adopt
+    run_id = start_unit_run(spec, work.parent_run_id, unit.name, unit_params(spec, unit),
+                            build_run_tags(spec, unit, work.key))
     described = get_lane(spec.lane).describe(spec, unit)
-    commands = UnitCommands(convert=stage_commands(ckpt.result.commands, described, "convert"))
+    run = UnitRun.start(work.key, run_id,
+                        UnitCommands(convert=stage_commands(work.ckpt.result.commands, described, "convert")))
     try:
-        # The reference first: a refused one (a rejected sibling) costs no build, and a GPU reference needs
-        # the unit's GPUs before its server takes them.
-        t = time.monotonic()
-        reference = smoke_reference(spec, snapshot.local_dir, snapshot.weights_digest, sibling,
-                                    precision=unit.variant.precision.value,
-                                    checkpoint_dir=ckpt.result.checkpoint_dir)
-        stages["reference"] = time.monotonic() - t
-
-        t = time.monotonic()
-        build = build_unit(spec, unit, ckpt.result.checkpoint_dir, key,
-                           spec_draft.local_dir if spec_draft else None,
-                           {n: a.local_dir for n, a in spec_adapters.items()} if spec_adapters else None)
-        stages["build"] = time.monotonic() - t
-        commands.build = stage_commands(build.commands, described, "build")
-
-        smoke: SmokeReport | None = None
-        sweep: SweepReport | None = None
-        t = time.monotonic()
-        endpoint = start_unit_server(spec, build.bundle_dir, str(report_dir), for_smoke=True)
-        stages["serve"] = time.monotonic() - t
-        commands.add_server(endpoint.command, endpoint.shipped)
-        try:
-            t = time.monotonic()
-            smoke = smoke_test(spec, endpoint, snapshot.local_dir, str(report_dir),
-                               precision=unit.variant.precision.value, weights_digest=snapshot.weights_digest,
-                               reference=reference,
-                               serves_unit=(unit.name, key) if serves_as_sibling(spec, unit) else None)
-            if spec_adapters:
-                smoke = smoke_served_adapters(spec, endpoint, snapshot, spec_adapters, smoke, str(report_dir),
-                                              precision=unit.variant.precision.value)
-            stages["smoke"] = time.monotonic() - t
-            # A twin served apart judges the lossless rule after the benchmark (one server at a time): not yet failed.
-            passed = smoke.passed or (twin_served_apart(spec) and [r.name for r in smoke.verdict.failed] == [LOSSLESS])
-            if spec.benchmark.enabled and not passed and not spec.benchmark.on_rejected:
-                progress_logger("warning")(f"bench: {unit.name} not benchmarked: its smoke gate rejected it "
-                                           "(benchmark.on_rejected: true benchmarks it anyway)")
-            elif spec.benchmark.enabled:
-                endpoint = shipped_server(spec, endpoint, build.bundle_dir, str(report_dir), stages, commands)
-                t = time.monotonic()
-                sweep = benchmark(spec, endpoint, str(report_dir / "bench"), f"{spec.model.name} {unit.name}",
-                                  unit=unit)
-                stages["bench"] = time.monotonic() - t
-                commands.bench = [p.command for p in sweep.points]
-        finally:
-            stop_unit_server(endpoint)
-        if smoke is not None and twin_served_apart(spec):
-            smoke, sweep = serve_twin(spec, unit, build.bundle_dir, report_dir, smoke, sweep, stages, commands)
+        staged = judge_unit(work, run, described)
     except Exception as err:
         exit_if_terminating()  # a cancel that surfaced as a stage error (its server stopped) is a cancel
-        record_unit(spec, run_id, ok=False, tags={mltags.STATUS: UnitStatus.FAILED, mltags.COMMANDS: commands.tag()},
-                    metrics={f"{k}_s": v for k, v in stages.items()}, sweep=None,
-                    artifacts=[write_commands(unit_dir, commands)])
-        failed = failed_outcome(unit, key, err, run_id, stages)
-        emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, "failed", reason=failed.reason,
-                          mlflow_run_id=run_id)
-        return failed
+        return record_failure(work, run, err)
     exit_if_terminating()  # cancelled during a stage whose outcome looked like a verdict (a dead server)
+    return publish_and_record(work, run, staged, replaces)
 
-    # Everything the build consumed besides its named sources, by digest: signed with the manifest (DESIGN §10).
-    inputs = [*([ckpt.input] if ckpt.input else []), *reference[1].inputs, *(smoke.inputs if smoke else [])]
-    draft = unit_manifest(spec, unit, key, key_components.as_json(), snapshot, checkpoint_key=ckpt.key,
-                          checkpoint_uri=ckpt.uri, device=build.device, build_params=build.params, smoke=smoke,
-                          sweep=sweep, mlflow_run_id=run_id,
-                          prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-                          inputs=[i for n, i in enumerate(inputs) if i not in inputs[:n]])
-    folders = {"bundle": build.bundle_dir, "reports": str(report_dir)}
-    serving_dir = unit_dir / "serving"
-    shutil.rmtree(serving_dir, ignore_errors=True)
+
+def judge_unit(work: UnitWork, run: UnitRun, described: list[Any]) -> Staged:
+    """The reference, the build, the smoke gate on the lane's smoke server, the benchmark, the twin."""
+    spec, unit = work.spec, work.unit
+    # The reference first: a refused one (a rejected sibling) costs no build, and a GPU reference needs
+    # the unit's GPUs before its server takes them.
+    with run.timed("reference"):
+        reference = smoke_reference(spec, work.snapshot.local_dir, work.snapshot.weights_digest, work.sibling,
+                                    precision=work.precision, checkpoint_dir=work.ckpt.result.checkpoint_dir)
+    with run.timed("build"):
+        build = build_unit(spec, unit, work.ckpt.result.checkpoint_dir, work.key,
+                           work.spec_draft.local_dir if work.spec_draft else None,
+                           {n: a.local_dir for n, a in work.spec_adapters.items()} if work.spec_adapters else None)
+    run.commands.build = stage_commands(build.commands, described, "build")
+    smoke: SmokeReport | None = None
+    sweep: SweepReport | None = None
+    with run.timed("serve"):
+        endpoint = start_unit_server(spec, build.bundle_dir, str(run.report_dir), for_smoke=True)
+    run.commands.add_server(endpoint.command, endpoint.shipped)
+    try:
+        with run.timed("smoke"):
+            smoke = smoke_test(spec, endpoint, work.snapshot.local_dir, str(run.report_dir),
+                               precision=work.precision, weights_digest=work.snapshot.weights_digest,
+                               reference=reference,
+                               serves_unit=(unit.name, work.key) if serves_as_sibling(spec, unit) else None)
+            if work.spec_adapters:
+                smoke = smoke_served_adapters(spec, endpoint, work.snapshot, work.spec_adapters, smoke,
+                                              str(run.report_dir), precision=work.precision)
+        endpoint, sweep = bench_unit(work, run, endpoint, build.bundle_dir, smoke)
+    finally:
+        stop_unit_server(endpoint)
+    if smoke is not None and twin_served_apart(spec):
+        smoke, sweep = serve_twin(spec, unit, build.bundle_dir, run, smoke, sweep)
+    return Staged(reference=reference, build=build, smoke=smoke, sweep=sweep)
+
+
+def bench_unit(work: UnitWork, run: UnitRun, endpoint: Endpoint, bundle_dir: str,
+               smoke: SmokeReport) -> tuple[Endpoint, SweepReport | None]:
+    """The benchmark on the shipped server where the spec asks for one and the gate did not reject the unit (or
+    benchmark.on_rejected); the endpoint now serving, to be stopped."""
+    spec, unit = work.spec, work.unit
+    # A twin served apart judges the lossless rule after the benchmark (one server at a time): not yet failed.
+    passed = smoke.passed or (twin_served_apart(spec) and [r.name for r in smoke.verdict.failed] == [LOSSLESS])
+    if not spec.benchmark.enabled:
+        return endpoint, None
+    if not passed and not spec.benchmark.on_rejected:
+        progress_logger("warning")(f"bench: {unit.name} not benchmarked: its smoke gate rejected it "
+                                   "(benchmark.on_rejected: true benchmarks it anyway)")
+        return endpoint, None
+    endpoint = shipped_server(spec, endpoint, bundle_dir, str(run.report_dir), run)
+    with run.timed("bench"):
+        sweep = benchmark(spec, endpoint, str(run.report_dir / "bench"), f"{spec.model.name} {unit.name}", unit=unit)
+    run.commands.bench = [p.command for p in sweep.points]
+    return endpoint, sweep
+
+
+def record_failure(work: UnitWork, run: UnitRun, err: Exception) -> UnitOutcome:
+    """A unit a stage failed: its MLflow run (the stages' times, its commands), its event, its outcome."""
+    spec, unit = work.spec, work.unit
+    record_unit(spec, run.run_id, ok=False,
+                tags={mltags.STATUS: UnitStatus.FAILED, mltags.COMMANDS: run.commands.tag()},
+                metrics=run.stage_metrics(), sweep=None, artifacts=[run.write_commands()])
+    failed = failed_outcome(unit, work.key, err, run.run_id, run.stages)
+    emit_unit_outcome(spec.model.name, unit.name, unit.target.name, work.key, "failed", reason=failed.reason,
+                      mlflow_run_id=run.run_id)
+    return failed
+
+
+def draft_manifest(work: UnitWork, run: UnitRun, staged: Staged) -> Manifest:
+    """The unit's manifest before the publish: everything the build consumed besides its named sources, by
+    digest, signed with it (DESIGN §10)."""
+    ckpt, smoke = work.ckpt, staged.smoke
+    inputs = [*([ckpt.input] if ckpt.input else []), *staged.reference[1].inputs, *(smoke.inputs if smoke else [])]
+    return unit_manifest(work.spec, work.unit, work.key, work.key_components.as_json(), work.snapshot,
+                         checkpoint_key=ckpt.key, checkpoint_uri=ckpt.uri, device=staged.build.device,
+                         build_params=staged.build.params, smoke=smoke, sweep=staged.sweep, mlflow_run_id=run.run_id,
+                         prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
+                         inputs=[i for n, i in enumerate(inputs) if i not in inputs[:n]])
+
+
+def publish_and_record(work: UnitWork, run: UnitRun, staged: Staged, replaces: str) -> UnitOutcome:
+    """The serving files (a candidate only), the publish, the unit's MLflow run and registration, its event."""
+    spec, unit, key, build, smoke = work.spec, work.unit, work.key, staged.build, staged.smoke
+    draft = draft_manifest(work, run, staged)
+    folders = {"bundle": build.bundle_dir, "reports": str(run.report_dir)}
+    serving_dir = run.serving_dir()
     if draft.status == UnitStatus.CANDIDATE:  # a rejected unit gets nothing a serving team could deploy by mistake
-        folders["serving"] = write_serving(spec, unit.name, key, build.bundle_dir, ckpt.result.checkpoint_dir,
-                                           ckpt.uri, str(serving_dir))
-    t = time.monotonic()
-    published = publish_unit(spec, draft, folders, replace, replaces)
-    stages["publish"] = time.monotonic() - t
-
-    t = time.monotonic()
-    manifest_copy = unit_dir / "manifest.json"
-    manifest_copy.write_bytes(published.manifest.to_json())
-    artifacts = [str(manifest_copy), write_commands(unit_dir, commands)] + [
-        str(p) for p in report_dir.rglob("*")
-        if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
-    ]
-    record_unit(spec, run_id, ok=draft.status == UnitStatus.CANDIDATE,
-                tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri, mltags.COMMANDS: commands.tag(),
-                      mltags.MANIFEST_SHA256: published.manifest_sha256,
-                      mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
-                      **adapter_tags(draft.source), **(smoke.tags() if smoke else {})},
-                metrics=unit_metrics(stages, build.metrics, published.bytes_total, smoke, sweep),
-                sweep=sweep, artifacts=artifacts)
-    register_published_unit(spec, unit, published.manifest, published.uri, run_id, published.manifest_sha256)
-    stages["track"] = time.monotonic() - t
-    report_unit_links(unit.name, key, mlflow_run_link(spec, run_id), published.uri)
+        folders["serving"] = write_serving(spec, unit.name, key, build.bundle_dir, work.ckpt.result.checkpoint_dir,
+                                           work.ckpt.uri, str(serving_dir))
+    with run.timed("publish"):
+        published = publish_unit(spec, draft, folders, work.replace, replaces)
+    with run.timed("track"):
+        record_unit(spec, run.run_id, ok=draft.status == UnitStatus.CANDIDATE,
+                    tags={mltags.STATUS: draft.status, mltags.MANIFEST_URI: published.uri,
+                          mltags.COMMANDS: run.commands.tag(), mltags.MANIFEST_SHA256: published.manifest_sha256,
+                          mltags.GPU: build.device.get("gpu_name", build.device.get("cpu", "")),
+                          **adapter_tags(draft.source), **(smoke.tags() if smoke else {})},
+                    metrics=unit_metrics(run.stages, build.metrics, published.bytes_total, smoke, staged.sweep),
+                    sweep=staged.sweep, artifacts=run.artifacts(published.manifest.to_json()))
+        register_published_unit(spec, unit, published.manifest, published.uri, run.run_id, published.manifest_sha256)
+    report_unit_links(unit.name, key, mlflow_run_link(spec, run.run_id), published.uri)
     emit_unit_outcome(spec.model.name, unit.name, unit.target.name, key, draft.status, reason=draft.status_reason,
-                      manifest_uri=published.uri, mlflow_run_id=run_id)
+                      manifest_uri=published.uri, mlflow_run_id=run.run_id)
     if smoke:
         create_markdown_artifact(key=f"smoke-{key[:12]}", markdown=smoke.markdown(),
                                  description=f"smoke gate of {unit.name}")
-    return built_outcome(unit, published.manifest, published.uri, run_id, stages)
+    return built_outcome(unit, published.manifest, published.uri, run.run_id, run.stages)
 
 
-def shipped_server(spec: BuildSpec, endpoint: Endpoint, bundle_dir: str, report_dir: str,
-                   stages: dict[str, float], commands: UnitCommands) -> Endpoint:
+def shipped_server(spec: BuildSpec, endpoint: Endpoint, bundle_dir: str, report_dir: str, run: UnitRun) -> Endpoint:
     """The server the benchmark measures: the smoke stage's where it is the one the unit ships with, else that one
     stopped and the shipped one started (the reference lane's scoring server returns log-probs but does not
     stream)."""
     if endpoint.shipped:
         return endpoint
     stop_unit_server(endpoint)
-    t = time.monotonic()
-    shipped = start_unit_server(spec, bundle_dir, report_dir)
-    stages["serve"] += time.monotonic() - t
-    commands.add_server(shipped.command, shipped.shipped)
+    with run.timed("serve"):
+        shipped = start_unit_server(spec, bundle_dir, report_dir)
+    run.commands.add_server(shipped.command, shipped.shipped)
     return shipped
 
 
-def serve_twin(spec: BuildSpec, unit: Unit, bundle_dir: str, report_dir: Path, smoke: SmokeReport,
-               sweep: SweepReport | None, stages: dict[str, float],
-               commands: UnitCommands) -> tuple[SmokeReport, SweepReport | None]:
+def serve_twin(spec: BuildSpec, unit: Unit, bundle_dir: str, run: UnitRun, smoke: SmokeReport,
+               sweep: SweepReport | None) -> tuple[SmokeReport, SweepReport | None]:
     """A speculative unit whose lane serves its non-speculative twin apart (lane trtllm: the same checkpoint, the
     YAML less speculative_config): the twin started once the unit's own server is stopped (one GPU's memory, never
     both), asked the smoke prompts (the rule `lossless speculation`) and, where the unit was benchmarked, the same
     points (the speed-up); stopped."""
-    t = time.monotonic()
-    twin = start_unit_server(spec, bundle_dir, str(report_dir), twin=True)
-    stages["serve"] = stages.get("serve", 0.0) + time.monotonic() - t
-    commands.add_server(twin.command, False)
+    with run.timed("serve"):
+        twin = start_unit_server(spec, bundle_dir, str(run.report_dir), twin=True)
+    run.commands.add_server(twin.command, False)
     try:
-        t = time.monotonic()
-        smoke = smoke_twin(spec, twin, smoke, str(report_dir))
-        stages["smoke"] = stages.get("smoke", 0.0) + time.monotonic() - t
+        with run.timed("smoke"):
+            smoke = smoke_twin(spec, twin, smoke, str(run.report_dir))
         if sweep is not None:
-            t = time.monotonic()
-            sweep = twin_benchmark(spec, twin, sweep, str(report_dir / "bench"), unit=unit)
-            stages["bench"] = stages.get("bench", 0.0) + time.monotonic() - t
+            with run.timed("bench"):
+                sweep = twin_benchmark(spec, twin, sweep, str(run.report_dir / "bench"), unit=unit)
     finally:
         stop_unit_server(twin)
     return smoke, sweep
-
-
-def write_commands(unit_dir: Path, commands: UnitCommands) -> str:
-    """`commands.json` beside the unit's reports, for its MLflow run."""
-    path = unit_dir / "commands.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(commands.model_dump_json(indent=2))
-    return str(path)

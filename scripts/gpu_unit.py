@@ -23,7 +23,7 @@ from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.planning.plan_report import model_config_for
 from enginefoundry.planning.preflight import preflight
-from enginefoundry.smoke import load_prompt_set, run_smoke
+from enginefoundry.smoke import SmokeInputs, load_prompt_set, run_smoke
 from enginefoundry.spec import load_spec
 
 
@@ -55,11 +55,11 @@ def main() -> int:
                                            spec.lane_options)
             with serving(cmd, work / "server.log") as endpoint:
                 t3 = time.monotonic()
-                smoke = run_smoke(spec.smoke, load_prompt_set(spec.resolve_path(spec.smoke.prompts)),
+                smoke = run_smoke(SmokeInputs(spec.smoke, load_prompt_set(spec.resolve_path(spec.smoke.prompts)),
                                   reference_dir=source_dir,
                                   base_url=endpoint.base_url, model_name=endpoint.model_name,
                                   served_tokenizer_dir=Path(endpoint.tokenizer_dir), progress=lambda _: None,
-                                  precision=unit.variant.precision.value)
+                                  precision=unit.variant.precision.value))
             t4 = time.monotonic()
             result = {
                 "unit": unit.name, "matched_gpu": matched[0].name, "arch": matched[0].arch,

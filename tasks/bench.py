@@ -131,6 +131,22 @@ def _artifact_key(prefix: str, title: str) -> str:
     return f"{prefix}-{re.sub(r'[^a-z0-9]+', '-', title.lower()).strip('-')}"[:100]
 
 
+def _verify_searched(spec: BuildSpec, unit: Unit, endpoint: Endpoint, report: SweepReport, out: Path,
+                     title: str) -> None:
+    """A searched unit's prediction verified against its measured goodput at the SLO, written into `report`."""
+    log = progress_logger()
+    verdict = verify_unit(spec, unit, url=endpoint.base_url, model=endpoint.model_name,
+                          tokenizer=endpoint.tokenizer_dir, out=out / "search", progress=log)
+    report.search, report.search_metrics = verdict.model_dump(mode="json"), verdict.metrics()
+    report.plots += [str(p) for p in (out / "search").glob("search.png")]
+    (out / "sweep.json").write_text(report.model_dump_json(indent=2))
+    create_markdown_artifact(key=_artifact_key("search", title), markdown=verdict.markdown(unit.name),
+                             description=f"{title}: goodput at the SLO, predicted vs measured, cost and energy")
+    if verdict.flagged:
+        log(f"search: {unit.name}: prediction error {verdict.prediction_error:+.0%} is beyond the bound "
+            f"±{verdict.error_bound:.0%}")
+
+
 @task(name="benchmark", cache_policy=NO_CACHE)
 def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, unit: Unit | None = None,
               ) -> SweepReport:
@@ -166,16 +182,7 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
     if spec.speculative is not None and not twin_served_apart(spec):
         report = speculative_twin_sweep(spec, endpoint, report, out, log, unit)
     if unit is not None and unit.searched is not None and spec.search is not None:
-        verdict = verify_unit(spec, unit, url=endpoint.base_url, model=endpoint.model_name,
-                              tokenizer=endpoint.tokenizer_dir, out=out / "search", progress=log)
-        report.search, report.search_metrics = verdict.model_dump(mode="json"), verdict.metrics()
-        report.plots += [str(p) for p in (out / "search").glob("search.png")]
-        (out / "sweep.json").write_text(report.model_dump_json(indent=2))
-        create_markdown_artifact(key=_artifact_key("search", title), markdown=verdict.markdown(unit.name),
-                                 description=f"{title}: goodput at the SLO, predicted vs measured, cost and energy")
-        if verdict.flagged:
-            log(f"search: {unit.name}: prediction error {verdict.prediction_error:+.0%} is beyond the bound "
-                f"±{verdict.error_bound:.0%}")
+        _verify_searched(spec, unit, endpoint, report, out, title)
     if spec.benchmark.baseline_endpoints:
         report.comparison = compare_with_baselines(
             spec.benchmark, report, unit_label=title, unit_url=endpoint.base_url, unit_model=endpoint.model_name,

@@ -38,8 +38,9 @@ from uuid import UUID
 from enginefoundry.settings import EnvSettings
 
 CANCEL_STATES = ("CANCELLING", "CANCELLED")
-# A private name of Prefect this module uses, on the release it was read and measured on (as flows/_prefect_private.py
-# keeps the others; tests/unit/test_cancel_watch.py fails when it disappears from the installed Prefect).
+# A private name of Prefect this module uses, on the release it was read and measured on (as
+# orchestration/_prefect_private.py keeps the others; tests/unit/test_cancel_watch.py fails when it disappears
+# from the installed Prefect).
 MEASURED_PREFECT = ("3.9.1",)
 CANCEL_INTENT = ("prefect._internal.control_listener", "_set_intent")
 ANSWER_WAIT_S = 3.0  # how long a SIGTERM waits for the watcher to tell a cancel from another end

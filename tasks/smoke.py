@@ -19,6 +19,7 @@ from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
 from enginefoundry.smoke import (
     LmEvalConfig,
+    SmokeInputs,
     SmokeReport,
     load_prompt_set,
     run_lm_eval,
@@ -73,20 +74,9 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         return ref, outcome.model_copy(update={"inputs": list(trust.consumed)})
     dtype, why = spec.smoke.reference_for(precision)
     device = spec.smoke.reference_device.value
-    export = Path(checkpoint_dir) if checkpoint_dir and dequantizes(spec, precision) else None
     prequantized = read_quantization(Path(reference_dir))
-    if prequantized is not None:  # the source is the export: judged against its dequantized self, on every lane
-        if not prequantized.dequantizable:
-            raise InputError(f"smoke: the source is pre-quantized ({prequantized.label()}): the gate has no "
-                             f"reference for it (it dequantizes {', '.join(sorted(DEQUANTIZED))} exports without a "
-                             "quantized KV cache); use such an export, or the unquantized checkpoint as model.source")
-        export = Path(reference_dir)
+    export = _export_to_dequantize(spec, precision, Path(reference_dir), checkpoint_dir, log)
     original = unquantized_original(spec, log) if prequantized is not None else None
-    problem = export_problem(export) if export is not None else None
-    if problem is not None:
-        log(f"smoke: the converted checkpoint {export} is not dequantized ({problem}): judged against the {dtype} "
-            f"source instead ({why})")
-        export = None
     if spec.smoke.simulates(precision) or export is not None:
         log(f"smoke: the reference of this {precision} unit: "
             + (f"{PREQUANTIZED_WHY if prequantized is not None else FROM_EXPORT_WHY} ({export})"
@@ -112,6 +102,28 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         load_or_compute_quantization_spread(Path(reference_dir), cases, ref, precision=precision,
                                             dtype=_build_dtype(spec, Path(reference_dir)), device="gpu", progress=log)
     return ref, outcome.model_copy(update={"inputs": list(trust.consumed)})
+
+
+def _export_to_dequantize(spec: BuildSpec, precision: str, reference_dir: Path, checkpoint_dir: str | None,
+                          log: Callable[[str], None]) -> Path | None:
+    """The quantized checkpoint the unit is judged against, dequantized: a pre-quantized source itself (refused
+    where the gate cannot dequantize it), else the unit's converted checkpoint where its lane exports one the gate
+    reads; None: the source is the reference."""
+    export = Path(checkpoint_dir) if checkpoint_dir and dequantizes(spec, precision) else None
+    prequantized = read_quantization(reference_dir)
+    if prequantized is not None:  # the source is the export: judged against its dequantized self, on every lane
+        if not prequantized.dequantizable:
+            raise InputError(f"smoke: the source is pre-quantized ({prequantized.label()}): the gate has no "
+                             f"reference for it (it dequantizes {', '.join(sorted(DEQUANTIZED))} exports without a "
+                             "quantized KV cache); use such an export, or the unquantized checkpoint as model.source")
+        export = reference_dir
+    problem = export_problem(export) if export is not None else None
+    if problem is not None:
+        dtype, why = spec.smoke.reference_for(precision)
+        log(f"smoke: the converted checkpoint {export} is not dequantized ({problem}): judged against the {dtype} "
+            f"source instead ({why})")
+        return None
+    return export
 
 
 def unquantized_original(spec: BuildSpec, log: Callable[[str], None]) -> Path | None:
@@ -151,7 +163,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     trust = InputTrust.of_run(spec, progress=log)
     ref, outcome = reference if reference is not None else (None, None)
-    report = run_smoke(spec.smoke, prompts, reference_dir=Path(reference_dir), base_url=endpoint.base_url,
+    report = run_smoke(SmokeInputs(spec.smoke, prompts, reference_dir=Path(reference_dir), base_url=endpoint.base_url,
                        model_name=endpoint.model_name, served_tokenizer_dir=Path(endpoint.tokenizer_dir),
                        precision=precision, progress=log, server_alive=lambda: is_alive(endpoint.pid),
                        max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
@@ -161,7 +173,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        speculative=spec.speculative is not None,
                        twin_body=get_lane(spec.lane).speculative_twin(spec),
                        original_dir=(unquantized_original(spec, log)
-                                     if read_quantization(Path(reference_dir)) is not None else None))
+                                     if read_quantization(Path(reference_dir)) is not None else None)))
     report.server = endpoint.server or None
     if serves_unit is not None:
         name, key = serves_unit

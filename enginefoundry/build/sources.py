@@ -21,7 +21,7 @@ from enginefoundry.build.quantized_source import (
     read_quantization,
 )
 from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath, symlinks_leaving
-from enginefoundry.errors import SourceError
+from enginefoundry.errors import SourceError, SourceUnreachable
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.runner import pid_alive
 from enginefoundry.schemas.loose import JsonObject
@@ -197,7 +197,7 @@ def _resolve_hf(source: SourceURI) -> str:
             f"model.source: repository {repo} not found at {endpoint} (or it is private: set HF_TOKEN)"
         ) from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, httpx.HTTPError) as err:
-        raise SourceError(
+        raise SourceUnreachable(
             f"model.source: cannot reach the hub at {endpoint} ({type(err).__name__}); "
             "check the network, or set HF_ENDPOINT to a reachable hub or mirror"
         ) from None

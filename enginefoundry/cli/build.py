@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from enginefoundry.cli.common import (
     destination_flags,
@@ -17,6 +18,11 @@ from enginefoundry.cli.signing import export_trust, signing_line, trust_options
 from enginefoundry.console import console, error, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 from enginefoundry.spec import load_spec
+
+if TYPE_CHECKING:
+    from enginefoundry.records.run_summary import RunSummary
+    from enginefoundry.settings import Destinations
+    from enginefoundry.spec import BuildSpec
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,9 +83,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """refuse early → an all-hits run ends before Prefect → else the build-engines flow → the summary."""
+    spec, dest = load(args.spec, args)
+    _refuse_before_work(spec, dest, args)
+    summary, tracking_note = (None, "") if args.force else _all_hits(spec, args)
+    if summary is None:
+        summary = _run_flow(spec, args)
+    if wants_json(args):
+        emit_json({"ok": summary.ok, "destinations": dest, **summary.model_dump(mode="json")})
+        return EXIT_OK if summary.ok else EXIT_PIPELINE
+    _print_summary(spec, summary, tracking_note)
+    return EXIT_OK if summary.ok else EXIT_PIPELINE
+
+
+def _refuse_before_work(spec: BuildSpec, dest: Destinations, args: argparse.Namespace) -> None:
+    """Every input problem before Prefect, downloads or servers start; prints the source and destinations."""
     from enginefoundry.planning.validate import validate_deep
 
-    spec, dest = load(args.spec, args)
     validate_deep(spec)  # every input problem before Prefect, downloads or servers start
     from enginefoundry.build.sources import probe
     from enginefoundry.planning.plan_report import refuse_on_preflight
@@ -95,49 +115,55 @@ def cmd_run(args: argparse.Namespace) -> int:
     for row in dest.rows():
         console.print(f"{row['setting']}: {row['value']} (from {row['from']})", markup=False)
     console.print(signing_line(spec), markup=False)  # a bad key fails here, before any download
-    summary, tracking_note = None, ""
-    if not args.force:
-        # Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here.
-        from enginefoundry.console import say
-        from enginefoundry.planning import noop_run
 
-        hits = noop_run.decide_all_hits(spec, args.targets, progress=say, rehash=args.verify_hits)
-        if hits is not None and args.wait_for_tracking:
-            summary = noop_run.record_all_hits(spec, hits)
-        elif hits is not None:
-            pid, log = noop_run.record_in_background(spec, hits)
-            summary = noop_run.summary_of(spec, hits)
-            tracking_note = (f"MLflow: {len(hits.units)} cache hit(s) being recorded in {spec.tracking.mlflow_uri} "
-                             f"by a background process (pid {pid}, log {log})")
-    if summary is None:
-        from enginefoundry.planning.noop_run import flush_in_background
 
-        flush_in_background(spec)  # hits an earlier recorder could not record, in this run's destinations
-        server = start_prefect_early()
-        from enginefoundry.flows.build_engines import build_engines, flow_value, spec_payload
-        from enginefoundry.records.run_records import prepare_tracking
+def _all_hits(spec: BuildSpec, args: argparse.Namespace) -> tuple[RunSummary | None, str]:
+    """Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here (its summary,
+    and a note where a background process records the hits); (None, "") where some unit must be built."""
+    from enginefoundry.console import say
+    from enginefoundry.planning import noop_run
 
-        prepare_tracking(spec)  # a new SQLite MLflow file is created while the Prefect server starts
-        if server is not None:
-            server.adopt(float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    hits = noop_run.decide_all_hits(spec, args.targets, progress=say, rehash=args.verify_hits)
+    if hits is None:
+        return None, ""
+    if args.wait_for_tracking:
+        return noop_run.record_all_hits(spec, hits), ""
+    pid, log = noop_run.record_in_background(spec, hits)
+    return noop_run.summary_of(spec, hits), (
+        f"MLflow: {len(hits.units)} cache hit(s) being recorded in {spec.tracking.mlflow_uri} by a background "
+        f"process (pid {pid}, log {log})")
 
-        # The effective destinations travel as the flow's override parameters: they outrank the environment the
-        # flow reads again (the same one here, a worker's in cluster mode).
-        from enginefoundry.records.run_summary import UnitsNotPassed
 
-        try:
-            # The spec as written: the flow resolves the destinations again and, where a parameter only repeats
-            # the environment or the spec, logs where the value really came from (settings.true_origins).
-            summary = flow_value(build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)),
-                                               targets=args.targets, force=args.force,
-                                               mode=args.mode, validated=True, verify_hits=args.verify_hits,
-                                               store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
-                                               s3_endpoint_url=spec.publish.s3_endpoint_url))
-        except UnitsNotPassed as err:  # the run ended Failed; its summary is printed as any other (exit 1)
-            summary = err.summary
-    if wants_json(args):
-        emit_json({"ok": summary.ok, "destinations": dest, **summary.model_dump(mode="json")})
-        return EXIT_OK if summary.ok else EXIT_PIPELINE
+def _run_flow(spec: BuildSpec, args: argparse.Namespace) -> RunSummary:
+    """The build-engines flow in this process, on a Prefect server started early."""
+    from enginefoundry.planning.noop_run import flush_in_background
+
+    flush_in_background(spec)  # hits an earlier recorder could not record, in this run's destinations
+    server = start_prefect_early()
+    from enginefoundry.flows.build_engines import build_engines, flow_value, spec_payload
+    from enginefoundry.records.run_records import prepare_tracking
+
+    prepare_tracking(spec)  # a new SQLite MLflow file is created while the Prefect server starts
+    if server is not None:
+        server.adopt(float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+
+    # The effective destinations travel as the flow's override parameters: they outrank the environment the
+    # flow reads again (the same one here, a worker's in cluster mode).
+    from enginefoundry.records.run_summary import UnitsNotPassed
+
+    try:
+        # The spec as written: the flow resolves the destinations again and, where a parameter only repeats
+        # the environment or the spec, logs where the value really came from (settings.true_origins).
+        return flow_value(build_engines(spec_path=None, spec=spec_payload(load_spec(args.spec)),
+                                        targets=args.targets, force=args.force,
+                                        mode=args.mode, validated=True, verify_hits=args.verify_hits,
+                                        store=spec.publish.store, mlflow_uri=spec.tracking.mlflow_uri,
+                                        s3_endpoint_url=spec.publish.s3_endpoint_url))
+    except UnitsNotPassed as err:  # the run ended Failed; its summary is printed as any other (exit 1)
+        return err.summary
+
+
+def _print_summary(spec: BuildSpec, summary: RunSummary, tracking_note: str) -> None:
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
@@ -156,7 +182,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.print(f"  {o.unit}: {o.manifest_uri}", markup=False)
     console.print(tracking_note or f"MLflow parent run {summary.parent_run_id} in {spec.tracking.mlflow_uri}",
                   markup=False)
-    return EXIT_OK if summary.ok else EXIT_PIPELINE
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    from enginefoundry.smoke import load_prompt_set, run_smoke, write_report
+    from enginefoundry.smoke import SmokeInputs, load_prompt_set, run_smoke, write_report
     from enginefoundry.smoke.policy import FAMILY_OF
     from enginefoundry.spec import SmokeSpec
     from enginefoundry.store.backends import open_store
@@ -120,14 +120,15 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             console.print(message, markup=False, soft_wrap=True)
 
     try:
-        report = run_smoke(spec, prompts, reference_dir=ref, base_url=args.endpoint, model_name=args.served_model,
+        report = run_smoke(SmokeInputs(spec, prompts, reference_dir=ref, base_url=args.endpoint,
+                           model_name=args.served_model,
                            served_tokenizer_dir=Path(args.served_tokenizer) if args.served_tokenizer else None,
                            precision=args.precision, progress=say, store=store,
                            server_log=Path(args.server_log) if args.server_log else None,
                            reference_device=args.reference_device, simulated=simulated,
                            checkpoint=Path(args.quantized_checkpoint) if args.quantized_checkpoint else None,
                            build_dtype=args.build_dtype,
-                           original_dir=Path(args.unquantized_original) if args.unquantized_original else None)
+                           original_dir=Path(args.unquantized_original) if args.unquantized_original else None))
     except ToolError as err:
         if "(0/" in str(err):  # not a single answer: the endpoint or the model name is wrong
             raise InputError(str(err).splitlines()[0]) from None

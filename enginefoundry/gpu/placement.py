@@ -33,3 +33,15 @@ def check_placement(target: Target, work_pool: str | None, gpus_needed: int | No
                              f"{target.pool}") from None
     chosen = match_target(target, gpus, gpus_needed)
     return f"target {target.name} matches {describe_gpus(chosen)}"
+
+
+def check_toolchain(unit: str, planned: dict[str, str], local: dict[str, str]) -> None:
+    """The worker's toolchain (the lane's versions here) is the one the unit's key was computed with (`planned`,
+    from its key components; empty: nothing to compare, the parent computed no key); PreflightError naming each
+    version that differs."""
+    if not planned or dict(sorted(local.items())) == planned:
+        return
+    diff = ", ".join(f"{k} {planned.get(k)} → {local.get(k)}" for k in sorted(set(planned) | set(local))
+                     if planned.get(k) != local.get(k))
+    raise PreflightError(f"unit {unit}: this worker's toolchain differs from the one its key was computed "
+                         f"with ({diff}); run workers and the parent from the same image")

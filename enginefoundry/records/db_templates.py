@@ -7,7 +7,7 @@ docs/scale.md). The first new file of a release is migrated by the tool itself a
 its per-file rows removed (`keep_as_template`); later new files start as a copy of it (`seed`), and the tool,
 opening a file whose schema is at its head revision, only checks it and adds its per-file rows (MLflow's
 Default experiment, with this file's artifact root). `started_from_template` is that protocol, used by
-`tracking.Tracker` and `flows/ephemeral_server.py`.
+`tracking.Tracker` and `orchestration/ephemeral_server.py`.
 
 A template is local state, and local state is untrusted input: whoever can write the cache can write a template
 and the digest beside it. So `seed` copies the template, then checks the copy before it becomes a database: the

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, TypeAlias
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
 
 from enginefoundry.errors import ToolError
 from enginefoundry.smoke.prompts import PromptCase
 
+RequestFields: TypeAlias = dict[str, JsonValue]
+"""Fields of an OpenAI chat request body (the endpoint's API; a lane's extra fields, e.g. `speculative: false`)."""
 
 class TokenLogprob(BaseModel):
     token: str
@@ -48,7 +50,7 @@ class ChatClient:
     """
 
     def __init__(self, base_url: str, model: str, *, max_tokens: int, want_logprobs: bool = True,
-                 timeout_s: float = 600.0, extra: dict[str, Any] | None = None) -> None:  # JSON edge: body fields
+                 timeout_s: float = 600.0, extra: RequestFields | None = None) -> None:
         self.url = base_url.rstrip("/") + "/v1/chat/completions"
         self.base_url = base_url
         self.model = model
@@ -109,8 +111,8 @@ class ChatClient:
         return scored
 
     def _ask(self, case: PromptCase, *, logprobs: bool, max_tokens: int | None = None) -> ServedAnswer:
-        body: dict[str, Any] = {"model": self.model, "messages": case.chat(),  # JSON edge: the request body
-                                "max_tokens": max_tokens or self.max_tokens, "temperature": 0.0, "stream": False}
+        body: RequestFields = {"model": self.model, "messages": _json_chat(case),
+                               "max_tokens": max_tokens or self.max_tokens, "temperature": 0.0, "stream": False}
         if logprobs:
             body.update({"logprobs": True, "top_logprobs": 1})
         body.update(self.extra)
@@ -189,3 +191,8 @@ def parse_prompt_logprobs(payload: Any, n_prompt: int,
             if isinstance(top, dict) else None
         out.append(ScoredToken(logprob=float(lp), top1=None if best is None else float(lp) >= best - 1e-6))
     return out, ""
+
+
+def _json_chat(case: PromptCase) -> list[JsonValue]:
+    """The case's chat messages as the request body's JSON."""
+    return [{key: value for key, value in message.items()} for message in case.chat()]

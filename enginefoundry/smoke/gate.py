@@ -6,6 +6,7 @@ against. Hard rules (tokenizer, chat template, EOS, degenerate, truncation) hold
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel
@@ -323,63 +324,85 @@ def _divergence_rules(cases: list[CaseEvidence], policy: GatePolicy, confidence:
     return rules
 
 
-def judge(
-    cases: list[CaseEvidence], policy: GatePolicy, *, max_new_tokens: int, reference_tokenizer_digest: str,
-    served_tokenizer_digest: str | None = None, logprob_mean_abs_diff: float | None = None,
-    logprob_tokens: int = 0, small_sample: Literal["refuse", "warn"] = "refuse",
-    min_full_agreement: float | None = None, confidence: float = 0.95, reference: str = "",
-    server_message: str | None = None, logprob_unavailable: str | None = None,
-    teacher_forced: TeacherForced | None = None, spread: LogprobSpread | None = None, reference_why: str = "",
-    teacher_forced_slices: dict[str, TeacherForced] | None = None, logprobs_required: bool = False,
-    accuracy_against: tuple[str, dict[str, bool]] | None = None,
-) -> GateVerdict:
-    """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
-    the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
-    the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`. So are the teacher-forced
-    rules (`teacher_forced_slices`), each slice against the spread of its own prompts (LogprobSpread.restricted).
+@dataclass(frozen=True)
+class JudgeInputs:
+    """What the gate judges besides the cases and the policy: the run's settings (max_new_tokens, small_sample,
+    min_full_agreement, confidence, logprobs_required), the tokenizers' digests, the log-prob and teacher-forced
+    measurements, the spread the bounds follow from, and which reference and why.
+
     `accuracy_against` (what, case id → correct): task accuracy judged against those answers instead of the
     reference's (a unit judged against fp32 without a like-with-like reference: its quantization's proxy, whose own
     cost is a rule apart)."""
+
+    max_new_tokens: int
+    reference_tokenizer_digest: str
+    served_tokenizer_digest: str | None = None
+    logprob_mean_abs_diff: float | None = None
+    logprob_tokens: int = 0
+    small_sample: Literal["refuse", "warn"] = "refuse"
+    min_full_agreement: float | None = None
+    confidence: float = 0.95
+    reference: str = ""
+    server_message: str | None = None
+    logprob_unavailable: str | None = None
+    teacher_forced: TeacherForced | None = None
+    spread: LogprobSpread | None = None
+    reference_why: str = ""
+    teacher_forced_slices: dict[str, TeacherForced] | None = None
+    logprobs_required: bool = False
+    accuracy_against: tuple[str, dict[str, bool]] | None = None
+
+
+def judge(cases: list[CaseEvidence], policy: GatePolicy, given: JudgeInputs) -> GateVerdict:
+    """Every rule with its numbers. The divergence rules (first-N-token agreement, matched prefix) are judged on
+    the whole set and again on each named slice (CaseEvidence.slice), with the same bounds; a failing slice fails
+    the verdict under its own rule name, e.g. `first-4-token agreement [long-context]`. So are the teacher-forced
+    rules (`teacher_forced_slices`), each slice against the spread of its own prompts (LogprobSpread.restricted)."""
     if not cases:
         raise ValueError("no cases to judge")
-    server = _rule_server(cases, server_message)
+    server = _rule_server(cases, given.server_message)
+    spread = given.spread
     rules = [
         *([server] if server is not None else []),
-        _rule_answers(cases, max_new_tokens),
-        _rule_tokenizer(cases, served_tokenizer_digest, reference_tokenizer_digest),
+        _rule_answers(cases, given.max_new_tokens),
+        _rule_tokenizer(cases, given.served_tokenizer_digest, given.reference_tokenizer_digest),
         _rule_eos(cases),
         _rule_degenerate(cases, policy),
     ]
     graded = [c for c in cases if c.served_correct is not None and c.reference_correct is not None]
-    rules.append(_rule_sample_size(len(graded), policy, small_sample))
+    rules.append(_rule_sample_size(len(graded), policy, given.small_sample))
     if graded:
-        against, correct = accuracy_against or ("reference", {c.id: bool(c.reference_correct) for c in graded})
+        against, correct = given.accuracy_against or ("reference",
+                                                      {c.id: bool(c.reference_correct) for c in graded})
         rules.append(_rule_accuracy(paired_noninferiority(
             [correct[c.id] for c in graded], [bool(c.served_correct) for c in graded],
             margin=policy.accuracy_margin, alpha=policy.alpha), against))
-    rules += _divergence_rules(cases, policy, confidence, spread=spread)
+    rules += _divergence_rules(cases, policy, given.confidence, spread=spread)
     for name in slice_names(cases):
-        rules += _divergence_rules([c for c in cases if c.slice == name], policy, confidence, slice_name=name,
-                                   spread=spread)
-    rules += _logprob_rules(policy, logprob_mean_abs_diff, logprob_tokens, logprob_unavailable, teacher_forced,
-                            spread, required=logprobs_required)
-    for name, part in (teacher_forced_slices or {}).items():  # a fault of positions shows at a distance
+        rules += _divergence_rules([c for c in cases if c.slice == name], policy, given.confidence,
+                                   slice_name=name, spread=spread)
+    rules += _logprob_rules(policy, given.logprob_mean_abs_diff, given.logprob_tokens, given.logprob_unavailable,
+                            given.teacher_forced, spread, required=given.logprobs_required)
+    for name, part in (given.teacher_forced_slices or {}).items():  # a fault of positions shows at a distance
         ids = {c.id for c in cases if c.slice == name}
         part_spread = spread.restricted(ids) if spread is not None else None
         rules += _teacher_rules(part, policy, part_spread if part_spread is not None else spread, slice_name=name)
+    rules.append(_rule_full_agreement(cases, given.min_full_agreement, given.confidence))
+    return GateVerdict(passed=all(r.ok for r in rules), rules=rules, reference=given.reference, policy=policy,
+                       reference_why=given.reference_why)
+
+
+def _rule_full_agreement(cases: list[CaseEvidence], min_full_agreement: float | None, confidence: float) -> GateRule:
     n = len(cases)
     agree = sum(c.agree for c in cases)
     if min_full_agreement is not None:
         lb = wilson_lower_bound(agree, n, confidence)
         ok = lb >= min_full_agreement
-        rules.append(GateRule(name="full-answer agreement", ok=ok, kind="divergence",
-                              detail=f"{agree}/{n}, {confidence:.0%} lower bound {lb:.3f} "
-                                     f"{'≥' if ok else '<'} {min_full_agreement}"))
-    else:
-        rules.append(GateRule(name="full-answer agreement", ok=True, kind="info",
-                              detail=f"{agree}/{n} (reported, not judged: late drift is expected below fp32)"))
-    return GateVerdict(passed=all(r.ok for r in rules), rules=rules, reference=reference, policy=policy,
-                       reference_why=reference_why)
+        return GateRule(name="full-answer agreement", ok=ok, kind="divergence",
+                        detail=f"{agree}/{n}, {confidence:.0%} lower bound {lb:.3f} "
+                               f"{'≥' if ok else '<'} {min_full_agreement}")
+    return GateRule(name="full-answer agreement", ok=True, kind="info",
+                    detail=f"{agree}/{n} (reported, not judged: late drift is expected below fp32)")
 
 
 def logprob_bound(policy: GatePolicy, spread: LogprobSpread | None) -> tuple[float, str]:

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from enginefoundry.catalog.schemes import SchemeKind, scheme_of, store_forms
 from enginefoundry.confine import relative_posix
-from enginefoundry.errors import StoreError, naming_full_disk
+from enginefoundry.errors import StoreError, naming_full_disk, store_error
 from enginefoundry.identity import CHUNK
 from enginefoundry.runner import pid_alive
 from enginefoundry.store.layout import blob_key, is_blob_key, quarantine_key
@@ -541,9 +541,9 @@ class S3Store(Store):
             return response
         except ClientError as err:
             code = err.response.get("Error", {}).get("Code", "?")
-            raise StoreError(f"{what} failed on {self.uri}: {code}") from None
+            raise store_error(f"{what} failed on {self.uri}: {code}", err) from None
         except BotoCoreError as err:
-            raise StoreError(f"{what} failed on {self.uri}: {type(err).__name__}: {err}") from None
+            raise store_error(f"{what} failed on {self.uri}: {type(err).__name__}: {err}", err) from None
 
     @staticmethod
     def _precondition_failed(err: ClientError) -> bool:
@@ -561,9 +561,10 @@ class S3Store(Store):
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
-            raise StoreError(f"cannot check {self.url(key)}: {err.response.get('Error', {}).get('Code')}") from None
+            raise store_error(
+                f"cannot check {self.url(key)}: {err.response.get('Error', {}).get('Code')}", err) from None
         except BotoCoreError as err:
-            raise StoreError(f"cannot check {self.url(key)}: {type(err).__name__}: {err}") from None
+            raise store_error(f"cannot check {self.url(key)}: {type(err).__name__}: {err}", err) from None
 
     def exists(self, key: str) -> bool:
         return self._head(key) is not None
@@ -598,10 +599,11 @@ class S3Store(Store):
             except ClientError as err:
                 if conditional and self._precondition_failed(err):
                     raise _Exists from None
-                raise StoreError(f"uploading {self.url(key)} failed on {self.uri}: "
-                                 f"{err.response.get('Error', {}).get('Code', '?')}") from None
+                raise store_error(f"uploading {self.url(key)} failed on {self.uri}: "
+                                  f"{err.response.get('Error', {}).get('Code', '?')}", err) from None
             except Exception as err:
-                raise StoreError(f"uploading {self.url(key)} failed on {self.uri}: {type(err).__name__}") from None
+                raise store_error(
+                    f"uploading {self.url(key)} failed on {self.uri}: {type(err).__name__}", err) from None
             return len(data), hashlib.sha256(data).hexdigest()
         return self._multipart(local, key, extra)
 
@@ -642,8 +644,8 @@ class S3Store(Store):
             except ClientError as err:
                 if extra and self._precondition_failed(err):
                     raise _Exists from None
-                raise StoreError(f"completing upload of {self.url(key)} failed on {self.uri}: "
-                                 f"{err.response.get('Error', {}).get('Code', '?')}") from None
+                raise store_error(f"completing upload of {self.url(key)} failed on {self.uri}: "
+                                  f"{err.response.get('Error', {}).get('Code', '?')}", err) from None
         except BaseException:
             # The server may be gone; the original error is the one to report.
             with contextlib.suppress(Exception):
@@ -685,7 +687,8 @@ class S3Store(Store):
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
-            raise StoreError(f"reading {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+            raise store_error(
+                f"reading {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}", err) from None
         return resp["Body"].read(), resp["ETag"]
 
     def replace_if(self, key: str, data: bytes, version: str | None) -> str | None:
@@ -702,7 +705,8 @@ class S3Store(Store):
         except ClientError as err:
             if self._precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
-            raise StoreError(f"writing {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+            raise store_error(
+                f"writing {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}", err) from None
         etag: str | None = resp.get("ETag")
         if etag:
             return etag
@@ -718,7 +722,8 @@ class S3Store(Store):
         except ClientError as err:
             if self._precondition_failed(err) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return False
-            raise StoreError(f"deleting {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}") from None
+            raise store_error(
+                f"deleting {self.url(key)} failed: {err.response.get('Error', {}).get('Code')}", err) from None
         return True
 
     def list(self, prefix: str) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes.reference import BUNDLE_MODEL_DIR, ReferenceLane
 from enginefoundry.model_server import Endpoint, free_port, is_alive, serving
-from enginefoundry.smoke import SmokeReport, load_prompt_set, run_smoke, write_report
+from enginefoundry.smoke import SmokeInputs, SmokeReport, load_prompt_set, run_smoke, write_report
 from enginefoundry.smoke.lm_eval import LmEvalConfig, lm_eval_version, run_lm_eval
 from enginefoundry.spec import load_spec
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
@@ -30,10 +30,10 @@ SPEC = load_spec(REPO / "configs" / "tiny-cpu.yaml")
 
 
 def _smoke(endpoint: Endpoint, progress: Callable[[str], None] = lambda _: None) -> SmokeReport:
-    return run_smoke(SPEC.smoke, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL,
+    return run_smoke(SmokeInputs(SPEC.smoke, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL,
                      base_url=endpoint.base_url, model_name=endpoint.model_name,
                      served_tokenizer_dir=Path(endpoint.tokenizer_dir), progress=progress,
-                     server_alive=lambda: is_alive(endpoint.pid))
+                     server_alive=lambda: is_alive(endpoint.pid)))
 
 
 def _copy(bundle: Path, dest: Path) -> Path:

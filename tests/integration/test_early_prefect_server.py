@@ -1,5 +1,5 @@
 """The temporary Prefect API server that `enginefoundry run` starts before it imports Prefect
-(flows/ephemeral.py: start_early_server, EarlyServer.adopt): Prefect uses it instead of starting its own, and a
+(orchestration/ephemeral.py: start_early_server, EarlyServer.adopt): Prefect uses it instead of starting its own, and a
 kill -9 of the CLI at any moment (while it boots, once adopted) leaves no process behind. Each child carries a
 marker in its environment; survivors are found by scanning /proc/*/environ for it."""
 

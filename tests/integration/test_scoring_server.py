@@ -16,7 +16,7 @@ import pytest
 
 from enginefoundry.lanes.base import Command, ServeCommand
 from enginefoundry.model_server import free_port, serving
-from enginefoundry.smoke import load_prompt_set, run_smoke
+from enginefoundry.smoke import SmokeInputs, load_prompt_set, run_smoke
 from enginefoundry.spec import SmokeSpec
 from tests.support.paths import REPO, TINY_MODEL, TINY_PROMPTS
 
@@ -33,9 +33,9 @@ def _serve(model: Path, tmp: Path, *extra: str):
 
 def _smoke(ep, tmp: Path, precision: str = "fp32"):
     spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, reference_precision="unit")
-    return run_smoke(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL, base_url=ep.base_url,
+    return run_smoke(SmokeInputs(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL, base_url=ep.base_url,
                      model_name=ep.model_name, served_tokenizer_dir=None, precision=precision,
-                     progress=lambda _: None, server_log=Path(ep.log_path))
+                     progress=lambda _: None, server_log=Path(ep.log_path)))
 
 
 def test_healthy_unit_passes_every_logprob_check_and_a_scaled_final_norm_fails(tmp_path: Path, monkeypatch):

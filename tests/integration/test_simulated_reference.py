@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.lanes.base import Command, ServeCommand
 from enginefoundry.model_server import free_port, serving
-from enginefoundry.smoke import load_prompt_set, run_smoke
+from enginefoundry.smoke import SmokeInputs, load_prompt_set, run_smoke
 from enginefoundry.smoke.simulated import SIMULATED, _fold, config_for, simulate, simulated_key, trtllm_weight_only
 from enginefoundry.spec import SmokeSpec
 from enginefoundry.spec.checks import SIMULATED_PRECISIONS
@@ -125,9 +125,9 @@ def test_a_quantized_unit_is_judged_against_its_simulation(tmp_path: Path, monke
 
     def judge(model: Path):
         with _serve(model, tmp_path) as ep:
-            return run_smoke(spec, prompts, reference_dir=TINY_MODEL, base_url=ep.base_url,
+            return run_smoke(SmokeInputs(spec, prompts, reference_dir=TINY_MODEL, base_url=ep.base_url,
                              model_name=ep.model_name, served_tokenizer_dir=model, precision="int4_wo",
-                             progress=lambda _: None, simulated=True)
+                             progress=lambda _: None, simulated=True))
 
     healthy = judge(_engine_build(sim.folder, tmp_path / "int4_wo"))
     assert healthy.passed, healthy.verdict.reason
@@ -159,9 +159,9 @@ def test_by_default_a_weight_only_unit_is_judged_like_with_like_and_fp8_against_
     sim = simulate(TINY_MODEL, "int8_wo", prompts.cases, progress=lambda _: None)
     with _serve(_engine_build(sim.folder, tmp_path / "int8_wo"), tmp_path) as ep:
         def judge(precision: str, smoke: SmokeSpec = spec):
-            return run_smoke(smoke, prompts, reference_dir=TINY_MODEL, base_url=ep.base_url,
+            return run_smoke(SmokeInputs(smoke, prompts, reference_dir=TINY_MODEL, base_url=ep.base_url,
                              model_name=ep.model_name, served_tokenizer_dir=None, precision=precision,
-                             progress=lambda _: None)
+                             progress=lambda _: None))
 
         int8 = judge("int8_wo")
         fp8 = judge("fp8")
@@ -181,16 +181,17 @@ def test_by_default_a_weight_only_unit_is_judged_like_with_like_and_fp8_against_
     assert (tmp_path / "refs" / f"{fp8.reference.key}.qspread-fp8-fp16-v1.json").is_file()
     refuse = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn", no_like_reference="refuse")
     with pytest.raises(InputError, match=r"smoke\.no_like_reference: refuse: a fp8 unit has no reference"):
-        run_smoke(refuse, prompts, reference_dir=TINY_MODEL, base_url="http://127.0.0.1:9", model_name="tiny",
-                  served_tokenizer_dir=None, precision="fp8", progress=lambda _: None)
+        run_smoke(SmokeInputs(refuse, prompts, reference_dir=TINY_MODEL, base_url="http://127.0.0.1:9",
+                              model_name="tiny",
+                  served_tokenizer_dir=None, precision="fp8", progress=lambda _: None))
 
 
 def test_a_precision_without_a_simulation_is_refused_before_the_endpoint_is_asked():
     spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn")
     with pytest.raises(InputError, match="fp8 is not simulated"):
-        run_smoke(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL, base_url="http://127.0.0.1:9",
+        run_smoke(SmokeInputs(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL, base_url="http://127.0.0.1:9",
                   model_name="tiny", served_tokenizer_dir=None, precision="fp8", progress=lambda _: None,
-                  simulated=True)
+                  simulated=True))
 
 
 def test_the_smoke_command_says_which_precisions_it_simulates(tmp_path: Path):

@@ -9,7 +9,7 @@ import yaml
 
 from enginefoundry.errors import SpecError
 from enginefoundry.smoke.client import ScoredToken
-from enginefoundry.smoke.gate import CaseEvidence, judge
+from enginefoundry.smoke.gate import CaseEvidence, JudgeInputs, judge
 from enginefoundry.smoke.logprobs import compare_teacher_forced
 from enginefoundry.smoke.policy import policy_for
 from enginefoundry.smoke.reference import ReferenceAnswer
@@ -28,7 +28,8 @@ def _cases(n: int = 60) -> list[CaseEvidence]:
 
 
 def _judge(**kw):
-    return judge(_cases(), policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64, **kw)
+    return judge(_cases(), policy_for("bf16"),
+                 JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64, **kw))
 
 
 def test_a_pass_with_log_prob_checks_not_run_says_so_and_never_all_rules_passed():

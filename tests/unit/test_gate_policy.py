@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from enginefoundry.smoke.gate import CaseEvidence, judge
+from enginefoundry.smoke.gate import CaseEvidence, JudgeInputs, judge
 from enginefoundry.smoke.policy import DEFAULT_POLICIES, PrecisionFamily, policy_for, policy_table_markdown
 from enginefoundry.smoke.stats import min_sample_size, paired_noninferiority, tango_z
 
@@ -86,8 +86,8 @@ REF = "the capital of that country is the city you asked about"
 
 
 def _judge(cases: list[CaseEvidence], precision: str = "bf16", **kw):
-    return judge(cases, policy_for(precision), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
-                 reference="fp32 reference abc", **kw)
+    return judge(cases, policy_for(precision), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+                 reference="fp32 reference abc", **kw))
 
 
 def test_late_drift_passes_the_16_bit_gate_and_names_its_reference():

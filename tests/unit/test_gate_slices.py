@@ -10,7 +10,7 @@ import pytest
 
 from enginefoundry.errors import InputError
 from enginefoundry.smoke import SliceSummary, SmokeReport, load_prompt_set
-from enginefoundry.smoke.gate import CaseEvidence, first_n_count_needed, judge
+from enginefoundry.smoke.gate import CaseEvidence, JudgeInputs, first_n_count_needed, judge
 from enginefoundry.smoke.policy import policy_for
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, prompts_digest
@@ -30,7 +30,7 @@ def _case(i: int, served: str, ref: str = REF, *, slice_name: str | None = None)
 
 
 def _judge(cases: list[CaseEvidence], precision: str = "bf16"):
-    return judge(cases, policy_for(precision), max_new_tokens=16, reference_tokenizer_digest="t" * 64)
+    return judge(cases, policy_for(precision), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64))
 
 
 def _write(tmp_path: Path, rows: list[dict]) -> Path:

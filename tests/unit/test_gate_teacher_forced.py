@@ -8,7 +8,7 @@ import pytest
 
 from enginefoundry.smoke import reference_precision_for
 from enginefoundry.smoke.client import ScoredToken, parse_prompt_logprobs
-from enginefoundry.smoke.gate import CaseEvidence, judge, logprob_bound
+from enginefoundry.smoke.gate import CaseEvidence, JudgeInputs, judge, logprob_bound
 from enginefoundry.smoke.logprobs import compare_teacher_forced, measure_spread
 from enginefoundry.smoke.policy import policy_for
 from enginefoundry.smoke.reference import ReferenceAnswer
@@ -77,8 +77,8 @@ def _cases(n: int = 60) -> list[CaseEvidence]:
 
 
 def _judge(**kw):
-    return judge(_cases(), policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
-                 reference="bf16 reference abc", **kw)
+    return judge(_cases(), policy_for("bf16"), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+                 reference="bf16 reference abc", **kw))
 
 
 def test_a_scaled_final_norm_keeps_greedy_text_and_fails_the_teacher_forced_distance():
@@ -146,12 +146,12 @@ def test_a_slice_is_judged_on_its_own_against_its_own_spread():
                     ScoredToken(logprob=-0.3, top1=True)] for i, cid in enumerate(ids)}
     whole = compare_teacher_forced(scores, refs)
     part = compare_teacher_forced({k: v for k, v in scores.items() if k in ids[:12]}, refs)
-    v = judge(cases, policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
-              teacher_forced=whole, spread=spread, teacher_forced_slices={"long-context": part})
+    v = judge(cases, policy_for("bf16"), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+              teacher_forced=whole, spread=spread, teacher_forced_slices={"long-context": part}))
     assert [r.name for r in v.failed] == ["teacher-forced log-prob distance [long-context]"]
     assert "over 24 reference tokens of 12 answers > limit 0.025 (2 × spread 0.0100 + 0.005" in v.reason
-    assert judge(cases, policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
-                 teacher_forced=whole, spread=spread).passed  # without the slice: the false accept
+    assert judge(cases, policy_for("bf16"), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+                 teacher_forced=whole, spread=spread)).passed  # without the slice: the false accept
 
 
 def _fragile_slice(unit_agrees: int, healthy_misses: int, *, per_prompt: bool = True):
@@ -165,8 +165,9 @@ def _fragile_slice(unit_agrees: int, healthy_misses: int, *, per_prompt: bool = 
     b = [([-1.0] * 4, [i < 16 - healthy_misses] * 4) for i in range(16)]
     spread = measure_spread(a, b, reference_key="k" * 64, precision="bf16", computation_a="a", computation_b="b",
                             ids=[c.id for c in cases] if per_prompt else None)
-    return judge(cases, policy_for("bf16"), max_new_tokens=16, reference_tokenizer_digest="t" * 64, spread=spread,
-                 small_sample="warn")
+    return judge(cases, policy_for("bf16"), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+                                                      spread=spread,
+                                                      small_sample="warn"))
 
 
 def test_text_bounds_come_down_where_a_healthy_computation_of_the_reference_does_not_reach_the_table():

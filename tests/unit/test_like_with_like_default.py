@@ -128,16 +128,16 @@ def test_smoke_help_names_the_scoring_server(capsys):
 def test_task_accuracy_can_be_judged_against_the_quantizations_proxy():
     """A unit judged against fp32 without a like-with-like reference: its accuracy against the source's weights
     rounded to its format (the format's own cost is the rule `quantization cost`), not against the fp32 source."""
-    from enginefoundry.smoke.gate import CaseEvidence, judge
+    from enginefoundry.smoke.gate import CaseEvidence, JudgeInputs, judge
     from enginefoundry.smoke.policy import policy_for
 
     cases = [CaseEvidence(id=f"q{i}", served="a", reference="a", served_ids=[1], reference_ids=[1],
                           served_correct=i >= 10, reference_correct=True, served_finish="stop",
                           reference_finish="stop") for i in range(60)]
-    against_fp32 = judge(cases, policy_for("fp8"), max_new_tokens=16, reference_tokenizer_digest="t" * 64)
+    against_fp32 = judge(cases, policy_for("fp8"), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64))
     assert "task accuracy" in [r.name for r in against_fp32.failed]  # 50/60 vs 60/60
-    proxy = judge(cases, policy_for("fp8"), max_new_tokens=16, reference_tokenizer_digest="t" * 64,
-                  accuracy_against=("the fp8-rounded source", {f"q{i}": i >= 8 for i in range(60)}))
+    proxy = judge(cases, policy_for("fp8"), JudgeInputs(max_new_tokens=16, reference_tokenizer_digest="t" * 64,
+                  accuracy_against=("the fp8-rounded source", {f"q{i}": i >= 8 for i in range(60)})))
     (rule,) = [r for r in proxy.rules if r.name == "task accuracy"]
     assert rule.ok and rule.detail.startswith("50/60 vs the fp8-rounded source 52/60 (paired: 2 only the "
                                               "fp8-rounded source right, 0 only the unit right)")

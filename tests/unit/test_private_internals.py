@@ -1,4 +1,4 @@
-"""The start-up and exit tricks on private internals (enginefoundry/_startup.py, flows/_prefect_private.py): at
+"""The start-up and exit tricks on private internals (enginefoundry/_startup.py, orchestration/_prefect_private.py): at
 the installed versions every private name they use is still there (this fails the day an upgrade removes one),
 and a version they were not measured on takes the public path."""
 
@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from enginefoundry import _startup
-from enginefoundry.flows import _prefect_private as pp
-from enginefoundry.flows.ephemeral import _GuardedSubprocess
+from enginefoundry.orchestration import _prefect_private as pp
+from enginefoundry.orchestration.ephemeral import _GuardedSubprocess
 
 
 def test_installed_python_is_a_measured_one_and_its_private_names_exist() -> None:
@@ -29,7 +29,7 @@ def test_installed_python_is_a_measured_one_and_its_private_names_exist() -> Non
 def test_installed_prefect_is_a_measured_one_and_its_private_names_exist() -> None:
     assert pp.prefect_version() in pp.MEASURED_PREFECT, (
         f"Prefect {pp.prefect_version()} is not one the start-up tricks were measured on: read "
-        "flows/_prefect_private.py against its source, measure, and add it to MEASURED_PREFECT")
+        "orchestration/_prefect_private.py against its source, measure, and add it to MEASURED_PREFECT")
     assert pp.prefect_tricks_apply()
     assert pp.private_names_present()
     from prefect.server.api import server
@@ -50,7 +50,7 @@ def test_installed_prefect_is_a_measured_one_and_its_private_names_exist() -> No
 
 @pytest.mark.parametrize("version", ["3.9.0", "3.9.2", "4.0.0", "3.11.7"])
 def test_an_unmeasured_prefect_takes_the_public_path(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from enginefoundry.flows import ephemeral
+    from enginefoundry.orchestration import ephemeral
 
     assert not pp.prefect_tricks_apply(version)
     monkeypatch.setattr(pp, "prefect_version", lambda: version)

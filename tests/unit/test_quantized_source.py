@@ -199,7 +199,7 @@ def test_the_keys_record_the_checkpoints_own_quantization(tmp_path: Path):
 
 def test_the_smoke_command_refuses_a_pre_quantized_reference_it_cannot_dequantize(tmp_path: Path):
     from enginefoundry.errors import InputError
-    from enginefoundry.smoke import load_prompt_set, run_smoke
+    from enginefoundry.smoke import SmokeInputs, load_prompt_set, run_smoke
     from enginefoundry.spec import SmokeSpec
     from tests.support.paths import TINY_PROMPTS
 
@@ -207,5 +207,5 @@ def test_the_smoke_command_refuses_a_pre_quantized_reference_it_cannot_dequantiz
                                     "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
     spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn")
     with pytest.raises(InputError, match=r"is pre-quantized \(FP8 \(fp8, KV FP8.*the gate has no reference"):
-        run_smoke(spec, load_prompt_set(TINY_PROMPTS), reference_dir=folder, base_url="http://127.0.0.1:9",
-                  model_name="tiny", served_tokenizer_dir=None, precision="fp8", progress=lambda _: None)
+        run_smoke(SmokeInputs(spec, load_prompt_set(TINY_PROMPTS), reference_dir=folder, base_url="http://127.0.0.1:9",
+                  model_name="tiny", served_tokenizer_dir=None, precision="fp8", progress=lambda _: None))

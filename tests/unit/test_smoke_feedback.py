@@ -16,10 +16,10 @@ import pytest
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.model_server import free_port
 from enginefoundry.planning.validate import _prompt_problems
-from enginefoundry.smoke import ask_all, check_prompt_count, last_error_line, load_prompt_set, run_smoke
+from enginefoundry.smoke import SmokeInputs, ask_all, check_prompt_count, last_error_line, load_prompt_set, run_smoke
 from enginefoundry.smoke import reference as reference_mod
 from enginefoundry.smoke.client import ChatClient
-from enginefoundry.smoke.gate import CaseEvidence, judge
+from enginefoundry.smoke.gate import CaseEvidence, JudgeInputs, judge
 from enginefoundry.smoke.policy import policy_for
 from enginefoundry.smoke.prompts import PromptSet
 from enginefoundry.spec import SmokeSpec, load_spec
@@ -79,9 +79,9 @@ def test_dead_endpoint_is_found_before_any_reference_work(tmp_path: Path, monkey
     before = reference_mod.COMPUTE_COUNT["n"]
     spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6)
     with pytest.raises(ToolError) as caught:
-        run_smoke(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL,
+        run_smoke(SmokeInputs(spec, load_prompt_set(TINY_PROMPTS), reference_dir=TINY_MODEL,
                   base_url=f"http://127.0.0.1:{free_port()}", model_name="m", served_tokenizer_dir=None,
-                  precision="bf16", progress=lambda _: None)
+                  precision="bf16", progress=lambda _: None))
     assert "(0/108 prompts answered; checked before any reference work)" in str(caught.value)
     assert reference_mod.COMPUTE_COUNT["n"] == before and not (tmp_path / "refs").exists()
 
@@ -105,9 +105,9 @@ def test_a_prompt_set_too_small_for_the_policy_is_refused_with_the_number_needed
 def test_run_smoke_refuses_a_small_set_before_the_endpoint_or_the_reference(tmp_path: Path):
     before = reference_mod.COMPUTE_COUNT["n"]
     with pytest.raises(InputError, match="needs at least 47"):
-        run_smoke(SmokeSpec(prompts="p.jsonl"), _small_set(tmp_path), reference_dir=TINY_MODEL,
+        run_smoke(SmokeInputs(SmokeSpec(prompts="p.jsonl"), _small_set(tmp_path), reference_dir=TINY_MODEL,
                   base_url=f"http://127.0.0.1:{free_port()}", model_name="m", served_tokenizer_dir=None,
-                  precision="fp16", progress=lambda _: None)
+                  precision="fp16", progress=lambda _: None))
     assert reference_mod.COMPUTE_COUNT["n"] == before
 
 
@@ -140,8 +140,8 @@ def test_server_failure_is_its_own_rule_with_the_servers_words(tmp_path: Path):
     assert message == ("ValueError: Cannot use chat template functions because tokenizer.chat_template is not set")
     cases = [_case(i, served="", served_ids=[], refused="HTTP 500: Internal Server Error", server_error=True)
              for i in range(3)]
-    verdict = judge(cases, policy_for("fp32"), max_new_tokens=8, reference_tokenizer_digest="d",
-                    server_message=message, small_sample="warn")
+    verdict = judge(cases, policy_for("fp32"), JudgeInputs(max_new_tokens=8, reference_tokenizer_digest="d",
+                    server_message=message, small_sample="warn"))
     (rule,) = [r for r in verdict.rules if r.name == "server errors"]
     assert not rule.ok and rule.kind == "hard"
     assert rule.detail == ("the server failed on 3/3 prompts (e.g. 'c0': HTTP 500: Internal Server Error); the "
@@ -162,7 +162,7 @@ def test_reference_computation_reports_progress():
 def test_a_log_prob_check_that_could_not_run_is_named_in_the_verdict():
     cases = [_case(i) for i in range(3)]
     why = "the endpoint returned no log-probs in 3 answers (it ignores `logprobs: true, top_logprobs: 1`)"
-    verdict = judge(cases, policy_for("fp32"), max_new_tokens=8, reference_tokenizer_digest="d",
-                    small_sample="warn", logprob_unavailable=why)
+    verdict = judge(cases, policy_for("fp32"), JudgeInputs(max_new_tokens=8, reference_tokenizer_digest="d",
+                    small_sample="warn", logprob_unavailable=why))
     (rule,) = [r for r in verdict.rules if r.name == "log-prob distance"]
     assert rule.ok and rule.warning and rule.kind == "info" and rule.detail.startswith(f"not run: {why}; ")

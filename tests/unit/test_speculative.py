@@ -347,6 +347,7 @@ def test_the_pipeline_serves_the_twin_after_the_units_server_and_always_stops_it
     benchmark's points where the unit was benchmarked, and stopped, also when a stage fails."""
     from enginefoundry.flows import unit as unit_flow
     from enginefoundry.records.outcomes import UnitCommands
+    from enginefoundry.records.unit_run import UnitRun
 
     calls: list[str] = []
     ep = type("Ep", (), {"command": "trtllm-serve twin"})()
@@ -360,19 +361,20 @@ def test_the_pipeline_serves_the_twin_after_the_units_server_and_always_stops_it
     monkeypatch.setattr(unit_flow, "smoke_twin", lambda spec, e, report, d: calls.append("smoke") or "judged")
     monkeypatch.setattr(unit_flow, "twin_benchmark",
                         lambda spec, e, sweep, d, unit=None: calls.append("bench") or "measured")
-    stages: dict[str, float] = {"serve": 1.0}
-    commands = UnitCommands()
-    out = unit_flow.serve_twin(None, None, "b", tmp_path, "report", "sweep", stages, commands)
+    run = UnitRun(key="k", run_id="r", unit_dir=tmp_path, commands=UnitCommands(), stages={"serve": 1.0})
+    out = unit_flow.serve_twin(None, None, "b", run, "report", "sweep")
     assert out == ("judged", "measured") and calls == ["start twin=True", "smoke", "bench", "stop"]
-    assert commands.smoke_serve == ["trtllm-serve twin"] and stages["serve"] >= 1.0 and "bench" in stages
+    assert run.commands.smoke_serve == ["trtllm-serve twin"] and run.stages["serve"] >= 1.0 and "bench" in run.stages
     calls.clear()
-    assert unit_flow.serve_twin(None, None, "b", tmp_path, "r", None, {}, commands) == ("judged", None)
+    run = UnitRun(key="k", run_id="r", unit_dir=tmp_path, commands=UnitCommands())
+    assert unit_flow.serve_twin(None, None, "b", run, "r", None) == ("judged", None)
     assert calls == ["start twin=True", "smoke", "stop"]  # not benchmarked: no twin sweep
     calls.clear()
     monkeypatch.setattr(unit_flow, "smoke_twin", lambda *a: (_ for _ in ()).throw(RuntimeError("gone")))
+    run = UnitRun(key="k", run_id="r", unit_dir=tmp_path, commands=UnitCommands())
     with pytest.raises(RuntimeError):
-        unit_flow.serve_twin(None, None, "b", tmp_path, "r", None, {}, commands)
-    assert calls == ["start twin=True", "stop"]
+        unit_flow.serve_twin(None, None, "b", run, "r", None)
+    assert calls == ["start twin=True", "stop"] and "smoke" not in run.stages  # a stage that raised has no time
 
 
 # --- lane trtllm: the draft travels in the bundle ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Every use of a private internal of Prefect, in one place, guarded by the exact Prefect release it was read
 and measured on (`enginefoundry/_startup.py` holds Python's; this module sits in the flows layer because the
 domain never imports Prefect). On any other release `prefect_tricks_apply` is False and the callers
-(flows/ephemeral.py) leave Prefect to start and stop its temporary API server itself, as it does by default.
+(orchestration/ephemeral.py) leave Prefect to start and stop its temporary API server itself, as it does by default.
 What each trick saves today: docs/scale.md ("Start-up and exit tricks"); tests/unit/test_private_internals.py
 fails when a name used here disappears from the installed Prefect.
 

@@ -50,7 +50,7 @@ def guard_ephemeral_prefect_server() -> None:
     another Prefect release, nothing is replaced)."""
     if os.environ.get("PREFECT_API_URL"):
         return
-    from enginefoundry.flows._prefect_private import guard_server_subprocess
+    from enginefoundry.orchestration._prefect_private import guard_server_subprocess
 
     guard_server_subprocess(_GuardedSubprocess)
 
@@ -80,7 +80,7 @@ class EarlyServer:
         from prefect.server.api.server import SubprocessASGIServer
 
         from enginefoundry.console import say
-        from enginefoundry.flows._prefect_private import adopt_as_prefects_server
+        from enginefoundry.orchestration._prefect_private import adopt_as_prefects_server
 
         deadline = time.monotonic() + timeout_s
         with httpx.Client() as client:
@@ -127,10 +127,10 @@ def start_early_server() -> EarlyServer | None:
     (Prefect picks at random in 8000–8999); block types are not registered on start
     (PREFECT_API_BLOCKS_REGISTER_ON_START=false: ~2 s of a fresh database's start; the embedded mode uses no
     blocks, the cluster mode's Secret blocks live on a real server); and uvicorn is run through
-    `flows/ephemeral_server.py`, which first gives a new SQLite database a migrated start (≈ 3.5 s)."""
+    `orchestration/ephemeral_server.py`, which first gives a new SQLite database a migrated start (≈ 3.5 s)."""
     import importlib.util
 
-    from enginefoundry.flows._prefect_private import UVICORN_ENVIRONMENT, prefect_tricks_apply
+    from enginefoundry.orchestration._prefect_private import UVICORN_ENVIRONMENT, prefect_tricks_apply
 
     if os.environ.get("PREFECT_API_URL") or not prefect_tricks_apply():
         return None
@@ -145,8 +145,8 @@ def start_early_server() -> EarlyServer | None:
     env = {**tool_env(), **UVICORN_ENVIRONMENT,  # the server signs nothing: no signing key in its environment
            "PREFECT_API_BLOCKS_REGISTER_ON_START": os.environ.get("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")}
     # Prefect's `python -m uvicorn …`, through ephemeral_server: a fresh SQLite database starts as a migrated copy.
-    argv = [sys.executable, "-m", "enginefoundry.flows.ephemeral_server", "--app-dir", str(app_dir), "--factory",
-            "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", "enginefoundry.orchestration.ephemeral_server", "--app-dir", str(app_dir),
+            "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "error", "--lifespan", "on"]
     with signals_held():
         proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent())

@@ -1,0 +1,87 @@
+"""The unit's path stays lean (issue 35, "lean hubs"): no function in these modules is over 60 lines or takes more
+than 8 parameters (`self`/`cls` not counted; *args and **kwargs count one each). A function that must stay larger
+is listed below with the reason; the list only shrinks (a listed function that fits again fails the test until its
+entry is removed)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_LINES = 60
+MAX_PARAMS = 8
+
+# The modules on one unit's path that this test holds: the flows and tasks, the smoke stage, the orchestration
+# package, and the unit-path modules the lean-hubs work split.
+SCOPE = [
+    "flows", "tasks", "enginefoundry/smoke", "enginefoundry/orchestration",
+    "enginefoundry/cli/build.py", "enginefoundry/runner.py", "enginefoundry/model_server.py",
+    "enginefoundry/retry.py", "enginefoundry/records/unit_run.py", "enginefoundry/planning/checkpoint_reuse.py",
+]
+
+# path:function → why it stays as it is.
+EXEMPT = {
+    # Prefect deployment entry points: their parameters are the deployment's public form (the UI, `prefect
+    # deployment run -p`, automations.yaml, API callers), each documented under Args; bundling them breaks callers.
+    "flows/build_engines.py:build_engines": "deployment parameters are its public API",
+    "flows/rollout.py:rollout": "deployment parameters are its public API",
+    "flows/fleet.py:rollout_fleet": "deployment parameters are its public API (and 75 lines: not split yet)",
+    "flows/fleet.py:_member": "passes rollout's deployment parameters through",
+    "flows/dispatch.py:dispatch_units": "cluster dispatch: not split yet (issue 35 follow-up)",
+    # A Prefect task whose two last parameters (lm_eval, max_logprob_diff) no caller passes: spec.smoke.lm_eval is
+    # never wired to it. Whether to wire or drop them changes behaviour: left to a decision of its own.
+    "tasks/smoke.py:smoke_test": "two never-passed parameters await a decision (see above)",
+    # The reference store's entry points: 25 call sites in smoke/, tasks/ and tests; a key-and-settings model of
+    # their own is the next step (issue 35 follow-up).
+    "enginefoundry/smoke/reference.py:load_or_compute_reference": "25 call sites: follow-up",
+    "enginefoundry/smoke/reference.py:load_sibling_reference": "follow-up with load_or_compute_reference",
+    "enginefoundry/smoke/simulated.py:simulated_reference": "follow-up with load_or_compute_reference",
+    # The scoring server (a process of its own, `python -m enginefoundry.smoke.serve`): its request handler class
+    # and argument parsing, read top to bottom; not on the pipeline's Python call path.
+    "enginefoundry/smoke/serve.py:make_server": "the scoring server's handler class, in one closure",
+    "enginefoundry/smoke/serve.py:main": "the scoring server's argument parsing",
+    # runner.run_tool: keyword-only options of every tool call (16 call sites), each defaulted.
+    "enginefoundry/runner.py:run_tool": "keyword-only options, 16 call sites",
+}
+
+
+def _param_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = fn.args
+    names = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    n = len(names) + (a.vararg is not None) + (a.kwarg is not None)
+    return n - 1 if a.args and a.args[0].arg in ("self", "cls") else n
+
+
+def _functions() -> dict[str, tuple[int, int]]:
+    """path:function → (lines, parameters), for every function (nested ones too) in SCOPE."""
+    found: dict[str, tuple[int, int]] = {}
+    for entry in SCOPE:
+        root = REPO / entry
+        for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+            rel = path.relative_to(REPO).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                    found[f"{rel}:{node.name}"] = (node.end_lineno - node.lineno + 1, _param_count(node))
+    return found
+
+
+def test_no_function_on_the_units_path_is_over_60_lines_or_8_parameters() -> None:
+    over = {name: size for name, size in _functions().items()
+            if (size[0] > MAX_LINES or size[1] > MAX_PARAMS) and name not in EXEMPT}
+    assert not over, "split these (lines, parameters), or list one with its reason in EXEMPT: " + ", ".join(
+        f"{name} {size}" for name, size in sorted(over.items()))
+
+
+def test_every_exemption_is_still_needed() -> None:
+    sizes = _functions()
+    stale = [name for name in EXEMPT
+             if name not in sizes or (sizes[name][0] <= MAX_LINES and sizes[name][1] <= MAX_PARAMS)]
+    assert not stale, f"these fit now (or are gone): remove them from EXEMPT: {stale}"
+
+
+def test_the_scan_counts_lines_and_parameters_as_documented() -> None:
+    code = "class C:\n    def m(self, a, *args, b=1, **kw):\n        return a\n"
+    method = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.FunctionDef))
+    assert _param_count(method) == 4 and method.end_lineno is not None
+    assert method.end_lineno - method.lineno + 1 == 2
