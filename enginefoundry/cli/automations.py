@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from enginefoundry.cli.common import emit_json, wants_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, InputError
@@ -26,8 +28,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def load_automations(path: Path) -> list[dict[str, Any]]:  # JSON edge: automations.yaml entries
-    import yaml
-
     if not path.is_file():
         raise InputError(f"--file: {path} does not exist")
     data = yaml.safe_load(path.read_text())

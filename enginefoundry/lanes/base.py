@@ -6,6 +6,8 @@ Nothing outside a lane module knows a toolchain flag. Each lane turns the spec i
 
 from __future__ import annotations
 
+import json
+import shlex
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -35,8 +37,6 @@ class Command(BaseModel):
     template_keys: dict[str, list[str]] = Field(default_factory=dict, description="Triton template → keys")
 
     def shell(self) -> str:
-        import shlex
-
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return (env + " " if env else "") + shlex.join(self.argv)
 
@@ -142,8 +142,6 @@ class BundleInfo(_BundlePart):
     @classmethod
     def read(cls, bundle_dir: Path) -> BundleInfo:
         """The bundle's bundle.json; InputError when the folder has none or it is not one enginefoundry wrote."""
-        import json
-
         path = Path(bundle_dir) / BUNDLE_INFO
         try:
             data = json.loads(path.read_text())
@@ -156,8 +154,6 @@ class BundleInfo(_BundlePart):
         return cls.of(data, path)
 
     def write(self, bundle_dir: Path) -> None:
-        import json
-
         (Path(bundle_dir) / BUNDLE_INFO).write_text(json.dumps(self.as_json(), indent=2, sort_keys=True))
 
 
