@@ -10,11 +10,13 @@ release, a patch release included, takes the public path until someone measures 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import os
 import platform
 import sys
+import threading
 from typing import NoReturn
 
 MEASURED_PYTHON = ("3.11.7",)  # the CPython releases `exit_now`'s order was measured and read on
@@ -45,9 +47,6 @@ def exit_now(code: int) -> NoReturn:
     them). On a Python it was not measured on: `sys.exit(code)`, the interpreter's own full exit."""
     if not fast_exit_applies():
         sys.exit(code)
-    import atexit
-    import threading
-
     threading._shutdown()  # type: ignore[attr-defined]  # CPython-private (Lib/threading.py), not in typeshed
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

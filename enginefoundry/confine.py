@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path, PurePosixPath
 
 # A name that becomes one path component (model, variant, profile, target, unit, spec names).
@@ -116,8 +117,6 @@ def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of a file a user named, bounded: a regular file (a link to one is fine) of at most `limit` bytes.
     ValueError saying why not: a FIFO or device is refused before any read (no hang on a pipe nobody writes, no
     endless read of /dev/zero), and so is a larger file; OSError when it cannot be opened."""
-    import stat
-
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(f.fileno())

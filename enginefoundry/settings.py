@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from enginefoundry.catalog.schemes import SchemeKind, scheme_of
@@ -207,8 +207,6 @@ def resolve_destinations(spec: BuildSpec, *, store: str | None = None, mlflow_ur
 
 def apply_destinations(spec: BuildSpec, dest: Destinations) -> BuildSpec:
     """The spec with its effective destinations written in (what flows, units and manifests then use)."""
-    from pydantic import ValidationError
-
     from enginefoundry.errors import SpecError
     from enginefoundry.spec.outputs import PublishSpec, TrackingSpec
 

@@ -13,10 +13,10 @@ import os
 from typing import Any, cast
 
 from prefect import get_run_logger
-from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import FlowRunWaitTimeout, ObjectNotFound
 
 from enginefoundry.build.sources import SourceIdentity, SourceSnapshot
 from enginefoundry.build.units import KeyComponents, Unit
@@ -68,8 +68,6 @@ def existing_secret_blocks(client: SyncPrefectClient, wanted: dict[str, str]) ->
 
 def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str, Any]]:  # JSON edge: job variables
     """Per unit: its GPUs (tp × pp), the spec's image and digest, the GPU products, secrets by reference."""
-    from prefect.client.orchestration import get_client
-
     wanted = secret_env_map(os.environ.get(SECRET_ENV_VARIABLE))
     with get_client(sync_client=True) as client:
         secrets = existing_secret_blocks(client, wanted)
@@ -160,8 +158,6 @@ def _wait(started: dict[str, tuple[Unit, FlowRun]]) -> dict[str, FlowRun]:
 
 async def _wait_all(started: dict[str, tuple[Unit, FlowRun]], log: Any, timeout_s: float) -> dict[str, FlowRun]:
     import anyio
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import FlowRunWaitTimeout
     from prefect.flow_runs import wait_for_flow_run
     from prefect.states import Cancelling
 

@@ -32,6 +32,7 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any
 from uuid import UUID
 
@@ -199,8 +200,6 @@ def mark_cancel_intent() -> bool:
     with "Execution was aborted by a termination signal" (`handle_crash` for a SIGTERM without that intent,
     prefect/flow_engine.py@3.9.1; measured: the process worker's kill of a cancelled build and of its unit ended
     both Crashed). False, nothing done, on a Prefect release it was not measured on."""
-    from importlib import metadata
-
     from enginefoundry._startup import measured
 
     try:

@@ -10,6 +10,7 @@ Emitting never fails a stage: an event that cannot be sent is logged and dropped
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from enginefoundry.store.unit_status import UnitStatus
@@ -80,8 +81,6 @@ def flush_events(timeout_s: float = 15.0) -> None:
     """Wait (bounded) until Prefect's events worker has sent what is queued. A CLI command that exits right after
     emitting otherwise leaves the event to the exit-time drain, which prints "Still processing items: 1 items
     remaining..." (prefect/_internal/concurrency/services.py@3.9.1, QueueService._main_loop)."""
-    import threading
-
     from prefect.events.worker import EventsWorker
 
     waiter = threading.Thread(target=EventsWorker.instance().wait_until_empty, daemon=True)

@@ -13,13 +13,14 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench.noise import SideBySide
-from enginefoundry.build.units import toolchain_identity
+from enginefoundry.build.units import expand_units, toolchain_identity
 from enginefoundry.errors import ToolError
 from enginefoundry.lanes import get_lane
-from enginefoundry.records.promotion import Decision, PromotionPolicy, Registry, decide_promotions
+from enginefoundry.records.promotion import Decision, PromotionPolicy, Registry, alias_stems, decide_promotions
 from enginefoundry.records.run_records import report_dir
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.records.tracking import Tracker
+from enginefoundry.records.tracking import end_orphaned_runs as end_runs
 from enginefoundry.rollout.compare import ComparisonRow, comparison_rows, markdown
 from enginefoundry.rollout.source_change import ChangeReport, detect_change
 from enginefoundry.rollout.toolchain_channel import with_channel
@@ -65,9 +66,7 @@ def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeRe
 def measure_side_by_side(spec: BuildSpec, targets: list[str] | None, policy: PromotionPolicy) -> list[SideBySide]:
     """Per alias stem whose gated candidate the rule will compare with its champion: both builds served on this
     worker and benchmarked in alternating rounds (rollout.side_by_side), where this worker can serve them."""
-    from enginefoundry.build.units import expand_units
     from enginefoundry.records.alias_lineage import unit_lineage
-    from enginefoundry.records.promotion import alias_stems
     from enginefoundry.rollout.side_by_side import measure, not_servable_here, pending_comparison
     from enginefoundry.settings import work_root
 
@@ -146,8 +145,6 @@ def end_orphaned_runs(spec: BuildSpec) -> list[str]:
     never came back) end KILLED, on whichever host this rollout runs (records.tracking.end_orphaned_runs)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
-
-    from enginefoundry.records.tracking import end_orphaned_runs as end_runs
 
     tracker = Tracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
     with get_client(sync_client=True) as client:

@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.build.adapters import merged_source
 from enginefoundry.build.quantized_source import DEQUANTIZED, read_quantization
-from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.errors import InputError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.lanes.registry import get_lane
@@ -130,8 +130,6 @@ def unquantized_original(spec: BuildSpec, log: Callable[[str], None]) -> Path | 
     """`model.unquantized`, fetched here (the stage that needs it, on whichever machine runs it; the Hugging Face
     cache, the S3 cache folder or the local folder make a second fetch a lookup), None where the spec names none.
     InputError where it is quantized itself."""
-    from enginefoundry.build.sources import fetch
-
     src = spec.model.parsed_unquantized(spec.base_path)
     if src is None:
         return None

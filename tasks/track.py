@@ -5,6 +5,7 @@ These tasks carry no Prefect retries: every MLflow call is retried once, at the 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,6 @@ def prefect_context() -> dict[str, str]:
 
 def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
     """The smoke prompt set as an MLflow dataset input (source and digest, context "smoke"). Returns its digest."""
-    import warnings
-
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag

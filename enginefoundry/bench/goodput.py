@@ -4,6 +4,7 @@ the predictor said, with cost and energy at that point (docs/search.md)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.bench.costs import energy_mj
+from enginefoundry.bench.costs import energy_mj, unit_cost
 from enginefoundry.bench.result import BenchPoint
-from enginefoundry.spec import SearchSpec
+from enginefoundry.spec import Scenario, SearchSpec
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -170,8 +171,6 @@ def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer:
                 progress: Callable[[str], None] = print, gpus: list[int] | None = None) -> SearchVerdict:
     """Goodput at the SLO for a searched unit, predicted beside measured, $/1M output tokens and tokens/joule."""
     from enginefoundry.bench.aiperf import run_point
-    from enginefoundry.bench.costs import unit_cost
-    from enginefoundry.spec import Scenario
 
     search = spec.search
     assert search is not None, "verify_unit is for specs with a search section"
@@ -218,8 +217,6 @@ def verify_unit(spec: BuildSpec, unit: Unit, *, url: str, model: str, tokenizer:
 
 def unit_gpus(count: int) -> list[int]:
     """The NVML indices the unit's server uses: CUDA_VISIBLE_DEVICES when it lists indices, else 0 … count-1."""
-    import os
-
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if visible and all(v.isdigit() for v in visible):
         return [int(v) for v in visible][:count]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import yaml
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import PreflightError, ToolError
@@ -338,8 +339,6 @@ LLMAPI_FILES = ("config.pbtxt", "1/model.py", "1/model.yaml")
 def llmapi_template_keys(triton_dir: Path) -> dict[str, list[str]]:
     """{LLMAPI_TEMPLATE: dotted keys of its model.yaml (top level and triton_config.*)} when the tree has the LLM API
     Triton model (config.pbtxt, 1/model.py, 1/model.yaml), else {}. An unreadable model.yaml counts as absent."""
-    import yaml
-
     root = Path(triton_dir) / "all_models" / LLMAPI_TEMPLATE
     if not all((root / name).is_file() for name in LLMAPI_FILES):
         return {}

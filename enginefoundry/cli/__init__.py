@@ -11,6 +11,7 @@ global options (`-v/--verbose`, `--json`) are added to every subcommand here, so
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import traceback
 from collections.abc import Callable, Sequence
@@ -20,7 +21,9 @@ from enginefoundry import __version__
 from enginefoundry._startup import exit_now
 from enginefoundry.cli.common import emit_json, global_options, json_mode, network_hint
 from enginefoundry.console import error
-from enginefoundry.errors import EXIT_PIPELINE, EngineFoundryError
+from enginefoundry.errors import EXIT_PIPELINE, EngineFoundryError, disk_full_message, exception_chain
+
+__all__ = ["COMMANDS", "build_parser", "entry", "main"]
 
 COMMANDS = (
     "enginefoundry.cli.build",
@@ -91,10 +94,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _disk_full_hint(err: BaseException) -> str | None:
     """A full disk that no write site named: the file when the error has one, else the folders a run writes."""
-    import errno
-
-    from enginefoundry.errors import disk_full_message, exception_chain
-
     for e in exception_chain(err):
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             if e.filename:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
+
 from enginefoundry.cli.common import emit_json, wants_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, InputError
@@ -26,8 +28,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def load_automations(path: Path) -> list[JsonObject]:
-    import yaml
-
     if not path.is_file():
         raise InputError(f"--file: {path} does not exist")
     data = yaml.safe_load(path.read_text())

@@ -10,12 +10,13 @@ from enginefoundry.cli.common import (
     destination_flags,
     emit_json,
     load,
+    load_searched,
     quiet_prefect_defaults,
     start_prefect_early,
     wants_json,
 )
 from enginefoundry.cli.signing import export_trust, signing_line, trust_options
-from enginefoundry.console import console, error, table
+from enginefoundry.console import console, error, say, table
 from enginefoundry.errors import EXIT_INPUT, EXIT_OK, EXIT_PIPELINE
 from enginefoundry.spec import load_spec
 
@@ -195,7 +196,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     spec, dest = effective_spec(validate_file(args.spec, args.targets), store=args.store,
                                 mlflow_uri=args.mlflow_uri, s3_endpoint_url=args.s3_endpoint_url)
     if spec.search is not None:
-        from enginefoundry.console import say
         from enginefoundry.search.plan import materialise
 
         spec, _ = materialise(spec, args.targets, progress=say)
@@ -231,7 +231,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from enginefoundry.cli.common import load_searched
     from enginefoundry.planning.plan_report import plan_report
     from enginefoundry.rollout.toolchain_channel import channel_status
 
@@ -277,7 +276,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from enginefoundry.build.adapters import fetch_adapters
     from enginefoundry.build.quantized_source import refuse_contradiction
     from enginefoundry.build.sources import fetch
-    from enginefoundry.console import say
     from enginefoundry.lanes import get_lane
     from enginefoundry.lanes.speculation import fetch_speculative_draft
     from enginefoundry.planning.explain import explain

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
@@ -126,8 +127,6 @@ def network_hint(err: BaseException) -> str | None:
     for e in exception_chain(err):
         kind = type(e).__name__
         if kind in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
-            from urllib.parse import urlsplit
-
             raw = urlsplit(str(getattr(e, "kwargs", {}).get("endpoint_url", "")))
             url = f"{raw.scheme}://{raw.netloc}" if raw.netloc else "the S3 endpoint"
             return (f"cannot reach S3 at {url}: set AWS_ENDPOINT_URL_S3 (or --s3-endpoint-url, "

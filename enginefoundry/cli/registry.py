@@ -10,7 +10,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, mlflow_uri_of, wants_json
-from enginefoundry.cli.signing import trust_options
+from enginefoundry.cli.signing import SignatureRefused, policy_of, trust_options
 from enginefoundry.console import console, table
 from enginefoundry.errors import EXIT_OK, InputError
 
@@ -141,7 +141,6 @@ def _signature_gate(args: argparse.Namespace, version: ModelVersion,
     """Refuse (exit 1, naming the cause) a version whose signatures fail, or that is unsigned when signatures
     are required (the trust options, the spec's policy, $ENGINEFOUNDRY_REQUIRE_SIGNATURE). Returns what was checked:
     the build's signature verdict and the policy it was held to."""
-    from enginefoundry.cli.signing import SignatureRefused, policy_of
     from enginefoundry.evidence.attest import promotion_refusal, verify_attestations
     from enginefoundry.records.promotion import manifest_uri_of
     from enginefoundry.store.verify import open_build

@@ -4,13 +4,25 @@ pull, promote and rollout share."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from enginefoundry.cli.common import emit_json, wants_json
 from enginefoundry.console import console
 from enginefoundry.errors import EXIT_OK, InputError, PipelineError
-from enginefoundry.evidence.signing import ENV_KEY_FILE, ENV_REQUIRE_SIGNATURE, ENV_TRUST_POLICY
+from enginefoundry.evidence.signing import (
+    ENV_KEY_FILE,
+    ENV_REQUIRE_SIGNATURE,
+    ENV_TRUST_POLICY,
+    ENV_TRUSTED_KEYS,
+    consumer_policy,
+    key_id,
+    keygen,
+    merged_policy,
+    signer_from_env,
+    spec_policy,
+)
 
 if TYPE_CHECKING:  # imported when a command runs: `enginefoundry --help` stays fast
     from enginefoundry.evidence.attest import SignatureVerdict
@@ -32,8 +44,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from enginefoundry.evidence.signing import key_id, keygen
-
     key, pub = keygen(Path(args.out))
     kid = key_id(pub.read_bytes())
     if wants_json(args):
@@ -58,8 +68,6 @@ def trust_options(cmd: argparse.ArgumentParser) -> None:
 def policy_of(args: argparse.Namespace) -> TrustPolicy:
     """The command line's trust options merged with the spec's (publish.require_signature, trusted_keys,
     trust_policy) when a spec is given: keys from both, signatures required when either requires them."""
-    from enginefoundry.evidence.signing import consumer_policy, merged_policy, spec_policy
-
     spec = _spec_of(args)
     if spec is not None and spec.publish.trust_policy and args.trust_policy:
         raise InputError(f"--trust-policy {args.trust_policy} and the spec's publish.trust_policy "
@@ -87,10 +95,6 @@ def check_signatures(args: argparse.Namespace, store: Store, build: PublishedBui
 
 def export_trust(args: argparse.Namespace) -> None:
     """The trust options as environment for a flow in this process (rollout's promotion step); checked now."""
-    import os
-
-    from enginefoundry.evidence.signing import ENV_TRUSTED_KEYS
-
     policy_of(args)  # a bad key or policy file (also the spec's) fails before any build
     if args.require_signature:
         os.environ[ENV_REQUIRE_SIGNATURE] = "1"
@@ -104,7 +108,6 @@ def signing_line(spec: BuildSpec | None = None) -> str:
     """What a run will do about signatures, and whom it trusts; loads the signer so a bad key fails before any
     work."""
     from enginefoundry.evidence.attest import UNSIGNED_HINT
-    from enginefoundry.evidence.signing import signer_from_env, spec_policy
 
     signer = signer_from_env()
     if signer is None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from enginefoundry.catalog.schemes import is_store_uri
 from enginefoundry.cli.common import DEFAULT_MLFLOW, emit_json, load
-from enginefoundry.cli.signing import check_signatures, trust_options
+from enginefoundry.cli.signing import check_signatures, policy_of, trust_options
 from enginefoundry.console import console, error
 from enginefoundry.errors import EXIT_OK, EXIT_PIPELINE, InputError
 from enginefoundry.store.layout import BUILD_URI_SHAPE, LEGACY_URI_SHAPE, QUARANTINE_SHAPE
@@ -79,7 +79,6 @@ def _resolve(args: argparse.Namespace) -> tuple[Store, PublishedBuild]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from enginefoundry.cli.signing import policy_of
     from enginefoundry.evidence.attest import verify_attestations
     from enginefoundry.store.verify import VerifyReport, verify_build
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from enginefoundry import __version__
 from enginefoundry.confine import printable as shown
-from enginefoundry.errors import StoreError
+from enginefoundry.errors import EngineFoundryError, InputError, StoreError
 from enginefoundry.evidence.signing import (
     ENV_KEY_FILE,
     STATEMENT_TYPE,
@@ -34,6 +34,7 @@ from enginefoundry.evidence.signing import (
     TrustedKey,
     TrustPolicy,
     check_signature,
+    consumer_policy,
     open_bundle,
     sign_statement,
 )
@@ -42,7 +43,7 @@ from enginefoundry.schemas.base import DocumentError
 from enginefoundry.schemas.loose import InTotoStatement
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import attestation_index_key, blob_key
-from enginefoundry.store.publish import PublishedBuild
+from enginefoundry.store.publish import PublishedBuild, read_build
 from enginefoundry.store.unit_status import UnitStatus
 
 PROVENANCE = "https://slsa.dev/provenance/v1"
@@ -287,8 +288,6 @@ def _parse_time(text: object) -> datetime | None:
 
 def _verifies(bundle: OpenedBundle, public_pem: str) -> bool:
     """A signature check that treats an unreadable or unsupported public key as a failed check."""
-    from enginefoundry.errors import InputError
-
     try:
         return check_signature(bundle, public_pem)
     except (ValueError, TypeError, InputError):
@@ -427,8 +426,6 @@ def sign_published(store: Store, model: str, key: str, build_id: str, signer: Si
                    progress: Callable[[str], None] = print) -> AttestationIndex | None:
     """Sign a build that is already in the store (tests, benchmarks; the pipeline signs before the pointer moves:
     `sign_before_current`)."""
-    from enginefoundry.store.publish import read_build
-
     build = read_build(store, model, key, build_id)
     sign_before_current(store, signer, progress)(build)
     return read_index(store, build) if signer is not None else None
@@ -444,7 +441,6 @@ def tags_for(manifest_uri: str, endpoint_url: str | None = None, policy: TrustPo
     key): digests, signatures by a trusted key, subject, a few KiB read. A consistent signature by a key the policy
     does not trust is "untrusted: <why>", anything else "invalid: <why>", so a version page never shows a signer the
     policy does not trust, nor a forged index, as signed evidence."""
-    from enginefoundry.errors import EngineFoundryError
     from enginefoundry.store.verify import open_build
 
     policy = (policy or TrustPolicy()).model_copy(update={"require_signature": False})
@@ -468,7 +464,6 @@ def promotion_refusal(manifest_uri: str, policy: TrustPolicy | None = None) -> s
     """Why a candidate must not be promoted on signature grounds (None: it may). Checked when signatures are
     required (--require-signature, $ENGINEFOUNDRY_REQUIRE_SIGNATURE, the trust policy) or trusted keys are
     given: then signatures that fail refuse, and an unsigned candidate refuses when signatures are required."""
-    from enginefoundry.evidence.signing import consumer_policy
     from enginefoundry.store.verify import open_build
 
     policy = policy or consumer_policy()

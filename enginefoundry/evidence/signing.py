@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
+import yaml
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError
@@ -325,8 +326,6 @@ def _pem_file(path: Path, what: str) -> str:
 def load_trust_policy(path: Path) -> TrustPolicy:
     """YAML or JSON: `keys: [{name, public_key_file | public_key, not_before?, expires_at?}]`,
     `require_signature: bool`. Relative key files are relative to the policy file."""
-    import yaml
-
     try:
         raw = yaml.safe_load(path.expanduser().read_text()) or {}
     except (OSError, yaml.YAMLError) as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 
@@ -47,6 +48,4 @@ def _cpu_model() -> str:
 
 
 def _short_hash(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()[:12]

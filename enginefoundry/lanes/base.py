@@ -6,6 +6,7 @@ Nothing outside a lane module knows a toolchain flag. Each lane turns the spec i
 
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Protocol
@@ -44,8 +45,6 @@ class Command(BaseModel):
     template_keys: dict[str, list[str]] = Field(default_factory=dict, description="Triton template → keys")
 
     def shell(self) -> str:
-        import shlex
-
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         return (env + " " if env else "") + shlex.join(self.argv)
 

@@ -21,6 +21,10 @@ from enginefoundry.lanes.trtllm_flags import (
     MODELOPT_PINS,
     REF_LLMAPI_DOCS,
     REF_LLMAPI_PBTXT,
+    REF_LORA_CONFIG,
+    REF_LORA_DOCS,
+    REF_PREQUANTIZED,
+    REF_SPEC_MODELS,
     REF_TEMPLATES,
     REF_TRITON_REMOVED,
     REMOVED,
@@ -180,7 +184,6 @@ def speculation_section() -> list[str]:
         EAGLE3_ONE_MODEL_FAMILIES,
         NEW_NAMES,
     )
-    from enginefoundry.lanes.trtllm_flags import REF_SPEC_MODELS
     from enginefoundry.spec import SpecAlgorithm
 
     draft = {True: f"`speculative_model_dir` (< {NEW_NAMES}) / `speculative_model` (≥ {NEW_NAMES}): the fetched "
@@ -223,7 +226,6 @@ def speculation_section() -> list[str]:
 def lora_section() -> list[str]:
     """LoRA adapters (`model.adapters`): what lane trtllm does with them today (refuses them) and the upstream facts
     in use (the default rank bound) or ready for its `lora_config`."""
-    from enginefoundry.lanes.trtllm_flags import REF_LORA_CONFIG, REF_LORA_DOCS
     from enginefoundry.spec.source import DEFAULT_MAX_LORA_RANK
 
     return ["", "## LoRA adapters (`model.adapters`; lane trtllm: not emitted yet)", "",
@@ -251,7 +253,6 @@ def lora_section() -> list[str]:
 def prequantized_section() -> list[str]:
     """A pre-quantized source (issue 36 item 5): what each lane does with a ModelOpt export, nothing emitted."""
     from enginefoundry.build.quantized_source import ALGO_PRECISION, DEQUANTIZED
-    from enginefoundry.lanes.trtllm_flags import REF_PREQUANTIZED
 
     lines = ["", "## Pre-quantized sources (`model.source` is a ModelOpt export)", "",
              "A source whose checkpoint carries `hf_quant_config.json` (or a `quantization_config` with "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pydantic import JsonValue
@@ -160,8 +161,6 @@ class ReferenceLane(Lane):
         """From the installed distributions' metadata, without importing torch (seconds): a run whose units
         are all published decides that before any model tooling loads. The metadata version is the one
         `torch.__version__` and `transformers.__version__` report (both are generated from it at build)."""
-        from importlib.metadata import PackageNotFoundError, version
-
         try:
             return {"torch": version("torch").split("+")[0], "transformers": version("transformers")}
         except PackageNotFoundError as err:

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from enginefoundry.build.model_config import lookup
-from enginefoundry.build.model_shape import Check, ModelShape
+from enginefoundry.build.model_shape import Check, ModelShape, checkpoint_shape, read_model_config
 from enginefoundry.build.quantized_source import SourceQuantization, read_quantization, spec_quantization
 from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.build.units import Unit
@@ -542,8 +542,6 @@ class TrtllmLane(TrtllmLaneBase):
         sp = spec.speculative
         if sp is None:
             return
-        from enginefoundry.build.model_shape import read_model_config
-
         problems = speculation.model_problems(sp, read_model_config(checkpoint_dir), f"{checkpoint_dir}/config.json")
         if sp.algorithm.needs_draft:
             if draft_dir is None or not Path(draft_dir).is_dir():
@@ -702,8 +700,6 @@ def usable_autotuner_cache(bundle_dir: Path, info: BundleInfo | Mapping[str, obj
 
 def model_activation_dtype(variant: Variant, checkpoint_dir: Path | None, override: str | None) -> str | None:
     """The dtype the model computes in, reading the checkpoint's config.json when it is at hand."""
-    from enginefoundry.build.model_shape import checkpoint_shape
-
     return activation_dtype(variant.precision, checkpoint_shape(checkpoint_dir), override)
 
 

@@ -18,6 +18,7 @@ a build it refuses is not a hit here either, and the flow rebuilds it.
 
 from __future__ import annotations
 
+import argparse
 import os
 import stat
 import subprocess
@@ -324,8 +325,6 @@ def flush_pending(dest: RecorderDestinations, progress: Callable[[str], None] = 
 def main(argv: list[str]) -> int:
     """The background recorder: this run's hits (if a pending file is named), then anything earlier recorders
     left behind, in the destinations given on its command line."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m enginefoundry.planning.noop_run")
     parser.add_argument("pending", nargs="?")
     parser.add_argument("--store", required=True)

@@ -28,7 +28,7 @@ from enginefoundry.build.model_shape import Check, ModelShape
 from enginefoundry.build.quantized_source import spec_quantization
 from enginefoundry.build.units import Unit
 from enginefoundry.catalog.precisions import PRECISIONS, precisions_where
-from enginefoundry.errors import PreflightError
+from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
 from enginefoundry.lanes.moe_parallel import MOE_ADP_REPLICATES, expert_check
@@ -41,6 +41,7 @@ from enginefoundry.spec.checks import (
     SIMULATED_REFERENCE,
     UNIT_PRECISION,
     ReferenceSource,
+    no_like_reference,
 )
 
 GIB = 1024**3
@@ -473,8 +474,6 @@ def reference_problems(spec: BuildSpec) -> list[tuple[str, str, int | None]]:
     None for every unit): like-with-like references (`smoke.no_like_reference: refuse`) for a precision that has
     none on this lane, log-prob checks (`smoke.logprob_checks: required`) from a smoke server that cannot serve
     them. `validate` and the run refuse them by field, `plan` on the units they concern."""
-    from enginefoundry.spec.checks import no_like_reference
-
     problems: list[tuple[str, str, int | None]] = []
     if spec.smoke.no_like_reference == "refuse":
         for i, v in enumerate(spec.variants):
@@ -754,7 +753,6 @@ def _draft_shape(spec: BuildSpec, report: PreflightReport) -> ModelShape | None:
     sp = spec.speculative
     if sp is None or not sp.algorithm.needs_draft:
         return None
-    from enginefoundry.errors import InputError
     from enginefoundry.lanes.speculation import draft_config
 
     try:

@@ -13,12 +13,12 @@ from pathlib import Path
 import yaml
 
 from enginefoundry.build.quantized_source import spec_quantization_problems
-from enginefoundry.errors import InputError, SpecError
+from enginefoundry.errors import InputError, SourceError, SpecError
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.preflight import reference_problems
 from enginefoundry.smoke import check_prompt_count, load_prompt_set
 from enginefoundry.smoke.policy import policy_for
-from enginefoundry.spec import BuildSpec, load_spec
+from enginefoundry.spec import BuildSpec, SourceKind, load_spec
 
 # MLflow refuses registered-model names with '/' (models:/<name>/<version> URIs) and ':' .
 _BAD_MODEL_NAME = re.compile(r"[/:%]")
@@ -139,8 +139,6 @@ def _source_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     """A local source checked as `run` checks it (build.sources.check_local: a folder with config.json, not a system
     folder, no symlink leading out of it), so that `validate` and `run` agree."""
     from enginefoundry.build.sources import check_local
-    from enginefoundry.errors import SourceError
-    from enginefoundry.spec import SourceKind
 
     src = spec.model.parsed_source(spec.base_path)
     if src.kind is SourceKind.LOCAL:

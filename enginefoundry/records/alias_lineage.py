@@ -17,12 +17,13 @@ nor replaced). No Prefect here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import Unit, target_identity, unit_key_components
+from enginefoundry.build.units import Unit, expand_units, target_identity, unit_key_components
 from enginefoundry.errors import SpecError
 from enginefoundry.identity import sha256_json
 from enginefoundry.spec import BuildSpec
@@ -140,7 +141,6 @@ def conflict_message(spec: BuildSpec, model: str, stem: str, holder: AliasHolder
 
 def alias_problems(spec: BuildSpec, registry: Any, only_targets: list[str] | None = None) -> list[tuple[str, str]]:
     """(field, message) for each unit of the spec whose alias stem another lineage holds in the registry."""
-    from enginefoundry.build.units import expand_units
     from enginefoundry.records.promotion import alias_stems
 
     model = spec.registered_model_name
@@ -163,8 +163,6 @@ def registry_if_reachable(spec: BuildSpec) -> Any | None:
     none is created); a server is asked once, without the client's retries (its errors are the caller's to judge:
     this check is advisory, and registration and promotion check again with retries). With the retries, `validate`
     against a tracking server that is away waited ~15 s for an answer it then ignores."""
-    from pathlib import Path
-
     from enginefoundry.records.promotion import Registry
 
     uri = spec.tracking.mlflow_uri

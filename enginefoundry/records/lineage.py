@@ -11,7 +11,7 @@ from typing import Any
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.catalog.schemes import is_store_uri
-from enginefoundry.errors import InputError
+from enginefoundry.errors import InputError, StoreError
 from enginefoundry.records.tracking import RetryingClient, mlflow_client
 from enginefoundry.store.layout import BUILD_URI_SHAPE, store_of_build_uri
 from enginefoundry.store.manifest import Manifest
@@ -23,7 +23,6 @@ def read_manifest_uri(uri: str, anchor: tuple[str, str] | None = None) -> Manife
     """The unit manifest of a store URI: a build's manifest, a key folder (its current build), or a version 1
     `…/artifacts/<model>/<key>[/manifest.json]`. StoreError when its bytes differ from a digest recorded for it
     (the key's pointer history; `anchor`: (where, sha256) from the reference it came from)."""
-    from enginefoundry.errors import StoreError
     from enginefoundry.store.publish import anchor_problems
     from enginefoundry.store.verify import open_build
 

@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench.noise import SideBySide, gained, gate_state, ratio_interval
 from enginefoundry.build.units import Unit, expand_units
-from enginefoundry.errors import InputError
-from enginefoundry.evidence.signing import TrustPolicy
+from enginefoundry.errors import InputError, StoreError
+from enginefoundry.evidence.signing import TrustPolicy, consumer_policy, merged_policy, spec_policy
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.tracking import mlflow_client
 from enginefoundry.smoke.gate import GateRule, GateVerdict
@@ -420,8 +420,6 @@ class Registry:
         """The version's manifest must be the one that was published (its digest on the version, in the key's
         pointer history): a build edited in the store is never put back into service. StoreError (exit 1) when it
         cannot be read or differs."""
-        from enginefoundry.errors import StoreError
-
         version = self.version(model, number)
         if not version.tags.get(mltags.MANIFEST_URI):
             return  # registered outside this project (by hand): no published build to hold it to
@@ -593,7 +591,6 @@ def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPoli
     """`decide` for every alias stem of the spec (only these targets' units, when given), in unit order. `notes`:
     per unit name, what this rollout's build did with it. `measured`: per stem, the side-by-side rounds of its
     champion and candidate (rollout.side_by_side)."""
-    from enginefoundry.evidence.signing import consumer_policy, merged_policy, spec_policy
     from enginefoundry.records.alias_lineage import unit_lineage
 
     stems = alias_stems(spec)

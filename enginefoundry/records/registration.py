@@ -15,13 +15,13 @@ from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit
-from enginefoundry.records.alias_lineage import unit_lineage
+from enginefoundry.records.alias_lineage import stem_holder, unit_lineage
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.records.tracking import Tracker, register_unit
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
-from enginefoundry.store.unit_status import UnitStatus
+from enginefoundry.store.unit_status import RegistryStatus, UnitStatus
 
 MANIFEST_URI_TAG = mltags.MANIFEST_URI
 
@@ -175,8 +175,6 @@ def _supersede(client: Any, registered_model: str, number: str) -> None:
     run, as promotion moves them); a champion or previous champion keeps its word."""
     from mlflow.exceptions import MlflowException
 
-    from enginefoundry.store.unit_status import RegistryStatus
-
     try:
         old = client.get_model_version(registered_model, number)
         if old.tags.get(mltags.STATUS) != UnitStatus.CANDIDATE:
@@ -192,8 +190,6 @@ def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: d
     """Why `alias` may not move to a version of this lineage (`tags`' enginefoundry.lineage): the stem's champion or
     candidate is of another unit lineage (alias_lineage). None: free, or the same lineage."""
     from mlflow.exceptions import MlflowException
-
-    from enginefoundry.records.alias_lineage import stem_holder
 
     mine = tags.get(mltags.LINEAGE)
     if not mine:

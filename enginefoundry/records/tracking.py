@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -355,8 +356,6 @@ class Tracker:
             self.client.set_tag(run_id, k, redact(v))
 
     def log_metrics(self, run_id: str, metrics: dict[str, float | int | bool], step: int = 0) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)

@@ -22,7 +22,7 @@ from enginefoundry.bench.noise import SideBySide
 from enginefoundry.build.sources import probe
 from enginefoundry.build.units import expand_units
 from enginefoundry.identity import checkpoint_digests
-from enginefoundry.records.alias_lineage import unit_lineage
+from enginefoundry.records.alias_lineage import unit_lineage, version_lineage
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.promotion import Decision, Registry, champion_alias, manifest_uri_of
 from enginefoundry.rollout.compare import ComparisonRow
@@ -110,8 +110,6 @@ def baseline_for(registry: Registry, model: str, target: Target, lineages: set[s
     """The champion of the target, else its newest registered version; with `lineages` (the digests of the spec's
     units on it: alias_lineage), only a version of one of them: another spec's unit under the same alias is never
     this spec's baseline."""
-    from enginefoundry.records.alias_lineage import version_lineage
-
     def ours(v: Any) -> bool:
         return lineages is None or version_lineage(v) in lineages | {None}
 

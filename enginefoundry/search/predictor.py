@@ -23,6 +23,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -284,8 +285,6 @@ def system_of(target: Target) -> str | None:
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
-    import re
-
     return tuple(int(p) if p.isdigit() else -1 for p in re.split(r"[.\-a-z]+", v.lower()) if p)
 
 

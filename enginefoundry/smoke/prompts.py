@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from enum import StrEnum
@@ -115,8 +116,6 @@ def prompt_set_warnings(prompts: PromptSet) -> list[str]:
 
 def prompt_set_digest(path: Path) -> str:
     """sha256 of the prompt set file's bytes: what the manifest and the MLflow dataset input record."""
-    import hashlib
-
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

@@ -17,6 +17,7 @@ sibling's smoke stage (`publish_sibling_reference`) and found by key by the unit
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.metadata
 import json
@@ -199,8 +200,6 @@ def _release(device: str) -> None:
     """After a reference model is dropped: on GPUs, give back the memory torch still reserves (the unit's server
     takes these GPUs next, or holds them already)."""
     if device == "gpu":
-        import gc
-
         import torch
 
         gc.collect()
@@ -209,8 +208,6 @@ def _release(device: str) -> None:
 
 def _generate(model: Any, tok: Any, cases: list[PromptCase], max_new_tokens: int,
               progress: Callable[[str], None]) -> list[ReferenceAnswer]:
-    import time
-
     import torch
 
     t0 = last = time.monotonic()

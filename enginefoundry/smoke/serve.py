@@ -50,6 +50,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -715,8 +716,6 @@ def main(argv: list[str] | None = None) -> int:
     if name in adapters:
         ap.error(f"--adapter {name}: the served model's own name (--name) cannot name an adapter")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    import os
-
     import torch
 
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)

@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 
 from enginefoundry.catalog.schemes import SchemeKind, object_forms, scheme_of, store_prefixes
 from enginefoundry.confine import SAFE_NAME
-from enginefoundry.errors import SpecError
+from enginefoundry.errors import InputError, SpecError
 from enginefoundry.spec.checks import BenchmarkSpec, SmokeSpec
 from enginefoundry.spec.lane_catalog import explain_unknown_key, lane_names, options_model
 from enginefoundry.spec.lane_options import LaneOptions, NoOptions, option_message
@@ -214,7 +214,6 @@ def with_workload_lengths(spec: BuildSpec, source: str = "spec") -> BuildSpec:
     """`search.workload.lengths_file` read (relative to the spec) and analysed by
     enginefoundry.spec.lengths: its ISL mean
     and stddev become the workload's. A payload that carries the figures but not the file keeps them."""
-    from enginefoundry.errors import InputError
     from enginefoundry.spec.lengths import file_lengths
 
     w = spec.search.workload if spec.search else None

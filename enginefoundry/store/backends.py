@@ -13,6 +13,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -20,6 +21,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -71,8 +73,6 @@ def link_or_copy(src: str | Path, dst: str | Path) -> None:
     except OSError as err:
         if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
             raise
-        import shutil
-
         shutil.copy2(src, dst)
 
 
@@ -183,8 +183,6 @@ class Store(ABC):
         """Move an object that failed verification aside, to `quarantine/<key>.<time>-<random>` (kept for a
         person to look at, never read by a build), so that the next publish writes a fresh one under its name.
         The quarantine key, None when the object was already gone."""
-        from datetime import UTC, datetime
-
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         return self._move_aside(store_key(key), quarantine_key(store_key(key), f"{stamp}-{os.urandom(3).hex()}"))
 

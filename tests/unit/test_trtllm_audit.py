@@ -15,12 +15,10 @@ import yaml
 
 from enginefoundry.cli import main
 from enginefoundry.errors import SpecError
-from enginefoundry.lanes import triton
 from enginefoundry.lanes.trtllm_flags import KNOWN_IMAGES, image_release_problem
 from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.planning.validate import validate_file
 from enginefoundry.spec import Arch, Precision, parse_spec
-from tests.support.fill_template import FILL_STAND_IN
 from tests.support.paths import CONFIGS, FIXTURES
 
 FAKE = FIXTURES / "fake-trtllm"
@@ -71,32 +69,6 @@ def test_the_fixture_templates_carry_the_upstream_key_sets():
         else:  # nine keys in release 1.1 and 1.2, a data_type Triton parses
             assert len(bls) == 9 and PROMPT_KEY in structural["tensorrt_llm_bls"]
             assert PROMPT_KEY in structural["tensorrt_llm"]
-
-
-def _triton_tree(tmp_path: Path, release: str) -> Path:
-    root = tmp_path / f"triton-{release}"
-    shutil.copytree(FAKE / release / "triton" / "all_models", root / "all_models")
-    (root / triton.FILL_TEMPLATE).parent.mkdir(parents=True)
-    (root / triton.FILL_TEMPLATE).write_text(FILL_STAND_IN)
-    return root
-
-
-@pytest.mark.parametrize("release", list(RELEASES))
-def test_the_engine_lane_fills_every_structural_key_of_each_release(tmp_path, release):
-    """fill_template.py asserts each given key exists, and Triton rejects an unfilled data_type: the fill must
-    match the release's templates exactly, bls included."""
-    params = triton.TritonParams(engine_dir="/m/engine", tokenizer_dir="/m/tokenizer", triton_max_batch_size=8,
-                                 kv_cache_free_gpu_mem_fraction=0.9, model_dtype="bfloat16")
-    repo = tmp_path / "repo"
-    cmds = triton.build_repository(_triton_tree(tmp_path, release), repo, params, log_dir=tmp_path / "logs")
-    assert triton.check_repository(repo) == []
-    bls = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
-    filled = {m: k for c in cmds for m, k in c.template_keys.items()}
-    if release == "1.0":
-        assert PROMPT_KEY not in filled["tensorrt_llm_bls"] and PROMPT_KEY not in filled["tensorrt_llm"]
-    else:
-        assert f'name: "{PROMPT_KEY}" data_type: TYPE_BF16' in bls
-        assert PROMPT_KEY in filled["tensorrt_llm_bls"]
 
 
 def test_plan_renders_the_bls_key_for_the_pinned_release():
