@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,9 @@ class SizeResult:
     registered: int  # versions of the size's registered model
     answers_5xx: int
     rss_peak_mib: dict[str, float]
+    per_unit: dict[str, float] = dataclasses.field(default_factory=dict)  # Breakdown.per_unit
+    outside_flow_s: float = 0.0  # the CLI's wall less the parent flow run's (start-up, exit)
+    before_first_unit_s: float = 0.0  # the parent's start to the first unit's Running (first pick-up)
 
     @property
     def overhead_per_unit_s(self) -> float:
@@ -141,13 +144,16 @@ def verdict(results: Sequence[SizeResult], tolerance: float) -> Verdict:
 def table(results: Sequence[SizeResult]) -> str:
     services = sorted({name for r in results for name in r.rss_peak_mib})
     head = ["units", "plan s", "build wall s", "stages s", "overhead/unit s", "wall/unit s", "all-hits rerun s",
-            "rerun/unit s", "lost", "5xx", *(f"{name} RSS MiB" for name in services)]
+            "rerun/unit s", "lost", "5xx", "in-flow/unit s", "between units/unit s", "slot refusals/unit",
+            "state writes/unit", *(f"{name} RSS MiB" for name in services)]
     rows = [head, ["---"] * len(head)]
     for r in sorted(results, key=lambda r: r.units):
         rows.append([str(r.units), f"{r.plan_s:.1f}", f"{r.wall_s:.1f}", f"{r.stages_s:.1f}",
                      f"{r.overhead_per_unit_s:.2f}", f"{r.wall_per_unit_s:.2f}",
                      f"{r.rerun_s:.1f}" + ("" if r.rerun_all_hits else " (not all hits)"),
                      f"{r.rerun_per_unit_s:.3f}", str(r.lost), str(r.answers_5xx),
+                     *(f"{r.per_unit[k]:.1f}" if k in r.per_unit else "–" for k in
+                       ("in_flow_bookkeeping_s", "between_units_s", "slot_rejections", "state_writes")),
                      *(f"{r.rss_peak_mib.get(name, 0.0):.0f}" for name in services)])
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
@@ -170,6 +176,47 @@ def fleet_spec(units: int, first_batch: int, *, store: str, mlflow_uri: str, tag
         "publish": {"store": store},
         "tracking": {"mlflow_uri": mlflow_uri, "experiment": f"scale-{tag}", "registered_model": f"scale-{tag}"},
     }
+
+
+@dataclasses.dataclass
+class Breakdown:
+    """Where one size's overhead goes, from the Prefect server's records of its unit runs (serial on one worker)."""
+    unit_runs: int
+    in_runs_s: float  # the unit runs' own time (Running → final), summed; minus the stages: in-flow bookkeeping
+    between_s: float  # from one unit run's end to the next one's Running, summed: slot hand-off, process start
+    before_first_s: float  # the parent's start to the first unit's Running
+    after_last_s: float  # the last unit's end to the parent's end
+    slot_rejections: int  # AwaitingConcurrencySlot states: a worker's try refused while the pool's slot was held
+    state_writes: int  # every state of every unit run
+
+    def per_unit(self, stages_s: float) -> dict[str, float]:
+        n = max(1, self.unit_runs)
+        return {"in_flow_bookkeeping_s": round((self.in_runs_s - stages_s) / n, 2),
+                "between_units_s": round(self.between_s / n, 2),
+                "slot_rejections": round(self.slot_rejections / n, 2), "state_writes": round(self.state_writes / n, 2)}
+
+
+def stamp(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(text).timestamp()
+
+
+def breakdown(parent: dict[str, Any], units: Sequence[dict[str, Any]],
+              states: Mapping[str, Sequence[dict[str, Any]]]) -> Breakdown:
+    """`parent` and `units`: flow runs as the Prefect API returns them; `states`: each unit run's states by run id."""
+    ran = sorted((u for u in units if u.get("start_time") and u.get("end_time")), key=lambda u: stamp(u["start_time"]))
+    if not ran or not parent.get("start_time") or not parent.get("end_time"):
+        raise ValueError("no unit run with a start and an end, or the parent has not ended")
+    starts = [stamp(u["start_time"]) for u in ran]
+    ends = [stamp(u["end_time"]) for u in ran]
+    every = [s for u in units for s in states.get(u["id"], ())]
+    return Breakdown(unit_runs=len(units), in_runs_s=sum(e - s for s, e in zip(starts, ends, strict=True)),
+                     between_s=sum(max(0.0, s - e) for s, e in zip(starts[1:], ends[:-1], strict=True)),
+                     before_first_s=starts[0] - stamp(parent["start_time"]),
+                     after_last_s=stamp(parent["end_time"]) - max(ends),
+                     slot_rejections=sum(1 for s in every if s.get("name") == "AwaitingConcurrencySlot"),
+                     state_writes=len(every))
 
 
 def count_5xx(text: str) -> int:
@@ -293,6 +340,34 @@ def newest_summary(work: Path, before: set[Path]) -> dict[str, Any]:
     return data
 
 
+def prefect_runs(env: dict[str, str], tag: str) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                         dict[str, list[dict[str, Any]]]]:
+    """The size's parent flow run (`build scale-<tag> (cluster)`), its unit runs and their states."""
+    import httpx
+
+    with httpx.Client(base_url=env["PREFECT_API_URL"], trust_env=False, timeout=60) as http:
+        found = http.post("/flow_runs/filter", json={"flow_runs": {"name": {"any_": [f"build scale-{tag} (cluster)"]}}})
+        found.raise_for_status()
+        parents = found.json()
+        if len(parents) != 1:
+            raise SystemExit(f"expected one parent run 'build scale-{tag} (cluster)', found {len(parents)}")
+        units: list[dict[str, Any]] = []
+        while True:  # the API answers at most 200 a page
+            page = http.post("/flow_runs/filter", json={
+                "flow_runs": {"parent_flow_run_id": {"any_": [parents[0]["id"]]}}, "offset": len(units),
+                "limit": 200})
+            page.raise_for_status()
+            units += page.json()
+            if len(page.json()) < 200:
+                break
+        states = {}
+        for unit in units:
+            got = http.get("/flow_run_states/", params={"flow_run_id": unit["id"]})
+            got.raise_for_status()
+            states[unit["id"]] = got.json()
+    return parents[0], units, states
+
+
 def count_published(env: dict[str, str], uris: list[str]) -> int:
     import boto3
     from botocore.config import Config
@@ -350,6 +425,11 @@ def run_size(env: dict[str, str], root: Path, units: int, first_batch: int, tag:
         registered=count_registered(env, spec["tracking"]["registered_model"]),
         answers_5xx=count_5xx(new_log_text(state, logs_before)) + count_5xx(cli_text),
         rss_peak_mib={k: round(v, 1) for k, v in rss.peak.items()})
+    parent, unit_runs, states = prefect_runs(env, tag)
+    split = breakdown(parent, unit_runs, states)
+    result.per_unit = split.per_unit(stages)
+    result.outside_flow_s = round(wall_s - (stamp(parent["end_time"]) - stamp(parent["start_time"])), 2)
+    result.before_first_unit_s = round(split.before_first_s, 2)
     print(json.dumps(result.as_json()), file=sys.stderr, flush=True)  # kept if a later size fails
     print(f"[{tag}] {units} units: wall {wall_s:.1f} s, stages {stages:.1f} s, overhead/unit "
           f"{result.overhead_per_unit_s:.2f} s, rerun {rerun_s:.1f} s, lost {result.lost}", file=sys.stderr, flush=True)

@@ -115,3 +115,32 @@ def test_sizes_parse() -> None:
     assert scale.parse_sizes("25,100,200") == [25, 100, 200]
     with pytest.raises(Exception, match="two or more sizes"):
         scale.parse_sizes("200")
+
+
+def run(run_id: str, start: str | None, end: str | None) -> dict[str, object]:
+    day = "2026-12-05T20:"
+    return {"id": run_id, "start_time": start and day + start + "+00:00", "end_time": end and day + end + "+00:00"}
+
+
+def test_breakdown_splits_the_parents_time_between_units_and_the_gaps_between_them() -> None:
+    parent = run("p", "00:00", "02:00")
+    units = [run("b", "01:00", "01:30"), run("a", "00:10", "00:40"), run("c", "01:40", "01:55")]
+    states = {"a": [{"name": "Scheduled"}, {"name": "Running"}, {"name": "Completed"}],
+              "b": [{"name": "Scheduled"}, {"name": "AwaitingConcurrencySlot"}, {"name": "AwaitingConcurrencySlot"},
+                    {"name": "Running"}, {"name": "Completed"}],
+              "c": [{"name": "AwaitingConcurrencySlot"}]}
+    split = scale.breakdown(parent, units, states)
+    assert split.unit_runs == 3
+    assert split.in_runs_s == pytest.approx(30 + 30 + 15)
+    assert split.between_s == pytest.approx(20 + 10)  # a's end → b's start, b's end → c's start
+    assert split.before_first_s == pytest.approx(10) and split.after_last_s == pytest.approx(5)
+    assert (split.slot_rejections, split.state_writes) == (3, 9)
+    assert split.per_unit(stages_s=60.0) == {"in_flow_bookkeeping_s": 5.0, "between_units_s": 10.0,
+                                             "slot_rejections": 1.0, "state_writes": 3.0}
+
+
+def test_breakdown_needs_an_ended_parent_and_a_unit_that_ran() -> None:
+    with pytest.raises(ValueError, match="no unit run"):
+        scale.breakdown(run("p", "00:00", None), [run("a", "00:10", "00:40")], {})
+    with pytest.raises(ValueError, match="no unit run"):
+        scale.breakdown(run("p", "00:00", "02:00"), [run("a", None, None)], {})
