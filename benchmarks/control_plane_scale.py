@@ -332,11 +332,16 @@ def timed(argv: list[str], env: dict[str, str], log: Path) -> tuple[float, str, 
     return wall, out, proc.returncode
 
 
-def newest_summary(work: Path, before: set[Path]) -> dict[str, Any]:
-    found = [p for p in (work / "runs").glob("*/summary.json") if p not in before]
-    if len(found) != 1:
-        raise SystemExit(f"expected one new run summary under {work / 'runs'}, found {len(found)}")
-    data: dict[str, Any] = json.loads(found[0].read_text())
+PARENT_RUN = re.compile(r"MLflow parent run ([0-9a-f]{32})\b")
+
+
+def run_summary(work: Path, cli_output: str) -> dict[str, Any]:
+    """The summary.json of the run whose parent MLflow run the CLI named (an all-hits rerun's is written later,
+    by its background process, so "the newest summary" is not this run's)."""
+    named = PARENT_RUN.findall(cli_output)
+    if len(named) != 1:
+        raise SystemExit(f"expected the CLI to name one MLflow parent run, found {len(named)}:\n{cli_output[-2000:]}")
+    data: dict[str, Any] = json.loads((work / "runs" / named[0] / "summary.json").read_text())
     return data
 
 
@@ -406,11 +411,10 @@ def run_size(env: dict[str, str], root: Path, units: int, first_batch: int, tag:
         plan_s, out, rc = timed([*cli, "plan", str(path)], cli_env, log)
         if rc != 0:
             raise SystemExit(f"plan failed (rc {rc}), see {log}:\n{out[-2000:]}")
-        before = set((work / "runs").glob("*/summary.json"))
         print(f"[{tag}] building {units} units in cluster mode …", file=sys.stderr, flush=True)
         wall_s, out, rc = timed([*cli, "run", str(path), "--mode", "cluster"], cli_env, log)
         cli_text = out
-        summary = newest_summary(work, before)
+        summary = run_summary(work, out)
         # All hits take the fast path (no Prefect; MLflow recorded by a background process): its table says so.
         rerun_s, out, rc2 = timed([*cli, "run", str(path), "--mode", "cluster"], cli_env, log)
         cli_text += out
