@@ -121,7 +121,6 @@ def _refuse_before_work(spec: BuildSpec, dest: Destinations, args: argparse.Name
 def _all_hits(spec: BuildSpec, args: argparse.Namespace) -> tuple[RunSummary | None, str]:
     """Hits are decided before Prefect, model tooling or a server start: an all-hits run ends here (its summary,
     and a note where a background process records the hits); (None, "") where some unit must be built."""
-    from enginefoundry.console import say
     from enginefoundry.planning import noop_run
 
     hits = noop_run.decide_all_hits(spec, args.targets, progress=say, rehash=args.verify_hits)

@@ -4,9 +4,11 @@ early (`start_early_server`) so that its start-up overlaps the CLI's own."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,6 @@ class _GuardedSubprocess:
         return getattr(self._real, name)
 
     def Popen(self, *args: Any, **kwargs: Any) -> Any:  # the name Prefect calls
-        import threading
-
         from enginefoundry.runner import NOT_FOR_TOOLS, die_with_parent, reap_with_this_process, signals_held, tool_env
 
         kwargs.setdefault("start_new_session", True)
@@ -128,7 +128,6 @@ def start_early_server() -> EarlyServer | None:
     (PREFECT_API_BLOCKS_REGISTER_ON_START=false: ~2 s of a fresh database's start; the embedded mode uses no
     blocks, the cluster mode's Secret blocks live on a real server); and uvicorn is run through
     `orchestration/ephemeral_server.py`, which first gives a new SQLite database a migrated start (≈ 3.5 s)."""
-    import importlib.util
 
     from enginefoundry.orchestration._prefect_private import UVICORN_ENVIRONMENT, prefect_tricks_apply
 

@@ -7,6 +7,7 @@ them in).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
@@ -153,6 +154,5 @@ class BundleInfo(_BundlePart, Document):
             raise InputError(f"{err}: rebuild the bundle") from None
 
     def write(self, bundle_dir: Path) -> None:
-        import json
 
         (Path(bundle_dir) / BUNDLE_INFO).write_text(json.dumps(self.as_json(), indent=2, sort_keys=True))
