@@ -94,7 +94,7 @@ def version_lineage(version: Any) -> str | None:
     from enginefoundry.records.promotion import manifest_uri_of
 
     try:
-        return manifest_lineage(read_manifest_uri(manifest_uri_of(version)).key_components)
+        return manifest_lineage(read_manifest_uri(manifest_uri_of(version)).key_components.as_json())
     except Exception:  # a version registered by hand, or a manifest gone: no lineage to tell
         return None
 

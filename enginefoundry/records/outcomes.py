@@ -143,7 +143,7 @@ def unit_manifest(
     """The manifest of a built unit, without its files: publishing adds them from the upload pass. `inputs`: what
     the build consumed besides its named sources, each bound by digest (evidence/inputs.py)."""
     judged = verdict(smoke, sweep)
-    return Manifest(
+    return Manifest.model_validate(dict(
         key=key, key_components=key_components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
         model=spec.model.name, unit=unit.name, lane=spec.lane,
         target=unit.target.model_dump(mode="json"), variant=unit.variant.model_dump(mode="json"),
@@ -155,7 +155,7 @@ def unit_manifest(
         gate=spec.smoke.model_dump(mode="json"),
         status=judged.status, status_reason=judged.reason, mlflow_run_id=mlflow_run_id,
         prefect_flow_run_id=prefect_flow_run_id, inputs=list(inputs or []),
-    )
+    ))
 
 
 def unit_metrics(stages: dict[str, float], build_metrics: dict[str, float], artifact_bytes: int,
@@ -173,8 +173,8 @@ def unit_metrics(stages: dict[str, float], build_metrics: dict[str, float], arti
 def built_outcome(unit: Unit, manifest: Manifest, uri: str, run_id: str, stages: dict[str, float]) -> UnitOutcome:
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, reason=manifest.status_reason,
                        key=manifest.key, manifest_uri=uri, mlflow_run_id=run_id,
-                       stage_seconds={k: round(v, 2) for k, v in stages.items()}, smoke=manifest.smoke,
-                       bench=manifest.benchmark)
+                       stage_seconds={k: round(v, 2) for k, v in stages.items()},
+                       smoke=manifest.smoke.model_dump(mode="json"), bench=manifest.benchmark.model_dump(mode="json"))
 
 
 def failed_outcome(unit: Unit, key: str, err: BaseException, run_id: str, stages: dict[str, float]) -> UnitOutcome:
@@ -188,7 +188,8 @@ def hit_outcome(unit: Unit, key: str, hit: PublishedBuild, run_id: str | None) -
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=hit.uri,
                        built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,
-                       smoke=manifest.smoke, bench={k: v for k, v in manifest.benchmark.items() if k != "points"})
+                       smoke=manifest.smoke.model_dump(mode="json"),
+                       bench=manifest.benchmark.model_dump(mode="json", exclude={"points"}))
 
 
 def duplicate_outcome(first: UnitOutcome, unit: Unit) -> UnitOutcome:

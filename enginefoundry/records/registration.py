@@ -19,8 +19,8 @@ from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
 from enginefoundry.records.tracking import Tracker, register_unit
+from enginefoundry.schemas.manifest import Manifest, ToolchainIdentity
 from enginefoundry.spec import BuildSpec
-from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import UnitStatus
 
 MANIFEST_URI_TAG = mltags.MANIFEST_URI
@@ -47,21 +47,21 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
     (`prefect`: the registering flow run's context, if any)."""
     from enginefoundry.bench.report import best_throughput
 
-    best = best_throughput(manifest.benchmark)
-    agreement = manifest.smoke.get("smoke_agreement")
-    toolchain = manifest.key_components.get("toolchain", {}) if isinstance(manifest.key_components, dict) else {}
+    best = best_throughput(manifest.benchmark.model_dump(mode="json"))
+    agreement = manifest.smoke.figure("smoke_agreement")
+    toolchain = manifest.key_components.toolchain
     tags = {
         mltags.KEY: manifest.key, mltags.TARGET: unit.target.name, mltags.ARCH: unit.target.arch.value,
         mltags.LANE: manifest.lane, mltags.STATUS: manifest.status, mltags.MANIFEST_URI: manifest_uri,
         mltags.MANIFEST_SHA256: manifest_sha256,
         mltags.ALIAS_STEM: unit_alias_stem(spec, unit),
         **unit_lineage(spec, unit).tags(),
-        mltags.SOURCE_URI: manifest.source.get("uri", ""),
-        mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
-        mltags.WEIGHTS_DIGEST: manifest.source.get("weights_digest", ""),
-        mltags.TOKENIZER_DIGEST: manifest.source.get("tokenizer_digest", ""),
+        mltags.SOURCE_URI: manifest.source.uri,
+        mltags.SOURCE_REVISION: manifest.source.revision or "",
+        mltags.WEIGHTS_DIGEST: manifest.source.weights_digest,
+        mltags.TOKENIZER_DIGEST: manifest.source.tokenizer_digest,
         **adapter_tags(manifest.source),
-        mltags.TOOLCHAIN_IMAGE: "@".join(x for x in (toolchain.get("image"), toolchain.get("image_digest")) if x),
+        mltags.TOOLCHAIN_IMAGE: _image(toolchain),
         mltags.GATE_VERDICT: manifest.status + (f": {manifest.status_reason}" if manifest.status_reason else
                                                  ": smoke and benchmark gates passed"),
         mltags.DEPLOYABLE: "true" if manifest.status == UnitStatus.CANDIDATE else "false",
@@ -109,7 +109,8 @@ def ensure_registered(
     if existing is None:
         version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,
                                 artifact_uri=manifest_uri.rsplit("/", 1)[0],
-                                tags={**tags, MANIFEST_URI_TAG: manifest_uri}, params=manifest.build_params,
+                                tags={**tags, MANIFEST_URI_TAG: manifest_uri},
+                                params=manifest.build_params.model_dump(mode="json"),
                                 alias=None, description=version_description(unit, manifest, manifest_uri))
         created = True
         first = next(iter(registered_versions(client, registered_model, manifest_uri)), None)
@@ -210,3 +211,8 @@ def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: d
         return None
     return (f"{alias} not moved: {holder.alias} of {registered_model} is version {holder.version} of another unit "
             f"lineage ({holder.label}); give this spec its own tracking.registered_model")
+
+
+def _image(toolchain: ToolchainIdentity | None) -> str:
+    """`image@digest` of the toolchain a unit was built with, as far as its key recorded it."""
+    return "@".join(x for x in (toolchain.image, toolchain.image_digest) if x) if toolchain else ""

@@ -27,6 +27,7 @@ from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.promotion import Decision, Registry, champion_alias, manifest_uri_of
 from enginefoundry.rollout.compare import ComparisonRow
 from enginefoundry.rollout.toolchain_channel import channel_moved
+from enginefoundry.schemas.manifest import SourcePart, ToolchainIdentity
 from enginefoundry.spec import BuildSpec, SourceKind, SourceURI, Target
 
 
@@ -55,9 +56,11 @@ class Baseline(BaseModel):
     version: str
     alias: str | None  # `<target>-champion`, or None for the newest registered version
     manifest_uri: str
-    source: dict[str, Any]  # JSON edge: the manifest's source field, as published
-    # JSON edge: key_components.toolchain of a published manifest
-    toolchain: dict[str, Any] = Field(default_factory=dict, description="key_components.toolchain of its unit")
+    source: SourcePart
+    toolchain: ToolchainIdentity | None = Field(default=None, description="key_components.toolchain of its unit")
+
+    def recorded_toolchain(self) -> dict[str, Any]:  # JSON edge: the identity as toolchain_identity makes it
+        return self.toolchain.model_dump(mode="json") if self.toolchain is not None else {}
 
 
 class TargetChange(BaseModel):
@@ -126,25 +129,24 @@ def baseline_for(registry: Registry, model: str, target: Target, lineages: set[s
     uri = manifest_uri_of(version)
     manifest = read_manifest_uri(uri)
     return Baseline(target=target.name, version=str(version.version), alias=alias, manifest_uri=uri,
-                    source=manifest.source, toolchain=dict(manifest.key_components.get("toolchain") or {}))
+                    source=manifest.source, toolchain=manifest.key_components.toolchain)
 
 
-def differs(state: SourceState, recorded: dict[str, Any]) -> str | None:  # JSON edge: manifest source
+def differs(state: SourceState, recorded: SourcePart) -> str | None:
     """Why the source differs from what a baseline was built from, or None when it is the same."""
-    if recorded.get("uri") != state.uri:
-        return f"source changed from {recorded.get('uri')} to {state.uri}"
+    if recorded.uri != state.uri:
+        return f"source changed from {recorded.uri} to {state.uri}"
     if state.kind is SourceKind.HF:
-        old = recorded.get("revision")
+        old = recorded.revision
         return None if old == state.revision else f"new commit {str(state.revision)[:12]} (built from {str(old)[:12]})"
     if state.kind is SourceKind.S3:
-        old_objects = (recorded.get("identity") or {}).get("objects", {})
+        old_objects = (recorded.identity.objects if recorded.identity is not None else None) or {}
         if old_objects == state.objects:
             return None
         changed = sorted(k for k in set(old_objects) | set(state.objects or {})
                          if old_objects.get(k) != (state.objects or {}).get(k))
         return f"{len(changed)} object(s) changed: {', '.join(changed[:5])}"
-    if (recorded.get("weights_digest"), recorded.get("tokenizer_digest")) == (state.weights_digest,
-                                                                              state.tokenizer_digest):
+    if (recorded.weights_digest, recorded.tokenizer_digest) == (state.weights_digest, state.tokenizer_digest):
         return None
     return f"local files changed (weights {str(state.weights_digest)[:12]})"
 
@@ -184,8 +186,8 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
             rows.append(TargetChange(target=target.name, changed=True, reason="never built: first build"))
             continue
         why = differs(state, base.source)
-        bump = toolchain_differs(toolchain or {}, base.toolchain)
-        moved = (channel_moved(spec.toolchain.channel, base.toolchain, toolchain or {})
+        bump = toolchain_differs(toolchain or {}, base.recorded_toolchain())
+        moved = (channel_moved(spec.toolchain.channel, base.recorded_toolchain(), toolchain or {})
                  if bump and spec.toolchain.channel else None)
         bump = f"{moved} ({bump})" if moved else bump
         label = f"{base.alias} v{base.version}" if base.alias else f"newest v{base.version}"

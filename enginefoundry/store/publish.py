@@ -136,8 +136,9 @@ class PublishedBuild(BaseModel):
 
     @property
     def key_components(self) -> dict[str, Any]:  # JSON edge: the key components of a published manifest
-        doc = self.manifest or self.checkpoint
-        return doc.key_components if doc else {}
+        if self.manifest is not None:
+            return self.manifest.key_components.as_json()
+        return self.checkpoint.key_components if self.checkpoint else {}
 
     def object_key(self, entry: FileEntry) -> str:
         if self.layout == "cas":
@@ -243,7 +244,7 @@ def check_hit(store: Store, build: PublishedBuild, rehash: bool = False) -> list
     doc = build.manifest or build.checkpoint
     if doc is None:
         return [Problem(path="manifest", problem="no manifest")]
-    recomputed = sha256_json(doc.key_components)  # the unit key (build.units.key_of) of its components
+    recomputed = sha256_json(build.key_components)  # the unit key (build.units.key_of) of its components
     if doc.key != recomputed:
         problems.append(Problem(path="manifest", problem="key is not the hash of key_components",
                                 expected=recomputed, actual=doc.key))
