@@ -129,7 +129,7 @@ def _convert_locked(spec: BuildSpec, variant: Variant, snapshot: SourceSnapshot,
             refused, published = published.build_id, None
         else:
             local = LocalCheckpoint(result=ConvertResult(checkpoint_dir=str(workdir / "checkpoint"),
-                                                         params=checkpoint.params),
+                                                         params=checkpoint.params.model_dump(mode="json")),
                                     manifest_sha256=published.manifest_sha256)
             done.write_text(local.model_dump_json(indent=2))
     if published is not None and published.checkpoint is not None and local is not None:

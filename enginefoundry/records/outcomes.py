@@ -5,7 +5,6 @@ so the flows only compose stages; no Prefect here.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -19,13 +18,13 @@ from enginefoundry.build.units import Unit
 from enginefoundry.errors import StoreError
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.schemas.manifest import BenchPart, BuildInput, Manifest
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.gate import GateRule, GateVerdict
 from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import run_outcome_key
-from enginefoundry.store.manifest import BuildInput, Manifest
 from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.store.unit_status import UnitStatus
 
@@ -174,7 +173,7 @@ def built_outcome(unit: Unit, manifest: Manifest, uri: str, run_id: str, stages:
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, reason=manifest.status_reason,
                        key=manifest.key, manifest_uri=uri, mlflow_run_id=run_id,
                        stage_seconds={k: round(v, 2) for k, v in stages.items()},
-                       smoke=manifest.smoke.model_dump(mode="json"), bench=manifest.benchmark.model_dump(mode="json"))
+                       smoke=manifest.smoke, bench=manifest.benchmark)
 
 
 def failed_outcome(unit: Unit, key: str, err: BaseException, run_id: str, stages: dict[str, float]) -> UnitOutcome:
@@ -188,8 +187,8 @@ def hit_outcome(unit: Unit, key: str, hit: PublishedBuild, run_id: str | None) -
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=hit.uri,
                        built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,
-                       smoke=manifest.smoke.model_dump(mode="json"),
-                       bench=manifest.benchmark.model_dump(mode="json", exclude={"points"}))
+                       smoke=manifest.smoke,
+                       bench=BenchPart.model_validate(manifest.benchmark.model_dump(exclude={"points"})))
 
 
 def duplicate_outcome(first: UnitOutcome, unit: Unit) -> UnitOutcome:
@@ -211,6 +210,6 @@ def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -
     if not store.exists(key):
         return None
     try:
-        return UnitOutcome.model_validate(json.loads(store.read_bytes(key)))
+        return UnitOutcome.parse(store.read_bytes(key), what=store.url(key))
     except (ValueError, StoreError):
         return None

@@ -15,37 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError
 
 from enginefoundry.errors import SpecError, ToolError, is_transient
+from enginefoundry.schemas.channel import ChannelDocument
 from enginefoundry.spec import BuildSpec
 
-MAX_BYTES = 64 * 1024
-VERSION_PATTERN = r"^[0-9]+\.[0-9]+(\.[0-9]+)?([a-z0-9.+-]{0,32})$"
-DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
-IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
-
-
-class ChannelDocument(BaseModel):
-    """What a channel names: the toolchain a rollout builds with."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    trtllm_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="e.g. 1.3.0rc23")
-    image: str | None = Field(default=None, pattern=IMAGE_PATTERN, description="e.g. nvcr.io/…/tritonserver:26.07")
-    image_digest: str | None = Field(default=None, pattern=DIGEST_PATTERN, description="sha256:<64 hex>")
-
-    @model_validator(mode="after")
-    def _names_something(self) -> ChannelDocument:
-        if self.trtllm_version is None and self.image_digest is None:
-            raise ValueError("names neither trtllm_version nor image_digest: publish at least one")
-        return self
-
-    def describe(self) -> str:
-        parts = [f"TensorRT-LLM {self.trtllm_version}"] if self.trtllm_version else []
-        if self.image_digest:
-            parts.append(f"image {self.image_digest[:19]}")
-        return ", ".join(parts)
+MAX_BYTES = ChannelDocument.MAX_BYTES
 
 
 class ChannelStatus(BaseModel):
@@ -77,6 +53,9 @@ def parse_channel(uri: str, raw: bytes) -> ChannelDocument:
                                  "{trtllm_version, image, image_digest}")])
     try:
         data: Any = yaml.safe_load(raw.decode("utf-8"))
+    except RecursionError:  # a document nested thousands deep: PyYAML's composer recurses
+        raise SpecError([(field, f"{uri} is nested too deep: publish a flat mapping "
+                                 "{trtllm_version, image, image_digest}")]) from None
     except (UnicodeDecodeError, yaml.YAMLError) as err:
         raise SpecError([(field, f"{uri} is not YAML or JSON ({str(err).splitlines()[0]}): publish a mapping "
                                  "{trtllm_version, image, image_digest}")]) from None

@@ -159,6 +159,10 @@ class WirePart(BaseModel):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __bool__(self) -> bool:
+        """False when the part writes nothing (the empty JSON object `{}`), as the dict it was read from."""
+        return bool(self.model_dump())
+
     @model_serializer(mode="wrap")
     def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON edge: as written
         data: dict[str, Any] = handler(self)  # JSON edge: the part's JSON form
