@@ -49,7 +49,7 @@ def check_worker(unit: Unit, key_components: KeyComponents | None, lane_name: st
     # The pool the run was dispatched through; None when the flow is called outside a worker (tests, CLI).
     pool = getattr(ctx.flow_run, "work_pool_name", None) if ctx and ctx.flow_run else None
     verdict = check_placement(unit.target, pool, unit.variant.tp * unit.variant.pp)
-    planned = key_components.toolchain.versions if key_components and key_components.toolchain else {}
+    planned = (key_components.toolchain.versions or {}) if key_components and key_components.toolchain else {}
     local = get_lane(lane_name).versions()
     get_lane(lane_name).check_installed(spec, unit)
     require_signer_for(spec)  # this worker publishes: with publish.require_signature it needs a key of its own

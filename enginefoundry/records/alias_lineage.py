@@ -17,7 +17,7 @@ nor replaced). No Prefect here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -26,6 +26,9 @@ from enginefoundry.build.units import Unit, target_identity, unit_key_components
 from enginefoundry.errors import SpecError
 from enginefoundry.identity import sha256_json
 from enginefoundry.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 # The parts of a unit key that a rollout keeps (build.units.unit_key_components): the rest (source digests,
 # toolchain, format version) is what a rollout may change.
@@ -85,7 +88,7 @@ def manifest_lineage(key_components: dict[str, Any]) -> str | None:  # JSON edge
     return _digest(_lineage_identity(key_components))
 
 
-def version_lineage(version: Any) -> str | None:
+def version_lineage(version: ModelVersion) -> str | None:
     """A registered version's lineage: its tag, else its manifest's key components (None: neither readable)."""
     recorded = version.tags.get(mltags.LINEAGE)
     if recorded:
@@ -99,7 +102,7 @@ def version_lineage(version: Any) -> str | None:
         return None
 
 
-def version_label(version: Any) -> str:
+def version_label(version: ModelVersion) -> str:
     label = version.tags.get(mltags.LINEAGE_LABEL)
     return str(label) if label else f"version {version.version}, registered before lineages were recorded"
 
@@ -113,7 +116,7 @@ class AliasHolder(BaseModel):
     label: str
 
 
-def stem_holder(by_alias: Callable[[str, str], Any | None], model: str, stem: str) -> AliasHolder | None:
+def stem_holder(by_alias: Callable[[str, str], ModelVersion | None], model: str, stem: str) -> AliasHolder | None:
     """The version behind `<stem>-champion`, else `<stem>-candidate` (`by_alias(model, alias)`: the version or
     None), with its lineage; None when neither is set."""
     from enginefoundry.records.promotion import candidate_alias, champion_alias

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
@@ -30,6 +30,8 @@ from enginefoundry.store.layout import legacy_manifest_uri
 from enginefoundry.store.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 
 if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+
     from enginefoundry.records.alias_lineage import Lineage
 
 NOISE = "inconclusive: the difference is within noise"
@@ -289,11 +291,12 @@ class Registry:
         self.uri = tracking_uri
         self.client = mlflow_client(tracking_uri, registry_uri=tracking_uri)
 
-    def version_by_alias(self, model: str, alias: str) -> Any | None:
+    def version_by_alias(self, model: str, alias: str) -> ModelVersion | None:
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.client.get_model_version_by_alias(model, alias)
+            found: ModelVersion = self.client.get_model_version_by_alias(model, alias)
+            return found
         except MlflowException as err:
             if _unreachable(err):
                 raise
@@ -310,16 +313,17 @@ class Registry:
                 raise
             return []
 
-    def version(self, model: str, number: str) -> Any:
+    def version(self, model: str, number: str) -> ModelVersion:
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.client.get_model_version(model, str(number))
+            got: ModelVersion = self.client.get_model_version(model, str(number))
+            return got
         except MlflowException as err:
             raise InputError(f"{model} version {number} is not in the registry at {self.uri} "
                              f"({str(err).splitlines()[0][:120]})") from None
 
-    def versions_with(self, model: str, tag: str, value: str) -> list[Any]:
+    def versions_with(self, model: str, tag: str, value: str) -> list[ModelVersion]:
         """Versions whose tag equals value, newest first. Filtered here: tag names with dots need quoting
         that differs between MLflow stores."""
         from mlflow.exceptions import MlflowException
@@ -405,7 +409,7 @@ class Registry:
                             detail=f"{champion_alias(stem)} → version {number}"
                                    + (f" (was {current})" if current is not None else " (first champion)"))
 
-    def _check_same_lineage(self, model: str, stem: str, version: Any, champion: Any) -> None:
+    def _check_same_lineage(self, model: str, stem: str, version: ModelVersion, champion: ModelVersion) -> None:
         """One lineage per alias (alias_lineage): a version of another unit lineage never takes a champion alias."""
         from enginefoundry.records.alias_lineage import version_label, version_lineage
 
@@ -431,7 +435,7 @@ class Registry:
                              f"Check it with `enginefoundry verify models:/{model}/{number}`, or promote a build "
                              "that verifies (`enginefoundry promote --version N`)") from None
 
-    def rollback(self, model: str, stem: str, check: Callable[[Any], object] | None = None) -> RegistryMove:
+    def rollback(self, model: str, stem: str, check: Callable[[ModelVersion], object] | None = None) -> RegistryMove:
         """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
         so that a second rollback goes one step further back. `check` (the signature policy) sees the version to
         restore before anything moves, and refuses it by raising."""
@@ -504,17 +508,17 @@ def unit_alias_stem(spec: BuildSpec, unit: Unit) -> str:
     return alias_stems(spec)[unit.name]
 
 
-def manifest_uri_of(version: Any) -> str:
+def manifest_uri_of(version: ModelVersion) -> str:
     """The store URI of a registered version's unit manifest."""
-    return version.tags.get(mltags.MANIFEST_URI) or legacy_manifest_uri(version.source)
+    return version.tags.get(mltags.MANIFEST_URI) or legacy_manifest_uri(version.source or "")
 
 
-def anchor_of(model: str, version: Any) -> tuple[str, str]:
+def anchor_of(model: str, version: ModelVersion) -> tuple[str, str]:
     """(where, sha256): the manifest digest a registered version recorded ("" when it predates the tag)."""
     return f"models:/{model}/{version.version}", version.tags.get(mltags.MANIFEST_SHA256, "")
 
 
-def read_version_manifest(model: str, version: Any) -> Manifest:
+def read_version_manifest(model: str, version: ModelVersion) -> Manifest:
     """A registered version's manifest, held to every digest recorded for it (the version's tag, the key's
     pointer history): StoreError when its bytes changed after it was published."""
     return read_manifest_uri(manifest_uri_of(version), anchor_of(model, version))

@@ -9,7 +9,7 @@ existing version (a newer build may hold it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -18,10 +18,13 @@ from enginefoundry.build.units import Unit
 from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
-from enginefoundry.records.tracking import Tracker, register_unit
+from enginefoundry.records.tracking import RetryingClient, Tracker, register_unit
 from enginefoundry.schemas.manifest import Manifest, ToolchainIdentity
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.unit_status import UnitStatus
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 MANIFEST_URI_TAG = mltags.MANIFEST_URI
 
@@ -77,7 +80,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
     return {k: v for k, v in tags.items() if v}
 
 
-def registered_versions(client: Any, registered_model: str, manifest_uri: str) -> list[Any]:
+def registered_versions(client: RetryingClient, registered_model: str, manifest_uri: str) -> list[ModelVersion]:
     """The versions registered for this manifest URI, oldest first. Tags are filtered here: tag names with dots
     need quoting that differs between MLflow stores (as promotion.Registry.versions_with does)."""
     from mlflow.exceptions import MlflowException
@@ -89,7 +92,7 @@ def registered_versions(client: Any, registered_model: str, manifest_uri: str) -
     return sorted((v for v in found if v.tags.get(MANIFEST_URI_TAG) == manifest_uri), key=lambda v: int(v.version))
 
 
-def find_registered(client: Any, registered_model: str, manifest_uri: str) -> Any | None:
+def find_registered(client: RetryingClient, registered_model: str, manifest_uri: str) -> ModelVersion | None:
     """The newest version registered for this manifest URI."""
     mine = registered_versions(client, registered_model, manifest_uri)
     return mine[-1] if mine else None
@@ -152,7 +155,7 @@ def ensure_registered(
     return Registration(version=version, created=created, alias=alias, alias_set=True)
 
 
-def _alias_holder(client: Any, registered_model: str, alias: str) -> str | None:
+def _alias_holder(client: RetryingClient, registered_model: str, alias: str) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -171,7 +174,7 @@ def version_description(unit: Unit, manifest: Manifest, manifest_uri: str) -> st
             f"{manifest_uri}")[:5000]
 
 
-def _supersede(client: Any, registered_model: str, number: str) -> None:
+def _supersede(client: RetryingClient, registered_model: str, number: str) -> None:
     """The version `<stem>-candidate` moved away from: a candidate never promoted says `superseded` now (version and
     run, as promotion moves them); a champion or previous champion keeps its word."""
     from mlflow.exceptions import MlflowException
@@ -189,7 +192,7 @@ def _supersede(client: Any, registered_model: str, number: str) -> None:
         return
 
 
-def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: dict[str, str]) -> str | None:
+def _other_lineage_holds(client: RetryingClient, registered_model: str, alias: str, tags: dict[str, str]) -> str | None:
     """Why `alias` may not move to a version of this lineage (`tags`' enginefoundry.lineage): the stem's champion or
     candidate is of another unit lineage (alias_lineage). None: free, or the same lineage."""
     from mlflow.exceptions import MlflowException
@@ -200,9 +203,10 @@ def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: d
     if not mine:
         return None
 
-    def by_alias(model: str, name: str) -> Any | None:
+    def by_alias(model: str, name: str) -> ModelVersion | None:
         try:
-            return client.get_model_version_by_alias(model, name)
+            found: ModelVersion = client.get_model_version_by_alias(model, name)
+            return found
         except MlflowException:
             return None
 

@@ -68,7 +68,7 @@ def describe_toolchain(identity: ToolchainIdentity | None) -> str:
     parts = [f"TensorRT-LLM {identity.trtllm_version}"] if identity.trtllm_version else []
     if identity.image_digest:
         parts.append(f"image {identity.image_digest[:19]}")
-    parts += [f"{k} {v}" for k, v in sorted(identity.versions.items()) if k != "surface"]
+    parts += [f"{k} {v}" for k, v in sorted((identity.versions or {}).items()) if k != "surface"]
     return ", ".join(parts) or "-"
 
 

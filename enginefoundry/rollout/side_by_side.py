@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -34,6 +34,9 @@ from enginefoundry.records.promotion import (
 )
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.unit_status import UnitStatus
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 
 class PendingComparison(BaseModel):
@@ -81,7 +84,7 @@ def measure(spec: BuildSpec, unit: Unit, pending: PendingComparison, registry: R
     from enginefoundry.store.verify import open_build, pull
 
     model = spec.registered_model_name
-    versions: dict[Role, Any] = {"champion": registry.version(model, pending.champion_version),
+    versions: dict[Role, ModelVersion] = {"champion": registry.version(model, pending.champion_version),
                                  "candidate": registry.version(model, pending.candidate_version)}
     manifests = {role: read_version_manifest(model, v) for role, v in versions.items()}
     result = SideBySide(stem=pending.stem, scenario="", concurrency=0, champion_version=pending.champion_version,

@@ -13,7 +13,7 @@ Prefect here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +29,9 @@ from enginefoundry.rollout.compare import ComparisonRow
 from enginefoundry.rollout.toolchain_channel import channel_moved
 from enginefoundry.schemas.manifest import SourcePart, ToolchainIdentity
 from enginefoundry.spec import BuildSpec, SourceKind, SourceURI, Target
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 
 class SourceState(BaseModel):
@@ -59,8 +62,6 @@ class Baseline(BaseModel):
     source: SourcePart
     toolchain: ToolchainIdentity | None = Field(default=None, description="key_components.toolchain of its unit")
 
-    def recorded_toolchain(self) -> dict[str, Any]:  # JSON edge: the identity as toolchain_identity makes it
-        return self.toolchain.model_dump(mode="json") if self.toolchain is not None else {}
 
 
 class TargetChange(BaseModel):
@@ -115,7 +116,7 @@ def baseline_for(registry: Registry, model: str, target: Target, lineages: set[s
     this spec's baseline."""
     from enginefoundry.records.alias_lineage import version_lineage
 
-    def ours(v: Any) -> bool:
+    def ours(v: ModelVersion) -> bool:
         return lineages is None or version_lineage(v) in lineages | {None}
 
     champion = registry.version_by_alias(model, champion_alias(target.name))
@@ -151,27 +152,29 @@ def differs(state: SourceState, recorded: SourcePart) -> str | None:
     return f"local files changed (weights {str(state.weights_digest)[:12]})"
 
 
-# JSON edge: toolchain identities (manifest key_components.toolchain)
-def toolchain_differs(current: dict[str, Any], recorded: dict[str, Any]) -> str | None:
+def toolchain_differs(current: ToolchainIdentity | None, recorded: ToolchainIdentity | None) -> str | None:
     """Why the toolchain differs from the one a baseline was built with, or None. A baseline that recorded no
     toolchain (an older manifest) is not a bump."""
     if not recorded or not current:
         return None
-    changed = [k for k in ("trtllm_version", "image_digest") if current.get(k) != recorded.get(k)]
-    now, then = current.get("versions"), recorded.get("versions") or {}
+    changed = [k for k in ("trtllm_version", "image_digest") if getattr(current, k) != getattr(recorded, k)]
+    now, then = current.versions, recorded.versions or {}
     if now is not None:  # None: this host has no toolchain to ask (a CPU-only parent); the spec's fields decide
         changed += [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
     if not changed:
         return None
 
-    def value(d: dict[str, Any], k: str) -> Any:  # JSON edge: a toolchain identity (manifest key_components.toolchain)
-        return d.get(k) if k in ("trtllm_version", "image_digest") else (d.get("versions") or {}).get(k)
+    def value(identity: ToolchainIdentity, k: str) -> str | None:
+        if k in ("trtllm_version", "image_digest"):
+            pinned: str | None = getattr(identity, k)
+            return pinned
+        return (identity.versions or {}).get(k)
 
     return "toolchain changed: " + ", ".join(f"{k} {value(recorded, k)} → {value(current, k)}" for k in changed)
 
 
 def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] | None = None,
-                  toolchain: dict[str, Any] | None = None) -> ChangeReport:  # JSON edge: toolchain identity
+                  toolchain: ToolchainIdentity | None = None) -> ChangeReport:
     """Per target of the spec: is there something new to build (the source, or the toolchain when `toolchain`,
     this run's identity, is given)? A target never built is new. With `toolchain.channel`, `spec` is the one the
     channel was applied to (toolchain_channel.with_channel), and a bump of its fields says the channel moved."""
@@ -186,8 +189,8 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
             rows.append(TargetChange(target=target.name, changed=True, reason="never built: first build"))
             continue
         why = differs(state, base.source)
-        bump = toolchain_differs(toolchain or {}, base.recorded_toolchain())
-        moved = (channel_moved(spec.toolchain.channel, base.recorded_toolchain(), toolchain or {})
+        bump = toolchain_differs(toolchain, base.toolchain)
+        moved = (channel_moved(spec.toolchain.channel, base.toolchain, toolchain)
                  if bump and spec.toolchain.channel else None)
         bump = f"{moved} ({bump})" if moved else bump
         label = f"{base.alias} v{base.version}" if base.alias else f"newest v{base.version}"

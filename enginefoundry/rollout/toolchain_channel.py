@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from enginefoundry.errors import SpecError, ToolError, is_transient
 from enginefoundry.schemas.channel import ChannelDocument
+from enginefoundry.schemas.manifest import ToolchainIdentity
 from enginefoundry.spec import BuildSpec
 
 MAX_BYTES = ChannelDocument.MAX_BYTES
@@ -136,14 +137,14 @@ def channel_status(spec: BuildSpec) -> ChannelStatus | None:
                              transient=True)
 
 
-# JSON edge: key_components.toolchain of a manifest, and the channel's
-def channel_moved(uri: str, recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+def channel_moved(uri: str, recorded: ToolchainIdentity | None, current: ToolchainIdentity | None) -> str | None:
     """'channel <uri> moved from X to Y' when the channel's fields differ from the baseline's; else None."""
-    keys = ("trtllm_version", "image_digest")
-    if not recorded or all(current.get(k) == recorded.get(k) for k in keys):
+    now = current or ToolchainIdentity()
+    if not recorded or (now.trtllm_version, now.image_digest) == (recorded.trtllm_version, recorded.image_digest):
         return None
 
-    def ident(d: dict[str, Any]) -> str:  # JSON edge: a toolchain identity (manifest key_components.toolchain)
-        return ", ".join(f"{k} {str(d.get(k))[:19] if k == 'image_digest' else d.get(k)}" for k in keys
-                         if d.get(k) is not None) or "nothing pinned"
-    return f"channel {uri} moved from {ident(recorded)} to {ident(current)}"
+    def ident(identity: ToolchainIdentity) -> str:
+        pinned = [f"trtllm_version {identity.trtllm_version}"] if identity.trtllm_version is not None else []
+        pinned += [f"image_digest {identity.image_digest[:19]}"] if identity.image_digest is not None else []
+        return ", ".join(pinned) or "nothing pinned"
+    return f"channel {uri} moved from {ident(recorded)} to {ident(now)}"

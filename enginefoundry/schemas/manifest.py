@@ -136,7 +136,8 @@ class ToolchainIdentity(WirePart):
     trtllm_version: str | None = None
     image: str | None = None
     image_digest: str | None = None
-    versions: dict[str, str] = Field(default_factory=dict)
+    versions: dict[str, str] | None = Field(default=None, description="what the lane reports; None (a run's own "
+                                            "identity only): this host has no toolchain to ask")
 
 
 class TargetIdentity(WirePart):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enginefoundry.records.promotion import Decision, PromotionPolicy
 from enginefoundry.rollout.compare import comparison_row, describe_toolchain, markdown
-from enginefoundry.rollout.source_change import toolchain_differs
+from enginefoundry.rollout.source_change import toolchain_differs as differs
 from enginefoundry.schemas.manifest import Manifest, ToolchainIdentity
 
 OLD = {"lane": "reference", "trtllm_version": None, "image_digest": "sha256:" + "a" * 64,
@@ -21,6 +21,9 @@ def manifest(toolchain: dict, agreement: float = 1.0, tok_s: float = 100.0, ttft
 
 
 def test_a_new_image_digest_release_or_lane_version_is_a_toolchain_change():
+    def toolchain_differs(current: dict, recorded: dict) -> str | None:  # as manifests and runs record them
+        return differs(ToolchainIdentity.model_validate(current), ToolchainIdentity.model_validate(recorded))
+
     assert toolchain_differs(dict(OLD), OLD) is None
     new_image = {**OLD, "image_digest": "sha256:" + "b" * 64}
     assert toolchain_differs(new_image, OLD).startswith("toolchain changed: image_digest sha256:aaa")
