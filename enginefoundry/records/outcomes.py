@@ -18,6 +18,7 @@ from enginefoundry.build.units import Unit
 from enginefoundry.errors import StoreError
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.schemas.loose import MlflowPayload
 from enginefoundry.schemas.manifest import BenchPart, BuildInput, Manifest
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.gate import GateRule, GateVerdict
@@ -103,7 +104,7 @@ def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:  # JSON edge: ma
             **({"search": sweep.search} if sweep.search is not None else {})}
 
 
-def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge: an MLflow params payload
+def unit_params(spec: BuildSpec, unit: Unit) -> MlflowPayload:
     """The MLflow parameters of a unit's run."""
     return {"unit": unit.name, "lane": spec.lane, "variant": unit.variant.model_dump(mode="json"),
             "profile": unit.profile.model_dump(mode="json"), "target": unit.target.model_dump(mode="json"),

@@ -32,11 +32,13 @@ from enginefoundry.records.promotion import (
     operating_point,
     read_version_manifest,
 )
-from enginefoundry.spec import BuildSpec
+from enginefoundry.spec import BuildSpec, Scenario
 from enginefoundry.store.unit_status import UnitStatus
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
+
+    from enginefoundry.model_server import Endpoint
 
 
 class PendingComparison(BaseModel):
@@ -96,7 +98,7 @@ def measure(spec: BuildSpec, unit: Unit, pending: PendingComparison, registry: R
     concurrency = point[0][1]
     result = result.model_copy(update={"scenario": scenario.name, "concurrency": concurrency})
     shutil.rmtree(work_dir, ignore_errors=True)
-    lane, endpoints = get_lane(spec.lane), dict[Role, Any]()
+    lane, endpoints = get_lane(spec.lane), dict[Role, Endpoint]()
     trials: list[Trial] = []
     try:
         for role, version in versions.items():
@@ -118,7 +120,7 @@ def measure(spec: BuildSpec, unit: Unit, pending: PendingComparison, registry: R
     return result.model_copy(update={"trials": trials})
 
 
-def _trial(run_point: Callable[..., Any], spec: BuildSpec, scenario: Any, concurrency: int, endpoint: Any,
+def _trial(run_point: Callable[..., Any], spec: BuildSpec, scenario: Scenario, concurrency: int, endpoint: Endpoint,
            role: Role, r: int, out: Path, progress: Callable[[str], None]) -> Trial:
     try:
         bench, _ = run_point(spec.benchmark, scenario, concurrency, url=endpoint.base_url, model=endpoint.model_name,

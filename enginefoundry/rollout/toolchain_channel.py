@@ -12,7 +12,7 @@ No Prefect here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -21,6 +21,9 @@ from enginefoundry.errors import SpecError, ToolError, is_transient
 from enginefoundry.schemas.channel import ChannelDocument
 from enginefoundry.schemas.manifest import ToolchainIdentity
 from enginefoundry.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 MAX_BYTES = ChannelDocument.MAX_BYTES
 
@@ -53,7 +56,7 @@ def parse_channel(uri: str, raw: bytes) -> ChannelDocument:
         raise SpecError([(field, f"{uri} is larger than {MAX_BYTES} bytes: publish only "
                                  "{trtllm_version, image, image_digest}")])
     try:
-        data: Any = yaml.safe_load(raw.decode("utf-8"))
+        data: object = yaml.safe_load(raw.decode("utf-8"))
     except RecursionError:  # a document nested thousands deep: PyYAML's composer recurses
         raise SpecError([(field, f"{uri} is nested too deep: publish a flat mapping "
                                  "{trtllm_version, image, image_digest}")]) from None
@@ -71,7 +74,7 @@ def parse_channel(uri: str, raw: bytes) -> ChannelDocument:
         raise SpecError(problems) from None
 
 
-def _message(e: Any) -> str:
+def _message(e: ErrorDetails) -> str:
     if e["type"] == "extra_forbidden":
         return "unknown key: a channel holds only trtllm_version, image, image_digest"
     if e["type"] == "string_type":

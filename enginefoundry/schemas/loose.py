@@ -23,3 +23,7 @@ PrefectJobVariables: TypeAlias = dict[str, Any]
 
 HfModelConfig: TypeAlias = dict[str, Any]
 """A Hugging Face model's config.json (or a ModelOpt hf_quant_config.json): the model's authors decide its keys."""
+
+MlflowPayload: TypeAlias = dict[str, Any]  # JSON edge: MLflow params and tags
+"""An MLflow run's params or tags as handed to the tracking client (nested values are flattened to `a.b` keys and
+strings by records/tracking.py); MLflow decides what a value may be."""
