@@ -37,5 +37,5 @@ class BrokenLeaseNote(Document):
     SCHEMA_NAME: ClassVar[str] = "lease-broken-note"
     MAX_BYTES: ClassVar[int] = 64 << 10
 
-    by: str = ""
-    at: float = 0.0
+    by: str = Field(description="who broke it (`leases --break --force` records the user and host)")
+    at: float = Field(description="when, seconds since the epoch")
