@@ -19,7 +19,7 @@ from enginefoundry.errors import StoreError
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.schemas.loose import MlflowPayload
-from enginefoundry.schemas.manifest import BenchPart, BuildInput, Manifest
+from enginefoundry.schemas.manifest import BenchPart, BuildInput, KeyComponents, Manifest
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.gate import GateRule, GateVerdict
 from enginefoundry.smoke.prompts import prompt_set_digest
@@ -143,13 +143,15 @@ def unit_manifest(
     """The manifest of a built unit, without its files: publishing adds them from the upload pass. `inputs`: what
     the build consumed besides its named sources, each bound by digest (evidence/inputs.py)."""
     judged = verdict(smoke, sweep)
+    components = KeyComponents.of(key_components)
     return Manifest.model_validate(dict(
-        key=key, key_components=key_components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
+        key=key, key_components=components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
         model=spec.model.name, unit=unit.name, lane=spec.lane,
         target=unit.target.model_dump(mode="json"), variant=unit.variant.model_dump(mode="json"),
         profile=unit.profile.model_dump(mode="json"),
         source={k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
-        versions=key_components["toolchain"]["versions"], device=device, build_params=build_params,
+        versions=(components.toolchain.versions if components.toolchain else None) or {}, device=device,
+        build_params=build_params,
         files=[], smoke=smoke.summary() if smoke else {}, benchmark=bench_summary(sweep),
         prompts_digest=prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
         gate=spec.smoke.model_dump(mode="json"),
