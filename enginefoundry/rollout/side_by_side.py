@@ -98,7 +98,8 @@ def measure(spec: BuildSpec, unit: Unit, pending: PendingComparison, registry: R
     concurrency = point[0][1]
     result = result.model_copy(update={"scenario": scenario.name, "concurrency": concurrency})
     shutil.rmtree(work_dir, ignore_errors=True)
-    lane, endpoints = get_lane(spec.lane), dict[Role, Endpoint]()
+    lane = get_lane(spec.lane)
+    endpoints: dict[Role, Endpoint] = {}
     trials: list[Trial] = []
     try:
         for role, version in versions.items():
