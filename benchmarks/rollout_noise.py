@@ -148,9 +148,10 @@ def side_by_side(endpoints: dict[str, Endpoint], rounds: int, out: Path, slow: H
 
 
 def manifest() -> Manifest:
-    return Manifest(key="k", key_components={"weights_digest": "w" * 64, "tokenizer_digest": "t" * 64}, model="m",
-                    unit="fp32-tp1.chat.cpu", lane="reference", target={}, variant={}, profile={}, source={},
-                    files=[], status=UnitStatus.CANDIDATE, smoke={"smoke_agreement": 1.0}, benchmark={})
+    return Manifest.model_validate(dict(
+        key="k", key_components={"weights_digest": "w" * 64, "tokenizer_digest": "t" * 64}, model="m",
+        unit="fp32-tp1.chat.cpu", lane="reference", target={}, variant={}, profile={}, source={}, files=[],
+        status=UnitStatus.CANDIDATE, smoke={"smoke_agreement": 1.0}, benchmark={}))
 
 
 def decision(measured: SideBySide, policy: PromotionPolicy) -> str:

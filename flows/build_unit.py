@@ -51,8 +51,9 @@ def check_worker(unit: Unit, key_components: KeyComponents | None, lane_name: st
     verdict = check_placement(unit.target, pool, unit.variant.tp * unit.variant.pp)
     lane = get_lane(lane_name)
     lane.check_installed(spec, unit)
+    planned = (key_components.toolchain.versions or {}) if key_components and key_components.toolchain else {}
     require_signer_for(spec)  # this worker publishes: with publish.require_signature it needs a key of its own
-    check_toolchain(unit.name, key_components.toolchain.versions if key_components else {}, lane.versions())
+    check_toolchain(unit.name, planned, lane.versions())
     progress_logger()(f"placement: {verdict}")
     return verdict
 
@@ -71,11 +72,15 @@ def unit_components(raw: dict[str, Any]) -> KeyComponents | None:  # JSON edge: 
     if not raw:
         return None
     try:
-        return KeyComponents.of(raw)
+        typed = KeyComponents.of(raw)
     except ValidationError as err:
         where, msg = first_problem(err)
         raise InputError(f"key_components.{where}: {msg}; the parent flow (build-engines, mode cluster) "
                          "sends each unit's key components: start units through it") from None
+    if typed.missing():
+        raise InputError(f"key_components.{typed.missing()[0]}: Field required; the parent flow (build-engines, "
+                         "mode cluster) sends each unit's key components: start units through it")
+    return typed
 
 
 # Parameters stay JSON (the UI's form, the parent's run_deployment): `spec` and `key_components` are typed at the
@@ -124,8 +129,8 @@ def _build_checked(build_spec: BuildSpec, the_unit: Unit, components: KeyCompone
     # The parent's identity (requested revision, URI as written in the spec) with this machine's folder.
     here = source.at(local.local_dir)
     draft = fetch_draft(build_spec, here)  # the parent pinned it (pinned_draft): its digests are in the key
-    want = (components.speculative or {}).get("draft_weights_digest"), \
-        (components.speculative or {}).get("draft_tokenizer_digest")
+    spec_key = components.speculative
+    want = (spec_key.draft_weights_digest, spec_key.draft_tokenizer_digest) if spec_key else (None, None)
     if draft is not None and (draft.weights_digest, draft.tokenizer_digest) != want:
         raise PipelineError(f"speculative.draft {draft.uri} changed after the parent fetched it (weights "
                             f"{str(want[0])[:12]} → {draft.weights_digest[:12]}); rerun the build")

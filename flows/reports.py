@@ -50,8 +50,8 @@ def report_build(spec: BuildSpec, summary: RunSummary) -> None:
              f"MLflow parent run `{summary.parent_run_id}`", "",
              "| unit | status | smoke agreement | best output tok/s | reason | manifest |", "|---|---|---|---|---|---|"]
     for o in summary.outcomes:
-        agreement = o.smoke.get("smoke_agreement")
-        best = o.bench.get("bench_best_output_tokens_per_s")
+        agreement = o.smoke.smoke_agreement
+        best = o.bench.bench_best_output_tokens_per_s
         lines.append(f"| {o.unit} | {o.status}{' (cache hit)' if o.cache_hit else ''} | "
                      f"{'-' if agreement is None else f'{float(agreement):.3f}'} | "
                      f"{'-' if best is None else f'{float(best):.1f}'} | {_cell(o.reason) or '-'} | "

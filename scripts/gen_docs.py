@@ -10,7 +10,9 @@
   editor with the YAML language server completes and checks a spec as it is typed;
 * docs/reference/spec.md: every field of the spec with its type, default, bounds, description and an example
   taken from a shipped config (the file named);
-* docs/reference/cli.md: every command and option of the `enginefoundry` parser (enginefoundry/cli/).
+* docs/reference/cli.md: every command and option of the `enginefoundry` parser (enginefoundry/cli/);
+* enginefoundry/schemas/<SCHEMA_NAME>.schema.json: the JSON Schema of every typed document (each subclass of
+  `enginefoundry.schemas.base.Document` with a SCHEMA_NAME, found by importing every module of the package).
 
 tests/unit/test_docs.py runs the same functions and fails when a checked-in file differs.
 """
@@ -400,16 +402,51 @@ def cli_reference() -> str:
 # ------------------------------------------------------------------------------------------------ driver
 
 
+def documents() -> dict[str, type[Any]]:
+    """SCHEMA_NAME → its `Document` subclass, for every module of enginefoundry.schemas (a module another engineer
+    adds there is found without an edit here). Two documents with one name are refused."""
+    import importlib
+    import pkgutil
+
+    import enginefoundry.schemas as package
+    from enginefoundry.schemas.base import Document
+
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{info.name}")
+    found: dict[str, type[Any]] = {}
+    pending: list[type[Any]] = list(Document.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        name = cls.__dict__.get("SCHEMA_NAME") or ""
+        if not name or not cls.__module__.startswith(package.__name__ + "."):
+            continue
+        if name in found and found[name] is not cls:
+            raise SystemExit(f"two documents are named {name}: {found[name].__qualname__} and {cls.__qualname__}")
+        found[name] = cls
+    return dict(sorted(found.items()))
+
+
+def document_schemas() -> dict[Path, str]:
+    """enginefoundry/schemas/<name>.schema.json of every document → its content."""
+    return {SCHEMA_PATH.parent / f"{name}.schema.json": json.dumps(cls.json_schema(), indent=2) + "\n"
+            for name, cls in documents().items()}
+
+
 def expected_files() -> dict[Path, str]:
     """Every generated file → its content as the code says it should be."""
     schema = spec_schema()
     return {SCHEMA_PATH: json.dumps(schema, indent=2, ensure_ascii=False) + "\n",
             SPEC_REFERENCE: spec_reference(copy.deepcopy(schema)),
-            CLI_REFERENCE: cli_reference()}
+            CLI_REFERENCE: cli_reference(),
+            **document_schemas()}
 
 
 def stale_files() -> list[Path]:
-    return [p for p, text in expected_files().items() if not p.is_file() or p.read_text() != text]
+    """Generated files that differ from the code, are missing, or are a document's schema no document makes."""
+    expected = expected_files()
+    orphans = [p for p in sorted(SCHEMA_PATH.parent.glob("*.schema.json")) if p not in expected]
+    return [p for p, text in expected.items() if not p.is_file() or p.read_text() != text] + orphans
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,7 +458,11 @@ def main(argv: list[str] | None = None) -> int:
         for path in stale:
             print(f"out of date: {path.relative_to(ROOT)} (run {REGENERATE})", file=sys.stderr)
         return 1 if stale else 0
-    for path, text in expected_files().items():
+    expected = expected_files()
+    for orphan in (p for p in SCHEMA_PATH.parent.glob("*.schema.json") if p not in expected):
+        orphan.unlink()
+        print(f"removed {orphan.relative_to(ROOT)} (no document makes it)")
+    for path, text in expected.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text)

@@ -179,7 +179,7 @@ def _pull(c: _Conversion, published: PublishedBuild) -> LocalCheckpoint | None:
               + "".join(f"; quarantined {m}" for m in moved) + "; converting again")
         return None
     local = LocalCheckpoint(result=ConvertResult(checkpoint_dir=str(c.workdir / "checkpoint"),
-                                                 params=checkpoint.params),
+                                                 params=checkpoint.params.model_dump(mode="json")),
                             manifest_sha256=published.manifest_sha256)
     c.done.write_text(local.model_dump_json(indent=2))
     return local

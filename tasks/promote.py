@@ -24,6 +24,7 @@ from enginefoundry.records.tracking import end_orphaned_runs as end_runs
 from enginefoundry.rollout.compare import ComparisonRow, comparison_rows, markdown
 from enginefoundry.rollout.source_change import ChangeReport, detect_change
 from enginefoundry.rollout.toolchain_channel import with_channel
+from enginefoundry.schemas.manifest import ToolchainIdentity
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
@@ -54,7 +55,8 @@ def follow_channel(spec: BuildSpec) -> BuildSpec:
 
 @task(name="detect new source or toolchain", cache_policy=NO_CACHE, **NETWORK_RETRIES)
 def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeReport:
-    report = detect_change(spec, Registry(spec.tracking.mlflow_uri), targets, current_toolchain(spec))
+    report = detect_change(spec, Registry(spec.tracking.mlflow_uri), targets,
+                           ToolchainIdentity.model_validate(current_toolchain(spec)))
     log = progress_logger()
     log(f"rollout: source {report.source.describe()}")
     for row in report.targets:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.build.quantized_source import SourceQuantization
 from enginefoundry.identity import sha256_json
+from enginefoundry.schemas.manifest import KeyComponents as KeyComponents  # its home is schemas (issue 35)
 from enginefoundry.spec import AdapterMode, BuildSpec, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 
@@ -206,61 +208,6 @@ def _keyed(lane_options: LaneOptions | dict[str, Any] | None) -> dict[str, Any]:
     return dict(lane_options or {})
 
 
-class ToolchainIdentity(BaseModel):
-    """The toolchain part of a key (`toolchain_identity`): the spec's pins and the versions the lane reports."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    lane: str
-    trtllm_version: str | None
-    image_digest: str | None
-    versions: dict[str, str]
-
-
-class TargetIdentity(BaseModel):
-    """The target part of a unit key (`target_identity`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    arch: str
-    sku: list[str]
-    gpu_count: int
-
-
-class KeyComponents(BaseModel):
-    """A key's components, typed: what stages read (the toolchain a worker must match) and what travels to a
-    worker. Made from, and hashed and recorded as, the JSON of `unit_key_components` /
-    `checkpoint_key_components` (`as_json` gives back exactly the keys it was made from), so no key changes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    format_version: int
-    kind: Literal["unit", "checkpoint"]
-    weights_digest: str
-    tokenizer_digest: str
-    lane: str
-    toolchain: ToolchainIdentity
-    variant: dict[str, Any]  # JSON edge: the variant as hashed (spec fields, without its target list)
-    calibration: dict[str, Any] | None  # JSON edge: the calibration as hashed
-    profile: dict[str, Any] | None = None  # JSON edge: the profile as hashed; unit keys only
-    target: TargetIdentity | None = None  # unit keys only
-    lane_options: dict[str, Any] | None = None  # JSON edge: the options the spec set; unit keys only
-    speculative: dict[str, Any] | None = None  # JSON edge: the speculative section and draft digests; when set
-    adapter: dict[str, Any] | None = None  # JSON edge: the unit's adapter (name, mode, digest); adapter units only
-    source_quantization: dict[str, Any] | None = None  # JSON edge: a pre-quantized source's quantization; when set
-
-    @classmethod
-    def of(cls, components: dict[str, Any]) -> KeyComponents:  # JSON edge: components as made or recorded
-        return cls.model_validate(components)
-
-    def as_json(self) -> dict[str, Any]:  # JSON edge: the form keys hash and manifests record
-        return self.model_dump(mode="json", exclude_unset=True)
-
-    @property
-    def key(self) -> str:
-        return key_of(self)
-
-
-def key_of(components: KeyComponents | dict[str, Any]) -> str:  # JSON edge: components as recorded
+def key_of(components: KeyComponents | Mapping[str, object]) -> str:
     """The key: the hash of the components' canonical JSON (typed or as recorded: the same key)."""
-    return sha256_json(components.as_json() if isinstance(components, KeyComponents) else components)
+    return sha256_json(components.as_json() if isinstance(components, KeyComponents) else dict(components))

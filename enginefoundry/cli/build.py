@@ -167,11 +167,11 @@ def _print_summary(spec: BuildSpec, summary: RunSummary, tracking_note: str) -> 
     console.print()
     table(f"{summary.spec}: {summary.source_uri}"
           + (f" @ {summary.source_revision[:12]}" if summary.source_revision else ""), summary.rows())
-    if any(o.bench.get("slo") for o in summary.outcomes):
+    if any(o.bench.slo for o in summary.outcomes):
         from enginefoundry.records.run_summary import best_profiles
 
         table("best profile per target (within the benchmark SLOs)", best_profiles(summary.outcomes))
-    if any("search" in o.bench for o in summary.outcomes):
+    if any(o.bench.search is not None for o in summary.outcomes):
         from enginefoundry.records.run_summary import search_rows
 
         objective = spec.search.objective.value if spec.search else "tokens_per_gpu"

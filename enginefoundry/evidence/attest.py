@@ -39,7 +39,7 @@ from enginefoundry.evidence.signing import (
     sign_statement,
 )
 from enginefoundry.schemas.attestation_index import AttestationIndex, IndexEntry, Kind, SignerInfo
-from enginefoundry.schemas.base import DocumentError
+from enginefoundry.schemas.base import DocumentError, WirePart
 from enginefoundry.schemas.loose import InTotoStatement
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import attestation_index_key, blob_key
@@ -93,7 +93,7 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> InTotoStateme
     resolved dependencies (source, weights, tokenizer, calibration, prompt set, toolchain image), run ids/times."""
     m = build.manifest
     assert m is not None
-    comps = m.key_components
+    comps = m.key_components.as_json()  # the predicate records the components as hashed
     toolchain = comps.get("toolchain", {}) if isinstance(comps.get("toolchain"), dict) else {}
     deps: list[InTotoStatement] = []  # SLSA ResourceDescriptors (resolvedDependencies)
 
@@ -103,7 +103,7 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> InTotoStateme
             deps.append({"name": name, **({"uri": uri} if uri else {}), **({"digest": d} if d else {}),
                          **({"annotations": annotations} if annotations is not None else {})})
 
-    src = m.source
+    src = m.source.model_dump(mode="json")
     dep("source", None, src.get("uri"), annotations={"revision": src.get("revision"), "kind": src.get("kind")})
     dep("weights", src.get("weights_digest") or comps.get("weights_digest"))
     dep("tokenizer", src.get("tokenizer_digest") or comps.get("tokenizer_digest"))
@@ -125,21 +125,27 @@ def provenance_predicate(build: PublishedBuild, signed_at: str) -> InTotoStateme
             "buildType": BUILD_TYPE,
             "externalParameters": {"model": m.model, "unit": m.unit, "key": m.key, "key_components": comps,
                                    "unit_settings_sha256": _canonical_digest(
-                                       {"variant": m.variant, "profile": m.profile, "target": m.target})},
-            "internalParameters": {"lane": m.lane, "build_params": m.build_params,
+                                       {"variant": _wire(m.variant), "profile": _wire(m.profile),
+                                        "target": _wire(m.target)})},
+            "internalParameters": {"lane": m.lane, "build_params": _wire(m.build_params),
                                    "checkpoint_key": m.checkpoint_key},
             "resolvedDependencies": deps,
         },
         "runDetails": {
             "builder": {"id": f"https://enginefoundry.dev/builders/{m.lane}",
                         "version": {"enginefoundry": __version__, **m.versions},
-                        "builderDependencies": [{"name": "device", "annotations": m.device},
-                                                {"name": "target", "annotations": m.target}]},
+                        "builderDependencies": [{"name": "device", "annotations": _wire(m.device)},
+                                                {"name": "target", "annotations": _wire(m.target)}]},
             "metadata": {"invocationId": m.prefect_flow_run_id or "", "finishedOn": m.created_at,
                          "mlflowRunId": m.mlflow_run_id or ""},
         },
         "signedAt": signed_at,
     }
+
+
+def _wire(part: WirePart) -> InTotoStatement:
+    """A manifest part in the predicate as the manifest holds it (never a model: canonical JSON would stringify it)."""
+    return part.model_dump(mode="json")
 
 
 def gate_predicate(build: PublishedBuild, signed_at: str) -> InTotoStatement:
@@ -149,13 +155,14 @@ def gate_predicate(build: PublishedBuild, signed_at: str) -> InTotoStatement:
     m = build.manifest
     assert m is not None
     passed = m.status == UnitStatus.CANDIDATE
-    config: list[dict[str, object]] = [{"name": "smoke-gate-policy", "digest": {"sha256": _canonical_digest(m.gate)}}]
+    policy = _canonical_digest(_wire(m.gate))
+    config: list[dict[str, object]] = [{"name": "smoke-gate-policy", "digest": {"sha256": policy}}]
     if m.prompts_digest:
         config.append({"name": "prompt-set", "digest": _digest(m.prompts_digest)})
     return {"result": "PASSED" if passed else "FAILED", "configuration": config,
             "passedTests": ["smoke-gate"] if passed else [], "warnedTests": [],
             "failedTests": [] if passed else ["smoke-gate"],
-            "enginefoundry": {"policy": m.gate, "metrics": m.smoke, "status": m.status,
+            "enginefoundry": {"policy": _wire(m.gate), "metrics": _wire(m.smoke), "status": m.status,
                               "status_reason": m.status_reason},
             "signedAt": signed_at}
 
@@ -164,7 +171,7 @@ def benchmark_predicate(build: PublishedBuild, signed_at: str) -> InTotoStatemen
     """The benchmark as published in the manifest: tool and version, scenarios, per-point figures, goodput."""
     m = build.manifest
     assert m is not None
-    bench = m.benchmark
+    bench = m.benchmark.model_dump(mode="json")
     return {"tool": bench.get("tool"), "toolVersion": bench.get("tool_version") or m.versions.get(str(bench.get(
                 "tool"))), "result": bench, "signedAt": signed_at}
 

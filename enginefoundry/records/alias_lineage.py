@@ -16,9 +16,9 @@ nor replaced). No Prefect here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -26,7 +26,11 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit, expand_units, target_identity, unit_key_components
 from enginefoundry.errors import SpecError
 from enginefoundry.identity import sha256_json
+from enginefoundry.schemas.manifest import KeyComponents
 from enginefoundry.spec import BuildSpec
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 # The parts of a unit key that a rollout keeps (build.units.unit_key_components): the rest (source digests,
 # toolchain, format version) is what a rollout may change.
@@ -43,8 +47,9 @@ class Lineage(BaseModel):
         return {mltags.LINEAGE: self.digest, mltags.LINEAGE_LABEL: self.label}
 
 
-def _digest(identity: dict[str, Any]) -> str:  # JSON edge: the identity hashed
-    return sha256_json(identity)[:24]
+def _digest(identity: Mapping[str, object]) -> str:
+    """The digest of a lineage's identity (its canonical JSON)."""
+    return sha256_json(dict(identity))[:24]
 
 
 def unit_lineage(spec: BuildSpec, unit: Unit) -> Lineage:
@@ -52,7 +57,7 @@ def unit_lineage(spec: BuildSpec, unit: Unit) -> Lineage:
     label = f"spec {spec.name}: {unit.name} ({spec.lane} lane)"
     if unit.searched is not None and spec.search is not None:
         s = spec.search
-        identity: dict[str, Any] = {  # JSON edge: the identity hashed
+        identity: dict[str, object] = {
             "lane": spec.lane, "target": target_identity(unit.target),
             "lane_options": dict(sorted(spec.lane_options.keyed().items())),
             "search": {"workload": s.workload.model_dump(mode="json", exclude={"lengths_file", "lengths"}),
@@ -63,30 +68,31 @@ def unit_lineage(spec: BuildSpec, unit: Unit) -> Lineage:
                              f"({spec.lane} lane)")
     components = unit_key_components(spec, unit, "", "", {}, spec.lane_options, draft_digests=("", ""),
                                      adapter_digests={a.name: "" for a in spec.model.adapters} or None)
-    return Lineage(digest=_digest(_lineage_identity(components)), label=label)
+    return Lineage(digest=_digest(_lineage_identity(KeyComponents.of(components))), label=label)
 
 
-def _lineage_identity(components: dict[str, Any]) -> dict[str, Any]:  # JSON edge: key components → what is hashed
-    """The lineage's part of a unit key: LINEAGE_COMPONENTS, and an adapter unit's adapter name (a new adapter
-    revision is what a rollout changes; another adapter is another lineage). A unit without an adapter keeps the
-    lineage it always had."""
-    out = {k: components[k] for k in LINEAGE_COMPONENTS}
-    adapter = components.get("adapter")
-    if isinstance(adapter, dict):  # merge: the adapter's name; serve: the served set's names
-        served = adapter.get("served")
-        out["adapter"] = sorted(served) if isinstance(served, dict) else adapter.get("name")
+def _lineage_identity(components: KeyComponents) -> dict[str, object]:
+    """The lineage's part of a unit key: LINEAGE_COMPONENTS (as the key hashes them), and an adapter unit's adapter
+    name (a new adapter revision is what a rollout changes; another adapter is another lineage). A unit without an
+    adapter keeps the lineage it always had."""
+    hashed = components.as_json()
+    out: dict[str, object] = {k: hashed[k] for k in LINEAGE_COMPONENTS}
+    adapter = components.adapter
+    if adapter is not None:  # merge: the adapter's name; serve: the served set's names
+        out["adapter"] = sorted(adapter.served) if adapter.served is not None else adapter.name
     return out
 
 
-def manifest_lineage(key_components: dict[str, Any]) -> str | None:  # JSON edge: a manifest's key components
+def manifest_lineage(key_components: KeyComponents | Mapping[str, object]) -> str | None:
     """The lineage digest of a published unit from its key components (a version registered before versions
     recorded it); None for a manifest that lacks them."""
-    if any(k not in key_components for k in LINEAGE_COMPONENTS):
+    typed = key_components if isinstance(key_components, KeyComponents) else KeyComponents.of(key_components)
+    if any(k not in typed.as_json() for k in LINEAGE_COMPONENTS):
         return None
-    return _digest(_lineage_identity(key_components))
+    return _digest(_lineage_identity(typed))
 
 
-def version_lineage(version: Any) -> str | None:
+def version_lineage(version: ModelVersion) -> str | None:
     """A registered version's lineage: its tag, else its manifest's key components (None: neither readable)."""
     recorded = version.tags.get(mltags.LINEAGE)
     if recorded:
@@ -100,7 +106,7 @@ def version_lineage(version: Any) -> str | None:
         return None
 
 
-def version_label(version: Any) -> str:
+def version_label(version: ModelVersion) -> str:
     label = version.tags.get(mltags.LINEAGE_LABEL)
     return str(label) if label else f"version {version.version}, registered before lineages were recorded"
 
@@ -114,7 +120,7 @@ class AliasHolder(BaseModel):
     label: str
 
 
-def stem_holder(by_alias: Callable[[str, str], Any | None], model: str, stem: str) -> AliasHolder | None:
+def stem_holder(by_alias: Callable[[str, str], ModelVersion | None], model: str, stem: str) -> AliasHolder | None:
     """The version behind `<stem>-champion`, else `<stem>-candidate` (`by_alias(model, alias)`: the version or
     None), with its lineage; None when neither is set."""
     from enginefoundry.records.promotion import candidate_alias, champion_alias

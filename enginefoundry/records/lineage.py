@@ -7,14 +7,17 @@ A reference is a store URI (of the manifest or its folder), a unit key, or `mode
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.catalog.schemes import is_store_uri
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.records.tracking import RetryingClient, mlflow_client
+from enginefoundry.schemas.base import WirePart
+from enginefoundry.schemas.loose import JsonObject
+from enginefoundry.schemas.manifest import Manifest, SearchPart, SourcePart
 from enginefoundry.store.layout import BUILD_URI_SHAPE, store_of_build_uri
-from enginefoundry.store.manifest import Manifest
 
 _KEY = re.compile(r"^[0-9a-f]{12,64}$")
 
@@ -158,79 +161,82 @@ def lineage(ref: str, mlflow_uri: str, trusted_keys: list[str] | None = None,
             }
         except Exception as err:  # MLflow unreachable: the manifest alone still answers
             runs = {"unit_run_id": manifest.mlflow_run_id, "note": f"MLflow not reachable ({type(err).__name__})"}
-    src = manifest.source
+    src, bench = manifest.source, _json(manifest.benchmark) or {}
     return {
         "verification": _last_verified(uri),
         "signature": _signature(uri, trusted_keys, trust_policy),
         "artifact": {"manifest_uri": uri, "key": manifest.key, "unit": manifest.unit, "status": manifest.status,
                      "status_reason": manifest.status_reason, "created_at": manifest.created_at,
                      "files": len(manifest.files), "bytes": sum(f.size for f in manifest.files)},
-        "source": {"uri": src.get("uri"), "commit_sha": src.get("revision"),
-                   "requested_revision": src.get("requested_revision"),
-                   "weights_digest": src.get("weights_digest"), "tokenizer_digest": src.get("tokenizer_digest"),
-                   "identity": src.get("identity")},
+        "source": {"uri": src.uri, "commit_sha": src.revision, "requested_revision": src.requested_revision,
+                   "weights_digest": src.weights_digest, "tokenizer_digest": src.tokenizer_digest,
+                   "identity": _json(src.identity)},
         "adapter": adapter_of(src),
         "served_adapters": served_adapters_of(src),
         "converted_checkpoint": {"key": manifest.checkpoint_key, "uri": manifest.checkpoint_uri},
         "lane": manifest.lane, "versions": manifest.versions,
-        "target": manifest.target, "built_on": manifest.device,
-        "build": {"variant": manifest.variant, "profile": manifest.profile, "params": manifest.build_params},
-        "smoke": manifest.smoke,
-        "benchmark": {k: v for k, v in manifest.benchmark.items() if k not in ("points", "search")},
-        "serving_cost": serving_cost(manifest.benchmark.get("search")),
-        "search": manifest.benchmark.get("search"),
-        "benchmark_points": manifest.benchmark.get("points", []),
+        "target": _json(manifest.target), "built_on": _json(manifest.device),
+        "build": {"variant": _json(manifest.variant), "profile": _json(manifest.profile),
+                  "params": _json(manifest.build_params)},
+        "smoke": _json(manifest.smoke),
+        "benchmark": {k: v for k, v in bench.items() if k not in ("points", "search")},
+        "serving_cost": serving_cost(manifest.benchmark.search),
+        "search": bench.get("search"),
+        "benchmark_points": bench.get("points", []),
         "builds": registry.pop("builds", [uri]),
         "mlflow": {**runs, **({"registry": registry} if registry else {})},
     }
 
 
-def adapter_of(source: dict[str, Any]) -> dict[str, Any] | None:  # JSON edge: a manifest's source
+def adapter_of(source: SourcePart) -> JsonObject | None:  # JSON edge: the lineage document's part
     """A unit's adapter lineage from its manifest's source (build.adapters.adapter_lineage), with the base's own
     weights digest; None for a unit of the base alone."""
-    identity = source.get("identity")
-    adapter = identity.get("adapter") if isinstance(identity, dict) else None
-    if not isinstance(adapter, dict):
+    identity = source.identity
+    if identity is None or identity.adapter is None:
         return None
-    return {**adapter, "base_weights_digest": identity.get("base_weights_digest") if isinstance(identity, dict)
-            else None}
+    return {**identity.adapter.model_dump(mode="json"), "base_weights_digest": identity.base_weights_digest}
 
 
-def served_adapters_of(source: dict[str, Any]) -> list[dict[str, Any]] | None:  # JSON edge: a manifest's source
+def served_adapters_of(source: SourcePart) -> list[SourcePart] | None:
     """The adapters a unit serves beside its base (adapter_mode serve; build.adapters.served_source), each as
     adapter_lineage records it; None for any other unit."""
-    identity = source.get("identity")
-    served = identity.get("adapters") if isinstance(identity, dict) else None
-    if not isinstance(served, list):
-        return None
-    return [a for a in served if isinstance(a, dict)]
+    identity = source.identity
+    return list(identity.adapters) if identity is not None and identity.adapters is not None else None
 
 
-def adapter_tags(source: dict[str, Any]) -> dict[str, str]:  # JSON edge: a manifest's or snapshot's source
+def adapter_tags(source: SourcePart | Mapping[str, object]) -> dict[str, str]:
     """The MLflow tags of a unit's adapter lineage (runs and registered versions); none for the base alone. A unit
-    serving a set of adapters: each tag lists every adapter's value, comma-separated, in the spec's order."""
-    served = served_adapters_of(source)
+    serving a set of adapters: each tag lists every adapter's value, comma-separated, in the spec's order.
+    `source`: a manifest's, or a snapshot's JSON form (read as a manifest's)."""
+    part = source if isinstance(source, SourcePart) else SourcePart.model_validate(source)
+    served = served_adapters_of(part)
     if served is not None:
         def joined(field: str) -> str:
-            return ",".join(str(a.get(field) or "") for a in served)[:5000]  # MLflow's tag value limit
+            return ",".join(str(getattr(a, field) or "") for a in served)[:5000]  # MLflow's tag value limit
         return {mltags.ADAPTER: joined("name"), mltags.ADAPTER_URI: joined("uri"),
                 mltags.ADAPTER_REVISION: joined("revision"), mltags.ADAPTER_DIGEST: joined("weights_digest")}
-    adapter = adapter_of(source)
-    if adapter is None:
+    identity = part.identity
+    if identity is None or identity.adapter is None:
         return {}
-    return {mltags.ADAPTER: str(adapter.get("name") or ""), mltags.ADAPTER_URI: str(adapter.get("uri") or ""),
-            mltags.ADAPTER_REVISION: str(adapter.get("revision") or ""),
-            mltags.ADAPTER_DIGEST: str(adapter.get("weights_digest") or ""),
-            mltags.BASE_WEIGHTS_DIGEST: str(adapter.get("base_weights_digest") or "")}
+    adapter = identity.adapter
+    return {mltags.ADAPTER: adapter.name or "", mltags.ADAPTER_URI: adapter.uri,
+            mltags.ADAPTER_REVISION: adapter.revision or "", mltags.ADAPTER_DIGEST: adapter.weights_digest,
+            mltags.BASE_WEIGHTS_DIGEST: identity.base_weights_digest or ""}
 
 
-def serving_cost(search: dict[str, Any] | None) -> dict[str, Any] | None:  # JSON edge: manifest search summary
+def serving_cost(search: SearchPart | None) -> JsonObject | None:  # JSON edge: the lineage document's part
     """Cost and energy at the SLO point, from a searched unit's verification (None for a unit never searched)."""
-    if not isinstance(search, dict):
+    if search is None:
         return None
-    cost = search.get("cost") or {}
-    return {"goodput_concurrency": search.get("goodput_concurrency"), "usd_per_mtok": cost.get("usd_per_mtok"),
-            "usd_per_hour": cost.get("usd_per_hour"), "price_source": cost.get("price_source"),
-            "tokens_per_joule": cost.get("tokens_per_joule", "unavailable"),
-            "avg_watts_per_gpu": cost.get("avg_watts_per_gpu", "unavailable"),
-            "prediction_error": search.get("prediction_error"), "flagged": search.get("flagged")}
+    cost = search.cost
+    return {"goodput_concurrency": search.goodput_concurrency, "usd_per_mtok": cost.usd_per_mtok,
+            "usd_per_hour": cost.usd_per_hour, "price_source": cost.price_source,
+            "tokens_per_joule": cost.tokens_per_joule if "tokens_per_joule" in cost.model_fields_set
+            else "unavailable",
+            "avg_watts_per_gpu": cost.avg_watts_per_gpu if "avg_watts_per_gpu" in cost.model_fields_set
+            else "unavailable",
+            "prediction_error": search.prediction_error, "flagged": search.flagged}
+
+
+def _json(part: WirePart | None) -> JsonObject | None:  # JSON edge: a manifest part as published
+    return part.model_dump(mode="json") if part is not None else None

@@ -5,7 +5,6 @@ so the flows only compose stages; no Prefect here.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -19,13 +18,14 @@ from enginefoundry.build.units import Unit
 from enginefoundry.errors import StoreError
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.schemas.loose import MlflowPayload
+from enginefoundry.schemas.manifest import BenchPart, BuildInput, KeyComponents, Manifest
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.gate import GateRule, GateVerdict
 from enginefoundry.smoke.prompts import prompt_set_digest
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import run_outcome_key
-from enginefoundry.store.manifest import BuildInput, Manifest
 from enginefoundry.store.publish import PublishedBuild
 from enginefoundry.store.unit_status import UnitStatus
 
@@ -104,7 +104,7 @@ def bench_summary(sweep: SweepReport | None) -> dict[str, Any]:  # JSON edge: ma
             **({"search": sweep.search} if sweep.search is not None else {})}
 
 
-def unit_params(spec: BuildSpec, unit: Unit) -> dict[str, Any]:  # JSON edge: an MLflow params payload
+def unit_params(spec: BuildSpec, unit: Unit) -> MlflowPayload:
     """The MLflow parameters of a unit's run."""
     return {"unit": unit.name, "lane": spec.lane, "variant": unit.variant.model_dump(mode="json"),
             "profile": unit.profile.model_dump(mode="json"), "target": unit.target.model_dump(mode="json"),
@@ -143,19 +143,21 @@ def unit_manifest(
     """The manifest of a built unit, without its files: publishing adds them from the upload pass. `inputs`: what
     the build consumed besides its named sources, each bound by digest (evidence/inputs.py)."""
     judged = verdict(smoke, sweep)
-    return Manifest(
-        key=key, key_components=key_components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
+    components = KeyComponents.of(key_components)
+    return Manifest.model_validate(dict(
+        key=key, key_components=components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
         model=spec.model.name, unit=unit.name, lane=spec.lane,
         target=unit.target.model_dump(mode="json"), variant=unit.variant.model_dump(mode="json"),
         profile=unit.profile.model_dump(mode="json"),
         source={k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
-        versions=key_components["toolchain"]["versions"], device=device, build_params=build_params,
+        versions=(components.toolchain.versions if components.toolchain else None) or {}, device=device,
+        build_params=build_params,
         files=[], smoke=smoke.summary() if smoke else {}, benchmark=bench_summary(sweep),
         prompts_digest=prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
         gate=spec.smoke.model_dump(mode="json"),
         status=judged.status, status_reason=judged.reason, mlflow_run_id=mlflow_run_id,
         prefect_flow_run_id=prefect_flow_run_id, inputs=list(inputs or []),
-    )
+    ))
 
 
 def unit_metrics(stages: dict[str, float], build_metrics: dict[str, float], artifact_bytes: int,
@@ -173,8 +175,8 @@ def unit_metrics(stages: dict[str, float], build_metrics: dict[str, float], arti
 def built_outcome(unit: Unit, manifest: Manifest, uri: str, run_id: str, stages: dict[str, float]) -> UnitOutcome:
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, reason=manifest.status_reason,
                        key=manifest.key, manifest_uri=uri, mlflow_run_id=run_id,
-                       stage_seconds={k: round(v, 2) for k, v in stages.items()}, smoke=manifest.smoke,
-                       bench=manifest.benchmark)
+                       stage_seconds={k: round(v, 2) for k, v in stages.items()},
+                       smoke=manifest.smoke, bench=manifest.benchmark)
 
 
 def failed_outcome(unit: Unit, key: str, err: BaseException, run_id: str, stages: dict[str, float]) -> UnitOutcome:
@@ -188,7 +190,8 @@ def hit_outcome(unit: Unit, key: str, hit: PublishedBuild, run_id: str | None) -
     return UnitOutcome(unit=unit.name, target=unit.target.name, status=manifest.status, cache_hit=True,
                        reason=manifest.status_reason, key=key, manifest_uri=hit.uri,
                        built_by_run=manifest.mlflow_run_id, mlflow_run_id=run_id,
-                       smoke=manifest.smoke, bench={k: v for k, v in manifest.benchmark.items() if k != "points"})
+                       smoke=manifest.smoke,
+                       bench=BenchPart.model_validate(manifest.benchmark.model_dump(exclude={"points"})))
 
 
 def duplicate_outcome(first: UnitOutcome, unit: Unit) -> UnitOutcome:
@@ -210,6 +213,6 @@ def read_outcome(store: Store, model: str, parent_run_id: str, unit_name: str) -
     if not store.exists(key):
         return None
     try:
-        return UnitOutcome.model_validate(json.loads(store.read_bytes(key)))
+        return UnitOutcome.parse(store.read_bytes(key), what=store.url(key))
     except (ValueError, StoreError):
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
@@ -23,13 +23,15 @@ from enginefoundry.errors import InputError, StoreError
 from enginefoundry.evidence.signing import TrustPolicy, consumer_policy, merged_policy, spec_policy
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.tracking import mlflow_client
+from enginefoundry.schemas.manifest import BenchPointPart, Manifest
 from enginefoundry.smoke.gate import GateRule, GateVerdict
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.layout import legacy_manifest_uri
-from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import PASSED_GATES, RegistryStatus, UnitStatus
 
 if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+
     from enginefoundry.records.alias_lineage import Lineage
 
 NOISE = "inconclusive: the difference is within noise"
@@ -91,9 +93,8 @@ class Verdict(GateVerdict):
         return failing or [g.detail for g in self.gates]
 
 
-def _points(manifest: Manifest) -> dict[tuple[str, int], dict[str, Any]]:  # JSON edge: manifest benchmark points
-    return {(p["scenario"], int(p["concurrency"])): p for p in manifest.benchmark.get("points", [])
-            if p.get("valid", True)}
+def _points(manifest: Manifest) -> dict[tuple[str, int], BenchPointPart]:
+    return {(p.scenario, p.concurrency): p for p in manifest.benchmark.points if p.valid is None or p.valid}
 
 
 def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPolicy,
@@ -130,10 +131,10 @@ def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPol
 
 def same_weights(candidate: Manifest, champion: Manifest) -> bool:
     """Both units were built from the same weights and tokenizer (only the toolchain or the build differs)."""
-    def digests(m: Manifest) -> tuple[Any, Any]:
-        kc = m.key_components if isinstance(m.key_components, dict) else {}
-        return (kc.get("weights_digest") or m.source.get("weights_digest"),
-                kc.get("tokenizer_digest") or m.source.get("tokenizer_digest"))
+    def digests(m: Manifest) -> tuple[str | None, str | None]:
+        kc = m.key_components
+        return (kc.weights_digest or m.source.weights_digest or None,
+                kc.tokenizer_digest or m.source.tokenizer_digest or None)
 
     mine = digests(candidate)
     return mine[0] is not None and mine == digests(champion)
@@ -142,13 +143,13 @@ def same_weights(candidate: Manifest, champion: Manifest) -> bool:
 def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> GateRule:
     """$/1M output tokens at the SLO point (a searched unit's verification), same SLO only. A champion without a
     measured cost is not compared (said so); a candidate without one when the champion has one is held."""
-    new, old = candidate.benchmark.get("search") or {}, champion.benchmark.get("search") or {}
-    new_cost, old_cost = (new.get("cost") or {}).get("usd_per_mtok"), (old.get("cost") or {}).get("usd_per_mtok")
+    new_cost, old_cost = candidate.benchmark.usd_per_mtok(), champion.benchmark.usd_per_mtok()
     if old_cost is None:
         return GateRule(name="cost", ok=True, detail="champion has no $/1M tokens at an SLO: cost not compared")
-    if new.get("slo") != old.get("slo"):
-        return GateRule(name="cost", ok=True, detail=f"SLOs differ ({new.get('slo')} vs {old.get('slo')}): cost "
-                                                     "not compared")
+    new_slo = candidate.benchmark.search.slo if candidate.benchmark.search is not None else {}
+    old_slo = champion.benchmark.search.slo if champion.benchmark.search is not None else {}
+    if new_slo != old_slo:
+        return GateRule(name="cost", ok=True, detail=f"SLOs differ ({new_slo} vs {old_slo}): cost not compared")
     if new_cost is None:
         return GateRule(name="cost", ok=False, detail="candidate has no $/1M tokens at the SLO; the champion has")
     ratio = float(new_cost) / float(old_cost)
@@ -160,7 +161,7 @@ def cost_gate(candidate: Manifest, champion: Manifest, max_increase: float) -> G
 def _accuracy_gates(candidate: Manifest, champion: Manifest, policy: PromotionPolicy) -> list[GateRule]:
     gates = []
     for key in ACCURACY_KEYS:
-        new, old = candidate.smoke.get(key), champion.smoke.get(key)
+        new, old = candidate.smoke.figure(key), champion.smoke.figure(key)
         if new is None or old is None:
             continue
         ok = float(new) >= float(old) - policy.max_accuracy_drop - 1e-12
@@ -182,7 +183,7 @@ def _common_points(candidate: Manifest, champion: Manifest, policy: PromotionPol
 
 def operating_point(candidate: Manifest, champion: Manifest,
                     # JSON edge: benchmark points of published manifests
-                    policy: PromotionPolicy) -> tuple[tuple[str, int], dict[str, Any], dict[str, Any]] | None:
+                    policy: PromotionPolicy) -> tuple[tuple[str, int], BenchPointPart, BenchPointPart] | None:
     """The first (scenario, concurrency) the performance gates compare at, with the candidate's and the
     champion's benchmark points there; None when they share none."""
     common = _common_points(candidate, champion, policy)
@@ -219,9 +220,9 @@ def _performance_gates(candidate: Manifest, champion: Manifest, policy: Promotio
     return gates
 
 
-def _trials(point: dict[str, Any], figure: str) -> list[float]:  # JSON edge: a manifest's benchmark point
+def _trials(point: BenchPointPart, figure: str) -> list[float]:
     """A point's repeated trials of one figure (`trials`, when its build repeated it), else its one value."""
-    values = [t.get(figure) for t in point.get("trials") or []] or [point.get(figure)]
+    values = [t.get(figure) for t in point.trials or []] or [point.figure(figure)]
     return [float(v) for v in values if isinstance(v, int | float) and v > 0]
 
 
@@ -290,11 +291,12 @@ class Registry:
         self.uri = tracking_uri
         self.client = mlflow_client(tracking_uri, registry_uri=tracking_uri)
 
-    def version_by_alias(self, model: str, alias: str) -> Any | None:
+    def version_by_alias(self, model: str, alias: str) -> ModelVersion | None:
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.client.get_model_version_by_alias(model, alias)
+            found: ModelVersion = self.client.get_model_version_by_alias(model, alias)
+            return found
         except MlflowException as err:
             if _unreachable(err):
                 raise
@@ -311,16 +313,17 @@ class Registry:
                 raise
             return []
 
-    def version(self, model: str, number: str) -> Any:
+    def version(self, model: str, number: str) -> ModelVersion:
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.client.get_model_version(model, str(number))
+            got: ModelVersion = self.client.get_model_version(model, str(number))
+            return got
         except MlflowException as err:
             raise InputError(f"{model} version {number} is not in the registry at {self.uri} "
                              f"({str(err).splitlines()[0][:120]})") from None
 
-    def versions_with(self, model: str, tag: str, value: str) -> list[Any]:
+    def versions_with(self, model: str, tag: str, value: str) -> list[ModelVersion]:
         """Versions whose tag equals value, newest first. Filtered here: tag names with dots need quoting
         that differs between MLflow stores."""
         from mlflow.exceptions import MlflowException
@@ -406,7 +409,7 @@ class Registry:
                             detail=f"{champion_alias(stem)} → version {number}"
                                    + (f" (was {current})" if current is not None else " (first champion)"))
 
-    def _check_same_lineage(self, model: str, stem: str, version: Any, champion: Any) -> None:
+    def _check_same_lineage(self, model: str, stem: str, version: ModelVersion, champion: ModelVersion) -> None:
         """One lineage per alias (alias_lineage): a version of another unit lineage never takes a champion alias."""
         from enginefoundry.records.alias_lineage import version_label, version_lineage
 
@@ -430,7 +433,7 @@ class Registry:
                              f"Check it with `enginefoundry verify models:/{model}/{number}`, or promote a build "
                              "that verifies (`enginefoundry promote --version N`)") from None
 
-    def rollback(self, model: str, stem: str, check: Callable[[Any], object] | None = None) -> RegistryMove:
+    def rollback(self, model: str, stem: str, check: Callable[[ModelVersion], object] | None = None) -> RegistryMove:
         """Put the previous champion back; the version rolled back from is tagged, and history shrinks by one
         so that a second rollback goes one step further back. `check` (the signature policy) sees the version to
         restore before anything moves, and refuses it by raising."""
@@ -503,17 +506,17 @@ def unit_alias_stem(spec: BuildSpec, unit: Unit) -> str:
     return alias_stems(spec)[unit.name]
 
 
-def manifest_uri_of(version: Any) -> str:
+def manifest_uri_of(version: ModelVersion) -> str:
     """The store URI of a registered version's unit manifest."""
-    return version.tags.get(mltags.MANIFEST_URI) or legacy_manifest_uri(version.source)
+    return version.tags.get(mltags.MANIFEST_URI) or legacy_manifest_uri(version.source or "")
 
 
-def anchor_of(model: str, version: Any) -> tuple[str, str]:
+def anchor_of(model: str, version: ModelVersion) -> tuple[str, str]:
     """(where, sha256): the manifest digest a registered version recorded ("" when it predates the tag)."""
     return f"models:/{model}/{version.version}", version.tags.get(mltags.MANIFEST_SHA256, "")
 
 
-def read_version_manifest(model: str, version: Any) -> Manifest:
+def read_version_manifest(model: str, version: ModelVersion) -> Manifest:
     """A registered version's manifest, held to every digest recorded for it (the version's tag, the key's
     pointer history): StoreError when its bytes changed after it was published."""
     return read_manifest_uri(manifest_uri_of(version), anchor_of(model, version))

@@ -9,7 +9,7 @@ existing version (a newer build may hold it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -18,10 +18,13 @@ from enginefoundry.build.units import Unit
 from enginefoundry.records.alias_lineage import stem_holder, unit_lineage
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
-from enginefoundry.records.tracking import Tracker, register_unit
+from enginefoundry.records.tracking import RetryingClient, Tracker, register_unit
+from enginefoundry.schemas.manifest import Manifest, ToolchainIdentity
 from enginefoundry.spec import BuildSpec
-from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import RegistryStatus, UnitStatus
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 MANIFEST_URI_TAG = mltags.MANIFEST_URI
 
@@ -47,21 +50,21 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
     (`prefect`: the registering flow run's context, if any)."""
     from enginefoundry.bench.report import best_throughput
 
-    best = best_throughput(manifest.benchmark)
-    agreement = manifest.smoke.get("smoke_agreement")
-    toolchain = manifest.key_components.get("toolchain", {}) if isinstance(manifest.key_components, dict) else {}
+    best = best_throughput(manifest.benchmark.model_dump(mode="json"))
+    agreement = manifest.smoke.figure("smoke_agreement")
+    toolchain = manifest.key_components.toolchain
     tags = {
         mltags.KEY: manifest.key, mltags.TARGET: unit.target.name, mltags.ARCH: unit.target.arch.value,
         mltags.LANE: manifest.lane, mltags.STATUS: manifest.status, mltags.MANIFEST_URI: manifest_uri,
         mltags.MANIFEST_SHA256: manifest_sha256,
         mltags.ALIAS_STEM: unit_alias_stem(spec, unit),
         **unit_lineage(spec, unit).tags(),
-        mltags.SOURCE_URI: manifest.source.get("uri", ""),
-        mltags.SOURCE_REVISION: manifest.source.get("revision") or "",
-        mltags.WEIGHTS_DIGEST: manifest.source.get("weights_digest", ""),
-        mltags.TOKENIZER_DIGEST: manifest.source.get("tokenizer_digest", ""),
+        mltags.SOURCE_URI: manifest.source.uri,
+        mltags.SOURCE_REVISION: manifest.source.revision or "",
+        mltags.WEIGHTS_DIGEST: manifest.source.weights_digest,
+        mltags.TOKENIZER_DIGEST: manifest.source.tokenizer_digest,
         **adapter_tags(manifest.source),
-        mltags.TOOLCHAIN_IMAGE: "@".join(x for x in (toolchain.get("image"), toolchain.get("image_digest")) if x),
+        mltags.TOOLCHAIN_IMAGE: _image(toolchain),
         mltags.GATE_VERDICT: manifest.status + (f": {manifest.status_reason}" if manifest.status_reason else
                                                  ": smoke and benchmark gates passed"),
         mltags.DEPLOYABLE: "true" if manifest.status == UnitStatus.CANDIDATE else "false",
@@ -77,7 +80,7 @@ def version_tags(spec: BuildSpec, unit: Unit, manifest: Manifest, manifest_uri: 
     return {k: v for k, v in tags.items() if v}
 
 
-def registered_versions(client: Any, registered_model: str, manifest_uri: str) -> list[Any]:
+def registered_versions(client: RetryingClient, registered_model: str, manifest_uri: str) -> list[ModelVersion]:
     """The versions registered for this manifest URI, oldest first. Tags are filtered here: tag names with dots
     need quoting that differs between MLflow stores (as promotion.Registry.versions_with does)."""
     from mlflow.exceptions import MlflowException
@@ -89,7 +92,7 @@ def registered_versions(client: Any, registered_model: str, manifest_uri: str) -
     return sorted((v for v in found if v.tags.get(MANIFEST_URI_TAG) == manifest_uri), key=lambda v: int(v.version))
 
 
-def find_registered(client: Any, registered_model: str, manifest_uri: str) -> Any | None:
+def find_registered(client: RetryingClient, registered_model: str, manifest_uri: str) -> ModelVersion | None:
     """The newest version registered for this manifest URI."""
     mine = registered_versions(client, registered_model, manifest_uri)
     return mine[-1] if mine else None
@@ -109,7 +112,8 @@ def ensure_registered(
     if existing is None:
         version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,
                                 artifact_uri=manifest_uri.rsplit("/", 1)[0],
-                                tags={**tags, MANIFEST_URI_TAG: manifest_uri}, params=manifest.build_params,
+                                tags={**tags, MANIFEST_URI_TAG: manifest_uri},
+                                params=manifest.build_params.model_dump(mode="json"),
                                 alias=None, description=version_description(unit, manifest, manifest_uri))
         created = True
         first = next(iter(registered_versions(client, registered_model, manifest_uri)), None)
@@ -151,7 +155,7 @@ def ensure_registered(
     return Registration(version=version, created=created, alias=alias, alias_set=True)
 
 
-def _alias_holder(client: Any, registered_model: str, alias: str) -> str | None:
+def _alias_holder(client: RetryingClient, registered_model: str, alias: str) -> str | None:
     from mlflow.exceptions import MlflowException
 
     try:
@@ -170,7 +174,7 @@ def version_description(unit: Unit, manifest: Manifest, manifest_uri: str) -> st
             f"{manifest_uri}")[:5000]
 
 
-def _supersede(client: Any, registered_model: str, number: str) -> None:
+def _supersede(client: RetryingClient, registered_model: str, number: str) -> None:
     """The version `<stem>-candidate` moved away from: a candidate never promoted says `superseded` now (version and
     run, as promotion moves them); a champion or previous champion keeps its word."""
     from mlflow.exceptions import MlflowException
@@ -186,7 +190,7 @@ def _supersede(client: Any, registered_model: str, number: str) -> None:
         return
 
 
-def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: dict[str, str]) -> str | None:
+def _other_lineage_holds(client: RetryingClient, registered_model: str, alias: str, tags: dict[str, str]) -> str | None:
     """Why `alias` may not move to a version of this lineage (`tags`' enginefoundry.lineage): the stem's champion or
     candidate is of another unit lineage (alias_lineage). None: free, or the same lineage."""
     from mlflow.exceptions import MlflowException
@@ -195,9 +199,10 @@ def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: d
     if not mine:
         return None
 
-    def by_alias(model: str, name: str) -> Any | None:
+    def by_alias(model: str, name: str) -> ModelVersion | None:
         try:
-            return client.get_model_version_by_alias(model, name)
+            found: ModelVersion = client.get_model_version_by_alias(model, name)
+            return found
         except MlflowException:
             return None
 
@@ -206,3 +211,8 @@ def _other_lineage_holds(client: Any, registered_model: str, alias: str, tags: d
         return None
     return (f"{alias} not moved: {holder.alias} of {registered_model} is version {holder.version} of another unit "
             f"lineage ({holder.label}); give this spec its own tracking.registered_model")
+
+
+def _image(toolchain: ToolchainIdentity | None) -> str:
+    """`image@digest` of the toolchain a unit was built with, as far as its key recorded it."""
+    return "@".join(x for x in (toolchain.image, toolchain.image_digest) if x) if toolchain else ""

@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
 
 from enginefoundry.build.units import Unit
 from enginefoundry.errors import PipelineError
+from enginefoundry.schemas.manifest import SearchPart
+from enginefoundry.schemas.outcome import UnitOutcome as UnitOutcome  # its home is schemas (issue 35)
 from enginefoundry.smoke.sibling import SiblingRef, refusal_text
 from enginefoundry.store.unit_status import UnitStatus
-
-
-class UnitOutcome(BaseModel):
-    unit: str
-    target: str
-    status: UnitStatus
-    cache_hit: bool = False
-    reason: str = ""
-    key: str | None = None
-    manifest_uri: str | None = None
-    built_by_run: str | None = None  # MLflow run that built a cache-hit unit
-    mlflow_run_id: str | None = None
-    stage_seconds: dict[str, float] = Field(default_factory=dict)
-    smoke: dict[str, Any] = Field(default_factory=dict)  # JSON edge: run outcome JSON
-    bench: dict[str, Any] = Field(default_factory=dict)  # JSON edge: run outcome JSON
-
-    @property
-    def ok(self) -> bool:
-        return self.status == UnitStatus.CANDIDATE
 
 
 class RunSummary(BaseModel):
@@ -59,9 +40,9 @@ class RunSummary(BaseModel):
             rows.append({
                 "unit": o.unit,
                 "status": o.status + (" (cache hit)" if o.cache_hit else ""),
-                "smoke": (f"{sm.get('smoke_agreement', 0):.3f} (lb {sm.get('smoke_agreement_lower_bound', 0):.3f})"
+                "smoke": (f"{sm.smoke_agreement or 0:.3f} (lb {sm.smoke_agreement_lower_bound or 0:.3f})"
                           if sm else "-"),
-                "best tok/s": (f"{o.bench.get('bench_best_output_tokens_per_s', 0):.1f}" if o.bench else "-"),
+                "best tok/s": (f"{o.bench.bench_best_output_tokens_per_s or 0:.1f}" if o.bench else "-"),
                 "time (s)": f"{sum(o.stage_seconds.values()):.1f}",
                 "key": (o.key or "-")[:12],
                 "reason": o.reason,
@@ -78,7 +59,7 @@ def best_profiles(outcomes: list[UnitOutcome]) -> list[dict[str, str]]:
     for o in outcomes:
         variant, profile, target = o.unit.split(".")
         groups.setdefault((variant, target), [])
-        best = best_throughput(o.bench) if o.ok else None
+        best = best_throughput(o.bench.model_dump(mode="json")) if o.ok else None
         if best is not None and best.within_slo:
             groups[(variant, target)].append((profile, best.output_tokens_per_s, best.concurrency))
     rows = []
@@ -114,7 +95,7 @@ class UnitsNotPassed(PipelineError):
 def search_rows(outcomes: list[UnitOutcome], objective: str = "tokens_per_gpu") -> list[dict[str, str]]:
     """Per searched unit: goodput at the SLO, predicted beside measured, cost and energy; the winner per target by
     the search's objective is marked (among candidates that met the SLO)."""
-    found = [(o, o.bench["search"]) for o in outcomes if isinstance(o.bench.get("search"), dict)]
+    found = [(o, o.bench.search) for o in outcomes if o.bench.search is not None]
     winners: dict[str, tuple[float, str]] = {}
     for o, s in found:
         value = _objective_value(objective, s)
@@ -122,34 +103,35 @@ def search_rows(outcomes: list[UnitOutcome], objective: str = "tokens_per_gpu") 
             winners[o.target] = (value, o.unit)
     rows = []
     # A cpu target's figure is per host, not per GPU (SearchVerdict.per): the column says which.
-    pers = {str(s.get("per") or "GPU") for _, s in found}
+    pers = {s.per or "GPU" for _, s in found}
     per = pers.pop() if len(pers) == 1 else "GPU (host for CPU)"
     for o, s in found:
-        pred, meas, cost = s.get("predicted") or {}, s.get("measured") or {}, s.get("cost") or {}
-        err = s.get("prediction_error")
+        cost, err = s.cost, s.prediction_error
         rows.append({
-            "unit": o.unit, "goodput c": str(s.get("goodput_concurrency") or "none"),
-            f"tok/s/{per} pred": _num(pred.get("tokens_per_s_gpu")),
-            f"tok/s/{per} meas": _num(meas.get("tokens_per_s_gpu")),
-            "error": "-" if err is None else f"{err:+.0%}" + (" FLAGGED" if s.get("flagged") else ""),
-            "$/1M tok": _num(cost.get("usd_per_mtok"), 4), "tok/J": _num(cost.get("tokens_per_joule"), 3)
-            if cost.get("tokens_per_joule") is not None else "unavailable",
-            f"avg W/{per}": _num(cost.get("avg_watts_per_gpu")),
+            "unit": o.unit, "goodput c": str(s.goodput_concurrency or "none"),
+            f"tok/s/{per} pred": _num(s.predicted.get("tokens_per_s_gpu")),
+            f"tok/s/{per} meas": _num(s.measured.get("tokens_per_s_gpu")),
+            "error": "-" if err is None else f"{err:+.0%}" + (" FLAGGED" if s.flagged else ""),
+            "$/1M tok": _num(cost.usd_per_mtok, 4), "tok/J": _num(cost.tokens_per_joule, 3)
+            if isinstance(cost.tokens_per_joule, int | float) else "unavailable",
+            f"avg W/{per}": _num(cost.avg_watts_per_gpu if isinstance(cost.avg_watts_per_gpu, int | float)
+                                 else None),
             "winner": f"best {objective}" if winners.get(o.target, (0, ""))[1] == o.unit else "",
         })
     return rows
 
 
-def _objective_value(objective: str, s: dict[str, Any]) -> float | None:  # JSON edge: run outcome bench summary
-    cost, meas = s.get("cost") or {}, s.get("measured") or {}
+def _objective_value(objective: str, s: SearchPart) -> float | None:
+    cost = s.cost
     if objective == "cost_per_mtok":
-        return -cost["usd_per_mtok"] if cost.get("usd_per_mtok") else None
+        return -float(cost.usd_per_mtok) if cost.usd_per_mtok else None
     if objective == "tokens_per_joule":
-        return cost.get("tokens_per_joule")
-    return meas.get("tokens_per_s_gpu")
+        return float(cost.tokens_per_joule) if isinstance(cost.tokens_per_joule, int | float) else None
+    value = s.measured.get("tokens_per_s_gpu")
+    return None if value is None else float(value)
 
 
-def _num(x: Any, digits: int = 1) -> str:
+def _num(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{float(x):.{digits}f}"
 
 

@@ -31,6 +31,7 @@ from enginefoundry.errors import PipelineError
 from enginefoundry.locks import host_lock
 from enginefoundry.records import db_templates
 from enginefoundry.retry import retry_transient
+from enginefoundry.schemas.loose import MlflowPayload
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -52,7 +53,7 @@ def redact(value: Any) -> str:
     return text
 
 
-def flatten(prefix: str, data: dict[str, Any]) -> dict[str, str]:  # JSON edge: an MLflow params payload (nested)
+def flatten(prefix: str, data: MlflowPayload) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in data.items():
         name = f"{prefix}.{k}" if prefix else k
@@ -316,7 +317,7 @@ class Tracker:
                 raise
             return str(exp.experiment_id)  # another run created it between our read and our create
 
-    def start_run(self, name: str, tags: dict[str, Any], parent_id: str | None = None) -> str:  # JSON edge: MLflow tags
+    def start_run(self, name: str, tags: MlflowPayload, parent_id: str | None = None) -> str:
         all_tags = {k: redact(v) for k, v in tags.items()}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
@@ -343,7 +344,7 @@ class Tracker:
             ended.append(run.info.run_id)
         return ended
 
-    def log_params(self, run_id: str, params: dict[str, Any]) -> None:  # JSON edge: an MLflow params payload (nested)
+    def log_params(self, run_id: str, params: MlflowPayload) -> None:
         from mlflow.entities import Param
 
         flat = flatten("", params)
@@ -351,7 +352,7 @@ class Tracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
 
-    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:  # JSON edge: an MLflow tags payload
+    def set_tags(self, run_id: str, tags: MlflowPayload) -> None:
         for k, v in tags.items():
             self.client.set_tag(run_id, k, redact(v))
 
@@ -400,7 +401,7 @@ def ensure_registered_model(client: Any, name: str) -> None:
 
 def register_unit(
     tracker: Tracker, *, registered_model: str, unit_name: str, run_id: str, artifact_uri: str,
-    tags: dict[str, str], params: dict[str, Any], alias: str | None,  # JSON edge: an MLflow params payload (nested)
+    tags: dict[str, str], params: MlflowPayload, alias: str | None,
     description: str | None = None,
 ) -> str:
     """An external MLflow model pointing at the store (weights never travel through MLflow), a version of

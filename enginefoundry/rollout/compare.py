@@ -4,8 +4,6 @@ promotion rule compares at), the decision and the regressions that held it. No P
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
 
 from enginefoundry.bench.noise import SideBySide
@@ -20,7 +18,7 @@ from enginefoundry.records.promotion import (
     manifest_uri_of,
     operating_point,
 )
-from enginefoundry.store.manifest import Manifest
+from enginefoundry.schemas.manifest import Manifest, ToolchainIdentity
 
 
 class ComparisonRow(BaseModel):
@@ -63,26 +61,28 @@ class ComparisonRow(BaseModel):
         return f"{self.usd_per_mtok_old:.4g} → {self.usd_per_mtok_new:.4g}"
 
 
-def describe_toolchain(identity: dict[str, Any]) -> str:  # JSON edge: key_components.toolchain of a published manifest
+def describe_toolchain(identity: ToolchainIdentity | None) -> str:
     """One line for a toolchain identity (units.toolchain_identity): release, image digest, lane versions."""
-    parts = [f"TensorRT-LLM {identity['trtllm_version']}"] if identity.get("trtllm_version") else []
-    if identity.get("image_digest"):
-        parts.append(f"image {str(identity['image_digest'])[:19]}")
-    parts += [f"{k} {v}" for k, v in sorted((identity.get("versions") or {}).items()) if k != "surface"]
+    if identity is None:
+        return "-"
+    parts = [f"TensorRT-LLM {identity.trtllm_version}"] if identity.trtllm_version else []
+    if identity.image_digest:
+        parts.append(f"image {identity.image_digest[:19]}")
+    parts += [f"{k} {v}" for k, v in sorted((identity.versions or {}).items()) if k != "surface"]
     return ", ".join(parts) or "-"
 
 
 def _accuracy(manifest: Manifest) -> float | None:
     for key in ACCURACY_KEYS:
-        if manifest.smoke.get(key) is not None:
-            return float(manifest.smoke[key])
+        value = manifest.smoke.figure(key)
+        if value is not None:
+            return value
     return None
 
 
 def _cost(manifest: Manifest) -> float | None:
     """$/1M output tokens at the SLO point, as the promotion cost gate reads it (promotion.cost_gate)."""
-    value = ((manifest.benchmark.get("search") or {}).get("cost") or {}).get("usd_per_mtok")
-    return None if value is None else float(value)
+    return manifest.benchmark.usd_per_mtok()
 
 
 def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest | None,
@@ -91,12 +91,12 @@ def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest |
     measured both units, else each build's own benchmark point."""
     row = ComparisonRow(target=decision.stem, unit=decision.unit, decision=decision.row()["decision"],
                         champion=decision.champion_before, candidate=decision.candidate_version,
-                        new_toolchain=describe_toolchain(candidate.key_components.get("toolchain") or {}),
+                        new_toolchain=describe_toolchain(candidate.key_components.toolchain),
                         accuracy_new=_accuracy(candidate), usd_per_mtok_new=_cost(candidate))
     if champion is None:
         return row
     verdict = compare(candidate, champion, policy, measured)
-    row.old_toolchain = describe_toolchain(champion.key_components.get("toolchain") or {})
+    row.old_toolchain = describe_toolchain(champion.key_components.toolchain)
     row.accuracy_old, row.usd_per_mtok_old = _accuracy(champion), _cost(champion)
     row.regressions = [f"cost regression: {g.detail}" if g.name == "cost" else g.detail
                        for g in verdict.gates if not g.ok]
@@ -114,18 +114,14 @@ def comparison_row(decision: Decision, candidate: Manifest, champion: Manifest |
     if point is not None:
         (scenario, concurrency), new, old = point
         row.operating_point = f"{scenario} c={concurrency}"
-        row.tokens_per_s_new, row.tokens_per_s_old = _num(new, "output_tokens_per_s"), _num(old, "output_tokens_per_s")
-        row.ttft_p95_ms_new, row.ttft_p95_ms_old = _num(new, "ttft_ms_p95"), _num(old, "ttft_ms_p95")
+        row.tokens_per_s_new = new.figure("output_tokens_per_s")
+        row.tokens_per_s_old = old.figure("output_tokens_per_s")
+        row.ttft_p95_ms_new, row.ttft_p95_ms_old = new.figure("ttft_ms_p95"), old.figure("ttft_ms_p95")
     return row
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _num(point: dict[str, Any], key: str) -> float | None:  # JSON edge: a benchmark point of a published manifest
-    value = point.get(key)
-    return None if value is None else float(value)
 
 
 def comparison_rows(registry: Registry, model: str, decisions: list[Decision], policy: PromotionPolicy,

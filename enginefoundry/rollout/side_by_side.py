@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -32,8 +32,13 @@ from enginefoundry.records.promotion import (
     operating_point,
     read_version_manifest,
 )
-from enginefoundry.spec import BuildSpec
+from enginefoundry.spec import BuildSpec, Scenario
 from enginefoundry.store.unit_status import UnitStatus
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
+
+    from enginefoundry.model_server import Endpoint
 
 
 class PendingComparison(BaseModel):
@@ -81,7 +86,7 @@ def measure(spec: BuildSpec, unit: Unit, pending: PendingComparison, registry: R
     from enginefoundry.store.verify import open_build, pull
 
     model = spec.registered_model_name
-    versions: dict[Role, Any] = {"champion": registry.version(model, pending.champion_version),
+    versions: dict[Role, ModelVersion] = {"champion": registry.version(model, pending.champion_version),
                                  "candidate": registry.version(model, pending.candidate_version)}
     manifests = {role: read_version_manifest(model, v) for role, v in versions.items()}
     result = SideBySide(stem=pending.stem, scenario="", concurrency=0, champion_version=pending.champion_version,
@@ -93,7 +98,8 @@ def measure(spec: BuildSpec, unit: Unit, pending: PendingComparison, registry: R
     concurrency = point[0][1]
     result = result.model_copy(update={"scenario": scenario.name, "concurrency": concurrency})
     shutil.rmtree(work_dir, ignore_errors=True)
-    lane, endpoints = get_lane(spec.lane), dict[Role, Any]()
+    lane = get_lane(spec.lane)
+    endpoints: dict[Role, Endpoint] = {}
     trials: list[Trial] = []
     try:
         for role, version in versions.items():
@@ -115,7 +121,7 @@ def measure(spec: BuildSpec, unit: Unit, pending: PendingComparison, registry: R
     return result.model_copy(update={"trials": trials})
 
 
-def _trial(run_point: Callable[..., Any], spec: BuildSpec, scenario: Any, concurrency: int, endpoint: Any,
+def _trial(run_point: Callable[..., Any], spec: BuildSpec, scenario: Scenario, concurrency: int, endpoint: Endpoint,
            role: Role, r: int, out: Path, progress: Callable[[str], None]) -> Trial:
     try:
         bench, _ = run_point(spec.benchmark, scenario, concurrency, url=endpoint.base_url, model=endpoint.model_name,

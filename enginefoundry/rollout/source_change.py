@@ -13,7 +13,7 @@ Prefect here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -27,7 +27,11 @@ from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.promotion import Decision, Registry, champion_alias, manifest_uri_of
 from enginefoundry.rollout.compare import ComparisonRow
 from enginefoundry.rollout.toolchain_channel import channel_moved
+from enginefoundry.schemas.manifest import SourcePart, ToolchainIdentity
 from enginefoundry.spec import BuildSpec, SourceKind, SourceURI, Target
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 
 class SourceState(BaseModel):
@@ -55,9 +59,9 @@ class Baseline(BaseModel):
     version: str
     alias: str | None  # `<target>-champion`, or None for the newest registered version
     manifest_uri: str
-    source: dict[str, Any]  # JSON edge: the manifest's source field, as published
-    # JSON edge: key_components.toolchain of a published manifest
-    toolchain: dict[str, Any] = Field(default_factory=dict, description="key_components.toolchain of its unit")
+    source: SourcePart
+    toolchain: ToolchainIdentity | None = Field(default=None, description="key_components.toolchain of its unit")
+
 
 
 class TargetChange(BaseModel):
@@ -110,7 +114,7 @@ def baseline_for(registry: Registry, model: str, target: Target, lineages: set[s
     """The champion of the target, else its newest registered version; with `lineages` (the digests of the spec's
     units on it: alias_lineage), only a version of one of them: another spec's unit under the same alias is never
     this spec's baseline."""
-    def ours(v: Any) -> bool:
+    def ours(v: ModelVersion) -> bool:
         return lineages is None or version_lineage(v) in lineages | {None}
 
     champion = registry.version_by_alias(model, champion_alias(target.name))
@@ -124,50 +128,51 @@ def baseline_for(registry: Registry, model: str, target: Target, lineages: set[s
     uri = manifest_uri_of(version)
     manifest = read_manifest_uri(uri)
     return Baseline(target=target.name, version=str(version.version), alias=alias, manifest_uri=uri,
-                    source=manifest.source, toolchain=dict(manifest.key_components.get("toolchain") or {}))
+                    source=manifest.source, toolchain=manifest.key_components.toolchain)
 
 
-def differs(state: SourceState, recorded: dict[str, Any]) -> str | None:  # JSON edge: manifest source
+def differs(state: SourceState, recorded: SourcePart) -> str | None:
     """Why the source differs from what a baseline was built from, or None when it is the same."""
-    if recorded.get("uri") != state.uri:
-        return f"source changed from {recorded.get('uri')} to {state.uri}"
+    if recorded.uri != state.uri:
+        return f"source changed from {recorded.uri} to {state.uri}"
     if state.kind is SourceKind.HF:
-        old = recorded.get("revision")
+        old = recorded.revision
         return None if old == state.revision else f"new commit {str(state.revision)[:12]} (built from {str(old)[:12]})"
     if state.kind is SourceKind.S3:
-        old_objects = (recorded.get("identity") or {}).get("objects", {})
+        old_objects = (recorded.identity.objects if recorded.identity is not None else None) or {}
         if old_objects == state.objects:
             return None
         changed = sorted(k for k in set(old_objects) | set(state.objects or {})
                          if old_objects.get(k) != (state.objects or {}).get(k))
         return f"{len(changed)} object(s) changed: {', '.join(changed[:5])}"
-    if (recorded.get("weights_digest"), recorded.get("tokenizer_digest")) == (state.weights_digest,
-                                                                              state.tokenizer_digest):
+    if (recorded.weights_digest, recorded.tokenizer_digest) == (state.weights_digest, state.tokenizer_digest):
         return None
     return f"local files changed (weights {str(state.weights_digest)[:12]})"
 
 
-# JSON edge: toolchain identities (manifest key_components.toolchain)
-def toolchain_differs(current: dict[str, Any], recorded: dict[str, Any]) -> str | None:
+def toolchain_differs(current: ToolchainIdentity | None, recorded: ToolchainIdentity | None) -> str | None:
     """Why the toolchain differs from the one a baseline was built with, or None. A baseline that recorded no
     toolchain (an older manifest) is not a bump."""
     if not recorded or not current:
         return None
-    changed = [k for k in ("trtllm_version", "image_digest") if current.get(k) != recorded.get(k)]
-    now, then = current.get("versions"), recorded.get("versions") or {}
+    changed = [k for k in ("trtllm_version", "image_digest") if getattr(current, k) != getattr(recorded, k)]
+    now, then = current.versions, recorded.versions or {}
     if now is not None:  # None: this host has no toolchain to ask (a CPU-only parent); the spec's fields decide
         changed += [k for k in sorted(set(now) | set(then)) if now.get(k) != then.get(k)]
     if not changed:
         return None
 
-    def value(d: dict[str, Any], k: str) -> Any:  # JSON edge: a toolchain identity (manifest key_components.toolchain)
-        return d.get(k) if k in ("trtllm_version", "image_digest") else (d.get("versions") or {}).get(k)
+    def value(identity: ToolchainIdentity, k: str) -> str | None:
+        if k in ("trtllm_version", "image_digest"):
+            pinned: str | None = getattr(identity, k)
+            return pinned
+        return (identity.versions or {}).get(k)
 
     return "toolchain changed: " + ", ".join(f"{k} {value(recorded, k)} → {value(current, k)}" for k in changed)
 
 
 def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] | None = None,
-                  toolchain: dict[str, Any] | None = None) -> ChangeReport:  # JSON edge: toolchain identity
+                  toolchain: ToolchainIdentity | None = None) -> ChangeReport:
     """Per target of the spec: is there something new to build (the source, or the toolchain when `toolchain`,
     this run's identity, is given)? A target never built is new. With `toolchain.channel`, `spec` is the one the
     channel was applied to (toolchain_channel.with_channel), and a bump of its fields says the channel moved."""
@@ -182,8 +187,8 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
             rows.append(TargetChange(target=target.name, changed=True, reason="never built: first build"))
             continue
         why = differs(state, base.source)
-        bump = toolchain_differs(toolchain or {}, base.toolchain)
-        moved = (channel_moved(spec.toolchain.channel, base.toolchain, toolchain or {})
+        bump = toolchain_differs(toolchain, base.toolchain)
+        moved = (channel_moved(spec.toolchain.channel, base.toolchain, toolchain)
                  if bump and spec.toolchain.channel else None)
         bump = f"{moved} ({bump})" if moved else bump
         label = f"{base.alias} v{base.version}" if base.alias else f"newest v{base.version}"

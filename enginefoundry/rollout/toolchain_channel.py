@@ -12,41 +12,21 @@ No Prefect here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError
 
 from enginefoundry.catalog.schemes import SchemeKind, scheme_of
 from enginefoundry.errors import SpecError, ToolError, is_transient
+from enginefoundry.schemas.channel import ChannelDocument
+from enginefoundry.schemas.manifest import ToolchainIdentity
 from enginefoundry.spec import BuildSpec
 
-MAX_BYTES = 64 * 1024
-VERSION_PATTERN = r"^[0-9]+\.[0-9]+(\.[0-9]+)?([a-z0-9.+-]{0,32})$"
-DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
-IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$"
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
-
-class ChannelDocument(BaseModel):
-    """What a channel names: the toolchain a rollout builds with."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    trtllm_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="e.g. 1.3.0rc23")
-    image: str | None = Field(default=None, pattern=IMAGE_PATTERN, description="e.g. nvcr.io/…/tritonserver:26.07")
-    image_digest: str | None = Field(default=None, pattern=DIGEST_PATTERN, description="sha256:<64 hex>")
-
-    @model_validator(mode="after")
-    def _names_something(self) -> ChannelDocument:
-        if self.trtllm_version is None and self.image_digest is None:
-            raise ValueError("names neither trtllm_version nor image_digest: publish at least one")
-        return self
-
-    def describe(self) -> str:
-        parts = [f"TensorRT-LLM {self.trtllm_version}"] if self.trtllm_version else []
-        if self.image_digest:
-            parts.append(f"image {self.image_digest[:19]}")
-        return ", ".join(parts)
+MAX_BYTES = ChannelDocument.MAX_BYTES
 
 
 class ChannelStatus(BaseModel):
@@ -78,7 +58,10 @@ def parse_channel(uri: str, raw: bytes) -> ChannelDocument:
         raise SpecError([(field, f"{uri} is larger than {MAX_BYTES} bytes: publish only "
                                  "{trtllm_version, image, image_digest}")])
     try:
-        data: Any = yaml.safe_load(raw.decode("utf-8"))
+        data: object = yaml.safe_load(raw.decode("utf-8"))
+    except RecursionError:  # a document nested thousands deep: PyYAML's composer recurses
+        raise SpecError([(field, f"{uri} is nested too deep: publish a flat mapping "
+                                 "{trtllm_version, image, image_digest}")]) from None
     except (UnicodeDecodeError, yaml.YAMLError) as err:
         raise SpecError([(field, f"{uri} is not YAML or JSON ({str(err).splitlines()[0]}): publish a mapping "
                                  "{trtllm_version, image, image_digest}")]) from None
@@ -93,7 +76,7 @@ def parse_channel(uri: str, raw: bytes) -> ChannelDocument:
         raise SpecError(problems) from None
 
 
-def _message(e: Any) -> str:
+def _message(e: ErrorDetails) -> str:
     if e["type"] == "extra_forbidden":
         return "unknown key: a channel holds only trtllm_version, image, image_digest"
     if e["type"] == "string_type":
@@ -161,14 +144,14 @@ def channel_status(spec: BuildSpec) -> ChannelStatus | None:
                              transient=True)
 
 
-# JSON edge: key_components.toolchain of a manifest, and the channel's
-def channel_moved(uri: str, recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+def channel_moved(uri: str, recorded: ToolchainIdentity | None, current: ToolchainIdentity | None) -> str | None:
     """'channel <uri> moved from X to Y' when the channel's fields differ from the baseline's; else None."""
-    keys = ("trtllm_version", "image_digest")
-    if not recorded or all(current.get(k) == recorded.get(k) for k in keys):
+    now = current or ToolchainIdentity()
+    if not recorded or (now.trtllm_version, now.image_digest) == (recorded.trtllm_version, recorded.image_digest):
         return None
 
-    def ident(d: dict[str, Any]) -> str:  # JSON edge: a toolchain identity (manifest key_components.toolchain)
-        return ", ".join(f"{k} {str(d.get(k))[:19] if k == 'image_digest' else d.get(k)}" for k in keys
-                         if d.get(k) is not None) or "nothing pinned"
-    return f"channel {uri} moved from {ident(recorded)} to {ident(current)}"
+    def ident(identity: ToolchainIdentity) -> str:
+        pinned = [f"trtllm_version {identity.trtllm_version}"] if identity.trtllm_version is not None else []
+        pinned += [f"image_digest {identity.image_digest[:19]}"] if identity.image_digest is not None else []
+        return ", ".join(pinned) or "nothing pinned"
+    return f"channel {uri} moved from {ident(recorded)} to {ident(now)}"

@@ -6,5 +6,11 @@ toolchain channel, pending records, reference sets, search results) is a pydanti
 decide on fields, never on strings looked up in a dict. `loose` names the few loose types that remain (a third
 party's free-form JSON), so that they can be counted.
 
+Adding a document: a `Document` subclass (schemas/base.py) in a module of this package, with its SCHEMA_NAME and
+SCHEMA_VERSION; readers parse hostile bytes with `Document.parse` (bounded: size, depth, digits); then run
+`python scripts/gen_docs.py`, which finds it and writes `<SCHEMA_NAME>.schema.json` (tests/unit/test_docs.py fails,
+naming that command, while a schema is stale or missing). A part of a signed document that must be written back
+byte for byte as read (the manifest's) is a `WirePart`.
+
 `db/` holds the recorded database schemas of the MLflow and Prefect releases in use (records/db_templates.py).
 """

@@ -8,9 +8,19 @@ bounds (size, nesting depth, digits of a number) before pydantic sees them, so n
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Self
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self, TypeAlias
 
-from pydantic import BaseModel, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 MAX_DEPTH = 32
 """Nesting depth of arrays and objects; every document here is at most ~6 deep."""
@@ -106,3 +116,60 @@ class Document(BaseModel):
             first = err.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(top)"
             raise DocumentError(f"{name}: {where}: {first['msg']} ({err.error_count()} error(s))") from None
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:  # JSON edge: a JSON Schema document (draft 2020-12)
+        """The document's JSON Schema as `scripts/gen_docs.py` writes it to `<SCHEMA_NAME>.schema.json`."""
+        schema = cls.model_json_schema()
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        schema["$id"] = f"https://enginefoundry.dev/schemas/{cls.SCHEMA_NAME}-v{cls.SCHEMA_VERSION}.json"
+        schema["description"] = " ".join((cls.__doc__ or cls.__name__).split())
+        return schema
+
+
+class WirePart(BaseModel):
+    """A part of a published document (a manifest's source, smoke summary, …): typed fields, written back exactly
+    as it was read.
+
+    A part's bytes are signed and hashed, and parts written by older or newer releases hold keys this one does not
+    know, lack keys it has, and order them as their writer did. So a part keeps the keys it was given, in the
+    order given (unknown ones too: `extra="allow"`), and writes only those: a field left at its default is not
+    written. Numbers that can be either are `Number`, so an int stays an int."""
+
+    model_config = ConfigDict(extra="allow")
+
+    _wire_order: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:  # JSON edge: as read
+        part = handler(data)
+        if isinstance(data, dict) and isinstance(part, WirePart):
+            part._wire_order = tuple(str(k) for k in data)
+        return part
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when written alike (the order keys were given in is not content); a part also equals the JSON
+        object it is written as."""
+        if isinstance(other, Mapping):
+            return bool(self.model_dump(mode="json") == dict(other))
+        if not isinstance(other, WirePart):
+            return NotImplemented
+        return type(self) is type(other) and self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        """False when the part writes nothing (the empty JSON object `{}`), as the dict it was read from."""
+        return bool(self.model_dump())
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:  # JSON edge: as written
+        data: dict[str, Any] = handler(self)  # JSON edge: the part's JSON form
+        given = set(self.model_fields_set) | set(self.model_extra or {})
+        order = [*self._wire_order, *(k for k in data if k not in self._wire_order)]
+        return {k: data[k] for k in order if k in given and k in data}
+
+
+Number: TypeAlias = int | float
+"""A JSON number as its writer wrote it: `1` stays `1` and `1.0` stays `1.0` (the bytes are signed)."""

@@ -40,3 +40,7 @@ SigstoreBundle: TypeAlias = dict[str, Any]
 AiperfExport: TypeAlias = dict[str, Any]
 """A benchmark tool's profile export (AIPerf's profile_export_aiperf.json, genai-perf's profile_export_genai_perf.json):
 the tool's release decides its keys."""
+
+MlflowPayload: TypeAlias = dict[str, Any]  # JSON edge: MLflow params and tags
+"""An MLflow run's params or tags as handed to the tracking client (nested values are flattened to `a.b` keys and
+strings by records/tracking.py); MLflow decides what a value may be."""

@@ -24,7 +24,6 @@ and the run says so.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import socket
 import threading
@@ -33,9 +32,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel
 
 from enginefoundry.errors import InputError, StoreError
+from enginefoundry.schemas.base import DocumentError
+from enginefoundry.schemas.lease import BrokenLeaseNote, LeaseRecord
 from enginefoundry.settings import EnvSettings
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import is_lease_key, leases_prefix
@@ -79,15 +80,9 @@ def process_started(pid: int) -> str | None:
     return f"{boot_id()}:{fields[19]}"
 
 
-class Lease(BaseModel):
-    key: str = Field(description="store key of the lease object")
-    owner: str = Field(description="host:pid:nonce of the holder")
-    host: str = ""
-    pid: int = 0
-    pid_started: str | None = Field(default=None, description="the holder's start time (pid reuse)")
-    acquired_at: float = 0.0
-    renewed_at: float = 0.0
-    expires_at: float
+class Lease(LeaseRecord):
+    """A lease as this process reads it: the stored record, and whether its holder still runs."""
+
     ttl_s: float = DEFAULT_TTL_S
 
     def owner_alive(self) -> bool | None:
@@ -122,8 +117,8 @@ def _encode(lease: Lease) -> bytes:
 
 def _decode(data: bytes) -> Lease | None:
     try:
-        return Lease.model_validate(json.loads(data))
-    except (ValueError, ValidationError):
+        return Lease.parse(data)
+    except DocumentError:
         return None
 
 
@@ -163,13 +158,13 @@ class HeldLease:
         removed) or taken over after renewals that did not reach the store in time."""
         note_key = _broken_note_key(self.lease)
         try:
-            note = json.loads(self.store.read_bytes(note_key)) if self.store.exists(note_key) else None
+            note = BrokenLeaseNote.parse(self.store.read_bytes(note_key)) if self.store.exists(note_key) else None
             if note is not None:
                 self.store.delete(note_key)
-        except (ValueError, StoreError, OSError):
+        except (DocumentError, StoreError, OSError):
             note = None
-        if isinstance(note, dict):
-            return (f"broken by hand (`enginefoundry leases --break --force`, by {str(note.get('by'))[:80]}) "
+        if note is not None:
+            return (f"broken by hand (`enginefoundry leases --break --force`, by {note.by[:80]}) "
                     "while this run held it")
         return "taken over while this run held it (its renewals did not reach the store in time)"
 
@@ -321,5 +316,5 @@ def _broken_note_key(lease: Lease) -> str:
 
 
 def _note_broken(store: Store, lease: Lease, by: str) -> None:
-    note = {"by": by, "at": time.time()}
-    store.create_if_absent(_broken_note_key(lease), json.dumps(note).encode())
+    note = BrokenLeaseNote(by=by, at=time.time())
+    store.create_if_absent(_broken_note_key(lease), note.model_dump_json().encode())

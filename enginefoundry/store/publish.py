@@ -18,7 +18,6 @@ is still read: a key published that way is a cache hit and can be verified and p
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import uuid
 from collections.abc import Callable
@@ -30,6 +29,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.identity import list_files, sha256_json
+from enginefoundry.schemas.base import DocumentError, parse_json
+from enginefoundry.schemas.checkpoint import CheckpointManifest
+from enginefoundry.schemas.pointer import Pointer
 from enginefoundry.store.backends import CorruptObject, Store, store_key
 from enginefoundry.store.layout import (
     BUILD_URI_SHAPE,
@@ -53,47 +55,6 @@ Layout = Literal["cas", "legacy"]
 def new_build_id() -> str:
     """Sortable by time (UTC, microseconds), unique by a random suffix."""
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ") + "-" + uuid.uuid4().hex[:8]
-
-
-class BuildAnchor(BaseModel):
-    """A build and the sha256 of its manifest's bytes, as recorded when it was made current."""
-
-    build_id: str
-    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-
-
-class Pointer(BaseModel):
-    build_id: str
-    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    updated_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-    history: list[BuildAnchor] = Field(default_factory=list, description="every build that was current before "
-                                       "this one, oldest first: a build that `rollback` may restore stays anchored")
-
-    def anchor_of(self, build_id: str) -> str | None:
-        """The manifest digest recorded for a build of this key (current or earlier); None when none is."""
-        if build_id == self.build_id:
-            return self.manifest_sha256
-        return next((a.manifest_sha256 for a in reversed(self.history) if a.build_id == build_id), None)
-
-    def moved_to(self, build_id: str, manifest_sha256: str) -> Pointer:
-        return Pointer(build_id=build_id, manifest_sha256=manifest_sha256,
-                       history=[*self.history, BuildAnchor(build_id=self.build_id,
-                                                           manifest_sha256=self.manifest_sha256)])
-
-
-class CheckpointManifest(BaseModel):
-    key: str
-    build_id: str | None = None
-    key_components: dict[str, Any]  # JSON edge: a checkpoint manifest's key components, as published
-    model: str
-    variant: str
-    lane: str
-    params: dict[str, Any]  # JSON edge: a checkpoint manifest's lane parameters, as published
-    files: list[FileEntry]
-    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-
-    def to_json(self) -> bytes:
-        return (self.model_dump_json(indent=2) + "\n").encode()
 
 
 class Problem(BaseModel):
@@ -135,9 +96,9 @@ class PublishedBuild(BaseModel):
         return doc.files if doc else []
 
     @property
-    def key_components(self) -> dict[str, Any]:  # JSON edge: the key components of a published manifest
+    def key_components(self) -> dict[str, Any]:  # JSON edge: the key components as hashed (build.units.key_of)
         doc = self.manifest or self.checkpoint
-        return doc.key_components if doc else {}
+        return doc.key_components.as_json() if doc else {}
 
     def object_key(self, entry: FileEntry) -> str:
         if self.layout == "cas":
@@ -164,7 +125,7 @@ def _parse(store: Store, mkey: str, data: bytes, kind: Literal["unit", "checkpoi
     unit: Manifest | None = None
     checkpoint: CheckpointManifest | None = None
     try:
-        raw = json.loads(data)
+        raw = parse_json(data, what=store.url(mkey), max_bytes=Manifest.MAX_BYTES)
         if kind == "unit":
             if layout == "cas":
                 validate_against_schema(raw)
@@ -196,9 +157,9 @@ def read_pointer(store: Store, model: str, key: str) -> tuple[Pointer, str] | No
     if got is None:
         return None
     try:
-        return Pointer.model_validate_json(got[0]), got[1]
-    except ValidationError:
-        raise StoreError(f"{store.url(pointer_key(model, key))} is not a valid build pointer") from None
+        return Pointer.parse(got[0], what=store.url(pointer_key(model, key))), got[1]
+    except DocumentError as err:
+        raise StoreError(f"{store.url(pointer_key(model, key))} is not a valid build pointer ({err})") from None
 
 
 def _find(store: Store, model: str, key: str, kind: Literal["unit", "checkpoint"]) -> PublishedBuild | None:
@@ -243,7 +204,7 @@ def check_hit(store: Store, build: PublishedBuild, rehash: bool = False) -> list
     doc = build.manifest or build.checkpoint
     if doc is None:
         return [Problem(path="manifest", problem="no manifest")]
-    recomputed = sha256_json(doc.key_components)  # the unit key (build.units.key_of) of its components
+    recomputed = sha256_json(build.key_components)  # the unit key (build.units.key_of) of its components
     if doc.key != recomputed:
         problems.append(Problem(path="manifest", problem="key is not the hash of key_components",
                                 expected=recomputed, actual=doc.key))
@@ -379,9 +340,9 @@ def current_build_id(store: Store, model: str, key: str) -> str:
 def _moved_pointer(current: tuple[bytes, str] | None, build_id: str, digest: str) -> Pointer:
     """The pointer to this build, carrying the earlier builds' anchors forward (an unreadable pointer has none)."""
     try:
-        return Pointer.model_validate_json(current[0]).moved_to(build_id, digest) if current else Pointer(
+        return Pointer.parse(current[0]).moved_to(build_id, digest) if current else Pointer(
             build_id=build_id, manifest_sha256=digest)
-    except ValidationError:
+    except DocumentError:
         return Pointer(build_id=build_id, manifest_sha256=digest)
 
 
@@ -471,8 +432,8 @@ def publish_checkpoint_build(
 def read_manifest(store: Store, key: str) -> Manifest:
     """A unit manifest at a store key (either layout)."""
     try:
-        return Manifest.model_validate(json.loads(store.read_bytes(store_key(key))))
-    except (ValueError, json.JSONDecodeError) as err:
+        return Manifest.parse(store.read_bytes(store_key(key)), what=store.url(key))
+    except ValueError as err:
         raise StoreError(f"{store.url(key)} is not a valid manifest: {str(err)[:200]}") from None
 
 

@@ -26,6 +26,7 @@ from enginefoundry.errors import InputError, StoreError, is_transient, naming_fu
 from enginefoundry.identity import sha256_file
 from enginefoundry.retry import retry_transient
 from enginefoundry.runner import pid_alive
+from enginefoundry.schemas.verification import VerificationRecord
 from enginefoundry.store import layout
 from enginefoundry.store.backends import Store, clone_or_copy, file_mode, open_store
 from enginefoundry.store.manifest import FileEntry, file_list_problems
@@ -60,17 +61,6 @@ class VerifyReport(BaseModel):
     @property
     def mib_per_s(self) -> float:
         return self.bytes / 2**20 / self.seconds if self.seconds > 0 else 0.0
-
-
-class VerificationRecord(BaseModel):
-    uri: str
-    build_id: str
-    ok: bool
-    mode: str
-    files: int
-    bytes: int
-    problems: list[str] = Field(default_factory=list)
-    verified_at: str
 
 
 class PullReport(BaseModel):
@@ -206,7 +196,7 @@ def last_verified(store: Store, build: PublishedBuild) -> VerificationRecord | N
     names = store.list(verification_prefix(build) + "/")
     for name in reversed(names):  # names sort by time
         try:
-            return VerificationRecord.model_validate_json(store.read_bytes(name))
+            return VerificationRecord.parse(store.read_bytes(name), what=store.url(name))
         except (ValueError, StoreError):
             continue
     return None

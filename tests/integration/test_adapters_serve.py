@@ -21,6 +21,7 @@ from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.serve_files import serving_plan
 from enginefoundry.model_server import Endpoint, free_port, serving
 from enginefoundry.records.lineage import adapter_tags, served_adapters_of
+from enginefoundry.schemas.manifest import SourcePart
 from enginefoundry.spec import parse_spec
 from enginefoundry.tasks.smoke import smoke_reference, smoke_served_adapters, smoke_test
 from enginefoundry.tracking_tags import ADAPTER, ADAPTER_DIGEST
@@ -65,8 +66,8 @@ def test_one_unit_serves_base_and_adapter_each_gated_and_a_unit_ignoring_the_ada
 
     # Lineage: the unit's source is the base, recording every adapter of the set (manifest, MLflow tags).
     source = served_source(base, adapters).model_dump(mode="json")
-    (served,) = served_adapters_of(source) or []
-    assert served["name"] == "plus-one" and served["weights_digest"] == adapters["plus-one"].weights_digest
+    (served,) = served_adapters_of(SourcePart.model_validate(source)) or []
+    assert served.name == "plus-one" and served.weights_digest == adapters["plus-one"].weights_digest
     assert adapter_tags(source)[ADAPTER] == "plus-one"
     assert adapter_tags(source)[ADAPTER_DIGEST] == adapters["plus-one"].weights_digest
 

@@ -147,3 +147,30 @@ def test_docs_site_builds_strictly(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     build(config)
     assert (tmp_path / "site" / "reference" / "spec" / "index.html").is_file()
     assert (tmp_path / "site" / "search" / "search_index.json").is_file()
+
+
+def test_every_document_of_the_schemas_package_has_its_schema_file(gen: Any, tmp_path: Path, monkeypatch) -> None:
+    """Discovery: every `Document` with a SCHEMA_NAME in a module of enginefoundry/schemas (one another engineer
+    adds too) gets `<SCHEMA_NAME>.schema.json` beside it; a missing one is named, and so is one no document makes."""
+    import pkgutil
+
+    import enginefoundry.schemas as package
+    from enginefoundry.schemas.base import Document
+
+    documents = gen.documents()
+    assert {"manifest", "checkpoint-manifest", "pointer", "lease", "verification", "toolchain-channel",
+            "unit-outcome"} <= set(documents)
+    assert all(issubclass(cls, Document) and cls.__module__.startswith("enginefoundry.schemas.")
+               for cls in documents.values())
+    modules = {f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__)}
+    assert {cls.__module__ for cls in documents.values()} <= modules
+    for name in documents:
+        committed = REPO / "enginefoundry" / "schemas" / f"{name}.schema.json"
+        assert committed.is_file(), f"{committed.name} missing: run `python scripts/gen_docs.py`"
+
+    elsewhere = tmp_path / "schemas"
+    elsewhere.mkdir()
+    (elsewhere / "gone.schema.json").write_text("{}\n")
+    monkeypatch.setattr(gen, "SCHEMA_PATH", elsewhere / "spec.schema.json")
+    stale = {p.name for p in gen.stale_files()}
+    assert {f"{name}.schema.json" for name in documents} | {"gone.schema.json"} <= stale

@@ -11,6 +11,7 @@ import pytest
 from enginefoundry.errors import InputError
 from enginefoundry.records.promotion import PromotionPolicy, Registry, compare
 from enginefoundry.rollout.source_change import SourceState, differs
+from enginefoundry.schemas.manifest import SourcePart
 from enginefoundry.spec import SourceKind
 from enginefoundry.store.manifest import Manifest
 
@@ -95,13 +96,17 @@ def test_promote_and_rollback_walk_the_champion_history(registry: tuple[Registry
 
 def test_change_detection_compares_the_recorded_source() -> None:
     hf = SourceState(uri="hf://org/m@main", kind=SourceKind.HF, revision="b" * 40)
-    assert differs(hf, {"uri": "hf://org/m@main", "revision": "b" * 40}) is None
-    assert differs(hf, {"uri": "hf://org/m@main", "revision": "a" * 40}) == f"new commit {'b' * 12} (built from " \
-                                                                           f"{'a' * 12})"
-    assert "source changed" in str(differs(hf, {"uri": "hf://org/other@main", "revision": "b" * 40}))
+    def recorded(**fields: str) -> SourcePart:
+        return SourcePart.model_validate(fields)
+
+    assert differs(hf, recorded(uri="hf://org/m@main", revision="b" * 40)) is None
+    assert differs(hf, recorded(uri="hf://org/m@main", revision="a" * 40)) == f"new commit {'b' * 12} (built from " \
+                                                                              f"{'a' * 12})"
+    assert "source changed" in str(differs(hf, recorded(uri="hf://org/other@main", revision="b" * 40)))
     s3 = SourceState(uri="s3://b/p", kind=SourceKind.S3, objects={"config.json": "e1", "model.safetensors": "e3"})
-    recorded = {"uri": "s3://b/p", "identity": {"objects": {"config.json": "e1", "model.safetensors": "e2"}}}
-    assert differs(s3, recorded) == "1 object(s) changed: model.safetensors"
+    was = SourcePart.model_validate({"uri": "s3://b/p", "identity": {"objects": {"config.json": "e1",
+                                                                                 "model.safetensors": "e2"}}})
+    assert differs(s3, was) == "1 object(s) changed: model.safetensors"
 
 
 def test_status_tags_follow_promotion_and_rollback(tmp_path: Path) -> None:

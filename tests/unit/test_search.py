@@ -228,10 +228,10 @@ def test_run_summary_and_lineage_show_cost_and_unavailable_energy():
     from enginefoundry.records.run_summary import UnitOutcome, search_rows
 
     m = _searched_manifest(0.5)
-    outcome = UnitOutcome(unit=m.unit, target="cpu", status="candidate", bench=m.benchmark)
+    outcome = UnitOutcome(unit=m.unit, target="cpu", status="candidate", bench=m.benchmark.model_dump(mode="json"))
     (row,) = search_rows([outcome], "cost_per_mtok")
     assert row["$/1M tok"] == "0.5000" and row["tok/J"] == "unavailable" and row["winner"] == "best cost_per_mtok"
-    cost = serving_cost(m.benchmark["search"])
+    cost = serving_cost(m.benchmark.search)
     assert cost["usd_per_mtok"] == 0.5 and cost["tokens_per_joule"] == "unavailable"
     assert serving_cost(None) is None
 

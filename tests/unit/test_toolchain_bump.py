@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from enginefoundry.records.promotion import Decision, PromotionPolicy
 from enginefoundry.rollout.compare import comparison_row, describe_toolchain, markdown
-from enginefoundry.rollout.source_change import toolchain_differs
-from enginefoundry.store.manifest import Manifest
+from enginefoundry.rollout.source_change import toolchain_differs as differs
+from enginefoundry.schemas.manifest import Manifest, ToolchainIdentity
 
 OLD = {"lane": "reference", "trtllm_version": None, "image_digest": "sha256:" + "a" * 64,
        "versions": {"torch": "2.5.1", "transformers": "4.57.0"}}
@@ -21,6 +21,9 @@ def manifest(toolchain: dict, agreement: float = 1.0, tok_s: float = 100.0, ttft
 
 
 def test_a_new_image_digest_release_or_lane_version_is_a_toolchain_change():
+    def toolchain_differs(current: dict, recorded: dict) -> str | None:  # as manifests and runs record them
+        return differs(ToolchainIdentity.model_validate(current), ToolchainIdentity.model_validate(recorded))
+
     assert toolchain_differs(dict(OLD), OLD) is None
     new_image = {**OLD, "image_digest": "sha256:" + "b" * 64}
     assert toolchain_differs(new_image, OLD).startswith("toolchain changed: image_digest sha256:aaa")
@@ -45,14 +48,16 @@ def test_the_comparison_row_shows_old_vs_new_at_one_operating_point_and_names_th
     assert (row.accuracy_old, row.accuracy_new) == (1.0, 0.9)
     assert [r.split(" ")[0] for r in row.regressions] == ["smoke_agreement", "short", "short"]
     assert "output tok/s" in row.regressions[1] and "TTFT" in row.regressions[2]
-    assert row.old_toolchain == describe_toolchain(OLD) and "image sha256:bbbbbbbbbbb" in row.new_toolchain
+    old = ToolchainIdentity.model_validate(OLD)
+    assert row.old_toolchain == describe_toolchain(old) and "image sha256:bbbbbbbbbbb" in row.new_toolchain
     table = markdown("old vs new", [row])
     assert "| cpu | v1 → v2 |" in table and "400.0 → 200.0" in table and "| held |" in table
 
 
-def priced(m: Manifest, usd_per_mtok: float | None, slo: str = "ttft<=500ms") -> Manifest:
-    search = {"slo": slo, "cost": {} if usd_per_mtok is None else {"usd_per_mtok": usd_per_mtok}}
-    return m.model_copy(update={"benchmark": {**m.benchmark, "search": search}})
+def priced(m: Manifest, usd_per_mtok: float | None, slo: dict | None = None) -> Manifest:
+    search = {"slo": slo or {"ttft_p95_ms": 500.0},
+              "cost": {} if usd_per_mtok is None else {"usd_per_mtok": usd_per_mtok}}
+    return Manifest.model_validate({**m.model_dump(), "benchmark": {**m.benchmark.model_dump(), "search": search}})
 
 
 def test_the_comparison_shows_cost_old_vs_new_and_names_a_cost_regression_when_the_limit_is_set():

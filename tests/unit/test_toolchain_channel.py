@@ -18,6 +18,7 @@ from enginefoundry.rollout.toolchain_channel import (
     read_channel,
     with_channel,
 )
+from enginefoundry.schemas.manifest import ToolchainIdentity
 from enginefoundry.spec import parse_spec
 from tests.support.paths import REPO
 
@@ -79,10 +80,15 @@ def test_plan_and_validate_see_the_channel_or_why_not_without_raising(tmp_path: 
 
 
 def test_the_trigger_says_the_channel_moved_from_x_to_y():
-    old = {"lane": "reference", "trtllm_version": "1.2.1", "image_digest": "sha256:" + "a" * 64, "versions": {}}
-    assert channel_moved("s3://qa/ch.yaml", old, dict(old)) is None
-    assert channel_moved("s3://qa/ch.yaml", {}, old) is None  # an old manifest without a toolchain: not a move
-    moved = channel_moved("s3://qa/ch.yaml", old, {**old, "trtllm_version": "1.3.0rc23", "image_digest": DIGEST})
+    def identity(**fields: object) -> ToolchainIdentity:
+        return ToolchainIdentity.model_validate(fields)
+
+    old = identity(lane="reference", trtllm_version="1.2.1", image_digest="sha256:" + "a" * 64, versions={})
+    assert channel_moved("s3://qa/ch.yaml", old, old.model_copy()) is None
+    assert channel_moved("s3://qa/ch.yaml", None, old) is None  # an old manifest without a toolchain: not a move
+    assert channel_moved("s3://qa/ch.yaml", identity(), old) is None
+    moved = channel_moved("s3://qa/ch.yaml", old, old.model_copy(update={"trtllm_version": "1.3.0rc23",
+                                                                         "image_digest": DIGEST}))
     assert moved == ("channel s3://qa/ch.yaml moved from trtllm_version 1.2.1, image_digest sha256:aaaaaaaaaaaa "
                      "to trtllm_version 1.3.0rc23, image_digest sha256:cccccccccccc")
 
