@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 
@@ -31,17 +30,17 @@ from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
-from enginefoundry.flows.unit import UnitWork, unit_pipeline
+from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import draft_digests, pinned_draft
 from enginefoundry.planning.cache_plan import (
     CachePlan,
-    UnitKeys,
     find_hit,
     hit_signature_policy,
     plan_cache,
     unit_keys,
 )
+from enginefoundry.planning.parent_run import ParentRun
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records.outcomes import duplicate_outcome
 from enginefoundry.records.run_records import mlflow_run_link
@@ -52,12 +51,13 @@ from enginefoundry.records.run_summary import (
     UnitsNotPassed,
     refused_by_sibling,
 )
-from enginefoundry.smoke.sibling import SiblingRef, reference_waves, sibling_refs
+from enginefoundry.records.unit_run import ConvertedCheckpoint, UnitWork
+from enginefoundry.smoke.sibling import reference_waves, sibling_refs
 from enginefoundry.spec import AdapterMode, BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
-from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
+from enginefoundry.tasks.convert import convert_variant
 from enginefoundry.tasks.fetch import fetch_adapters, fetch_draft, fetch_source, merge_adapter
 from enginefoundry.tasks.pool_limits import pool_slot
 from enginefoundry.tasks.track import (
@@ -279,25 +279,6 @@ def build_engines(
     with watching():  # a cancel of this run or of its parent (a rollout) stops it and its units at once
         return _build(build_spec, units, force, mode, verify_hits, t0)
 
-
-@dataclass(frozen=True)
-class ParentRun:
-    """One build-engines run after its fetch and cache check: the spec pinned to what was fetched, the units'
-    keys, the cache plan (its misses under this run's leases), the waves the misses build in."""
-
-    spec: BuildSpec
-    units: list[Unit]
-    snapshot: SourceSnapshot
-    draft: SourceSnapshot | None
-    adapters: dict[str, SourceSnapshot]
-    parent: str  # the MLflow parent run
-    keyed: UnitKeys
-    artifacts: Store
-    plan: CachePlan
-    siblings: dict[str, SiblingRef]
-    waves: list[list[Unit]]
-    force: bool
-    fetch_s: float
 
 
 def _build(build_spec: BuildSpec, units: list[Unit], force: bool, mode: Mode, verify_hits: bool,

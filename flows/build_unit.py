@@ -22,11 +22,12 @@ from enginefoundry.build.units import KeyComponents, Unit, expand_units
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, first_problem
 from enginefoundry.evidence.signing import require_signer_for
 from enginefoundry.flows.build_engines import resolve_spec
-from enginefoundry.flows.unit import UnitWork, run_unit_stages, unit_failed_state
+from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
 from enginefoundry.gpu.placement import check_placement, check_toolchain
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.outcomes import save_outcome
 from enginefoundry.records.run_summary import UnitOutcome
+from enginefoundry.records.unit_run import UnitWork
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store.backends import open_store

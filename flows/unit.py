@@ -10,21 +10,18 @@ domain (enginefoundry/records/outcomes.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.schemas.objects import State
 from prefect.states import Failed
-from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import KeyComponents, Unit
+from enginefoundry.build.units import Unit
 from enginefoundry.flows.reports import report_unit_links
-from enginefoundry.lanes import BuildResult, get_lane
+from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.outcomes import (
@@ -39,19 +36,17 @@ from enginefoundry.records.outcomes import (
 )
 from enginefoundry.records.run_records import mlflow_run_link
 from enginefoundry.records.run_summary import UnitNotPassed, UnitOutcome
-from enginefoundry.records.unit_run import UnitRun
+from enginefoundry.records.unit_run import Staged, UnitRun, UnitWork
 from enginefoundry.runner import exit_if_terminating
 from enginefoundry.smoke import SmokeReport
 from enginefoundry.smoke.gate import LOSSLESS
-from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet
-from enginefoundry.smoke.sibling import SiblingRef, serves_as_sibling
+from enginefoundry.smoke.sibling import serves_as_sibling
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import UnitStatus
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.bench import benchmark, twin_benchmark, twin_served_apart
 from enginefoundry.tasks.build import build_unit
-from enginefoundry.tasks.convert import ConvertedCheckpoint
 from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import build_now_current, publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
@@ -63,43 +58,6 @@ from enginefoundry.tasks.track import (
     register_published_unit,
     start_unit_run,
 )
-
-
-class UnitWork(BaseModel):
-    """What one unit's run is given: the unit and its key's components, the fetched source and converted
-    checkpoint, the parent's MLflow run. `replace`: a --force rebuild. `sibling`: the unit whose served answers judge
-    this one (run before it). `spec_draft`: the fetched `speculative.draft`. `spec_adapters`: the fetched
-    model.adapters of a unit that serves them all (adapter_mode serve): bundled with the unit, each asked by its
-    name and gated against its own merged reference (smoke_served_adapters)."""
-
-    spec: BuildSpec
-    unit: Unit
-    key_components: KeyComponents
-    snapshot: SourceSnapshot
-    ckpt: ConvertedCheckpoint
-    parent_run_id: str
-    replace: bool = False
-    sibling: SiblingRef | None = None
-    spec_draft: SourceSnapshot | None = None
-    spec_adapters: dict[str, SourceSnapshot] | None = None
-
-    @property
-    def key(self) -> str:
-        return self.key_components.key
-
-    @property
-    def precision(self) -> str:
-        return self.unit.variant.precision.value
-
-
-@dataclass(frozen=True)
-class Staged:
-    """What the stages before the publish produced: the reference, the build, the smoke report and the sweep."""
-
-    reference: tuple[ReferenceSet, ReferenceOutcome]
-    build: BuildResult
-    smoke: SmokeReport | None
-    sweep: SweepReport | None
 
 
 @flow(name="unit-in-process")

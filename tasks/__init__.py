@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from enginefoundry.tasks.bench import benchmark, twin_benchmark, twin_served_apart
     from enginefoundry.tasks.build import build_unit
     from enginefoundry.tasks.cancel_watch import track_child, watching
-    from enginefoundry.tasks.convert import ConvertedCheckpoint, convert_variant
+    from enginefoundry.tasks.convert import convert_variant
     from enginefoundry.tasks.events import emit_registry_move, emit_unit_outcome
     from enginefoundry.tasks.fetch import fetch_adapters, fetch_draft, fetch_source, merge_adapter
     from enginefoundry.tasks.fleet import FleetRun, finish_fleet_run, link_to_fleet, start_fleet_run
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
-    "ConvertedCheckpoint",
     "FleetRun",
     "benchmark",
     "build_now_current",

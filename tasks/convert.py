@@ -25,6 +25,7 @@ from enginefoundry.planning.checkpoint_reuse import (
     ReuseAction,
     decide_checkpoint_reuse,
 )
+from enginefoundry.records.unit_run import ConvertedCheckpoint
 from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec, Variant
 from enginefoundry.store.backends import Store, open_store
@@ -43,14 +44,6 @@ from enginefoundry.tasks._log import progress_logger
 
 CHECKPOINT: InputKind = "converted-checkpoint"
 
-
-class ConvertedCheckpoint(BaseModel):
-    variant: str
-    key: str
-    result: ConvertResult
-    reused: bool
-    uri: str  # where the converted checkpoint is published
-    input: BuildInput | None = None  # the published build the unit uses, by digest (None: the source itself)
 
 
 class LocalCheckpoint(BaseModel):

@@ -13,6 +13,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from enginefoundry.console import say
+from enginefoundry.model_server import free_port
+from enginefoundry.orchestration._prefect_private import (
+    UVICORN_ENVIRONMENT,
+    adopt_as_prefects_server,
+    guard_server_subprocess,
+    prefect_tricks_apply,
+)
+from enginefoundry.runner import (
+    NOT_FOR_TOOLS,
+    die_with_parent,
+    kill_process_group,
+    reap_with_this_process,
+    signals_held,
+    tool_env,
+)
+
 
 class _GuardedSubprocess:
     """The `subprocess` module as Prefect's server module sees it, with Popen starting a child that cannot
@@ -26,7 +43,6 @@ class _GuardedSubprocess:
         return getattr(self._real, name)
 
     def Popen(self, *args: Any, **kwargs: Any) -> Any:  # the name Prefect calls
-        from enginefoundry.runner import NOT_FOR_TOOLS, die_with_parent, reap_with_this_process, signals_held, tool_env
 
         kwargs.setdefault("start_new_session", True)
         # Prefect's API server signs nothing: the signing key stays out of its environment.
@@ -50,7 +66,6 @@ def guard_ephemeral_prefect_server() -> None:
     another Prefect release, nothing is replaced)."""
     if os.environ.get("PREFECT_API_URL"):
         return
-    from enginefoundry.orchestration._prefect_private import guard_server_subprocess
 
     guard_server_subprocess(_GuardedSubprocess)
 
@@ -79,8 +94,6 @@ class EarlyServer:
         import httpx
         from prefect.server.api.server import SubprocessASGIServer
 
-        from enginefoundry.console import say
-        from enginefoundry.orchestration._prefect_private import adopt_as_prefects_server
 
         deadline = time.monotonic() + timeout_s
         with httpx.Client() as client:
@@ -109,7 +122,6 @@ class EarlyServer:
         return True
 
     def stop(self) -> None:
-        from enginefoundry.runner import kill_process_group
 
         kill_process_group(self.proc, grace_s=5.0)
 
@@ -129,12 +141,9 @@ def start_early_server() -> EarlyServer | None:
     blocks, the cluster mode's Secret blocks live on a real server); and uvicorn is run through
     `orchestration/ephemeral_server.py`, which first gives a new SQLite database a migrated start (≈ 3.5 s)."""
 
-    from enginefoundry.orchestration._prefect_private import UVICORN_ENVIRONMENT, prefect_tricks_apply
 
     if os.environ.get("PREFECT_API_URL") or not prefect_tricks_apply():
         return None
-    from enginefoundry.model_server import free_port
-    from enginefoundry.runner import die_with_parent, reap_with_this_process, signals_held, tool_env
 
     spec = importlib.util.find_spec("prefect")
     if spec is None or spec.origin is None:

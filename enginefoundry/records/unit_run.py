@@ -1,4 +1,5 @@
-"""One unit's run as the flows sequence it: its work folder, its stage timings and the commands it ran.
+"""One unit's run as the flows sequence it: what it is given (`UnitWork`, its converted checkpoint), its work folder,
+its stage timings and the commands it ran, and what the stages before the publish produced (`Staged`).
 
 The flow (flows/unit.py) only orders the stages; what a stage's time, command or file becomes on the unit's
 records is decided here, beside the manifest and the outcome (records/outcomes.py).
@@ -13,8 +14,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import BaseModel
+
+from enginefoundry.bench import SweepReport
+from enginefoundry.build.sources import SourceSnapshot
+from enginefoundry.build.units import KeyComponents, Unit
+from enginefoundry.lanes import BuildResult, ConvertResult
 from enginefoundry.records.outcomes import UnitCommands
 from enginefoundry.settings import work_root
+from enginefoundry.smoke import SmokeReport
+from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet
+from enginefoundry.smoke.sibling import SiblingRef
+from enginefoundry.spec import BuildSpec
+from enginefoundry.store.manifest import BuildInput
 
 
 @dataclass
@@ -71,3 +83,49 @@ class UnitRun:
             str(p) for p in self.report_dir.rglob("*")
             if p.suffix in (".json", ".md", ".png") and "phases" not in p.parts and p.name != "inputs.json"
         ]
+
+
+class ConvertedCheckpoint(BaseModel):
+    variant: str
+    key: str
+    result: ConvertResult
+    reused: bool
+    uri: str  # where the converted checkpoint is published
+    input: BuildInput | None = None  # the published build the unit uses, by digest (None: the source itself)
+
+
+class UnitWork(BaseModel):
+    """What one unit's run is given: the unit and its key's components, the fetched source and converted
+    checkpoint, the parent's MLflow run. `replace`: a --force rebuild. `sibling`: the unit whose served answers judge
+    this one (run before it). `spec_draft`: the fetched `speculative.draft`. `spec_adapters`: the fetched
+    model.adapters of a unit that serves them all (adapter_mode serve): bundled with the unit, each asked by its
+    name and gated against its own merged reference (smoke_served_adapters)."""
+
+    spec: BuildSpec
+    unit: Unit
+    key_components: KeyComponents
+    snapshot: SourceSnapshot
+    ckpt: ConvertedCheckpoint
+    parent_run_id: str
+    replace: bool = False
+    sibling: SiblingRef | None = None
+    spec_draft: SourceSnapshot | None = None
+    spec_adapters: dict[str, SourceSnapshot] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.key_components.key
+
+    @property
+    def precision(self) -> str:
+        return self.unit.variant.precision.value
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What the stages before the publish produced: the reference, the build, the smoke report and the sweep."""
+
+    reference: tuple[ReferenceSet, ReferenceOutcome]
+    build: BuildResult
+    smoke: SmokeReport | None
+    sweep: SweepReport | None

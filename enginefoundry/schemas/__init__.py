@@ -14,3 +14,29 @@ byte for byte as read (the manifest's) is a `WirePart`.
 
 `db/` holds the recorded database schemas of the MLflow and Prefect releases in use (records/db_templates.py).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from enginefoundry._face import lazy_face
+
+if TYPE_CHECKING:
+    from enginefoundry.schemas.attestation_index import AttestationIndex
+    from enginefoundry.schemas.base import Document, DocumentError, WirePart, parse_json
+    from enginefoundry.schemas.bundle_info import BundleInfo
+    from enginefoundry.schemas.channel import ChannelDocument
+    from enginefoundry.schemas.checkpoint import CheckpointManifest
+    from enginefoundry.schemas.lease import BrokenLeaseNote, LeaseRecord
+    from enginefoundry.schemas.manifest import KeyComponents, Manifest
+    from enginefoundry.schemas.outcome import UnitOutcome
+    from enginefoundry.schemas.pointer import Pointer
+    from enginefoundry.schemas.verification import VerificationRecord
+
+__all__ = [
+    "AttestationIndex", "BrokenLeaseNote", "BundleInfo", "ChannelDocument", "CheckpointManifest", "Document",
+    "DocumentError", "KeyComponents", "LeaseRecord", "Manifest", "Pointer", "UnitOutcome", "VerificationRecord",
+    "WirePart", "parse_json",
+]
+
+__getattr__, __dir__ = lazy_face(__name__)
