@@ -234,7 +234,7 @@ def kill_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> N
 
 
 _TERMINATING = threading.Event()
-_EXIT_HANDLERS: set[object] = set()  # the SIGTERM handlers install_sigterm_as_exit made: installing again is a no-op
+_EXIT_HANDLERS: set[object] = set()  # the handlers this module installed: installing again is a no-op
 
 
 _CANCEL_REASON: list[str] = []  # why the run was cancelled (request_cancel), first reason only
@@ -266,6 +266,37 @@ def exit_if_terminating() -> None:
     stops the run here, at a checkpoint before anything is published."""
     if _TERMINATING.is_set():
         raise SystemExit(128 + signal.SIGTERM)
+
+
+_INTERRUPTED = threading.Event()  # SIGINT arrived (install_signal_policy's handler)
+
+
+def interrupted() -> bool:
+    """SIGINT or SIGTERM arrived, or the run was cancelled: what was open ends KILLED, not FAILED."""
+    return _INTERRUPTED.is_set() or _TERMINATING.is_set()
+
+
+def install_signal_policy() -> None:
+    """The process's one signal policy, installed before any flow starts (cli/common.install_exit_handlers) and by
+    whatever opens something that must end on a signal (records/tracking: MLflow runs): SIGTERM as exit
+    (`install_sigterm_as_exit`, with its `on_sigterm` callbacks) and SIGINT remembered (`interrupted`) before the
+    handler found (Python's KeyboardInterrupt). Main thread only; installing again is a no-op."""
+    install_sigterm_as_exit()
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in _EXIT_HANDLERS:
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        _INTERRUPTED.set()
+        if callable(previous):
+            previous(signum, frame)  # signal.default_int_handler raises KeyboardInterrupt
+        else:
+            raise KeyboardInterrupt
+
+    _EXIT_HANDLERS.add(handler)
+    signal.signal(signal.SIGINT, handler)
 
 
 _ON_SIGTERM: list[Callable[[], None]] = []  # on_sigterm's callbacks, in the order registered

@@ -185,8 +185,6 @@ def install_exit_handlers() -> None:
     TerminationSignal, restores the handler it found and re-sends the signal to it (`capture_sigterm`,
     prefect/utilities/engine/__init__.py@3.9.1). Found at that moment, SIG_DFL would end the process with no
     cleanup at all."""
-    from enginefoundry.records.tracking import OPEN_RUNS
-    from enginefoundry.runner import install_sigterm_as_exit
+    from enginefoundry.runner import install_signal_policy
 
-    install_sigterm_as_exit()
-    OPEN_RUNS.install_handlers()
+    install_signal_policy()

@@ -18,7 +18,6 @@ import contextlib
 import functools
 import os
 import re
-import signal
 import socket
 import subprocess
 import threading
@@ -31,6 +30,7 @@ from enginefoundry.errors import PipelineError
 from enginefoundry.locks import host_lock
 from enginefoundry.records import db_templates
 from enginefoundry.retry import retry_transient
+from enginefoundry.runner import cancel_reason, install_signal_policy, interrupted
 from enginefoundry.schemas.loose import MlflowPayload
 
 if TYPE_CHECKING:
@@ -136,14 +136,13 @@ class _OpenRuns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, RetryingClient | MlflowClient] = {}  # run id → the client that ends it
-        self.interrupted = False
-        self._handlers = False
+        self.interrupted = False  # a signal arrived (runner.interrupted, read when the runs end)
         atexit.register(self._end_all_at_exit)
 
     def add(self, run_id: str, client: RetryingClient | MlflowClient) -> None:
         with self._lock:
             self._runs[run_id] = client
-        self.install_handlers()
+        install_signal_policy()  # SIGINT/SIGTERM are remembered, so the runs end KILLED, not FAILED
 
     def discard(self, run_id: str) -> None:
         with self._lock:
@@ -152,9 +151,7 @@ class _OpenRuns:
     def end_all(self, status: str | None = None, once: bool = False) -> list[str]:
         """End every open run: `status`, else KILLED after a signal, else FAILED (an exit without end_run).
         `once`: one request per call, no retry (at exit)."""
-        from enginefoundry.runner import terminating
-
-        self.interrupted = self.interrupted or terminating()  # a SIGTERM that reached only runner's handler
+        self.interrupted = self.interrupted or interrupted()
         status = status or ("KILLED" if self.interrupted else "FAILED")
         with self._lock:
             runs, self._runs = self._runs, {}
@@ -180,25 +177,6 @@ class _OpenRuns:
         if float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "120")) > 10:
             os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = "10"
         self.end_all(once=True)
-
-    def install_handlers(self) -> None:
-        """Remember that SIGINT/SIGTERM arrived (then behave as before), so runs end KILLED, not FAILED."""
-        if self._handlers or threading.current_thread() is not threading.main_thread():
-            return
-        self._handlers = True
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous = signal.getsignal(sig)
-
-            def handler(signum: int, frame: Any, previous: Any = previous) -> None:
-                self.interrupted = True
-                if callable(previous):
-                    previous(signum, frame)
-                elif signum == signal.SIGINT:
-                    raise KeyboardInterrupt
-                else:
-                    raise SystemExit(128 + signum)
-
-            signal.signal(sig, handler)
 
 
 OPEN_RUNS = _OpenRuns()
@@ -369,8 +347,6 @@ class Tracker:
 
     def end_run(self, run_id: str, ok: bool) -> None:
         """FINISHED or FAILED; KILLED once the run was cancelled (a run ended KILLED by the cancel stays so)."""
-        from enginefoundry.runner import cancel_reason
-
         if cancel_reason():
             if self.client.get_run(run_id).info.status == "RUNNING":
                 self.client.set_terminated(run_id, status="KILLED")

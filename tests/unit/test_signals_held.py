@@ -83,3 +83,27 @@ def test_no_signal_no_delivery_and_handlers_restored() -> None:
         pass
     assert {s: signal.getsignal(s) for s in before} == before
     assert runner._held_depth == 0
+
+
+def test_the_one_signal_policy_remembers_sigint_and_keeps_keyboardinterrupt() -> None:
+    """runner.install_signal_policy owns SIGINT too (records/tracking reads `interrupted` to end runs KILLED):
+    Ctrl-C still raises KeyboardInterrupt, and installing again adds no second handler."""
+    before_int, before_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    ours = set(runner._EXIT_HANDLERS)
+    try:
+        runner.install_signal_policy()
+        installed = signal.getsignal(signal.SIGINT)
+        runner.install_signal_policy()
+        assert signal.getsignal(signal.SIGINT) is installed
+        assert not runner._INTERRUPTED.is_set()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs between bytecodes of the main thread
+                pass
+        assert runner.interrupted()
+    finally:
+        signal.signal(signal.SIGINT, before_int)
+        signal.signal(signal.SIGTERM, before_term)
+        runner._INTERRUPTED.clear()
+        runner._EXIT_HANDLERS.clear()
+        runner._EXIT_HANDLERS.update(ours)
