@@ -147,7 +147,7 @@ class ChatClient:
                             completion_tokens=_int(usage.get("completion_tokens")))
 
 
-def _int(value: Any) -> int | None:
+def _int(value: JsonValue) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

@@ -57,6 +57,7 @@ from enginefoundry.smoke.simulated import (
 
 if TYPE_CHECKING:
     from torch import Tensor
+    from transformers import PreTrainedModel
 
 PROXIES: dict[str, str] = {
     "fp8": "float8 e4m3, one scale per tensor",
@@ -114,7 +115,8 @@ def round_nvfp4(w: Tensor) -> Tensor:
     return q.reshape(rows, cols + pad)[:, :cols]
 
 
-ROUNDING: dict[str, Callable[[Any], Any]] = {"fp8": round_fp8, "nvfp4": round_nvfp4, "int4_awq": round_int4_groups}
+ROUNDING: dict[str, Callable[[Tensor], Tensor]] = {"fp8": round_fp8, "nvfp4": round_nvfp4,
+                                                   "int4_awq": round_int4_groups}
 
 
 def round_linears(model: Any, precision: str) -> int:
@@ -153,7 +155,7 @@ def _round_source(source: Path, precision: str, key: SimulatedKey, out: Path,
     from transformers import AutoModelForCausalLM
 
     t0 = time.monotonic()
-    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     layers = round_linears(model, precision)
     model.save_pretrained(out)
     _copy_top_level(source, out, set(TOKENIZER_FILES))  # the source's own tokenizer bytes: the digests match
@@ -181,8 +183,8 @@ def compute_quantization_spread(source: Path, cases: list[PromptCase], ref: Refe
     assert isinstance(key, ReferenceKey)
     t0 = time.monotonic()
     tok = AutoTokenizer.from_pretrained(source)
-    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **load_options(device))
-    model.eval()
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **load_options(device))
+    model.train(False)  # eval(): transformers leaves PreTrainedModel.eval unannotated
     layers = round_linears(model, precision)
     model.to(getattr(torch, TORCH_NAMES[dtype]))
     by_id = ref.by_id

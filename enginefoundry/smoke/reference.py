@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -40,6 +40,11 @@ from enginefoundry.store import layout
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import blob_key
 from enginefoundry.store.manifest import BuildInput, InputKind
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from enginefoundry.smoke.logprobs import LogprobSpread
 
 REFERENCE_FORMAT = 2
 
@@ -417,12 +422,14 @@ def spread_store_key(key: ReferenceKey) -> str:
 PROGRESS_EVERY_S = 10.0  # a long pass says how far it got at most this often
 
 
-def teacher_forced(model: Any, tok: Any, cases: list[PromptCase], answers: list[ReferenceAnswer], *,
+def teacher_forced(model: PreTrainedModel, tok: PreTrainedTokenizerBase, cases: list[PromptCase],
+                   answers: list[ReferenceAnswer], *,
                    progress: Callable[[str], None] | None = None,
                    what: str = "the spread's second computation") -> list[tuple[list[float], list[bool]]]:
     """Each answer's tokens scored in one forward pass over the templated prompt + the answer: the log-prob of
     each answer token and whether it is the model's argmax. `progress`: a line at most every 10 s."""
     import torch
+    from transformers import BatchEncoding
 
     out: list[tuple[list[float], list[bool]]] = []
     t0 = last = time.monotonic()
@@ -434,7 +441,9 @@ def teacher_forced(model: Any, tok: Any, cases: list[PromptCase], answers: list[
                 left = (now - t0) / i * (len(cases) - i)
                 progress(f"smoke: {what}: {i}/{len(cases)} answers scored ({now - t0:.0f} s, about {left:.0f} s "
                          "left)")
-            prompt = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)["input_ids"]
+            enc = tok.apply_chat_template(case.chat(), add_generation_prompt=True, return_dict=True)
+            assert isinstance(enc, BatchEncoding)  # return_dict=True
+            prompt = enc["input_ids"]
             if not ans.token_ids:
                 out.append(([], []))
                 continue
@@ -446,7 +455,7 @@ def teacher_forced(model: Any, tok: Any, cases: list[PromptCase], answers: list[
 
 
 def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, *, device: str = "cpu",
-                   progress: Callable[[str], None] = print) -> Any:
+                   progress: Callable[[str], None] = print) -> LogprobSpread:
     """Computation b of LogprobSpread: the reference's weights in its dtype, run in wider arithmetic."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -462,9 +471,9 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     # Loaded in the wider dtype, so that device_map="auto" places the size it will hold (a model accelerate has
     # dispatched cannot be cast with .to(): "You can't move a model that has some modules offloaded"), then each
     # weight rounded to the reference's dtype in place: the same (rounded) weights, wider arithmetic.
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, wide), **load_options(device),
-                                                      **wide_options(wide))
-    model.eval()
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, wide),
+                                                                  **load_options(device), **wide_options(wide))
+    model.train(False)  # eval(): transformers leaves PreTrainedModel.eval unannotated
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.device.type == "meta":
@@ -492,7 +501,8 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
 
 def load_or_compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, *, store: Store | None,
                            cache_dir: Path | None = None, device: str = "cpu",
-                           progress: Callable[[str], None] = print, trust: InputTrust | None = None) -> Any:
+                           progress: Callable[[str], None] = print,
+                           trust: InputTrust | None = None) -> LogprobSpread | None:
     """The spread of this source reference, stored beside it (`<key>.spread.v2.json`, create-if-absent); None for a
     reference whose precision transformers does not compute or a sibling's answers (no second computation).
     `trust`: as for `load_or_compute_reference` (a signing run uses only a spread a trusted key signed)."""

@@ -59,7 +59,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 log = logging.getLogger("enginefoundry.smoke.serve")
 MAX_TOP = 20
@@ -228,13 +233,14 @@ class Scorer:
                 out.append(group)
         return out
 
-    def using(self, adapter: str | None) -> Any:
+    def using(self, adapter: str | None) -> contextlib.AbstractContextManager[None]:
         """The context a group runs in: its adapter active (PEFT set_adapter), or the base alone (disable_adapter);
         nothing without adapters. --ignore-adapters: always the base."""
         if not self.adapters:
             return contextlib.nullcontext()
         if adapter is None or self.ignore_adapters:
-            return self.model.disable_adapter()
+            base: contextlib.AbstractContextManager[None] = self.model.disable_adapter()
+            return base
         self.model.set_adapter(adapter)
         return contextlib.nullcontext()
 
@@ -250,7 +256,7 @@ class Scorer:
                     r.new, r.gen = g.new, g.gen
             return results
 
-    def _pick(self, lsm: Any, tokens: list[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    def _pick(self, lsm: Tensor, tokens: list[int], k: int) -> list[tuple[float, list[tuple[int, float]]]]:
         """Each row's log-prob of its token and its top-k (at least the argmax), in one topk call."""
         torch = self.torch
         idx = torch.tensor(tokens, device=lsm.device).unsqueeze(1)
@@ -269,7 +275,7 @@ class Scorer:
                                   pad_token_id=self.pad, output_logits=True, return_dict_in_generate=True)
         return self._results(group, gen, width)
 
-    def _results(self, group: list[Job], gen: Any, width: int) -> list[Result]:
+    def _results(self, group: list[Job], gen: GenerateDecoderOnlyOutput, width: int) -> list[Result]:
         torch = self.torch
         out = []
         for b, j in enumerate(group):
@@ -280,6 +286,7 @@ class Scorer:
                     break
             res = Result(new=new)
             if j.top is not None and new:
+                assert gen.logits is not None  # output_logits=True
                 rows = torch.stack([gen.logits[i][b] for i in range(len(new))]).float()
                 res.gen = self._pick(torch.log_softmax(rows, dim=-1), new, j.top)
             out.append(res)
@@ -304,7 +311,7 @@ class Scorer:
         return self._results([job], gen, len(job.ids))[0]
 
     def _count_verified(self, module: Any, args: Any, kwargs: dict[str, Any],  # JSON edge: torch's hook kwargs
-                        output: Any) -> None:
+                        output: CausalLMOutputWithPast) -> None:
         """A forward hook on the target: in assisted generation each target pass takes the candidates after the
         prompt (first pass) or after the last kept token; the accepted ones are the leading candidates that equal
         the target's own argmax at their position."""

@@ -64,7 +64,8 @@ from enginefoundry.store.backends import Store
 from enginefoundry.store.manifest import BuildInput
 
 if TYPE_CHECKING:
-    from torch import Tensor
+    from torch import Tensor, nn
+    from transformers import PreTrainedModel
 
 # precision -> what simulates it; keys: spec.checks.SIMULATED_PRECISIONS. int4_awq is ModelOpt's (the lanes quantize
 # it with ModelOpt: quantize.py, hf_ptq.py); int8_wo and int4_wo are TensorRT-LLM's own weight-only quantizer (the
@@ -426,8 +427,8 @@ def _compute(source: Path, precision: str, calibration: list[PromptCase], key: S
     from transformers import AutoModelForCausalLM
 
     t0 = time.monotonic()
-    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    model.eval()
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model.train(False)  # eval(): transformers leaves PreTrainedModel.eval unannotated
     progress(f"smoke: simulating {precision} ({SIMULATED[precision]}"
              + ("; the weights alone)" if precision in TRTLLM_WEIGHT_ONLY_BITS else
                 f"; ModelOpt {key.modelopt}, {len(calibration)} calibration prompts)"))
@@ -478,8 +479,8 @@ def _trtllm_weight_only_in_place(model: Any, bits: int, dtype: str) -> dict[str,
     return scales
 
 
-def _modelopt(model: Any, source: Path, precision: str, calibration: list[PromptCase],
-              progress: Callable[[str], None], t0: float) -> tuple[Any, dict[str, Tensor], float]:
+def _modelopt(model: PreTrainedModel, source: Path, precision: str, calibration: list[PromptCase],
+              progress: Callable[[str], None], t0: float) -> tuple[PreTrainedModel, dict[str, Tensor], float]:
     """ModelOpt's fake quantization of `model`, calibrated on the prompts, folded into a plain copy of the source and
     checked against ModelOpt's own logits: (the plain model, ModelOpt's per-layer parameters, the relative error)."""
     import modelopt.torch.quantization as mtq
@@ -491,7 +492,7 @@ def _modelopt(model: Any, source: Path, precision: str, calibration: list[Prompt
                                        truncation=True, max_length=CALIBRATION_TOKENS)["input_ids"]
                for c in calibration]
 
-    def forward_loop(m: Any) -> None:
+    def forward_loop(m: nn.Module) -> None:
         with torch.no_grad():
             for i, ids in enumerate(batches, 1):
                 m(ids)
@@ -503,8 +504,8 @@ def _modelopt(model: Any, source: Path, precision: str, calibration: list[Prompt
         expected = model(batches[0]).logits
         folded, params = _fold(model)
     del model
-    plain: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    plain.eval()
+    plain: PreTrainedModel = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    plain.train(False)  # eval(): transformers leaves PreTrainedModel.eval unannotated
     missing = set(folded) - set(plain.state_dict())
     if missing:
         raise ToolError(f"smoke: the simulated model names weights the source lacks: {sorted(missing)[:3]}")
