@@ -29,9 +29,6 @@ EXEMPT = {
     "flows/fleet.py:rollout_fleet": "deployment parameters are its public API (and 75 lines: not split yet)",
     "flows/fleet.py:_member": "passes rollout's deployment parameters through",
     "flows/dispatch.py:dispatch_units": "cluster dispatch: not split yet (issue 35 follow-up)",
-    # A Prefect task whose two last parameters (lm_eval, max_logprob_diff) no caller passes: spec.smoke.lm_eval is
-    # never wired to it. Whether to wire or drop them changes behaviour: left to a decision of its own.
-    "tasks/smoke.py:smoke_test": "two never-passed parameters await a decision (see above)",
     # The reference store's entry points: 25 call sites in smoke/, tasks/ and tests; a key-and-settings model of
     # their own is the next step (issue 35 follow-up).
     "enginefoundry/smoke/reference.py:load_or_compute_reference": "25 call sites: follow-up",
