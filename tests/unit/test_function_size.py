@@ -26,9 +26,7 @@ EXEMPT = {
     # deployment run -p`, automations.yaml, API callers), each documented under Args; bundling them breaks callers.
     "flows/build_engines.py:build_engines": "deployment parameters are its public API",
     "flows/rollout.py:rollout": "deployment parameters are its public API",
-    "flows/fleet.py:rollout_fleet": "deployment parameters are its public API (and 75 lines: not split yet)",
-    "flows/fleet.py:_member": "passes rollout's deployment parameters through",
-    "flows/dispatch.py:dispatch_units": "cluster dispatch: not split yet (issue 35 follow-up)",
+    "flows/fleet.py:rollout_fleet": "deployment parameters are its public API",
     # The reference store's entry points: 25 call sites in smoke/, tasks/ and tests; a key-and-settings model of
     # their own is the next step (issue 35 follow-up).
     "enginefoundry/smoke/reference.py:load_or_compute_reference": "25 call sites: follow-up",
