@@ -13,11 +13,14 @@ MAX_LINES = 60
 MAX_PARAMS = 8
 
 # The modules on one unit's path that this test holds: the flows and tasks, the smoke stage, the orchestration
-# package, and the unit-path modules the lean-hubs work split.
+# package, the unit-path modules the lean-hubs work split, and the build, lane, publish and records modules.
 SCOPE = [
     "flows", "tasks", "enginefoundry/smoke", "enginefoundry/orchestration",
     "enginefoundry/cli/build.py", "enginefoundry/runner.py", "enginefoundry/model_server.py",
-    "enginefoundry/retry.py", "enginefoundry/records/unit_run.py", "enginefoundry/planning/checkpoint_reuse.py",
+    "enginefoundry/retry.py", "enginefoundry/planning/checkpoint_reuse.py",
+    # the unit's build (fetch, key, convert), its lane, its publish and its records
+    "enginefoundry/build", "enginefoundry/lanes/base.py", "enginefoundry/lanes/reference.py",
+    "enginefoundry/store/publish.py", "enginefoundry/records",
 ]
 
 # path:function → why it stays as it is.
@@ -38,6 +41,14 @@ EXEMPT = {
     "enginefoundry/smoke/serve.py:main": "the scoring server's argument parsing",
     # runner.run_tool: keyword-only options of every tool call (16 call sites), each defaulted.
     "enginefoundry/runner.py:run_tool": "keyword-only options, 16 call sites",
+    # Not split by the deadline of the lean-hubs round that widened SCOPE to them (issue 35 follow-up): the unit
+    # key's inputs (20 call sites: the source's digests want one value), the MLflow registration of a published
+    # unit (unit, manifest and its URI want one value), the unit manifest's fields, the promotion decision.
+    "enginefoundry/build/units.py:unit_key_components": "9 parameters, 20 call sites: follow-up",
+    "enginefoundry/records/registration.py:ensure_registered": "9 parameters: follow-up",
+    "enginefoundry/records/tracking.py:register_unit": "9 parameters: follow-up with ensure_registered",
+    "enginefoundry/records/outcomes.py:unit_manifest": "14 parameters: follow-up",
+    "enginefoundry/records/promotion.py:decide": "64 lines, 9 parameters, 13 call sites: follow-up",
 }
 
 
