@@ -43,10 +43,10 @@ EXEMPT = {
     "enginefoundry/runner.py:run_tool": "keyword-only options, 16 call sites",
     # Not split by the deadline of the lean-hubs round that widened SCOPE to them (issue 35 follow-up): the unit
     # key's inputs (20 call sites: the source's digests want one value), the MLflow registration of a published
-    # unit (unit, manifest and its URI want one value), the unit manifest's fields, the promotion decision.
+    # unit (register_unit: unit, manifest and its URI want one value), the unit manifest's fields, the promotion
+    # decision.
     "enginefoundry/build/units.py:unit_key_components": "9 parameters, 20 call sites: follow-up",
-    "enginefoundry/records/registration.py:ensure_registered": "9 parameters: follow-up",
-    "enginefoundry/records/tracking.py:register_unit": "9 parameters: follow-up with ensure_registered",
+    "enginefoundry/records/tracking.py:register_unit": "9 parameters: follow-up",
     "enginefoundry/records/outcomes.py:unit_manifest": "14 parameters: follow-up",
     "enginefoundry/records/promotion.py:decide": "64 lines, 9 parameters, 13 call sites: follow-up",
 }
