@@ -29,6 +29,7 @@ from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
+from enginefoundry.flows.dispatch import spec_payload as spec_payload  # re-exported: the CLI and rollout import it here
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
 from enginefoundry.lanes import get_lane
@@ -155,11 +156,6 @@ def flow_value(result: T | State) -> T:
     if isinstance(result, State):
         raise PipelineError(f"the flow ended {result.name}: {result.message or 'no message'}")
     return result
-
-
-def spec_payload(spec: BuildSpec) -> dict[str, Any]:  # JSON edge: the spec as a flow parameter
-    """The spec as a flow parameter: JSON, with the folder its relative paths resolve against."""
-    return {**spec.model_dump(mode="json"), "base_dir": spec.base_dir}
 
 
 def spec_label(params: dict[str, Any]) -> str:  # JSON edge: the flow run's parameters
@@ -338,9 +334,7 @@ def _build_on_workers(run: ParentRun) -> dict[str, UnitOutcome]:
         built |= refused_by_sibling(wave, run.siblings, built)  # its sibling failed or was rejected
         todo = [u for u in wave if u.name not in built]
         if todo:
-            built |= dispatch_units(run.spec, spec_payload(run.spec), todo, run.keyed.components, run.snapshot,
-                                    run.parent, run.artifacts, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-                                    replace=run.force, siblings=run.siblings)
+            built |= dispatch_units(run, todo, prefect_context().get(mltags.PREFECT_FLOW_RUN_ID))
     return built
 
 

@@ -21,12 +21,12 @@ from prefect.exceptions import FlowRunWaitTimeout, ObjectNotFound
 from enginefoundry.build.sources import SourceIdentity, SourceSnapshot
 from enginefoundry.build.units import KeyComponents, Unit
 from enginefoundry.planning.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
+from enginefoundry.planning.parent_run import ParentRun
 from enginefoundry.records.outcomes import read_outcome
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec
-from enginefoundry.store.backends import Store
 from enginefoundry.store.unit_status import UnitStatus
 from enginefoundry.tasks.cancel_watch import track_child
 
@@ -38,6 +38,11 @@ NOTE_EVERY_S = 60.0
 
 def deployment_name(unit: Unit) -> str:
     return f"{UNIT_FLOW}/{unit.target.pool}"
+
+
+def spec_payload(spec: BuildSpec) -> dict[str, Any]:  # JSON edge: the spec as a flow parameter
+    """The spec as a flow parameter: JSON, with the folder its relative paths resolve against."""
+    return {**spec.model_dump(mode="json"), "base_dir": spec.base_dir}
 
 
 def unit_parameters(spec_payload: dict[str, Any],  # JSON edge: the spec as a flow parameter
@@ -77,53 +82,57 @@ def job_variables_for(spec: BuildSpec, units: list[Unit]) -> dict[str, dict[str,
     return {u.name: unit_job_variables(spec, u, secrets).as_job_variables() for u in units}
 
 
-def dispatch_units(
-    spec: BuildSpec, spec_payload: dict[str, Any],  # JSON edge: the spec as a flow parameter
-    units: list[Unit], components: dict[str, KeyComponents],
-    snapshot: SourceSnapshot, parent_run_id: str, store: Store, parent_flow_run_id: str | None,
-    replace: bool = False, siblings: dict[str, SiblingRef] | None = None,
-) -> dict[str, UnitOutcome]:
-    """Run every unit on its pool and wait; one outcome per unit, failures included. `replace`: --force (each
-    worker's build becomes the current build of its key). `siblings`: judged unit → the sibling unit whose
-    served answers judge it (the caller dispatches siblings in an earlier wave)."""
-    log = get_run_logger()
+def dispatch_units(run: ParentRun, units: list[Unit], parent_flow_run_id: str | None) -> dict[str, UnitOutcome]:
+    """Run every unit of `units` (one wave of `run`) on its pool and wait; one outcome per unit, failures included.
+    `run.force`: --force (each worker's build becomes the current build of its key). `run.siblings`: judged unit →
+    the sibling unit whose served answers judge it (the caller dispatches siblings in an earlier wave)."""
     outcomes: dict[str, UnitOutcome] = {}
+    started = _start_units(run, units, parent_flow_run_id, outcomes)
+    finals = _wait(started)
+    end_runs_of_ended_units(run.spec, finals)
+    for unit_name, (unit, flow_run) in started.items():
+        final = finals[unit_name]
+        outcome = read_outcome(run.artifacts, run.spec.model.name, run.parent, unit_name)
+        if outcome is not None:
+            outcomes[unit_name] = outcome
+        elif final.state is not None and final.state.is_completed():
+            outcomes[unit_name] = _failed(unit, f"{flow_run.name} completed without leaving an outcome in the store")
+        else:
+            message = (final.state.message or "").splitlines()[0][:300] if final.state else ""
+            outcomes[unit_name] = _failed(unit, f"{deployment_name(unit)} run {flow_run.name} ended "
+                                                f"{final.state.name if final.state else 'unknown'}: {message}")
+    return {u.name: outcomes[u.name] for u in units}
+
+
+def _start_units(run: ParentRun, units: list[Unit], parent_flow_run_id: str | None,
+                 outcomes: dict[str, UnitOutcome]) -> dict[str, tuple[Unit, FlowRun]]:
+    """Each unit's flow run created on its pool's deployment (not waited for); a unit whose deployment is missing
+    gets its failed outcome in `outcomes` instead."""
+    log = get_run_logger()
     started: dict[str, tuple[Unit, FlowRun]] = {}
-    job_variables = job_variables_for(spec, units)
+    job_variables = job_variables_for(run.spec, units)
+    payload = spec_payload(run.spec)
     for unit in units:
         name = deployment_name(unit)
         try:
             # run_deployment is sync_compatible: called from sync code it returns the FlowRun, not a coroutine
-            run = cast(FlowRun, run_deployment(
-                name, parameters=unit_parameters(spec_payload, unit, components[unit.name], snapshot, parent_run_id,
-                                                 replace, (siblings or {}).get(unit.name)),
+            flow_run = cast(FlowRun, run_deployment(
+                name, parameters=unit_parameters(payload, unit, run.keyed.components[unit.name], run.snapshot,
+                                                 run.parent, run.force, run.siblings.get(unit.name)),
                 timeout=0, job_variables=job_variables[unit.name],
                 flow_run_name=f"unit {unit.name}", tags=["enginefoundry", "unit", unit.target.pool],
                 # A retried parent re-attaches to the runs it already started instead of building twice.
-                idempotency_key=f"{parent_flow_run_id or parent_run_id}:{unit.name}",
+                idempotency_key=f"{parent_flow_run_id or run.parent}:{unit.name}",
             ))
         except ObjectNotFound:
             outcomes[unit.name] = _failed(unit, f"no deployment {name}: deploy deployment.yaml (prefect deploy "
                                                 f"--all) or set targets[].work_pool to a deployed pool")
             continue
-        track_child(run.id)  # a cancel of this run moves it to Cancelling too (tasks/cancel_watch.py)
-        log.info(f"dispatch: {unit.name} → {name} (flow run {run.name}; job variables "
+        track_child(flow_run.id)  # a cancel of this run moves it to Cancelling too (tasks/cancel_watch.py)
+        log.info(f"dispatch: {unit.name} → {name} (flow run {flow_run.name}; job variables "
                  f"{ {k: v for k, v in job_variables[unit.name].items() if k != 'env'} })")
-        started[unit.name] = (unit, run)
-    finals = _wait(started)
-    end_runs_of_ended_units(spec, finals)
-    for unit_name, (unit, run) in started.items():
-        final = finals[unit_name]
-        outcome = read_outcome(store, spec.model.name, parent_run_id, unit_name)
-        if outcome is not None:
-            outcomes[unit_name] = outcome
-        elif final.state is not None and final.state.is_completed():
-            outcomes[unit_name] = _failed(unit, f"{run.name} completed without leaving an outcome in the store")
-        else:
-            message = (final.state.message or "").splitlines()[0][:300] if final.state else ""
-            outcomes[unit_name] = _failed(unit, f"{deployment_name(unit)} run {run.name} ended "
-                                                f"{final.state.name if final.state else 'unknown'}: {message}")
-    return {u.name: outcomes[u.name] for u in units}
+        started[unit.name] = (unit, flow_run)
+    return started
 
 
 def end_runs_of_ended_units(spec: BuildSpec, finals: dict[str, FlowRun]) -> None:

@@ -25,6 +25,7 @@ from enginefoundry.flows.rollout import rollout
 from enginefoundry.rollout.fleet import (
     FleetMember,
     FleetNotOk,
+    FleetRolloutOptions,
     FleetSummary,
     check_pool_limit,
     fleet_spec_paths,
@@ -85,26 +86,39 @@ def rollout_fleet(
     log(f"fleet {name}: {len(paths)} spec(s): {', '.join(str(p) for p in paths)}")
     if limits:
         set_pool_limits(limits)
-    loaded: dict[str, BuildSpec | str] = {}  # path → the spec with its effective destinations, or why not
-    for path in paths:
-        try:
-            loaded[str(path)] = effective_spec(load_spec(path), store=store, mlflow_uri=mlflow_uri,
-                                               s3_endpoint_url=s3_endpoint_url)[0]
-        except EngineFoundryError as err:
-            loaded[str(path)] = str(err)
+    options = FleetRolloutOptions(
+        mode=mode, max_accuracy_drop=max_accuracy_drop, min_throughput_ratio=min_throughput_ratio,
+        max_ttft_p95_factor=max_ttft_p95_factor, comparison_rounds=comparison_rounds, force_build=force_build,
+        store=store, mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url)
+    loaded = _load_specs(paths, options)
     first = next((s for s in loaded.values() if isinstance(s, BuildSpec)), None)
     fleet_run = _start_fleet_run(name, first, [str(p) for p in paths], limits) if first is not None else None
     members: list[FleetMember] = []
     for path_text, spec in loaded.items():
-        members.append(_member(path_text, spec, mode, fleet_run, max_accuracy_drop=max_accuracy_drop,
-                               min_throughput_ratio=min_throughput_ratio, max_ttft_p95_factor=max_ttft_p95_factor,
-                               comparison_rounds=comparison_rounds, force_build=force_build, store=store,
-                               mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url))
+        members.append(_member(path_text, spec, fleet_run, options))
         log(f"fleet {name}: {members[-1].spec}: {members[-1].status}"
             + (f" ({members[-1].reason})" if members[-1].reason else ""))
     summary = FleetSummary(name=name, members=members, pool_limits=limits,
                            mlflow_run_id=fleet_run.run_id if fleet_run else None,
                            duration_s=round(time.monotonic() - t0, 2))
+    return _finish(summary, fleet_run)
+
+
+def _load_specs(paths: list[Path], options: FleetRolloutOptions) -> dict[str, BuildSpec | str]:
+    """Path → the spec with its effective destinations, or why not (one bad spec stops no other)."""
+    loaded: dict[str, BuildSpec | str] = {}
+    for path in paths:
+        try:
+            loaded[str(path)] = effective_spec(load_spec(path), store=options.store, mlflow_uri=options.mlflow_uri,
+                                               s3_endpoint_url=options.s3_endpoint_url)[0]
+        except EngineFoundryError as err:
+            loaded[str(path)] = str(err)
+    return loaded
+
+
+def _finish(summary: FleetSummary, fleet_run: FleetRun | None) -> FleetSummary | State:
+    """The fleet's MLflow run ended with its summary, the summary's artifacts; Failed where any spec did."""
+    name = summary.name
     if fleet_run is not None:
         try:
             finish_fleet_run(fleet_run, summary)
@@ -131,18 +145,16 @@ def _start_fleet_run(name: str, first: BuildSpec, paths: list[str], limits: dict
         return None
 
 
-def _member(path: str, spec: BuildSpec | str, mode: Mode, fleet_run: FleetRun | None, *,
-            max_accuracy_drop: float, min_throughput_ratio: float, max_ttft_p95_factor: float,
-            comparison_rounds: int, force_build: bool, store: str | None, mlflow_uri: str | None,
-            s3_endpoint_url: str | None) -> FleetMember:
+def _member(path: str, spec: BuildSpec | str, fleet_run: FleetRun | None, options: FleetRolloutOptions) -> FleetMember:
     """One spec's rollout as a subflow; whatever it ends in becomes its row, never the fleet's end."""
     if isinstance(spec, str):
         return FleetMember.failure(path, Path(path).stem, spec)
     t0 = time.monotonic()
     state = rollout.with_options(flow_run_name=f"rollout {spec.name}")(
-        spec_path=path, mode=mode, max_accuracy_drop=max_accuracy_drop, min_throughput_ratio=min_throughput_ratio,
-        max_ttft_p95_factor=max_ttft_p95_factor, comparison_rounds=comparison_rounds, force_build=force_build,
-        store=store, mlflow_uri=mlflow_uri, s3_endpoint_url=s3_endpoint_url, return_state=True)
+        spec_path=path, mode=options.mode, max_accuracy_drop=options.max_accuracy_drop,
+        min_throughput_ratio=options.min_throughput_ratio, max_ttft_p95_factor=options.max_ttft_p95_factor,
+        comparison_rounds=options.comparison_rounds, force_build=options.force_build, store=options.store,
+        mlflow_uri=options.mlflow_uri, s3_endpoint_url=options.s3_endpoint_url, return_state=True)
     result = state.result(raise_on_failure=False)
     if not isinstance(result, RolloutReport):
         reason = str(result) if isinstance(result, BaseException) else (state.message or state.name)

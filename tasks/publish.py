@@ -15,7 +15,7 @@ from enginefoundry.runner import exit_if_terminating
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import open_store
 from enginefoundry.store.manifest import Manifest
-from enginefoundry.store.publish import PublishResult, current_build_id, publish_build
+from enginefoundry.store.publish import PublishOptions, PublishResult, current_build_id, publish_build
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks._retry import NETWORK_RETRIES
 from enginefoundry.tasks.cancel_watch import stop_if_cancelled
@@ -45,9 +45,10 @@ def publish_unit(spec: BuildSpec, draft: Manifest, folders: dict[str, str], repl
     require_signer_for(spec)
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     fields = draft.model_dump(mode="json", exclude={"files", "build_id"})
-    result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()},
-                           progress=log, replace=replace, replaces=replaces, verify_blobs=replace,
-                           before_current=_unless_cancelled(sign_before_current(store, signer, log)))
+    options = PublishOptions(replace=replace, replaces=replaces, verify_blobs=replace,
+                             before_current=_unless_cancelled(sign_before_current(store, signer, log)))
+    result = publish_build(store, spec.model.name, fields, {k: Path(v) for k, v in folders.items()}, progress=log,
+                           options=options)
     if result.created:
         log(f"publish: {result.uri} ({len(result.manifest.files)} files, {result.bytes_total / 2**20:.1f} MiB, "
             f"{result.bytes_uploaded / 2**20:.1f} MiB new)")

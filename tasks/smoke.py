@@ -18,7 +18,6 @@ from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes
 from enginefoundry.smoke import (
-    LmEvalConfig,
     SmokeInputs,
     SmokeReport,
     load_prompt_set,
@@ -30,6 +29,7 @@ from enginefoundry.smoke import (
 )
 from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread
 from enginefoundry.smoke.gate import GateRule
+from enginefoundry.smoke.lm_eval import spec_lm_eval
 from enginefoundry.smoke.reference import (
     ReferenceOutcome,
     ReferenceSet,
@@ -146,16 +146,15 @@ def _build_dtype(spec: BuildSpec, source: Path) -> str:
 
 
 @task(name="smoke test", cache_policy=NO_CACHE)
-def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_dir: str,
-               lm_eval: LmEvalConfig | None = None, max_logprob_diff: float | None = None,
-               precision: str = "fp32", weights_digest: str | None = None,
+def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_dir: str, precision: str = "fp32",
+               weights_digest: str | None = None,
                reference: tuple[ReferenceSet, ReferenceOutcome] | None = None,
                serves_unit: tuple[str, str] | None = None) -> SmokeReport:
     """The gate on the spec's prompt set, with the unit's precision-family policy, against `reference` (from
     `smoke_reference`; without it the source reference is looked up by key, computed and published on a miss).
     The report names the server it judged (`endpoint.server`). `serves_unit` (name, key): this unit is a
-    sibling reference, its served answers are published for the units it judges. Optional lm-eval tasks are
-    reported beside it, not gated."""
+    sibling reference, its served answers are published for the units it judges. The spec's lm-eval tasks
+    (`smoke.lm_eval`) are reported beside it, not gated."""
     log = progress_logger()
     prompts = load_prompt_set(spec.resolve_path(spec.smoke.prompts))
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
@@ -164,7 +163,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
     report = run_smoke(SmokeInputs(spec.smoke, prompts, reference_dir=Path(reference_dir), base_url=endpoint.base_url,
                        model_name=endpoint.model_name, served_tokenizer_dir=Path(endpoint.tokenizer_dir),
                        precision=precision, progress=log, server_alive=lambda: is_alive(endpoint.pid),
-                       max_logprob_diff=max_logprob_diff, store=store, weights_digest=weights_digest,
+                       store=store, weights_digest=weights_digest,
                        reference=ref, reference_outcome=outcome, server_log=Path(endpoint.log_path),
                        reference_device=spec.smoke.reference_device.value, trust=trust,
                        build_dtype=_build_dtype(spec, Path(reference_dir)),
@@ -179,6 +178,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                                               max_new_tokens=spec.smoke.max_new_tokens, store=store, trust=trust)
         log(f"smoke: {len(published.answers)} served answers of {name} published as the sibling reference "
             f"{published.key.digest[:12]}")
+    lm_eval = spec_lm_eval(spec.smoke.lm_eval, spec.base_path)
     if lm_eval is not None:
         report.lm_eval = run_lm_eval(lm_eval, base_url=endpoint.base_url, model=endpoint.model_name,
                                      tokenizer=endpoint.tokenizer_dir, out=Path(report_dir) / "lm_eval", progress=log)

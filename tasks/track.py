@@ -18,7 +18,7 @@ from enginefoundry.build.sources import SourceSnapshot
 from enginefoundry.build.units import Unit
 from enginefoundry.evidence.attest import tags_for
 from enginefoundry.evidence.signing import run_policy, signer_from_env
-from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
+from enginefoundry.records.registration import ensure_registered, version_tags
 from enginefoundry.records.run_records import (
     context_tags,
     finish_parent,
@@ -138,8 +138,8 @@ def register_published_unit(spec: BuildSpec, unit: Unit, manifest: Manifest, man
     signature = tags_for(manifest_uri, spec.publish.s3_endpoint_url, run_policy(spec, signer_from_env()))
     tracker.set_tags(run_id, signature)
     tags.update(signature)
-    reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
-                            manifest_uri=manifest_uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
+    reg = ensure_registered(tracker, spec, unit=unit, manifest=manifest,
+                            manifest_uri=manifest_uri, run_id=run_id,
                             tags=tags, move_alias=True)
     if reg.refused:
         progress_logger("warning")(f"register: {unit.name}: {reg.refused}")

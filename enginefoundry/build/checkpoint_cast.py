@@ -19,6 +19,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import BaseModel
 
@@ -78,17 +79,31 @@ def cast_file(src: Path, dest: Path, target: str) -> int:
 
     Bytes are read with plain reads at the header's offsets, not through a memory map: mapped pages of a
     multi-GB shard would count as resident memory of this process however little it holds at once."""
-    import torch
-
-    torch_dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                    "U8": torch.uint8, "BOOL": torch.bool}
     header, data_start = read_header(src)
+    names = sorted(k for k in header if k != "__metadata__")
+    blob = _cast_header(header, names, target)
+    tmp = dest.with_name(f".{dest.name}.partial")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    largest = 0
+    try:
+        with tmp.open("wb") as out, src.open("rb") as f:
+            out.write(struct.pack("<Q", len(blob)))
+            out.write(blob)
+            for name in names:
+                largest = max(largest, _cast_tensor(f, out, src, header, name, data_start, target))
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return largest
+
+
+def _cast_header(header: Header, names: list[str], target: str) -> bytes:
+    """The cast file's header (its tensors in `names` order, floating ones as `target`), padded to 8 bytes."""
     out_header: Header = {}
     if "__metadata__" in header:
         out_header["__metadata__"] = header["__metadata__"]
-    names = sorted(k for k in header if k != "__metadata__")
-    offset, largest = 0, 0
+    offset = 0
     for name in names:
         entry = header[name]
         dtype = target if entry["dtype"] in FLOAT_DTYPES else entry["dtype"]
@@ -99,45 +114,45 @@ def cast_file(src: Path, dest: Path, target: str) -> int:
         out_header[name] = {"dtype": dtype, "shape": entry["shape"], "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(out_header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the reference writer does
-    tmp = dest.with_name(f".{dest.name}.partial")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with tmp.open("wb") as out, src.open("rb") as f:
-            out.write(struct.pack("<Q", len(blob)))
-            out.write(blob)
-            for name in names:
-                entry = header[name]
-                shape = entry["shape"]
-                cast = entry["dtype"] in FLOAT_DTYPES
-                # Rows at a time: memory stays at CHUNK_BYTES even for a 128k × 8k embedding.
-                row_items = 1
-                for dim in shape[1:]:
-                    row_items *= dim
-                in_row = row_items * ITEM_SIZE[entry["dtype"]]
-                out_row = row_items * ITEM_SIZE[target if cast else entry["dtype"]]
-                n_rows = shape[0] if shape else 1
-                step = max(1, CHUNK_BYTES // max(1, out_row, in_row))
-                begin = data_start + entry["data_offsets"][0]
-                for first in range(0, n_rows, step):
-                    rows = min(step, n_rows - first)
-                    f.seek(begin + first * in_row)
-                    raw = f.read(rows * in_row)
-                    if len(raw) != rows * in_row:
-                        raise InputError(f"{src} is truncated: tensor {name} ends past the file")
-                    if not raw:
-                        continue
-                    chunk = torch.frombuffer(bytearray(raw), dtype=torch_dtypes[entry["dtype"]])
-                    if cast:
-                        chunk = chunk.to(torch_dtypes[target])
-                    view = chunk.view(torch.uint8).numpy()
-                    largest = max(largest, view.nbytes + len(raw))
-                    out.write(view.data)
-                    del raw, chunk, view
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    return blob + b" " * (-len(blob) % 8)  # the data starts 8-byte aligned, as the reference writer does
+
+
+def _cast_tensor(f: BinaryIO, out: BinaryIO, src: Path, header: Header, name: str, data_start: int,
+                 target: str) -> int:
+    """One tensor of `src` (open as `f`) written to `out`, cast to `target` when floating; the largest chunk."""
+    import torch
+
+    entry = header[name]
+    torch_dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                    "U8": torch.uint8, "BOOL": torch.bool}
+    shape = entry["shape"]
+    cast = entry["dtype"] in FLOAT_DTYPES
+    # Rows at a time: memory stays at CHUNK_BYTES even for a 128k × 8k embedding.
+    row_items = 1
+    for dim in shape[1:]:
+        row_items *= dim
+    in_row = row_items * ITEM_SIZE[entry["dtype"]]
+    out_row = row_items * ITEM_SIZE[target if cast else entry["dtype"]]
+    n_rows = shape[0] if shape else 1
+    step = max(1, CHUNK_BYTES // max(1, out_row, in_row))
+    begin = data_start + entry["data_offsets"][0]
+    largest = 0
+    for first in range(0, n_rows, step):
+        rows = min(step, n_rows - first)
+        f.seek(begin + first * in_row)
+        raw = f.read(rows * in_row)
+        if len(raw) != rows * in_row:
+            raise InputError(f"{src} is truncated: tensor {name} ends past the file")
+        if not raw:
+            continue
+        chunk = torch.frombuffer(bytearray(raw), dtype=torch_dtypes[entry["dtype"]])
+        if cast:
+            chunk = chunk.to(torch_dtypes[target])
+        view = chunk.view(torch.uint8).numpy()
+        largest = max(largest, view.nbytes + len(raw))
+        out.write(view.data)
+        del raw, chunk, view
     return largest
 
 

@@ -275,9 +275,7 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None], check: Quantiz
     many); within a file, huggingface_hub retries transient network errors from where it stopped (HTTP Range,
     `http_get(resume_size=…)`), but since huggingface_hub PR #4228 a killed process's partial file is not reused.
     With HF_HUB_OFFLINE=1 the revision and files come from the cache alone (a pre-warmed shared cache too)."""
-    from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-    from huggingface_hub.hf_api import RepoFile
 
     repo, rev = source.location, source.revision or "main"
     endpoint = _hub_endpoint()
@@ -286,39 +284,11 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None], check: Quantiz
     sha = rev
     try:
         if _hub_offline():
-            # The cache alone: refs/<rev> gives the commit, the snapshot folder what is there; the second call
-            # checks the selection against the tree listing cached by the online fetch.
-            snapshot = _cached_snapshot(source)
+            snapshot, files, ignore = _hf_from_cache(source, progress, check)
             sha = snapshot.name
-            files, ignore = hf_selection([p.relative_to(snapshot).as_posix() for p in list_files(snapshot)],
-                                         allow, source.ignore_patterns)
-            snapshot = Path(snapshot_download(repo, revision=sha, allow_patterns=list(allow) if allow else None,
-                                              ignore_patterns=list(ignore)))
-            progress(f"fetch: {repo}@{rev} is commit {sha[:12]} in the local cache {cache} (HF_HUB_OFFLINE)")
-            if check is not None:
-                check(read_quantization(snapshot))
         else:
             sha = _resolve_hf(source)
-            listing = {f.path: f.size or 0 for f in HfApi().list_repo_tree(repo, revision=sha, recursive=True)
-                       if isinstance(f, RepoFile)}
-            files, ignore = hf_selection(list(listing), allow, source.ignore_patterns)
-            todo = [f for f in files if not isinstance(try_to_load_from_cache(repo, f, revision=sha), str)]
-            skipped = sorted(set(listing) - set(files))
-            fetching = (f"downloading {len(todo)} ({_gb(sum(listing[f] for f in todo))}) into {cache}" if todo
-                        else f"all in the cache {cache}")
-            progress(f"fetch: {repo}@{rev} resolved to commit {sha[:12]} at {endpoint}: {len(files)} files, "
-                     f"{_gb(sum(listing[f] for f in files))}; {fetching}"
-                     + (f"; skipped {len(skipped)} by pattern: {', '.join(skipped[:5])}"
-                        + (" …" if len(skipped) > 5 else "") if skipped else ""))
-            if check is not None:  # the config files alone, before any weight
-                _check_hub_configs(repo, sha, [f for f in CONFIG_FILES if f in files], check)
-            # By the requested revision, so the cache records refs/<rev> → commit for offline use; the commit
-            # must be the one resolved above (a branch that moved in between is refused, not mixed).
-            snapshot = Path(snapshot_download(repo, revision=rev, allow_patterns=list(allow) if allow else None,
-                                              ignore_patterns=list(ignore)))
-            if snapshot.name != sha:
-                raise SourceError(f"model.source: {repo}@{rev} moved from commit {sha[:12]} to {snapshot.name[:12]} "
-                                  "during the fetch; run again, or pin the revision to a commit sha")
+            snapshot, files, ignore = _hf_download(source, sha, progress, check)
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         if _hub_offline():
             raise SourceError(
@@ -337,6 +307,57 @@ def _fetch_hf(source: SourceURI, progress: Callable[[str], None], check: Quantiz
     identity = {"repo": repo, "requested_revision": rev, "commit_sha": sha, "endpoint": endpoint,
                 "allow_patterns": list(allow) if allow else None, "ignore_patterns": list(ignore)}
     return local, identity, sha
+
+
+def _hf_from_cache(source: SourceURI, progress: Callable[[str], None], check: QuantizationCheck | None,
+                   ) -> tuple[Path, list[str], list[str]]:
+    """HF_HUB_OFFLINE: the cache alone; refs/<rev> gives the commit, the snapshot folder what is there; the second
+    call checks the selection against the tree listing cached by the online fetch. The snapshot (named by its
+    commit), the selected files, the ignore patterns."""
+    from huggingface_hub import snapshot_download
+
+    repo, rev, allow = source.location, source.revision or "main", source.allow_patterns
+    snapshot = _cached_snapshot(source)
+    sha = snapshot.name
+    files, ignore = hf_selection([p.relative_to(snapshot).as_posix() for p in list_files(snapshot)],
+                                 allow, source.ignore_patterns)
+    snapshot = Path(snapshot_download(repo, revision=sha, allow_patterns=list(allow) if allow else None,
+                                      ignore_patterns=list(ignore)))
+    progress(f"fetch: {repo}@{rev} is commit {sha[:12]} in the local cache {_hf_cache_dir()} (HF_HUB_OFFLINE)")
+    if check is not None:
+        check(read_quantization(snapshot))
+    return snapshot, files, list(ignore)
+
+
+def _hf_download(source: SourceURI, sha: str, progress: Callable[[str], None], check: QuantizationCheck | None,
+                 ) -> tuple[Path, list[str], list[str]]:
+    """The selected files of commit `sha` (the source's revision, resolved) downloaded into the HF cache: the
+    snapshot, the selected files, the ignore patterns."""
+    from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
+    from huggingface_hub.hf_api import RepoFile
+
+    repo, rev, allow, cache = source.location, source.revision or "main", source.allow_patterns, _hf_cache_dir()
+    listing = {f.path: f.size or 0 for f in HfApi().list_repo_tree(repo, revision=sha, recursive=True)
+               if isinstance(f, RepoFile)}
+    files, ignore = hf_selection(list(listing), allow, source.ignore_patterns)
+    todo = [f for f in files if not isinstance(try_to_load_from_cache(repo, f, revision=sha), str)]
+    skipped = sorted(set(listing) - set(files))
+    fetching = (f"downloading {len(todo)} ({_gb(sum(listing[f] for f in todo))}) into {cache}" if todo
+                else f"all in the cache {cache}")
+    progress(f"fetch: {repo}@{rev} resolved to commit {sha[:12]} at {_hub_endpoint()}: {len(files)} files, "
+             f"{_gb(sum(listing[f] for f in files))}; {fetching}"
+             + (f"; skipped {len(skipped)} by pattern: {', '.join(skipped[:5])}"
+                + (" …" if len(skipped) > 5 else "") if skipped else ""))
+    if check is not None:  # the config files alone, before any weight
+        _check_hub_configs(repo, sha, [f for f in CONFIG_FILES if f in files], check)
+    # By the requested revision, so the cache records refs/<rev> → commit for offline use; the commit
+    # must be the one resolved above (a branch that moved in between is refused, not mixed).
+    snapshot = Path(snapshot_download(repo, revision=rev, allow_patterns=list(allow) if allow else None,
+                                      ignore_patterns=list(ignore)))
+    if snapshot.name != sha:
+        raise SourceError(f"model.source: {repo}@{rev} moved from commit {sha[:12]} to {snapshot.name[:12]} "
+                          "during the fetch; run again, or pin the revision to a commit sha")
+    return snapshot, files, list(ignore)
 
 
 def _check_hub_configs(repo: str, sha: str, present: list[str], check: QuantizationCheck) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -60,23 +61,34 @@ def _device_for(arch: Arch) -> str:
     return "cpu" if arch is Arch.CPU else "cuda:0"
 
 
-def _scoring_args(model_dir: str, host: str, port: str, name: str, device: str, max_seq_len: int | None,
-                  max_batch: int | None, draft_dir: str | None = None, max_draft_len: int | None = None,
-                  adapters: dict[str, str] | None = None) -> list[str]:
-    """The scoring server's arguments after the interpreter, for the smoke stage and for `plan`; with a draft, the
-    server answers by assisted generation (speculative.algorithm draft_target); with adapters (adapter_mode serve),
-    each request's `model` picks the base or one adapter (PEFT)."""
-    # `--name=`: a model name that starts with `-` stays a value.
-    args = ["-m", "enginefoundry.smoke.serve", model_dir, "--host", host, "--port", port, f"--name={name}",
-            "--device", device]
-    for flag, value in (("--max-seq-len", max_seq_len), ("--max-batch", max_batch)):
-        if value is not None:
-            args += [flag, str(value)]
-    if draft_dir is not None:
-        args += ["--draft", draft_dir, "--max-draft-len", str(max_draft_len or 3)]
-    for name, folder in (adapters or {}).items():
-        args += ["--adapter", f"{name}={folder}"]
-    return args
+@dataclass(frozen=True)
+class _ScoringServer:
+    """The scoring server of one bundle: its model, name and device, profile limits, draft and adapters."""
+
+    model_dir: str
+    name: str
+    device: str
+    max_seq_len: int | None
+    max_batch: int | None
+    draft_dir: str | None = None
+    max_draft_len: int | None = None
+    adapters: dict[str, str] | None = None
+
+    def args(self, host: str, port: str) -> list[str]:
+        """The scoring server's arguments after the interpreter, for the smoke stage and for `plan`; with a draft,
+        the server answers by assisted generation (speculative.algorithm draft_target); with adapters
+        (adapter_mode serve), each request's `model` picks the base or one adapter (PEFT)."""
+        # `--name=`: a model name that starts with `-` stays a value.
+        args = ["-m", "enginefoundry.smoke.serve", self.model_dir, "--host", host, "--port", port,
+                f"--name={self.name}", "--device", self.device]
+        for flag, value in (("--max-seq-len", self.max_seq_len), ("--max-batch", self.max_batch)):
+            if value is not None:
+                args += [flag, str(value)]
+        if self.draft_dir is not None:
+            args += ["--draft", self.draft_dir, "--max-draft-len", str(self.max_draft_len or 3)]
+        for name, folder in (self.adapters or {}).items():
+            args += ["--adapter", f"{name}={folder}"]
+        return args
 
 
 def _bundle_adapters(bundle_dir: Path, info: BundleInfo) -> dict[str, str] | None:
@@ -304,8 +316,8 @@ class ReferenceLane(Lane):
         draft = _bundle_draft(bundle_dir, info)
         adapters = _bundle_adapters(bundle_dir, info)
         draft_dir, draft_len = draft or (None, None)
-        argv = [sys.executable, *_scoring_args(model_dir, host, str(port), name, _device(bundle_dir, info), seq, batch,
-                                               draft_dir, draft_len, adapters)]
+        server = _ScoringServer(model_dir, name, _device(bundle_dir, info), seq, batch, draft_dir, draft_len, adapters)
+        argv = [sys.executable, *server.args(host, str(port))]
         what = SCORING_SERVER + (" (draft/target speculation)" if draft else "") + \
             (f" (base + {len(adapters)} LoRA adapters, PEFT, per request)" if adapters else "")
         return ServeCommand(command=Command(argv=argv, env=dict(SERVE_ENV), description=what),
@@ -346,9 +358,9 @@ class ReferenceLane(Lane):
         if spec.model.adapters and spec.model.adapter_mode is AdapterMode.SERVE:
             served = {a.name: f"<bundle>/{BUNDLE_ADAPTERS_DIR}/{a.name}" for a in spec.model.adapters}
             commands.append(Command(
-                argv=["python", *_scoring_args("<bundle>/model", "127.0.0.1", "<free>", spec.model.name, device,
-                                               unit.profile.max_seq_len, unit.profile.max_batch_size,
-                                               adapters=served)],
+                argv=["python", *_ScoringServer("<bundle>/model", spec.model.name, device, unit.profile.max_seq_len,
+                                                unit.profile.max_batch_size,
+                                                adapters=served).args("127.0.0.1", "<free>")],
                 env=dict(SERVE_ENV),
                 description="serve, smoke and benchmark: the base and every LoRA adapter (PEFT), chosen per request "
                             "by the OpenAI `model` name (transformers serve has no per-request adapter); the smoke "
@@ -357,17 +369,17 @@ class ReferenceLane(Lane):
         sp = spec.speculative
         if sp is not None:
             commands.append(Command(
-                argv=["python", *_scoring_args("<bundle>/model", "127.0.0.1", "<free>", spec.model.name, device,
-                                               unit.profile.max_seq_len, unit.profile.max_batch_size,
-                                               f"<bundle>/{BUNDLE_DRAFT_DIR}", sp.max_draft_len)],
+                argv=["python", *_ScoringServer("<bundle>/model", spec.model.name, device, unit.profile.max_seq_len,
+                                                unit.profile.max_batch_size, f"<bundle>/{BUNDLE_DRAFT_DIR}",
+                                                sp.max_draft_len).args("127.0.0.1", "<free>")],
                 env=dict(SERVE_ENV),
                 description="serve, smoke and benchmark: draft/target speculation by transformers' assisted "
                             "generation (the smoke gate also asks each prompt with speculative: false, its twin)"))
             return commands
         if reference_options(spec.lane_options).smoke_server == "scoring":
             commands.append(Command(
-                argv=["python", *_scoring_args("<bundle>/model", "127.0.0.1", "<free>", spec.model.name, device,
-                                               unit.profile.max_seq_len, unit.profile.max_batch_size)],
+                argv=["python", *_ScoringServer("<bundle>/model", spec.model.name, device, unit.profile.max_seq_len,
+                                                unit.profile.max_batch_size).args("127.0.0.1", "<free>")],
                 env=dict(SERVE_ENV),
                 description="smoke serve (returns log-probs; the benchmark and serve.sh run transformers serve)"))
         commands.append(Command(argv=["transformers", "serve", spec.model.name, *at, "--device", device],

@@ -99,15 +99,16 @@ def find_registered(client: RetryingClient, registered_model: str, manifest_uri:
 
 
 def ensure_registered(
-    tracker: Tracker, *, registered_model: str, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str,
-    alias: str | None, tags: dict[str, str], move_alias: bool,
+    tracker: Tracker, spec: BuildSpec, *, unit: Unit, manifest: Manifest, manifest_uri: str, run_id: str,
+    tags: dict[str, str], move_alias: bool,
 ) -> Registration:
-    """Register the published unit (with `tags`: `version_tags`) unless a version of it exists; point `alias`
-    (its candidate alias, None when it did not pass its gates) at it when the alias is missing (or always,
-    with `move_alias`: a fresh build)."""
+    """Register the published unit (with `tags`: `version_tags`) in the spec's registered model unless a version of
+    it exists; point its candidate alias (`candidate_alias_of`: none when it did not pass its gates) at it when
+    the alias is missing (or always, with `move_alias`: a fresh build)."""
     from mlflow.exceptions import MlflowException
 
     client = tracker.client
+    registered_model, alias = spec.registered_model_name, candidate_alias_of(spec, unit, manifest)
     existing = find_registered(client, registered_model, manifest_uri)
     if existing is None:
         version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,

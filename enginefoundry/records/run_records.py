@@ -14,7 +14,7 @@ from typing import Any
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.build.units import Unit
 from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_manifest_of, unit_params
-from enginefoundry.records.registration import candidate_alias_of, ensure_registered, version_tags
+from enginefoundry.records.registration import ensure_registered, version_tags
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome
 from enginefoundry.records.tracking import Tracker, mlflow_client, project_git_commit, redact
 from enginefoundry.settings import work_root
@@ -98,8 +98,8 @@ def record_hit(
     tracker.log_params(run_id, unit_params(spec, unit))
     tracker.log_metrics(run_id, {"cache_hit": 1.0})
     built_by = manifest.mlflow_run_id or run_id
-    reg = ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=manifest,
-                            manifest_uri=hit.uri, run_id=run_id, alias=candidate_alias_of(spec, unit, manifest),
+    reg = ensure_registered(tracker, spec, unit=unit, manifest=manifest,
+                            manifest_uri=hit.uri, run_id=run_id,
                             tags={**version_tags(spec, unit, manifest, hit.uri, mlflow_run_link(spec, built_by),
                                                  extra_tags or {}, hit.manifest_sha256), **signature},
                             move_alias=False)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from enginefoundry.errors import InputError, PipelineError
 from enginefoundry.rollout.source_change import RolloutReport
@@ -92,6 +92,23 @@ def check_pool_limit(pool: str, value: object, where: str) -> int:
         raise InputError(f"{where}: the limit must be a whole number from 1 to {MAX_POOL_LIMIT} (concurrent unit "
                          f"builds on pool {pool}), not {value!r}")
     return number
+
+
+class FleetRolloutOptions(BaseModel):
+    """What every spec's rollout subflow in a fleet is given: the fleet's mode and the rollout flow's parameters
+    the fleet flow passes through (each as the `rollout-fleet` deployment's parameter of the same name)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["embedded", "cluster"]
+    max_accuracy_drop: float
+    min_throughput_ratio: float
+    max_ttft_p95_factor: float
+    comparison_rounds: int
+    force_build: bool
+    store: str | None
+    mlflow_uri: str | None
+    s3_endpoint_url: str | None
 
 
 class FleetMember(BaseModel):

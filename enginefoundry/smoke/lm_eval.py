@@ -31,6 +31,19 @@ API_EXTRA = ("aiohttp", "tqdm", "tenacity", "requests")
 LmEvalConfig = LmEvalSpec
 
 
+def spec_lm_eval(section: LmEvalSpec | None, base_path: Path) -> LmEvalConfig | None:
+    """The run's lm-eval configuration from the spec's `smoke.lm_eval` section (None: no lm-eval check): its
+    task folder and datasets cache resolved against the spec's folder, as every other path the spec names."""
+    if section is None:
+        return None
+
+    def resolved(path: str | None) -> str | None:
+        return None if path is None else str(Path(path) if Path(path).is_absolute() else (base_path / path).resolve())
+
+    return section.model_copy(update={"include_path": resolved(section.include_path),
+                                      "datasets_cache": resolved(section.datasets_cache)})
+
+
 class LmEvalScore(BaseModel):
     task: str
     metric: str  # e.g. exact_match

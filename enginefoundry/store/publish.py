@@ -21,6 +21,7 @@ import hashlib
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -346,54 +347,72 @@ def _moved_pointer(current: tuple[bytes, str] | None, build_id: str, digest: str
         return Pointer(build_id=build_id, manifest_sha256=digest)
 
 
-def _commit(store: Store, model: str, key: str, build_id: str, data: bytes, replace: bool,
-            kind: Literal["unit", "checkpoint"], replaces: str | None = None,
-            before_current: Callable[[PublishedBuild], None] | None = None) -> PublishedBuild:
+@dataclass(frozen=True)
+class PublishOptions:
+    """How a publish meets the builds already there. `replace` (a rebuild with --force) makes this build current
+    even when another is; otherwise a healthy current build is adopted (with `replaces`, the build id that was
+    current when this build was decided on, "" for none, only one that another run made current since then).
+    `verify_blobs` re-hashes every blob that exists already and quarantines a corrupt one (`--force`);
+    `before_current` runs on the new build after its manifest is written and before the pointer moves."""
+
+    replace: bool = False
+    replaces: str | None = None
+    verify_blobs: bool = False
+    before_current: Callable[[PublishedBuild], None] | None = None
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A build about to be committed: where its manifest goes (model, key, build id, kind) and its bytes."""
+
+    model: str
+    key: str
+    build_id: str
+    data: bytes
+    kind: Literal["unit", "checkpoint"]
+
+
+def _commit(store: Store, build: _Written, options: PublishOptions) -> PublishedBuild:
     """Write the build's manifest (once), call `before_current` on the written build (signing: a build is never
     current unsigned; killed here, it is a manifest nobody points at), then move the pointer to it by
     compare-and-swap; the pointer keeps every earlier build's manifest digest in its history. Without
     `replace`, a healthy build that another run made current first wins and is returned instead; with `replaces`
     (the build id that was current when this build was decided on, "" for none) only one that another run made
     current since then: the build this run refused is never adopted back."""
-    mkey = build_manifest_key(model, key, build_id)
-    if not store.create_if_absent(mkey, data):
+    mkey = build_manifest_key(build.model, build.key, build.build_id)
+    if not store.create_if_absent(mkey, build.data):
         raise StoreError(f"{store.url(mkey)} exists already: build ids must be unique")
-    digest = hashlib.sha256(data).hexdigest()
-    if before_current is not None:
-        before_current(read_build(store, model, key, build_id, kind))
-    pkey = pointer_key(model, key)
+    digest = hashlib.sha256(build.data).hexdigest()
+    if options.before_current is not None:
+        options.before_current(read_build(store, build.model, build.key, build.build_id, build.kind))
+    pkey = pointer_key(build.model, build.key)
     for _ in range(50):
         current = store.read_versioned(pkey)
-        if current is not None and not replace:
+        if current is not None and not options.replace:
             try:
-                winner = _find(store, model, key, kind)
-                if winner is not None and winner.build_id != replaces and not check_hit(store, winner):
+                winner = _find(store, build.model, build.key, build.kind)
+                if winner is not None and winner.build_id != options.replaces and not check_hit(store, winner):
                     return winner
             except StoreError:
                 pass  # the current build is broken: ours replaces it
-        mine = _moved_pointer(current, build_id, digest)
+        mine = _moved_pointer(current, build.build_id, digest)
         if store.replace_if(pkey, mine.model_dump_json(indent=2).encode() + b"\n", current[1] if current else None):
-            return read_build(store, model, key, build_id, kind)
+            return read_build(store, build.model, build.key, build.build_id, build.kind)
     raise StoreError(f"{store.url(pkey)}: could not move the pointer (too many concurrent publishers)")
 
 
 def publish_build(
     store: Store, model: str, manifest_fields: dict[str, Any], folders: dict[str, Path],  # JSON edge: manifest fields
-    progress: Callable[[str], None] = print, replace: bool = False, replaces: str | None = None,
-    verify_blobs: bool = False, before_current: Callable[[PublishedBuild], None] | None = None,
+    progress: Callable[[str], None] = print, options: PublishOptions = PublishOptions(),
 ) -> PublishResult:
-    """Publish a unit: blobs, an immutable manifest (a new build id), then the pointer. `replace` (a rebuild with
-    --force) makes this build current even when another is; otherwise a healthy current build is adopted (with
-    `replaces`, only one that another run made current after that build id was current: `_commit`).
-    `verify_blobs` re-hashes every blob that exists already and quarantines a corrupt one (`--force`);
-    `before_current` runs on the new build after its manifest is written and before the pointer moves (`_commit`)."""
+    """Publish a unit: blobs, an immutable manifest (a new build id), then the pointer, as `options` says
+    (PublishOptions: replace, adopt, verify blobs, sign before the pointer moves; `_commit`)."""
     quarantined: list[str] = []
-    entries, total, written = upload_folders(store, folders, progress, verify_blobs, quarantined)
+    entries, total, written = upload_folders(store, folders, progress, options.verify_blobs, quarantined)
     build_id = new_build_id()
     manifest = Manifest.model_validate({**manifest_fields, "build_id": build_id,
                                         "files": [e.model_dump() for e in entries]})
-    current = _commit(store, model, manifest.key, build_id, manifest.to_json(), replace, "unit", replaces,
-                      before_current)
+    current = _commit(store, _Written(model, manifest.key, build_id, manifest.to_json(), "unit"), options)
     assert current.manifest is not None
     return PublishResult(uri=current.uri, manifest=current.manifest, created=current.build_id == build_id,
                          bytes_uploaded=written, bytes_total=total, build_id=current.build_id,
@@ -422,8 +441,8 @@ def publish_checkpoint_build(
     build_id = new_build_id()
     manifest = CheckpointManifest.model_validate({**manifest_fields, "build_id": build_id,
                                                   "files": [e.model_dump() for e in entries]})
-    current = _commit(store, manifest.model, manifest.key, build_id, manifest.to_json(), False, "checkpoint",
-                      replaces, before_current)
+    current = _commit(store, _Written(manifest.model, manifest.key, build_id, manifest.to_json(), "checkpoint"),
+                      PublishOptions(replaces=replaces, before_current=before_current))
     mine = current if current.build_id == build_id else read_build(store, manifest.model, manifest.key, build_id,
                                                                     "checkpoint")
     return mine, current

@@ -27,7 +27,7 @@ from enginefoundry.evidence.signing import (
     signer_from_env,
 )
 from enginefoundry.store.backends import FileStore, Store, blob_key
-from enginefoundry.store.publish import build_manifest_key, publish_build, read_build
+from enginefoundry.store.publish import PublishOptions, build_manifest_key, publish_build, read_build
 from tests.support.stores import QUIET, store_fixture
 
 store = store_fixture("attest")
@@ -341,8 +341,10 @@ def test_a_quarantined_and_healed_build_keeps_its_signatures_and_a_rebuild_gets_
     fields = json.loads(store.read_bytes(first.manifest_key))
     fields = {k: v for k, v in fields.items() if k not in ("files", "build_id", "created_at")} | {"key": key_of(comps)}
     root = tmp_path / "bundle-a"
-    second = publish_build(store, "m", fields, {"bundle": root}, replace=True, verify_blobs=True,
-                           before_current=sign_before_current(store, _signer(keys, "new")), **QUIET)
+    second = publish_build(store, "m", fields, {"bundle": root},
+                           options=PublishOptions(replace=True, verify_blobs=True,
+                                                  before_current=sign_before_current(store, _signer(keys, "new"))),
+                           **QUIET)
     assert second.created and second.build_id != build_id
     rebuilt = read_build(store, "m", key, second.build_id)
     assert read_index(store, rebuilt).signer.identity.startswith("ci-new")

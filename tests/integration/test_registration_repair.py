@@ -45,8 +45,8 @@ def _published(unique: str, n: int = 1) -> PublishedBuild:
 
 def _register(tracker, spec, unit, hit, run: str):
     """As a fresh build registers: its version tags, its candidate alias moved to it."""
-    return ensure_registered(tracker, registered_model=spec.registered_model_name, unit=unit, manifest=hit.manifest,
-                             manifest_uri=hit.uri, run_id=run, alias=candidate_alias_of(spec, unit, hit.manifest),
+    return ensure_registered(tracker, spec, unit=unit, manifest=hit.manifest,
+                             manifest_uri=hit.uri, run_id=run,
                              tags=version_tags(spec, unit, hit.manifest, hit.uri, f"runs:/{run}", {}),
                              move_alias=True)
 

@@ -17,6 +17,7 @@ from enginefoundry.records.lineage import lineage
 from enginefoundry.store.backends import FileStore, Store, blob_key, current_umask
 from enginefoundry.store.manifest import FileEntry, Manifest
 from enginefoundry.store.publish import (
+    PublishOptions,
     check_hit,
     find_checkpoint_build,
     find_current,
@@ -52,7 +53,7 @@ def test_force_makes_a_new_build_and_the_earlier_one_stays_complete_and_verifiab
     # The rebuild writes other bytes into the same work folder: the first build must not change.
     shutil.rmtree(tmp_path / "bundle")
     second = publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, seed=b"v2")},
-                           replace=True, **QUIET)
+                           options=PublishOptions(replace=True), **QUIET)
     assert second.created and second.build_id != first.build_id
     assert second.build_id > first.build_id  # build ids sort by time
     current = find_current(store, "m", first.manifest.key)
@@ -219,7 +220,7 @@ def test_a_unit_published_in_the_version_1_layout_is_still_a_hit_and_verifiable(
     pull(store, build, tmp_path / "dest")
     assert (tmp_path / "dest" / "bundle" / "model" / "config.json").read_text() == '{"a": 1}'
     # The next build of the key goes to the new layout and becomes current.
-    new = publish_build(store, "m", unit_fields(), {"bundle": folder}, replace=True, **QUIET)
+    new = publish_build(store, "m", unit_fields(), {"bundle": folder}, options=PublishOptions(replace=True), **QUIET)
     assert find_current(store, "m", key).build_id == new.build_id
     assert store.exists(pointer_key("m", key))
 
@@ -284,7 +285,8 @@ def _heals(store: Store, tmp_path: Path, damage) -> None:
     damage(entry.sha256)
     build = find_current(store, "m", result.manifest.key)
     assert check_hit(store, build) != []
-    publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, "again")}, replace=True, **QUIET)
+    publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, "again")},
+                  options=PublishOptions(replace=True), **QUIET)
     assert check_hit(store, build, rehash=True) == []  # the earlier build is whole again
     assert verify_build(store, build).ok
 

@@ -19,7 +19,7 @@ from enginefoundry.cli import main
 from enginefoundry.errors import StoreError
 from enginefoundry.planning.cache_plan import find_hit
 from enginefoundry.store.backends import FileStore, Store, blob_key
-from enginefoundry.store.publish import find_current, publish_build, read_build, read_pointer
+from enginefoundry.store.publish import PublishOptions, find_current, publish_build, read_build, read_pointer
 from enginefoundry.store.verify import open_build, pull, verify_build
 from tests.support.stores import QUIET, small_bundle, store_fixture, unit_fields
 
@@ -95,7 +95,7 @@ def test_a_refused_hit_is_quarantined_and_the_rebuild_is_not_adopted_back(store,
 
     replaces = read_pointer(store, "m", first.manifest.key)[0].build_id  # what the unit saw as it started building
     rebuilt = publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again")},
-                            replaces=replaces, **QUIET)
+                            options=PublishOptions(replaces=replaces), **QUIET)
     assert rebuilt.created and rebuilt.build_id != first.build_id
     for build_id in (rebuilt.build_id, first.build_id):  # the earlier build lists the same bytes: whole again
         assert verify_build(store, read_build(store, "m", first.manifest.key, build_id), record=False).ok
@@ -106,8 +106,8 @@ def test_force_rehashes_the_blobs_it_reuses_and_writes_fresh_ones(store, tmp_pat
     first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
     entry = _entry(first, "weights.safetensors")
     _overwrite_in_place(store, entry.sha256, b"X" * 100_000)
-    forced = publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again")}, replace=True,
-                           verify_blobs=True, **QUIET)
+    forced = publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again")},
+                           options=PublishOptions(replace=True, verify_blobs=True), **QUIET)
     assert forced.created and len(forced.quarantined) == 1 and entry.sha256 in forced.quarantined[0]
     assert verify_build(store, find_current(store, "m", first.manifest.key), record=False).ok
 
@@ -124,7 +124,7 @@ def test_verify_repair_quarantines_and_the_next_publish_heals(store, tmp_path, c
     assert code == 1 and "missing" in out
     assert find_hit(store, "m", first.manifest.key) is None  # a plain run refuses it and rebuilds
     publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again")},
-                  replaces=first.build_id, **QUIET)
+                  options=PublishOptions(replaces=first.build_id), **QUIET)
     code, out = _cli(capsys, "verify", first.uri)
     assert code == 0, out
 
@@ -178,8 +178,8 @@ def test_a_non_current_build_whose_manifest_was_edited_is_refused_by_verify_and_
     """Only the current build was anchored: an edited earlier build (what `rollback` restores) passed verify and
     pull with another serve.sh."""
     first = publish_build(store, "m", unit_fields(), {"bundle": _bundle(tmp_path)}, **QUIET)
-    publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again", b"2")}, replace=True,
-                  **QUIET)
+    publish_build(store, "m", unit_fields(run="r2"), {"bundle": _bundle(tmp_path, "again", b"2")},
+                  options=PublishOptions(replace=True), **QUIET)
     code, out = _cli(capsys, "verify", first.uri)
     assert code == 0, out  # anchored by the pointer's history
     build = read_build(store, "m", first.manifest.key, first.build_id)
@@ -218,7 +218,7 @@ def test_registry_versions_anchor_their_manifest_for_verify_pull_and_rollback(st
     builds = []
     for n in range(2):
         result = publish_build(store, "m", unit_fields(run=f"r{n}"), {"bundle": _bundle(tmp_path, f"b{n}", bytes([n]))},
-                               replace=True, **QUIET)
+                               options=PublishOptions(replace=True), **QUIET)
         digest = hashlib.sha256(store.read_bytes(result.uri.removeprefix(store.uri + "/"))).hexdigest()
         assert getattr(result, "manifest_sha256", None) == digest  # what the flow tags the version and run with
         client.create_model_version(model, f"s3://enginefoundry/anchor-{unique}", tags={

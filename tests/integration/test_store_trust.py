@@ -17,7 +17,7 @@ import pytest
 from enginefoundry.build.units import key_of
 from enginefoundry.cli import main
 from enginefoundry.store.backends import FileStore, blob_key
-from enginefoundry.store.publish import build_manifest_key, find_current, publish_build
+from enginefoundry.store.publish import PublishOptions, build_manifest_key, find_current, publish_build
 from tests.support.paths import CONFIGS, FIXTURES, REPO
 from tests.support.stores import QUIET, small_bundle, unit_fields
 
@@ -228,7 +228,7 @@ def test_lineage_of_a_key_with_two_builds_is_one_unit_listing_both(store, tmp_pa
 
     first = _published(store, tmp_path)
     second = publish_build(store, "m", unit_fields(run="r2"), {"bundle": small_bundle(tmp_path, "b2", seed=b"2")},
-                           replace=True, **QUIET)
+                           options=PublishOptions(replace=True), **QUIET)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri, "demo")
     for result in (first, second):

@@ -29,7 +29,7 @@ MAX_LINES = 60  # issue 35: no function on the unit's path over 60 lines
 PENDING_MAP: set[str] = set()  # a package the map describes before it exists
 PENDING_NO_FACE: dict[str, str] = {}  # package → why its __all__ is not there yet
 PENDING_FLOW_CLASSES: set[str] = set()  # a class in flows/ on its way to the domain
-PENDING_LONG = {"flows/fleet.py:rollout_fleet"}
+PENDING_LONG: set[str] = set()
 
 
 def _map_block() -> list[str]:

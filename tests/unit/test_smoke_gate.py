@@ -113,6 +113,20 @@ def test_reference_reports_token_logprobs_of_its_greedy_answers():
 # ------------------------------------------------------------------------------------- lm-eval
 
 
+def test_the_spec_lm_eval_section_is_the_runs_config_resolved_against_the_specs_folder(tmp_path: Path):
+    # smoke_test (tasks/smoke.py) runs lm-eval from spec.smoke.lm_eval through this mapping: no section, no run
+    from enginefoundry.smoke.lm_eval import spec_lm_eval
+    from enginefoundry.spec.checks import LmEvalSpec
+
+    assert spec_lm_eval(None, tmp_path) is None
+    section = LmEvalSpec(tasks=["tiny_arith"], limit=12, include_path="tasks", datasets_cache="/data/hf-datasets")
+    cfg = spec_lm_eval(section, tmp_path)
+    assert cfg is not None and cfg.tasks == ["tiny_arith"] and cfg.limit == 12
+    assert cfg.include_path == str((tmp_path / "tasks").resolve())  # relative: the spec's folder
+    assert cfg.datasets_cache == "/data/hf-datasets"  # absolute: as given
+    assert section.include_path == "tasks"  # the spec itself is left as written
+
+
 def test_lm_eval_command_is_offline_chat_completions(tmp_path: Path):
     from enginefoundry.smoke.lm_eval import LmEvalConfig, lm_eval_argv, lm_eval_env
 
