@@ -6,6 +6,7 @@ raises ProcessInUnitTier, so a test that needs one goes to tests/integration (ma
 from __future__ import annotations
 
 import os
+import platform
 import socket
 import subprocess
 from collections.abc import Callable, Generator, Iterator
@@ -13,6 +14,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+
+# Python's own host probe: platform.processor() runs `uname -p` once per process and caches it (platform.py,
+# `_Processor.get`); MLflow's telemetry reads it when first imported (mlflow/telemetry/schemas.py@3.17.2). Asked
+# here, before any refusal, so no unit test depends on whether an earlier test in its worker asked first.
+platform.uname().processor  # noqa: B018 (the value is cached by platform)
 
 
 class ProcessInUnitTier(AssertionError):
