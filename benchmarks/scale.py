@@ -10,7 +10,7 @@ and /proc/self/io belong to that stage alone:
 
   raw cp          cp -r of the checkpoint (the physical copy limit)
   raw sha256sum   sha256sum of its files (the physical hash limit)
-  fetch           enginefoundry.build.sources.fetch through the hub (download into the HF cache + digests)
+  fetch           enginefoundry.inputs.sources.fetch through the hub (download into the HF cache + digests)
   convert (none)  bf16 → bf16: the reference lane's cast, which clones (a reflink on btrfs/XFS, an in-kernel
                   copy on ext4: never a hard link to the user's files, issue 21)
   convert (cast)  bf16 → fp32: streamed cast, one tensor in memory
@@ -56,16 +56,16 @@ stage, args = sys.argv[1], json.loads(sys.argv[2])
 t0 = time.monotonic()
 out = {}
 if stage == "fetch":
-    from enginefoundry.build.sources import fetch
+    from enginefoundry.inputs.sources import fetch
     from enginefoundry.spec.source import parse_source_uri
     snap = fetch(parse_source_uri(args["uri"]), progress=lambda m: None)
     out["local_dir"] = snap.local_dir
 elif stage == "convert":
-    from enginefoundry.build.checkpoint_cast import cast_checkpoint
+    from enginefoundry.inputs.checkpoint_cast import cast_checkpoint
     r = cast_checkpoint(Path(args["src"]), Path(args["dest"]), args["dtype"])
     out["bytes_cloned"], out["bytes_cast"] = r.bytes_cloned, r.bytes_written
 elif stage == "publish":
-    from enginefoundry.build.units import key_of
+    from enginefoundry.inputs.units import key_of
     from enginefoundry.store.publish import publish_checkpoint
     from enginefoundry.store.backends import open_store
     store = open_store(args["store"])
@@ -76,7 +76,7 @@ elif stage == "publish":
     out["ref"] = f"{store.uri}/manifests/scale/{key}"
     out["files"] = len(m.files)
 elif stage == "publish_file":
-    from enginefoundry.build.units import key_of
+    from enginefoundry.inputs.units import key_of
     from enginefoundry.store.publish import publish_build, publish_checkpoint
     from enginefoundry.store.backends import link_or_copy, open_store
     import shutil

@@ -76,7 +76,7 @@ def main() -> int:
         key_path, pub_path = keygen(work / "bench")
         signer = signer_from_env({"ENGINEFOUNDRY_SIGNING_KEY_FILE": str(key_path)})
         comps = {"bench": "signing", "size": each * args.files}
-        from enginefoundry.build.units import key_of
+        from enginefoundry.inputs.units import key_of
 
         fields = dict(key=key_of(comps), key_components=comps, model="bench", unit="u", lane="reference",
                       target={}, variant={}, profile={}, source={}, status="candidate",

@@ -46,8 +46,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from enginefoundry.build.units import key_of  # noqa: E402
 from enginefoundry.identity import sha256_file  # noqa: E402
+from enginefoundry.inputs.units import key_of  # noqa: E402
 from enginefoundry.store.backends import blob_key, link_or_copy, open_store  # noqa: E402
 from enginefoundry.store.publish import (  # noqa: E402
     check_hit,

@@ -24,14 +24,14 @@ from prefect.client.schemas.objects import State
 from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.adapters import adapter_digests, pinned_adapters, served_source
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PipelineError, SpecError
 from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.dispatch import spec_payload as spec_payload  # re-exported: the CLI and rollout import it here
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
+from enginefoundry.inputs.adapters import adapter_digests, pinned_adapters, served_source
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import draft_digests, pinned_draft
 from enginefoundry.planning.cache_plan import (

@@ -17,13 +17,13 @@ from prefect.client.schemas.objects import State
 from prefect.states import Failed
 from pydantic import ValidationError
 
-from enginefoundry.build.sources import SourceIdentity
-from enginefoundry.build.units import KeyComponents, Unit, expand_units
 from enginefoundry.errors import EngineFoundryError, InputError, PipelineError, first_problem
 from enginefoundry.evidence.signing import require_signer_for
 from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
 from enginefoundry.gpu.placement import check_placement, check_toolchain
+from enginefoundry.inputs.sources import SourceIdentity
+from enginefoundry.inputs.units import KeyComponents, Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.outcomes import save_outcome
 from enginefoundry.records.run_summary import UnitOutcome

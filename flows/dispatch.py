@@ -18,8 +18,8 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import FlowRunWaitTimeout, ObjectNotFound
 
-from enginefoundry.build.sources import SourceIdentity, SourceSnapshot
-from enginefoundry.build.units import KeyComponents, Unit
+from enginefoundry.inputs.sources import SourceIdentity, SourceSnapshot
+from enginefoundry.inputs.units import KeyComponents, Unit
 from enginefoundry.planning.cluster_jobs import SECRET_ENV_VARIABLE, secret_env_map, unit_job_variables
 from enginefoundry.planning.parent_run import ParentRun
 from enginefoundry.records.outcomes import read_outcome

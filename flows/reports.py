@@ -10,7 +10,7 @@ import re
 
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
-from enginefoundry.build.units import Unit
+from enginefoundry.inputs.units import Unit
 from enginefoundry.records.run_summary import RunSummary, best_profiles, search_rows
 from enginefoundry.spec import BuildSpec
 

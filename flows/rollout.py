@@ -19,7 +19,6 @@ from typing import Any
 from prefect import flow
 from prefect.client.schemas.objects import State
 
-from enginefoundry.build.units import expand_units
 from enginefoundry.errors import InputError
 from enginefoundry.flows.build_engines import (
     Mode,
@@ -32,6 +31,7 @@ from enginefoundry.flows.build_engines import (
     spec_payload,
 )
 from enginefoundry.flows.reports import report_markdown, report_table
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.promotion import PromotionPolicy, alias_stems
 from enginefoundry.records.run_summary import UnitsNotPassed
 from enginefoundry.rollout.source_change import RolloutReport

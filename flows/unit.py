@@ -19,8 +19,8 @@ from prefect.states import Failed
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
-from enginefoundry.build.units import Unit
 from enginefoundry.flows.reports import report_unit_links
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint
 from enginefoundry.records.lineage import adapter_tags
@@ -46,7 +46,7 @@ from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import UnitStatus
 from enginefoundry.tasks._log import progress_logger
 from enginefoundry.tasks.bench import benchmark, twin_benchmark, twin_served_apart
-from enginefoundry.tasks.build import build_unit
+from enginefoundry.tasks.build import build_bundle
 from enginefoundry.tasks.events import emit_unit_outcome
 from enginefoundry.tasks.publish import build_now_current, publish_unit
 from enginefoundry.tasks.serve import start_unit_server, stop_unit_server
@@ -104,7 +104,7 @@ def judge_unit(work: UnitWork, run: UnitRun, described: list[Any]) -> Staged:
         reference = smoke_reference(spec, work.snapshot.local_dir, work.snapshot.weights_digest, work.sibling,
                                     precision=work.precision, checkpoint_dir=work.ckpt.result.checkpoint_dir)
     with run.timed("build"):
-        build = build_unit(spec, unit, work.ckpt.result.checkpoint_dir, work.key,
+        build = build_bundle(spec, unit, work.ckpt.result.checkpoint_dir, work.key,
                            work.spec_draft.local_dir if work.spec_draft else None,
                            {n: a.local_dir for n, a in work.spec_adapters.items()} if work.spec_adapters else None)
     run.commands.build = stage_commands(build.commands, described, "build")

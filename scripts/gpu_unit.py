@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from enginefoundry.build.units import expand_units
 from enginefoundry.gpu.detect import detect_gpus, match_target
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.planning.plan_report import model_config_for

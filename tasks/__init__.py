@@ -14,7 +14,7 @@ from enginefoundry._face import lazy_face
 if TYPE_CHECKING:
     from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
     from enginefoundry.tasks.bench import benchmark, twin_benchmark, twin_served_apart
-    from enginefoundry.tasks.build import build_unit
+    from enginefoundry.tasks.build import build_bundle
     from enginefoundry.tasks.cancel_watch import track_child, watching
     from enginefoundry.tasks.convert import convert_variant
     from enginefoundry.tasks.events import emit_registry_move, emit_unit_outcome
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 __all__ = [
     "FleetRun",
     "benchmark",
+    "build_bundle",
     "build_now_current",
-    "build_unit",
     "compare_rebuilt",
     "convert_variant",
     "detect_source_change",

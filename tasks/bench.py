@@ -16,7 +16,7 @@ from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
 from enginefoundry.bench.mix import round_robin, served_shares
 from enginefoundry.bench.report import ServedFigures
-from enginefoundry.build.units import Unit
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.smoke.serve import ADAPTERS_PATH, SPECULATIVE_PATH

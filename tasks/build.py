@@ -8,15 +8,15 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.build.units import Unit
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import BuildResult, get_lane
 from enginefoundry.settings import work_root
 from enginefoundry.spec import BuildSpec
 from enginefoundry.tasks._log import progress_logger
 
 
-@task(name="build unit", task_run_name="build {unit.name}", cache_policy=NO_CACHE)
-def build_unit(spec: BuildSpec, unit: Unit, checkpoint_dir: str, key: str, draft_dir: str | None = None,
+@task(name="build bundle", task_run_name="build {unit.name}", cache_policy=NO_CACHE)
+def build_bundle(spec: BuildSpec, unit: Unit, checkpoint_dir: str, key: str, draft_dir: str | None = None,
                adapter_dirs: dict[str, str] | None = None) -> BuildResult:
     """`adapter_dirs`: name → fetched adapter folder, for a unit serving them (model.adapter_mode serve)."""
     log = progress_logger()

@@ -13,10 +13,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import KeyComponents, checkpoint_key_components, toolchain_identity
 from enginefoundry.errors import StoreError
 from enginefoundry.evidence.inputs import InputTrust
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import KeyComponents, checkpoint_key_components, toolchain_identity
 from enginefoundry.lanes import ConvertResult, get_lane
 from enginefoundry.locks import host_lock
 from enginefoundry.planning.checkpoint_reuse import (

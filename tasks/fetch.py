@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.build import adapters
-from enginefoundry.build.quantized_source import refuse_contradiction
-from enginefoundry.build.sources import SourceSnapshot, fetch
+from enginefoundry.inputs import adapters
+from enginefoundry.inputs.quantized_source import refuse_contradiction
+from enginefoundry.inputs.sources import SourceSnapshot, fetch
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import fetch_speculative_draft
 from enginefoundry.spec import BuildSpec

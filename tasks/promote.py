@@ -13,8 +13,8 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from enginefoundry.bench.noise import SideBySide
-from enginefoundry.build.units import expand_units, toolchain_identity
 from enginefoundry.errors import ToolError
+from enginefoundry.inputs.units import expand_units, toolchain_identity
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.promotion import Decision, PromotionPolicy, Registry, alias_stems, decide_promotions
 from enginefoundry.records.run_records import report_dir

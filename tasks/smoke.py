@@ -9,11 +9,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from enginefoundry.build.adapters import merged_source
-from enginefoundry.build.quantized_source import DEQUANTIZED, read_quantization
-from enginefoundry.build.sources import SourceSnapshot, fetch
 from enginefoundry.errors import InputError
 from enginefoundry.evidence.inputs import InputTrust
+from enginefoundry.inputs.adapters import merged_source
+from enginefoundry.inputs.quantized_source import DEQUANTIZED, read_quantization
+from enginefoundry.inputs.sources import SourceSnapshot, fetch
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.planning.preflight import dequantizes

@@ -14,10 +14,10 @@ from prefect.cache_policies import NO_CACHE
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import Unit
 from enginefoundry.evidence.attest import tags_for
 from enginefoundry.evidence.signing import run_policy, signer_from_env
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import Unit
 from enginefoundry.records.registration import ensure_registered, version_tags
 from enginefoundry.records.run_records import (
     context_tags,

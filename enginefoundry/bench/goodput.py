@@ -19,7 +19,7 @@ from enginefoundry.spec import Scenario, SearchSpec
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from enginefoundry.build.units import Unit
+    from enginefoundry.inputs.units import Unit
     from enginefoundry.spec import BuildSpec
 
 

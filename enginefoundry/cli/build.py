@@ -102,7 +102,7 @@ def _refuse_before_work(spec: BuildSpec, dest: Destinations, args: argparse.Name
     from enginefoundry.planning.validate import validate_deep
 
     validate_deep(spec)  # every input problem before Prefect, downloads or servers start
-    from enginefoundry.build.sources import probe
+    from enginefoundry.inputs.sources import probe
     from enginefoundry.planning.plan_report import refuse_on_preflight
 
     refuse_on_preflight(spec, args.targets)
@@ -185,7 +185,7 @@ def _print_summary(spec: BuildSpec, summary: RunSummary, tracking_note: str) -> 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from enginefoundry.build.units import expand_units
+    from enginefoundry.inputs.units import expand_units
     from enginefoundry.planning.preflight import reference_summary
     from enginefoundry.planning.validate import validate_file
     from enginefoundry.rollout.toolchain_channel import channel_status
@@ -272,9 +272,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from enginefoundry.build.adapters import fetch_adapters
-    from enginefoundry.build.quantized_source import refuse_contradiction
-    from enginefoundry.build.sources import fetch
+    from enginefoundry.inputs.adapters import fetch_adapters
+    from enginefoundry.inputs.quantized_source import refuse_contradiction
+    from enginefoundry.inputs.sources import fetch
     from enginefoundry.lanes import get_lane
     from enginefoundry.lanes.speculation import fetch_speculative_draft
     from enginefoundry.planning.explain import explain

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.build.model_shape import Check, ModelShape
-from enginefoundry.build.toolchain import ToolSurface
-from enginefoundry.build.units import Unit
+from enginefoundry.inputs.model_shape import Check, ModelShape
+from enginefoundry.inputs.toolchain import ToolSurface
+from enginefoundry.inputs.units import Unit
 
 # bundle.json's model lives with the other documents (enginefoundry.schemas); lanes and their callers name it here.
 from enginefoundry.schemas.bundle_info import BUNDLE_INFO as BUNDLE_INFO
@@ -103,7 +103,7 @@ class Lane(ABC):
     embedding_sharded: bool = True  # the embedding is split over tp ranks (False: replicated on every tp rank)
     sizes_kv_pool: bool = True  # the runtime gives the free memory to a KV pool (the KV budget check applies)
     moe_parallel: bool = False  # variants may set moe_ep / moe_tp / attention_dp (enginefoundry.lanes.moe_parallel)
-    # The largest LoRA rank of model.adapters this lane builds (enginefoundry/build/adapters.py); None: no adapters.
+    # The largest LoRA rank of model.adapters this lane builds (enginefoundry/inputs/adapters.py); None: no adapters.
     max_lora_rank: int | None = None
     # Precisions whose converted checkpoint is ModelOpt's unified export, which smoke.reference_precision: simulated
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
@@ -127,7 +127,7 @@ class Lane(ABC):
         return None
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
-        """This lane's own preflight checks (enginefoundry.build.model_shape.Check) for a unit; `shape` may be None."""
+        """This lane's own preflight checks (enginefoundry.inputs.model_shape.Check) for a unit; `shape` may be None."""
         return []
 
     def build_footprint(self, spec: BuildSpec, unit: Unit, est: WeightsEstimate, source_bytes: int,

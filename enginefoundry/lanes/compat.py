@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from enginefoundry.build.toolchain import parse_version
+from enginefoundry.inputs.toolchain import parse_version
 from enginefoundry.lanes.trtllm_flags import (
     ABSENT,
     EMITTED,
@@ -252,7 +252,7 @@ def lora_section() -> list[str]:
 
 def prequantized_section() -> list[str]:
     """A pre-quantized source (issue 36 item 5): what each lane does with a ModelOpt export, nothing emitted."""
-    from enginefoundry.build.quantized_source import ALGO_PRECISION, DEQUANTIZED
+    from enginefoundry.inputs.quantized_source import ALGO_PRECISION, DEQUANTIZED
 
     lines = ["", "## Pre-quantized sources (`model.source` is a ModelOpt export)", "",
              "A source whose checkpoint carries `hf_quant_config.json` (or a `quantization_config` with "

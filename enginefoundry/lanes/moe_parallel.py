@@ -10,12 +10,12 @@ TensorRT-LLM's rules, read from its source (trtllm_flags.REF_MAPPING, REF_MOE_LL
   divide would drop experts, so it is refused (checked at preflight, where the model's config.json is read).
 
 The lanes call `variant_problems` from `validate_options` (spec fields only, before any download) and
-`expert_check` from preflight (with the expert count of the model's config.json, enginefoundry.build.model_config).
+`expert_check` from preflight (with the expert count of the model's config.json, enginefoundry.inputs.model_config).
 """
 
 from __future__ import annotations
 
-from enginefoundry.build.model_shape import Check
+from enginefoundry.inputs.model_shape import Check
 from enginefoundry.lanes.trtllm_flags import REF_MAPPING
 from enginefoundry.schemas.loose import TrtllmConfig
 from enginefoundry.spec import BuildSpec, Variant
@@ -105,7 +105,7 @@ def llm_api_options(v: Variant) -> TrtllmConfig:
 
 def expert_check(v: Variant, experts: int) -> Check | None:
     """The model's routed-expert count against the variant's moe_ep (None when the variant sets no MoE field).
-    `experts`: 0 for a dense model (enginefoundry.build.model_config.expert_count)."""
+    `experts`: 0 for a dense model (enginefoundry.inputs.model_config.expert_count)."""
     if not (v.moe_ep > 1 or v.moe_tp is not None):
         return None
     if experts == 0:

@@ -17,19 +17,19 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from enginefoundry.build.quantized_source import (
+from enginefoundry.confine import check_name
+from enginefoundry.errors import InputError, PreflightError, ToolError
+from enginefoundry.gpu.devices import host_facts, torch_device_facts
+from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
+from enginefoundry.inputs.quantized_source import (
     DEQUANTIZED,
     SourceQuantization,
     read_quantization,
     spec_quantization,
     write_dequantized,
 )
-from enginefoundry.build.toolchain import ToolSurface
-from enginefoundry.build.units import Unit
-from enginefoundry.confine import check_name
-from enginefoundry.errors import InputError, PreflightError, ToolError
-from enginefoundry.gpu.devices import host_facts, torch_device_facts
-from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
+from enginefoundry.inputs.toolchain import ToolSurface
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
     BuildResult,
@@ -149,7 +149,7 @@ class ReferenceLane(Lane):
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         problems = super().validate_options(spec)
         if spec.speculative is not None and not problems:
-            from enginefoundry.build.model_config import lookup
+            from enginefoundry.inputs.model_config import lookup
             from enginefoundry.lanes.speculation import spec_problems
 
             found = lookup(spec)
@@ -182,10 +182,10 @@ class ReferenceLane(Lane):
             ) from None
 
     def convert(self, spec: BuildSpec, variant: Variant, source_dir: Path, workdir: Path) -> ConvertResult:
-        """Cast to the variant's dtype, one tensor at a time (enginefoundry/build/checkpoint_cast.py): peak memory is
+        """Cast to the variant's dtype, one tensor at a time (enginefoundry/inputs/checkpoint_cast.py): peak memory is
         one tensor, and shards and tokenizer files that need no cast are hard-linked, not copied. The
         tokenizer files stay byte-identical to the source (the smoke stage compares tokenizer digests)."""
-        from enginefoundry.build.checkpoint_cast import cast_checkpoint
+        from enginefoundry.inputs.checkpoint_cast import cast_checkpoint
 
         out = workdir / "checkpoint"
         if out.exists():
@@ -202,7 +202,7 @@ class ReferenceLane(Lane):
         weights in the dtype an engine of it computes in (the checkpoint's 16-bit dtype, fp16 for an fp32 one:
         gpu.precisions.activation_dtype), the arithmetic a weight-only kernel does, on any device. The gate's
         reference is the same checkpoint dequantized (smoke/simulated.py `dequantized_checkpoint`)."""
-        from enginefoundry.build.model_shape import checkpoint_shape
+        from enginefoundry.inputs.model_shape import checkpoint_shape
 
         if quant.precision is not variant.precision or not quant.dequantizable:
             raise InputError(f"variants[{variant.name}].precision: the source is pre-quantized ({quant.label()}); the "

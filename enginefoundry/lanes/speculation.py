@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from enginefoundry.build.model_config import hub_config, read_config
-from enginefoundry.build.model_shape import read_model_config
-from enginefoundry.build.sources import SourceSnapshot, fetch
-from enginefoundry.build.toolchain import parse_version
 from enginefoundry.errors import InputError
+from enginefoundry.inputs.model_config import hub_config, read_config
+from enginefoundry.inputs.model_shape import read_model_config
+from enginefoundry.inputs.sources import SourceSnapshot, fetch
+from enginefoundry.inputs.toolchain import parse_version
 from enginefoundry.lanes.trtllm_flags import ABSENT, CHECKED, LLM_API, REF_SPEC_MODELS, flag
 from enginefoundry.schemas.loose import HfModelConfig, TrtllmConfig
 from enginefoundry.spec import BuildSpec, SourceKind, SpecAlgorithm, SpeculativeSpec

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.build.toolchain import parse_version, template_keys
-from enginefoundry.build.units import Unit
 from enginefoundry.errors import ToolError
+from enginefoundry.inputs.toolchain import parse_version, template_keys
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import (
     FILL,

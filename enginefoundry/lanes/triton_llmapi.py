@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.toolchain import LLMAPI_FILES, LLMAPI_TEMPLATE
 from enginefoundry.errors import ToolError
+from enginefoundry.inputs.toolchain import LLMAPI_FILES, LLMAPI_TEMPLATE
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.trtllm_flags import LAUNCH_TRITON, LLMAPI_TRITON, arg, flag
 from enginefoundry.schemas.loose import TrtllmConfig

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.model_config import lookup
-from enginefoundry.build.model_shape import Check, ModelShape, checkpoint_shape, read_model_config
-from enginefoundry.build.quantized_source import SourceQuantization, read_quantization, spec_quantization
-from enginefoundry.build.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
-from enginefoundry.build.units import Unit
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.confine import UnsafePathError, check_name
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
 from enginefoundry.gpu.devices import host_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
+from enginefoundry.inputs.model_config import lookup
+from enginefoundry.inputs.model_shape import Check, ModelShape, checkpoint_shape, read_model_config
+from enginefoundry.inputs.quantized_source import SourceQuantization, read_quantization, spec_quantization
+from enginefoundry.inputs.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import moe_parallel, speculation, triton_llmapi
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,

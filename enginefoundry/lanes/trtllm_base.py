@@ -9,8 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from enginefoundry.build.model_shape import Check
-from enginefoundry.build.toolchain import (
+from enginefoundry.catalog.precisions import PRECISIONS, precisions_where
+from enginefoundry.errors import InputError, PreflightError, ToolError
+from enginefoundry.gpu.detect import GPUInfo, detect_gpus, match_target
+from enginefoundry.gpu.devices import host_facts
+from enginefoundry.inputs.model_shape import Check
+from enginefoundry.inputs.toolchain import (
     ToolchainInfo,
     ToolSurface,
     UnsupportedByRelease,
@@ -19,11 +23,7 @@ from enginefoundry.build.toolchain import (
     probe_surface,
     require_trtllm,
 )
-from enginefoundry.build.units import Unit
-from enginefoundry.catalog.precisions import PRECISIONS, precisions_where
-from enginefoundry.errors import InputError, PreflightError, ToolError
-from enginefoundry.gpu.detect import GPUInfo, detect_gpus, match_target
-from enginefoundry.gpu.devices import host_facts
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes.base import PROBE_CHECK, BundleInfo, Command, Lane
 from enginefoundry.lanes.trtllm_flags import (
     TRTLLM_INSTALL_HINT,

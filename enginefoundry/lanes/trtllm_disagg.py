@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from enginefoundry.build.toolchain import parse_version
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.toolchain import parse_version
 from enginefoundry.lanes.trtllm_flags import (
     ABSENT,
     LLM_API,

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from enginefoundry.build.model_shape import Check, ModelShape, read_model_config
-from enginefoundry.build.toolchain import ToolHelp, ToolSurface, check_against_surface
-from enginefoundry.build.units import Unit
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import InputError, ToolError, first_problem
 from enginefoundry.gpu.precisions import SAME_KV_DTYPE, TORCH_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES
+from enginefoundry.inputs.model_shape import Check, ModelShape, read_model_config
+from enginefoundry.inputs.toolchain import ToolHelp, ToolSurface, check_against_surface
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypedDict, Unpack
 
-from enginefoundry.build.toolchain import ToolUse, parse_version
+from enginefoundry.inputs.toolchain import ToolUse, parse_version
 from enginefoundry.schemas.loose import TrtllmConfig
 
 FLOOR = "1.0"
@@ -166,7 +166,7 @@ REF_SPEC_AIC_EAGLE = ref_aic("1.0.0rc6", "1.0.0", "1.1.0rc1") + " (decoding_type
 # One-model (the draft a submodule of the target) and two-model implementations per algorithm and model family.
 # A pre-quantized source (ModelOpt's unified HF export) runs as it is on the PyTorch backend: nothing is emitted for
 # it (no hf_ptq.py run, no YAML key), the checkpoint's own files carry its quantization (lanes/trtllm.py
-# `prequantized_passthrough`, build/quantized_source.py).
+# `prequantized_passthrough`, inputs/quantized_source.py).
 REF_PREQUANTIZED = ("docs 1.0.0 features/quantization.html 'Running Pre-quantized Models' (\"TensorRT LLM can directly "
                     "run pre-quantized models generated with the NVIDIA TensorRT Model Optimizer\"); "
                     "tensorrt_llm/_torch/model_config.py@008e0af8980fc560003631ba4ac37828836a91c8 "

@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginefoundry.build.quantized_source import SourceQuantization
-from enginefoundry.build.units import KeyComponents, Unit, toolchain_identity, unit_key_components
 from enginefoundry.errors import PipelineError, StoreError
 from enginefoundry.evidence.signing import TrustPolicy, run_policy, signer_from_env
+from enginefoundry.inputs.quantized_source import SourceQuantization
+from enginefoundry.inputs.units import KeyComponents, Unit, toolchain_identity, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec
@@ -209,7 +209,7 @@ def unit_keys(spec: BuildSpec, units: list[Unit], weights_digest: str, tokenizer
               draft_digests: tuple[str, str] | None = None, *, adapter_digests: dict[str, str] | None = None,
               source_quantization: SourceQuantization | None = None) -> UnitKeys:
     """`draft_digests`: the fetched `speculative.draft`'s weights and tokenizer digests, for a spec that has one;
-    `adapter_digests`: each fetched adapter's digest by name (enginefoundry.build.adapters.adapter_digests);
+    `adapter_digests`: each fetched adapter's digest by name (enginefoundry.inputs.adapters.adapter_digests);
     `source_quantization`: a pre-quantized source's own quantization (the fetched snapshot's)."""
     toolchain = toolchain_identity(spec, get_lane(spec.lane).versions())
     components = {unit.name: KeyComponents.of(unit_key_components(spec, unit, weights_digest, tokenizer_digest,

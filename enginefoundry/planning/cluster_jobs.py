@@ -14,9 +14,9 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginefoundry.build.units import Unit
 from enginefoundry.catalog.gpu_targets import gpu_target
 from enginefoundry.errors import InputError
+from enginefoundry.inputs.units import Unit
 from enginefoundry.schemas.loose import PrefectJobVariables
 from enginefoundry.spec import BuildSpec
 

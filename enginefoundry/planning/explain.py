@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.cache_plan import find_hit, hit_signature_policy
 from enginefoundry.planning.preflight import reference_summary

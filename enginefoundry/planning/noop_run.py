@@ -32,11 +32,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.adapters import adapter_digests, fetch_adapters
-from enginefoundry.build.quantized_source import refuse_contradiction
-from enginefoundry.build.sources import SourceSnapshot, fetch
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
+from enginefoundry.inputs.adapters import adapter_digests, fetch_adapters
+from enginefoundry.inputs.quantized_source import refuse_contradiction
+from enginefoundry.inputs.sources import SourceSnapshot, fetch
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import draft_digests, fetch_speculative_draft
 from enginefoundry.planning.cache_plan import check_hits, hit_signature_policy, unit_keys

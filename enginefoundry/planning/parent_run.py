@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import Unit
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import Unit
 from enginefoundry.planning.cache_plan import CachePlan, UnitKeys
 from enginefoundry.smoke.sibling import SiblingRef
 from enginefoundry.spec import BuildSpec

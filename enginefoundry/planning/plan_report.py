@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from enginefoundry.build.model_shape import Check
-from enginefoundry.build.quantized_source import spec_quantization_problems
-from enginefoundry.build.units import Unit, expand_units
+from enginefoundry.inputs.model_shape import Check
+from enginefoundry.inputs.quantized_source import spec_quantization_problems
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.base import PROBE_CHECK
 from enginefoundry.planning.preflight import (
@@ -31,9 +31,9 @@ class PlanReport(BaseModel):
 
 
 def model_config_for(spec: BuildSpec) -> HfModelConfig | None:
-    """The checkpoint's config.json without downloading (enginefoundry.build.model_config: a local source, the
+    """The checkpoint's config.json without downloading (enginefoundry.inputs.model_config: a local source, the
     spec's model-configs/ folder, the package's, a Hub source's config.json already in the Hugging Face cache)."""
-    from enginefoundry.build.model_config import model_config_for as lookup
+    from enginefoundry.inputs.model_config import model_config_for as lookup
 
     return lookup(spec)
 

@@ -23,14 +23,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.build.model_config import expert_count
-from enginefoundry.build.model_shape import Check, ModelShape
-from enginefoundry.build.quantized_source import spec_quantization
-from enginefoundry.build.units import Unit
 from enginefoundry.catalog.precisions import PRECISIONS, precisions_where
 from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu.detect import GPUInfo, match_target
 from enginefoundry.gpu.precisions import KV_BYTES, SPREAD_DTYPE, TORCH_BYTES, activation_dtype
+from enginefoundry.inputs.model_config import expert_count
+from enginefoundry.inputs.model_shape import Check, ModelShape
+from enginefoundry.inputs.quantized_source import spec_quantization
+from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes.moe_parallel import MOE_ADP_REPLICATES, expert_check
 from enginefoundry.lanes.registry import get_lane
 from enginefoundry.schemas.loose import HfModelConfig

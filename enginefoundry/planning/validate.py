@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.quantized_source import spec_quantization_problems
 from enginefoundry.errors import InputError, SourceError, SpecError
+from enginefoundry.inputs.quantized_source import spec_quantization_problems
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.preflight import reference_problems
 from enginefoundry.smoke import check_prompt_count, load_prompt_set
@@ -45,11 +45,11 @@ def _deep_problems(spec: BuildSpec) -> list[tuple[str, str]]:
 
 
 def _adapter_problems(spec: BuildSpec) -> list[tuple[str, str]]:
-    """model.adapters checked from each adapter_config.json alone (enginefoundry/build/adapters.py), before any
+    """model.adapters checked from each adapter_config.json alone (enginefoundry/inputs/adapters.py), before any
     download of weights: the base it names, its target modules, its rank, the base's precision."""
     if not spec.model.adapters:
         return []
-    from enginefoundry.build.adapters import adapter_problems
+    from enginefoundry.inputs.adapters import adapter_problems
 
     lane = get_lane(spec.lane)
     return adapter_problems(spec, lane.name, lane.max_lora_rank)
@@ -138,7 +138,7 @@ def validate_file(path: str | Path, only_targets: list[str] | None = None) -> Bu
 def _source_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     """A local source checked as `run` checks it (build.sources.check_local: a folder with config.json, not a system
     folder, no symlink leading out of it), so that `validate` and `run` agree."""
-    from enginefoundry.build.sources import check_local
+    from enginefoundry.inputs.sources import check_local
 
     src = spec.model.parsed_source(spec.base_path)
     if src.kind is SourceKind.LOCAL:

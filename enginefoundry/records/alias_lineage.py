@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import Unit, expand_units, target_identity, unit_key_components
 from enginefoundry.errors import SpecError
 from enginefoundry.identity import sha256_json
+from enginefoundry.inputs.units import Unit, expand_units, target_identity, unit_key_components
 from enginefoundry.schemas.manifest import KeyComponents
 from enginefoundry.spec import BuildSpec
 

@@ -13,9 +13,9 @@ from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench import SweepReport
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import Unit
 from enginefoundry.errors import StoreError
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import Unit
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.schemas.loose import MlflowPayload

@@ -18,9 +18,9 @@ from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench.noise import SideBySide, gained, gate_state, ratio_interval
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, StoreError
 from enginefoundry.evidence.signing import TrustPolicy, consumer_policy, merged_policy, spec_policy
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.tracking import mlflow_client
 from enginefoundry.schemas.manifest import BenchPointPart, Manifest

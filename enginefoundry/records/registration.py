@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import Unit
+from enginefoundry.inputs.units import Unit
 from enginefoundry.records.alias_lineage import stem_holder, unit_lineage
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem

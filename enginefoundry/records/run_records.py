@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import Unit
+from enginefoundry.inputs.units import Unit
 from enginefoundry.records.outcomes import hit_outcome, hit_run_tags, unit_manifest_of, unit_params
 from enginefoundry.records.registration import ensure_registered, version_tags
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome

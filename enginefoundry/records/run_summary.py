@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.build.units import Unit
 from enginefoundry.errors import PipelineError
+from enginefoundry.inputs.units import Unit
 from enginefoundry.schemas.manifest import SearchPart
 from enginefoundry.schemas.outcome import UnitOutcome as UnitOutcome  # its home is schemas (issue 35)
 from enginefoundry.smoke.sibling import SiblingRef, refusal_text

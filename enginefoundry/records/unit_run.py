@@ -17,8 +17,8 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from enginefoundry.bench import SweepReport
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import KeyComponents, Unit
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import KeyComponents, Unit
 from enginefoundry.lanes import BuildResult, ConvertResult
 from enginefoundry.records.outcomes import UnitCommands
 from enginefoundry.settings import work_root

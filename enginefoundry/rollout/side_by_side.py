@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from enginefoundry.bench.noise import Role, SideBySide, Trial
-from enginefoundry.build.units import Unit
 from enginefoundry.errors import ToolError
+from enginefoundry.inputs.units import Unit
 from enginefoundry.records.alias_lineage import Lineage, version_lineage
 from enginefoundry.records.promotion import (
     PromotionPolicy,

@@ -19,9 +19,9 @@ from pydantic import BaseModel, Field
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench.noise import SideBySide
-from enginefoundry.build.sources import probe
-from enginefoundry.build.units import expand_units
 from enginefoundry.identity import checkpoint_digests
+from enginefoundry.inputs.sources import probe
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.alias_lineage import unit_lineage, version_lineage
 from enginefoundry.records.lineage import read_manifest_uri
 from enginefoundry.records.promotion import Decision, Registry, champion_alias, manifest_uri_of
@@ -98,7 +98,7 @@ def source_state(source: SourceURI) -> SourceState:
 
 
 def _s3_etags(source: SourceURI) -> dict[str, str]:
-    # The same identity enginefoundry.build.sources._fetch_s3 records: relative key → VersionId or ETag.
+    # The same identity enginefoundry.inputs.sources._fetch_s3 records: relative key → VersionId or ETag.
     from enginefoundry.store.s3 import s3_client
 
     bucket, _, prefix = source.location.partition("/")

@@ -125,11 +125,11 @@ class BuildInput(BaseModel):
 
 # The manifest's parts. Each is a `WirePart`: typed fields, and written back exactly as read (older manifests
 # lack some keys and order others differently; their bytes are signed). Field order below is the order today's
-# writer (records/outcomes.py `unit_manifest`, build/units.py `unit_key_components`) gives them.
+# writer (records/outcomes.py `unit_manifest`, inputs/units.py `unit_key_components`) gives them.
 
 
 class ToolchainIdentity(WirePart):
-    """The toolchain part of a key (build/units.py `toolchain_identity`): the spec's pins and the versions the lane
+    """The toolchain part of a key (inputs/units.py `toolchain_identity`): the spec's pins and the versions the lane
     reports."""
 
     lane: str = ""
@@ -141,7 +141,7 @@ class ToolchainIdentity(WirePart):
 
 
 class TargetIdentity(WirePart):
-    """The target part of a unit key (build/units.py `target_identity`)."""
+    """The target part of a unit key (inputs/units.py `target_identity`)."""
 
     arch: str = ""
     sku: list[str] = Field(default_factory=list)
@@ -193,7 +193,7 @@ class AdapterKey(WirePart):
 
 
 class SourceQuantization(WirePart):
-    """A pre-quantized source's own quantization (build/quantized_source.py), as keys and manifests record it."""
+    """A pre-quantized source's own quantization (inputs/quantized_source.py), as keys and manifests record it."""
 
     file: str = ""
     producer: str = ""
@@ -220,7 +220,7 @@ LaneOptionValue: TypeAlias = str | int | float | bool | list[str] | None
 
 
 class KeyComponents(WirePart):
-    """A key's components: what the key is the hash of (build/units.py `key_of`), recorded in the manifest as
+    """A key's components: what the key is the hash of (inputs/units.py `key_of`), recorded in the manifest as
     hashed. Made by `unit_key_components` / `checkpoint_key_components`; a worker and `explain` read it typed."""
 
     format_version: int = 0
@@ -291,7 +291,7 @@ class SourceIdentityPart(WirePart):
 
 
 class SourcePart(WirePart):
-    """The checkpoint a unit was built from (build/sources.py `SourceSnapshot` without its local folder)."""
+    """The checkpoint a unit was built from (inputs/sources.py `SourceSnapshot` without its local folder)."""
 
     name: str | None = None
     uri: str = ""

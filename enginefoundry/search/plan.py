@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from enginefoundry.bench.costs import cost_per_mtok
-from enginefoundry.build.model_config import expert_count, lookup
+from enginefoundry.inputs.model_config import expert_count, lookup
 from enginefoundry.lanes import get_lane
 from enginefoundry.schemas.loose import HfModelConfig, TrtllmConfig
 from enginefoundry.search.predictor import (
@@ -126,7 +126,7 @@ def run_search(spec: BuildSpec, only_targets: list[str] | None = None, predictor
 
 def _choose(spec: BuildSpec, target: Target, cov: Coverage, predictions: list[Prediction], tool: str,
             config: HfModelConfig | None = None) -> TargetSearch:
-    from enginefoundry.build.units import Unit
+    from enginefoundry.inputs.units import Unit
     from enginefoundry.planning.preflight import preflight
 
     search = spec.search
@@ -240,7 +240,7 @@ def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[DisaggServ
 
 def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: HfModelConfig | None) -> TargetSearch:
     """A measured search: one unit per allowed precision (up to top_k) that passes preflight, tp = 1."""
-    from enginefoundry.build.units import Unit
+    from enginefoundry.inputs.units import Unit
     from enginefoundry.planning.preflight import preflight
 
     search = spec.search

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
 
-from enginefoundry.build.quantized_source import SourceQuantization, read_quantization
 from enginefoundry.errors import InputError
 from enginefoundry.evidence.inputs import InputTrust
+from enginefoundry.inputs.quantized_source import SourceQuantization, read_quantization
 from enginefoundry.smoke.ask import (
     ask_all,
     case_evidence,

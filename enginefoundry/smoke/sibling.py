@@ -11,9 +11,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from enginefoundry.build.units import Unit
 from enginefoundry.errors import ReferenceRefused
 from enginefoundry.evidence.inputs import InputTrust
+from enginefoundry.inputs.units import Unit
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_sibling_reference
 from enginefoundry.spec import BuildSpec

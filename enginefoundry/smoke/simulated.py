@@ -37,18 +37,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from enginefoundry.build.quantized_source import (
-    MAX_QUANT_CONFIG_BYTES,
-    dequantize_w4a16_awq,
-    read_json_bounded,
-    read_quantization,
-)
-from enginefoundry.build.sources import remove_stale_partials
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import InputError, SourceError, ToolError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
+from enginefoundry.inputs.quantized_source import (
+    MAX_QUANT_CONFIG_BYTES,
+    dequantize_w4a16_awq,
+    read_json_bounded,
+    read_quantization,
+)
+from enginefoundry.inputs.sources import remove_stale_partials
 from enginefoundry.settings import EnvSettings, cache_root
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import ReferenceKey, ReferenceOutcome, ReferenceSet, load_or_compute_reference
@@ -151,7 +151,7 @@ def simulated_dtype(source: Path, override: str | None = None) -> str:
     in: the lane's dtype option (`override`, a torch dtype name), else the checkpoint's 16-bit dtype, fp16 for an
     fp32 one (convert_checkpoint.py's dtype auto: gpu.precisions.activation_dtype); SIMULATED_DTYPE where the
     config.json names none."""
-    from enginefoundry.build.model_shape import checkpoint_shape
+    from enginefoundry.inputs.model_shape import checkpoint_shape
 
     torch_name = activation_dtype(Precision.INT8_WO, checkpoint_shape(source), override)
     return SHORT_DTYPE.get(torch_name or "", SIMULATED_DTYPE)
@@ -268,7 +268,7 @@ def _materialize(key: SimulatedKey, root: Path | None,
 # beside safetensors whose quantized linears hold packed codes and scales. Dequantized, that checkpoint is exactly
 # the quantization the engine serves (the lane's calibration data, and ModelOpt's export-time resmoothing of layers
 # that share an input), where a simulation calibrated here would be another quantization (docs/smoke-gate.md 'AWQ
-# calibrated elsewhere'). The layout and its dequantization: enginefoundry/build/quantized_source.py (one home, shared
+# calibrated elsewhere'). The layout and its dequantization: enginefoundry/inputs/quantized_source.py (one home, shared
 # with the reference lane, which serves a pre-quantized W4A16_AWQ source dequantized).
 UNIFIED_QUANT_CONFIG = "hf_quant_config.json"
 EXPORTED = {"W4A16_AWQ": "int4_awq"}  # quant_algo -> precision dequantized here

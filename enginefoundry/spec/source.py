@@ -30,7 +30,7 @@ class SourceURI(BaseModel):
     location: str  # repo id, "bucket/prefix" or a path
     revision: str | None = None  # hf only; a branch, tag or commit sha
     # hf only: which repo files to fetch (fnmatch patterns, as huggingface_hub's snapshot_download takes them);
-    # None for ignore_patterns means enginefoundry.build.sources.DEFAULT_IGNORE_PATTERNS.
+    # None for ignore_patterns means enginefoundry.inputs.sources.DEFAULT_IGNORE_PATTERNS.
     allow_patterns: tuple[str, ...] | None = None
     ignore_patterns: tuple[str, ...] | None = None
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.toolchain import ToolSurface, UnsupportedByRelease
-from enginefoundry.build.units import expand_units
 from enginefoundry.errors import ToolError
+from enginefoundry.inputs.toolchain import ToolSurface, UnsupportedByRelease
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes.trtllm import TrtllmLane
 from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane
 from enginefoundry.spec import BuildSpec, parse_spec
@@ -108,7 +108,7 @@ def test_a_build_flag_the_release_lacks_is_refused(on_worker, fake_trtllm):
     trimmed = surface.model_copy(deep=True)
     trimmed.tools["trtllm-build"].flags.remove("use_paged_context_fmha")
     unit = expand_units(spec)[0]
-    from enginefoundry.build.toolchain import check_against_surface
+    from enginefoundry.inputs.toolchain import check_against_surface
 
     with pytest.raises(UnsupportedByRelease, match="trtllm-build --use_paged_context_fmha"):
         check_against_surface(lane.describe(spec, unit, trimmed), trimmed)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.units import expand_units
 from enginefoundry.errors import PreflightError
 from enginefoundry.flows.build_engines import build_engines
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes.trtllm import TrtllmLane
 from enginefoundry.spec import parse_spec
 

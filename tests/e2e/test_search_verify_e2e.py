@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from enginefoundry.bench.goodput import verify_unit
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.model_server import Endpoint
 from enginefoundry.search.plan import materialise
 from enginefoundry.spec import load_spec

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes.reference import BUNDLE_MODEL_DIR, ReferenceLane
 from enginefoundry.model_server import Endpoint, free_port, serving
 from enginefoundry.spec import load_spec

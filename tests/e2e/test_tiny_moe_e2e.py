@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.model_config import expert_count, read_config
+from enginefoundry.inputs.model_config import expert_count, read_config
 from tests.support.paths import CONFIGS, FIXTURES, REPO
 
 TINY_MOE = FIXTURES / "tiny-moe" / "model"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.adapters import fetch_adapters, merged_digest, merged_source
-from enginefoundry.build.sources import fetch
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.adapters import fetch_adapters, merged_digest, merged_source
+from enginefoundry.inputs.sources import fetch
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.spec import parse_spec

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.adapters import fetch_adapters, served_source
-from enginefoundry.build.sources import fetch
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.adapters import fetch_adapters, served_source
+from enginefoundry.inputs.sources import fetch
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.serve_files import serving_plan
 from enginefoundry.model_server import Endpoint, free_port, serving

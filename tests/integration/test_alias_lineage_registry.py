@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import expand_units
 from enginefoundry.errors import InputError, SpecError
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.alias_lineage import alias_problems, refuse_alias_collisions, unit_lineage
 from enginefoundry.records.promotion import PromotionPolicy, Registry, decide
 from tests.support.shipped_specs import tiny_cpu, tiny_search

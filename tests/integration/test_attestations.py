@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import key_of
 from enginefoundry.cli import main
 from enginefoundry.evidence.attest import KINDS, index_key, read_index, sign_published, verify_attestations
 from enginefoundry.evidence.signing import (
@@ -26,6 +25,7 @@ from enginefoundry.evidence.signing import (
     pae,
     signer_from_env,
 )
+from enginefoundry.inputs.units import key_of
 from enginefoundry.store.backends import FileStore, Store, blob_key
 from enginefoundry.store.publish import PublishOptions, build_manifest_key, publish_build, read_build
 from tests.support.stores import QUIET, store_fixture
@@ -361,8 +361,8 @@ def test_a_spec_that_requires_signatures_does_not_take_an_unsigned_cache_hit(tmp
     (`decide_all_hits`) and the flow's plan share `cache_plan.find_hit`."""
     import yaml
 
-    from enginefoundry.build.sources import fetch
-    from enginefoundry.build.units import expand_units
+    from enginefoundry.inputs.sources import fetch
+    from enginefoundry.inputs.units import expand_units
     from enginefoundry.planning.cache_plan import unit_keys
     from enginefoundry.planning.noop_run import decide_all_hits
     from enginefoundry.spec import load_spec
@@ -643,7 +643,7 @@ def test_an_index_s_signer_text_is_escaped_and_its_time_is_not_believed(store, t
 def test_rollback_applies_the_signature_policy(tmp_path, keys, capsys, monkeypatch):
     """`rollback` puts a build back into service as `promote` does: with ENGINEFOUNDRY_REQUIRE_SIGNATURE=1 it refuses
     to make an unsigned build the champion again (issue 34), and nothing moves."""
-    from enginefoundry.build.units import expand_units
+    from enginefoundry.inputs.units import expand_units
     from enginefoundry.records.promotion import Registry, unit_alias_stem
     from enginefoundry.records.run_records import tracker_for
     from enginefoundry.spec import load_spec

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import expand_units, key_of
 from enginefoundry.cli import main
 from enginefoundry.evidence.attest import TAG_DIGEST, TAG_SIGNATURE, TAG_SIGNER_KEY_ID, read_index, sign_published
 from enginefoundry.evidence.signing import ENV_KEY, keygen, signer_from_env
+from enginefoundry.inputs.units import expand_units, key_of
 from enginefoundry.records.promotion import PromotionPolicy, Registry, decide, decide_promotions, unit_alias_stem
 from enginefoundry.records.run_records import tracker_for
 from enginefoundry.spec import load_spec

@@ -10,8 +10,8 @@ from uuid import uuid4
 
 import pytest
 
-from enginefoundry.build.units import expand_units
 from enginefoundry.flows.dispatch import existing_secret_blocks
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.planning.cluster_jobs import secret_env_map, unit_job_variables
 from enginefoundry.spec import parse_spec
 from tests.support.paths import REPO

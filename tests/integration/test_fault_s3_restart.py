@@ -102,7 +102,7 @@ from pathlib import Path
 from enginefoundry.errors import EngineFoundryError
 from enginefoundry.store.publish import publish_build
 from enginefoundry.store.backends import open_store
-from enginefoundry.build.units import key_of
+from enginefoundry.inputs.units import key_of
 
 def publish() -> int:
     comps = {"unit": "s3-restart"}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from enginefoundry.build import sources
-from enginefoundry.build.sources import fetch
 from enginefoundry.errors import SourceError
+from enginefoundry.inputs import sources
+from enginefoundry.inputs.sources import fetch
 from enginefoundry.spec import parse_source_uri
 
 pytestmark = pytest.mark.services

@@ -21,7 +21,7 @@ TINY_MODEL = REPO / "tests" / "fixtures" / "tiny-chat" / "model"
 REPO_ID = "meta-test/tiny-with-original"
 FETCH = """
 import json, sys
-from enginefoundry.build.sources import fetch
+from enginefoundry.inputs.sources import fetch
 from enginefoundry.spec import ModelSpec
 spec = ModelSpec.model_validate(json.loads(sys.argv[1]))
 snap = fetch(spec.parsed_source(), progress=lambda line: print(line, file=sys.stderr))

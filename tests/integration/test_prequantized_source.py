@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from enginefoundry.build.quantized_source import SourceQuantization, read_quantization, refuse_contradiction
-from enginefoundry.build.sources import fetch
-from enginefoundry.build.units import expand_units
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.quantized_source import SourceQuantization, read_quantization, refuse_contradiction
+from enginefoundry.inputs.sources import fetch
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.planning.cache_plan import unit_keys
@@ -81,7 +81,7 @@ def test_a_contradicting_precision_is_refused_with_the_fix_before_any_work(expor
 
 
 def test_an_unquantized_original_is_refused_where_it_does_not_apply(export: tuple[Path, Path], tmp_path: Path):
-    from enginefoundry.build.quantized_source import spec_quantization_problems
+    from enginefoundry.inputs.quantized_source import spec_quantization_problems
 
     original, exported = export
     plain = _spec(tmp_path, original, "bf16")
@@ -103,8 +103,8 @@ def test_a_hub_source_is_refused_once_its_config_files_are_fetched_before_its_we
     data = _spec(tmp_path, exported, "fp8")
     data["model"]["source"] = "hf://nvidia-test/tiny-int4-awq@main"
     code = ("import json, sys\n"
-            "from enginefoundry.build.quantized_source import refuse_contradiction\n"
-            "from enginefoundry.build.sources import fetch\n"
+            "from enginefoundry.inputs.quantized_source import refuse_contradiction\n"
+            "from enginefoundry.inputs.sources import fetch\n"
             "from enginefoundry.spec import parse_spec\n"
             "from pathlib import Path\n"
             f"spec = parse_spec(json.loads(sys.argv[1]), source='t', base_dir=Path({str(CONFIGS)!r}))\n"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import key_of
 from enginefoundry.errors import StoreError
+from enginefoundry.inputs.units import key_of
 from enginefoundry.model_server import free_port
 from enginefoundry.store.backends import S3Store
 from enginefoundry.store.publish import find_current, pointer_key, publish_build

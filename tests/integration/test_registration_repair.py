@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.registration import candidate_alias_of, ensure_registered, find_registered, version_tags
 from enginefoundry.records.run_records import record_hit, start_parent, tracker_for
 from enginefoundry.spec import load_spec

@@ -10,7 +10,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.spec import BuildSpec, load_spec
 from enginefoundry.store.manifest import Manifest
 from enginefoundry.store.unit_status import UnitStatus

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.sources import fetch
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.sources import fetch
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import fetch_speculative_draft
 from enginefoundry.model_server import free_port, serving

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm import (
     RUNTIME_CONFIG,

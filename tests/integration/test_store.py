@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import key_of
 from enginefoundry.errors import StoreError
+from enginefoundry.inputs.units import key_of
 from enginefoundry.store.backends import PART_SIZE, FileStore, S3Store, blob_key, current_umask, open_store
 from enginefoundry.store.publish import find_current, publish_build, upload_folders
 from enginefoundry.store.verify import pull

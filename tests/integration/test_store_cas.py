@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import key_of
 from enginefoundry.cli import main
 from enginefoundry.errors import StoreError
+from enginefoundry.inputs.units import key_of
 from enginefoundry.records.lineage import lineage
 from enginefoundry.store.backends import FileStore, Store, blob_key, current_umask
 from enginefoundry.store.manifest import FileEntry, Manifest

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import key_of
 from enginefoundry.cli import main
+from enginefoundry.inputs.units import key_of
 from enginefoundry.store.backends import FileStore, blob_key
 from enginefoundry.store.publish import PublishOptions, build_manifest_key, find_current, publish_build
 from tests.support.paths import CONFIGS, FIXTURES, REPO
@@ -198,8 +198,8 @@ def test_a_store_uri_of_an_unknown_kind_is_an_input_error_naming_its_flag(tmp_pa
 def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, monkeypatch):
     """One decision: a current build whose blob is gone is refused by `run` (it rebuilds), so `explain` must
     not call it a hit."""
-    from enginefoundry.build.sources import fetch
-    from enginefoundry.build.units import expand_units, toolchain_identity, unit_key_components
+    from enginefoundry.inputs.sources import fetch
+    from enginefoundry.inputs.units import expand_units, toolchain_identity, unit_key_components
     from enginefoundry.lanes import get_lane
     from enginefoundry.planning.explain import explain
     from enginefoundry.spec import load_spec
@@ -266,21 +266,21 @@ def test_lineage_of_a_key_published_in_two_stores_sharing_one_mlflow_names_both(
 
 @pytest.mark.parametrize("folder", ["/usr", "/"])
 def test_a_system_folder_as_source_is_refused_before_it_is_walked(folder, monkeypatch):
-    from enginefoundry.build.sources import fetch
     from enginefoundry.errors import SourceError
+    from enginefoundry.inputs.sources import fetch
     from enginefoundry.spec.source import parse_source_uri
 
     def walked(*_a, **_k):
         raise AssertionError("the folder was walked before its refusal")
 
-    monkeypatch.setattr("enginefoundry.build.sources.symlinks_leaving", walked)
+    monkeypatch.setattr("enginefoundry.inputs.sources.symlinks_leaving", walked)
     with pytest.raises(SourceError, match="system folder"):
         fetch(parse_source_uri(folder), progress=lambda _: None)
 
 
 def test_a_source_folder_with_more_entries_than_any_checkpoint_is_refused(tmp_path, monkeypatch):
-    from enginefoundry.build import sources
     from enginefoundry.errors import SourceError
+    from enginefoundry.inputs import sources
     from enginefoundry.spec.source import parse_source_uri
 
     (tmp_path / "m").mkdir()

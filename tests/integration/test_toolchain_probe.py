@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from enginefoundry.build.toolchain import detect_toolchain, installed_version, require_trtllm
 from enginefoundry.errors import ToolError
+from enginefoundry.inputs.toolchain import detect_toolchain, installed_version, require_trtllm
 from enginefoundry.lanes.trtllm import TrtllmLane
 from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.toolchain import ToolchainInfo
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, ToolError
+from enginefoundry.inputs.toolchain import ToolchainInfo
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.trtllm import TrtllmLane
 from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane

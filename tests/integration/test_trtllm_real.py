@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.toolchain import installed_version
-from enginefoundry.build.units import expand_units
 from enginefoundry.gpu.detect import detect_gpus, gpu_unavailable_reason
+from enginefoundry.inputs.toolchain import installed_version
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import triton
 from enginefoundry.lanes.trtllm import BUNDLE_INFO, RUNTIME_CONFIG, TrtllmLane
 from enginefoundry.lanes.trtllm_engine import TrtllmEngineLane

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.spec import load_spec
 from tests.support.paths import CONFIGS, TINY_MODEL

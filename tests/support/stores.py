@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from enginefoundry.build.units import key_of
+from enginefoundry.inputs.units import key_of
 from enginefoundry.store.backends import FileStore, S3Store, Store
 
 QUIET = {"progress": lambda _: None}

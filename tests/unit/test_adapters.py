@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 import yaml
 
-from enginefoundry.build.adapters import (
+from enginefoundry.errors import SpecError
+from enginefoundry.inputs.adapters import (
     AdapterConfig,
     adapter_problems,
     missing_targets,
     names_base,
     read_adapter_config,
 )
-from enginefoundry.build.units import expand_units, key_of, unit_key_components
-from enginefoundry.errors import SpecError
+from enginefoundry.inputs.units import expand_units, key_of, unit_key_components
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.promotion import alias_stems
@@ -208,10 +208,10 @@ def test_serve_mode_refuses_speculation_and_a_quantized_base_naming_the_field():
 def test_merging_into_a_pre_quantized_base_is_refused_before_any_adapter_is_fetched():
     """A ModelOpt export names its quantization in hf_quant_config.json (config.json may say nothing): merge mode is
     refused from the fetched base's own quantization, naming the field and the fix."""
-    from enginefoundry.build.adapters import fetch_adapters
-    from enginefoundry.build.quantized_source import SourceQuantization
-    from enginefoundry.build.sources import fetch
     from enginefoundry.errors import InputError
+    from enginefoundry.inputs.adapters import fetch_adapters
+    from enginefoundry.inputs.quantized_source import SourceQuantization
+    from enginefoundry.inputs.sources import fetch
     from enginefoundry.spec.matrix import Precision
 
     spec = _spec()

@@ -4,7 +4,7 @@ side)."""
 
 from __future__ import annotations
 
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.alias_lineage import manifest_lineage, unit_lineage
 from enginefoundry.records.promotion import alias_stems
 from tests.support.shipped_specs import tiny_cpu, tiny_search
@@ -34,7 +34,7 @@ def test_a_lineage_is_what_a_rollout_keeps() -> None:
     other = spec.model_copy(update={"profiles": [profile]})
     assert unit_lineage(other, expand_units(other)[0]).digest != mine.digest
     # A published unit's key components give the same digest (versions registered before the tag existed).
-    from enginefoundry.build.units import toolchain_identity, unit_key_components
+    from enginefoundry.inputs.units import toolchain_identity, unit_key_components
 
     components = unit_key_components(spec, unit, "w" * 64, "t" * 64, toolchain_identity(spec, {"torch": "2"}),
                                      spec.lane_options)

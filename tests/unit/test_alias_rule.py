@@ -9,7 +9,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.promotion import Registry, alias_stems, candidate_alias, champion_alias
 from enginefoundry.spec import load_spec
 from enginefoundry.store.manifest import Manifest

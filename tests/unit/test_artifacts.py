@@ -8,8 +8,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.identity import canonical_json, sha256_file
+from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.planning.explain import diff_components
 from enginefoundry.spec import load_spec
 from enginefoundry.store.manifest import SCHEMA_PATH, Manifest, generated_schema, validate_against_schema

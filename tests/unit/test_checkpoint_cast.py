@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.checkpoint_cast import cast_checkpoint, read_header
 from enginefoundry.errors import InputError
+from enginefoundry.inputs.checkpoint_cast import cast_checkpoint, read_header
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-chat" / "model"
 
@@ -87,7 +87,7 @@ def test_rows_are_cast_a_chunk_at_a_time(tmp_path: Path, monkeypatch: pytest.Mon
     import torch
     from safetensors.torch import load_file
 
-    import enginefoundry.build.checkpoint_cast as cc
+    import enginefoundry.inputs.checkpoint_cast as cc
 
     monkeypatch.setattr(cc, "CHUNK_BYTES", 1000)
     report = cast_checkpoint(TINY, tmp_path / "out", "bfloat16")

@@ -12,9 +12,9 @@ from uuid import uuid4
 import pytest
 import yaml
 
-from enginefoundry.build.units import expand_units
 from enginefoundry.catalog.gpu_targets import gpu_target
 from enginefoundry.errors import InputError
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.planning.cluster_jobs import UnitJobVariables, secret_env_map, unit_job_variables
 from enginefoundry.spec import BuildSpec, parse_spec
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.sources import _fetch_local, remove_stale_partials
 from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath
 from enginefoundry.errors import SourceError, SpecError
+from enginefoundry.inputs.sources import _fetch_local, remove_stale_partials
 from enginefoundry.spec import SourceKind, SourceURI, parse_source_uri, parse_spec
 
 REPO = Path(__file__).resolve().parents[2]

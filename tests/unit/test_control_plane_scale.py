@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ SCOPE = [
     "enginefoundry/cli/build.py", "enginefoundry/runner.py", "enginefoundry/model_server.py",
     "enginefoundry/retry.py", "enginefoundry/planning/checkpoint_reuse.py",
     # the unit's build (fetch, key, convert), its lane, its publish and its records
-    "enginefoundry/build", "enginefoundry/lanes/base.py", "enginefoundry/lanes/reference.py",
+    "enginefoundry/inputs", "enginefoundry/lanes/base.py", "enginefoundry/lanes/reference.py",
     "enginefoundry/store/publish.py", "enginefoundry/records",
 ]
 
@@ -45,7 +45,7 @@ EXEMPT = {
     # key's inputs (20 call sites: the source's digests want one value), the MLflow registration of a published
     # unit (register_unit: unit, manifest and its URI want one value), the unit manifest's fields, the promotion
     # decision.
-    "enginefoundry/build/units.py:unit_key_components": "9 parameters, 20 call sites: follow-up",
+    "enginefoundry/inputs/units.py:unit_key_components": "9 parameters, 20 call sites: follow-up",
     "enginefoundry/records/tracking.py:register_unit": "9 parameters: follow-up",
     "enginefoundry/records/outcomes.py:unit_manifest": "14 parameters: follow-up",
     "enginefoundry/records/promotion.py:decide": "64 lines, 9 parameters, 13 call sites: follow-up",

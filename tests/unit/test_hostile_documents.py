@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.model_config import read_config
-from enginefoundry.build.model_shape import read_model_config
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.evidence.signing import STATEMENT_TYPE, SignatureError, open_bundle
+from enginefoundry.inputs.model_config import read_config
+from enginefoundry.inputs.model_shape import read_model_config
 from enginefoundry.lanes.base import BUNDLE_INFO, BundleInfo
 from enginefoundry.lanes.trtllm_base import json_object
 from enginefoundry.schemas.attestation_index import AttestationIndex
@@ -107,7 +107,7 @@ def test_a_tools_json_output_is_a_tool_error(raw: str) -> None:
 def test_a_safetensors_header_is_read_within_bounds(tmp_path: Path, raw: str) -> None:
     import struct
 
-    from enginefoundry.build.checkpoint_cast import read_header
+    from enginefoundry.inputs.checkpoint_cast import read_header
 
     path = tmp_path / "model.safetensors"
     path.write_bytes(struct.pack("<Q", len(raw)) + raw.encode())
@@ -127,7 +127,7 @@ def test_a_benchmark_export_is_read_within_bounds(tmp_path: Path, raw: str) -> N
 
 @pytest.mark.parametrize("raw", [DEEP, HUGE_NUMBER, "{nope", "[1]"], ids=["deep", "huge-number", "not-json", "array"])
 def test_a_toolchain_probe_result_line_is_read_within_bounds(raw: str) -> None:
-    from enginefoundry.build.toolchain import PROBE_MARKER, parse_probe_output
+    from enginefoundry.inputs.toolchain import PROBE_MARKER, parse_probe_output
 
     with pytest.raises(ToolError, match="malformed result line"):
         parse_probe_output(f"banner\n{PROBE_MARKER}{raw}\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from enginefoundry.build.sources import hf_selection
+from enginefoundry.inputs.sources import hf_selection
 
 
 def test_selection_rules() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.units import Unit, expand_units
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.preflight import preflight
 from enginefoundry.spec import BuildSpec, parse_spec

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 import enginefoundry.planning.preflight as preflight_module
-from enginefoundry.build.units import expand_units
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes.registry import LaneEntry, get_lane, lane_names, register_lane, unregister_lane
 from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.planning.preflight import preflight

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.units import expand_units, key_of
 from enginefoundry.cli import main
+from enginefoundry.inputs.units import expand_units, key_of
 from enginefoundry.planning.cache_plan import CachePlan, plan_cache
 from enginefoundry.spec import load_spec
 from enginefoundry.store.backends import FileStore

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.model_shape import ModelShape
-from enginefoundry.build.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
-from enginefoundry.build.units import Unit, expand_units, unit_key_components
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.model_shape import ModelShape
+from enginefoundry.inputs.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
+from enginefoundry.inputs.units import Unit, expand_units, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm import runtime_config
 from enginefoundry.lanes.trtllm_flags import LLM_API, PRESENT, TO_BE_PROBED, flag, registry_verdict

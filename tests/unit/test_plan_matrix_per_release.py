@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm_flags import unsupported_env
 from enginefoundry.planning.preflight import preflight

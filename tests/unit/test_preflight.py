@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, PreflightError
 from enginefoundry.gpu.detect import parse_nvml_json, parse_smi_csv
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.planning.preflight import (
     GIB,
     OVERSUBSCRIPTION_LIMIT,

@@ -11,7 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from enginefoundry import tracking_tags as mltags
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.promotion import PromotionPolicy, Registry, alias_stems, candidate_alias, decide_promotions
 from enginefoundry.spec import BuildSpec, load_spec
 from enginefoundry.store.backends import FileStore

@@ -1,4 +1,4 @@
-"""A pre-quantized source's quantization, read from its own files (enginefoundry/build/quantized_source.py): the
+"""A pre-quantized source's quantization, read from its own files (enginefoundry/inputs/quantized_source.py): the
 ModelOpt layouts (hf_quant_config.json with and without its `quantization` block, the inline config.json form),
 the refusals of what it does not read and of hostile files, the contradiction refusal, the keys."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.quantized_source import (
+from enginefoundry.errors import SourceError, SpecError
+from enginefoundry.inputs.quantized_source import (
     MAX_DEPTH,
     MAX_QUANT_CONFIG_BYTES,
     QUANT_CONFIG,
@@ -24,8 +25,7 @@ from enginefoundry.build.quantized_source import (
     refuse_contradiction,
     spec_quantization_problems,
 )
-from enginefoundry.build.units import KeyComponents, checkpoint_key_components, expand_units, unit_key_components
-from enginefoundry.errors import SourceError, SpecError
+from enginefoundry.inputs.units import KeyComponents, checkpoint_key_components, expand_units, unit_key_components
 from enginefoundry.spec import BuildSpec, Precision, parse_spec
 from tests.support.paths import CONFIGS, TINY_MODEL
 

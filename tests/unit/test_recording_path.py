@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.sources import SourceSnapshot
-from enginefoundry.build.units import expand_units, key_of
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import expand_units, key_of
 from enginefoundry.planning import cache_plan, noop_run
 from enginefoundry.records import tracking
 from enginefoundry.spec import load_spec

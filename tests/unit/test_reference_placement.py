@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from enginefoundry.build.model_shape import ModelShape
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.gpu.detect import GPUInfo
+from enginefoundry.inputs.model_shape import ModelShape
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.planning.preflight import GIB, preflight, reference_check, reference_fit
 from enginefoundry.spec import ReferenceDevice, parse_spec
 from tests.support.paths import CONFIGS

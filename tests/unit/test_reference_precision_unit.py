@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from enginefoundry.build.model_shape import ModelShape
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.model_shape import ModelShape
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.planning.preflight import GIB, preflight, reference_check, unit_reference
 from enginefoundry.spec import parse_spec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enginefoundry.build.units import expand_units
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.planning.preflight import GIB, preflight
 from enginefoundry.spec import load_spec
 from tests.support.paths import REPO

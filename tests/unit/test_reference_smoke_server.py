@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.lanes.reference_options import ReferenceOptions
 from enginefoundry.records.outcomes import UnitCommands

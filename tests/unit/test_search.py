@@ -10,8 +10,8 @@ import yaml
 
 from enginefoundry.bench.costs import unit_cost
 from enginefoundry.bench.result import BenchPoint, Percentiles
-from enginefoundry.build.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.search.plan import materialise, profile_for, searched_units
 from enginefoundry.search.predictor import AIConfigurator, choose_db_version, system_of
 from enginefoundry.spec import Precision, SearchedUnit, Target, Variant, load_spec, parse_spec

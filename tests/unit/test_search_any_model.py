@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.model_config import MAX_CONFIG_BYTES, expert_count, lookup, read_config
+from enginefoundry.inputs.model_config import MAX_CONFIG_BYTES, expert_count, lookup, read_config
 from enginefoundry.search.plan import materialise, rows
 from enginefoundry.search.predictor import Coverage, Predicted, Prediction, read_experiment, requests_for
 from enginefoundry.spec import Precision, load_spec
@@ -153,7 +153,7 @@ def test_a_moe_search_shows_the_parallel_columns_and_builds_expert_and_attention
     shapes = [(u.variant.tp, u.variant.pp, u.variant.moe_ep, u.variant.attention_dp) for u in searched.searched]
     assert shapes == [(8, 1, 8, True), (4, 1, 1, False)]
     # the chosen unit's LLM API YAML has the predicted shape
-    from enginefoundry.build.units import expand_units
+    from enginefoundry.inputs.units import expand_units
     from enginefoundry.lanes.trtllm import runtime_config
 
     unit = next(u for u in expand_units(searched) if u.variant.attention_dp)

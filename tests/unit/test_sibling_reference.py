@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from enginefoundry.build.units import expand_units, key_of
 from enginefoundry.errors import ReferenceRefused
+from enginefoundry.inputs.units import expand_units, key_of
 from enginefoundry.records.run_summary import UnitOutcome, refused_by_sibling
 from enginefoundry.smoke.prompts import load_prompt_set
 from enginefoundry.smoke.reference import (

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.units import expand_units
 from enginefoundry.catalog.schemes import store_forms
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.spec import Precision, load_spec, parse_source_uri, parse_spec
 from tests.support.paths import REPO
 

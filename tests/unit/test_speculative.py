@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
-from enginefoundry.build.units import expand_units, unit_key_components
 from enginefoundry.errors import SpecError
+from enginefoundry.inputs.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
+from enginefoundry.inputs.units import expand_units, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import tokenizer_problem
 from enginefoundry.lanes.trtllm import runtime_config
@@ -203,8 +203,8 @@ def _checkpoint(folder, vocab: int, tokenizer: str):
 
 
 def test_the_fetched_draft_is_checked_and_pinned(tmp_path):
-    from enginefoundry.build.sources import SourceSnapshot, fetch
     from enginefoundry.errors import InputError
+    from enginefoundry.inputs.sources import SourceSnapshot, fetch
     from enginefoundry.lanes.speculation import draft_digests, fetch_speculative_draft, pinned_draft
     from enginefoundry.spec import SourceKind, parse_source_uri
 
@@ -384,8 +384,8 @@ def test_lane_trtllms_draft_is_bundled_named_relative_and_a_tampered_draft_is_re
     which links it (ServeCommand.links; serve.sh's mktemp folder links ${EF_UNIT_DIR}/bundle/draft): no build-host
     path in the unit. Its files are published with the bundle, digested: a tampered draft blob is refused at pull;
     a bundle.json naming a draft outside the bundle is refused at serve."""
-    from enginefoundry.build.units import key_of
     from enginefoundry.errors import InputError, StoreError
+    from enginefoundry.inputs.units import key_of
     from enginefoundry.lanes.serve_files import serve_script, serving_plan
     from enginefoundry.lanes.trtllm import BUNDLE_DRAFT_DIR, RUNTIME_CONFIG, bundle_draft, write_runtime_configs
     from enginefoundry.store.backends import FileStore, blob_key
@@ -433,7 +433,7 @@ def test_lane_trtllms_draft_is_bundled_named_relative_and_a_tampered_draft_is_re
 # --- the memory estimate counts the draft's weights and the MTP layers --------------------------------------------
 
 def test_the_memory_estimate_counts_the_draft_and_the_mtp_layers(tmp_path):
-    from enginefoundry.build.model_shape import ModelShape
+    from enginefoundry.inputs.model_shape import ModelShape
     from enginefoundry.planning.preflight import GIB, estimate_memory, format_estimates, preflight
     from enginefoundry.spec.speculative import SpeculativeSpec
 

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.toolchain import (
+from enginefoundry.errors import InputError
+from enginefoundry.inputs.toolchain import (
     LLMAPI_TEMPLATE,
     ToolSurface,
     UnsupportedByRelease,
     check_against_surface,
     llmapi_template_keys,
 )
-from enginefoundry.build.units import expand_units
-from enginefoundry.errors import InputError
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm_flags import HF_PTQ, LLMAPI_TRITON, MODELOPT, SERVE, emitted_names, flag
 from enginefoundry.planning.plan_report import plan_report

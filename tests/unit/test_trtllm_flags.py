@@ -6,13 +6,13 @@ import copy
 
 import pytest
 
-from enginefoundry.build.toolchain import (
+from enginefoundry.errors import SpecError, ToolError
+from enginefoundry.inputs.toolchain import (
     PROBE_MARKER,
     parse_probe_output,
     parse_version,
     toolchain_from_probe,
 )
-from enginefoundry.errors import SpecError, ToolError
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm_flags import (
     CONVERT,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.units import Unit, expand_units
 from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo
+from enginefoundry.inputs.units import Unit, expand_units
 from enginefoundry.lanes import get_lane, triton
 from enginefoundry.lanes.trtllm import (
     AUTOTUNER_CACHE,

@@ -9,7 +9,7 @@ import dataclasses
 import click
 from click.testing import CliRunner
 
-from enginefoundry.build.toolchain import parse_help
+from enginefoundry.inputs.toolchain import parse_help
 from enginefoundry.lanes import compat
 from enginefoundry.lanes.trtllm_flags import EMITTED, REMOVED, SERVE, Flag
 
@@ -69,7 +69,7 @@ def test_click_help_is_parsed_with_a_banner_before_it():
 
 
 def test_the_surface_digest_ignores_error_texts_and_sees_flags():
-    from enginefoundry.build.toolchain import ToolHelp, ToolSurface
+    from enginefoundry.inputs.toolchain import ToolHelp, ToolSurface
 
     a = ToolSurface(tensorrt_llm="1.2.1", tools={"trtllm-build": ToolHelp(error="not found (log /tmp/x1/a.log)")},
                     errors={"torch": "ImportError at /tmp/x1"})

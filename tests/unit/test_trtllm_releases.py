@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.build.toolchain import ToolSurface, check_against_surface, parse_version
-from enginefoundry.build.units import expand_units
 from enginefoundry.errors import ToolError
+from enginefoundry.inputs.toolchain import ToolSurface, check_against_surface, parse_version
+from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import compat, get_lane
 from enginefoundry.lanes.trtllm import autotuner_supported, runtime_config
 from enginefoundry.lanes.trtllm_base import require_pinned_release

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.build.sources import SourceIdentity, SourceSnapshot
-from enginefoundry.build.units import (
+from enginefoundry.errors import InputError
+from enginefoundry.inputs.sources import SourceIdentity, SourceSnapshot
+from enginefoundry.inputs.units import (
     KeyComponents,
     checkpoint_key_components,
     expand_units,
@@ -18,7 +19,6 @@ from enginefoundry.build.units import (
     toolchain_identity,
     unit_key_components,
 )
-from enginefoundry.errors import InputError
 from enginefoundry.lanes.base import BUNDLE_INFO, BundleInfo, ServeSettings
 from enginefoundry.lanes.trtllm_engine import EngineServeSettings, engine_serve_argv
 from enginefoundry.lanes.trtllm_options import engine_options, resolve_options, trtllm_options

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginefoundry.build.units import key_of
+from enginefoundry.inputs.units import key_of
 from enginefoundry.store.backends import open_store
 from enginefoundry.store.publish import publish_checkpoint
 from enginefoundry.store.verify import open_build, verify_build

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.build.model_config import MAX_CONFIG_BYTES
 from enginefoundry.errors import InputError
 from enginefoundry.gpu.precisions import TORCH_BYTES
+from enginefoundry.inputs.model_config import MAX_CONFIG_BYTES
 from enginefoundry.schemas.base import DocumentError, parse_json
 from enginefoundry.schemas.loose import HfModelConfig
 
@@ -145,7 +145,7 @@ class ModelShape(BaseModel):
 
 
 def _experts(cfg: HfModelConfig) -> int:
-    """Routed experts (enginefoundry.build.model_config.expert_count reads the same keys); 1 for a dense model."""
+    """Routed experts (enginefoundry.inputs.model_config.expert_count reads the same keys); 1 for a dense model."""
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         value = cfg.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 1:

@@ -7,15 +7,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from enginefoundry.build.quantized_source import SourceQuantization
 from enginefoundry.identity import sha256_json
+from enginefoundry.inputs.quantized_source import SourceQuantization
 from enginefoundry.schemas.manifest import KeyComponents as KeyComponents  # its home is schemas (issue 35)
 from enginefoundry.spec import AdapterMode, BuildSpec, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 
 # Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
 # 2: the weights digest of an hf source covers only the files the build reads (duplicate formats such as
-#    original/*.pth are no longer fetched or hashed; enginefoundry.build.sources.DEFAULT_IGNORE_PATTERNS).
+#    original/*.pth are no longer fetched or hashed; enginefoundry.inputs.sources.DEFAULT_IGNORE_PATTERNS).
 FORMAT_VERSION = 2
 
 

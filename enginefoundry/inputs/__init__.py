@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from enginefoundry._face import lazy_face
 
 if TYPE_CHECKING:
-    from enginefoundry.build.adapters import (
+    from enginefoundry.inputs.adapters import (
         adapter_digests,
         adapter_problems,
         fetch_adapters,
@@ -19,16 +19,16 @@ if TYPE_CHECKING:
         pinned_adapters,
         served_source,
     )
-    from enginefoundry.build.checkpoint_cast import cast_checkpoint
-    from enginefoundry.build.model_config import (
+    from enginefoundry.inputs.checkpoint_cast import cast_checkpoint
+    from enginefoundry.inputs.model_config import (
         expert_count,
         hub_config,
         lookup,
         model_config_for,
         read_config,
     )
-    from enginefoundry.build.model_shape import Check, ModelShape, checkpoint_shape, read_model_config
-    from enginefoundry.build.quantized_source import (
+    from enginefoundry.inputs.model_shape import Check, ModelShape, checkpoint_shape, read_model_config
+    from enginefoundry.inputs.quantized_source import (
         ALGO_PRECISION,
         DEQUANTIZED,
         MAX_QUANT_CONFIG_BYTES,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         spec_quantization_problems,
         write_dequantized,
     )
-    from enginefoundry.build.sources import (
+    from enginefoundry.inputs.sources import (
         SourceIdentity,
         SourceSnapshot,
         check_local,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
         probe,
         remove_stale_partials,
     )
-    from enginefoundry.build.toolchain import (
+    from enginefoundry.inputs.toolchain import (
         LLMAPI_FILES,
         LLMAPI_TEMPLATE,
         ToolchainInfo,
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
         require_trtllm,
         template_keys,
     )
-    from enginefoundry.build.units import (
+    from enginefoundry.inputs.units import (
         KeyComponents,
         Unit,
         checkpoint_key_components,

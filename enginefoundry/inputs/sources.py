@@ -10,7 +10,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from enginefoundry.build.quantized_source import (
+from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath, symlinks_leaving
+from enginefoundry.errors import SourceError, SourceUnreachable
+from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
+from enginefoundry.inputs.quantized_source import (
     MAX_CONFIG_BYTES,
     MAX_QUANT_CONFIG_BYTES,
     MODEL_CONFIG,
@@ -20,9 +23,6 @@ from enginefoundry.build.quantized_source import (
     read_json_bounded,
     read_quantization,
 )
-from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath, symlinks_leaving
-from enginefoundry.errors import SourceError, SourceUnreachable
-from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
 from enginefoundry.runner import pid_alive
 from enginefoundry.schemas.loose import JsonObject
 from enginefoundry.settings import cache_root

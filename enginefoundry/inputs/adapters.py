@@ -28,10 +28,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from enginefoundry.build.model_config import lookup, read_config
-from enginefoundry.build.sources import SourceSnapshot, fetch, remove_stale_partials
 from enginefoundry.errors import InputError
 from enginefoundry.identity import TOKENIZER_FILES, sha256_json
+from enginefoundry.inputs.model_config import lookup, read_config
+from enginefoundry.inputs.sources import SourceSnapshot, fetch, remove_stale_partials
 from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.settings import cache_root
 from enginefoundry.spec import AdapterMode, AdapterSpec, BuildSpec, SourceKind
