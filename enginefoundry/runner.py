@@ -282,12 +282,10 @@ def install_signal_policy() -> None:
     (`install_sigterm_as_exit`, with its `on_sigterm` callbacks) and SIGINT remembered (`interrupted`) before the
     handler found (Python's KeyboardInterrupt). Main thread only; installing again is a no-op."""
     install_sigterm_as_exit()
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous in _EXIT_HANDLERS:
-        return
+    _chain(signal.SIGINT, _remember_sigint)
 
+
+def _remember_sigint(previous: _Found) -> _Installed:
     def handler(signum: int, frame: FrameType | None) -> None:
         _INTERRUPTED.set()
         if callable(previous):
@@ -295,8 +293,24 @@ def install_signal_policy() -> None:
         else:
             raise KeyboardInterrupt
 
+    return handler
+
+
+_Found = Callable[[int, FrameType | None], object] | int | None  # what signal.getsignal returns
+_Installed = Callable[[int, FrameType | None], None]
+
+
+def _chain(sig: signal.Signals, make: Callable[[_Found], _Installed]) -> None:
+    """Install `make(the handler found)` for `sig`, once: a handler this module made is left in place. Main thread
+    only (Python runs handlers there, and only it may install them)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(sig)
+    if previous in _EXIT_HANDLERS:
+        return
+    handler = make(previous)
     _EXIT_HANDLERS.add(handler)
-    signal.signal(signal.SIGINT, handler)
+    signal.signal(sig, handler)
 
 
 _ON_SIGTERM: list[Callable[[], None]] = []  # on_sigterm's callbacks, in the order registered
@@ -315,12 +329,10 @@ def install_sigterm_as_exit() -> None:
     handler installed before (if any), and raises SystemExit(143) in the main thread, so `finally` blocks stop
     servers and tools and runs end. Installing again (every tool or server start) leaves the handler in place.
     Main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous in _EXIT_HANDLERS:
-        return
+    _chain(signal.SIGTERM, _exit_on_sigterm)
 
+
+def _exit_on_sigterm(previous: _Found) -> _Installed:
     def handler(signum: int, frame: FrameType | None) -> None:
         _TERMINATING.set()
         for callback in list(_ON_SIGTERM):
@@ -329,8 +341,7 @@ def install_sigterm_as_exit() -> None:
             previous(signum, frame)
         raise SystemExit(128 + signum)
 
-    _EXIT_HANDLERS.add(handler)
-    signal.signal(signal.SIGTERM, handler)
+    return handler
 
 
 # Secrets of this process that no tool or server needs (evidence/signing.py: the private key's PEM text, its
