@@ -14,7 +14,7 @@ and the digest beside it. So `seed` copies the template, then checks the copy be
 digest this tool wrote (`<template>.sha256`: damage, not an attacker), SQLite's `quick_check`, its whole schema
 (every table with its columns and constraints, index, trigger and view: `schema_of`) equal to what the tool's own
 migrations make, and no row but the few the migrations add (so no registered model, version or alias can ride
-in). What the migrations make is recorded per tool release in `enginefoundry/schemas/db/<tool>-<release>.json`
+in). What the migrations make is recorded per tool release in `enginefoundry/schemas/recorded-db/<tool>-<release>.json`
 (`scripts/record_db_schemas.py` writes it by running the migrations; an integration test holds it to them), never
 read from the cache: a release without a record gets no template (each new file is migrated by the tool). A
 template that fails any check is removed with a message naming it and the reason; the tool then migrates the new
@@ -46,7 +46,7 @@ from enginefoundry.runner import pid_alive
 from enginefoundry.settings import cache_root
 
 SchemaEntry = tuple[str, str, str, str]  # sqlite_master's type, name, table and SQL (whitespace collapsed)
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas" / "db"
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas" / "recorded-db"
 
 
 @dataclass(frozen=True)

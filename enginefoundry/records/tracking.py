@@ -246,7 +246,7 @@ def _started_from_mlflow_template(db: Path | None) -> contextlib.AbstractContext
 def _mlflow_template_rules() -> db_templates.TemplateRules:
     """A migrated MLflow file's own rows (its Alembic head, the default workspace: migration
     1b5f0d9ad7c1_add_workspace_columns_and_catalog, mlflow/store/db_migrations/versions@3.17.2) and its whole schema
-    as this MLflow release's migrations make it (enginefoundry/schemas/db/mlflow-<release>.json)."""
+    as this MLflow release's migrations make it (enginefoundry/schemas/recorded-db/mlflow-<release>.json)."""
     import mlflow
 
     return db_templates.recorded_rules("mlflow", mlflow.__version__, rows={"alembic_version": 1, "workspaces": 1},

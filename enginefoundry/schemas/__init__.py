@@ -12,7 +12,8 @@ SCHEMA_VERSION; readers parse hostile bytes with `Document.parse` (bounded: size
 naming that command, while a schema is stale or missing). A part of a signed document that must be written back
 byte for byte as read (the manifest's) is a `WirePart`.
 
-`db/` holds the recorded database schemas of the MLflow and Prefect releases in use (records/db_templates.py).
+`recorded-db/` holds the recorded database schemas of the MLflow and Prefect releases in use (records/db_templates.py;
+not a Python package, so its name is not an identifier and setuptools treats it as package data).
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_a_hostile_or_corrupt_mlflow_template_never_reaches_a_new_file(monkeypat
     from enginefoundry.records.tracking import _mlflow_template_rules
 
     # Rebuilt from MLflow's own migrations, and it passes the checks: its whole schema is the one recorded for this
-    # release (enginefoundry/schemas/db/; after an upgrade: scripts/record_db_schemas.py).
+    # release (enginefoundry/schemas/recorded-db/; after an upgrade: scripts/record_db_schemas.py).
     assert db_templates.template_problem(template, db_templates.digest_path(template), _mlflow_template_rules()) is None
 
 
