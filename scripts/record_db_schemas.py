@@ -4,8 +4,8 @@ cache. Run it after upgrading either tool (or SQLAlchemy/Alembic, which write th
 
     .venv/bin/python scripts/record_db_schemas.py
 
-It writes enginefoundry/schemas/recorded-db/<tool>-<release>.json; tests/integration/test_db_templates_tools.py fails until
-the record of the installed release matches what its migrations make."""
+It writes enginefoundry/schemas/recorded-db/<tool>-<release>.json; tests/integration/test_db_templates_tools.py
+fails until the record of the installed release matches what its migrations make."""
 
 from __future__ import annotations
 
