@@ -29,11 +29,11 @@ from enginefoundry.flows.dispatch import deployment_name, dispatch_units
 from enginefoundry.flows.dispatch import spec_payload as spec_payload  # re-exported: the CLI and rollout import it here
 from enginefoundry.flows.reports import report_build, report_cache_hit, report_matrix
 from enginefoundry.flows.unit import unit_pipeline
-from enginefoundry.inputs.adapters import adapter_digests, pinned_adapters, served_source
+from enginefoundry.inputs.adapters import pinned_adapters, served_source
 from enginefoundry.inputs.sources import SourceSnapshot
-from enginefoundry.inputs.units import Unit, expand_units
+from enginefoundry.inputs.units import SourceDigests, Unit, expand_units
 from enginefoundry.lanes import get_lane
-from enginefoundry.lanes.speculation import draft_digests, pinned_draft
+from enginefoundry.lanes.speculation import pinned_draft
 from enginefoundry.planning.cache_plan import (
     CachePlan,
     find_hit,
@@ -311,8 +311,7 @@ def _prepare(build_spec: BuildSpec, units: list[Unit], force: bool, verify_hits:
     build_spec = pinned_adapters(build_spec, adapters)
     fetch_s = time.monotonic() - t0
     parent = start_parent_run(build_spec, snapshot)
-    keyed = unit_keys(build_spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
-                      adapter_digests=adapter_digests(adapters), source_quantization=snapshot.quantization)
+    keyed = unit_keys(build_spec, units, SourceDigests.of(snapshot, draft, adapters))
     # Cache check first, so a converted checkpoint is made only for variants that some miss needs. A miss is
     # built under a lease: a concurrent run of the same key waits for our build instead of rebuilding it.
     artifacts = open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url)

@@ -12,7 +12,6 @@ from enginefoundry._face import lazy_face
 
 if TYPE_CHECKING:
     from enginefoundry.inputs.adapters import (
-        adapter_digests,
         adapter_problems,
         fetch_adapters,
         merged_source,
@@ -66,6 +65,7 @@ if TYPE_CHECKING:
     )
     from enginefoundry.inputs.units import (
         KeyComponents,
+        SourceDigests,
         Unit,
         checkpoint_key_components,
         expand_units,
@@ -84,6 +84,7 @@ __all__ = [
     "Check",
     "KeyComponents",
     "ModelShape",
+    "SourceDigests",
     "SourceIdentity",
     "SourceQuantization",
     "SourceSnapshot",
@@ -92,7 +93,6 @@ __all__ = [
     "ToolchainInfo",
     "Unit",
     "UnsupportedByRelease",
-    "adapter_digests",
     "adapter_problems",
     "cast_checkpoint",
     "check_against_surface",

@@ -243,11 +243,6 @@ def fetch_adapters(spec: BuildSpec, base: SourceSnapshot, lane_name: str, lane_m
     return out
 
 
-def adapter_digests(adapters: dict[str, SourceSnapshot]) -> dict[str, str]:
-    """Each adapter's digest (its folder's weights digest: adapter_config.json and the weights), by name."""
-    return {name: snap.weights_digest for name, snap in adapters.items()}
-
-
 def pinned_adapters(spec: BuildSpec, adapters: dict[str, SourceSnapshot]) -> BuildSpec:
     """The spec with each Hub adapter pinned to the commit fetched (a branch may move during the run)."""
     pinned = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -12,6 +12,9 @@ from enginefoundry.inputs.quantized_source import SourceQuantization
 from enginefoundry.schemas.manifest import KeyComponents as KeyComponents  # its home is schemas (issue 35)
 from enginefoundry.spec import AdapterMode, BuildSpec, Profile, SearchedUnit, Target, Variant
 from enginefoundry.spec.lane_options import LaneOptions
+
+if TYPE_CHECKING:
+    from enginefoundry.inputs.sources import SourceSnapshot
 
 # Bump when the meaning of a key component or the artifact layout changes: old artifacts then miss.
 # 2: the weights digest of an hf source covers only the files the build reads (duplicate formats such as
@@ -129,32 +132,53 @@ def _quantized(source_quantization: SourceQuantization | None,
     return {} if source_quantization is None else {"source_quantization": source_quantization.key_json()}
 
 
+class SourceDigests(BaseModel):
+    """What the fetched sources put in a unit's key, as one value: the model's weights and tokenizer digests, the
+    speculative draft's (weights, tokenizer) digests where the spec has one (`draft`), each fetched adapter's
+    digest by name (`adapters`), and a pre-quantized source's own quantization (`quantization`, as the checkpoint
+    key has it). Never a URI or a path: a moved source with the same files is the same unit."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weights: str
+    tokenizer: str
+    draft: tuple[str, str] | None = None
+    adapters: dict[str, str] | None = None
+    quantization: SourceQuantization | None = None
+
+    @classmethod
+    def of(cls, snapshot: SourceSnapshot, draft: SourceSnapshot | None = None,
+           adapters: Mapping[str, SourceSnapshot] | None = None) -> SourceDigests:
+        """The digests of the fetched model `snapshot`, its `speculative.draft` and its model.adapters by name."""
+        return cls(weights=snapshot.weights_digest, tokenizer=snapshot.tokenizer_digest,
+                   draft=(draft.weights_digest, draft.tokenizer_digest) if draft is not None else None,
+                   adapters={name: a.weights_digest for name, a in (adapters or {}).items()},
+                   quantization=snapshot.quantization)
+
+
 def unit_key_components(
-    spec: BuildSpec, unit: Unit, weights_digest: str, tokenizer_digest: str,
+    spec: BuildSpec, unit: Unit, source: SourceDigests,
     toolchain: dict[str, Any],  # JSON edge: toolchain_identity's JSON
     lane_options: LaneOptions | dict[str, Any] | None = None,  # JSON edge: the options the spec set
-    draft_digests: tuple[str, str] | None = None,
-    adapter_digests: dict[str, str] | None = None,
-    source_quantization: SourceQuantization | None = None,
 ) -> dict[str, Any]:  # JSON edge: key components, hashed and recorded
     """Everything that changes what a unit's build produces. No paths, clocks or credentials. A speculative unit
-    adds its `speculative` section, with the draft's weights and tokenizer digests (`draft_digests`) where it has
+    adds its `speculative` section, with the draft's weights and tokenizer digests (`source.draft`) where it has
     a draft; a unit without one keeps the key it always had. A unit of an adapter adds its `adapter` (name, mode
-    and the adapter's digest from `adapter_digests`, name → digest of the fetched adapter folder). A pre-quantized
-    source adds its own quantization (`source_quantization`, as the checkpoint key does)."""
+    and the adapter's digest from `source.adapters`, name → digest of the fetched adapter folder). A pre-quantized
+    source adds its own quantization (`source.quantization`, as the checkpoint key does)."""
     calib = unit.variant.calibration.model_dump(mode="json") if unit.variant.calibration else None
     extra: dict[str, Any] = {}  # JSON edge: the components only speculative units and adapter units have
     if spec.speculative is not None:
-        extra["speculative"] = speculative_component(spec, draft_digests)
+        extra["speculative"] = speculative_component(spec, source.draft)
     if unit.adapter is not None:
-        extra["adapter"] = adapter_component(spec, unit.adapter, adapter_digests)
+        extra["adapter"] = adapter_component(spec, unit.adapter, source.adapters)
     elif spec.model.adapters and spec.model.adapter_mode is AdapterMode.SERVE:
-        extra["adapter"] = served_component(spec, adapter_digests)
+        extra["adapter"] = served_component(spec, source.adapters)
     return {
         "format_version": FORMAT_VERSION,
         "kind": "unit",
-        "weights_digest": weights_digest,
-        "tokenizer_digest": tokenizer_digest,
+        "weights_digest": source.weights,
+        "tokenizer_digest": source.tokenizer,
         "lane": spec.lane,
         "toolchain": toolchain,
         "variant": unit.variant.key_json(),
@@ -163,7 +187,7 @@ def unit_key_components(
         "calibration": calib,
         "lane_options": dict(sorted(_keyed(lane_options).items())),
         **extra,
-        **_quantized(source_quantization),
+        **_quantized(source.quantization),
     }
 
 

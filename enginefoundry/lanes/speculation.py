@@ -230,10 +230,6 @@ def pinned_draft(spec: BuildSpec, draft: SourceSnapshot | None) -> BuildSpec:
     return spec.model_copy(update={"speculative": pinned})
 
 
-def draft_digests(draft: SourceSnapshot | None) -> tuple[str, str] | None:
-    return (draft.weights_digest, draft.tokenizer_digest) if draft is not None else None
-
-
 def spec_problems(spec: BuildSpec, version: str | None, target: HfModelConfig | None,
                   target_source: str = "the model's config.json") -> list[tuple[str, str]]:
     """Every refusal of the spec's `speculative` section on a TensorRT-LLM lane, before any download."""
@@ -246,7 +242,7 @@ def spec_problems(spec: BuildSpec, version: str | None, target: HfModelConfig | 
 
 
 __all__ = [
-    "DECODING_TYPE", "DRAFT_PLACEHOLDER", "decoding_type", "draft_config", "draft_digests", "draft_problems",
+    "DECODING_TYPE", "DRAFT_PLACEHOLDER", "decoding_type", "draft_config", "draft_problems",
     "fetch_speculative_draft", "model_problems", "pinned_draft", "release_problems", "spec_problems",
     "speculative_config", "tokenizer_problem", "vocab_size",
 ]

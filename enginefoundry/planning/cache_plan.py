@@ -22,8 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from enginefoundry.errors import PipelineError, StoreError
 from enginefoundry.evidence.signing import TrustPolicy, run_policy, signer_from_env
-from enginefoundry.inputs.quantized_source import SourceQuantization
-from enginefoundry.inputs.units import KeyComponents, Unit, toolchain_identity, unit_key_components
+from enginefoundry.inputs.units import KeyComponents, SourceDigests, Unit, toolchain_identity, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec
@@ -205,17 +204,10 @@ class UnitKeys(BaseModel):
     keys: dict[str, str]
 
 
-def unit_keys(spec: BuildSpec, units: list[Unit], weights_digest: str, tokenizer_digest: str,
-              draft_digests: tuple[str, str] | None = None, *, adapter_digests: dict[str, str] | None = None,
-              source_quantization: SourceQuantization | None = None) -> UnitKeys:
-    """`draft_digests`: the fetched `speculative.draft`'s weights and tokenizer digests, for a spec that has one;
-    `adapter_digests`: each fetched adapter's digest by name (enginefoundry.inputs.adapters.adapter_digests);
-    `source_quantization`: a pre-quantized source's own quantization (the fetched snapshot's)."""
+def unit_keys(spec: BuildSpec, units: list[Unit], source: SourceDigests) -> UnitKeys:
+    """`source`: the fetched sources' digests (the model's; the `speculative.draft`'s where the spec has one; each
+    fetched adapter's by name) and a pre-quantized source's own quantization (`SourceDigests.of` the snapshots)."""
     toolchain = toolchain_identity(spec, get_lane(spec.lane).versions())
-    components = {unit.name: KeyComponents.of(unit_key_components(spec, unit, weights_digest, tokenizer_digest,
-                                                                  toolchain, spec.lane_options,
-                                                                  draft_digests=draft_digests,
-                                                                  adapter_digests=adapter_digests,
-                                                                  source_quantization=source_quantization))
+    components = {unit.name: KeyComponents.of(unit_key_components(spec, unit, source, toolchain, spec.lane_options))
                   for unit in units}
     return UnitKeys(components=components, keys={name: c.key for name, c in components.items()})

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from enginefoundry.inputs.sources import SourceSnapshot
-from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.planning.cache_plan import find_hit, hit_signature_policy
 from enginefoundry.planning.preflight import reference_summary
@@ -67,13 +67,10 @@ def explain(spec: BuildSpec, snapshot: SourceSnapshot, store: Store,
     adapter shows as a miss of that adapter's units alone, `adapter.weights_digest` differing)."""
     toolchain = toolchain_identity(spec, get_lane(spec.lane).versions())
     published = published_manifests(store, spec.model.name)
+    source = SourceDigests.of(snapshot, draft, adapters)
     out = []
     for unit in expand_units(spec, only_targets):
-        comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest, toolchain,
-                                    spec.lane_options,
-                                    draft_digests=(draft.weights_digest, draft.tokenizer_digest) if draft else None,
-                                    adapter_digests={n: a.weights_digest for n, a in (adapters or {}).items()},
-                                    source_quantization=snapshot.quantization)
+        comps = unit_key_components(spec, unit, source, toolchain, spec.lane_options)
         key = key_of(comps)
         # The decision `run` makes (cache_plan.find_hit, the flow's publish.check_hit): a pointer it refuses is a miss.
         said: list[str] = []

@@ -33,12 +33,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError, SpecError, StoreError, is_transient
-from enginefoundry.inputs.adapters import adapter_digests, fetch_adapters
+from enginefoundry.inputs.adapters import fetch_adapters
 from enginefoundry.inputs.quantized_source import refuse_contradiction
 from enginefoundry.inputs.sources import SourceSnapshot, fetch
-from enginefoundry.inputs.units import Unit, expand_units
+from enginefoundry.inputs.units import SourceDigests, Unit, expand_units
 from enginefoundry.lanes import get_lane
-from enginefoundry.lanes.speculation import draft_digests, fetch_speculative_draft
+from enginefoundry.lanes.speculation import fetch_speculative_draft
 from enginefoundry.planning.cache_plan import check_hits, hit_signature_policy, unit_keys
 from enginefoundry.records.run_summary import RunSummary, UnitOutcome
 from enginefoundry.settings import work_root
@@ -69,8 +69,7 @@ def decide_all_hits(spec: BuildSpec, targets: list[str] | None = None,
     lane = get_lane(spec.lane)
     adapters = fetch_adapters(spec, snapshot, lane.name, lane.max_lora_rank, progress)
     fetch_s = time.monotonic() - t0
-    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest, draft_digests(draft),
-                      adapter_digests=adapter_digests(adapters), source_quantization=snapshot.quantization)
+    keyed = unit_keys(spec, units, SourceDigests.of(snapshot, draft, adapters))
     store = open_store(spec.publish.store, spec.publish.s3_endpoint_url)
     hits: dict[str, PublishedBuild] = {}
     for check in check_hits(store, spec.model.name, units, keyed.keys, rehash=rehash, progress=progress,

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import SpecError
 from enginefoundry.identity import sha256_json
-from enginefoundry.inputs.units import Unit, expand_units, target_identity, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, Unit, expand_units, target_identity, unit_key_components
 from enginefoundry.schemas.manifest import KeyComponents
 from enginefoundry.spec import BuildSpec
 
@@ -66,8 +66,9 @@ def unit_lineage(spec: BuildSpec, unit: Unit) -> Lineage:
         return Lineage(digest=_digest(identity),
                        label=f"spec {spec.name}: search rank {unit.searched.rank} on {unit.target.name} "
                              f"({spec.lane} lane)")
-    components = unit_key_components(spec, unit, "", "", {}, spec.lane_options, draft_digests=("", ""),
-                                     adapter_digests={a.name: "" for a in spec.model.adapters} or None)
+    blank = SourceDigests(weights="", tokenizer="", draft=("", ""),
+                          adapters={a.name: "" for a in spec.model.adapters} or None)
+    components = unit_key_components(spec, unit, blank, {}, spec.lane_options)
     return Lineage(digest=_digest(_lineage_identity(KeyComponents.of(components))), label=label)
 
 

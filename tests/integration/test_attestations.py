@@ -25,7 +25,7 @@ from enginefoundry.evidence.signing import (
     pae,
     signer_from_env,
 )
-from enginefoundry.inputs.units import key_of
+from enginefoundry.inputs.units import SourceDigests, key_of
 from enginefoundry.store.backends import FileStore, Store, blob_key
 from enginefoundry.store.publish import PublishOptions, build_manifest_key, publish_build, read_build
 from tests.support.stores import QUIET, store_fixture
@@ -384,7 +384,7 @@ def test_a_spec_that_requires_signatures_does_not_take_an_unsigned_cache_hit(tmp
         spec = spec_with(store)
         units = expand_units(spec)
         snap = fetch(spec.model.parsed_source(spec.base_path), progress=lambda _: None)
-        keyed = unit_keys(spec, units, snap.weights_digest, snap.tokenizer_digest)
+        keyed = unit_keys(spec, units, SourceDigests.of(snap))
         for unit in units:
             root = tmp_path / f"bundle-{store.root.name}-{unit.name}"
             (root / "model").mkdir(parents=True)

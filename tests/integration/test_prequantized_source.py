@@ -19,7 +19,7 @@ import yaml
 from enginefoundry.errors import SpecError
 from enginefoundry.inputs.quantized_source import SourceQuantization, read_quantization, refuse_contradiction
 from enginefoundry.inputs.sources import fetch
-from enginefoundry.inputs.units import expand_units
+from enginefoundry.inputs.units import SourceDigests, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.planning.cache_plan import unit_keys
@@ -149,9 +149,8 @@ def test_the_export_plans_and_runs_on_the_reference_lane_without_a_second_quanti
     assert (snapshot.quantization.quant_algo, snapshot.quantization.precision.value) == ("W4A16_AWQ", "int4_awq")
     assert snapshot.quantization.producer.startswith("modelopt ") and snapshot.quantization.group_size == 128
     units = expand_units(spec)
-    keyed = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest,
-                      source_quantization=snapshot.quantization)
-    plain = unit_keys(spec, units, snapshot.weights_digest, snapshot.tokenizer_digest)
+    keyed = unit_keys(spec, units, SourceDigests.of(snapshot))
+    plain = unit_keys(spec, units, SourceDigests(weights=snapshot.weights_digest, tokenizer=snapshot.tokenizer_digest))
     [(name, components)] = keyed.components.items()
     assert components.source_quantization == snapshot.quantization.key_json()
     assert keyed.keys[name] != plain.keys[name]  # the checkpoint's own quantization is part of what is built

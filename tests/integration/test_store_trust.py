@@ -199,7 +199,7 @@ def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, mon
     """One decision: a current build whose blob is gone is refused by `run` (it rebuilds), so `explain` must
     not call it a hit."""
     from enginefoundry.inputs.sources import fetch
-    from enginefoundry.inputs.units import expand_units, toolchain_identity, unit_key_components
+    from enginefoundry.inputs.units import SourceDigests, expand_units, toolchain_identity, unit_key_components
     from enginefoundry.lanes import get_lane
     from enginefoundry.planning.explain import explain
     from enginefoundry.spec import load_spec
@@ -208,7 +208,7 @@ def test_explain_calls_a_pointer_run_refuses_a_miss(store, tmp_path, capsys, mon
     spec = load_spec(_spec_for(store, tmp_path))
     snapshot = fetch(spec.model.parsed_source(spec.base_path), progress=lambda _: None)
     unit = expand_units(spec)[0]
-    comps = unit_key_components(spec, unit, snapshot.weights_digest, snapshot.tokenizer_digest,
+    comps = unit_key_components(spec, unit, SourceDigests.of(snapshot),
                                 toolchain_identity(spec, get_lane(spec.lane).versions()), spec.lane_options)
     fields = {**unit_fields(), "key": key_of(comps), "key_components": comps, "model": spec.model.name}
     published = publish_build(store, spec.model.name, fields, {"bundle": small_bundle(tmp_path)}, **QUIET)

@@ -20,7 +20,7 @@ from enginefoundry.inputs.adapters import (
     names_base,
     read_adapter_config,
 )
-from enginefoundry.inputs.units import expand_units, key_of, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, expand_units, key_of, unit_key_components
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.promotion import alias_stems
@@ -147,8 +147,8 @@ def test_one_unit_per_adapter_with_its_own_key_alias_stem_and_lineage():
     assert unit_lineage(spec, units[0]).digest != unit_lineage(spec, units[1]).digest
 
     def keys(digests: dict[str, str]) -> list[str]:
-        return [key_of(unit_key_components(spec, u, "w", "t", {}, spec.lane_options, adapter_digests=digests))
-                for u in units]
+        source = SourceDigests(weights="w", tokenizer="t", adapters=digests)
+        return [key_of(unit_key_components(spec, u, source, {}, spec.lane_options)) for u in units]
 
     before = keys({"plus-one": "a1", "other": "b1"})
     after = keys({"plus-one": "a2", "other": "b1"})  # a new revision of one adapter
@@ -161,7 +161,7 @@ def test_a_spec_without_adapters_keeps_its_units_and_keys():
     plain = parse_spec(yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text()), base_dir=CONFIGS)
     (unit,) = expand_units(plain)
     assert unit.adapter is None and unit.name == "fp32-tp1.chat.cpu"
-    components = unit_key_components(plain, unit, "w", "t", {}, plain.lane_options)
+    components = unit_key_components(plain, unit, SourceDigests(weights="w", tokenizer="t"), {}, plain.lane_options)
     assert "adapter" not in components
 
 
@@ -177,12 +177,14 @@ def test_serve_mode_is_one_unit_whose_key_takes_every_adapter_digest():
     assert unit.adapter is None and unit.name == plain_unit.name == "fp32-tp1.chat.cpu"
 
     def key(digests: dict[str, str]) -> str:
-        return key_of(unit_key_components(spec, unit, "w", "t", {}, spec.lane_options, adapter_digests=digests))
+        return key_of(unit_key_components(spec, unit, SourceDigests(weights="w", tokenizer="t", adapters=digests), {},
+                                          spec.lane_options))
 
-    components = unit_key_components(spec, unit, "w", "t", {}, spec.lane_options,
-                                     adapter_digests={"plus-one": "a1", "other": "b1"})
+    both = SourceDigests(weights="w", tokenizer="t", adapters={"plus-one": "a1", "other": "b1"})
+    components = unit_key_components(spec, unit, both, {}, spec.lane_options)
     assert components["adapter"] == {"mode": "serve", "served": {"plus-one": "a1", "other": "b1"}}
-    base_key = key_of(unit_key_components(plain, plain_unit, "w", "t", {}, plain.lane_options))
+    base_key = key_of(unit_key_components(plain, plain_unit, SourceDigests(weights="w", tokenizer="t"), {},
+                                          plain.lane_options))
     keys = {base_key, key({"plus-one": "a1", "other": "b1"}), key({"plus-one": "a2", "other": "b1"}),
             key({"plus-one": "a1", "other": "b2"})}
     assert len(keys) == 4  # the base alone, the set, and a new revision of either adapter: four keys

@@ -34,9 +34,9 @@ def test_a_lineage_is_what_a_rollout_keeps() -> None:
     other = spec.model_copy(update={"profiles": [profile]})
     assert unit_lineage(other, expand_units(other)[0]).digest != mine.digest
     # A published unit's key components give the same digest (versions registered before the tag existed).
-    from enginefoundry.inputs.units import toolchain_identity, unit_key_components
+    from enginefoundry.inputs.units import SourceDigests, toolchain_identity, unit_key_components
 
-    components = unit_key_components(spec, unit, "w" * 64, "t" * 64, toolchain_identity(spec, {"torch": "2"}),
-                                     spec.lane_options)
+    components = unit_key_components(spec, unit, SourceDigests(weights="w" * 64, tokenizer="t" * 64),
+                                     toolchain_identity(spec, {"torch": "2"}), spec.lane_options)
     assert manifest_lineage(components) == mine.digest
     assert manifest_lineage({"lane": "reference"}) is None

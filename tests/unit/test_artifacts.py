@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from enginefoundry.identity import canonical_json, sha256_file
-from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.planning.explain import diff_components
 from enginefoundry.spec import load_spec
 from enginefoundry.store.manifest import SCHEMA_PATH, Manifest, generated_schema, validate_against_schema
@@ -37,7 +37,8 @@ def test_unit_key_is_canonical_and_names_every_component():
     spec = load_spec(REPO / "configs" / "llama-3.1-8b-multiarch.yaml")
     units = expand_units(spec)
     tc = toolchain_identity(spec, {"tensorrt_llm": "1.2.1"})
-    comps = [unit_key_components(spec, u, "w" * 64, "t" * 64, tc, spec.lane_options) for u in units]
+    comps = [unit_key_components(spec, u, SourceDigests(weights="w" * 64, tokenizer="t" * 64), tc, spec.lane_options)
+             for u in units]
     keys = [key_of(c) for c in comps]
     assert len(set(keys)) == len(keys)  # every unit has its own key
     assert set(comps[0]) == {"format_version", "kind", "weights_digest", "tokenizer_digest", "lane", "toolchain",

@@ -13,7 +13,7 @@ import yaml
 from enginefoundry.errors import SpecError
 from enginefoundry.inputs.model_shape import ModelShape
 from enginefoundry.inputs.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
-from enginefoundry.inputs.units import Unit, expand_units, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, Unit, expand_units, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm import runtime_config
 from enginefoundry.lanes.trtllm_flags import LLM_API, PRESENT, TO_BE_PROBED, flag, registry_verdict
@@ -63,7 +63,8 @@ def test_a_variant_names_its_moe_shape_and_keeps_its_key_without_one():
     assert not set(plain) & {"moe_ep", "moe_tp", "attention_dp"}
     assert Variant(tp=2, moe_ep=2).key_json()["moe_ep"] == 2
     spec = qwen_spec()
-    keys = {unit_key_components(spec, u, "w", "t", {})["variant"].get("attention_dp") for u in expand_units(spec)}
+    digests = SourceDigests(weights="w", tokenizer="t")
+    keys = {unit_key_components(spec, u, digests, {})["variant"].get("attention_dp") for u in expand_units(spec)}
     assert keys == {True, None}
 
 

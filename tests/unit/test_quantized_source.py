@@ -25,7 +25,13 @@ from enginefoundry.inputs.quantized_source import (
     refuse_contradiction,
     spec_quantization_problems,
 )
-from enginefoundry.inputs.units import KeyComponents, checkpoint_key_components, expand_units, unit_key_components
+from enginefoundry.inputs.units import (
+    KeyComponents,
+    SourceDigests,
+    checkpoint_key_components,
+    expand_units,
+    unit_key_components,
+)
 from enginefoundry.spec import BuildSpec, Precision, parse_spec
 from tests.support.paths import CONFIGS, TINY_MODEL
 
@@ -183,9 +189,9 @@ def test_the_keys_record_the_checkpoints_own_quantization(tmp_path: Path):
     quant = read_quantization(folder)
     assert quant is not None
     [unit] = expand_units(spec)
-    plain = unit_key_components(spec, unit, "w", "t", TOOLCHAIN, spec.lane_options)
-    prequantized = unit_key_components(spec, unit, "w", "t", TOOLCHAIN, spec.lane_options,
-                                       source_quantization=quant)
+    plain = unit_key_components(spec, unit, SourceDigests(weights="w", tokenizer="t"), TOOLCHAIN, spec.lane_options)
+    prequantized = unit_key_components(spec, unit, SourceDigests(weights="w", tokenizer="t", quantization=quant),
+                                       TOOLCHAIN, spec.lane_options)
     assert "source_quantization" not in plain  # an unquantized source keeps the key it always had
     assert prequantized["source_quantization"]["quant_algo"] == "W4A16_AWQ"
     assert KeyComponents.of(prequantized).key != KeyComponents.of(plain).key

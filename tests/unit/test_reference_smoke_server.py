@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from enginefoundry.errors import SpecError
-from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.lanes.reference import ReferenceLane
 from enginefoundry.lanes.reference_options import ReferenceOptions
 from enginefoundry.records.outcomes import UnitCommands
@@ -88,8 +88,8 @@ def test_the_smoke_server_is_not_part_of_the_unit_key():
     keys = []
     for spec in (_spec(), _spec(smoke_server="transformers"), _spec(smoke_server="scoring")):
         (unit,) = expand_units(spec)
-        comps = unit_key_components(spec, unit, "w" * 64, "t" * 64, toolchain_identity(spec, {"torch": "2"}),
-                                    spec.lane_options)
+        comps = unit_key_components(spec, unit, SourceDigests(weights="w" * 64, tokenizer="t" * 64),
+                                    toolchain_identity(spec, {"torch": "2"}), spec.lane_options)
         assert comps["lane_options"] == {}
         keys.append(key_of(comps))
     assert len(set(keys)) == 1

@@ -11,7 +11,7 @@ import yaml
 from enginefoundry.bench.costs import unit_cost
 from enginefoundry.bench.result import BenchPoint, Percentiles
 from enginefoundry.errors import SpecError
-from enginefoundry.inputs.units import expand_units, key_of, toolchain_identity, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, expand_units, key_of, toolchain_identity, unit_key_components
 from enginefoundry.search.plan import materialise, profile_for, searched_units
 from enginefoundry.search.predictor import AIConfigurator, choose_db_version, system_of
 from enginefoundry.spec import Precision, SearchedUnit, Target, Variant, load_spec, parse_spec
@@ -66,8 +66,8 @@ def test_searched_units_mix_with_hand_written_ones_and_keep_their_keys():
     by_hand = base.model_copy(update={"search": None, "profiles": [*base.profiles, searched.profile]})
     twin = next(u for u in expand_units(by_hand) if u.name == searched.name)
     tool = toolchain_identity(spec, {})
-    assert key_of(unit_key_components(spec, searched, "w", "t", tool)) == \
-        key_of(unit_key_components(by_hand, twin, "w", "t", tool))
+    assert key_of(unit_key_components(spec, searched, SourceDigests(weights="w", tokenizer="t"), tool)) == \
+        key_of(unit_key_components(by_hand, twin, SourceDigests(weights="w", tokenizer="t"), tool))
     # The same configuration written by hand: one unit, which gains the search's annotation.
     doubled = spec.model_copy(update={"profiles": [*spec.profiles, searched.profile]})
     units = expand_units(doubled)

@@ -11,7 +11,7 @@ import yaml
 
 from enginefoundry.errors import SpecError
 from enginefoundry.inputs.toolchain import ToolSurface, UnsupportedByRelease, check_against_surface
-from enginefoundry.inputs.units import expand_units, unit_key_components
+from enginefoundry.inputs.units import SourceDigests, expand_units, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.speculation import tokenizer_problem
 from enginefoundry.lanes.trtllm import runtime_config
@@ -182,7 +182,8 @@ def test_a_speculative_unit_is_keyed_apart_from_its_twin():
     unit = expand_units(twin)[0]
 
     def comps(spec, draft=None):
-        return unit_key_components(spec, unit, "w" * 64, "t" * 64, {}, spec.lane_options, draft_digests=draft)
+        return unit_key_components(spec, unit, SourceDigests(weights="w" * 64, tokenizer="t" * 64, draft=draft), {},
+                                   spec.lane_options)
 
     assert "speculative" not in comps(twin)  # every existing key unchanged
     one, two = comps(sp, ("d" * 64, "t" * 64)), comps(sp, ("e" * 64, "t" * 64))
@@ -205,7 +206,7 @@ def _checkpoint(folder, vocab: int, tokenizer: str):
 def test_the_fetched_draft_is_checked_and_pinned(tmp_path):
     from enginefoundry.errors import InputError
     from enginefoundry.inputs.sources import SourceSnapshot, fetch
-    from enginefoundry.lanes.speculation import draft_digests, fetch_speculative_draft, pinned_draft
+    from enginefoundry.lanes.speculation import fetch_speculative_draft, pinned_draft
     from enginefoundry.spec import SourceKind, parse_source_uri
 
     target = fetch(parse_source_uri(str(_checkpoint(tmp_path / "target", 128256, '{"v": 1}'))), progress=str)
@@ -216,7 +217,8 @@ def test_the_fetched_draft_is_checked_and_pinned(tmp_path):
     same = _checkpoint(tmp_path / "same", 128256, '{"v": 1}')
     spec = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": str(same)})
     draft = fetch_speculative_draft(spec, target, progress=str)
-    assert draft is not None and draft_digests(draft) == (draft.weights_digest, target.tokenizer_digest)
+    assert draft is not None
+    assert SourceDigests.of(target, draft).draft == (draft.weights_digest, target.tokenizer_digest)
     assert fetch_speculative_draft(spec_for("1.3.0rc24", {"algorithm": "ngram"}), target, progress=str) is None
     # a Hub draft is pinned to the commit fetched, so that every worker fetches the same files
     hub = spec_for("1.3.0rc24", {"algorithm": "draft_target", "draft": "hf://meta-llama/Llama-3.2-1B@main"})

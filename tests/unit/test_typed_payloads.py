@@ -13,6 +13,7 @@ from enginefoundry.errors import InputError
 from enginefoundry.inputs.sources import SourceIdentity, SourceSnapshot
 from enginefoundry.inputs.units import (
     KeyComponents,
+    SourceDigests,
     checkpoint_key_components,
     expand_units,
     key_of,
@@ -32,7 +33,8 @@ def test_typed_key_components_hash_and_record_as_the_json_they_came_from(config:
     spec = load_spec(CONFIGS / config)
     toolchain = toolchain_identity(spec, {"tensorrt_llm": "1.2.1"})
     for unit in expand_units(spec):
-        raw = unit_key_components(spec, unit, "w" * 64, "t" * 64, toolchain, spec.lane_options)
+        raw = unit_key_components(spec, unit, SourceDigests(weights="w" * 64, tokenizer="t" * 64), toolchain,
+                                  spec.lane_options)
         typed = KeyComponents.of(raw)
         assert typed.as_json() == raw and typed.key == key_of(raw)
         # the parameter a worker gets back from the Prefect API: the same key
