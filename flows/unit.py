@@ -25,6 +25,7 @@ from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.outcomes import (
+    BuiltUnit,
     UnitCommands,
     build_run_tags,
     built_outcome,
@@ -167,11 +168,11 @@ def draft_manifest(work: UnitWork, run: UnitRun, staged: Staged) -> Manifest:
     digest, signed with it (DESIGN §10)."""
     ckpt, smoke = work.ckpt, staged.smoke
     inputs = [*([ckpt.input] if ckpt.input else []), *staged.reference[1].inputs, *(smoke.inputs if smoke else [])]
-    return unit_manifest(work.spec, work.unit, work.key, work.key_components.as_json(), work.snapshot,
-                         checkpoint_key=ckpt.key, checkpoint_uri=ckpt.uri, device=staged.build.device,
-                         build_params=staged.build.params, smoke=smoke, sweep=staged.sweep, mlflow_run_id=run.run_id,
-                         prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID),
-                         inputs=[i for n, i in enumerate(inputs) if i not in inputs[:n]])
+    built = BuiltUnit(checkpoint_key=ckpt.key, checkpoint_uri=ckpt.uri, device=staged.build.device,
+                      build_params=staged.build.params, smoke=smoke, sweep=staged.sweep,
+                      inputs=[i for n, i in enumerate(inputs) if i not in inputs[:n]])
+    return unit_manifest(work.spec, work.unit, work.key_components, work.snapshot, built, mlflow_run_id=run.run_id,
+                         prefect_flow_run_id=prefect_context().get(mltags.PREFECT_FLOW_RUN_ID))
 
 
 def publish_and_record(work: UnitWork, run: UnitRun, staged: Staged, replaces: str) -> UnitOutcome:

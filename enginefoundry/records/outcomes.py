@@ -6,6 +6,7 @@ so the flows only compose stages; no Prefect here.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -132,31 +133,40 @@ def hit_run_tags(key: str, hit: PublishedBuild) -> dict[str, str]:
             mltags.STATUS: manifest.status, **adapter_tags(manifest.source)}
 
 
-def unit_manifest(
-    # JSON edge: manifest key components, as published
-    spec: BuildSpec, unit: Unit, key: str, key_components: dict[str, Any], snapshot: SourceSnapshot, *,
-    # JSON edge: manifest device and build_params, as published
-    checkpoint_key: str | None, checkpoint_uri: str | None, device: dict[str, Any], build_params: dict[str, Any],
-    smoke: SmokeReport | None, sweep: SweepReport | None, mlflow_run_id: str | None,
-    prefect_flow_run_id: str | None, inputs: list[BuildInput] | None = None,
-) -> Manifest:
-    """The manifest of a built unit, without its files: publishing adds them from the upload pass. `inputs`: what
-    the build consumed besides its named sources, each bound by digest (evidence/inputs.py)."""
+@dataclass(frozen=True)
+class BuiltUnit:
+    """What a unit's stages produced, for its manifest: the converted checkpoint it was built from (key and URI),
+    the build's device and parameters, the smoke report and the sweep, and what the build consumed besides its
+    named sources, each bound by digest (`inputs`, evidence/inputs.py)."""
+
+    checkpoint_key: str | None
+    checkpoint_uri: str | None
+    device: dict[str, Any]  # JSON edge: manifest device, as published
+    build_params: dict[str, Any]  # JSON edge: manifest build_params, as published
+    smoke: SmokeReport | None
+    sweep: SweepReport | None
+    inputs: list[BuildInput] = field(default_factory=list)
+
+
+def unit_manifest(spec: BuildSpec, unit: Unit, components: KeyComponents, snapshot: SourceSnapshot, built: BuiltUnit,
+                  *, mlflow_run_id: str | None, prefect_flow_run_id: str | None) -> Manifest:
+    """The manifest of a built unit (key `components.key`), without its files: publishing adds them from the
+    upload pass."""
+    smoke, sweep = built.smoke, built.sweep
     judged = verdict(smoke, sweep)
-    components = KeyComponents.of(key_components)
     return Manifest.model_validate(dict(
-        key=key, key_components=components, checkpoint_key=checkpoint_key, checkpoint_uri=checkpoint_uri,
-        model=spec.model.name, unit=unit.name, lane=spec.lane,
+        key=components.key, key_components=components, checkpoint_key=built.checkpoint_key,
+        checkpoint_uri=built.checkpoint_uri, model=spec.model.name, unit=unit.name, lane=spec.lane,
         target=unit.target.model_dump(mode="json"), variant=unit.variant.model_dump(mode="json"),
         profile=unit.profile.model_dump(mode="json"),
         source={k: v for k, v in snapshot.model_dump(mode="json").items() if k not in ("local_dir", "files")},
-        versions=(components.toolchain.versions if components.toolchain else None) or {}, device=device,
-        build_params=build_params,
+        versions=(components.toolchain.versions if components.toolchain else None) or {}, device=built.device,
+        build_params=built.build_params,
         files=[], smoke=smoke.summary() if smoke else {}, benchmark=bench_summary(sweep),
         prompts_digest=prompt_set_digest(spec.resolve_path(spec.smoke.prompts)),
         gate=spec.smoke.model_dump(mode="json"),
         status=judged.status, status_reason=judged.reason, mlflow_run_id=mlflow_run_id,
-        prefect_flow_run_id=prefect_flow_run_id, inputs=list(inputs or []),
+        prefect_flow_run_id=prefect_flow_run_id, inputs=list(built.inputs),
     ))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
@@ -522,16 +523,48 @@ def read_version_manifest(model: str, version: ModelVersion) -> Manifest:
     return read_manifest_uri(manifest_uri_of(version), anchor_of(model, version))
 
 
+@dataclass(frozen=True)
+class StemContext:
+    """What a rollout knows of one alias stem besides the registry and the policy: `notes` (what this rollout's
+    build did with the unit, reported first), the signature policy `trust` its candidate must meet, the unit's
+    `lineage` (alias_lineage) and `measured`, the side-by-side rounds of its champion and candidate
+    (rollout.side_by_side)."""
+
+    notes: tuple[str, ...] = ()
+    trust: TrustPolicy | None = None
+    lineage: Lineage | None = None
+    measured: SideBySide | None = None
+
+
+def _other_lineage(held: Decision, stem: str, candidate: ModelVersion, champion: ModelVersion | None,
+                   lineage: Lineage, notes: list[str]) -> Decision | None:
+    """One lineage per alias (alias_lineage): the decision held when the candidate or the champion is another
+    lineage's unit (never judged nor replaced); None when both are the unit's own (or untagged)."""
+    from enginefoundry.records.alias_lineage import version_label, version_lineage
+
+    if version_lineage(candidate) not in (None, lineage.digest):
+        return held.model_copy(update={"reasons": [*notes, (
+            f"{candidate_alias(stem)} is version {candidate.version} of another unit lineage "
+            f"({version_label(candidate)}), not {lineage.label}: not promoted")]})
+    if champion is not None and version_lineage(champion) not in (None, lineage.digest):
+        return held.model_copy(update={"champion_before": None, "reasons": [*notes, (
+            f"{champion_alias(stem)} is version {champion.version} of another unit lineage "
+            f"({version_label(champion)}): not compared with and not replaced; give this spec its own "
+            f"tracking.registered_model, or delete that lineage's aliases {champion_alias(stem)} and "
+            f"{candidate_alias(stem)} if this spec replaces it")]})
+    return None
+
+
 def decide(registry: Registry, model: str, stem: str, unit: str, policy: PromotionPolicy,
-           notes: list[str] | None = None, trust: TrustPolicy | None = None,
-           lineage: Lineage | None = None, measured: SideBySide | None = None) -> Decision:
+           context: StemContext | None = None) -> Decision:
     """THE promotion rule for one alias stem: the version behind `<stem>-candidate` (registered when its own gates
     passed), if newer than `<stem>-champion` or with no champion, is compared with the champion and promoted or
-    held. Whether this rollout built anything does not matter; `notes` (what this rollout's build did) are
+    held. Whether this rollout built anything does not matter; `context.notes` (what this rollout's build did) are
     reported first. A rejected unit is never promoted, and a version rolled back from is only put back by hand.
-    `lineage`: the unit's (alias_lineage); a candidate or champion of another lineage is never compared or
+    `context.lineage`: the unit's (alias_lineage); a candidate or champion of another lineage is never compared or
     replaced, and the decision says so."""
-    notes = list(notes or [])
+    ctx = context or StemContext()
+    notes, lineage, measured = list(ctx.notes), ctx.lineage, ctx.measured
     candidate = registry.version_by_alias(model, candidate_alias(stem))
     champion = registry.version_by_alias(model, champion_alias(stem))
     held = Decision(stem=stem, unit=unit, action="held",
@@ -539,19 +572,8 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
                     champion_before=str(champion.version) if champion is not None else None)
     if candidate is None:
         return held.model_copy(update={"reasons": [*notes, f"nothing to promote: no {candidate_alias(stem)}"]})
-    if lineage is not None:  # one lineage per alias (alias_lineage): never judge or replace another lineage's unit
-        from enginefoundry.records.alias_lineage import version_label, version_lineage
-
-        if version_lineage(candidate) not in (None, lineage.digest):
-            return held.model_copy(update={"reasons": [*notes, (
-                f"{candidate_alias(stem)} is version {candidate.version} of another unit lineage "
-                f"({version_label(candidate)}), not {lineage.label}: not promoted")]})
-        if champion is not None and version_lineage(champion) not in (None, lineage.digest):
-            return held.model_copy(update={"champion_before": None, "reasons": [*notes, (
-                f"{champion_alias(stem)} is version {champion.version} of another unit lineage "
-                f"({version_label(champion)}): not compared with and not replaced; give this spec its own "
-                f"tracking.registered_model, or delete that lineage's aliases {champion_alias(stem)} and "
-                f"{candidate_alias(stem)} if this spec replaces it")]})
+    if lineage is not None and (other := _other_lineage(held, stem, candidate, champion, lineage, notes)) is not None:
+        return other
     compared = ([f"compared with {champion_alias(stem)} v{champion.version} of the same lineage "
                  f"({lineage.label})"] if lineage is not None and champion is not None else [])
     number = str(candidate.version)
@@ -565,7 +587,7 @@ def decide(registry: Registry, model: str, stem: str, unit: str, policy: Promoti
     from enginefoundry.evidence.attest import promotion_refusal
 
     # A signature the policy requires and the candidate lacks refuses it whatever the comparison would say.
-    if refusal := promotion_refusal(manifest_uri_of(candidate), trust):
+    if refusal := promotion_refusal(manifest_uri_of(candidate), ctx.trust):
         return held.model_copy(update={"reasons": [*notes, refusal]})
     cand_manifest = read_version_manifest(model, candidate)
     champ_manifest = read_version_manifest(model, champion) if champion is not None else None
@@ -598,6 +620,7 @@ def decide_promotions(spec: BuildSpec, registry: Registry, policy: PromotionPoli
 
     stems = alias_stems(spec)
     trust = merged_policy(consumer_policy(), spec_policy(spec))  # the environment's and the spec's signature policy
-    return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy, (notes or {}).get(u.name),
-                   trust, unit_lineage(spec, u), (measured or {}).get(stems[u.name]))
+    return [decide(registry, spec.registered_model_name, stems[u.name], u.name, policy,
+                   StemContext(notes=tuple((notes or {}).get(u.name) or ()), trust=trust, lineage=unit_lineage(spec, u),
+                               measured=(measured or {}).get(stems[u.name])))
             for u in expand_units(spec, targets)]

@@ -18,7 +18,7 @@ from enginefoundry.inputs.units import Unit
 from enginefoundry.records.alias_lineage import stem_holder, unit_lineage
 from enginefoundry.records.lineage import adapter_tags
 from enginefoundry.records.promotion import candidate_alias, unit_alias_stem
-from enginefoundry.records.tracking import RetryingClient, Tracker, register_unit
+from enginefoundry.records.tracking import RetryingClient, Tracker, UnitVersion, register_unit
 from enginefoundry.schemas.manifest import Manifest, ToolchainIdentity
 from enginefoundry.spec import BuildSpec
 from enginefoundry.store.unit_status import RegistryStatus, UnitStatus
@@ -111,11 +111,11 @@ def ensure_registered(
     registered_model, alias = spec.registered_model_name, candidate_alias_of(spec, unit, manifest)
     existing = find_registered(client, registered_model, manifest_uri)
     if existing is None:
-        version = register_unit(tracker, registered_model=registered_model, unit_name=unit.name, run_id=run_id,
-                                artifact_uri=manifest_uri.rsplit("/", 1)[0],
-                                tags={**tags, MANIFEST_URI_TAG: manifest_uri},
-                                params=manifest.build_params.model_dump(mode="json"),
-                                alias=None, description=version_description(unit, manifest, manifest_uri))
+        new = UnitVersion(unit_name=unit.name, run_id=run_id, artifact_uri=manifest_uri.rsplit("/", 1)[0],
+                          tags={**tags, MANIFEST_URI_TAG: manifest_uri},
+                          params=manifest.build_params.model_dump(mode="json"),
+                          description=version_description(unit, manifest, manifest_uri))
+        version = register_unit(tracker, new, registered_model=registered_model, alias=None)
         created = True
         first = next(iter(registered_versions(client, registered_model, manifest_uri)), None)
         if first is not None and int(first.version) < int(version):

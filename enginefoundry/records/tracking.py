@@ -22,6 +22,7 @@ import socket
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -375,19 +376,31 @@ def ensure_registered_model(client: Any, name: str) -> None:
             raise
 
 
-def register_unit(
-    tracker: Tracker, *, registered_model: str, unit_name: str, run_id: str, artifact_uri: str,
-    tags: dict[str, str], params: MlflowPayload, alias: str | None,
-    description: str | None = None,
-) -> str:
+@dataclass(frozen=True)
+class UnitVersion:
+    """A published unit as a version of a registered model: the unit's name, the MLflow run that built it, where
+    its files lie in the store (the version's source without a tracking server), the version's tags, the unit's
+    build parameters (its LoggedModel's) and the version's description (None: the unit and its manifest URI)."""
+
+    unit_name: str
+    run_id: str
+    artifact_uri: str
+    tags: dict[str, str]
+    params: MlflowPayload
+    description: str | None = None
+
+
+def register_unit(tracker: Tracker, unit: UnitVersion, *, registered_model: str, alias: str | None) -> str:
     """An external MLflow model pointing at the store (weights never travel through MLflow), a version of
     the registered model, and the alias moved to it. Returns the version number."""
     client = tracker.client
     ensure_registered_model(client, registered_model)
+    run_id, tags = unit.run_id, unit.tags
     clean_tags = {k: redact(v) for k, v in tags.items()}
     # LoggedModel names may not contain dots; unit names do (variant.profile.target).
-    logged = client.create_logged_model(tracker.experiment_id, name=unit_name.replace(".", "-"), source_run_id=run_id,
-                                        tags=clean_tags, params=flatten("", params), model_type="enginefoundry-unit")
+    logged = client.create_logged_model(tracker.experiment_id, name=unit.unit_name.replace(".", "-"),
+                                        source_run_id=run_id, tags=clean_tags, params=flatten("", unit.params),
+                                        model_type="enginefoundry-unit")
     # On a tracking server every version is registered through its LoggedModel (`models:/<model_id>`, MLflow 3's
     # own form), the store location staying in the version's manifest_uri tag: the server refuses a local path as
     # a source unless it lies inside the run's or the model's artifact folder (mlflow/server/handlers.py@3.17.2,
@@ -398,13 +411,13 @@ def register_unit(
     # Without a server (a database URI) the registry resolves `models:/` through the global tracking URI, not
     # this client's: there the store location is the source itself.
     on_server = tracker.uri.startswith(("http://", "https://", "databricks"))
-    source = f"models:/{logged.model_id}" if on_server else artifact_uri
+    source = f"models:/{logged.model_id}" if on_server else unit.artifact_uri
     # A LoggedModel starts PENDING; it ends READY once its version exists, FAILED if registering fails.
     try:
         version = client.create_model_version(registered_model, source=source, run_id=run_id,
                                               tags=clean_tags, model_id=logged.model_id,
-                                              description=description
-                                              or f"{unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
+                                              description=unit.description
+                                              or f"{unit.unit_name}: {tags.get('enginefoundry.manifest_uri', '')}")
         if alias:
             client.set_registered_model_alias(registered_model, alias, version.version)
     except BaseException:

@@ -12,7 +12,7 @@ from enginefoundry import tracking_tags as mltags
 from enginefoundry.errors import InputError, SpecError
 from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.alias_lineage import alias_problems, refuse_alias_collisions, unit_lineage
-from enginefoundry.records.promotion import PromotionPolicy, Registry, decide
+from enginefoundry.records.promotion import PromotionPolicy, Registry, StemContext, decide
 from tests.support.shipped_specs import tiny_cpu, tiny_search
 
 
@@ -58,12 +58,14 @@ def test_promotion_never_judges_or_replaces_another_lineage(registry: Registry) 
     search_lineage = unit_lineage(search, expand_units(search)[0])
     champion = _register(registry, "tiny-chat", search_lineage.tags(), "cpu-champion")
     candidate = _register(registry, "tiny-chat", cpu_lineage.tags(), "cpu-candidate")
-    held = decide(registry, "tiny-chat", "cpu", "fp32-tp1.chat.cpu", PromotionPolicy(), lineage=cpu_lineage)
+    held = decide(registry, "tiny-chat", "cpu", "fp32-tp1.chat.cpu", PromotionPolicy(),
+                  StemContext(lineage=cpu_lineage))
     assert held.action == "held" and held.champion_before is None
     assert f"cpu-champion is version {champion} of another unit lineage (spec tiny-search" in held.reasons[0]
     assert "not compared with and not replaced" in held.reasons[0]
     # The other spec's rollout does not take this spec's candidate for its own.
-    other = decide(registry, "tiny-chat", "cpu", search.searched[0].target, PromotionPolicy(), lineage=search_lineage)
+    other = decide(registry, "tiny-chat", "cpu", search.searched[0].target, PromotionPolicy(),
+                   StemContext(lineage=search_lineage))
     assert other.action == "held"
     assert f"cpu-candidate is version {candidate} of another unit lineage (spec tiny-cpu" in other.reasons[0]
     # `promote --version` by hand refuses it too, and the champion stays.

@@ -4,17 +4,17 @@ the run lists the LoggedModel as its output (the run page's "Logged models")."""
 
 from __future__ import annotations
 
-from enginefoundry.records.tracking import Tracker, register_unit
+from enginefoundry.records.tracking import Tracker, UnitVersion, register_unit
 
 
 def test_version_logged_model_and_run_link_each_other(stack: dict[str, str], unique: str) -> None:
     tracker = Tracker(stack["MLFLOW_TRACKING_URI"], f"links-{unique}")
     client = tracker.client
     run_id = client.create_run(tracker.experiment_id).info.run_id
-    number = register_unit(tracker, registered_model=f"links-{unique}", unit_name="fp32-tp1.chat.cpu",
-                           run_id=run_id, artifact_uri=f"s3://enginefoundry/links-{unique}/units/x",
-                           tags={"enginefoundry.manifest_uri": f"s3://enginefoundry/links-{unique}/m.json"},
-                           params={}, alias=None)
+    number = register_unit(tracker, UnitVersion(
+        unit_name="fp32-tp1.chat.cpu", run_id=run_id, artifact_uri=f"s3://enginefoundry/links-{unique}/units/x",
+        tags={"enginefoundry.manifest_uri": f"s3://enginefoundry/links-{unique}/m.json"}, params={}),
+        registered_model=f"links-{unique}", alias=None)
     version = client.get_model_version(f"links-{unique}", number)
     model_id = version.source.removeprefix("models:/")
     assert version.source.startswith("models:/m-") and version.run_id == run_id

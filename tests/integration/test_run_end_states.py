@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.records.tracking import Tracker, register_unit
+from enginefoundry.records.tracking import Tracker, UnitVersion, register_unit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,15 +74,16 @@ def test_logged_models_end_ready_or_failed(tmp_path: Path) -> None:
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ends")
     run_id = tracker.start_run("unit", {})
-    version = register_unit(tracker, registered_model="tiny", unit_name="fp32-tp1.chat.cpu", run_id=run_id,
-                            artifact_uri="file:///store/x", tags={"t": "1"}, params={"p": 1}, alias="cpu-candidate")
+    version = register_unit(tracker, UnitVersion(unit_name="fp32-tp1.chat.cpu", run_id=run_id,
+                                                 artifact_uri="file:///store/x", tags={"t": "1"}, params={"p": 1}),
+                            registered_model="tiny", alias="cpu-candidate")
     assert version == "1"
     # "latest" is a reserved alias: the real registry refuses it, so registration fails after the LoggedModel.
     from mlflow.exceptions import MlflowException
 
     with pytest.raises(MlflowException):
-        register_unit(tracker, registered_model="tiny", unit_name="fp32-tp1.chat.cpu", run_id=run_id,
-                      artifact_uri="file:///store/y", tags={}, params={}, alias="latest")
+        register_unit(tracker, UnitVersion(unit_name="fp32-tp1.chat.cpu", run_id=run_id, artifact_uri="file:///store/y",
+                                           tags={}, params={}), registered_model="tiny", alias="latest")
     tracker.end_run(run_id, ok=True)
     models = tracker.client.search_logged_models(experiment_ids=[tracker.experiment_id])
     assert sorted(m.status for m in models) == sorted([LoggedModelStatus.READY, LoggedModelStatus.FAILED])

@@ -45,9 +45,6 @@ EXEMPT = {
     # key's inputs (20 call sites: the source's digests want one value), the MLflow registration of a published
     # unit (register_unit: unit, manifest and its URI want one value), the unit manifest's fields, the promotion
     # decision.
-    "enginefoundry/records/tracking.py:register_unit": "9 parameters: follow-up",
-    "enginefoundry/records/outcomes.py:unit_manifest": "14 parameters: follow-up",
-    "enginefoundry/records/promotion.py:decide": "64 lines, 9 parameters, 13 call sites: follow-up",
 }
 
 
