@@ -41,10 +41,6 @@ EXEMPT = {
     "enginefoundry/smoke/serve.py:main": "the scoring server's argument parsing",
     # runner.run_tool: keyword-only options of every tool call (16 call sites), each defaulted.
     "enginefoundry/runner.py:run_tool": "keyword-only options, 16 call sites",
-    # Not split by the deadline of the lean-hubs round that widened SCOPE to them (issue 35 follow-up): the unit
-    # key's inputs (20 call sites: the source's digests want one value), the MLflow registration of a published
-    # unit (register_unit: unit, manifest and its URI want one value), the unit manifest's fields, the promotion
-    # decision.
 }
 
 
