@@ -63,7 +63,12 @@ from enginefoundry.model_server import free_port, serving  # noqa: E402
 from enginefoundry.smoke import reference_precision_for  # noqa: E402
 from enginefoundry.smoke.logprobs import LogprobSpread  # noqa: E402
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
-from enginefoundry.smoke.reference import load_or_compute_reference, load_or_compute_spread  # noqa: E402
+from enginefoundry.smoke.reference import (  # noqa: E402
+    ReferenceAsk,
+    ReferenceSettings,
+    load_or_compute_reference,
+    load_or_compute_spread,
+)
 from enginefoundry.smoke.simulated import QUANTIZATION_COST, can_simulate, simulate  # noqa: E402
 from enginefoundry.spec.checks import SIMULATED_REFERENCE  # noqa: E402
 
@@ -392,15 +397,16 @@ def main() -> int:
             ref_dtype = reference_precision_for(args.reference_precision, dtype)[0]
             if ref_dtype not in ("fp32", "bf16", "fp16"):  # a simulated reference: below
                 continue
-            ref, _ = load_or_compute_reference(src, cases, dtype=ref_dtype, max_new_tokens=max_new, progress=say)
+            ref, _ = load_or_compute_reference(src, ReferenceAsk(cases, max_new), ReferenceSettings(progress=say),
+                                               dtype=ref_dtype)
             if args.server == "ef" and ref_dtype == dtype:
                 load_or_compute_spread(src, cases, ref, store=None, progress=say)
         median_prompt = int(statistics.median(a.prompt_tokens or 0 for a in ref.answers))
         build_dtype = gate_models.BUILD_DTYPE
         for q in sorted({gate_models.quantized_precision(n) for n in mo}):  # the simulated references, once each
             sim = simulate(src, q, cases, dtype=build_dtype, progress=say)
-            sim_ref, _ = load_or_compute_reference(sim.folder, cases, dtype=build_dtype,
-                                                   max_new_tokens=max_new, progress=say)
+            sim_ref, _ = load_or_compute_reference(sim.folder, ReferenceAsk(cases, max_new),
+                                                   ReferenceSettings(progress=say), dtype=build_dtype)
             load_or_compute_spread(sim.folder, cases, sim_ref, store=None, progress=say)
         exports: dict[str, Path] = {}
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import gate_models  # noqa: E402
 
 from enginefoundry.smoke.prompts import load_prompt_set  # noqa: E402
-from enginefoundry.smoke.reference import load_or_compute_reference  # noqa: E402
+from enginefoundry.smoke.reference import ReferenceAsk, ReferenceSettings, load_or_compute_reference  # noqa: E402
 from enginefoundry.smoke.stats import wilson_lower_bound  # noqa: E402
 
 PROMPTS = REPO / "benchmarks" / "gate_prompts.jsonl"
@@ -60,7 +60,7 @@ def main() -> int:
     if args.skip_short:
         answers = {}
     else:
-        ref, _ = load_or_compute_reference(src, cases, dtype="fp32", max_new_tokens=16)
+        ref, _ = load_or_compute_reference(src, ReferenceAsk(cases, 16), ReferenceSettings(), dtype="fp32")
         answers = {a.id: a for a in ref.answers}
     if args.slice:
         long_cases = [c for c in all_cases if c.slice == args.slice]

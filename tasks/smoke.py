@@ -31,8 +31,10 @@ from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_s
 from enginefoundry.smoke.gate import GateRule
 from enginefoundry.smoke.lm_eval import spec_lm_eval
 from enginefoundry.smoke.reference import (
+    ReferenceAsk,
     ReferenceOutcome,
     ReferenceSet,
+    ReferenceSettings,
     load_or_compute_reference,
     load_or_compute_spread,
     publish_sibling_reference,
@@ -77,22 +79,21 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     prequantized = read_quantization(Path(reference_dir))
     export = _export_to_dequantize(spec, precision, Path(reference_dir), checkpoint_dir, log)
     original = unquantized_original(spec, log) if prequantized is not None else None
+    ask = ReferenceAsk(cases, spec.smoke.max_new_tokens, device)
+    settings = ReferenceSettings(store=store, trust=trust, progress=log)
     if spec.smoke.simulates(precision) or export is not None:
         log(f"smoke: the reference of this {precision} unit: "
             + (f"{PREQUANTIZED_WHY if prequantized is not None else FROM_EXPORT_WHY} ({export})"
                if export is not None else why))
         # In the dtype the lane's build computes in: its dtype option, else the checkpoint's (fp16 for fp32).
         sim_dtype = _build_dtype(spec, Path(reference_dir))
-        ref, outcome = simulated_reference(Path(reference_dir), cases, precision,
-                                           max_new_tokens=spec.smoke.max_new_tokens, store=store, device=device,
+        ref, outcome = simulated_reference(Path(reference_dir), precision, ask, settings,
                                            weights_digest=weights_digest, checkpoint=export, dtype=sim_dtype,
-                                           progress=log, trust=trust, original=original)
+                                           original=original)
     else:
         log(f"smoke: the reference of this {precision} unit: the {dtype} source ({why})")
-        ref, outcome = load_or_compute_reference(Path(reference_dir), cases, dtype=dtype,
-                                                 max_new_tokens=spec.smoke.max_new_tokens, store=store,
-                                                 weights_digest=weights_digest, progress=log, device=device,
-                                                 trust=trust)
+        ref, outcome = load_or_compute_reference(Path(reference_dir), ask, settings, dtype=dtype,
+                                                 weights_digest=weights_digest)
     if (spec.smoke.like_with_like(precision) or outcome.simulated is not None) and outcome.device == "gpu":
         load_or_compute_spread(Path(outcome.model_dir), cases, ref, store=store, device="gpu", progress=log,
                                trust=trust)

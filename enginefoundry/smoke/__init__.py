@@ -19,14 +19,15 @@ from enginefoundry.smoke.lm_eval import LmEvalConfig, LmEvalResult, run_lm_eval
 from enginefoundry.smoke.logprobs import LogprobComparison
 from enginefoundry.smoke.policy import GatePolicy, policy_for, policy_table_markdown
 from enginefoundry.smoke.prompts import load_prompt_set
-from enginefoundry.smoke.reference import load_or_compute_reference
+from enginefoundry.smoke.reference import ReferenceAsk, ReferenceSettings, load_or_compute_reference
 from enginefoundry.smoke.report import CaseResult, SliceSummary, SmokeReport, write_report
 from enginefoundry.smoke.run import SmokeInputs, run_smoke
 from enginefoundry.spec.checks import COMPUTABLE, UNIT_PRECISION, reference_precision_for
 
 __all__ = [
     "COMPUTABLE", "UNIT_PRECISION", "CaseResult", "GatePolicy", "GateRule", "GateVerdict", "LmEvalConfig",
-    "LmEvalResult", "LogprobComparison", "SliceSummary", "SmokeInputs", "SmokeReport", "ask_all",
+    "LmEvalResult", "LogprobComparison", "ReferenceAsk", "ReferenceSettings", "SliceSummary", "SmokeInputs",
+    "SmokeReport", "ask_all",
     "check_prompt_count", "last_error_line", "load_or_compute_reference", "load_prompt_set", "policy_for",
     "policy_table_markdown", "reference_precision_for", "run_lm_eval", "run_smoke", "tokenizer_digest",
     "twin_answers", "wilson_lower_bound", "with_twin_answers", "write_report",

@@ -25,6 +25,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -344,23 +345,43 @@ def _publish(ref: ReferenceSet, cache: Path, store: Store | None, trust: InputTr
     return ref
 
 
+@dataclass(frozen=True)
+class ReferenceAsk:
+    """What reference answers are asked for besides the model and its dtype (part of their key): the prompts, how
+    many tokens each answer may have, and the device that computes them (resolve_device: "cpu", "gpu", "auto")."""
+
+    cases: list[PromptCase]
+    max_new_tokens: int
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class ReferenceSettings:
+    """Where reference answers are kept and which may be used (not part of their key): the store they are read from
+    and published to (None: the local cache alone), the local cache folder (None: default_cache_dir()), the trust
+    (evidence/inputs.py: a run that signs its build uses only answers a trusted key signed, else computes them
+    again; what was used is recorded in it), and where progress lines go."""
+
+    store: Store | None = None
+    cache_dir: Path | None = None
+    trust: InputTrust | None = None
+    progress: Callable[[str], None] = print
+
+
 def load_or_compute_reference(
-    model_dir: Path, cases: list[PromptCase], *, dtype: str, max_new_tokens: int, store: Store | None = None,
-    cache_dir: Path | None = None, weights_digest: str | None = None, progress: Callable[[str], None] = print,
-    compute: Callable[..., list[ReferenceAnswer]] = reference_answers, device: str = "cpu",
-    trust: InputTrust | None = None,
+    model_dir: Path, ask: ReferenceAsk, settings: ReferenceSettings, *, dtype: str,
+    weights_digest: str | None = None, compute: Callable[..., list[ReferenceAnswer]] = reference_answers,
 ) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The reference answers for this key: from the local cache, else the store, else computed and published.
-    `trust` (evidence/inputs.py): a run that signs its build uses only answers a trusted key signed, else computes
-    them again; what was used is recorded in it.
 
     The one place that knows where reference answers live (the store layout may change under it).
     """
-    device = resolve_device(device)
+    cases, max_new_tokens, device = ask.cases, ask.max_new_tokens, resolve_device(ask.device)
+    store, trust, progress = settings.store, settings.trust, settings.progress
     key = reference_key(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens, weights_digest=weights_digest,
                         device=device)
     digest = key.digest
-    cache = (cache_dir or default_cache_dir()) / f"{digest}.json"
+    cache = (settings.cache_dir or default_cache_dir()) / f"{digest}.json"
     url = store.url(store_key(key)) if store is not None else None
 
     def outcome(source: str) -> ReferenceOutcome:
@@ -393,13 +414,15 @@ def publish_sibling_reference(
 
 
 def load_sibling_reference(
-    sibling_unit: str, sibling_key: str, cases: list[PromptCase], *, max_new_tokens: int, dtype: str,
-    model_dir: Path, store: Store | None, cache_dir: Path | None = None, trust: InputTrust | None = None,
+    sibling_unit: str, sibling_key: str, ask: ReferenceAsk, settings: ReferenceSettings, *, dtype: str,
+    model_dir: Path,
 ) -> tuple[ReferenceSet, ReferenceOutcome] | None:
-    """The served answers of the sibling unit of key `sibling_key` on these prompts, None when never published (or,
-    with `trust` that requires proof, when none a trusted key signed: `trust.refusals` says so)."""
-    key = sibling_reference_key(sibling_key, cases, max_new_tokens=max_new_tokens)
-    found = _lookup(key, (cache_dir or default_cache_dir()) / f"{key.digest}.json", store, trust)
+    """The served answers of the sibling unit of key `sibling_key` on the prompts asked (served where the sibling
+    was: `ask.device` plays no part), None when never published (or, with a `settings.trust` that requires proof,
+    when none a trusted key signed: `trust.refusals` says so)."""
+    store = settings.store
+    key = sibling_reference_key(sibling_key, ask.cases, max_new_tokens=ask.max_new_tokens)
+    found = _lookup(key, (settings.cache_dir or default_cache_dir()) / f"{key.digest}.json", store, settings.trust)
     if found is None:
         return None
     ref, source = found

@@ -51,8 +51,10 @@ from enginefoundry.smoke.policy import GatePolicy, policy_for
 from enginefoundry.smoke.prompts import PromptCase, PromptSet
 from enginefoundry.smoke.reference import (
     ReferenceAnswer,
+    ReferenceAsk,
     ReferenceOutcome,
     ReferenceSet,
+    ReferenceSettings,
     load_or_compute_reference,
     load_or_compute_spread,
 )
@@ -131,6 +133,15 @@ class SmokeInputs:
     @property
     def cases(self) -> list[PromptCase]:
         return self.prompts.cases
+
+    @property
+    def reference_ask(self) -> ReferenceAsk:
+        """The reference answers asked for: these prompts, the spec's answer length, on the reference device."""
+        return ReferenceAsk(self.cases, self.spec.max_new_tokens, self.reference_device)
+
+    @property
+    def reference_settings(self) -> ReferenceSettings:
+        return ReferenceSettings(store=self.store, trust=self.trust, progress=self.progress)
 
 
 @dataclass(frozen=True)
@@ -256,17 +267,15 @@ def reference_step(inputs: SmokeInputs, smoke_plan: SmokePlan) -> Judged:
     if smoke_plan.simulated:
         if outcome is None or outcome.simulated is None:  # else from the reference stage
             reference, outcome = simulated_reference(
-                smoke_plan.source_dir, inputs.cases, inputs.precision, max_new_tokens=inputs.spec.max_new_tokens,
-                store=inputs.store, device=inputs.reference_device, weights_digest=inputs.weights_digest,
-                checkpoint=smoke_plan.checkpoint, dtype=smoke_plan.sim_dtype, progress=inputs.progress,
-                trust=inputs.trust, original=inputs.original_dir)
+                smoke_plan.source_dir, inputs.precision, inputs.reference_ask, inputs.reference_settings,
+                weights_digest=inputs.weights_digest, checkpoint=smoke_plan.checkpoint, dtype=smoke_plan.sim_dtype,
+                original=inputs.original_dir)
         reference_dir = Path(outcome.model_dir)
         reference_why = f"{outcome.simulated_why or reference_why}: {outcome.simulated}"
     if reference is None or outcome is None:
         reference, outcome = load_or_compute_reference(
-            reference_dir, inputs.cases, dtype=smoke_plan.ref_dtype, max_new_tokens=inputs.spec.max_new_tokens,
-            store=inputs.store, weights_digest=inputs.weights_digest, progress=inputs.progress,
-            device=inputs.reference_device, trust=inputs.trust)
+            reference_dir, inputs.reference_ask, inputs.reference_settings, dtype=smoke_plan.ref_dtype,
+            weights_digest=inputs.weights_digest)
     if outcome.sibling_unit is not None:
         reference_why = f"the gated higher-precision sibling unit {outcome.sibling_unit} (smoke.reference)"
     return Judged(reference=reference, outcome=outcome, reference_dir=reference_dir, reference_why=reference_why)
@@ -333,10 +342,8 @@ def bounds_step(inputs: SmokeInputs, smoke_plan: SmokePlan, judged: Judged, scor
             smoke_plan.source_dir, inputs.cases, judged.reference, precision=precision, dtype=build,
             device=inputs.reference_device, progress=inputs.progress)
     rounded = proxy_model(smoke_plan.source_dir, precision, progress=inputs.progress)
-    proxy_ref, _ = load_or_compute_reference(rounded.folder, inputs.cases, dtype=build,
-                                             max_new_tokens=spec.max_new_tokens, store=inputs.store,
-                                             progress=inputs.progress, device=inputs.reference_device,
-                                             trust=inputs.trust)
+    proxy_ref, _ = load_or_compute_reference(rounded.folder, inputs.reference_ask, inputs.reference_settings,
+                                             dtype=build)
     proxy = (f"the {precision}-rounded source", proxy_ref)
     why = judged.reference_why + (
         "; bounds derived from the quantization spread (" + spread.describe() + ")" if spread is not None else
@@ -433,10 +440,8 @@ def quantization_cost(source_dir: Path, simulated: ReferenceSet, inputs: SmokeIn
     the source's at the same dtype (paired non-inferiority at the margin of the precision's family); `what` names
     the simulated model (default: the simulated `precision` model)."""
     cases, precision = inputs.cases, inputs.precision
-    source, _ = load_or_compute_reference(source_dir, cases, dtype=dtype, max_new_tokens=inputs.spec.max_new_tokens,
-                                          store=inputs.store, weights_digest=inputs.weights_digest,
-                                          progress=inputs.progress, device=inputs.reference_device,
-                                          trust=inputs.trust)
+    source, _ = load_or_compute_reference(source_dir, inputs.reference_ask, inputs.reference_settings, dtype=dtype,
+                                          weights_digest=inputs.weights_digest)
     graded = [c for c in cases if c.expected is not None]
     if not graded:
         return GateRule(name=QUANTIZATION_COST, ok=True, kind="info",

@@ -15,7 +15,13 @@ from enginefoundry.errors import ReferenceRefused
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.inputs.units import Unit
 from enginefoundry.smoke.prompts import PromptCase
-from enginefoundry.smoke.reference import ReferenceOutcome, ReferenceSet, load_sibling_reference
+from enginefoundry.smoke.reference import (
+    ReferenceAsk,
+    ReferenceOutcome,
+    ReferenceSet,
+    ReferenceSettings,
+    load_sibling_reference,
+)
 from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.siblings import named_sibling, sibling_variant
 from enginefoundry.store.backends import Store
@@ -86,9 +92,9 @@ def sibling_reference(
                                f"fix the sibling's own failure first, {FIX}")
     if manifest.status != UnitStatus.CANDIDATE:
         raise ReferenceRefused(refusal_text(label, manifest.status, manifest.status_reason))
-    found = load_sibling_reference(ref.unit, ref.key, cases, max_new_tokens=spec.smoke.max_new_tokens,
-                                   dtype=ref.precision, model_dir=model_dir, store=store, cache_dir=cache_dir,
-                                   trust=trust)
+    found = load_sibling_reference(ref.unit, ref.key, ReferenceAsk(cases, spec.smoke.max_new_tokens),
+                                   ReferenceSettings(store=store, cache_dir=cache_dir, trust=trust),
+                                   dtype=ref.precision, model_dir=model_dir)
     if found is None and trust is not None and trust.refusals:
         raise ReferenceRefused(f"refused: its reference, {label}: {trust.refusals[-1]}; a signed build is judged only "
                                f"by answers a trusted key signed: rebuild the sibling with --force, {FIX}")

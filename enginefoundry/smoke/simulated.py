@@ -39,7 +39,6 @@ from pydantic import BaseModel
 
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import InputError, SourceError, ToolError
-from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
 from enginefoundry.inputs.quantized_source import (
@@ -51,7 +50,14 @@ from enginefoundry.inputs.quantized_source import (
 from enginefoundry.inputs.sources import remove_stale_partials
 from enginefoundry.settings import EnvSettings, cache_root
 from enginefoundry.smoke.prompts import PromptCase
-from enginefoundry.smoke.reference import ReferenceKey, ReferenceOutcome, ReferenceSet, load_or_compute_reference
+from enginefoundry.smoke.reference import (
+    ReferenceAsk,
+    ReferenceKey,
+    ReferenceOutcome,
+    ReferenceSet,
+    ReferenceSettings,
+    load_or_compute_reference,
+)
 from enginefoundry.spec import Precision
 from enginefoundry.spec.checks import (
     BUILD_DTYPE_WORDS,
@@ -60,7 +66,6 @@ from enginefoundry.spec.checks import (
     SIMULATED_PRECISIONS,
     simulated_why,
 )
-from enginefoundry.store.backends import Store
 from enginefoundry.store.manifest import BuildInput
 
 if TYPE_CHECKING:
@@ -382,22 +387,20 @@ PREQUANTIZED_WHY = (f"the pre-quantized source's own checkpoint (ModelOpt's unif
                     f"{BUILD_DTYPE_WORDS} (like with like: the unit serves that checkpoint, never quantized again)")
 
 
-def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *, max_new_tokens: int,
-                        store: Store | None, device: str = "cpu", weights_digest: str | None = None,
-                        checkpoint: Path | None = None, dtype: str | None = None,
-                        progress: Callable[[str], None] = print,
-                        trust: InputTrust | None = None,
+def simulated_reference(source: Path, precision: str, ask: ReferenceAsk, settings: ReferenceSettings, *,
+                        weights_digest: str | None = None, checkpoint: Path | None = None, dtype: str | None = None,
                         original: Path | None = None) -> tuple[ReferenceSet, ReferenceOutcome]:
     """The answers a `precision` unit is judged against: the simulated model's (simulated on the host CPU,
-    calibrated on `cases`; with `checkpoint`, the lane's exported checkpoint dequantized instead), greedy in
-    `dtype` (the build's compute dtype; default simulated_dtype(source)) on `device`; cached and published by key
-    as any reference. The source's own answers in that dtype (`weights_digest`: the source's, where the caller has
-    it), which the `quantization cost` rule judges the simulation against, are computed here too: on a GPU before a
-    server takes it. `trust` (evidence/inputs.py): which answers from the store may be used; the simulated model (a
-    folder of this host's cache, never read from the store) is recorded in it by its weights digest, which also keys
-    its answers. A pre-quantized `source` (build.quantized_source) is itself the checkpoint dequantized (`checkpoint`
-    is `source`); the answers of the quantization-cost rule are the unquantized `original`'s where one is given
-    (none otherwise: transformers does not run a ModelOpt export)."""
+    calibrated on `ask.cases`; with `checkpoint`, the lane's exported checkpoint dequantized instead), greedy in
+    `dtype` (the build's compute dtype; default simulated_dtype(source)) on `ask.device`; cached and published by
+    key as any reference. The source's own answers in that dtype (`weights_digest`: the source's, where the caller
+    has it), which the `quantization cost` rule judges the simulation against, are computed here too: on a GPU
+    before a server takes it. `settings.trust` (evidence/inputs.py): which answers from the store may be used; the
+    simulated model (a folder of this host's cache, never read from the store) is recorded in it by its weights
+    digest, which also keys its answers. A pre-quantized `source` (build.quantized_source) is itself the checkpoint
+    dequantized (`checkpoint` is `source`); the answers of the quantization-cost rule are the unquantized
+    `original`'s where one is given (none otherwise: transformers does not run a ModelOpt export)."""
+    cases, progress, trust = ask.cases, settings.progress, settings.trust
     dtype = dtype or simulated_dtype(source)
     prequantized = read_quantization(source) is not None
     if checkpoint is not None:
@@ -406,17 +409,15 @@ def simulated_reference(source: Path, cases: list[PromptCase], precision: str, *
                     PREQUANTIZED_WHY if prequantized else FROM_EXPORT_WHY)
     else:
         sim, why = simulate(source, precision, cases, dtype=dtype, progress=progress), simulated_why(precision)
-    ref, outcome = load_or_compute_reference(sim.folder, cases, dtype=dtype, max_new_tokens=max_new_tokens,
-                                             store=store, progress=progress, device=device, trust=trust)
+    ref, outcome = load_or_compute_reference(sim.folder, ask, settings, dtype=dtype)
     if trust is not None and isinstance(ref.key, ReferenceKey):
         trust.record(BuildInput(kind="simulation", key=sim.key.digest, uri=str(sim.folder),
                                 sha256=ref.key.weights_digest, origin="computed" if sim.source == "computed"
                                 else "local cache"))
     answers_of = original if prequantized else source
     if answers_of is not None:
-        load_or_compute_reference(answers_of, cases, dtype=dtype, max_new_tokens=max_new_tokens, store=store,
-                                  weights_digest=None if prequantized else weights_digest, progress=progress,
-                                  device=device, trust=trust)
+        load_or_compute_reference(answers_of, ask, settings, dtype=dtype,
+                                  weights_digest=None if prequantized else weights_digest)
     return ref, outcome.model_copy(update={"simulated": sim.label(), "simulated_why": why})
 
 

@@ -30,11 +30,6 @@ EXEMPT = {
     "flows/build_engines.py:build_engines": "deployment parameters are its public API",
     "flows/rollout.py:rollout": "deployment parameters are its public API",
     "flows/fleet.py:rollout_fleet": "deployment parameters are its public API",
-    # The reference store's entry points: 25 call sites in smoke/, tasks/ and tests; a key-and-settings model of
-    # their own is the next step (issue 35 follow-up).
-    "enginefoundry/smoke/reference.py:load_or_compute_reference": "25 call sites: follow-up",
-    "enginefoundry/smoke/reference.py:load_sibling_reference": "follow-up with load_or_compute_reference",
-    "enginefoundry/smoke/simulated.py:simulated_reference": "follow-up with load_or_compute_reference",
     # The scoring server (a process of its own, `python -m enginefoundry.smoke.serve`): its request handler class
     # and argument parsing, read top to bottom; not on the pipeline's Python call path.
     "enginefoundry/smoke/serve.py:make_server": "the scoring server's handler class, in one closure",

@@ -16,7 +16,9 @@ from enginefoundry.smoke.logprobs import LogprobSpread
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import (
     ReferenceAnswer,
+    ReferenceAsk,
     ReferenceSet,
+    ReferenceSettings,
     load_or_compute_reference,
     load_or_compute_spread,
     load_sibling_reference,
@@ -63,8 +65,9 @@ def _compute(text: str, calls: list[int]):
 
 
 def _load(model: Path, store: FileStore, cache: Path, trust: InputTrust | None, calls: list[int], text: str = "4"):
-    return load_or_compute_reference(model, CASES, dtype="fp32", max_new_tokens=4, store=store, cache_dir=cache,
-                                     progress=lambda _: None, compute=_compute(text, calls), trust=trust)
+    settings = ReferenceSettings(store=store, cache_dir=cache, trust=trust, progress=lambda _: None)
+    return load_or_compute_reference(model, ReferenceAsk(CASES, 4), settings, dtype="fp32",
+                                     compute=_compute(text, calls))
 
 
 def _forge(store: FileStore, model: Path, text: str = "forged") -> bytes:
@@ -196,8 +199,9 @@ def test_a_forged_sibling_reference_is_refused_by_a_signing_run(tmp_path):
     ci = _signer(tmp_path, "ci")
     publish_sibling_reference(_answers("4"), unit="fp32", unit_key="s" * 64, cases=CASES, max_new_tokens=4,
                               store=store, cache_dir=tmp_path / "c1", trust=_trust(ci))
-    found = load_sibling_reference("fp32", "s" * 64, CASES, max_new_tokens=4, dtype="fp32", model_dir=tmp_path,
-                                   store=store, cache_dir=tmp_path / "c2", trust=_trust(ci))
+    found = load_sibling_reference("fp32", "s" * 64, ReferenceAsk(CASES, 4),
+                                   ReferenceSettings(store=store, cache_dir=tmp_path / "c2", trust=_trust(ci)),
+                                   dtype="fp32", model_dir=tmp_path)
     assert found is not None and {a.text for a in found[0].answers} == {"4"}
     # A writer replaces the published answers (and removes the signed copy): a signing run finds none it can
     # use, and says why; an unsigned run takes the writer's.
@@ -208,9 +212,11 @@ def test_a_forged_sibling_reference_is_refused_by_a_signing_run(tmp_path):
     for digest in _trust(ci).proven(store, "sibling-reference", found[1].key):
         (store.root / blob_key(digest)).unlink()
     trust = _trust(ci)
-    assert load_sibling_reference("fp32", "s" * 64, CASES, max_new_tokens=4, dtype="fp32", model_dir=tmp_path,
-                                  store=store, cache_dir=tmp_path / "c3", trust=trust) is None
+    assert load_sibling_reference("fp32", "s" * 64, ReferenceAsk(CASES, 4),
+                                  ReferenceSettings(store=store, cache_dir=tmp_path / "c3", trust=trust),
+                                  dtype="fp32", model_dir=tmp_path) is None
     assert trust.refusals and "not signed by a trusted key" in trust.refusals[-1]
-    unsigned = load_sibling_reference("fp32", "s" * 64, CASES, max_new_tokens=4, dtype="fp32", model_dir=tmp_path,
-                                      store=store, cache_dir=tmp_path / "c4", trust=InputTrust())
+    unsigned = load_sibling_reference("fp32", "s" * 64, ReferenceAsk(CASES, 4),
+                                      ReferenceSettings(store=store, cache_dir=tmp_path / "c4", trust=InputTrust()),
+                                      dtype="fp32", model_dir=tmp_path)
     assert unsigned is not None and {a.text for a in unsigned[0].answers} == {"forged"}

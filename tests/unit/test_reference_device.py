@@ -10,7 +10,13 @@ import pytest
 
 from enginefoundry.smoke import reference as refmod
 from enginefoundry.smoke.prompts import load_prompt_set
-from enginefoundry.smoke.reference import load_options, load_or_compute_reference, reference_answers
+from enginefoundry.smoke.reference import (
+    ReferenceAsk,
+    ReferenceSettings,
+    load_options,
+    load_or_compute_reference,
+    reference_answers,
+)
 from tests.support.paths import TINY_MODEL, TINY_PROMPTS
 
 CASES = load_prompt_set(TINY_PROMPTS).cases[:3]
@@ -34,10 +40,10 @@ def test_a_gpu_reference_is_computed_with_its_device_and_kept_apart_from_the_cpu
         return reference_answers(model_dir, cases, dtype=dtype, max_new_tokens=max_new_tokens)
 
     before = refmod.COMPUTE_COUNT["n"]
-    gpu, o_gpu = load_or_compute_reference(TINY_MODEL, CASES, dtype="bf16", max_new_tokens=6, cache_dir=tmp_path,
-                                           progress=lambda _: None, compute=compute, device="gpu")
-    cpu, o_cpu = load_or_compute_reference(TINY_MODEL, CASES, dtype="bf16", max_new_tokens=6, cache_dir=tmp_path,
-                                           progress=lambda _: None, compute=compute)
+    settings = ReferenceSettings(cache_dir=tmp_path, progress=lambda _: None)
+    gpu, o_gpu = load_or_compute_reference(TINY_MODEL, ReferenceAsk(CASES, 6, "gpu"), settings, dtype="bf16",
+                                           compute=compute)
+    cpu, o_cpu = load_or_compute_reference(TINY_MODEL, ReferenceAsk(CASES, 6), settings, dtype="bf16", compute=compute)
     assert asked == ["gpu", "cpu"] and refmod.COMPUTE_COUNT["n"] == before + 2
     assert gpu.key.device == "gpu" and cpu.key.device is None and o_gpu.key != o_cpu.key
     assert o_gpu.device == "gpu" and " on gpu (computed)" in o_gpu.label() and " on gpu" not in o_cpu.label()

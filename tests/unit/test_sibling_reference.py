@@ -15,7 +15,9 @@ from enginefoundry.records.run_summary import UnitOutcome, refused_by_sibling
 from enginefoundry.smoke.prompts import load_prompt_set
 from enginefoundry.smoke.reference import (
     ReferenceAnswer,
+    ReferenceAsk,
     ReferenceKey,
+    ReferenceSettings,
     SiblingReferenceKey,
     load_sibling_reference,
     publish_sibling_reference,
@@ -101,15 +103,17 @@ def test_published_answers_are_found_from_another_machine_and_never_replaced(tmp
     again = publish_sibling_reference(changed, unit="fp32-tp1.chat.cpu", unit_key="k" * 64, cases=CASES,
                                       max_new_tokens=6, store=store, cache_dir=tmp_path / "worker3")
     assert again == first  # the first publication stays (published bytes never change)
-    found = load_sibling_reference("fp32-tp1.chat.cpu", "k" * 64, CASES, max_new_tokens=6, dtype="fp32",
-                                   model_dir=TINY_MODEL, store=store, cache_dir=tmp_path / "worker2")
+    found = load_sibling_reference("fp32-tp1.chat.cpu", "k" * 64, ReferenceAsk(CASES, 6),
+                                   ReferenceSettings(store=store, cache_dir=tmp_path / "worker2"),
+                                   dtype="fp32", model_dir=TINY_MODEL)
     assert found is not None
     ref, outcome = found
     assert ref.answers == ANSWERS and ref.served_by == "fp32-tp1.chat.cpu" and outcome.source == "store"
     assert outcome.label().startswith(f"sibling unit fp32-tp1.chat.cpu (key {'k' * 12}; fp32 served answers "
                                       f"{first.key.digest[:12]}, store, file://")
-    assert load_sibling_reference("fp32-tp1.chat.cpu", "k" * 64, CASES, max_new_tokens=7, dtype="fp32",
-                                  model_dir=TINY_MODEL, store=store, cache_dir=tmp_path / "worker2") is None
+    assert load_sibling_reference("fp32-tp1.chat.cpu", "k" * 64, ReferenceAsk(CASES, 7),
+                                  ReferenceSettings(store=store, cache_dir=tmp_path / "worker2"),
+                                  dtype="fp32", model_dir=TINY_MODEL) is None
 
 
 def _publish_sibling(store, spec, unit_name: str, key: str, status: str, reason: str, tmp_path: Path) -> None:
