@@ -172,7 +172,8 @@ def lineage(ref: str, mlflow_uri: str, trusted_keys: list[str] | None = None,
                    "weights_digest": src.weights_digest, "tokenizer_digest": src.tokenizer_digest,
                    "identity": _json(src.identity)},
         "adapter": adapter_of(src),
-        "served_adapters": _served_json(src),
+        "served_adapters": ([a.model_dump(mode="json") for a in served]  # JSON: `lineage` prints and emits it
+                            if (served := served_adapters_of(src)) is not None else None),
         "converted_checkpoint": {"key": manifest.checkpoint_key, "uri": manifest.checkpoint_uri},
         "lane": manifest.lane, "versions": manifest.versions,
         "target": _json(manifest.target), "built_on": _json(manifest.device),
@@ -202,12 +203,6 @@ def served_adapters_of(source: SourcePart) -> list[SourcePart] | None:
     adapter_lineage records it; None for any other unit."""
     identity = source.identity
     return list(identity.adapters) if identity is not None and identity.adapters is not None else None
-
-
-def _served_json(source: SourcePart) -> list[JsonObject] | None:  # JSON edge: the lineage document's part
-    """The served adapters as the lineage document shows them (and `lineage` prints them): JSON, not models."""
-    served = served_adapters_of(source)
-    return [a.model_dump(mode="json") for a in served] if served is not None else None
 
 
 def adapter_tags(source: SourcePart | Mapping[str, object]) -> dict[str, str]:
