@@ -1,5 +1,5 @@
 """Prefect flows: composition only, each reads like the DAG (docs/architecture.md#the-dag). The stages are in
-tasks/, the domain in enginefoundry/; Prefect's temporary server is run by enginefoundry/orchestration/.
+tasks/, the domain in enginefoundry/; Prefect's temporary server is run by flows/prefect_server/.
 
 Its face (`__all__`): the flows deployments and the CLI start, loaded on first use (enginefoundry/_face.py)."""
 

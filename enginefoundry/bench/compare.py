@@ -66,7 +66,8 @@ def endpoint_alive(base_url: str) -> Callable[[], bool]:
 
 
 def _ratio(unit: float | None, base: float | None) -> float | None:
-    return round(unit / base, 4) if unit is not None and base else None
+    # Four significant digits, not four decimals: a ratio of 0.0085 would otherwise carry two (±0.6 %).
+    return float(f"{unit / base:.4g}") if unit is not None and base else None
 
 
 def _figures(p: BenchPoint | None) -> tuple[float | None, float | None, float | None]:

@@ -20,7 +20,7 @@ from enginefoundry.spec import BuildSpec, load_spec
 from enginefoundry.spec.outputs import TrackingSpec
 
 if TYPE_CHECKING:
-    from enginefoundry.orchestration.ephemeral import EarlyServer
+    from enginefoundry.flows.prefect_server.ephemeral import EarlyServer
     from enginefoundry.search.plan import SearchReport
 
 DEFAULT_MLFLOW = TrackingSpec().mlflow_uri
@@ -152,7 +152,7 @@ def quiet_prefect_defaults() -> None:
     (measured: a plain flow failed with "Timed out while attempting to connect to ephemeral Prefect API server"
     after 20 s at load average 10)."""
     quiet_prefect_environment()
-    from enginefoundry.orchestration.ephemeral import guard_ephemeral_prefect_server
+    from enginefoundry.flows.prefect_server.ephemeral import guard_ephemeral_prefect_server
 
     guard_ephemeral_prefect_server()
     install_exit_handlers()
@@ -172,7 +172,7 @@ def start_prefect_early() -> EarlyServer | None:
     Prefect with `EarlyServer.adopt` before the first flow; a server that cannot be adopted is stopped and
     Prefect starts its own as before."""
     quiet_prefect_environment()
-    from enginefoundry.orchestration.ephemeral import start_early_server
+    from enginefoundry.flows.prefect_server.ephemeral import start_early_server
 
     server = start_early_server()
     quiet_prefect_defaults()

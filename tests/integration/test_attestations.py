@@ -474,7 +474,7 @@ def test_the_reaper_and_the_embedded_prefect_server_never_get_the_signing_key(tm
 
     from enginefoundry import runner
     from enginefoundry.evidence.signing import ENV_KEY, ENV_KEY_PASSWORD
-    from enginefoundry.orchestration.ephemeral import start_early_server
+    from enginefoundry.flows.prefect_server.ephemeral import start_early_server
 
     pem = keys["old"][0].read_text()
     monkeypatch.setenv(ENV_KEY, pem)

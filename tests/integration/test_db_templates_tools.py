@@ -60,7 +60,7 @@ def _prepare(home: Path, cache: Path) -> Path:
     interface is configured once per process)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), EF_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
-    code = ("from enginefoundry.orchestration.ephemeral_server import prepare_database, sqlite_database_path\n"
+    code = ("from enginefoundry.flows.prefect_server.ephemeral_server import prepare_database, sqlite_database_path\n"
             "db = sqlite_database_path(); prepare_database(db); print(db)")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -97,7 +97,7 @@ def test_the_temporary_prefect_servers_new_database_starts_migrated(monkeypatch,
 def test_only_a_sqlite_file_is_prepared(monkeypatch, tmp_path: Path, url: str, expected: str | None) -> None:
     from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
 
-    from enginefoundry.orchestration.ephemeral_server import sqlite_database_path
+    from enginefoundry.flows.prefect_server.ephemeral_server import sqlite_database_path
 
     with temporary_settings({PREFECT_API_DATABASE_CONNECTION_URL: url.format(home=tmp_path)}):
         found = sqlite_database_path()

@@ -36,8 +36,11 @@ def test_wheel_installs_one_package_with_flows_and_tasks_inside(tmp_path: Path) 
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"enginefoundry"}, top
     for layer in ("flows", "tasks"):
-        shipped = {Path(n).name for n in names if n.startswith(f"enginefoundry/{layer}/") and n.endswith(".py")}
-        assert shipped == {p.name for p in (REPO / layer).glob("*.py")}, layer
+        shipped = {n.removeprefix(f"enginefoundry/{layer}/") for n in names
+                   if n.startswith(f"enginefoundry/{layer}/") and n.endswith(".py")}
+        assert shipped == {p.relative_to(REPO / layer).as_posix() for p in (REPO / layer).rglob("*.py")
+                           if "__pycache__" not in p.parts}, layer
+    assert "enginefoundry/flows/prefect_server/ephemeral.py" in names  # a subpackage of a linked layer ships too
     assert "enginefoundry/schemas/manifest.schema.json" in names
     assert "enginefoundry/schemas/spec.schema.json" in names  # the spec's, for editors (scripts/gen_docs.py)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import inspect
 import subprocess
 
-from enginefoundry.orchestration import _prefect_private as pp
-from enginefoundry.orchestration.ephemeral import _GuardedSubprocess
+from enginefoundry.flows.prefect_server import _prefect_private as pp
+from enginefoundry.flows.prefect_server.ephemeral import _GuardedSubprocess
 
 
 def test_installed_prefect_is_a_measured_one_and_its_private_names_exist() -> None:

@@ -12,10 +12,10 @@ REPO = Path(__file__).resolve().parents[2]
 MAX_LINES = 60
 MAX_PARAMS = 8
 
-# The modules on one unit's path that this test holds: the flows and tasks, the smoke stage, the orchestration
+# The modules on one unit's path that this test holds: the flows and tasks, the smoke stage, the Prefect server
 # package, the unit-path modules the lean-hubs work split, and the build, lane, publish and records modules.
 SCOPE = [
-    "flows", "tasks", "enginefoundry/smoke", "enginefoundry/orchestration",
+    "flows", "tasks", "enginefoundry/smoke", "flows/prefect_server",
     "enginefoundry/cli/build.py", "enginefoundry/runner.py", "enginefoundry/model_server.py",
     "enginefoundry/retry.py", "enginefoundry/planning/checkpoint_reuse.py",
     # the unit's build (fetch, key, convert), its lane, its publish and its records

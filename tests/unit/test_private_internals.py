@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from enginefoundry import _startup
-from enginefoundry.orchestration import _prefect_private as pp
+from enginefoundry.flows.prefect_server import _prefect_private as pp
 
 
 def test_installed_python_is_a_measured_one_and_its_private_names_exist() -> None:
@@ -25,7 +25,7 @@ def test_installed_python_is_a_measured_one_and_its_private_names_exist() -> Non
 
 @pytest.mark.parametrize("version", ["3.9.0", "3.9.2", "4.0.0", "3.11.7"])
 def test_an_unmeasured_prefect_takes_the_public_path(version: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from enginefoundry.orchestration import ephemeral
+    from enginefoundry.flows.prefect_server import ephemeral
 
     assert not pp.prefect_tricks_apply(version)
     monkeypatch.setattr(pp, "prefect_version", lambda: version)

@@ -1,5 +1,6 @@
-"""The embedded mode's temporary Prefect API server process: `python -m enginefoundry.orchestration.ephemeral_server
-<uvicorn arguments>`, run by `orchestration.ephemeral.start_early_server` in place of Prefect's `python -m uvicorn …`.
+"""The embedded mode's temporary Prefect API server process:
+`python -m enginefoundry.flows.prefect_server.ephemeral_server <uvicorn arguments>`, run by
+`prefect_server.ephemeral.start_early_server` in place of Prefect's `python -m uvicorn …`.
 
 Before it hands over to uvicorn it gives a new SQLite database a migrated start (enginefoundry/records/db_templates.py):
 on a new PREFECT_HOME the server otherwise spends ≈ 3.5 s of its ≈ 7.5 s start-up on this 2-core host running

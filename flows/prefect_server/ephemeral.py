@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from enginefoundry.console import say
-from enginefoundry.model_server import free_port
-from enginefoundry.orchestration._prefect_private import (
+from enginefoundry.flows.prefect_server._prefect_private import (
     UVICORN_ENVIRONMENT,
     adopt_as_prefects_server,
     guard_server_subprocess,
     prefect_tricks_apply,
 )
+from enginefoundry.model_server import free_port
 from enginefoundry.runner import (
     NOT_FOR_TOOLS,
     die_with_parent,
@@ -153,7 +153,7 @@ def start_early_server() -> EarlyServer | None:
     env = {**tool_env(), **UVICORN_ENVIRONMENT,  # the server signs nothing: no signing key in its environment
            "PREFECT_API_BLOCKS_REGISTER_ON_START": os.environ.get("PREFECT_API_BLOCKS_REGISTER_ON_START", "false")}
     # Prefect's `python -m uvicorn …`, through ephemeral_server: a fresh SQLite database starts as a migrated copy.
-    argv = [sys.executable, "-m", "enginefoundry.orchestration.ephemeral_server", "--app-dir", str(app_dir),
+    argv = [sys.executable, "-m", "enginefoundry.flows.prefect_server.ephemeral_server", "--app-dir", str(app_dir),
             "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
             "--log-level", "error", "--lifespan", "on"]
     with signals_held():
