@@ -599,77 +599,94 @@ def _int_field(body: dict[str, Any],  # JSON edge: the request body
     return v
 
 
-def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, fmt: str, *args: Any) -> None:
-            log.info("%s %s", self.address_string(), fmt % args)
+class _Handler(BaseHTTPRequestHandler):
+    """One request to the scoring server; the `Api` it answers with is the server's."""
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:  # JSON edge: the response body
-            data = json.dumps(payload, allow_nan=False, default=_finite).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    server: ScoringServer
 
-        def _stream(self, answer: dict[str, Any], pieces: list[str]) -> None:  # JSON edge: the response
-            """An answer as server-sent chat chunks, one per token, after it is complete (the batcher generates
-            whole answers): a streaming client (AIPerf) gets the right tokens and throughput, but its time to
-            first token is the whole answer's latency here."""
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.end_headers()
-            choice = answer["choices"][0]
-            chunks = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
-                      *({"index": 0, "delta": {"content": p}, "finish_reason": None} for p in pieces),
-                      {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]
-            for i, c in enumerate(chunks):
-                event: dict[str, Any] = {"id": "chatcmpl-ef", "object": "chat.completion.chunk",  # JSON edge
-                                         "model": answer.get("model", api.name), "choices": [c]}
-                if i == len(chunks) - 1:
-                    event["usage"] = answer["usage"]
-                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+    @property
+    def api(self) -> Api:
+        return self.server.api
 
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._send(200, {"status": "ok"})
-            elif self.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in api.names()]})
-            elif self.path == ADAPTERS_PATH:
-                self._send(200, api.served_stats())
-            elif self.path == SPECULATIVE_PATH:
-                self._send(200, api.speculative_stats())
-            else:
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.info("%s %s", self.address_string(), fmt % args)
 
-        def do_POST(self) -> None:
+    def _send(self, status: int, payload: dict[str, Any]) -> None:  # JSON edge: the response body
+        data = json.dumps(payload, allow_nan=False, default=_finite).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, answer: dict[str, Any], pieces: list[str]) -> None:  # JSON edge: the response
+        """An answer as server-sent chat chunks, one per token, after it is complete (the batcher generates
+        whole answers): a streaming client (AIPerf) gets the right tokens and throughput, but its time to
+        first token is the whole answer's latency here."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        choice = answer["choices"][0]
+        chunks = [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None},
+                  *({"index": 0, "delta": {"content": p}, "finish_reason": None} for p in pieces),
+                  {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]
+        for i, c in enumerate(chunks):
+            event: dict[str, Any] = {"id": "chatcmpl-ef", "object": "chat.completion.chunk",  # JSON edge
+                                     "model": answer.get("model", self.api.name), "choices": [c]}
+            if i == len(chunks) - 1:
+                event["usage"] = answer["usage"]
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(200, {"status": "ok"})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": n, "object": "model"} for n in self.api.names()]})
+        elif self.path == ADAPTERS_PATH:
+            self._send(200, self.api.served_stats())
+        elif self.path == SPECULATIVE_PATH:
+            self._send(200, self.api.speculative_stats())
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+    def do_POST(self) -> None:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > 16 << 20:
+                raise RequestError(413, "request body over 16 MiB")
             try:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > 16 << 20:
-                    raise RequestError(413, "request body over 16 MiB")
-                try:
-                    body = json.loads(self.rfile.read(length) or b"null")
-                except json.JSONDecodeError:
-                    raise RequestError(400, "the request body is not JSON") from None
-                answer = api.handle(self.path, body)
-                pieces = answer.pop(STREAM_PIECES, None)
-                if pieces is None:
-                    self._send(200, answer)
-                else:
-                    self._stream(answer, pieces)
-            except RequestError as err:
-                if err.status >= 500:
-                    log.error("%s", err)
-                self._send(err.status, {"error": {"message": str(err), "code": err.status}})
-            except Exception as err:  # a failure outside the model: a 5xx with the cause on the log's last line
-                log.error("%s", traceback.format_exc().rstrip())
-                log.error("%s: %s", type(err).__name__, err)
-                self._send(500, {"error": {"message": f"{type(err).__name__}: {err}", "code": 500}})
+                body = json.loads(self.rfile.read(length) or b"null")
+            except json.JSONDecodeError:
+                raise RequestError(400, "the request body is not JSON") from None
+            answer = self.api.handle(self.path, body)
+            pieces = answer.pop(STREAM_PIECES, None)
+            if pieces is None:
+                self._send(200, answer)
+            else:
+                self._stream(answer, pieces)
+        except RequestError as err:
+            if err.status >= 500:
+                log.error("%s", err)
+            self._send(err.status, {"error": {"message": str(err), "code": err.status}})
+        except Exception as err:  # a failure outside the model: a 5xx with the cause on the log's last line
+            log.error("%s", traceback.format_exc().rstrip())
+            log.error("%s: %s", type(err).__name__, err)
+            self._send(500, {"error": {"message": f"{type(err).__name__}: {err}", "code": 500}})
 
-    return ThreadingHTTPServer((host, port), Handler)
+
+class ScoringServer(ThreadingHTTPServer):
+    """The scoring server: a thread per request, each answered by `api`."""
+
+    def __init__(self, api: Api, host: str, port: int) -> None:
+        self.api = api
+        super().__init__((host, port), _Handler)
+
+
+def make_server(api: Api, host: str, port: int) -> ThreadingHTTPServer:
+    return ScoringServer(api, host, port)
 
 
 def _finite(x: Any) -> Any:
@@ -681,7 +698,7 @@ def clamp(lp: float) -> float:
     return lp if math.isfinite(lp) else -9999.0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model_dir")
     ap.add_argument("--host", default="127.0.0.1")
@@ -702,6 +719,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unverified-draft", action="store_true",
                     help="TEST ONLY: keep the draft's tokens without verification (a broken speculative path the "
                          "gate's lossless rule must reject)")
+    return ap
+
+
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Path], str]:
+    """The parsed command line, its adapters (NAME → folder) and the served model's name; a usage error exits 2."""
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.max_batch < 1:
         ap.error("--max-batch must be at least 1")
@@ -722,6 +745,11 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or args.model_dir
     if name in adapters:
         ap.error(f"--adapter {name}: the served model's own name (--name) cannot name an adapter")
+    return args, adapters, name
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, adapters, name = _arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     import torch
 

@@ -30,10 +30,6 @@ EXEMPT = {
     "flows/build_engines.py:build_engines": "deployment parameters are its public API",
     "flows/rollout.py:rollout": "deployment parameters are its public API",
     "flows/fleet.py:rollout_fleet": "deployment parameters are its public API",
-    # The scoring server (a process of its own, `python -m enginefoundry.smoke.serve`): its request handler class
-    # and argument parsing, read top to bottom; not on the pipeline's Python call path.
-    "enginefoundry/smoke/serve.py:make_server": "the scoring server's handler class, in one closure",
-    "enginefoundry/smoke/serve.py:main": "the scoring server's argument parsing",
     # runner.run_tool: argv and log, then keyword-only options in subprocess.run's style, each defaulted (10 in
     # all). Its 16 call sites pass one to six of them, a different few each: no group travels together, so a
     # ToolOptions value would only wrap every call in a constructor (weighed for issue 35 and left).
