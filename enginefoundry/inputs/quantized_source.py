@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import SourceError, SpecError, ToolError
+from enginefoundry.inputs.model_config import MAX_CONFIG_BYTES
 from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import BuildSpec, Precision, SourceKind
 
@@ -42,7 +43,6 @@ QUANT_CONFIG = "hf_quant_config.json"
 MODEL_CONFIG = "config.json"
 INLINE = "config.json quantization_config"
 MAX_QUANT_CONFIG_BYTES = 1 << 20  # a real hf_quant_config.json is under 100 KiB (MIXED_PRECISION lists every layer)
-MAX_CONFIG_BYTES = 4 << 20  # config.json, as build.model_config reads it
 MAX_DEPTH = 16  # a ModelOpt config nests 3 levels (quantization → quantized_layers → layer)
 MODELOPT_METHOD = "modelopt"  # config.json quantization_config.quant_method of a ModelOpt export
 
