@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 from enginefoundry.confine import UnsafePathError, confined_join, normalise_prefix, safe_relpath, symlinks_leaving
 from enginefoundry.errors import SourceError, SourceUnreachable
 from enginefoundry.identity import checkpoint_digests, list_files, sha256_json
+from enginefoundry.inputs.model_config import MAX_CONFIG_BYTES
 from enginefoundry.inputs.quantized_source import (
-    MAX_CONFIG_BYTES,
     MAX_QUANT_CONFIG_BYTES,
     MODEL_CONFIG,
     QUANT_CONFIG,
