@@ -8,6 +8,7 @@ Needs `apt-get install chromium` and `pip install playwright` (Playwright's own 
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -15,12 +16,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 from tests.support.cluster import (
+    SECOND_POOL,
     PrefectServer,
     seed_unique_model,
     write_spec,
 )
+from tests.support.paths import REPO
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the Python package only)")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -202,3 +206,71 @@ def test_a_typo_and_a_rejected_build_show_failed_with_one_message(cluster: Prefe
             assert "Traceback" not in run_logs(cluster, children[0]["id"])
         finally:
             browser.close()
+
+
+def test_a_fleet_of_three_from_the_ui_with_one_failing(cluster: PrefectServer, stack, tmp_path: Path,
+                                                       unique: str) -> None:
+    """Issue 40: a fleet rollout of three specs started from the Prefect UI (Run → Quick run of a rollout-fleet
+    deployment), with a per-pool limit of one unit build on the second pool: the two good specs are promoted, one
+    champion each; the spec whose source does not exist is a failed row, and the fleet run ends Failed saying so."""
+    specs: list[str] = []
+    for tag in ("alpha", "bravo", "charlie"):
+        repo_id = f"tiny-org/fleet-{tag}-{unique}"
+        if tag != "charlie":  # charlie's source does not exist: its rollout fails, the others go on
+            seed_unique_model(Path(stack["EF_HUB_ROOT"]), repo_id, tmp_path, f"fleet {tag} {unique}")
+        spec = write_spec(tmp_path / tag, source=f"hf://{repo_id}@main", store=f"s3://enginefoundry/fleet-{unique}",
+                          mlflow_uri=stack["MLFLOW_TRACKING_URI"], experiment=f"fleet-{tag}-{unique}",
+                          registered_model=f"tiny-fleet-{tag}-{unique}", benchmark=False,
+                          targets=[{"name": "cpu-b", "arch": "cpu", "gpu_count": 0, "work_pool": SECOND_POOL}])
+        doc = yaml.safe_load(spec.read_text())
+        doc["name"] = f"fleet-{tag}"
+        spec.write_text(yaml.safe_dump(doc))
+        specs.append(str(spec))
+    # A deployment of this fleet, made from deployment.yaml's rollout-fleet entry as a platform team would (their
+    # spec list, no schedule); the pool limit is on cpu-b, so builds of other tests on pool cpu are not held.
+    fleet_name = f"ui-{unique}"
+    data = yaml.safe_load((REPO / "deployment.yaml").read_text())
+    entry = next(d for d in data["deployments"] if d["entrypoint"].endswith(":rollout_fleet"))
+    data["deployments"] = [{**entry, "name": fleet_name, "schedules": [],
+                            "parameters": {"name": fleet_name, "specs": specs, "mode": "cluster",
+                                           "pool_limits": {SECOND_POOL: 1}}}]
+    data.pop("definitions", None)
+    made = tmp_path / "fleet-deployment.yaml"
+    made.write_text(yaml.safe_dump(data, sort_keys=False))
+    deploy = cluster.prefect("deploy", "--prefect-file", str(made), "--all")
+    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    with cluster.client() as http:
+        deployment = http.get(f"/deployments/name/rollout-fleet/{fleet_name}").json()
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1400})
+                page.goto(f"{cluster.ui}/deployments/deployment/{deployment['id']}", wait_until="networkidle")
+                page.get_by_role("button", name="Run", exact=True).click()
+                page.get_by_text("Quick run").click()
+                deadline = time.monotonic() + 60
+                with cluster.client() as http:
+                    while not (new := runs_of(http, deployment["id"])) and time.monotonic() < deadline:
+                        page.wait_for_timeout(250)
+            finally:
+                browser.close()
+        assert len(new) == 1, new
+        run = cluster.wait(new[0]["id"], timeout_s=900)
+    finally:
+        with cluster.client() as http:  # the limit stays on the server after a fleet (documented): not for others
+            http.delete(f"/v2/concurrency_limits/enginefoundry-pool-{SECOND_POOL}")
+
+    assert run["state_type"] == "FAILED", run["state"]
+    message = run["state"]["message"]
+    assert f"fleet {fleet_name}: 3 spec(s): 1 failed, 2 promoted; failed: fleet-charlie (" in message, message
+    table = cluster.artifacts(run["id"])[f"fleet-{fleet_name}-table"]
+    rows = table["data"] if isinstance(table["data"], list) else json.loads(table["data"])
+    assert [(r["spec"], r["status"]) for r in rows] == [
+        ("fleet-alpha", "promoted"), ("fleet-bravo", "promoted"), ("fleet-charlie", "failed")], rows
+    assert "no-such" in rows[2]["reason"] or f"fleet-charlie-{unique}" in rows[2]["reason"], rows[2]
+    logs = run_logs(cluster, run["id"])
+    assert "Traceback" not in logs, logs[-3000:]
+    client = MlflowClient(stack["MLFLOW_TRACKING_URI"])
+    for tag in ("alpha", "bravo"):  # a champion per model, as a rollout of each spec alone makes
+        assert client.get_model_version_by_alias(f"tiny-fleet-{tag}-{unique}", "cpu-b-champion").version == "1"
