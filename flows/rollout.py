@@ -1,7 +1,8 @@
 """The rollout flow: detect a new checkpoint or toolchain → build (only when new) → promote or hold each candidate.
 
 Scheduled (deployment.yaml: `rollout/scheduled`), it usually finds nothing new and finishes after one
-revision lookup and a few registry queries, before any download. When the source or the toolchain (a new
+revision lookup and a few registry queries, before any download. When the source (or a LoRA adapter of
+`model.adapters`: that adapter's units alone miss, docs/adapters.md#rollout) or the toolchain (a new
 TensorRT-LLM release or image digest in the spec or in the toolchain channel it follows, other lane versions on
 this host) changed for some targets, it
 builds those targets with the spec's toolchain (embedded or cluster mode, as the build flow does), and reports old
