@@ -37,6 +37,10 @@ ADAPTER_URI = "enginefoundry.adapter_uri"
 ADAPTER_REVISION = "enginefoundry.adapter_revision"
 ADAPTER_DIGEST = "enginefoundry.adapter_digest"
 PROMPTS_DIGEST = "enginefoundry.prompts_digest"
+# A rollout's build (its parent run): why the rollout built (each changed target's reason: a new commit, an adapter's
+# new revision, a toolchain bump) and the adapters whose new revision triggered it (comma-separated; issue 36).
+ROLLOUT_TRIGGER = "enginefoundry.rollout_trigger"
+ROLLOUT_ADAPTERS = "enginefoundry.rollout_adapters"
 PREFECT_FLOW_RUN_ID = "enginefoundry.prefect_flow_run_id"
 PREFECT_FLOW_RUN_URL = "enginefoundry.prefect_flow_run_url"
 KEY = "enginefoundry.key"

@@ -1,7 +1,8 @@
 """The rollout flow: detect a new checkpoint or toolchain → build (only when new) → promote or hold each candidate.
 
 Scheduled (deployment.yaml: `rollout/scheduled`), it usually finds nothing new and finishes after one
-revision lookup and a few registry queries, before any download. When the source or the toolchain (a new
+revision lookup and a few registry queries, before any download. When the source (or a LoRA adapter of
+`model.adapters`: that adapter's units alone miss, docs/adapters.md#rollout) or the toolchain (a new
 TensorRT-LLM release or image digest in the spec or in the toolchain channel it follows, other lane versions on
 this host) changed for some targets, it
 builds those targets with the spec's toolchain (embedded or cluster mode, as the build flow does), and reports old
@@ -44,6 +45,7 @@ from enginefoundry.tasks.promote import (
     follow_channel,
     measure_side_by_side,
     promote_units,
+    record_trigger,
 )
 
 
@@ -117,7 +119,7 @@ def _rollout(build_spec: BuildSpec, targets: list[str] | None, mode: Mode, polic
     end_orphaned_runs(build_spec)  # units of earlier runs that were cancelled or crashed and never ended theirs
     change = detect_source_change(build_spec, targets or None)
     report_table("rollout-change", build_spec, change.rows(),
-                 f"{build_spec.name}: what is new in {change.source.describe()}")
+                 f"{build_spec.name}: what is new in {change.describe()}")
     to_build = [t.target for t in change.targets if t.changed or force_build]
     summary = None
     if to_build:
@@ -128,9 +130,11 @@ def _rollout(build_spec: BuildSpec, targets: list[str] | None, mode: Mode, polic
                 s3_endpoint_url=build_spec.publish.s3_endpoint_url))
         except UnitsNotPassed as err:  # the build subflow ended Failed; its units are held below
             summary = err.summary
+        if summary.parent_run_id:  # why it built (a new commit, an adapter's new revision, a toolchain bump)
+            record_trigger(build_spec, change, summary.parent_run_id)
     else:
         report_markdown("rollout", build_spec, f"## {build_spec.name}: no build\n\nSource "
-                        f"`{change.source.describe()}` is what every target's baseline was built from.\n",
+                        f"`{change.describe()}` is what every target's baseline was built from.\n",
                         "rollout: no build")
     # Champion and candidate of each stem measured side by side here, where this worker can serve them.
     measured = measure_side_by_side(build_spec, targets or None, policy)

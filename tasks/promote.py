@@ -12,6 +12,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from enginefoundry import tracking_tags as mltags
 from enginefoundry.bench.noise import SideBySide
 from enginefoundry.errors import ToolError
 from enginefoundry.inputs.units import expand_units, toolchain_identity
@@ -58,10 +59,24 @@ def detect_source_change(spec: BuildSpec, targets: list[str] | None) -> ChangeRe
     report = detect_change(spec, Registry(spec.tracking.mlflow_uri), targets,
                            ToolchainIdentity.model_validate(current_toolchain(spec)))
     log = progress_logger()
-    log(f"rollout: source {report.source.describe()}")
+    log(f"rollout: source {report.describe()}")
     for row in report.targets:
         log(f"rollout: {row.target}: {'NEW' if row.changed else 'nothing new'}: {row.reason}")
     return report
+
+
+@task(name="record the rollout's trigger", cache_policy=NO_CACHE)  # MLflow only: retried at its client wrapper
+def record_trigger(spec: BuildSpec, change: ChangeReport, parent_run_id: str) -> None:
+    """Why this rollout built, on the build's MLflow parent run: tags (mltags.ROLLOUT_TRIGGER, and
+    ROLLOUT_ADAPTERS when an adapter's new revision is part of it) and artifact rollout/change.json."""
+    folder = report_dir(parent_run_id) / "rollout"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "change.json").write_text(change.model_dump_json(indent=2))
+    tracker = Tracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
+    adapters = ",".join(change.changed_adapters)[:5000]
+    tracker.set_tags(parent_run_id, {mltags.ROLLOUT_TRIGGER: change.trigger() or "forced build",
+                                     **({mltags.ROLLOUT_ADAPTERS: adapters} if adapters else {})})
+    tracker.log_artifact(parent_run_id, folder / "change.json", "rollout")
 
 
 @task(name="compare champion and candidate side by side", cache_policy=NO_CACHE)

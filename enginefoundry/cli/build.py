@@ -320,7 +320,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         emit_json(report)
         return EXIT_OK if (not report.built or report.build_ok) else EXIT_PIPELINE
     console.print()
-    table(f"{spec.name}: {report.change.source.describe()}", report.change.rows())
+    table(f"{spec.name}: {report.change.describe()}", report.change.rows())
     if not report.built:
         what = "nothing new" if not report.promoted else "source unchanged"
         console.print(f"{what}: no build ({report.duration_s:.1f} s)")

@@ -206,9 +206,19 @@ def _resolve_hf(source: SourceURI) -> str:
     return sha
 
 
-def probe(source: SourceURI) -> str:
+def probe(source: SourceURI, *, marker: str = CHECKPOINT_MARKER, field: str = "model.source") -> str:
     """A cheap check that the source exists and is reachable, before any download or Prefect start.
-    Returns what it resolved to (a commit sha, an S3 prefix, a folder)."""
+    Returns what it resolved to (a commit sha, an S3 prefix, a folder). `marker` and `field` as for `fetch` (an
+    adapter's folder has adapter_config.json; its refusals name `model.adapters.<i>.source`)."""
+    try:
+        return _probe(source, marker)
+    except SourceError as err:
+        if field == "model.source":
+            raise
+        raise SourceError(str(err).replace("model.source", field)) from None
+
+
+def _probe(source: SourceURI, marker: str) -> str:
     if source.kind is SourceKind.HF:
         return _resolve_hf(source)
     if source.kind is SourceKind.S3:
@@ -225,9 +235,9 @@ def probe(source: SourceURI) -> str:
         if not found:
             raise SourceError(f"model.source: s3://{bucket}/{prefix}/ is empty; upload the checkpoint folder there")
         return f"s3://{bucket}/{prefix}/"
-    path = _fetch_local(source)
-    if not (path / "config.json").is_file():
-        raise SourceError(f"model.source: {path} has no config.json; point it at a Hugging Face checkpoint folder")
+    path = _fetch_local(source, marker)
+    if not (path / marker).is_file():
+        raise SourceError(f"model.source: {path} has no {marker}; point it at a {_folder_kind(marker)} folder")
     return str(path)
 
 

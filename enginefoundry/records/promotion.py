@@ -131,11 +131,14 @@ def compare(candidate: Manifest, champion: Manifest | None, policy: PromotionPol
 
 
 def same_weights(candidate: Manifest, champion: Manifest) -> bool:
-    """Both units were built from the same weights and tokenizer (only the toolchain or the build differs)."""
-    def digests(m: Manifest) -> tuple[str | None, str | None]:
+    """Both units were built from the same weights, tokenizer and LoRA adapter(s) (only the toolchain or the build
+    differs). A unit of an adapter keys the base's weights digest and the adapter's apart (`key_components.adapter`):
+    a new adapter revision is new weights, not a rebuild."""
+    def digests(m: Manifest) -> tuple[str | None, str | None, str | None]:
         kc = m.key_components
+        adapter = kc.adapter.model_dump_json() if kc.adapter is not None else None
         return (kc.weights_digest or m.source.weights_digest or None,
-                kc.tokenizer_digest or m.source.tokenizer_digest or None)
+                kc.tokenizer_digest or m.source.tokenizer_digest or None, adapter)
 
     mine = digests(candidate)
     return mine[0] is not None and mine == digests(champion)
