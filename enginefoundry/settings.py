@@ -75,7 +75,8 @@ class EnvSettings(BaseSettings):
         description="local cache of smoke reference answers (default ~/.cache/enginefoundry/references)")
     unit_timeout_s: float = Field(
         default=8 * 3600, validation_alias="EF_UNIT_TIMEOUT_S",
-        description="cluster mode: a unit run not finished after this long is cancelled and counts as failed")
+        description="cluster mode: a unit run not finished this long after the parent sent it is cancelled and "
+                    "counts as failed (a unit held back behind its pool's limit is not timed until it is sent)")
     cancel_poll_s: float = Field(
         default=2.0, gt=0, validation_alias="EF_CANCEL_POLL_S",
         description="how often a run asks the Prefect API whether it or its parent was cancelled "

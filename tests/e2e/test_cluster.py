@@ -1,10 +1,12 @@
 """Cluster mode against a real Prefect server: deployment.yaml deployed as is, process workers on three pools,
 the build deployment triggered through the API. Each unit must run on the worker of its target's pool, the
-parent must see every result, and a worker without the target's GPU must refuse its unit."""
+parent must see every result, a pool's units must be sent no faster than its limit lets them run (none refused
+for want of a slot), and a worker without the target's GPU must refuse its unit."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,12 @@ pytestmark = pytest.mark.services
 
 
 def two_pool_targets() -> list[dict[str, object]]:
-    # The second target differs in its SKU list only so that its unit has its own key (target identity is
-    # arch + SKUs + GPU count): otherwise one build would serve both targets.
+    # The other targets differ in their SKU lists only so that each unit has its own key (target identity is
+    # arch + SKUs + GPU count): otherwise one build would serve them all. Two units on pool cpu, whose deployment
+    # takes one at a time: the parent sends the second when the first ends (flows/dispatch.py).
     return [{"name": "cpu", "arch": "cpu", "gpu_count": 0},
-            {"name": "cpu-b", "arch": "cpu", "gpu_count": 0, "sku": ["second-pool"], "work_pool": SECOND_POOL}]
+            {"name": "cpu-b", "arch": "cpu", "gpu_count": 0, "sku": ["second-pool"], "work_pool": SECOND_POOL},
+            {"name": "cpu-c", "arch": "cpu", "gpu_count": 0, "sku": ["second-unit"]}]
 
 
 def test_deployments_from_deployment_yaml(cluster: PrefectServer) -> None:
@@ -53,6 +57,10 @@ def test_deployments_from_deployment_yaml(cluster: PrefectServer) -> None:
     assert form_type(rollout, "max_ttft_p95_factor") == "number"
 
 
+def stamp(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
 def form_type(deployment: dict[str, object], name: str) -> str:
     schema = deployment["parameter_openapi_schema"]  # type: ignore[index]
     return schema["properties"][name]["type"]  # type: ignore[index]
@@ -71,8 +79,9 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
     assert parent["state_type"] == "COMPLETED", parent["state"]
 
     children = {c["name"]: c for c in cluster.children(parent_id)}
-    assert set(children) == {"unit fp32-tp1.chat.cpu", "unit fp32-tp1.chat.cpu-b"}
-    for unit_name, pool in (("fp32-tp1.chat.cpu", "cpu"), ("fp32-tp1.chat.cpu-b", SECOND_POOL)):
+    placed = {"fp32-tp1.chat.cpu": "cpu", "fp32-tp1.chat.cpu-b": SECOND_POOL, "fp32-tp1.chat.cpu-c": "cpu"}
+    assert set(children) == {f"unit {u}" for u in placed}
+    for unit_name, pool in placed.items():
         child = children[f"unit {unit_name}"]
         assert child["state_type"] == "COMPLETED"
         assert child["work_pool_name"] == pool
@@ -80,15 +89,22 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
         assert child["parameters"]["source"]["revision"] == sha  # identity travels, weights do not
         assert set(child["parameters"]) == {"spec", "unit", "key_components", "source", "parent_run_id", "replace"}
         assert len(json.dumps(child["parameters"])) < 64_000
+    # Pool cpu takes one unit at a time: its second unit run was created only once the first had ended, and no
+    # unit run was refused a slot (no AwaitingConcurrencySlot in any run's states).
+    on_cpu = [children[f"unit {u}"] for u, p in placed.items() if p == "cpu"]
+    first, second = sorted(on_cpu, key=lambda c: stamp(c["created"]))
+    assert first["end_time"] and stamp(first["end_time"]) <= stamp(second["created"]), (first, second)
+    with cluster.client() as http:
+        for child in children.values():
+            states = http.get("/flow_run_states/", params={"flow_run_id": child["id"]}).json()
+            assert "AwaitingConcurrencySlot" not in {s["name"] for s in states}, (child["name"], states)
 
     # The parent saw every result: its summary table lists both units as candidates.
     artifacts = cluster.artifacts(parent_id)
     summary = json.loads(artifacts["build-summary-tiny-cpu"]["data"])
-    assert {r["unit"]: r["status"] for r in summary} == {"fp32-tp1.chat.cpu": "candidate",
-                                                         "fp32-tp1.chat.cpu-b": "candidate"}
+    assert {r["unit"]: r["status"] for r in summary} == dict.fromkeys(placed, "candidate")
     matrix = json.loads(artifacts["matrix-tiny-cpu"]["data"])
-    assert {r["unit"]: r["runs on"] for r in matrix} == {"fp32-tp1.chat.cpu": "build-unit/cpu",
-                                                        "fp32-tp1.chat.cpu-b": f"build-unit/{SECOND_POOL}"}
+    assert {r["unit"]: r["runs on"] for r in matrix} == {u: f"build-unit/{p}" for u, p in placed.items()}
     assert "s3://" in artifacts["gates-tiny-cpu"]["data"]  # manifests as URIs, not payloads
 
     # Each unit was published with its serving files, built on the worker of its pool.
@@ -96,7 +112,7 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
     docs = [json.loads(s3.get_object(Bucket="enginefoundry", Key=o["Key"])["Body"].read()) for o in listing
             if not o["Key"].endswith("/current.json")]
     manifests = [d for d in docs if "unit" in d]
-    assert len(manifests) == 2
+    assert len(manifests) == 3
     for manifest in manifests:
         assert manifest["status"] == "candidate"
         assert manifest["source"]["uri"] == f"hf://{repo_id}@main" and manifest["source"]["revision"] == sha
