@@ -352,10 +352,25 @@ def _exit_on_sigterm(previous: _Found) -> _Installed:
 NOT_FOR_TOOLS = ("ENGINEFOUNDRY_SIGNING_KEY", "ENGINEFOUNDRY_SIGNING_KEY_PASSWORD", "ENGINEFOUNDRY_SIGNING_KEY_FILE")
 
 
-def tool_env(extra: Mapping[str, str] | None = None, unset: Sequence[str] = ()) -> dict[str, str]:
-    """The environment of a tool or server: this process's, with `extra`, without `unset` and NOT_FOR_TOOLS."""
-    drop = {*unset, *NOT_FOR_TOOLS}
-    return {k: v for k, v in {**os.environ, **(extra or {})}.items() if k not in drop}
+def tool_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """The environment of a tool or server: this process's, with `extra` (a None value unsets that variable), without
+    NOT_FOR_TOOLS."""
+    merged: dict[str, str | None] = {**os.environ, **(extra or {})}
+    return {k: v for k, v in merged.items() if v is not None and k not in NOT_FOR_TOOLS}
+
+
+def every(seconds: float, progress: Callable[[str], None]) -> Callable[[str], None]:
+    """`progress`, passing on at most one note per `seconds` (counted from now): for a long tool whose
+    `run_tool` notes (every 10 s) would be too many."""
+    last = time.monotonic()
+
+    def note(text: str) -> None:
+        nonlocal last
+        if time.monotonic() - last >= seconds:
+            last = time.monotonic()
+            progress(text)
+
+    return note
 
 
 def _children_peak_rss_mb() -> float:
@@ -363,24 +378,27 @@ def _children_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
+PROGRESS_EVERY_S = 10.0  # run_tool's notes on a long tool: "<what>: running for 40s"
+
+
 def run_tool(
     argv: Sequence[str],
     log_path: Path,
     *,
     timeout_s: float,
-    env: Mapping[str, str] | None = None,
-    unset_env: Sequence[str] = (),
+    env: Mapping[str, str | None] | None = None,
     cwd: Path | None = None,
     what: str | None = None,
     progress: Callable[[str], None] | None = None,
-    progress_every_s: float = 10.0,
     check: bool = True,
 ) -> ToolRun:
     """Run a command to completion. Raises ToolError (with the log tail) on a missing tool, timeout or failure
-    (with `check` False a failure is returned: the caller reads the tool's own account of it)."""
+    (with `check` False a failure is returned: the caller reads the tool's own account of it). `env` is added to this
+    process's environment (tool_env: a None value unsets); `progress` gets a note every PROGRESS_EVERY_S (`every`
+    thins them)."""
     what = what or Path(argv[0]).name
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = tool_env(env, unset_env)
+    full_env = tool_env(env)
     start = time.monotonic()
     with log_path.open("wb") as log:
         proc: subprocess.Popen[bytes] | None = None
@@ -399,8 +417,7 @@ def run_tool(
             raise
         install_sigterm_as_exit()
         try:
-            _wait_for(proc, what, log_path, start=start, timeout_s=timeout_s, progress=progress,
-                      progress_every_s=progress_every_s)
+            _wait_for(proc, what, log_path, start=start, timeout_s=timeout_s, progress=progress)
         except BaseException:
             # Ctrl-C or any error in this process: never leave the tool's process group behind.
             kill_process_group(proc)
@@ -416,9 +433,9 @@ def run_tool(
 
 
 def _wait_for(proc: subprocess.Popen[bytes], what: str, log_path: Path, *, start: float, timeout_s: float,
-              progress: Callable[[str], None] | None, progress_every_s: float) -> None:
+              progress: Callable[[str], None] | None) -> None:
     """Until the tool exits; ToolError (its process group killed) once it has run `timeout_s`."""
-    next_note = start + progress_every_s
+    next_note = start + PROGRESS_EVERY_S
     while True:
         try:
             proc.wait(timeout=0.5)
@@ -430,7 +447,7 @@ def _wait_for(proc: subprocess.Popen[bytes], what: str, log_path: Path, *, start
                 raise ToolError(f"{what} timed out after {timeout_s:.0f}s; log {log_path}:\n{tail(log_path)}") from None
             if progress and now >= next_note:
                 progress(f"{what}: running for {now - start:.0f}s")
-                next_note = now + progress_every_s
+                next_note = now + PROGRESS_EVERY_S
 
 
 def pid_alive(pid: int) -> bool:

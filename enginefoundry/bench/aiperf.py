@@ -135,7 +135,7 @@ def run_point(
             try:
                 # AIPerf's offline-tokenizer bug: HF_HUB_OFFLINE with a local tokenizer path fails (facts §4),
                 # and a local path makes no network call anyway, so the variables are unset for the tool.
-                run_tool(argv, out / "tool.log", env=env, unset_env=("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
+                run_tool(argv, out / "tool.log", env={**env, "HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None},
                          timeout_s=spec.timeout_s, what=what, progress=progress)
             except ToolError as err:
                 reason = _tool_reason(out / "tool.log") if "failed with exit code" in str(err) else None

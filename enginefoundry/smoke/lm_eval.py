@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from enginefoundry.errors import InputError, ToolError
-from enginefoundry.runner import run_tool
+from enginefoundry.runner import every, run_tool
 from enginefoundry.spec.checks import LmEvalSpec
 
 INSTALL_HINT = "pip install 'lm-eval[api]'"
@@ -165,7 +165,7 @@ def run_lm_eval(
              + (f" (limit {config.limit})" if config.limit else ""))
     try:
         run_tool(argv, out / "lm_eval.log", env=lm_eval_env(config), timeout_s=config.timeout_s,
-                 what="lm_eval", progress=progress, progress_every_s=30)
+                 what="lm_eval", progress=every(30, progress))
     except ToolError as err:
         return LmEvalResult(status="failed", detail=str(err).splitlines()[0], version=version, command=argv)
     results = find_results_file(out)

@@ -30,10 +30,6 @@ EXEMPT = {
     "flows/build_engines.py:build_engines": "deployment parameters are its public API",
     "flows/rollout.py:rollout": "deployment parameters are its public API",
     "flows/fleet.py:rollout_fleet": "deployment parameters are its public API",
-    # runner.run_tool: argv and log, then keyword-only options in subprocess.run's style, each defaulted (10 in
-    # all). Its 16 call sites pass one to six of them, a different few each: no group travels together, so a
-    # ToolOptions value would only wrap every call in a constructor (weighed for issue 35 and left).
-    "enginefoundry/runner.py:run_tool": "keyword-only, defaulted options; no group travels together",
 }
 
 
