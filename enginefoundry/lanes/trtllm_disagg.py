@@ -6,9 +6,12 @@ LLM-API YAML per role (its parallelism, batch size, `cache_transceiver_config`, 
 per-role parallel keys in `trtllm_flags.EMITTED`), and each one is checked against the release it is emitted for: a
 release without a key is refused with the field and the fix, one after the evidence is listed as to be probed.
 
+Each worker's command names its GPUs (`env CUDA_VISIBLE_DEVICES=…`, consecutive ids, TP*PP of them, as NVIDIA's
+example starts them: REF_DISAGG_GPUS); a row whose GPU count is not its workers' sum is refused.
+
 Not yet here: the searched unit that carries these files through build, publish and the benchmark (a disaggregated
-benchmark needs GPUs: several `trtllm-serve` processes and the KV-cache transfer between them), and the worker's
-probe of the installed release for these keys.
+benchmark needs GPUs: several `trtllm-serve` processes and the KV-cache transfer between them; the commands name the
+model as the spec does, not a built checkpoint), and the worker's probe of the installed release for these keys.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ REF_DISAGG_DOCS_13 = "docs 1.3.0rc24/features/disagg-serving.html"
 REF_DISAGG_EXAMPLE = ("NVIDIA/TensorRT-LLM examples/disaggregated/README.md@c3c3d76e28c57ee23adc3458fc6aca87300c8c21 "
                       "(ctx_config.yaml: disable_overlap_scheduler: True, cache_transceiver_config backend UCX; "
                       "trtllm-serve disaggregated -c disagg_config.yaml)")
+REF_DISAGG_GPUS = ("NVIDIA/TensorRT-LLM examples/disaggregated/README.md@013971245ed5ddb230f1917dd8ccce711a17280f "
+                   "(each worker started as `CUDA_VISIBLE_DEVICES=<its GPUs> trtllm-serve …`; a replica's ranks are "
+                   "the sum of TP*PP over its context and generation servers)")
 REF_AIC_RULE = ("aiconfigurator 0.12.0 generator/rule_plugin/trtllm.rule (prefill disable_overlap_scheduler = true, "
                 "decode = false; cache_transceiver max_tokens_in_buffer = ceil((isl + osl + 500) / tokens_per_block) "
                 "× tokens_per_block)")
@@ -87,7 +93,7 @@ class DisaggServing:
     config: TrtllmConfig
     context: TrtllmConfig
     generation: TrtllmConfig
-    commands: list[list[str]]  # one trtllm-serve per worker, then the router
+    commands: list[list[str]]  # one `env CUDA_VISIBLE_DEVICES=… trtllm-serve` per worker, then the router
     to_be_probed: list[str] = field(default_factory=list)  # keys past their evidence: the worker's probe decides
 
 
@@ -161,14 +167,38 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
                 f"toolchain.trtllm_version ≥ {entry.since}, or set search.disaggregated: false")))
         elif status == TO_BE_PROBED:
             to_probe.append(f"{tool} {key}")
+    workers = _workers(roles, urls)
+    gpus = sum(len(ids) for _, _, ids in workers)
+    if gpus != disagg.total_gpus:
+        problems.append(("search.disaggregated", f"the predicted row counts {disagg.total_gpus} GPUs, its workers "
+                                                 f"{gpus} (the sum of TP*PP over them: {REF_DISAGG_GPUS})"))
     if problems:
         raise SpecError(problems, "disaggregated serving")
-    commands = [["trtllm-serve", model, arg(SERVE, "host"), u.split(":")[0], arg(SERVE, "port"), u.split(":")[1],
+    commands = [["env", f"CUDA_VISIBLE_DEVICES={','.join(map(str, ids))}",
+                 "trtllm-serve", model, arg(SERVE, "host"), u.split(":")[0], arg(SERVE, "port"), u.split(":")[1],
                  arg(SERVE, "extra_llm_api_options"), f"{role}.yaml"]
-                for role in ("context", "generation") for u in urls[role]]
+                for role, u, ids in workers]
     commands.append(["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"])
     return DisaggServing(config=config, context=roles["context"], generation=roles["generation"],
                          commands=commands, to_be_probed=to_probe)
+
+
+# JSON edge: the roles' LLM-API YAMLs
+def _ranks(role: TrtllmConfig) -> int:
+    """GPUs of one worker of a role: its TP*PP (REF_DISAGG_GPUS; tensor_parallel_size is moe_tp × moe_ep under MoE)."""
+    return int(role["tensor_parallel_size"]) * int(role["pipeline_parallel_size"])
+
+
+# JSON edge: the roles' LLM-API YAMLs
+def _workers(roles: dict[str, TrtllmConfig], urls: dict[str, list[str]]) -> list[tuple[str, str, list[int]]]:
+    """(role, url, GPU ids) of every worker: consecutive ids from 0, the context workers' first."""
+    out, at = [], 0
+    for role in ("context", "generation"):
+        n = _ranks(roles[role])
+        for url in urls[role]:
+            out.append((role, url, list(range(at, at + n))))
+            at += n
+    return out
 
 
 def compat_section(releases: dict[str, str]) -> list[str]:
@@ -183,6 +213,9 @@ def compat_section(releases: dict[str, str]) -> list[str]:
              "AIConfigurator's own rule) and the router `trtllm-serve disaggregated -c disagg_config.yaml` "
              "(`hostname`, `port`, "
              "`context_servers` / `generation_servers` with `num_instances` and one `host:port` url per instance). "
+             "Each worker is started on its own GPUs, `env CUDA_VISIBLE_DEVICES=<ids>` with TP*PP consecutive ids, "
+             f"as NVIDIA's example starts them ({REF_DISAGG_GPUS}); a row whose GPU count is not its workers' sum "
+             "is refused. "
              "`enginefoundry search --json` carries these files per disaggregated row (`serving`) for the pinned "
              "release; the unit that builds and benchmarks them is not done yet (the benchmark needs GPUs). Refused, "
              "with the field and the fix: a release without a key below (`toolchain.trtllm_version`: pin the first "

@@ -41,13 +41,14 @@ def test_a_dense_row_becomes_the_router_config_two_role_yamls_and_the_worker_com
                          "disable_overlap_scheduler": True, "cache_transceiver_config": transceiver}
     assert s.generation == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "max_batch_size": 304,
                             "disable_overlap_scheduler": False, "cache_transceiver_config": transceiver}
+    # Each worker on its own GPUs, TP*PP of them, as NVIDIA's example starts them: the decode worker (tp 2) on 2 and 3.
     assert s.commands == [
-        ["trtllm-serve", "/models/llama", "--host", "localhost", "--port", "8001", "--extra_llm_api_options",
-         "context.yaml"],
-        ["trtllm-serve", "/models/llama", "--host", "localhost", "--port", "8002", "--extra_llm_api_options",
-         "context.yaml"],
-        ["trtllm-serve", "/models/llama", "--host", "localhost", "--port", "8003", "--extra_llm_api_options",
-         "generation.yaml"],
+        ["env", "CUDA_VISIBLE_DEVICES=0", "trtllm-serve", "/models/llama", "--host", "localhost", "--port", "8001",
+         "--extra_llm_api_options", "context.yaml"],
+        ["env", "CUDA_VISIBLE_DEVICES=1", "trtllm-serve", "/models/llama", "--host", "localhost", "--port", "8002",
+         "--extra_llm_api_options", "context.yaml"],
+        ["env", "CUDA_VISIBLE_DEVICES=2,3", "trtllm-serve", "/models/llama", "--host", "localhost", "--port", "8003",
+         "--extra_llm_api_options", "generation.yaml"],
         ["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"]]
     assert s.to_be_probed == []
 
@@ -120,3 +121,30 @@ def test_every_key_cites_an_upstream_reference_and_the_compat_page_is_current() 
     assert [p for f in KEYS for p in entry_problems(f)] == []
     assert "## Disaggregated serving (`search.disaggregated`, lane trtllm)" in render()
     assert DOC.read_text() == render()
+
+
+def _gpus(command: list[str]) -> list[int]:
+    assert command[0] == "env" and command[1].startswith("CUDA_VISIBLE_DEVICES=")
+    return [int(i) for i in command[1].removeprefix("CUDA_VISIBLE_DEVICES=").split(",")]
+
+
+@pytest.mark.parametrize("name", ["llama_disagg", "qwen_disagg"])
+def test_every_predicted_row_places_its_workers_on_distinct_gpus_adding_up_to_its_count(name: str) -> None:
+    with (DISAGG / name / "best_config_topn.csv").open() as f:
+        rows = [r for r in (_disagg_row(row, Precision.BF16).disagg for row in csv.DictReader(f)) if r is not None]
+    assert rows
+    for d in rows:
+        s = disaggregated_serving(d, "1.3.0rc23", "m", isl=1024, osl=256, moe=name == "qwen_disagg")
+        placed = [_gpus(c) for c in s.commands[:-1]]
+        flat = [g for ids in placed for g in ids]
+        assert flat == list(range(d.total_gpus))  # each GPU once, consecutive per worker
+        sizes = [len(ids) for ids in placed]
+        per_worker = [s.context["tensor_parallel_size"] * s.context["pipeline_parallel_size"]] * d.prefill.workers + [
+            s.generation["tensor_parallel_size"] * s.generation["pipeline_parallel_size"]] * d.decode.workers
+        assert sizes == per_worker
+
+
+def test_a_row_whose_gpu_count_is_not_its_workers_sum_is_refused() -> None:
+    d = _top("llama_disagg")
+    with pytest.raises(SpecError, match=r"search.disaggregated.*counts 5 GPUs, its workers 4"):
+        disaggregated_serving(d.model_copy(update={"total_gpus": 5}), "1.2.1", "m", isl=1024, osl=256)
