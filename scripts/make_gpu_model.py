@@ -11,8 +11,8 @@ The shapes are the published configs' (meta-llama/Llama-3.2-1B-Instruct and -3B-
 2048/3072, intermediate 8192, 16/28 layers, 32/24 heads, 8 KV heads, head_dim 64/128, llama3 RoPE θ 500000 × 32)
 with the tiny tokenizer's 444-token vocabulary instead of 128,256 (the embedding is the only layer that differs).
 configs/model-configs/llama-3.2-1b-shape.json is this script's config, for the predictor (`enginefoundry search`).
-The broken variant scales the weights of one mid-depth attention output projection by 1.5: a fault that keeps the
-model answering, of the kind the gate must reject (docs/smoke-gate.md's "attention noise mid-depth" family).
+The broken variants (`--broken-from`, `--fault`) keep the model answering, of the kind the gate must reject:
+`attn-noise-mid`, the gate benchmark's fault of that name (docs/smoke-gate.md), and the milder `o-proj-x1.5`.
 Prints one JSON line at the end (shape, parameters, seconds, greedy exact matches out of 108).
 """
 
@@ -159,7 +159,15 @@ def make(shape: str, out: Path, steps: int, lr: float, device: str, target_loss:
             "exact_of_108": exact_matches(out, device), "seconds": round(time.perf_counter() - started, 1)}
 
 
-def broken(source: Path, out: Path) -> dict[str, object]:
+FAULTS = ("attn-noise-mid", "o-proj-x1.5")
+
+
+def broken(source: Path, out: Path, fault: str = "attn-noise-mid") -> dict[str, object]:
+    """A broken copy of `source`, one fault at mid depth. `attn-noise-mid` is the gate benchmark's fault of that name
+    (benchmarks/gate_models.py `_attn_noise`: the layer's q/k/v/o projections plus gaussian noise of 0.5 × each
+    tensor's std, seeded by the layer); `o-proj-x1.5` scales that layer's o_proj by 1.5 (milder: on the H100 on
+    2026-12-06 it passed the fp32 gate, docs/scale.md)."""
+    import torch
     from safetensors.torch import load_file, save_file
 
     tmp = out.with_name(out.name + ".part")
@@ -168,16 +176,27 @@ def broken(source: Path, out: Path) -> dict[str, object]:
     shutil.copytree(source, tmp)
     config = json.loads((source / "config.json").read_text())
     layer = config["num_hidden_layers"] // 2
-    name = f"model.layers.{layer}.self_attn.o_proj.weight"
+    prefix = f"model.layers.{layer}.self_attn."
+    g = torch.Generator().manual_seed(layer)
+    changed: list[str] = []
     for path in sorted(tmp.glob("*.safetensors")):
         tensors = load_file(path)
-        if name in tensors:
-            tensors[name] = tensors[name] * 1.5
+        names = sorted(k for k in tensors if k.startswith(prefix) and k.endswith("proj.weight"))
+        if fault == "o-proj-x1.5":
+            names = [k for k in names if k.endswith("o_proj.weight")]
+        for k in names:
+            w = tensors[k].float()
+            edited = w * 1.5 if fault == "o-proj-x1.5" else w + 0.5 * w.std() * torch.randn(w.shape, generator=g)
+            tensors[k] = edited.to(tensors[k].dtype)
+            changed.append(k)
+        if names:
             save_file(tensors, path, metadata={"format": "pt"})
+    if not changed:
+        raise SystemExit(f"no attention projection of layer {layer} in {source}")
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
-    return {"broken_from": str(source), "fault": f"{name} × 1.5"}
+    return {"broken_from": str(source), "fault": fault, "tensors": changed}
 
 
 def main() -> int:
@@ -190,9 +209,10 @@ def main() -> int:
                     help="stop once the loss is at most this (0: run every step); a model certain of every token "
                          "leaves the gate's log-prob rules nothing to measure")
     ap.add_argument("--broken-from", type=Path, help="write a broken copy of this model folder instead")
+    ap.add_argument("--fault", choices=FAULTS, default=FAULTS[0], help="the broken copy's fault (default %(default)s)")
     args = ap.parse_args()
     if args.broken_from:
-        print(json.dumps(broken(args.broken_from, args.out)), flush=True)
+        print(json.dumps(broken(args.broken_from, args.out, args.fault)), flush=True)
         return 0
     if not torch.cuda.is_available():
         print("no CUDA device: this script makes the GPU run's model on the GPU host", file=sys.stderr)
