@@ -211,8 +211,9 @@ def smoke_served_adapters(spec: BuildSpec, endpoint: Endpoint, base: SourceSnaps
                           adapters: dict[str, SourceSnapshot], report: SmokeReport, report_dir: str,
                           precision: str = "fp32") -> SmokeReport:
     """A unit serving the base and every adapter (model.adapter_mode serve): each adapter asked as its lane's server
-    selects it (`model: <adapter>`, or lane trtllm's `lora_request`: Lane.adapter_request) and judged by the whole gate against its own fp32 reference, the base with that adapter
-    merged (build.adapters.merged_source, as merge mode computes it), its report in `adapters/<name>`. The unit's
+    selects it (`model: <adapter>`, or lane trtllm's `lora_request`: Lane.adapter_request) and judged by the whole
+    gate against its own fp32 reference, the base with that adapter merged (build.adapters.merged_source, as merge
+    mode computes it), its report in `adapters/<name>`. The unit's
     report (the base's, asked by the model's name) gains one hard rule per adapter: a unit that answers with the
     base, or another adapter, where an adapter was asked for fails that adapter's gate and is rejected."""
     log = progress_logger()

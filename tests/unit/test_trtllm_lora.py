@@ -150,7 +150,7 @@ def test_the_bundle_carries_the_adapters_and_the_server_links_them(tmp_path: Pat
 
 
 def test_the_build_refuses_a_serving_unit_without_its_fetched_adapters(tmp_path: Path):
-    with pytest.raises(InputError, match="model.adapters"):
+    with pytest.raises(InputError, match=r"model\.adapters"):
         get_lane("trtllm").refuse_adapters(_spec(), {})  # type: ignore[attr-defined]
 
 
@@ -163,5 +163,5 @@ def test_the_workers_probe_of_loraconfig_decides_past_the_evidence():
     cmd = Command(argv=["x"], llm_api_keys=LORA_KEYS)
     check_against_surface([cmd], _surface(["lora_dir", "lora_ckpt_source", "max_lora_rank", "max_loras",
                                            "max_cpu_loras"]))
-    with pytest.raises(UnsupportedByRelease, match="lora_config.max_cpu_loras"):
+    with pytest.raises(UnsupportedByRelease, match=r"lora_config\.max_cpu_loras"):
         check_against_surface([cmd], _surface(["lora_dir", "lora_ckpt_source", "max_lora_rank", "max_loras"]))
