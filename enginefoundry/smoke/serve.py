@@ -2,7 +2,7 @@
 
     python -m enginefoundry.smoke.serve MODEL_DIR --host 127.0.0.1 --port 8000 [--device cpu] [--name NAME]
         [--max-seq-len N] [--max-batch 16] [--threads N] [--draft DRAFT_DIR --max-draft-len 3]
-        [--adapter NAME=ADAPTER_DIR ...]
+        [--adapter NAME=ADAPTER_DIR ... [--lora-request]]
 
 Why it exists: `transformers serve` (5.24.0) ignores `logprobs`, `top_logprobs` (transformers/cli/serving/
 chat_completion.py, UNUSED_CHAT_COMPLETION_FIELDS) and `echo` (cli/serving/completion.py,
@@ -30,9 +30,11 @@ This server answers, with the same Hugging Face model code and greedy decoding:
     request's OpenAI `model` picks what answers it: an adapter's name that adapter (`set_adapter`), the served name
     the base alone (`disable_adapter`). Requests of different adapters never share a batch. `GET /v1/models` lists
     the base and every adapter; `GET /v1/adapters` the requests, completion tokens and seconds spent answering so far,
-    per served name (the benchmark's per-adapter figures). `--ignore-adapters` answers every request with the base
-    whatever it asked for: a deliberately broken adapter path, for the test that the gate rejects it; never for
-    serving.
+    per served name (the benchmark's per-adapter figures). `--lora-request` selects them as trtllm-serve does
+    instead (the fake TensorRT-LLM toolchain's trtllm-serve): by the body's `lora_request` {lora_name, lora_int_id,
+    lora_path}, the path an --adapter folder, `model` the served name. `--ignore-adapters` answers every request
+    with the base whatever it asked for: a deliberately broken adapter path, for the test that the gate rejects it;
+    never for serving.
 
 Requests are batched: one worker thread owns the model and runs the requests that arrived together (within a few
 milliseconds, up to --max-batch) as one batch: greedy generation over left-padded prompts, and one forward pass

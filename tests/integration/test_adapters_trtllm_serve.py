@@ -35,10 +35,10 @@ FAKE_13 = REPO / "tests" / "fixtures" / "fake-trtllm" / "1.3"
 QUESTION = "What is 2 plus 3?"
 
 
-def _spec(tmp: Path):
+def _spec(tmp: Path, mode: str = "serve", version: str = "1.3.0rc20"):
     data = yaml.safe_load((CONFIGS / "tiny-sm90.yaml").read_text())
-    data.update(lane="trtllm", variants=[{"precision": "bf16"}], toolchain={"trtllm_version": "1.3.0rc20"})
-    data["model"].update(adapter_mode="serve", adapters=[
+    data.update(lane="trtllm", variants=[{"precision": "bf16"}], toolchain={"trtllm_version": version})
+    data["model"].update(adapter_mode=mode, adapters=[
         {"name": "plus-one", "source": "../tests/fixtures/tiny-chat/adapters/plus-one"}])
     data["publish"] = {"store": (tmp / "store").as_uri()}
     return parse_spec(data, source="test spec", base_dir=CONFIGS)
@@ -110,3 +110,22 @@ def test_trtllm_serves_the_adapter_per_lora_request_and_a_server_ignoring_it_is_
     assert answers == {"base": "5", "plus-one": "5"}  # the base answers where the adapter was asked
     assert not broken.passed
     assert [r.name for r in broken.verdict.failed] == ["adapter plus-one"], broken.verdict.reason
+
+
+def test_merge_mode_on_trtllm_converts_the_merged_checkpoint_like_any_other(tmp_path: Path, monkeypatch):
+    """adapter_mode merge: the base with the adapter merged by PEFT is an ordinary Hugging Face checkpoint, which the
+    lane passes through (a 16-bit variant) with a runtime YAML that has no LoRA key: allowed on every release."""
+    from enginefoundry.inputs.adapters import merged_source
+
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    spec = _spec(tmp_path, mode="merge", version="1.2.1")
+    lane = get_lane("trtllm")
+    assert lane.validate_options(spec) == []
+    base = fetch(spec.model.parsed_source(spec.base_path), progress=str)
+    adapters = fetch_adapters(spec, base, lane.name, lane.max_lora_rank, progress=str)
+    merged = merged_source(base, "plus-one", adapters["plus-one"], progress=str)
+    (unit,) = expand_units(spec)
+    assert unit.adapter == "plus-one"
+    converted = lane.convert(spec, unit.variant, Path(merged.local_dir), tmp_path / "unit")
+    assert converted.checkpoint_dir == merged.local_dir and converted.params["passthrough"]
+    assert not any(k.startswith("lora") for k in runtime_config(spec, unit, "1.2.1"))

@@ -165,3 +165,15 @@ def test_the_workers_probe_of_loraconfig_decides_past_the_evidence():
                                            "max_cpu_loras"]))
     with pytest.raises(UnsupportedByRelease, match=r"lora_config\.max_cpu_loras"):
         check_against_surface([cmd], _surface(["lora_dir", "lora_ckpt_source", "max_lora_rank", "max_loras"]))
+
+
+@pytest.mark.parametrize("given", [
+    "adapters/plus-one", {"lora_name": "a", "lora_int_id": -1, "lora_path": "x"},
+    {"lora_name": "a", "lora_int_id": True, "lora_path": "x"}, {"lora_name": "a", "lora_int_id": 0, "lora_path": ""},
+    {"lora_name": 3, "lora_int_id": 0, "lora_path": "x"}])
+def test_the_scoring_servers_lora_request_is_bounded_like_trtllm_serves(given: Any):
+    from enginefoundry.smoke.serve import RequestError, _lora_fields
+
+    with pytest.raises(RequestError, match="lora_request"):
+        _lora_fields(given)
+    assert _lora_fields({"lora_name": "a", "lora_int_id": 0, "lora_path": "adapters/a"}) == ("a", 0, "adapters/a")
