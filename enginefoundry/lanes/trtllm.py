@@ -676,7 +676,9 @@ class TrtllmLane(TrtllmLaneBase):
                                    opts.warmup_requests, llm_api_keys=keys))
         cmds.append(Command(argv=serve_argv(ckpt, f"<bundle>/{RUNTIME_CONFIG}", "127.0.0.1", 8000,
                                              serve_yaml_flag(surface)),
-                            tool=SERVE, llm_api_keys=keys, description="serve"))
+                            tool=SERVE, llm_api_keys=keys, description="serve" + (
+                                f": the base + {len(spec.model.adapters)} LoRA adapters (lora_config), each request "
+                                "selecting one by its lora_request" if lora.serves_adapters(spec) else "")))
         if opts.triton:
             cmds.append(triton_llmapi.launch_command(opts.triton_dir, f"<bundle>/{triton_llmapi.REPO}", keys,
                                                      WORKER_PYTHON))

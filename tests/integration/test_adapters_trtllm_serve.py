@@ -129,3 +129,18 @@ def test_merge_mode_on_trtllm_converts_the_merged_checkpoint_like_any_other(tmp_
     converted = lane.convert(spec, unit.variant, Path(merged.local_dir), tmp_path / "unit")
     assert converted.checkpoint_dir == merged.local_dir and converted.params["passthrough"]
     assert not any(k.startswith("lora") for k in runtime_config(spec, unit, "1.2.1"))
+
+
+def test_an_adapter_above_the_rank_bound_is_refused_on_trtllm_before_any_download():
+    """The fixture's wrong-rank adapter (rank 128) against lane trtllm: refused from adapter_config.json alone, with
+    the field and the fix (the spec's model.max_lora_rank 64, TensorRT-LLM's LoraConfig default)."""
+    from enginefoundry.inputs.adapters import adapter_problems
+
+    data = yaml.safe_load((CONFIGS / "tiny-sm90.yaml").read_text())
+    data.update(lane="trtllm", variants=[{"precision": "bf16"}], toolchain={"trtllm_version": "1.3.0rc20"})
+    data["model"].update(adapter_mode="serve", adapters=[
+        {"name": "wide", "source": "../tests/fixtures/tiny-chat/adapters/wrong-rank"}])
+    spec = parse_spec(data, source="test spec", base_dir=CONFIGS)
+    lane = get_lane("trtllm")
+    ((field, why),) = adapter_problems(spec, lane.name, lane.max_lora_rank)
+    assert field == "model.adapters.0" and "rank 128" in why and "raise model.max_lora_rank" in why

@@ -177,3 +177,22 @@ def test_the_scoring_servers_lora_request_is_bounded_like_trtllm_serves(given: A
     with pytest.raises(RequestError, match="lora_request"):
         _lora_fields(given)
     assert _lora_fields({"lora_name": "a", "lora_int_id": 0, "lora_path": "adapters/a"}) == ("a", 0, "adapters/a")
+
+
+def test_the_benchmark_says_the_adapter_mix_is_not_sent_on_lane_trtllm():
+    from enginefoundry.model_server import Endpoint
+    from enginefoundry.tasks.bench import adapter_mix_refusal, served_models
+
+    spec = _spec()
+    why = adapter_mix_refusal(spec)
+    assert why is not None and "lora_request" in why and "every request went to the base" in why
+    ep = Endpoint(base_url="http://127.0.0.1:1", model_name="m", tokenizer_dir="t", pid=0, log_path="l",
+                  startup_s=0.0)
+    assert served_models(spec, ep) == []  # no `--model` mix of adapter names the server would not select by
+    assert adapter_mix_refusal(_spec(mode="merge")) is None and adapter_mix_refusal(_spec(mode=None)) is None
+
+
+def test_plan_names_the_served_adapters():
+    spec = _spec()
+    (serve,) = [c for c in get_lane("trtllm").describe(spec, expand_units(spec)[0]) if c.tool == "trtllm-serve"]
+    assert "1 LoRA adapters (lora_config)" in serve.description and "lora_config.lora_dir" in serve.llm_api_keys
