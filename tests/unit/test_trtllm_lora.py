@@ -20,6 +20,7 @@ from enginefoundry.inputs.units import SourceDigests, expand_units, unit_key_com
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.base import Command
 from enginefoundry.lanes.lora import DEFAULT_TRTLLM_TO_HF, adapter_request, bundle_adapters
+from enginefoundry.lanes.serve_files import serving_plan
 from enginefoundry.lanes.trtllm import RUNTIME_CONFIG, runtime_config
 from enginefoundry.lanes.trtllm_flags import (
     ABSENT,
@@ -144,6 +145,9 @@ def test_the_bundle_carries_the_adapters_and_the_server_links_them(tmp_path: Pat
     cmd = get_lane("trtllm").serve_command(bundle, "127.0.0.1", 8000)
     assert cmd.links == {"adapters": str((bundle / "adapters").resolve())}
     assert "LoRA" in cmd.command.description
+    plan = serving_plan(get_lane("trtllm"), bundle, unit="u", model="tiny-chat", key="k", artifact_uri="s3://b/u",
+                        checkpoint_dir=None, checkpoint_uri=None)
+    assert plan.links == {"adapters": "${EF_UNIT_DIR}/bundle/adapters"}  # serve.sh: relocatable, like the draft
     (bundle / "bundle.json").write_text(json.dumps({**info, "params": {"adapters": ["../../etc"]}}))
     with pytest.raises(InputError, match="rebuild"):
         get_lane("trtllm").serve_command(bundle, "127.0.0.1", 8000)
