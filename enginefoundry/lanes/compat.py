@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from enginefoundry.inputs.toolchain import parse_version
+from enginefoundry.lanes.lora import MAPPED_HF_MODULES
 from enginefoundry.lanes.trtllm_flags import (
     ABSENT,
     EMITTED,
@@ -229,7 +230,6 @@ def speculation_section() -> list[str]:
 def lora_section() -> list[str]:
     """LoRA adapters (`model.adapters`): what lane trtllm emits for them (lora_config in adapter_mode serve, nothing
     in merge mode), how a request selects an adapter, what is refused, and the upstream evidence of each item."""
-    from enginefoundry.lanes.lora import MAPPED_HF_MODULES
     from enginefoundry.spec.source import DEFAULT_MAX_LORA_RANK
 
     return ["", "## LoRA adapters (`model.adapters`)", "",
