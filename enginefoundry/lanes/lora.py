@@ -20,12 +20,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pydantic import JsonValue
+from pydantic import BaseModel, JsonValue
 
 from enginefoundry.confine import check_name
 from enginefoundry.inputs.adapters import read_adapter_config
 from enginefoundry.lanes.trtllm_flags import CHECKED, LLM_API, LORA_SINCE, REF_LORA_CONFIG, flag
-from enginefoundry.schemas.loose import TrtllmConfig
 from enginefoundry.spec import AdapterMode, BuildSpec
 from enginefoundry.store.backends import clone_or_copy
 
@@ -54,14 +53,24 @@ def adapter_path(name: str) -> str:
     return f"{BUNDLE_ADAPTERS_DIR}/{check_name(name, 'model.adapters.name')}"
 
 
-def lora_config(spec: BuildSpec) -> TrtllmConfig | None:
+class LoraConfigKeys(BaseModel):
+    """The `lora_config` keys lane trtllm writes (each registered in trtllm_flags with its evidence)."""
+
+    lora_dir: list[str]  # the bundled adapters, relative to the server's working folder
+    max_lora_rank: int  # model.max_lora_rank
+    max_loras: int  # adapters the GPU cache holds: all of them
+    max_cpu_loras: int  # and the host cache
+    lora_ckpt_source: str = LORA_CKPT_SOURCE
+
+
+def lora_config(spec: BuildSpec) -> LoraConfigKeys | None:
     """`lora_config` of the LLM API YAML for a unit serving adapters; None for any other (the YAML, and so every
     existing unit key, is unchanged without adapters)."""
     if not serves_adapters(spec):
         return None
     names = [a.name for a in spec.model.adapters]
-    return {"lora_dir": [adapter_path(n) for n in names], "max_lora_rank": spec.model.max_lora_rank,
-            "max_loras": len(names), "max_cpu_loras": len(names), "lora_ckpt_source": LORA_CKPT_SOURCE}
+    return LoraConfigKeys(lora_dir=[adapter_path(n) for n in names], max_lora_rank=spec.model.max_lora_rank,
+                          max_loras=len(names), max_cpu_loras=len(names))
 
 
 def adapter_request(spec: BuildSpec, name: str) -> dict[str, JsonValue]:
@@ -121,6 +130,16 @@ def module_problems(spec: BuildSpec) -> list[tuple[str, str]]:
 
 
 __all__ = [
-    "BUNDLE_ADAPTERS_DIR", "DEFAULT_TRTLLM_TO_HF", "LORA_CKPT_SOURCE", "MAPPED_HF_MODULES", "adapter_path",
-    "adapter_request", "bundle_adapters", "lora_config", "module_problems", "release_problems", "serves_adapters",
+    "BUNDLE_ADAPTERS_DIR",
+    "DEFAULT_TRTLLM_TO_HF",
+    "LORA_CKPT_SOURCE",
+    "MAPPED_HF_MODULES",
+    "LoraConfigKeys",
+    "adapter_path",
+    "adapter_request",
+    "bundle_adapters",
+    "lora_config",
+    "module_problems",
+    "release_problems",
+    "serves_adapters",
 ]

@@ -211,7 +211,7 @@ def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
             spec.speculative, version or spec.toolchain.trtllm_version, draft_dir)
     served = lora.lora_config(spec)  # model.adapters in adapter_mode serve only: other specs' YAML is unchanged
     if served is not None:
-        cfg["lora_config"] = served
+        cfg["lora_config"] = served.model_dump()
     bad = unknown_llm_api_keys(cfg)
     if bad:  # a programming error: every key must be registered with its release range
         raise AssertionError(f"runtime config has unregistered LLM API keys {bad}")

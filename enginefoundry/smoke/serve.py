@@ -465,7 +465,7 @@ class Api:
             return {"served": {n: {"requests": c.requests, "completion_tokens": c.completion_tokens,
                                    "seconds": round(c.seconds, 6)} for n, c in self._served.items()}}
 
-    def lora_adapter(self, given: Any) -> str | None:  # JSON edge: the request's lora_request
+    def lora_adapter(self, given: object) -> str | None:
         """The adapter a request's lora_request selects (None: the base): the loaded adapter whose folder its
         lora_path is (relative to this server's working folder, as trtllm-serve resolves it)."""
         if given is None:
@@ -610,7 +610,7 @@ class Api:
         raise RequestError(404, f"no route {path}")
 
 
-def _lora_fields(given: Any) -> tuple[str, int, str]:  # JSON edge: the request's lora_request
+def _lora_fields(given: object) -> tuple[str, int, str]:
     """(lora_name, lora_int_id, lora_path) of a request's lora_request, or RequestError 400."""
     if not isinstance(given, dict):
         raise RequestError(400, "lora_request must be an object {lora_name, lora_int_id, lora_path}")
