@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, JsonValue
 
 from enginefoundry.confine import check_name
 from enginefoundry.errors import ToolError
@@ -52,6 +52,8 @@ class Endpoint(BaseModel):
     command: str = ""  # the server's exact command line (env and argv), as the unit's MLflow run records it
     server: str = ""  # which server it is (its command's description: "transformers serve", …)
     shipped: bool = True  # False: a server only the smoke stage runs (ServeCommand.shipped)
+    # fields every request to it carries besides `model` (a served adapter's lora_request: Lane.adapter_request)
+    request_body: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

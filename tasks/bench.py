@@ -74,10 +74,27 @@ def served_figures(before: dict[str, tuple[int, int, float]], after: dict[str, t
 
 
 def served_models(spec: BuildSpec, endpoint: Endpoint) -> list[str]:
-    """The model names a unit serving adapters answers to (the base's, then each adapter's); [] for any other."""
+    """The model names a unit serving adapters answers to (the base's, then each adapter's); [] for any other, and
+    for a lane whose server selects adapters by a request field rather than the `model` name (lane trtllm's
+    lora_request: `adapter_mix_refusal`)."""
     if not spec.model.adapters or spec.model.adapter_mode is not AdapterMode.SERVE:
         return []
+    if adapter_mix_refusal(spec) is not None:
+        return []
     return [endpoint.model_name, *(a.name for a in spec.model.adapters)]
+
+
+def adapter_mix_refusal(spec: BuildSpec) -> str | None:
+    """Why the benchmark cannot send the spec's adapter mix to its lane's server: the benchmark tools name a request's
+    target by `model` only, and lane trtllm selects an adapter by the body's lora_request (the sweep then measures
+    the base alone, and says so); None where it can (or no adapters are served)."""
+    if not spec.model.adapters or spec.model.adapter_mode is not AdapterMode.SERVE:
+        return None
+    if get_lane(spec.lane).adapter_request(spec, spec.model.adapters[0].name) is None:
+        return None
+    return (f"adapter mix: lane {spec.lane} selects an adapter by the request's lora_request, which "
+            f"{spec.benchmark.tool.value} does not send per request: every request went to the base; the adapters "
+            "are gated (smoke), not benchmarked")
 
 
 def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path,
@@ -174,6 +191,10 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
                        server_alive=lambda: is_alive(endpoint.pid), plot_title=title,
                        telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters)
     after = served_counts(endpoint.base_url) if before is not None else None
+    refusal = adapter_mix_refusal(spec)
+    if refusal is not None:
+        log(f"bench: {refusal}")
+        report = report.model_copy(update={"warnings": [*report.warnings, refusal]})
     if before is not None and after is not None:
         report.served = served_figures(before, after, shares)
         log("bench: served: " + ", ".join(f"{n} {f.requests} requests ({f.share:.0%}), mean {f.mean_latency_ms} ms"

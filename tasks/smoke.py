@@ -170,6 +170,7 @@ def smoke_test(spec: BuildSpec, endpoint: Endpoint, reference_dir: str, report_d
                        build_dtype=_build_dtype(spec, Path(reference_dir)),
                        speculative=spec.speculative is not None,
                        twin_body=get_lane(spec.lane).speculative_twin(spec),
+                       request_body=endpoint.request_body or None,
                        original_dir=(unquantized_original(spec, log)
                                      if read_quantization(Path(reference_dir)) is not None else None)))
     report.server = endpoint.server or None
@@ -209,19 +210,23 @@ def smoke_twin(spec: BuildSpec, twin: Endpoint, report: SmokeReport, report_dir:
 def smoke_served_adapters(spec: BuildSpec, endpoint: Endpoint, base: SourceSnapshot,
                           adapters: dict[str, SourceSnapshot], report: SmokeReport, report_dir: str,
                           precision: str = "fp32") -> SmokeReport:
-    """A unit serving the base and every adapter (model.adapter_mode serve): each adapter asked by its own name
-    (`model: <adapter>`) and judged by the whole gate against its own fp32 reference, the base with that adapter
-    merged (build.adapters.merged_source, as merge mode computes it), its report in `adapters/<name>`. The unit's
+    """A unit serving the base and every adapter (model.adapter_mode serve): each adapter asked as its lane's server
+    selects it (`model: <adapter>`, or lane trtllm's `lora_request`: Lane.adapter_request) and judged by the whole
+    gate against its own fp32 reference, the base with that adapter merged (build.adapters.merged_source, as merge
+    mode computes it), its report in `adapters/<name>`. The unit's
     report (the base's, asked by the model's name) gains one hard rule per adapter: a unit that answers with the
     base, or another adapter, where an adapter was asked for fails that adapter's gate and is rejected."""
     log = progress_logger()
+    lane = get_lane(spec.lane)
     for name, adapter in adapters.items():
         merged = merged_source(base, name, adapter, log)
         reference = smoke_reference.fn(spec, merged.local_dir, merged.weights_digest, precision=precision)
-        asked = endpoint.model_copy(update={"model_name": name})
+        selected = lane.adapter_request(spec, name)
+        asked = endpoint.model_copy(update={"model_name": name} if selected is None else {"request_body": selected})
+        how = f"model '{name}'" if selected is None else f"{', '.join(selected)} '{name}'"
         theirs = smoke_test.fn(spec, asked, merged.local_dir, str(Path(report_dir) / "adapters" / name),
                                precision=precision, weights_digest=merged.weights_digest, reference=reference)
-        detail = (f"asked as model '{name}', judged against its own reference (the base with {name} merged, "
+        detail = (f"asked as {how}, judged against its own reference (the base with {name} merged, "
                   f"{merged.weights_digest[:12]}): {theirs.verdict.reason}")
         report.verdict = report.verdict.with_rule(GateRule(name=f"adapter {name}", ok=theirs.passed, detail=detail,
                                                            kind="hard"))

@@ -170,8 +170,8 @@ def adapter_problems(spec: BuildSpec, lane_name: str, lane_max_rank: int | None,
     if not adapters:
         return []
     if lane_max_rank is None:
-        return [("model.adapters", f"lane {lane_name} does not build LoRA adapters yet: use lane reference, or "
-                                   "remove model.adapters")]
+        return [("model.adapters", f"lane {lane_name} does not build LoRA adapters yet: use lane reference or "
+                                   "trtllm, or remove model.adapters")]
     problems: list[tuple[str, str]] = []
     if spec.model.adapter_mode is AdapterMode.SERVE and spec.speculative is not None:
         problems.append(("model.adapter_mode", "serve (the base and every adapter per request, PEFT) does not combine "

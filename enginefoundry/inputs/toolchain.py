@@ -31,7 +31,8 @@ PROBE_MARKER = "ENGINEFOUNDRY_TOOLCHAIN_JSON "
 # tensorrt_llm/_torch/autotuner.py reads TLLM_AUTOTUNER_CACHE_PATH): the probe greps it, without importing.
 ENV_SOURCES = {"TLLM_AUTOTUNER_CACHE_PATH": "_torch/autotuner.py"}
 # The speculative_config classes of the PyTorch backend (tensorrt_llm.llmapi.llm_args): the probe reads the
-# decoding_type each answers to and their fields.
+# decoding_type each answers to and their fields. lora_config's LoraConfig: its fields (tensorrt_llm/lora_helper.py
+# @037d4ba1 has it as a dataclass, the 1.4-era llmapi reference as a pydantic model).
 SPEC_CLASSES = ("DraftTargetDecodingConfig", "EagleDecodingConfig", "Eagle3DecodingConfig", "MTPDecodingConfig",
                 "NGramDecodingConfig")
 
@@ -77,6 +78,20 @@ def _llm_api():
     if spec_types:
         fields["speculative_config"] = sorted(spec_fields)
         fields["speculative_config.decoding_type"] = sorted(spec_types)
+    # lora_config: LoraConfig's fields, a pydantic model (llmapi reference) or a dataclass (lora_helper.py)
+    lora = getattr(llm_args, "LoraConfig", None)
+    if lora is None:
+        try:
+            from tensorrt_llm.lora_helper import LoraConfig as lora
+        except ImportError:
+            lora = None
+    if lora is not None:
+        import dataclasses
+        names = getattr(lora, "model_fields", None)
+        if names is None and dataclasses.is_dataclass(lora):
+            names = [f.name for f in dataclasses.fields(lora)]
+        if names is not None:
+            fields["lora_config"] = sorted(names)
     return fields
 def _env_reads():
     # Environment variables have no --help: whether the installed package reads one is read from the source file

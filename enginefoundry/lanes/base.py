@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 
 from enginefoundry.inputs.model_shape import Check, ModelShape
 from enginefoundry.inputs.toolchain import ToolSurface
@@ -139,6 +139,12 @@ class Lane(ABC):
         """Problems with lane-specific spec fields, as (field path, message). `lane_options` itself is the lane's
         typed options model, already checked when the spec was parsed."""
         return self.speculation_refusal(spec)
+
+    def adapter_request(self, spec: BuildSpec, name: str) -> dict[str, JsonValue] | None:
+        """For a unit serving adapters (model.adapter_mode serve): the request fields that select adapter `name`,
+        the request's `model` staying the base's; None where the request's OpenAI `model` names the adapter (the
+        reference lane's scoring server)."""
+        return None
 
     def speculative_twin(self, spec: BuildSpec) -> dict[str, bool] | None:
         """For a speculative spec: the request fields that make the unit's smoke server answer without speculation

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from enginefoundry.inputs.toolchain import parse_version
+from enginefoundry.lanes.lora import MAPPED_HF_MODULES
 from enginefoundry.lanes.trtllm_flags import (
     ABSENT,
     EMITTED,
@@ -21,8 +22,11 @@ from enginefoundry.lanes.trtllm_flags import (
     MODELOPT_PINS,
     REF_LLMAPI_DOCS,
     REF_LLMAPI_PBTXT,
+    REF_LORA_14,
     REF_LORA_CONFIG,
     REF_LORA_DOCS,
+    REF_LORA_REQUEST,
+    REF_LORA_SERVE_DOC,
     REF_PREQUANTIZED,
     REF_SPEC_MODELS,
     REF_TEMPLATES,
@@ -224,30 +228,45 @@ def speculation_section() -> list[str]:
 
 
 def lora_section() -> list[str]:
-    """LoRA adapters (`model.adapters`): what lane trtllm does with them today (refuses them) and the upstream facts
-    in use (the default rank bound) or ready for its `lora_config`."""
+    """LoRA adapters (`model.adapters`): what lane trtllm emits for them (lora_config in adapter_mode serve, nothing
+    in merge mode), how a request selects an adapter, what is refused, and the upstream evidence of each item."""
     from enginefoundry.spec.source import DEFAULT_MAX_LORA_RANK
 
-    return ["", "## LoRA adapters (`model.adapters`; lane trtllm: not emitted yet)", "",
-            "Lane trtllm emits no LoRA item yet: its `max_lora_rank` is unset, so `validate` and `run` refuse a spec "
-            "with `model.adapters` on it, naming lane reference, which merges each adapter into the base with PEFT "
-            "(adapter_mode merge) or serves the base and every adapter per request with PEFT on its scoring server "
-            "(adapter_mode serve; docs/adapters.md). The upstream facts in use, and those a later `lora_config` "
-            "will be written from:",
-            "", "| item | used here | evidence |", "|---|---|---|",
+    return ["", "## LoRA adapters (`model.adapters`)", "",
+            "adapter_mode merge: the merged checkpoint (the base with the adapter merged by PEFT, docs/adapters.md) is "
+            "an ordinary Hugging Face checkpoint, which lane trtllm converts like any source (passes through, or "
+            "quantizes with hf_ptq.py): nothing LoRA-specific is emitted, on every release.", "",
+            "adapter_mode serve: one `trtllm-serve` serves the base and every adapter. The runtime YAML gains "
+            "`lora_config` (`lora_dir`: the bundled adapters, `adapters/<name>`, relative to the server's working "
+            "folder, which links `adapters` to `<bundle>/adapters` as it links the speculative draft; `max_lora_rank`: "
+            "`model.max_lora_rank`; `max_loras` and `max_cpu_loras`: the number of adapters; `lora_ckpt_source: hf`). "
+            "A request selects its adapter with the body's `lora_request` `{lora_name, lora_int_id, lora_path}` "
+            "(`lora_path` the same relative folder), its `model` the base's; the smoke gate asks each adapter so. "
+            "The benchmark tools name a request's target by `model` only, so on lane trtllm the adapter mix is not "
+            "sent: the sweep measures the base and its report says so. The `lora_config` rows of the LLM API table "
+            "above carry the release range; a release before it is refused at `validate` (`model.adapter_mode`: pin "
+            "a release from 1.3 on, or use merge mode), one past its evidence is to be probed, and the worker's probe "
+            "reads `LoraConfig`'s fields (a pydantic model or a dataclass) on the installed release. Also refused "
+            "before any download: an adapter whose `target_modules` are outside TensorRT-LLM's default module map "
+            "(or a pattern), and `lane_options.triton` with served adapters (the LLM API Triton model reads no "
+            "`lora_request` in the evidence read).", "",
+            "| item | used here | evidence |", "|---|---|---|",
             f"| `LoraConfig.max_lora_rank` default {DEFAULT_MAX_LORA_RANK} | the default of `model.max_lora_rank`, so "
-            "an adapter accepted by default fits TensorRT-LLM's default | "
+            "an adapter accepted by default fits TensorRT-LLM's default; the YAML's `max_lora_rank` | "
             f"{REF_LORA_CONFIG}: `class LoraConfig` (`lora_dir: List[str]`, `lora_ckpt_source` `hf` \\| `nemo`, "
             "`max_lora_rank: int = 64`, `lora_target_modules`, `trtllm_modules_to_hf_modules`, `max_loras`, "
             "`max_cpu_loras`, `swap_gate_up_proj`) |",
-            "| TensorRT-LLM ↔ Hugging Face module names | not yet (a preflight of `target_modules` against what the "
-            "lane applies) | " f"{REF_LORA_CONFIG}: `get_default_trtllm_modules_to_hf_modules` (`attn_q`→`q_proj`, "
+            "| TensorRT-LLM ↔ Hugging Face module names | an adapter's `target_modules` must be among "
+            f"{', '.join(f'`{m}`' for m in sorted(MAPPED_HF_MODULES))} (refused at `validate` otherwise) | "
+            f"{REF_LORA_CONFIG}: `get_default_trtllm_modules_to_hf_modules` (`attn_q`→`q_proj`, "
             "`attn_k`→`k_proj`, `attn_v`→`v_proj`, `attn_dense`→`o_proj`, `mlp_h_to_4h`→`gate_proj`, "
             "`mlp_4h_to_h`→`down_proj`, `mlp_gate`→`up_proj`, `mlp_gate_up`→`gate_up_proj`, MoE `w1`/`w2`/`w3`, "
             "`gate`) |",
-            "| PyTorch backend LoRA: several adapters at once, chosen per request (`LoRARequest(name, id, path)`), "
-            "quantized bases, Hugging Face and NeMo formats, `trtllm-serve` and `trtllm-bench` | not yet "
-            f"(adapter_mode serve on lane trtllm) | {REF_LORA_DOCS} |"]
+            "| `lora_config` under `--extra_llm_api_options` for `trtllm-serve`; the client's `lora_request` | "
+            f"adapter_mode serve | {REF_LORA_SERVE_DOC}; {REF_LORA_DOCS} |",
+            f"| `lora_request` on the OpenAI server's requests | the smoke gate's per-adapter requests | "
+            f"{REF_LORA_REQUEST} |",
+            f"| `LoraConfig` in the 1.4 line | the registry's horizon (`checked` 1.4.0rc4) | {REF_LORA_14} |"]
 
 
 def prequantized_section() -> list[str]:

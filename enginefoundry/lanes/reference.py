@@ -40,6 +40,7 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
 )
+from enginefoundry.lanes.lora import BUNDLE_ADAPTERS_DIR  # adapters/<name>, beside the model
 from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.reference_options import reference_options
 from enginefoundry.schemas.bundle_info import DeviceFacts
@@ -50,7 +51,6 @@ from enginefoundry.store.backends import clone_or_copy, link_or_copy
 TORCH_DTYPES = TORCH_DTYPE  # the one precision → dtype map
 BUNDLE_MODEL_DIR = "model"
 BUNDLE_DRAFT_DIR = "draft"  # speculative.draft (draft_target), bundled beside the model
-BUNDLE_ADAPTERS_DIR = "adapters"  # model.adapters in adapter_mode serve: adapters/<name>, beside the model
 # One thread per server: on small hosts torch's default thread count fights the benchmark client. No hub access:
 # the bundle holds the model.
 SERVE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
+from pydantic import JsonValue
 
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.confine import UnsafePathError, check_name
@@ -31,7 +32,7 @@ from enginefoundry.inputs.model_shape import Check, ModelShape, checkpoint_shape
 from enginefoundry.inputs.quantized_source import SourceQuantization, read_quantization, spec_quantization
 from enginefoundry.inputs.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.inputs.units import Unit
-from enginefoundry.lanes import moe_parallel, speculation, triton_llmapi
+from enginefoundry.lanes import lora, moe_parallel, speculation, triton_llmapi
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
     SERVE_CWD_VAR,
@@ -208,6 +209,9 @@ def runtime_config(spec: BuildSpec, unit: Unit, version: str | None = None,
     if spec.speculative is not None:
         cfg["speculative_config"] = speculation.speculative_config(
             spec.speculative, version or spec.toolchain.trtllm_version, draft_dir)
+    served = lora.lora_config(spec)  # model.adapters in adapter_mode serve only: other specs' YAML is unchanged
+    if served is not None:
+        cfg["lora_config"] = served.model_dump()
     bad = unknown_llm_api_keys(cfg)
     if bad:  # a programming error: every key must be registered with its release range
         raise AssertionError(f"runtime config has unregistered LLM API keys {bad}")
@@ -233,13 +237,15 @@ def bundle_draft(bundle: Path, draft_dir: Path | None) -> str | None:
     return BUNDLE_DRAFT_DIR
 
 
-def warmup_folder(workdir: Path, bundle: Path, draft: str | None) -> Path:
-    """The warm-up's working folder: `workdir`, or with a bundled draft a fresh one beside it that links the draft
-    by the name the YAML gives it (as the server's does)."""
-    if draft is None:
+def warmup_folder(workdir: Path, bundle: Path, *names: str | None) -> Path:
+    """The warm-up's working folder: `workdir`, or with a bundled draft or adapters a fresh one beside it that links
+    each by the name the YAML gives it (as the server's does)."""
+    linked = [n for n in names if n is not None]
+    if not linked:
         return workdir
     folder = fresh_dir(workdir / "warmup-cwd")
-    (folder / draft).symlink_to((bundle / draft).resolve())
+    for name in linked:
+        (folder / name).symlink_to((bundle / name).resolve())
     return folder
 
 
@@ -376,6 +382,15 @@ class TrtllmLane(TrtllmLaneBase):
     speculative_algorithms = frozenset(a.value for a in SpecAlgorithm)  # the four speculative_config classes
     serves_twin_apart = True  # the same checkpoint from TWIN_CONFIG (trtllm-serve has no per-request switch)
     moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
+    # model.adapters: merge mode converts the merged checkpoint like any other; serve mode writes lora_config
+    # (enginefoundry/lanes/lora.py). LoraConfig.max_lora_rank is an int without an upper bound (REF_LORA_CONFIG): the
+    # YAML writes the spec's model.max_lora_rank, whose own bound (1024) is the lane's.
+    max_lora_rank = 1024
+
+    def adapter_request(self, spec: BuildSpec, name: str) -> dict[str, JsonValue] | None:
+        # trtllm-serve picks the adapter by the body's lora_request, `model` the base's (REF_LORA_SERVE_DOC,
+        # REF_LORA_REQUEST)
+        return lora.adapter_request(spec, name)
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
@@ -399,6 +414,11 @@ class TrtllmLane(TrtllmLaneBase):
             problems += speculation.spec_problems(spec, spec.toolchain.trtllm_version, found.config,
                                                   found.source or "the model's config.json")
         problems += moe_parallel.variant_problems(spec)  # moe_tp × moe_ep = tp, attention DP needs tp ≥ 2
+        problems += lora.release_problems(spec, spec.toolchain.trtllm_version) + lora.module_problems(spec)
+        if lora.serves_adapters(spec) and self.options(spec).triton:
+            problems.append(("lane_options.triton", "the LLM API Triton model has no per-request LoRA selection in "
+                                                    "the evidence read (model.py reads no lora_request): set "
+                                                    "lane_options.triton: false, or use adapter_mode: merge"))
         if self.options(spec).triton:
             why = triton_image_problem(spec.toolchain.trtllm_version, spec.toolchain.image)
             if why:
@@ -495,12 +515,14 @@ class TrtllmLane(TrtllmLaneBase):
         """Runtime YAML + warm-up on a GPU of the target (autotuner cache) + bundle.json."""
         versions = self.versions()
         self.refuse_speculation(spec, checkpoint_dir, draft_dir)
+        self.refuse_adapters(spec, adapter_dirs)
         surface = self.refuse_unsupported(spec, unit)
         logs = workdir / "logs"
         gpus, gpu_env = self.select_gpus(unit, logs)
         opts = self.options(spec)
         bundle = fresh_dir(workdir / "bundle")
         draft = bundle_draft(bundle, draft_dir if spec.speculative is not None else None)
+        adapters = lora.bundle_adapters(bundle, adapter_dirs if lora.serves_adapters(spec) else None)
         cfg = runtime_config(spec, unit, surface.tensorrt_llm, draft)
         write_runtime_configs(bundle, cfg)
         script = workdir / "warmup.py"
@@ -510,7 +532,8 @@ class TrtllmLane(TrtllmLaneBase):
         cmd = warmup_command(self.python, script, checkpoint_dir, bundle / RUNTIME_CONFIG, cache,
                              opts.warmup_requests, env=gpu_env, llm_api_keys=llm_api_key_paths(cfg))
         run = run_tool(cmd.argv, logs / "warmup.log", timeout_s=WARMUP_TIMEOUT_S, env=cmd.env,
-                       cwd=warmup_folder(workdir, bundle, draft),
+                       cwd=warmup_folder(workdir, bundle, draft,
+                                         lora.BUNDLE_ADAPTERS_DIR if adapters else None),
                        what="TensorRT-LLM warm-up")
         result = parse_marker_json(Path(run.log_path).read_text(errors="replace"), WARMUP_MARKER, "warm-up")
         cache_info = None
@@ -520,7 +543,8 @@ class TrtllmLane(TrtllmLaneBase):
                                         tensorrt_llm=versions.get("tensorrt_llm"), gpu_name=gpus[0].name,
                                         compute_capability=gpus[0].compute_capability)
         params = {"runtime_config": cfg, "precision": unit.variant.precision.value,
-                  "kv_cache_dtype": unit.variant.kv_cache_dtype.value, **({"draft": draft} if draft else {})}
+                  "kv_cache_dtype": unit.variant.kv_cache_dtype.value, **({"draft": draft} if draft else {}),
+                  **({"adapters": adapters} if adapters else {})}
         triton_info, triton_cmds = self._triton_repository(opts, bundle, checkpoint_dir, cfg)
         lane_info = BundleInfo(checkpoint=CheckpointRef(path=str(Path(checkpoint_dir).resolve())),
                                runtime_config=RUNTIME_CONFIG, autotuner_cache=cache_info,
@@ -553,6 +577,16 @@ class TrtllmLane(TrtllmLaneBase):
                                                        read_model_config(Path(draft_dir)), f"{draft_dir}/config.json")
         if problems:
             raise InputError("; ".join(f"{field}: {msg}" for field, msg in problems))
+
+    def refuse_adapters(self, spec: BuildSpec, adapter_dirs: dict[str, Path] | None) -> None:
+        """Before any GPU time: a unit serving adapters needs every fetched adapter folder."""
+        if not lora.serves_adapters(spec):
+            return
+        missing = [a.name for a in spec.model.adapters if not (adapter_dirs and adapter_dirs.get(a.name)
+                                                               and Path(adapter_dirs[a.name]).is_dir())]
+        if missing:
+            raise InputError(f"model.adapters: the fetched adapters {missing} were not given to the build: run the "
+                             "unit through the pipeline, which fetches model.adapters")
 
     def _triton_repository(self, opts: TrtllmOptions, bundle: Path, checkpoint_dir: Path,
                            cfg: TrtllmConfig,
@@ -610,9 +644,13 @@ class TrtllmLane(TrtllmLaneBase):
                 raise InputError(f"{Path(bundle_dir) / BUNDLE_INFO}: params.draft {name!r} is not a folder of the "
                                  "bundle: rebuild it")
             links[name] = str((Path(bundle_dir) / name).resolve())
+        if bundle_adapter_names(Path(bundle_dir), info):  # the YAML and each request name them relative to the cwd
+            links[lora.BUNDLE_ADAPTERS_DIR] = str((Path(bundle_dir) / lora.BUNDLE_ADAPTERS_DIR).resolve())
         argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / (config or info.runtime_config), host, port,
                           yaml_flag)
-        what = "trtllm-serve (PyTorch backend)" + (", the non-speculative twin" if config else "")
+        what = "trtllm-serve (PyTorch backend)" + (", the non-speculative twin" if config else "") + (
+            ", the base + LoRA adapters (lora_config; each request's lora_request)" if links.get(
+                lora.BUNDLE_ADAPTERS_DIR) else "")
         return ServeCommand(command=Command(argv=argv, env=env, description=what),
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint),
                             copies=copies, links=links)
@@ -638,11 +676,33 @@ class TrtllmLane(TrtllmLaneBase):
                                    opts.warmup_requests, llm_api_keys=keys))
         cmds.append(Command(argv=serve_argv(ckpt, f"<bundle>/{RUNTIME_CONFIG}", "127.0.0.1", 8000,
                                              serve_yaml_flag(surface)),
-                            tool=SERVE, llm_api_keys=keys, description="serve"))
+                            tool=SERVE, llm_api_keys=keys, description="serve" + (
+                                f": the base + {len(spec.model.adapters)} LoRA adapters (lora_config), each request "
+                                "selecting one by its lora_request" if lora.serves_adapters(spec) else "")))
         if opts.triton:
             cmds.append(triton_llmapi.launch_command(opts.triton_dir, f"<bundle>/{triton_llmapi.REPO}", keys,
                                                      WORKER_PYTHON))
         return cmds
+
+
+def bundle_adapter_names(bundle_dir: Path, info: BundleInfo) -> list[str]:
+    """The adapters a bundle serves (bundle.json params.adapters, outside input: plain names of folders under
+    <bundle>/adapters, or the bundle is refused); [] for a bundle without."""
+    names = info.params.get("adapters")  # JSON edge: the recorded params
+    if names is None:
+        return []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters is not a list of names: rebuild the bundle")
+    for name in names:
+        assert isinstance(name, str)
+        try:
+            folder = bundle_dir / lora.adapter_path(name)
+        except UnsafePathError as e:
+            raise InputError(f"{bundle_dir / BUNDLE_INFO}: {e}; rebuild the bundle") from None
+        if not folder.is_dir():
+            raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters names {name!r}, which is not a folder "
+                             f"of the bundle's {lora.BUNDLE_ADAPTERS_DIR}/: rebuild it")
+    return [str(n) for n in names]
 
 
 def bundle_checkpoint(bundle_dir: Path, info: BundleInfo | Mapping[str, object]) -> Path:

@@ -177,11 +177,25 @@ REF_PREQUANTIZED = ("docs 1.0.0 features/quantization.html 'Running Pre-quantize
 REF_SPEC_MODELS = ("docs features/speculative-decoding.html (one-model: EAGLE 3 on Llama 4 Maverick, MTP on "
                    "DeepSeek V3/R1; two-model: EAGLE 3 on Llama 4 Maverick, Llama 3.1 8B, Llama 3.3 70B, "
                    "draft/target and NGram on all models)")
-# LoRA adapters (model.adapters): not emitted by lane trtllm yet; the facts the spec already relies on (the default
-# max_lora_rank) and those a later `lora_config` will be written from (docs/adapters.md).
+# LoRA adapters (model.adapters, adapter_mode serve): lane trtllm writes `lora_config` (enginefoundry/lanes/lora.py).
+# LoraConfig's fields (lora_dir, lora_ckpt_source hf|nemo, max_lora_rank = 64, lora_target_modules,
+# trtllm_modules_to_hf_modules, max_loras, max_cpu_loras) and the default TensorRT-LLM → HF module map.
 REF_LORA_CONFIG = "NVIDIA/TensorRT-LLM tensorrt_llm/lora_helper.py@037d4ba10931fbb9777d52fba06a9aef4b41acdd"
 REF_LORA_DOCS = ("docs 1.3.0rc18 features/lora.html (also 1.3.0rc20, 1.3.0rc24: the sections \"TRTLLM serve with "
                  "LoRA\", \"TRTLLM bench with LoRA\")")
+# The feature page's YAML: `lora_config` under --extra_llm_api_options for trtllm-serve (lora_target_modules,
+# max_lora_rank) and trtllm-bench (lora_dir, max_lora_rank, max_loras, max_cpu_loras); the client picks the adapter
+# per request with the body's `lora_request` {lora_name, lora_int_id, lora_path}, `model` the base's.
+REF_LORA_SERVE_DOC = ("NVIDIA/TensorRT-LLM docs/source/features/lora.md@050db34bb1eee1013388d225b9898b39edea6870 "
+                      "(\"TRTLLM serve with LoRA\": lora_config, extra_body lora_request {lora_name, lora_int_id, "
+                      "lora_path}; \"TRTLLM bench with LoRA\": lora_dir, max_lora_rank, max_loras, max_cpu_loras)")
+REF_LORA_REQUEST = ("NVIDIA/TensorRT-LLM tensorrt_llm/serve/openai_protocol.py@"
+                    "0076e9390e1ed11515f149eec356f5a03f4a00d8 "
+                    "(ChatCompletionRequest.lora_request: Optional[LoRARequest], from tensorrt_llm.executor.request)")
+REF_LORA_14 = ("docs 1.4.0rc4 features/lora.html (the same sections); docs llm-api/reference/LoraConfig.html "
+               "(tensorrt_llm.llmapi.LoraConfig: lora_dir, lora_ckpt_source Literal['hf', 'nemo'], max_lora_rank, "
+               "max_loras, max_cpu_loras)")
+LORA_SINCE = "1.3"  # the first release whose docs show the PyTorch backend's lora_config (1.3.0rc18)
 
 
 PRESENT, ABSENT, TO_BE_PROBED = "present", "absent", "to be probed"
@@ -364,6 +378,12 @@ EMITTED: tuple[Flag, ...] = (
     Flag(LLM_API, "speculative_config.decoding_type", value="Draft_Target", since="1.3",
          refs=(REF_SPEC_FEATURE_13, REF_SPEC_14, REF_SPEC_CLASSES), checked=LINE_14,
          note="draft_target; no release-named source before 1.3.0rc17: refused below 1.3"),
+    # LoRA adapters served per request (model.adapters, adapter_mode serve): from the first release whose docs show
+    # the PyTorch backend's lora_config (1.3.0rc18) to the 1.4.0rc4 docs; earlier releases are refused at validate.
+    *_flags(LLM_API, "lora_config lora_config.lora_dir lora_config.max_lora_rank lora_config.max_loras "
+            "lora_config.max_cpu_loras lora_config.lora_ckpt_source", since=LORA_SINCE,
+            refs=(REF_LORA_DOCS, REF_LORA_SERVE_DOC, REF_LORA_CONFIG, REF_LORA_14), checked=LINE_14,
+            note="emitted only for model.adapters in adapter_mode serve; the worker's probe reads LoraConfig's fields"),
     # In every template from 0.20.0 to 1.3.0rc23 (keys.json) and in the 1.4.0rc4 TorchLlmArgs reference.
     *_flags(LLM_API, "moe_expert_parallel_size moe_tensor_parallel_size",
             refs=(ref_aic("1.0.0", "1.3.0rc23"), REF_LLM_API_14, REF_MOE_LLM_ARGS, REF_MAPPING), checked=LINE_14,
@@ -769,7 +789,8 @@ def unsupported_env(commands: Sequence[ToolUse], version: str | None) -> list[st
 
 # --- LLM API YAML keys (pydantic extra="forbid" upstream) -------------------------------------------------------
 
-NESTED_LLM_API = ("kv_cache_config", "cuda_graph_config", "speculative_config")  # the nested configs written
+# the nested configs written
+NESTED_LLM_API = ("kv_cache_config", "cuda_graph_config", "speculative_config", "lora_config")
 CHOICE_KEYS = ("speculative_config.decoding_type",)  # keys whose value picks an upstream class: registered per value
 
 

@@ -57,7 +57,8 @@ class ChatClient:
         self.max_tokens = max_tokens
         self.want_logprobs = want_logprobs
         self.timeout_s = timeout_s
-        self.extra = dict(extra or {})  # fields every chat request carries (the twin's `speculative: false`)
+        # fields every request carries (the twin's `speculative: false`, a served adapter's lora_request)
+        self.extra = dict(extra or {})
         self.logprobs_refused: str | None = None
         self.scoring_unavailable: str | None = None  # why teacher forcing cannot run against this endpoint
 
@@ -87,8 +88,9 @@ class ChatClient:
         if self.scoring_unavailable is not None:
             return None
         ids = prompt_ids + answer_ids
-        body = {"model": self.model, "prompt": ids, "max_tokens": 1, "echo": True, "logprobs": 1,
-                "temperature": 0.0, "stream": False}
+        body: RequestFields = {"model": self.model, "prompt": list[JsonValue](ids), "max_tokens": 1, "echo": True,
+                               "logprobs": 1, "temperature": 0.0, "stream": False}
+        body.update(self.extra)  # the same selection as the answers (a served adapter's lora_request)
         url = self.base_url.rstrip("/") + "/v1/completions"
         req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         try:

@@ -128,6 +128,8 @@ class SmokeInputs:
     build_dtype: str | None = None
     speculative: bool = False
     twin_body: Mapping[str, JsonValue] | None = None  # the twin's request fields (Lane.speculative_twin)
+    # fields every request carries (lane trtllm's lora_request selecting a served adapter: Lane.adapter_request)
+    request_body: Mapping[str, JsonValue] | None = None
     original_dir: Path | None = None
 
     @property
@@ -201,7 +203,8 @@ def run_smoke(inputs: SmokeInputs) -> SmokeReport:
     """
     t0 = time.monotonic()
     smoke_plan = plan(inputs)
-    client = ChatClient(inputs.base_url, inputs.model_name, max_tokens=inputs.spec.max_new_tokens)
+    client = ChatClient(inputs.base_url, inputs.model_name, max_tokens=inputs.spec.max_new_tokens,
+                        extra=dict(inputs.request_body or {}))
     probe(client, inputs.cases, inputs.server_alive, inputs.progress)
     judged = reference_step(inputs, smoke_plan)
     from transformers import AutoTokenizer

@@ -2,7 +2,7 @@
 
     python -m enginefoundry.smoke.serve MODEL_DIR --host 127.0.0.1 --port 8000 [--device cpu] [--name NAME]
         [--max-seq-len N] [--max-batch 16] [--threads N] [--draft DRAFT_DIR --max-draft-len 3]
-        [--adapter NAME=ADAPTER_DIR ...]
+        [--adapter NAME=ADAPTER_DIR ... [--lora-request]]
 
 Why it exists: `transformers serve` (5.24.0) ignores `logprobs`, `top_logprobs` (transformers/cli/serving/
 chat_completion.py, UNUSED_CHAT_COMPLETION_FIELDS) and `echo` (cli/serving/completion.py,
@@ -30,9 +30,11 @@ This server answers, with the same Hugging Face model code and greedy decoding:
     request's OpenAI `model` picks what answers it: an adapter's name that adapter (`set_adapter`), the served name
     the base alone (`disable_adapter`). Requests of different adapters never share a batch. `GET /v1/models` lists
     the base and every adapter; `GET /v1/adapters` the requests, completion tokens and seconds spent answering so far,
-    per served name (the benchmark's per-adapter figures). `--ignore-adapters` answers every request with the base
-    whatever it asked for: a deliberately broken adapter path, for the test that the gate rejects it; never for
-    serving.
+    per served name (the benchmark's per-adapter figures). `--lora-request` selects them as trtllm-serve does
+    instead (the fake TensorRT-LLM toolchain's trtllm-serve): by the body's `lora_request` {lora_name, lora_int_id,
+    lora_path}, the path an --adapter folder, `model` the served name. `--ignore-adapters` answers every request
+    with the base whatever it asked for: a deliberately broken adapter path, for the test that the gate rejects it;
+    never for serving.
 
 Requests are batched: one worker thread owns the model and runs the requests that arrived together (within a few
 milliseconds, up to --max-batch) as one batch: greedy generation over left-padded prompts, and one forward pass
@@ -139,6 +141,7 @@ class Scorer:
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
         self.adapters = sorted(adapters or {})
+        self.adapter_dirs = {n: Path(folder).resolve() for n, folder in (adapters or {}).items()}
         self.ignore_adapters = ignore_adapters
         if adapters:
             from peft import PeftModel
@@ -444,8 +447,9 @@ class Batcher:
 class Api:
     """The OpenAI shapes around the batcher."""
 
-    def __init__(self, scorer: Scorer, batcher: Batcher, name: str) -> None:
+    def __init__(self, scorer: Scorer, batcher: Batcher, name: str, lora_request: bool = False) -> None:
         self.scorer, self.batcher, self.name = scorer, batcher, name
+        self.lora_request = lora_request  # adapters selected by the body's lora_request (trtllm-serve's way)
         self._lock = threading.Lock()
         self._served = {n: ServedCounts() for n in self.names()}
 
@@ -460,6 +464,19 @@ class Api:
         with self._lock:
             return {"served": {n: {"requests": c.requests, "completion_tokens": c.completion_tokens,
                                    "seconds": round(c.seconds, 6)} for n, c in self._served.items()}}
+
+    def lora_adapter(self, given: object) -> str | None:
+        """The adapter a request's lora_request selects (None: the base): the loaded adapter whose folder its
+        lora_path is (relative to this server's working folder, as trtllm-serve resolves it)."""
+        if given is None:
+            return None
+        _, _, path = _lora_fields(given)
+        wanted = Path(path).resolve()
+        for name, folder in self.scorer.adapter_dirs.items():
+            if folder == wanted:
+                return name
+        raise RequestError(400, f"lora_request.lora_path {path!r} is not an adapter this server loaded "
+                                f"(lora_config.lora_dir: {', '.join(sorted(self.scorer.adapters)) or 'none'})")
 
     def names(self) -> list[str]:
         """The model names requests may carry: the served name (the base), then each adapter's."""
@@ -557,10 +574,16 @@ class Api:
         if not isinstance(body, dict):
             raise RequestError(400, "the request body must be a JSON object")
         asked = body.get("model")
-        if asked not in (None, self.name) and asked not in self.scorer.adapters:
+        if self.lora_request:
+            if asked not in (None, self.name):
+                raise RequestError(404, f"model '{asked}' is not served here; this server serves '{self.name}' "
+                                        "(an adapter is selected by the request's lora_request)")
+            adapter = self.lora_adapter(body.get("lora_request"))
+        elif asked not in (None, self.name) and asked not in self.scorer.adapters:
             raise RequestError(404, f"model '{asked}' is not served here; this server serves "
                                     f"{', '.join(repr(n) for n in self.names())}")
-        adapter = asked if asked is not None and asked != self.name else None
+        else:
+            adapter = asked if asked is not None and asked != self.name else None
         if body.get("stream") and path != "/v1/chat/completions":
             raise RequestError(400, "stream is supported for chat completions only")
         speculative = body.get("speculative", True)
@@ -585,6 +608,18 @@ class Api:
             return self.complete(prompt, _int_field(body, "max_tokens", 16, 0, 1 << 16) or 0,
                                  bool(body.get("echo")), top, speculative, adapter)
         raise RequestError(404, f"no route {path}")
+
+
+def _lora_fields(given: object) -> tuple[str, int, str]:
+    """(lora_name, lora_int_id, lora_path) of a request's lora_request, or RequestError 400."""
+    if not isinstance(given, dict):
+        raise RequestError(400, "lora_request must be an object {lora_name, lora_int_id, lora_path}")
+    name, uid, path = given.get("lora_name"), given.get("lora_int_id"), given.get("lora_path")
+    if not isinstance(name, str) or not isinstance(path, str) or not path or len(path) > 4096 \
+            or not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
+        raise RequestError(400, "lora_request needs lora_name (a string), lora_int_id (an integer ≥ 0) and "
+                                "lora_path (the adapter's folder)")
+    return name, uid, path
 
 
 def _int_field(body: dict[str, Any],  # JSON edge: the request body
@@ -713,6 +748,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-draft-len", type=int, default=3, help="candidate tokens per step (default 3)")
     ap.add_argument("--adapter", action="append", default=[], metavar="NAME=DIR",
                     help="a LoRA adapter (PEFT folder) requests select by `model: NAME` (repeatable)")
+    ap.add_argument("--lora-request", action="store_true",
+                    help="select adapters by the request's lora_request {lora_name, lora_int_id, lora_path} (the "
+                         "lora_path a folder given by --adapter), `model` the served name: trtllm-serve's way")
     ap.add_argument("--ignore-adapters", action="store_true",
                     help="TEST ONLY: answer every request with the base, whatever adapter it asked for (a broken "
                          "adapter path the gate must reject)")
@@ -742,6 +780,8 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Pa
         ap.error("--adapter and --draft cannot be combined (assisted generation runs the base alone)")
     if args.ignore_adapters and not adapters:
         ap.error("--ignore-adapters needs --adapter")
+    if args.lora_request and not adapters:
+        ap.error("--lora-request needs --adapter")
     name = args.name or args.model_dir
     if name in adapters:
         ap.error(f"--adapter {name}: the served model's own name (--name) cannot name an adapter")
@@ -763,7 +803,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.unverified_draft:
         log.warning("--unverified-draft: draft tokens are NOT verified; answers are not the model's (test only)")
     batcher = Batcher(scorer, max_batch=args.max_batch)
-    server = make_server(Api(scorer, batcher, name), args.host, args.port)
+    server = make_server(Api(scorer, batcher, name, lora_request=args.lora_request), args.host, args.port)
     log.info("serving %s on http://%s:%d (batches of up to %d)", name, args.host, args.port, args.max_batch)
     try:
         server.serve_forever()
