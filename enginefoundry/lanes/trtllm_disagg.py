@@ -167,7 +167,9 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
                 f"toolchain.trtllm_version ≥ {entry.since}, or set search.disaggregated: false")))
         elif status == TO_BE_PROBED:
             to_probe.append(f"{tool} {key}")
-    workers = _workers(roles, urls)
+    # A worker's GPUs: its TP*PP (REF_DISAGG_GPUS; tensor_parallel_size is moe_tp × moe_ep under MoE).
+    workers = _workers({r: int(y["tensor_parallel_size"]) * int(y["pipeline_parallel_size"]) for r, y in roles.items()},
+                       urls)
     gpus = sum(len(ids) for _, _, ids in workers)
     if gpus != disagg.total_gpus:
         problems.append(("search.disaggregated", f"the predicted row counts {disagg.total_gpus} GPUs, its workers "
@@ -183,21 +185,14 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
                          commands=commands, to_be_probed=to_probe)
 
 
-# JSON edge: the roles' LLM-API YAMLs
-def _ranks(role: TrtllmConfig) -> int:
-    """GPUs of one worker of a role: its TP*PP (REF_DISAGG_GPUS; tensor_parallel_size is moe_tp × moe_ep under MoE)."""
-    return int(role["tensor_parallel_size"]) * int(role["pipeline_parallel_size"])
-
-
-# JSON edge: the roles' LLM-API YAMLs
-def _workers(roles: dict[str, TrtllmConfig], urls: dict[str, list[str]]) -> list[tuple[str, str, list[int]]]:
-    """(role, url, GPU ids) of every worker: consecutive ids from 0, the context workers' first."""
+def _workers(ranks: dict[str, int], urls: dict[str, list[str]]) -> list[tuple[str, str, list[int]]]:
+    """(role, url, GPU ids) of every worker, a role's worker on `ranks[role]` GPUs (its TP*PP): consecutive ids from
+    0, the context workers' first."""
     out, at = [], 0
     for role in ("context", "generation"):
-        n = _ranks(roles[role])
         for url in urls[role]:
-            out.append((role, url, list(range(at, at + n))))
-            at += n
+            out.append((role, url, list(range(at, at + ranks[role]))))
+            at += ranks[role]
     return out
 
 
