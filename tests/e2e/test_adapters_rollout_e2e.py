@@ -8,15 +8,10 @@ build's MLflow parent run."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
-import yaml
-
-from tests.support.adapters import ADAPTERS, set_dropout
 from tests.support.adapters import run_cli as _cli
-from tests.support.paths import CONFIGS, TINY_MODEL
+from tests.support.adapters import set_dropout, two_adapter_run
 
 
 def test_a_new_adapter_revision_rolls_out_that_adapters_unit_alone(tmp_path: Path):
@@ -24,22 +19,8 @@ def test_a_new_adapter_revision_rolls_out_that_adapters_unit_alone(tmp_path: Pat
 
     from enginefoundry import tracking_tags as mltags
 
-    retrained = tmp_path / "retrained"  # a second adapter: another revision's adapter_config.json, the same weights
-    shutil.copytree(ADAPTERS / "plus-one", retrained)
-    set_dropout(retrained, 0.05)
-    data = yaml.safe_load((CONFIGS / "tiny-lora.yaml").read_text())
-    data["benchmark"]["enabled"] = False
-    data["model"]["source"] = str(TINY_MODEL)
-    data["model"]["adapters"] = [{"name": "plus-one", "source": str(ADAPTERS / "plus-one")},
-                                 {"name": "retrained", "source": str(retrained)}]
-    data["smoke"]["prompts"] = str(CONFIGS / "prompts" / "tiny-chat.jsonl")
-    spec = tmp_path / "tiny-lora.yaml"
-    spec.write_text(yaml.safe_dump(data))
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "EF_STORE": f"file://{tmp_path / 'store'}", "MLFLOW_TRACKING_URI": mlflow_uri,
-           "EF_CACHE_DIR": str(tmp_path / "cache"), "EF_WORK_DIR": str(tmp_path / "work"),
-           "EF_REFERENCE_CACHE": str(tmp_path / "refs"), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    setup = two_adapter_run(tmp_path)
+    spec, env, mlflow_uri, retrained = setup.spec, setup.env, setup.mlflow_uri, setup.retrained
     client = MlflowClient(mlflow_uri)
 
     def rollout() -> dict:

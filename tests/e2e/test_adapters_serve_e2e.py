@@ -8,15 +8,10 @@ its key."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
-import yaml
-
-from tests.support.adapters import ADAPTERS, set_dropout
 from tests.support.adapters import run_cli as _cli
-from tests.support.paths import CONFIGS, TINY_MODEL
+from tests.support.adapters import set_dropout, two_adapter_run
 
 
 def test_one_unit_serves_every_adapter_each_gated_published_and_registered_with_the_set_lineage(tmp_path: Path):
@@ -24,23 +19,8 @@ def test_one_unit_serves_every_adapter_each_gated_published_and_registered_with_
 
     from enginefoundry import tracking_tags as mltags
 
-    retrained = tmp_path / "retrained"  # a second adapter: another revision's adapter_config.json, the same weights
-    shutil.copytree(ADAPTERS / "plus-one", retrained)
-    set_dropout(retrained, 0.05)
-    data = yaml.safe_load((CONFIGS / "tiny-lora.yaml").read_text())
-    data["benchmark"]["enabled"] = False
-    data["model"]["source"] = str(TINY_MODEL)
-    data["model"]["adapter_mode"] = "serve"
-    data["model"]["adapters"] = [{"name": "plus-one", "source": str(ADAPTERS / "plus-one")},
-                                 {"name": "retrained", "source": str(retrained)}]
-    data["smoke"]["prompts"] = str(CONFIGS / "prompts" / "tiny-chat.jsonl")
-    spec = tmp_path / "tiny-lora-serve.yaml"
-    spec.write_text(yaml.safe_dump(data))
-    mlflow_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "EF_STORE": f"file://{tmp_path / 'store'}", "MLFLOW_TRACKING_URI": mlflow_uri,
-           "EF_CACHE_DIR": str(tmp_path / "cache"), "EF_WORK_DIR": str(tmp_path / "work"),
-           "EF_REFERENCE_CACHE": str(tmp_path / "refs"), "PREFECT_HOME": str(tmp_path / "prefect"),
-           "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    setup = two_adapter_run(tmp_path, "serve")
+    spec, env, mlflow_uri, retrained = setup.spec, setup.env, setup.mlflow_uri, setup.retrained
     run = _cli(["run", str(spec)], env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     docs = [json.loads(p.read_text()) for p in (tmp_path / "store" / "manifests" / "tiny-chat").glob("*/2*.json")]
