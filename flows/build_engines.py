@@ -267,9 +267,6 @@ def build_engines(
     units = expand_units(build_spec, targets or None)
     try:
         check_installed(build_spec, units)  # in this process (embedded) or the parent's image (cluster)
-        if mode == "cluster" and build_spec.model.adapters:
-            raise InputError("model.adapters: cluster mode does not send adapter units to workers yet (issue 36); "
-                             "run them embedded (mode: embedded, the default)")
     except InputError as err:
         return input_failure(err)
     with watching():  # a cancel of this run or of its parent (a rollout) stops it and its units at once

@@ -2,9 +2,10 @@
 
 The parent (flows/build_engines.py in cluster mode) sends the spec, the unit's name, its key components and
 the source identity. The worker checks that it is the right machine (pool, GPU architecture/SKU, toolchain
-versions the key was computed with), fetches exactly the source the parent saw (commit sha, digests checked),
-takes the converted checkpoint from the store (or converts it), runs the stages and leaves its outcome in the
-store for the parent.
+versions the key was computed with), fetches exactly the source the parent saw (commit sha, digests checked) and,
+with model.adapters, the adapters the unit needs (digests checked against its key; merge mode: merged into the base
+here, as embedded mode merges in the parent's process), takes the converted checkpoint from the store (or converts
+it), runs the stages and leaves its outcome in the store for the parent.
 """
 
 from __future__ import annotations
@@ -22,19 +23,20 @@ from enginefoundry.evidence.signing import require_signer_for
 from enginefoundry.flows.build_engines import resolve_spec
 from enginefoundry.flows.unit import run_unit_stages, unit_failed_state
 from enginefoundry.gpu.placement import check_placement, check_toolchain
-from enginefoundry.inputs.sources import SourceIdentity
+from enginefoundry.inputs.adapters import changed_adapters, served_source, unit_adapters
+from enginefoundry.inputs.sources import SourceIdentity, SourceSnapshot
 from enginefoundry.inputs.units import KeyComponents, Unit, expand_units
 from enginefoundry.lanes import get_lane
 from enginefoundry.records.outcomes import save_outcome
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.records.unit_run import UnitWork
 from enginefoundry.smoke.sibling import SiblingRef
-from enginefoundry.spec import BuildSpec, SourceKind
+from enginefoundry.spec import AdapterMode, BuildSpec, SourceKind
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
 from enginefoundry.tasks.convert import convert_variant
-from enginefoundry.tasks.fetch import fetch_draft, fetch_source
+from enginefoundry.tasks.fetch import fetch_adapters, fetch_draft, fetch_source, merge_adapter
 from enginefoundry.tasks.pool_limits import pool_slot
 
 quiet_expected_failures()  # a refused or failed unit's Failed end logs no engine traceback (tasks/_log.py)
@@ -135,11 +137,34 @@ def _build_checked(build_spec: BuildSpec, the_unit: Unit, components: KeyCompone
     if draft is not None and (draft.weights_digest, draft.tokenizer_digest) != want:
         raise PipelineError(f"speculative.draft {draft.uri} changed after the parent fetched it (weights "
                             f"{str(want[0])[:12]} → {draft.weights_digest[:12]}); rerun the build")
-    ckpt = convert_variant(build_spec, the_unit.variant, here)
-    outcome = run_unit_stages(UnitWork(spec=build_spec, unit=the_unit, key_components=components, snapshot=here,
-                                       ckpt=ckpt, parent_run_id=parent_run_id, replace=replace, sibling=sibling,
-                                       spec_draft=draft))
+    adapters, unit_source = unit_adapter_source(build_spec, the_unit, components, here)
+    served = adapters if build_spec.model.adapter_mode is AdapterMode.SERVE else {}
+    ckpt = convert_variant(build_spec, the_unit.variant, unit_source)
+    outcome = run_unit_stages(UnitWork(spec=build_spec, unit=the_unit, key_components=components,
+                                       snapshot=unit_source, ckpt=ckpt, parent_run_id=parent_run_id, replace=replace,
+                                       sibling=sibling, spec_draft=draft, spec_adapters=served or None))
     save_outcome(open_store(build_spec.publish.store, build_spec.publish.s3_endpoint_url), build_spec.model.name,
                  parent_run_id, outcome)
     # A rejected or failed unit's run shows Failed in the UI; the parent still reads the outcome from the store.
     return outcome if outcome.ok else unit_failed_state(outcome)
+
+
+def unit_adapter_source(spec: BuildSpec, unit: Unit, components: KeyComponents,
+                        base: SourceSnapshot) -> tuple[dict[str, SourceSnapshot], SourceSnapshot]:
+    """model.adapters on the worker, as embedded mode does them in the parent's process (flows/build_engines.py):
+    the adapters this unit needs fetched (adapter_mode merge: its own; serve: every one; the parent pinned Hub
+    revisions in the spec it sent), their digests checked against the unit's key, and the unit's source: the base ⊕
+    its adapter (merged once per digest on this machine), the base recording every served adapter, or the base.
+    Returns (the fetched adapters by name, the unit's source)."""
+    if not spec.model.adapters:
+        return {}, base
+    adapters = fetch_adapters(unit_adapters(spec, unit.adapter), base)
+    if changed := changed_adapters(components.adapter, adapters):
+        raise PipelineError(f"model.adapters {', '.join(changed)}: not the adapter revision the parent fetched (the "
+                            "digest in the unit's key); an adapter changed during the run: rerun the build")
+    if spec.model.adapter_mode is AdapterMode.SERVE:
+        return adapters, served_source(base, adapters)
+    if unit.adapter is None:  # merge mode makes one unit per adapter: a unit without one is not of this spec
+        raise InputError(f"unit {unit.name}: model.adapter_mode merge builds one unit per adapter; start units "
+                         "through the parent flow (build-engines, mode cluster)")
+    return adapters, merge_adapter(base, unit.adapter, adapters[unit.adapter])

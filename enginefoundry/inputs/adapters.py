@@ -33,6 +33,7 @@ from enginefoundry.identity import TOKENIZER_FILES, sha256_json
 from enginefoundry.inputs.model_config import lookup, read_config
 from enginefoundry.inputs.sources import SourceSnapshot, fetch, remove_stale_partials
 from enginefoundry.schemas.loose import HfModelConfig
+from enginefoundry.schemas.manifest import AdapterKey
 from enginefoundry.settings import cache_root
 from enginefoundry.spec import AdapterMode, AdapterSpec, BuildSpec, SourceKind
 
@@ -317,3 +318,30 @@ def _merge(base_dir: Path, adapter_dir: Path, out: Path) -> None:
     for extra in _BASE_EXTRAS:
         if (base_dir / extra).is_file():
             shutil.copyfile(base_dir / extra, out / extra)
+
+
+def unit_adapters(spec: BuildSpec, adapter: str | None) -> BuildSpec:
+    """The spec with only the adapters a unit needs (cluster mode: what its worker fetches): in adapter_mode merge
+    the unit's own (`adapter`, its Unit.adapter), in serve every adapter, none for a spec without adapters."""
+    if not spec.model.adapters or spec.model.adapter_mode is AdapterMode.SERVE:
+        return spec
+    kept = [a for a in spec.model.adapters if a.name == adapter]
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"adapters": kept})})
+
+
+def keyed_adapter_digests(key: AdapterKey | None) -> dict[str, str]:
+    """The adapter digests a unit's key was computed with, by name: its own adapter's (merge), every served one's
+    (serve), none (no adapter)."""
+    if key is None:
+        return {}
+    if key.served is not None:
+        return dict(key.served)
+    return {key.name: key.weights_digest} if key.name and key.weights_digest else {}
+
+
+def changed_adapters(key: AdapterKey | None, fetched: dict[str, SourceSnapshot]) -> list[str]:
+    """The adapters whose fetched digest is not the one in the unit's key (or that are missing on one side): an
+    adapter folder or Hub revision that moved after the parent fetched it."""
+    want = keyed_adapter_digests(key)
+    got = {name: snap.weights_digest for name, snap in fetched.items()}
+    return sorted(n for n in want.keys() | got.keys() if want.get(n) != got.get(n))

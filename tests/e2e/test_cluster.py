@@ -1,7 +1,9 @@
 """Cluster mode against a real Prefect server: deployment.yaml deployed as is, process workers on three pools,
 the build deployment triggered through the API. Each unit must run on the worker of its target's pool, the
 parent must see every result, a pool's units must be sent no faster than its limit lets them run (none refused
-for want of a slot), and a worker without the target's GPU must refuse its unit."""
+for want of a slot), and a worker without the target's GPU must refuse its unit. The fan-out spec has a LoRA adapter
+(issue 36, adapter_mode merge): each worker fetches it and merges it into the base as embedded mode does, and each
+unit is gated, published and registered with the adapter's lineage."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 import yaml
 
 from enginefoundry.catalog.gpu_targets import pools
+from tests.support.adapters import ADAPTERS
 from tests.support.cluster import (
     GPU_POOL,
     SECOND_POOL,
@@ -72,14 +75,16 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
     store = f"s3://enginefoundry/cluster-{unique}"
     spec = write_spec(tmp_path, source=f"hf://{repo_id}@main", store=store, mlflow_uri=stack["MLFLOW_TRACKING_URI"],
                       experiment=f"cluster-{unique}", targets=two_pool_targets(),
-                      registered_model=f"tiny-chat-{unique}", benchmark=False)  # about placement, not speed
+                      registered_model=f"tiny-chat-{unique}", benchmark=False,  # about placement, not speed
+                      adapters={"plus-one": ADAPTERS / "plus-one"})  # one unit per target: the base ⊕ plus-one
 
     parent_id = cluster.run_deployment("build-engines/manual", {"spec_path": str(spec)})
     parent = cluster.wait(parent_id, timeout_s=900)
     assert parent["state_type"] == "COMPLETED", parent["state"]
 
     children = {c["name"]: c for c in cluster.children(parent_id)}
-    placed = {"fp32-tp1.chat.cpu": "cpu", "fp32-tp1.chat.cpu-b": SECOND_POOL, "fp32-tp1.chat.cpu-c": "cpu"}
+    placed = {"fp32-tp1+plus-one.chat.cpu": "cpu", "fp32-tp1+plus-one.chat.cpu-b": SECOND_POOL,
+              "fp32-tp1+plus-one.chat.cpu-c": "cpu"}
     assert set(children) == {f"unit {u}" for u in placed}
     for unit_name, pool in placed.items():
         child = children[f"unit {unit_name}"]
@@ -118,6 +123,34 @@ def test_build_fans_out_to_each_targets_pool(cluster: PrefectServer, stack, s3, 
         assert manifest["source"]["uri"] == f"hf://{repo_id}@main" and manifest["source"]["revision"] == sha
         assert {"serving/serve.sh", "serving/serve.yaml"} <= {f["path"] for f in manifest["files"]}
         assert manifest["prefect_flow_run_id"] in {c["id"] for c in children.values()}
+    assert_adapter_units(manifests, stack["MLFLOW_TRACKING_URI"], f"tiny-chat-{unique}")
+
+
+def assert_adapter_units(manifests: list[dict], mlflow_uri: str, registered_model: str) -> None:
+    """Each unit built on its worker from the base ⊕ plus-one: the adapter's digest in its key, gated (against the
+    merged checkpoint's own reference: its source is the merge, not the base), its lineage in the manifest, MLflow
+    run and registered version (alias <target>-plus-one-candidate)."""
+    from mlflow import MlflowClient
+
+    from enginefoundry import tracking_tags as mltags
+
+    client = MlflowClient(mlflow_uri)
+    for manifest in manifests:
+        adapter = manifest["key_components"]["adapter"]
+        assert adapter["name"] == "plus-one" and adapter["mode"] == "merge"
+        source = manifest["source"]
+        assert source["identity"]["adapter"]["uri"].endswith("adapters/plus-one")
+        assert source["identity"]["adapter"]["weights_digest"] == adapter["weights_digest"]
+        assert source["identity"]["base_weights_digest"] == manifest["key_components"]["weights_digest"]
+        assert source["weights_digest"] not in (adapter["weights_digest"], source["identity"]["base_weights_digest"])
+        assert manifest["smoke"]["smoke_passed"] is True
+        target = manifest["unit"].rsplit(".", 1)[1]
+        version = client.get_model_version_by_alias(registered_model, f"{target}-plus-one-candidate")
+        assert version.run_id == manifest["mlflow_run_id"]
+        assert version.tags[mltags.ADAPTER] == "plus-one"
+        assert version.tags[mltags.ADAPTER_DIGEST] == adapter["weights_digest"]
+        assert version.tags[mltags.BASE_WEIGHTS_DIGEST] == source["identity"]["base_weights_digest"]
+        assert client.get_run(manifest["mlflow_run_id"]).data.tags[mltags.ADAPTER_URI].endswith("adapters/plus-one")
 
 
 def test_worker_without_the_targets_gpu_refuses(cluster: PrefectServer, stack, tmp_path: Path, unique: str) -> None:

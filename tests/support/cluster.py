@@ -202,9 +202,10 @@ def seed_unique_model(hub_root: Path, repo_id: str, tmp: Path, note: str) -> str
 
 def write_spec(tmp: Path, *, source: str, store: str, mlflow_uri: str, experiment: str,
                targets: list[dict[str, Any]] | None = None, registered_model: str | None = None,
-               benchmark: bool = True) -> Path:
+               benchmark: bool = True, adapters: dict[str, Path] | None = None) -> Path:
     """The tiny spec, cut down for tests (as in test_pipeline_e2e.py), against the test services. `benchmark=False`
-    turns its one-point benchmark off for tests about something else (each point is a fresh AIPerf: ~15 s of CPU)."""
+    turns its one-point benchmark off for tests about something else (each point is a fresh AIPerf: ~15 s of CPU).
+    `adapters`: model.adapters by name → folder, merged into the base (adapter_mode merge: one unit per adapter)."""
     spec = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
     spec["model"]["source"] = source
     spec["smoke"]["prompts"] = str(TINY_PROMPTS)
@@ -215,6 +216,9 @@ def write_spec(tmp: Path, *, source: str, store: str, mlflow_uri: str, experimen
         spec["tracking"]["registered_model"] = registered_model
     if targets is not None:
         spec["targets"] = targets
+    if adapters:
+        spec["model"]["adapters"] = [{"name": name, "source": str(folder)} for name, folder in adapters.items()]
+        spec["model"]["adapter_mode"] = "merge"
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / f"spec-{experiment}.yaml"
     path.write_text(yaml.safe_dump(spec))

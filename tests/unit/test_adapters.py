@@ -16,11 +16,14 @@ from enginefoundry.errors import SpecError
 from enginefoundry.inputs.adapters import (
     AdapterConfig,
     adapter_problems,
+    changed_adapters,
     missing_targets,
     names_base,
     read_adapter_config,
+    unit_adapters,
 )
-from enginefoundry.inputs.units import SourceDigests, expand_units, key_of, unit_key_components
+from enginefoundry.inputs.sources import SourceSnapshot
+from enginefoundry.inputs.units import KeyComponents, SourceDigests, expand_units, key_of, unit_key_components
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.records.alias_lineage import unit_lineage
 from enginefoundry.records.promotion import alias_stems
@@ -329,3 +332,28 @@ def test_a_bad_traffic_share_or_an_adapter_named_like_the_base_is_refused(model:
     with pytest.raises(SpecError) as err:
         _spec(**model)
     assert words in str(err.value)
+
+
+def _fetched(**digests: str) -> dict[str, SourceSnapshot]:
+    return {name: SourceSnapshot(uri=f"file:///{name}", kind="local", local_dir=f"/{name}", weights_digest=digest,
+                                 tokenizer_digest="", files={}) for name, digest in digests.items()}
+
+
+@pytest.mark.parametrize("mode", ["merge", "serve"])
+def test_a_cluster_worker_fetches_what_its_unit_needs_and_refuses_an_adapter_that_moved(mode: str):
+    """Cluster mode (flows/build_unit.py): a merge unit's worker fetches its own adapter, a serve unit's every one;
+    the fetched digests must be the ones in the unit's key that the parent sent."""
+    spec = _spec(adapter_mode=mode, adapters=[_adapter("plus-one", ADAPTERS / "plus-one"),
+                                              _adapter("other", ADAPTERS / "plus-one")])
+    digests = {"plus-one": "a1", "other": "b1"}
+    for unit in expand_units(spec):
+        needed = [a.name for a in unit_adapters(spec, unit.adapter).model.adapters]
+        assert needed == ([unit.adapter] if mode == "merge" else ["plus-one", "other"])
+        sent = KeyComponents.of(unit_key_components(spec, unit, SourceDigests(weights="w", tokenizer="t",
+                                                                              adapters=digests), {}, spec.lane_options))
+        assert changed_adapters(sent.adapter, _fetched(**{n: digests[n] for n in needed})) == []
+        moved = {**{n: digests[n] for n in needed}, needed[0]: "a2"}  # a new revision after the parent fetched it
+        assert changed_adapters(sent.adapter, _fetched(**moved)) == [needed[0]]
+        assert changed_adapters(sent.adapter, {}) == sorted(needed)
+    plain = parse_spec(yaml.safe_load((CONFIGS / "tiny-cpu.yaml").read_text()), base_dir=CONFIGS)
+    assert unit_adapters(plain, None) is plain and changed_adapters(None, {}) == []
