@@ -93,7 +93,10 @@ def test_a_toolchain_bump_rebuilds_compares_and_promotes_or_holds(prefect_server
     v2 = client.get_model_version(model, "2")
     parent = client.get_run(v2.run_id).data.tags.get("mlflow.parentRunId") or v2.run_id
     logged = {a.path for a in client.list_artifacts(parent, "rollout")}
-    assert logged == {"rollout/comparison.json", "rollout/comparison.md"}
+    # Why it built (issue 36's trigger record, the toolchain's change here) beside the comparison.
+    assert logged == {"rollout/change.json", "rollout/comparison.json", "rollout/comparison.md"}
+    trigger = client.get_run(parent).data.tags["enginefoundry.rollout_trigger"]
+    assert "image_digest" in trigger and DIGESTS[1] in trigger, trigger
     table = json.loads(Path(client.download_artifacts(parent, "rollout/comparison.json", str(tmp_path))).read_text())
     assert table[0]["candidate"] == "2" and table[0]["tokens_per_s_new"] == row["tokens_per_s_new"]
 
