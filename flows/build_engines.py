@@ -54,7 +54,7 @@ from enginefoundry.records.run_summary import (
 )
 from enginefoundry.records.unit_run import ConvertedCheckpoint, UnitWork
 from enginefoundry.smoke.sibling import reference_waves, sibling_refs
-from enginefoundry.spec import AdapterMode, BuildSpec, load_spec, parse_spec
+from enginefoundry.spec import BuildSpec, load_spec, parse_spec
 from enginefoundry.store.backends import Store, open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
@@ -337,7 +337,7 @@ def _build_on_workers(run: ParentRun) -> dict[str, UnitOutcome]:
 def _build_in_process(run: ParentRun) -> tuple[dict[str, UnitOutcome], float]:
     """Embedded mode: every miss's variant converted here once, then each unit a subflow of this process, wave by
     wave; the outcomes and the conversion's seconds."""
-    serves_adapters = bool(run.adapters) and run.spec.model.adapter_mode is AdapterMode.SERVE
+    serves_adapters = run.spec.model.serves_adapters
     # an adapter unit's source: the base ⊕ adapter; a served set's: the base, recording every adapter
     sources: dict[str | None, SourceSnapshot] = {
         None: served_source(run.snapshot, run.adapters) if serves_adapters else run.snapshot}

@@ -31,7 +31,7 @@ from enginefoundry.records.outcomes import save_outcome
 from enginefoundry.records.run_summary import UnitOutcome
 from enginefoundry.records.unit_run import UnitWork
 from enginefoundry.smoke.sibling import SiblingRef
-from enginefoundry.spec import AdapterMode, BuildSpec, SourceKind
+from enginefoundry.spec import BuildSpec, SourceKind
 from enginefoundry.store.backends import open_store
 from enginefoundry.tasks._log import progress_logger, quiet_expected_failures
 from enginefoundry.tasks.cancel_watch import watching
@@ -137,8 +137,7 @@ def _build_checked(build_spec: BuildSpec, the_unit: Unit, components: KeyCompone
     if draft is not None and (draft.weights_digest, draft.tokenizer_digest) != want:
         raise PipelineError(f"speculative.draft {draft.uri} changed after the parent fetched it (weights "
                             f"{str(want[0])[:12]} → {draft.weights_digest[:12]}); rerun the build")
-    adapters, unit_source = unit_adapter_source(build_spec, the_unit, components, here)
-    served = adapters if build_spec.model.adapter_mode is AdapterMode.SERVE else {}
+    served, unit_source = unit_adapter_source(build_spec, the_unit, components, here)
     ckpt = convert_variant(build_spec, the_unit.variant, unit_source)
     outcome = run_unit_stages(UnitWork(spec=build_spec, unit=the_unit, key_components=components,
                                        snapshot=unit_source, ckpt=ckpt, parent_run_id=parent_run_id, replace=replace,
@@ -155,16 +154,16 @@ def unit_adapter_source(spec: BuildSpec, unit: Unit, components: KeyComponents,
     the adapters this unit needs fetched (adapter_mode merge: its own; serve: every one; the parent pinned Hub
     revisions in the spec it sent), their digests checked against the unit's key, and the unit's source: the base ⊕
     its adapter (merged once per digest on this machine), the base recording every served adapter, or the base.
-    Returns (the fetched adapters by name, the unit's source)."""
+    Returns (the adapters the unit serves by name: serve mode's, else none; the unit's source)."""
     if not spec.model.adapters:
         return {}, base
     adapters = fetch_adapters(unit_adapters(spec, unit.adapter), base)
     if changed := changed_adapters(components.adapter, adapters):
         raise PipelineError(f"model.adapters {', '.join(changed)}: not the adapter revision the parent fetched (the "
                             "digest in the unit's key); an adapter changed during the run: rerun the build")
-    if spec.model.adapter_mode is AdapterMode.SERVE:
+    if spec.model.serves_adapters:
         return adapters, served_source(base, adapters)
     if unit.adapter is None:  # merge mode makes one unit per adapter: a unit without one is not of this spec
         raise InputError(f"unit {unit.name}: model.adapter_mode merge builds one unit per adapter; start units "
                          "through the parent flow (build-engines, mode cluster)")
-    return adapters, merge_adapter(base, unit.adapter, adapters[unit.adapter])
+    return {}, merge_adapter(base, unit.adapter, adapters[unit.adapter])

@@ -20,7 +20,7 @@ from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.smoke.serve import ADAPTERS_PATH, SPECULATIVE_PATH
-from enginefoundry.spec import AdapterMode, BuildSpec
+from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.checks import BenchTool
 from enginefoundry.tasks._log import progress_logger
 
@@ -77,9 +77,7 @@ def served_models(spec: BuildSpec, endpoint: Endpoint) -> list[str]:
     """The model names a unit serving adapters answers to (the base's, then each adapter's); [] for any other, and
     for a lane whose server selects adapters by a request field rather than the `model` name (lane trtllm's
     lora_request: `adapter_mix_refusal`)."""
-    if not spec.model.adapters or spec.model.adapter_mode is not AdapterMode.SERVE:
-        return []
-    if adapter_mix_refusal(spec) is not None:
+    if not spec.model.serves_adapters or adapter_mix_refusal(spec) is not None:
         return []
     return [endpoint.model_name, *(a.name for a in spec.model.adapters)]
 
@@ -88,7 +86,7 @@ def adapter_mix_refusal(spec: BuildSpec) -> str | None:
     """Why the benchmark cannot send the spec's adapter mix to its lane's server: the benchmark tools name a request's
     target by `model` only, and lane trtllm selects an adapter by the body's lora_request (the sweep then measures
     the base alone, and says so); None where it can (or no adapters are served)."""
-    if not spec.model.adapters or spec.model.adapter_mode is not AdapterMode.SERVE:
+    if not spec.model.serves_adapters:
         return None
     if get_lane(spec.lane).adapter_request(spec, spec.model.adapters[0].name) is None:
         return None

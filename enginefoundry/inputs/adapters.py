@@ -323,7 +323,7 @@ def _merge(base_dir: Path, adapter_dir: Path, out: Path) -> None:
 def unit_adapters(spec: BuildSpec, adapter: str | None) -> BuildSpec:
     """The spec with only the adapters a unit needs (cluster mode: what its worker fetches): in adapter_mode merge
     the unit's own (`adapter`, its Unit.adapter), in serve every adapter, none for a spec without adapters."""
-    if not spec.model.adapters or spec.model.adapter_mode is AdapterMode.SERVE:
+    if not spec.model.merges_adapters:
         return spec
     kept = [a for a in spec.model.adapters if a.name == adapter]
     return spec.model_copy(update={"model": spec.model.model_copy(update={"adapters": kept})})

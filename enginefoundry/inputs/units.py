@@ -67,7 +67,7 @@ def expand_units(spec: BuildSpec, only_targets: list[str] | None = None) -> list
 def merged_adapters(spec: BuildSpec) -> list[str | None]:
     """What each variant × profile × target is built for: the base alone (None), or in adapter_mode merge one unit
     per adapter (the base ⊕ that adapter), the base itself then not a unit of the spec."""
-    if spec.model.adapters and spec.model.adapter_mode is AdapterMode.MERGE:
+    if spec.model.merges_adapters:
         return [a.name for a in spec.model.adapters]
     return [None]
 
@@ -172,7 +172,7 @@ def unit_key_components(
         extra["speculative"] = speculative_component(spec, source.draft)
     if unit.adapter is not None:
         extra["adapter"] = adapter_component(spec, unit.adapter, source.adapters)
-    elif spec.model.adapters and spec.model.adapter_mode is AdapterMode.SERVE:
+    elif spec.model.serves_adapters:
         extra["adapter"] = served_component(spec, source.adapters)
     return {
         "format_version": FORMAT_VERSION,

@@ -12,6 +12,9 @@ serve with LoRA" client; openai_protocol.py's `lora_request` field): `adapter_re
 adapter_mode merge: the merged checkpoint is an ordinary Hugging Face checkpoint, which the lane converts (passes
 through, or quantizes with hf_ptq.py) like any source: nothing LoRA-specific is emitted.
 
+The bundle's `adapters/<name>` folders are both lanes' (the reference lane's scoring server serves them too):
+`bundle_adapters` writes them, `bundled_adapters` reads them back from bundle.json.
+
 Evidence: trtllm_flags REF_LORA_* (docs/trtllm-compat.md "LoRA adapters").
 """
 
@@ -23,9 +26,11 @@ from pathlib import Path
 from pydantic import BaseModel, JsonValue
 
 from enginefoundry.confine import check_name
+from enginefoundry.errors import InputError
 from enginefoundry.inputs.adapters import read_adapter_config
 from enginefoundry.lanes.trtllm_flags import CHECKED, LLM_API, LORA_SINCE, REF_LORA_CONFIG, flag
-from enginefoundry.spec import AdapterMode, BuildSpec
+from enginefoundry.schemas.bundle_info import BUNDLE_INFO, BundleInfo
+from enginefoundry.spec import BuildSpec
 from enginefoundry.store.backends import clone_or_copy
 
 BUNDLE_ADAPTERS_DIR = "adapters"  # model.adapters in adapter_mode serve: <bundle>/adapters/<name>
@@ -41,11 +46,6 @@ MAPPED_HF_MODULES = frozenset(DEFAULT_TRTLLM_TO_HF.values())
 # PEFT's shorthand for every linear layer but the output head: on the architectures the map covers, those layers
 # are the mapped projections (an architecture with others is refused when its adapter lists them by name).
 ALL_LINEAR = "all-linear"
-
-
-def serves_adapters(spec: BuildSpec) -> bool:
-    """The unit serves the base and every adapter per request (model.adapters in adapter_mode serve)."""
-    return bool(spec.model.adapters) and spec.model.adapter_mode is AdapterMode.SERVE
 
 
 def adapter_path(name: str) -> str:
@@ -66,7 +66,7 @@ class LoraConfigKeys(BaseModel):
 def lora_config(spec: BuildSpec) -> LoraConfigKeys | None:
     """`lora_config` of the LLM API YAML for a unit serving adapters; None for any other (the YAML, and so every
     existing unit key, is unchanged without adapters)."""
-    if not serves_adapters(spec):
+    if not spec.model.serves_adapters:
         return None
     names = [a.name for a in spec.model.adapters]
     return LoraConfigKeys(lora_dir=[adapter_path(n) for n in names], max_lora_rank=spec.model.max_lora_rank,
@@ -90,9 +90,32 @@ def bundle_adapters(bundle: Path, adapter_dirs: dict[str, Path] | None) -> list[
     return names
 
 
+def bundled_adapters(bundle_dir: Path, info: BundleInfo) -> dict[str, str] | None:
+    """name → folder of a served-adapter bundle's adapters (adapter_mode serve, either lane), from its bundle.json
+    (outside input); None for any other. A recorded name that is not a plain file name, or whose folder is missing,
+    is refused."""
+    names = info.params.get("adapters")  # JSON edge: the recorded params
+    if names is None:
+        return None
+    out: dict[str, str] = {}
+    if not isinstance(names, list) or not names or len(names) > 1000:
+        names = [None]
+    for name in names:
+        try:
+            check_name(name if isinstance(name, str) else "", "adapter")
+        except ValueError:
+            name = None
+        folder = bundle_dir / BUNDLE_ADAPTERS_DIR / name if isinstance(name, str) else None
+        if not isinstance(name, str) or folder is None or not folder.is_dir() or name in out:
+            raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters is not a set of adapters this lane "
+                             "bundled; rebuild it")
+        out[name] = str(folder.resolve())
+    return out
+
+
 def release_problems(spec: BuildSpec, version: str | None) -> list[tuple[str, str]]:
     """adapter_mode serve on a release before the evidence of `lora_config` (the registry's range)."""
-    if not serves_adapters(spec) or version is None:
+    if not spec.model.serves_adapters or version is None:
         return []
     entry = flag(LLM_API, "lora_config")
     if entry.exists_in(version):
@@ -106,7 +129,7 @@ def release_problems(spec: BuildSpec, version: str | None) -> list[tuple[str, st
 def module_problems(spec: BuildSpec) -> list[tuple[str, str]]:
     """Adapters whose target_modules TensorRT-LLM's default module map does not cover (adapter_config.json alone;
     an unreadable one is refused by the common preflight, enginefoundry/inputs/adapters.py)."""
-    if not serves_adapters(spec):
+    if not spec.model.serves_adapters:
         return []
     problems = []
     for i, adapter in enumerate(spec.model.adapters):
@@ -138,8 +161,8 @@ __all__ = [
     "adapter_path",
     "adapter_request",
     "bundle_adapters",
+    "bundled_adapters",
     "lora_config",
     "module_problems",
     "release_problems",
-    "serves_adapters",
 ]

@@ -40,11 +40,11 @@ from enginefoundry.lanes.base import (
     ServeCommand,
     ServeSettings,
 )
-from enginefoundry.lanes.lora import BUNDLE_ADAPTERS_DIR  # adapters/<name>, beside the model
+from enginefoundry.lanes.lora import BUNDLE_ADAPTERS_DIR, bundle_adapters, bundled_adapters  # adapters/<name>
 from enginefoundry.lanes.moe_parallel import unsupported_problems
 from enginefoundry.lanes.reference_options import reference_options
 from enginefoundry.schemas.bundle_info import DeviceFacts
-from enginefoundry.spec import AdapterMode, Arch, BuildSpec, Variant
+from enginefoundry.spec import Arch, BuildSpec, Variant
 from enginefoundry.spec.lane_options import LaneOptions
 from enginefoundry.store.backends import clone_or_copy, link_or_copy
 
@@ -89,28 +89,6 @@ class _ScoringServer:
         for name, folder in (self.adapters or {}).items():
             args += ["--adapter", f"{name}={folder}"]
         return args
-
-
-def _bundle_adapters(bundle_dir: Path, info: BundleInfo) -> dict[str, str] | None:
-    """name → folder of a served-adapter bundle's adapters (adapter_mode serve), from its bundle.json; None for any
-    other. A recorded name that is not a plain file name, or whose folder is missing, is refused."""
-    names = info.params.get("adapters")  # JSON edge: the recorded params
-    if names is None:
-        return None
-    out: dict[str, str] = {}
-    if not isinstance(names, list) or not names or len(names) > 1000:
-        names = [None]
-    for name in names:
-        try:
-            check_name(name if isinstance(name, str) else "", "adapter")
-        except ValueError:
-            name = None
-        folder = bundle_dir / BUNDLE_ADAPTERS_DIR / name if isinstance(name, str) else None
-        if not isinstance(name, str) or folder is None or not folder.is_dir() or name in out:
-            raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters is not a set of adapters this lane "
-                             "bundled; rebuild it")
-        out[name] = str(folder.resolve())
-    return out
 
 
 def _bundle_draft(bundle_dir: Path, info: BundleInfo) -> tuple[str, int] | None:
@@ -244,13 +222,8 @@ class ReferenceLane(Lane):
             shutil.copytree(draft_dir, bundle / BUNDLE_DRAFT_DIR, copy_function=clone_or_copy)
             speculative = {"speculative": spec.speculative.algorithm.value, "draft": BUNDLE_DRAFT_DIR,
                            "max_draft_len": spec.speculative.max_draft_len}
-        served: dict[str, JsonValue] = {}  # the bundle's adapter params
-        if adapter_dirs:
-            for name, folder in adapter_dirs.items():
-                check_name(name, "model.adapters.name")
-                # Copies, never hard links: a local adapter's fetched folder is the user's own (as the draft's).
-                shutil.copytree(folder, bundle / BUNDLE_ADAPTERS_DIR / name, copy_function=clone_or_copy)
-            served = {"adapters": [*adapter_dirs]}
+        names = bundle_adapters(bundle, adapter_dirs)  # copies, never hard links, as the draft's
+        served: dict[str, JsonValue] = {"adapters": list[JsonValue](names)} if names else {}
         facts: DeviceFacts = {**host_facts(), **torch_device_facts(device)}
         t0 = time.monotonic()
         # The ignore: transformers types PreTrainedModel.to through a decorator whose stub takes the model twice.
@@ -276,7 +249,7 @@ class ReferenceLane(Lane):
     def serve_command(self, bundle_dir: Path, host: str, port: int) -> ServeCommand:
         info = BundleInfo.read(bundle_dir)
         # transformers serve has no assisted generation, and no per-request adapter (5.24 cli/serving: no PEFT)
-        if _bundle_draft(bundle_dir, info) is not None or _bundle_adapters(bundle_dir, info) is not None:
+        if _bundle_draft(bundle_dir, info) is not None or bundled_adapters(bundle_dir, info) is not None:
             return self._scoring_command(bundle_dir, info, host, port, str((bundle_dir / BUNDLE_MODEL_DIR).resolve()))
         model_dir = str((bundle_dir / BUNDLE_MODEL_DIR).resolve())
         serve = Path(sys.executable).with_name("transformers")
@@ -303,7 +276,7 @@ class ReferenceLane(Lane):
         `smoke_server: transformers` judges `transformers serve` itself."""
         info = BundleInfo.read(bundle_dir)
         if reference_options(options).smoke_server == "transformers" and _bundle_draft(bundle_dir, info) is None \
-                and _bundle_adapters(bundle_dir, info) is None:
+                and bundled_adapters(bundle_dir, info) is None:
             return self.named_serve_command(bundle_dir, host, port, name)
         return self._scoring_command(bundle_dir, info, host, port, name)
 
@@ -314,7 +287,7 @@ class ReferenceLane(Lane):
         seq, batch = (v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None  # the recorded profile
                       for v in (info.params.get("max_seq_len"), info.params.get("max_batch_size")))
         draft = _bundle_draft(bundle_dir, info)
-        adapters = _bundle_adapters(bundle_dir, info)
+        adapters = bundled_adapters(bundle_dir, info)
         draft_dir, draft_len = draft or (None, None)
         server = _ScoringServer(model_dir, name, _device(bundle_dir, info), seq, batch, draft_dir, draft_len, adapters)
         argv = [sys.executable, *server.args(host, str(port))]
@@ -329,7 +302,7 @@ class ReferenceLane(Lane):
         that path (transformers 5.24 cli/serving/model_manager.py `process_model_name`: `os.path.exists`).
         A name that is not a plain file name (no `/`, no `:`, no leading `-` or `.`) keeps the path."""
         info = BundleInfo.read(bundle_dir)
-        if _bundle_draft(bundle_dir, info) is not None or _bundle_adapters(bundle_dir, info) is not None:
+        if _bundle_draft(bundle_dir, info) is not None or bundled_adapters(bundle_dir, info) is not None:
             return self._scoring_command(bundle_dir, info, host, port, name)
         cmd = self.serve_command(bundle_dir, host, port)
         try:
@@ -355,7 +328,7 @@ class ReferenceLane(Lane):
             Command(argv=["(in-process)", "bundle + warm-up", f"device={_device_for(unit.target.arch)}"],
                     description="build"),
         ]
-        if spec.model.adapters and spec.model.adapter_mode is AdapterMode.SERVE:
+        if spec.model.serves_adapters:
             served = {a.name: f"<bundle>/{BUNDLE_ADAPTERS_DIR}/{a.name}" for a in spec.model.adapters}
             commands.append(Command(
                 argv=["python", *_ScoringServer("<bundle>/model", spec.model.name, device, unit.profile.max_seq_len,

@@ -415,7 +415,7 @@ class TrtllmLane(TrtllmLaneBase):
                                                   found.source or "the model's config.json")
         problems += moe_parallel.variant_problems(spec)  # moe_tp × moe_ep = tp, attention DP needs tp ≥ 2
         problems += lora.release_problems(spec, spec.toolchain.trtllm_version) + lora.module_problems(spec)
-        if lora.serves_adapters(spec) and self.options(spec).triton:
+        if spec.model.serves_adapters and self.options(spec).triton:
             problems.append(("lane_options.triton", "the LLM API Triton model has no per-request LoRA selection in "
                                                     "the evidence read (model.py reads no lora_request): set "
                                                     "lane_options.triton: false, or use adapter_mode: merge"))
@@ -522,7 +522,7 @@ class TrtllmLane(TrtllmLaneBase):
         opts = self.options(spec)
         bundle = fresh_dir(workdir / "bundle")
         draft = bundle_draft(bundle, draft_dir if spec.speculative is not None else None)
-        adapters = lora.bundle_adapters(bundle, adapter_dirs if lora.serves_adapters(spec) else None)
+        adapters = lora.bundle_adapters(bundle, adapter_dirs if spec.model.serves_adapters else None)
         cfg = runtime_config(spec, unit, surface.tensorrt_llm, draft)
         write_runtime_configs(bundle, cfg)
         script = workdir / "warmup.py"
@@ -580,7 +580,7 @@ class TrtllmLane(TrtllmLaneBase):
 
     def refuse_adapters(self, spec: BuildSpec, adapter_dirs: dict[str, Path] | None) -> None:
         """Before any GPU time: a unit serving adapters needs every fetched adapter folder."""
-        if not lora.serves_adapters(spec):
+        if not spec.model.serves_adapters:
             return
         missing = [a.name for a in spec.model.adapters if not (adapter_dirs and adapter_dirs.get(a.name)
                                                                and Path(adapter_dirs[a.name]).is_dir())]
@@ -644,7 +644,7 @@ class TrtllmLane(TrtllmLaneBase):
                 raise InputError(f"{Path(bundle_dir) / BUNDLE_INFO}: params.draft {name!r} is not a folder of the "
                                  "bundle: rebuild it")
             links[name] = str((Path(bundle_dir) / name).resolve())
-        if bundle_adapter_names(Path(bundle_dir), info):  # the YAML and each request name them relative to the cwd
+        if lora.bundled_adapters(Path(bundle_dir), info):  # the YAML and each request name them relative to the cwd
             links[lora.BUNDLE_ADAPTERS_DIR] = str((Path(bundle_dir) / lora.BUNDLE_ADAPTERS_DIR).resolve())
         argv = serve_argv(checkpoint, Path(bundle_dir).resolve() / (config or info.runtime_config), host, port,
                           yaml_flag)
@@ -678,31 +678,11 @@ class TrtllmLane(TrtllmLaneBase):
                                              serve_yaml_flag(surface)),
                             tool=SERVE, llm_api_keys=keys, description="serve" + (
                                 f": the base + {len(spec.model.adapters)} LoRA adapters (lora_config), each request "
-                                "selecting one by its lora_request" if lora.serves_adapters(spec) else "")))
+                                "selecting one by its lora_request" if spec.model.serves_adapters else "")))
         if opts.triton:
             cmds.append(triton_llmapi.launch_command(opts.triton_dir, f"<bundle>/{triton_llmapi.REPO}", keys,
                                                      WORKER_PYTHON))
         return cmds
-
-
-def bundle_adapter_names(bundle_dir: Path, info: BundleInfo) -> list[str]:
-    """The adapters a bundle serves (bundle.json params.adapters, outside input: plain names of folders under
-    <bundle>/adapters, or the bundle is refused); [] for a bundle without."""
-    names = info.params.get("adapters")  # JSON edge: the recorded params
-    if names is None:
-        return []
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters is not a list of names: rebuild the bundle")
-    for name in names:
-        assert isinstance(name, str)
-        try:
-            folder = bundle_dir / lora.adapter_path(name)
-        except UnsafePathError as e:
-            raise InputError(f"{bundle_dir / BUNDLE_INFO}: {e}; rebuild the bundle") from None
-        if not folder.is_dir():
-            raise InputError(f"{bundle_dir / BUNDLE_INFO}: params.adapters names {name!r}, which is not a folder "
-                             f"of the bundle's {lora.BUNDLE_ADAPTERS_DIR}/: rebuild it")
-    return [str(n) for n in names]
 
 
 def bundle_checkpoint(bundle_dir: Path, info: BundleInfo | Mapping[str, object]) -> Path:

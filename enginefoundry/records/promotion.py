@@ -490,6 +490,12 @@ class Decision(BaseModel):
                 "reasons": "; ".join(self.reasons), "serving": self.serving_uri or "-"}
 
 
+def alias_head(target: str, adapter: str | None) -> str:
+    """An alias stem's head: the target's name, `<target>-<adapter>` for a unit of an adapter (a champion per
+    adapter, adapter_mode merge)."""
+    return f"{target}-{adapter}" if adapter else target
+
+
 def alias_stems(spec: BuildSpec) -> dict[str, str]:
     """THE alias rule (registration, `promote`, `rollback` and rollout all use it): per unit name, the stem of
     its aliases `<stem>-candidate` / `<stem>-champion`. The target's name when the spec has one unit for that
@@ -500,7 +506,7 @@ def alias_stems(spec: BuildSpec) -> dict[str, str]:
     per_target = Counter((u.target.name, u.adapter) for u in units)
 
     def stem(u: Unit) -> str:
-        head = f"{u.target.name}-{u.adapter}" if u.adapter else u.target.name  # a champion per adapter
+        head = alias_head(u.target.name, u.adapter)
         return head if per_target[(u.target.name, u.adapter)] == 1 else \
             f"{head}-{u.variant.name}-{u.profile.name}".replace(".", "-")
     return {u.name: stem(u) for u in units}

@@ -30,11 +30,11 @@ from enginefoundry.inputs.sources import CHECKPOINT_MARKER, probe
 from enginefoundry.inputs.units import expand_units
 from enginefoundry.records.alias_lineage import unit_lineage, version_lineage
 from enginefoundry.records.lineage import read_manifest_uri
-from enginefoundry.records.promotion import Decision, Registry, champion_alias, manifest_uri_of
+from enginefoundry.records.promotion import Decision, Registry, alias_head, champion_alias, manifest_uri_of
 from enginefoundry.rollout.compare import ComparisonRow
 from enginefoundry.rollout.toolchain_channel import channel_moved
 from enginefoundry.schemas.manifest import SourcePart, ToolchainIdentity
-from enginefoundry.spec import AdapterMode, BuildSpec, SourceKind, SourceURI, Target
+from enginefoundry.spec import BuildSpec, SourceKind, SourceURI, Target
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -197,11 +197,9 @@ def differs(state: SourceState, recorded: SourcePart) -> str | None:
         old = recorded.revision
         return None if old == state.revision else f"new commit {str(state.revision)[:12]} (built from {str(old)[:12]})"
     if state.kind is SourceKind.S3:
-        old_objects = (recorded.identity.objects if recorded.identity is not None else None) or {}
-        if old_objects == state.objects:
+        if _recorded_objects(recorded) == state.objects:
             return None
-        changed = sorted(k for k in set(old_objects) | set(state.objects or {})
-                         if old_objects.get(k) != (state.objects or {}).get(k))
+        changed = _changed_objects(recorded, state)
         return f"{len(changed)} object(s) changed: {', '.join(changed[:5])}"
     # A merged adapter unit's weights digest is derived from the base's and the adapter's: the base's is beside it.
     weights = (recorded.identity.base_weights_digest if recorded.identity is not None else None) \
@@ -209,6 +207,17 @@ def differs(state: SourceState, recorded: SourcePart) -> str | None:
     if (weights, recorded.tokenizer_digest) == (state.weights_digest, state.tokenizer_digest):
         return None
     return f"local files changed (weights {str(state.weights_digest)[:12]})"
+
+
+def _recorded_objects(recorded: SourcePart) -> dict[str, str]:
+    """An S3 source's objects (relative key → VersionId or ETag) as a unit recorded them; {} where it recorded none."""
+    return (recorded.identity.objects if recorded.identity is not None else None) or {}
+
+
+def _changed_objects(recorded: SourcePart, state: SourceState) -> list[str]:
+    """The keys whose object differs between what a unit recorded and the prefix now (added and removed too)."""
+    old, new = _recorded_objects(recorded), state.objects or {}
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
 def _place(uri: str) -> str:
@@ -240,9 +249,7 @@ def adapter_differs(name: str, state: SourceState | None, recorded: SourcePart |
         return AdapterChange(name=name, old=recorded.uri, new=state.uri, detail="another source")
     old, new = _recorded_short(recorded), state.short()
     if state.kind is SourceKind.S3:
-        old_objects = (recorded.identity.objects if recorded.identity is not None else None) or {}
-        keys = sorted(k for k in set(old_objects) | set(state.objects or {})
-                      if old_objects.get(k) != (state.objects or {}).get(k))
+        keys = _changed_objects(recorded, state)
         return AdapterChange(name=name, old=old, new=new, detail=f"{len(keys)} object(s) changed: "
                                                                  f"{', '.join(keys[:5])}") if keys else None
     same = recorded.revision == state.revision if state.kind is SourceKind.HF else \
@@ -252,9 +259,8 @@ def adapter_differs(name: str, state: SourceState | None, recorded: SourcePart |
 
 def _recorded_short(recorded: SourcePart) -> str:
     """short_identity of an adapter as a unit recorded it (adapter_lineage: revision, identity, weights digest)."""
-    objects = recorded.identity.objects if recorded.identity is not None else None
     if recorded.kind == SourceKind.S3.value:
-        return short_identity(None, objects or {}, None)
+        return short_identity(None, _recorded_objects(recorded), None)
     return short_identity(recorded.revision, None, recorded.weights_digest)
 
 
@@ -335,7 +341,7 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
     channel moved. In adapter_mode merge, each adapter's units are judged against their own baseline."""
     state = source_state(spec.model.parsed_source(spec.base_path))
     adapters = adapter_states(spec)
-    merge = bool(adapters) and spec.model.adapter_mode is AdapterMode.MERGE
+    merge = spec.model.merges_adapters
     rows = []
     for target in spec.targets:
         if only_targets and target.name not in only_targets:
@@ -345,7 +351,7 @@ def detect_change(spec: BuildSpec, registry: Registry, only_targets: list[str] |
             groups.setdefault(u.adapter, set()).add(unit_lineage(spec, u).digest)
         judged = []
         for adapter, lineages in groups.items():
-            stem = f"{target.name}-{adapter}" if adapter else None  # promotion.alias_stems' per-adapter champion
+            stem = alias_head(target.name, adapter)  # a champion per adapter, as registration names it
             base = baseline_for(registry, spec.registered_model_name, target, lineages, stem)
             built_with = ({adapter: adapters[adapter]} if adapter else {}) if merge else adapters  # serve: all
             judged.append(units_change(state, built_with, base, toolchain, spec.toolchain.channel, adapter))

@@ -153,6 +153,16 @@ class ModelSpec(BaseModel):
         default=DEFAULT_MAX_LORA_RANK, description="the largest LoRA rank an adapter may have (the lane may allow "
                                                    "less: its own max_lora_rank)")
 
+    @property
+    def serves_adapters(self) -> bool:
+        """One unit serves the base and every adapter per request (adapters in adapter_mode serve)."""
+        return bool(self.adapters) and self.adapter_mode is AdapterMode.SERVE
+
+    @property
+    def merges_adapters(self) -> bool:
+        """Each adapter merged into the base, a unit per adapter (adapters in adapter_mode merge)."""
+        return bool(self.adapters) and self.adapter_mode is AdapterMode.MERGE
+
     @field_validator("source", "tokenizer", "unquantized")
     @classmethod
     def _valid_uri(cls, value: str | None) -> str | None:
