@@ -79,7 +79,8 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
     prequantized = read_quantization(Path(reference_dir))
     export = _export_to_dequantize(spec, precision, Path(reference_dir), checkpoint_dir, log)
     original = unquantized_original(spec, log) if prequantized is not None else None
-    ask = ReferenceAsk(cases, spec.smoke.max_new_tokens, device)
+    ask = ReferenceAsk(cases, spec.smoke.max_new_tokens, device,
+                       quantized_inputs=get_lane(spec.lane).quantizes_activations)
     settings = ReferenceSettings(store=store, trust=trust, progress=log)
     if spec.smoke.simulates(precision) or export is not None:
         log(f"smoke: the reference of this {precision} unit: "

@@ -16,9 +16,10 @@ contradicts it is refused before any work (`precision_problems`), and the unit k
 MAX_QUANT_CONFIG_BYTES, nesting at most MAX_DEPTH levels) into a typed model; an algorithm without a precision here
 is refused with the field and the fix.
 
-The dequantization of the formats this project can compute on any device (`DEQUANTIZED`: W4A16_AWQ) lives here
-too: the reference lane serves such a source dequantized and the smoke gate's like-with-like reference is the same
-checkpoint dequantized (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
+The formats this project dequantizes on any device (`DEQUANTIZED`: W4A16_AWQ, FP8, NVFP4; inputs/dequantize.py) are
+written out here as plain checkpoints: the reference lane serves such a source dequantized, and the smoke gate's
+like-with-like reference is the same checkpoint dequantized, FP8 and NVFP4 with their input quantization simulated
+(enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import SourceError, SpecError, ToolError
+from enginefoundry.inputs.dequantize import ACTIVATION_QUANTIZED, Dequantized, dequantize, write_activations
 from enginefoundry.inputs.model_config import MAX_CONFIG_BYTES
 from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import BuildSpec, Precision, SourceKind
@@ -53,8 +55,9 @@ MODELOPT_METHOD = "modelopt"  # config.json quantization_config.quant_method of 
 ALGO_PRECISION: dict[str, Precision] = dict(sorted(  # by name: the compat page lists them in this order
     (row.modelopt_quant_algo, p) for p, row in PRECISIONS.items() if row.modelopt_quant_algo))
 # The algorithms whose checkpoint this project dequantizes into plain weights (the reference lane's build, the
-# gate's reference): weight-only, so the dequantized checkpoint computes what the quantized one does.
-DEQUANTIZED = frozenset({"W4A16_AWQ"})
+# gate's reference; inputs/dequantize.py): W4A16_AWQ is weight-only, so the dequantized checkpoint computes what the
+# quantized one does; FP8 and NVFP4 quantize each linear's input too, which the gate's reference simulates.
+DEQUANTIZED = frozenset({"W4A16_AWQ", "FP8", "NVFP4"})
 
 
 class SourceQuantization(BaseModel):
@@ -74,9 +77,14 @@ class SourceQuantization(BaseModel):
 
     @property
     def dequantizable(self) -> bool:
-        """The checkpoint dequantizes into plain weights that compute what it computes (weight-only, no KV
-        quantization: no plain checkpoint quantizes every key and value)."""
+        """The checkpoint dequantizes into plain weights (DEQUANTIZED), without a quantized KV cache (no plain
+        checkpoint quantizes every key and value)."""
         return self.quant_algo in DEQUANTIZED and not self.kv_cache_quant_algo
+
+    @property
+    def quantizes_activations(self) -> bool:
+        """An engine of it quantizes each linear's input too (FP8, NVFP4), which its plain weights do not carry."""
+        return self.quant_algo in ACTIVATION_QUANTIZED
 
     def label(self) -> str:
         kv = f", KV {self.kv_cache_quant_algo}" if self.kv_cache_quant_algo else ""
@@ -286,57 +294,14 @@ def spec_quantization(spec: BuildSpec) -> SourceQuantization | None:
         return None
 
 
-# --- dequantization --------------------------------------------------------------------------------------------
-# ModelOpt's W4A16_AWQ layout (nvidia-modelopt 0.47.0, modelopt/torch/export/quant_utils.py `pack_int4_in_uint8`,
-# `to_quantized_weight`; unified_export_hf.py): `<linear>.weight` uint8 [out/2, in], two signed 4-bit codes a byte
-# (output rows 2j in the low nibble, 2j+1 in the high one), `<linear>.weight_scale` [out, in/group_size],
-# `<linear>.pre_quant_scale` [in] (the AWQ scale on the input).
-
-def unpack_int4(packed: Tensor) -> Tensor:
-    """[out/2, in] uint8 → [out, in] int8 codes in -8..7 (pack_int4_in_uint8's layout, above)."""
-    import torch
-
-    nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=1).to(torch.int8)  # [out/2, 2, in]
-    codes = torch.where(nibbles >= 8, nibbles - 16, nibbles)
-    return codes.reshape(-1, packed.shape[-1])
-
-
-def dequantize_w4a16_awq(tensors: dict[str, Tensor], group_size: int) -> tuple[dict[str, Tensor], int]:
-    """Every packed linear of a W4A16_AWQ checkpoint as its effective float32 weight, codes × scale of its group ×
-    the pre-quant scale of its input channel; every other tensor as float32. Refuses a scale it does not place."""
-    import torch
-
-    out: dict[str, Tensor] = {}
-    done = 0
-    for name, t in tensors.items():
-        if name.endswith((".weight_scale", ".pre_quant_scale")):
-            continue
-        if name.endswith(("_scale", "_quantizer", ".amax")):
-            raise ToolError(f"{name}: a quantization parameter W4A16_AWQ does not have; not dequantized")
-        if t.dtype != torch.uint8:
-            out[name] = t.float()
-            continue
-        base = name.removesuffix(".weight")
-        scale = tensors.get(f"{base}.weight_scale")
-        if not name.endswith(".weight") or scale is None:
-            raise ToolError(f"{name} is packed but has no {base}.weight_scale")
-        codes = unpack_int4(t).float()
-        groups = scale.float().repeat_interleave(group_size, dim=1)[:, : codes.shape[1]]
-        if groups.shape != codes.shape:
-            raise ToolError(f"{base}: scale {tuple(scale.shape)} does not cover codes {tuple(codes.shape)} "
-                            f"in groups of {group_size}")
-        weight = codes * groups
-        pqs = tensors.get(f"{base}.pre_quant_scale")
-        out[name] = weight * pqs.float().reshape(1, -1) if pqs is not None else weight
-        done += 1
-    return out, done
-
-
 def write_dequantized(checkpoint: Path, quant: SourceQuantization, out: Path, *, torch_dtype: str,
-                      copy_files: Callable[[Path, Path, set[str]], int]) -> tuple[int, int]:
-    """`checkpoint` (a W4A16_AWQ export) as a plain Hugging Face checkpoint in `out`, its weights in `torch_dtype`:
-    config.json without its quantization_config, model.safetensors, generation_config.json and the tokenizer files
-    copied by `copy_files(src, dst, names)`. Returns (layers dequantized, AWQ-scaled layers)."""
+                      copy_files: Callable[[Path, Path, set[str]], int], activations: bool) -> Dequantized:
+    """`checkpoint` (an export of a DEQUANTIZED format) as a plain Hugging Face checkpoint in `out`, its weights in
+    `torch_dtype`: config.json without its quantization_config, model.safetensors, generation_config.json and the
+    tokenizer files copied by `copy_files(src, dst, names)`. With `activations`, an FP8 or NVFP4 export's input
+    quantization is written beside them (inputs/dequantize.py ACTIVATIONS_FILE: the smoke reference computes it);
+    without, the checkpoint computes unquantized inputs (what a server of plain weights computes). Returns what was
+    dequantized (its tensors dropped)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -348,16 +313,19 @@ def write_dequantized(checkpoint: Path, quant: SourceQuantization, out: Path, *,
     tensors: dict[str, Tensor] = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
         tensors.update(load_file(f))
-    plain, layers = dequantize_w4a16_awq(tensors, quant.group_size or 128)
-    if not layers:
-        raise ToolError(f"{checkpoint} has no packed int4 weight to dequantize")
+    done = dequantize(tensors, quant.quant_algo, quant.group_size)
+    if not done.layers:
+        raise ToolError(f"{checkpoint} has no quantized weight to dequantize ({quant.label()})")
     config = read_json_bounded(checkpoint / MODEL_CONFIG, MAX_CONFIG_BYTES, str(checkpoint)) or {}
     config.pop("quantization_config", None)
     config["dtype"] = config["torch_dtype"] = torch_dtype
     out.mkdir(parents=True, exist_ok=True)
     (out / MODEL_CONFIG).write_text(json.dumps(config, indent=2))
     dtype = getattr(torch, torch_dtype)
+    plain: dict[str, Tensor] = done.tensors  # type: ignore[assignment]  # Dequantized holds float32 Tensors
     save_file({k: v.to(dtype).contiguous() for k, v in plain.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
+    if activations and done.activations is not None:
+        write_activations(out, done.activations)
     copy_files(checkpoint, out, {"generation_config.json", *TOKENIZER_FILES})
-    return layers, sum(k.endswith(".pre_quant_scale") for k in tensors)
+    return done.model_copy(update={"tensors": {}})

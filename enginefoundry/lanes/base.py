@@ -108,6 +108,10 @@ class Lane(ABC):
     # Precisions whose converted checkpoint is ModelOpt's unified export, which smoke.reference_precision: simulated
     # dequantizes into the unit's reference (enginefoundry/smoke/simulated.py `dequantized_checkpoint`).
     dequantizable: frozenset[str] = frozenset()
+    # A pre-quantized FP8 or NVFP4 source: this lane's server quantizes each linear's input as the export says (an
+    # engine's FP8/NVFP4 GEMMs), so its reference simulates that too (inputs/dequantize.py); False: it serves the
+    # dequantized weights, and its reference is those weights alone.
+    quantizes_activations: bool = True
     # A speculative unit's non-speculative twin is a second server of the bundle (`twin_serve_command`), not a
     # request switch of its own (`speculative_twin`).
     serves_twin_apart: bool = False

@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from enginefoundry.inputs.dequantize import ACTIVATION_QUANTIZED
 from enginefoundry.inputs.toolchain import parse_version
 from enginefoundry.lanes.lora import MAPPED_HF_MODULES
 from enginefoundry.lanes.trtllm_flags import (
@@ -282,17 +283,24 @@ def prequantized_section() -> list[str]:
              "no `hf_ptq.py` run, no LLM API key; `trtllm-serve` loads the checkpoint as it is. Evidence: "
              f"{REF_PREQUANTIZED}.", "",
              "| quant_algo | precision | conversion | the smoke gate's reference |", "|---|---|---|---|"]
+    how = {"W4A16_AWQ": "codes × group scales × AWQ pre-quant scale",
+           "FP8": "e4m3 weights × their per-tensor scale",
+           "NVFP4": "e2m1 codes × e4m3 block scale (16 inputs) × the global scale"}
     for algo, precision in ALGO_PRECISION.items():
         if algo in DEQUANTIZED:
+            inputs = (" (transformers computes 16-bit inputs: the weights' quantization only)"
+                      if algo in ACTIVATION_QUANTIZED else "")
+            reference = ("the export dequantized, each linear's input quantized as the engine quantizes it (the "
+                         "export's input scales; FP8 static per tensor, NVFP4 dynamic e4m3 block scales per 16) for "
+                         "lane trtllm, the dequantized weights alone for lane reference (like with like: what each "
+                         "serves)" if algo in ACTIVATION_QUANTIZED else "the export dequantized (like with like)")
             lines.append(f"| `{algo}` | `{precision.value}` | lane trtllm: none, `trtllm-serve` loads the export; lane "
-                         "reference: dequantized (codes × group scales × AWQ pre-quant scale) into the build's 16-bit "
-                         "dtype | the export dequantized (like with like); the quantization cost against the "
-                         "unquantized original where one is given |")
+                         f"reference: dequantized ({how[algo]}) into the build's 16-bit dtype{inputs} | {reference}; "
+                         "the quantization cost against the unquantized original where one is given |")
         else:
-            why = ("it quantizes activations too, which no dequantized checkpoint holds" if algo in ("FP8", "NVFP4")
-                   else "no dequantizer for it here")
             lines.append(f"| `{algo}` | `{precision.value}` | — (refused at `validate` and `plan`, every lane) | none "
-                         f"yet: {why}; use the unquantized checkpoint as the source and let the lane quantize it |")
+                         "yet: no dequantizer for it here; use the unquantized checkpoint as the source and let the "
+                         "lane quantize it |")
     return lines
 
 

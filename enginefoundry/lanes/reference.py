@@ -119,6 +119,9 @@ class ReferenceLane(Lane):
     # model.adapters (merge: PEFT merges any rank; serve: PEFT serves any rank on the scoring server); the spec's own
     # bound (ModelSpec.max_lora_rank) is the ceiling, its default the TensorRT-LLM lane's (LoraConfig.max_lora_rank 64).
     max_lora_rank = 1024
+    # A pre-quantized FP8/NVFP4 source is served as its weights dequantized (transformers computes 16-bit inputs): its
+    # reference is those weights alone, like with like.
+    quantizes_activations = False
 
     def speculative_twin(self, spec: BuildSpec) -> dict[str, bool] | None:
         """The scoring server answers a request with `"speculative": false` by the target alone."""
@@ -139,7 +142,7 @@ class ReferenceLane(Lane):
                 problems.append((f"variants.{i}.precision",
                                  f"{v.precision.value} is not available on the reference lane; "
                                  f"use one of {', '.join(p.value for p in TORCH_DTYPES)} or lane trtllm (a "
-                                 "pre-quantized source of a weight-only format it dequantizes, "
+                                 "pre-quantized source of a format it dequantizes, "
                                  f"{', '.join(sorted(DEQUANTIZED))}, is served dequantized)"))
             if v.tp != 1 or v.pp != 1:
                 problems.append((f"variants.{i}.tp", "the reference lane serves on one device: use tp: 1, pp: 1"))
@@ -176,10 +179,11 @@ class ReferenceLane(Lane):
         return ConvertResult(checkpoint_dir=str(out), params={"dtype": dtype, "format": "safetensors"})
 
     def _dequantize(self, variant: Variant, source_dir: Path, quant: SourceQuantization, out: Path) -> ConvertResult:
-        """A pre-quantized source (never quantized again): a weight-only format's codes × scales written as plain
-        weights in the dtype an engine of it computes in (the checkpoint's 16-bit dtype, fp16 for an fp32 one:
-        gpu.precisions.activation_dtype), the arithmetic a weight-only kernel does, on any device. The gate's
-        reference is the same checkpoint dequantized (smoke/simulated.py `dequantized_checkpoint`)."""
+        """A pre-quantized source (never quantized again): its codes × scales written as plain weights in the dtype an
+        engine of it computes in (the checkpoint's 16-bit dtype, fp16 for an fp32 one: gpu.precisions.activation_dtype),
+        on any device. What it computes is the weights' quantization: an FP8 or NVFP4 engine also quantizes each
+        linear's input, which transformers does not (quantizes_activations False). The gate's reference is the same
+        checkpoint dequantized (smoke/simulated.py `dequantized_checkpoint`)."""
         from enginefoundry.inputs.model_shape import checkpoint_shape
 
         if quant.precision is not variant.precision or not quant.dequantizable:
@@ -188,10 +192,13 @@ class ReferenceLane(Lane):
                              f"({', '.join(sorted(DEQUANTIZED))}): set the variant's precision to "
                              f"{quant.precision.value}, or use lane trtllm")
         dtype = activation_dtype(variant.precision, checkpoint_shape(source_dir)) or "bfloat16"
-        layers, awq = write_dequantized(source_dir, quant, out, torch_dtype=dtype, copy_files=_copy_top_level)
+        done = write_dequantized(source_dir, quant, out, torch_dtype=dtype, copy_files=_copy_top_level,
+                                 activations=self.quantizes_activations)
+        inputs = "; inputs not quantized (transformers)" if quant.quantizes_activations else ""
         return ConvertResult(checkpoint_dir=str(out), params={
             "dtype": dtype, "format": "safetensors", "prequantized": quant.key_json(),
-            "dequantized": f"{quant.quant_algo}: {layers} layers ({awq} AWQ-scaled) as {dtype}"})
+            "dequantized": (f"{quant.quant_algo}: {done.layers} layers ({done.awq_scaled} AWQ-scaled) as "
+                            f"{dtype}{inputs}")})
 
     def build(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, workdir: Path,
               draft_dir: Path | None = None, adapter_dirs: dict[str, Path] | None = None) -> BuildResult:

@@ -375,7 +375,9 @@ def awq_check(unit: Unit) -> Check | None:
 class TrtllmLane(TrtllmLaneBase):
     name = "trtllm"
     convert_tools = (HF_PTQ,)
-    dequantizable = frozenset({"int4_awq"})  # hf_ptq.py's unified export (W4A16_AWQ); fp8, nvfp4 quantize activations
+    # hf_ptq.py's unified export (W4A16_AWQ). Its fp8 and nvfp4 exports are not yet their units' reference (a
+    # pre-quantized FP8/NVFP4 source is, its inputs quantized by hooks: inputs/dequantize.py).
+    dequantizable = frozenset({"int4_awq"})
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC

@@ -519,8 +519,11 @@ def reference_summary(spec: BuildSpec, unit: Unit) -> str:
         # The build's compute dtype (smoke.simulated.simulated_dtype) is read from the source, not known to a plan.
         return f"simulated {unit.variant.precision.value} (TensorRT-LLM's quantizer, the build's dtype; like with like)"
     if prequantized_reference(spec, unit.variant.precision.value):
-        return (f"the pre-quantized {unit.variant.precision.value} source, dequantized (the build's dtype; like with "
-                "like)")
+        quant = spec_quantization(spec)
+        inputs = (", its inputs quantized as the engine's" if quant is not None and quant.quantizes_activations
+                  and get_lane(spec.lane).quantizes_activations else "")
+        return (f"the pre-quantized {unit.variant.precision.value} source, dequantized{inputs} (the build's dtype; "
+                "like with like)")
     if dequantizes(spec, unit.variant.precision.value):
         return f"the lane's {unit.variant.precision.value} checkpoint, dequantized (the build's dtype; like with like)"
     if spread:

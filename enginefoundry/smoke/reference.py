@@ -35,6 +35,7 @@ from enginefoundry.errors import ToolError
 from enginefoundry.evidence.inputs import InputTrust
 from enginefoundry.gpu.precisions import SPREAD_DTYPE
 from enginefoundry.identity import checkpoint_digests, sha256_json
+from enginefoundry.inputs.dequantize import simulate_activations
 from enginefoundry.settings import EnvSettings
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.store import layout
@@ -195,6 +196,7 @@ def reference_answers(
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, **load_options(device))
     model.eval()  # type: ignore[no-untyped-call]  # transformers 5.24.0: PreTrainedModel.eval is unannotated
+    simulate_activations(model, model_dir)  # a dequantized FP8/NVFP4 export: its inputs quantized as the engine's
     try:
         return _generate(model, tok, cases, max_new_tokens, progress or (lambda _: None))
     finally:
@@ -348,11 +350,14 @@ def _publish(ref: ReferenceSet, cache: Path, store: Store | None, trust: InputTr
 @dataclass(frozen=True)
 class ReferenceAsk:
     """What reference answers are asked for besides the model and its dtype (part of their key): the prompts, how
-    many tokens each answer may have, and the device that computes them (resolve_device: "cpu", "gpu", "auto")."""
+    many tokens each answer may have, the device that computes them (resolve_device: "cpu", "gpu", "auto"), and
+    whether a dequantized FP8 or NVFP4 checkpoint quantizes its inputs as the unit's engine does (False: the unit's
+    server computes the dequantized weights, Lane.quantizes_activations; keyed by the dequantized folder)."""
 
     cases: list[PromptCase]
     max_new_tokens: int
     device: str = "cpu"
+    quantized_inputs: bool = True
 
 
 @dataclass(frozen=True)
@@ -497,6 +502,7 @@ def compute_spread(model_dir: Path, cases: list[PromptCase], ref: ReferenceSet, 
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, wide),
                                                                   **load_options(device), **wide_options(wide))
     model.train(False)  # eval(): transformers leaves PreTrainedModel.eval unannotated
+    simulate_activations(model, model_dir)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.device.type == "meta":

@@ -17,7 +17,7 @@ from pydantic import JsonValue
 
 from enginefoundry.errors import InputError
 from enginefoundry.evidence.inputs import InputTrust
-from enginefoundry.inputs.quantized_source import SourceQuantization, read_quantization
+from enginefoundry.inputs.quantized_source import DEQUANTIZED, SourceQuantization, read_quantization
 from enginefoundry.smoke.ask import (
     ask_all,
     case_evidence,
@@ -225,8 +225,8 @@ def plan(inputs: SmokeInputs) -> SmokePlan:
     prequantized = read_quantization(source_dir)
     if prequantized is not None and not prequantized.dequantizable:
         raise InputError(f"smoke: {source_dir} is pre-quantized ({prequantized.label()}), and the gate has no "
-                         "reference for it (it dequantizes W4A16_AWQ exports without a quantized KV cache); judge "
-                         "against the unquantized checkpoint instead")
+                         f"reference for it (it dequantizes {', '.join(sorted(DEQUANTIZED))} exports without a "
+                         "quantized KV cache); judge against the unquantized checkpoint instead")
     if prequantized is not None and checkpoint is None:
         checkpoint = source_dir  # a pre-quantized source is judged against itself, dequantized
     given = outcome is not None and outcome.simulated is not None  # by the reference stage

@@ -41,11 +41,15 @@ from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.errors import InputError, SourceError, ToolError
 from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
+from enginefoundry.inputs.dequantize import simulate_activations
 from enginefoundry.inputs.quantized_source import (
+    ALGO_PRECISION,
+    DEQUANTIZED,
     MAX_QUANT_CONFIG_BYTES,
-    dequantize_w4a16_awq,
+    SourceQuantization,
     read_json_bounded,
     read_quantization,
+    write_dequantized,
 )
 from enginefoundry.inputs.sources import remove_stale_partials
 from enginefoundry.settings import EnvSettings, cache_root
@@ -110,10 +114,11 @@ class SimulatedKey(BaseModel):
     modelopt: str
     torch: str
     format: int = FORMAT
+    activations: str = ""  # "simulated": an FP8 or NVFP4 export's input quantization is computed (dequantize.py)
 
     @property
-    def digest(self) -> str:
-        return sha256_json(self.model_dump())
+    def digest(self) -> str:  # `activations` only where set: every key made before it keeps its digest
+        return sha256_json(self.model_dump(exclude=set() if self.activations else {"activations"}))
 
 
 class SimulatedModel(BaseModel):
@@ -273,10 +278,12 @@ def _materialize(key: SimulatedKey, root: Path | None,
 # beside safetensors whose quantized linears hold packed codes and scales. Dequantized, that checkpoint is exactly
 # the quantization the engine serves (the lane's calibration data, and ModelOpt's export-time resmoothing of layers
 # that share an input), where a simulation calibrated here would be another quantization (docs/smoke-gate.md 'AWQ
-# calibrated elsewhere'). The layout and its dequantization: enginefoundry/inputs/quantized_source.py (one home, shared
-# with the reference lane, which serves a pre-quantized W4A16_AWQ source dequantized).
+# calibrated elsewhere'). The layouts and their dequantization: enginefoundry/inputs/dequantize.py (one home, shared
+# with the reference lane, which serves a pre-quantized source dequantized). FP8 and NVFP4 quantize each linear's
+# input too: their dequantized reference carries that quantization beside the weights, and the reference's model
+# computes it (dequantize.simulate_activations), unless the unit's lane serves the plain weights (the reference lane).
 UNIFIED_QUANT_CONFIG = "hf_quant_config.json"
-EXPORTED = {"W4A16_AWQ": "int4_awq"}  # quant_algo -> precision dequantized here
+EXPORTED = {a: p.value for a, p in ALGO_PRECISION.items() if a in DEQUANTIZED}  # quant_algo -> precision
 
 
 def _quant_config(checkpoint: Path) -> dict[str, Any] | None:  # JSON edge: hf_quant_config.json
@@ -324,58 +331,53 @@ def _problem(cfg: dict[str, Any] | None) -> str | None:  # JSON edge: hf_quant_c
 
 def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path | None = None,
                            progress: Callable[[str], None] = print,
-                           what: str = "the lane's checkpoint") -> SimulatedModel:
+                           what: str = "the lane's checkpoint", activations: bool = True) -> SimulatedModel:
     """The lane's exported checkpoint as a plain float32 checkpoint (cached by the checkpoint's digest; its
-    tokenizer files, else `tokenizer_from`'s). Raises InputError for a quantization this module does not read."""
+    tokenizer files, else `tokenizer_from`'s); an FP8 or NVFP4 one with its input quantization beside it where
+    `activations` (the unit's server computes it: every lane but the reference lane). Raises InputError for a
+    quantization this module does not read."""
     config = _quant_config(checkpoint)  # read once: the problem, the key and the group size come from it
     problem = _problem(config)
-    if config is None or problem is not None:
+    quant = read_quantization(checkpoint, "smoke") if problem is None else None
+    if config is None or quant is None:
         raise InputError(f"smoke: {checkpoint} is not dequantized: {problem}")
     import torch
 
-    quant = _block(config)
     w, t, _ = checkpoint_digests(checkpoint)
     producer = config.get("producer", {})
-    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=EXPORTED[quant["quant_algo"]],
+    acts = activations and quant.quantizes_activations
+    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=EXPORTED[quant.quant_algo],
                        config=json.dumps(config, sort_keys=True), calibration_digest="the lane's (in the checkpoint)",
                        modelopt=f"{producer.get('name', '?')} {producer.get('version', '?')} (export)",
-                       torch=torch.__version__)
-    group = int(quant.get("group_size") or 128)
-    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, group, key, tmp, progress,
-                                                            what))
+                       torch=torch.__version__, activations="simulated" if acts else "")
+    return _materialize(key, root, lambda tmp: _dequantize(checkpoint, tokenizer_from, quant, key, tmp, progress,
+                                                            what, acts))
 
 
-def _dequantize(checkpoint: Path, tokenizer_from: Path, group: int, key: SimulatedKey, out: Path,
-                progress: Callable[[str], None], what: str = "the lane's checkpoint") -> SimulatedModel:
-    from safetensors.torch import load_file, save_file
+def _dequantize(checkpoint: Path, tokenizer_from: Path, quant: SourceQuantization, key: SimulatedKey, out: Path,
+                progress: Callable[[str], None], what: str, activations: bool) -> SimulatedModel:
     from transformers import AutoModelForCausalLM
 
     t0 = time.monotonic()
-    tensors: dict[str, Tensor] = {}
-    for f in sorted(checkpoint.glob("*.safetensors")):
-        tensors.update(load_file(f))
-    plain, layers = dequantize_w4a16_awq(tensors, group)
-    if not layers:
-        raise ToolError(f"smoke: {checkpoint} has no packed int4 weight to dequantize")
-    model_config = json.loads((checkpoint / "config.json").read_text())
-    model_config.pop("quantization_config", None)
-    model_config["dtype"] = model_config["torch_dtype"] = "float32"
-    (out / "config.json").write_text(json.dumps(model_config, indent=2))
-    save_file({k: v.contiguous() for k, v in plain.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    _copy_top_level(checkpoint, out, {"generation_config.json"})
-    if not _copy_top_level(checkpoint, out, set(TOKENIZER_FILES)):  # its tokenizer files, else the source's
+    done = write_dequantized(checkpoint, quant, out, torch_dtype="float32", copy_files=_copy_top_level,
+                             activations=activations)
+    if not any(f.name in TOKENIZER_FILES for f in out.iterdir()):  # its tokenizer files, else the source's
         _copy_top_level(tokenizer_from, out, set(TOKENIZER_FILES))
     loaded: Any = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     info = loaded[1]
     wrong = [*info.get("missing_keys", []), *info.get("unexpected_keys", [])]
     if wrong:
         raise ToolError(f"smoke: the dequantized checkpoint does not load as its model: {sorted(wrong)[:3]}")
+    simulated_inputs = simulate_activations(loaded[0], out)  # checks the scales name this model's linears
     seconds = round(time.monotonic() - t0, 1)
-    progress(f"smoke: {what} (int4_awq) dequantized ({layers} layers; {seconds:.0f} s)")
+    inputs = (f"; the inputs of {simulated_inputs} quantized as the engine does" if simulated_inputs else
+              "; inputs not quantized (the unit's server computes the plain weights)"
+              if quant.quantizes_activations else "")
+    progress(f"smoke: {what} ({quant.precision.value}) dequantized ({done.layers} layers{inputs}; {seconds:.0f} s)")
     return SimulatedModel(folder=out, key=key, source="computed",
-                          description=f"{what} ({key.modelopt}), dequantized",
-                          modules=layers, awq_scaled=sum(k.endswith(".pre_quant_scale") for k in tensors),
-                          seconds=seconds)
+                          description=f"{what} ({key.modelopt}), dequantized" + (
+                              ", its inputs quantized as the engine does" if simulated_inputs else ""),
+                          modules=done.layers, awq_scaled=done.awq_scaled, seconds=seconds)
 
 
 FROM_EXPORT_WHY = (f"the lane's own quantized checkpoint (ModelOpt's unified export), dequantized, computed in "
@@ -399,13 +401,15 @@ def simulated_reference(source: Path, precision: str, ask: ReferenceAsk, setting
     simulated model (a folder of this host's cache, never read from the store) is recorded in it by its weights
     digest, which also keys its answers. A pre-quantized `source` (build.quantized_source) is itself the checkpoint
     dequantized (`checkpoint` is `source`); the answers of the quantization-cost rule are the unquantized
-    `original`'s where one is given (none otherwise: transformers does not run a ModelOpt export)."""
+    `original`'s where one is given (none otherwise: transformers does not run a ModelOpt export). An FP8 or NVFP4
+    checkpoint's inputs are quantized as its engine quantizes them where `ask.quantized_inputs`."""
     cases, progress, trust = ask.cases, settings.progress, settings.trust
     dtype = dtype or simulated_dtype(source)
     prequantized = read_quantization(source) is not None
     if checkpoint is not None:
         what = "the pre-quantized source" if prequantized else "the lane's checkpoint"
-        sim, why = (dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress, what=what),
+        sim, why = (dequantized_checkpoint(checkpoint, tokenizer_from=source, progress=progress, what=what,
+                                           activations=ask.quantized_inputs),
                     PREQUANTIZED_WHY if prequantized else FROM_EXPORT_WHY)
     else:
         sim, why = simulate(source, precision, cases, dtype=dtype, progress=progress), simulated_why(precision)

@@ -266,7 +266,7 @@ def test_the_lanes_int4_awq_checkpoint_dequantizes_to_modelopts_weights(tmp_path
     _needs_modelopt()
     from modelopt.torch.export.quant_utils import pack_int4_in_uint8
 
-    from enginefoundry.inputs.quantized_source import unpack_int4
+    from enginefoundry.inputs.dequantize import unpack_int4
     from enginefoundry.smoke.simulated import dequantized_checkpoint, export_problem, exported_quant_algo
 
     codes = torch.randint(-8, 8, (6, 256)).float()

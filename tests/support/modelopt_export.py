@@ -27,6 +27,22 @@ def make_int4_awq_export(tmp: Path, prompts: list[list[dict[str, str]]]) -> tupl
     return original, export
 
 
+def make_export(tmp: Path, original: Path, fmt: str, prompts: list[list[dict[str, str]]]) -> Path:
+    """`original` quantized with ModelOpt's `fmt` config (FP8_DEFAULT_CFG, NVFP4_DEFAULT_CFG: weights and inputs
+    quantized; their calibration runs on the CPU, their export too) on `prompts`, exported as hf_ptq.py exports it
+    into `tmp`/`fmt`, the tokenizer files beside it."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.export import export_hf_checkpoint
+
+    export = tmp / fmt
+    export_hf_checkpoint(modelopt_quantized(original, getattr(mtq, f"{fmt.upper()}_DEFAULT_CFG"), prompts),
+                         export_dir=export)
+    for f in original.iterdir():
+        if f.name in TOKENIZER_FILES:
+            shutil.copy(f, export / f.name)
+    return export
+
+
 def widened_tiny_model(dest: Path) -> Path:
     """The tiny model widened so that its linears hold whole blocks of 128, as ModelOpt's int4 export needs (random
     weights, seed 0), with the tiny model's tokenizer files: `dest`."""
@@ -47,6 +63,13 @@ def widened_tiny_model(dest: Path) -> Path:
 def int4_awq_quantized(src: Path, prompts: list[list[dict[str, str]]]) -> Any:
     """The model at `src` (float32) quantized with ModelOpt's INT4_AWQ_CFG, calibrated on `prompts` (chat messages)."""
     import modelopt.torch.quantization as mtq
+
+    return modelopt_quantized(src, mtq.INT4_AWQ_CFG, prompts)
+
+
+def modelopt_quantized(src: Path, config: Any, prompts: list[list[dict[str, str]]]) -> Any:
+    """The model at `src` (float32) quantized with the ModelOpt `config`, calibrated on `prompts` (chat messages)."""
+    import modelopt.torch.quantization as mtq
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -59,5 +82,5 @@ def int4_awq_quantized(src: Path, prompts: list[list[dict[str, str]]]) -> Any:
                 m(tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
                                           return_dict=True)["input_ids"])
 
-    mtq.quantize(model, mtq.INT4_AWQ_CFG, loop)
+    mtq.quantize(model, config, loop)
     return model

@@ -75,7 +75,8 @@ def test_modelopt_layouts_are_read_into_the_projects_precisions(tmp_path: Path):
     inline = quantization_from(None, {"quantization_config": INLINE})
     assert inline is not None and inline.file == "config.json quantization_config" and inline.dequantizable
     nvfp4 = quantization_from({"quantization": {"quant_algo": "NVFP4", "group_size": 16}}, None)
-    assert nvfp4 is not None and nvfp4.precision is Precision.NVFP4 and not nvfp4.dequantizable
+    assert nvfp4 is not None and nvfp4.precision is Precision.NVFP4 and nvfp4.dequantizable
+    assert nvfp4.quantizes_activations and not quant.quantizes_activations
     w8 = quantization_from({"quantization": {"quant_algo": "W8A16"}}, None)
     assert w8 is not None and w8.precision is Precision.INT8_WO
     # A KV cache quantized by the export: no plain checkpoint holds it.
@@ -144,8 +145,10 @@ def test_a_precision_that_contradicts_the_checkpoint_is_refused_naming_each_vari
     assert [f for f, _ in refused.value.problems] == ["variants.1.precision", "variants.2.precision"]
     refuse_contradiction(_spec(folder, "int4_awq"), quant)  # agreeing: nothing to say
     refuse_contradiction(spec, None)  # an unquantized source: the lane quantizes it
-    # A format the gate cannot dequantize into a reference: refused before work, with the way out.
-    fp8 = quantization_from({"quantization": {"quant_algo": "FP8"}}, None)
+    # FP8 and NVFP4 exports are dequantized into their reference; one with a quantized KV cache is not: refused
+    # before work, with the way out.
+    assert quantization_problems(_spec(folder, "fp8"), quantization_from({"quant_algo": "FP8"}, None)) == []
+    fp8 = quantization_from({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}, None)
     [(field, message)] = quantization_problems(_spec(folder, "fp8"), fp8)
     assert field == "model.source" and "the smoke gate has no reference for it" in message
 
