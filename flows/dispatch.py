@@ -250,7 +250,7 @@ async def _wait_final(client: PrefectClient, unit_name: str, run: FlowRun) -> Fl
     from prefect.states import Cancelling
 
     log = get_run_logger()
-    timeout_s = EnvSettings().unit_timeout_s
+    timeout_s = EnvSettings.read().unit_timeout_s
     try:
         final: FlowRun = await wait_for_flow_run(run.id, timeout=int(timeout_s), client=client)
     except FlowRunWaitTimeout:

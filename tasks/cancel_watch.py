@@ -132,7 +132,7 @@ class _Watch:
         self.thread = threading.Thread(target=self._run, name="ef-cancel-watch", daemon=True)
 
     def _run(self) -> None:
-        interval = EnvSettings().cancel_poll_s
+        interval = EnvSettings.read().cancel_poll_s
         while not self.done.is_set():
             self.asked.wait(interval)
             try:

@@ -73,7 +73,7 @@ def load_searched(path: str, args: argparse.Namespace | None = None,
 
 def mlflow_uri_of(args: argparse.Namespace) -> str:
     """For commands without a spec: --mlflow-uri > $MLFLOW_TRACKING_URI > the default (working directory)."""
-    uri = getattr(args, "mlflow_uri", None) or EnvSettings().mlflow_tracking_uri or DEFAULT_MLFLOW
+    uri = getattr(args, "mlflow_uri", None) or EnvSettings.read().mlflow_tracking_uri or DEFAULT_MLFLOW
     return absolute_mlflow(uri, Path.cwd())
 
 
@@ -138,7 +138,7 @@ def network_hint(err: BaseException) -> str | None:
                     "tracking.mlflow_uri) to a reachable tracking server")
         if kind in ("ConnectError", "ConnectTimeout") and getattr(e, "_request", None) is not None:
             url = str(e.request.url)  # type: ignore[attr-defined]
-            env = EnvSettings()
+            env = EnvSettings.read()
             if (env.hf_endpoint and url.startswith(env.hf_endpoint.rstrip("/"))) or "huggingface.co" in url:
                 return f"cannot reach the Hugging Face Hub at {url}: set HF_ENDPOINT to a reachable hub or mirror"
             if env.prefect_api_url and url.startswith(env.prefect_api_url.rstrip("/")):

@@ -257,7 +257,7 @@ def quantize_command(spec: BuildSpec, variant: Variant, source_dir: Path | str, 
     (--calib_seq from 0.39.0); --export_fmt only below 0.37.0, where the export format's default may differ (from 0.37
     it is deprecated and forced to hf, and still parsed at 0.46.0). `None`: the worker's probe decides."""
     opts = trtllm_options(spec.lane_options)
-    root = opts.modelopt_dir or EnvSettings().modelopt_dir or f"${MODELOPT_ENV}"
+    root = opts.modelopt_dir or EnvSettings.read().modelopt_dir or f"${MODELOPT_ENV}"
     calib = variant.calibration
     assert calib is not None  # Variant fills a default calibration for quantized precisions
     # hf_ptq.py's KV default changed between releases (fp8, later fp8_cast): always say what the variant wants.
@@ -375,9 +375,10 @@ def awq_check(unit: Unit) -> Check | None:
 class TrtllmLane(TrtllmLaneBase):
     name = "trtllm"
     convert_tools = (HF_PTQ,)
-    # hf_ptq.py's unified export (W4A16_AWQ). Its fp8 and nvfp4 exports are not yet their units' reference (a
-    # pre-quantized FP8/NVFP4 source is, its inputs quantized by hooks: inputs/dequantize.py).
-    dequantizable = frozenset({"int4_awq"})
+    # hf_ptq.py's unified export (W4A16_AWQ, FP8, NVFP4): each unit's reference is its own export dequantized, an
+    # FP8/NVFP4 one with each linear's input quantized as the engine quantizes it (inputs/dequantize.py); one whose
+    # KV cache is quantized too (kv_cache_dtype fp8) keeps the source reference (smoke/simulated.py export_problem).
+    dequantizable = frozenset({"int4_awq", "fp8", "nvfp4"})
     fp8_kv_on_ampere = True  # PyTorch-backend support matrix: FP8 KV = Y on Ampere (facts §0)
     precision_routes = ROUTES
     awq_max_cc = AWQ_MAX_CC
@@ -450,7 +451,7 @@ class TrtllmLane(TrtllmLaneBase):
     def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
         tools = {SERVE: ["trtllm-serve"]}
         opts = trtllm_options(spec.lane_options if spec else None)
-        root = opts.modelopt_dir or EnvSettings().modelopt_dir
+        root = opts.modelopt_dir or EnvSettings.read().modelopt_dir
         # A pre-quantized source needs no quantizer on the worker: its checkpoint is served as it is.
         if root and spec and any(v.precision.is_quantized for v in spec.variants) and spec_quantization(spec) is None:
             tools[HF_PTQ] = [self.python, str(hf_ptq_script(root, None))]
@@ -475,7 +476,7 @@ class TrtllmLane(TrtllmLaneBase):
             return ConvertResult(checkpoint_dir=str(source_dir),
                                  params={"format": "hf", "precision": variant.precision.value, "passthrough": True})
         opts = self.options(spec)
-        root = opts.modelopt_dir or EnvSettings().modelopt_dir
+        root = opts.modelopt_dir or EnvSettings.read().modelopt_dir
         surface = self.pinned_surface(spec)
         script = hf_ptq_script(root, surface.modelopt) if root else None
         if script is None or not script.is_file():

@@ -379,7 +379,7 @@ class TrtllmEngineLane(TrtllmLaneBase):
 
     def _examples_dir(self, spec: BuildSpec | None) -> str | None:
         opts = engine_options(spec.lane_options if spec else None)
-        return opts.examples_dir or EnvSettings().trtllm_examples_dir
+        return opts.examples_dir or EnvSettings.read().trtllm_examples_dir
 
     def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
         tools = {TRTLLM_BUILD: ["trtllm-build"], SERVE: ["trtllm-serve"]}

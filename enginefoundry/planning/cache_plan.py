@@ -32,7 +32,7 @@ from enginefoundry.store.lease import DEFAULT_TTL_S, HeldLease, new_owner, try_a
 from enginefoundry.store.publish import PublishedBuild, check_hit, find_current, quarantine_problems
 
 # How long a run waits for another live run that builds the same key (its lease is renewed meanwhile).
-WAIT_FOR_OTHER_RUN_S = EnvSettings().lease_wait_s
+WAIT_FOR_OTHER_RUN_S = EnvSettings.read().lease_wait_s
 
 Progress = Callable[[str], None]
 

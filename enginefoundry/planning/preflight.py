@@ -487,7 +487,8 @@ def reference_problems(spec: BuildSpec) -> list[tuple[str, str, int | None]]:
                    no_like_reference(p))
             problems.append(("smoke.no_like_reference", (
                 f"refuse: variants.{i}.precision {p} has no reference at its own precision on lane {spec.lane} "
-                f"({why}); remove that variant, use a lane that exports its checkpoint (lane trtllm's int4_awq), "
+                f"({why}); remove that variant, use a lane that exports its checkpoint (lane trtllm's int4_awq, fp8, "
+                "nvfp4), "
                 "or set smoke.no_like_reference: fallback (the fp32 source, bounds derived from the quantization "
                 "spread)"), i))
     missing = get_lane(spec.lane).smoke_logprobs_missing(spec)

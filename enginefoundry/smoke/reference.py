@@ -250,7 +250,7 @@ def _generate(model: Any, tok: Any, cases: list[PromptCase], max_new_tokens: int
 
 
 def default_cache_dir() -> Path:
-    return Path(EnvSettings().reference_cache or Path.home() / ".cache" / "enginefoundry" / "references")
+    return Path(EnvSettings.read().reference_cache or Path.home() / ".cache" / "enginefoundry" / "references")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -63,6 +63,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from enginefoundry.inputs.dequantize import simulate_activations
+
 if TYPE_CHECKING:
     from torch import Tensor
     from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -140,6 +142,9 @@ class Scorer:
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        # A dequantized FP8/NVFP4 checkpoint that carries its input quantization computes it here too, as the
+        # smoke reference does (inputs/dequantize.py): a folder computes what it says wherever it is loaded.
+        simulate_activations(model, Path(model_dir))
         self.adapters = sorted(adapters or {})
         self.adapter_dirs = {n: Path(folder).resolve() for n, folder in (adapters or {}).items()}
         self.ignore_adapters = ignore_adapters

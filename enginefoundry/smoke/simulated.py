@@ -212,7 +212,7 @@ def simulated_key(source: Path, precision: str, calibration: list[PromptCase],
 def default_root() -> Path:
     """Where simulated (and dequantized) models are kept: under the reference cache the user chose
     (EF_REFERENCE_CACHE/simulated), else the cache root's (EF_CACHE_DIR, ~/.cache/enginefoundry: simulated/)."""
-    chosen = EnvSettings().reference_cache
+    chosen = EnvSettings.read().reference_cache
     return Path(chosen) / "simulated" if chosen else cache_root() / "simulated"
 
 

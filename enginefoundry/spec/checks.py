@@ -112,14 +112,15 @@ def reference_precision_for(setting: str, precision: str) -> tuple[str, str]:
 
 
 def no_like_reference(precision: str) -> str:
-    """Why a unit of `precision` has no reference at its own precision (lane trtllm's int4_awq has one: its own
-    exported checkpoint, dequantized; planning.preflight.dequantizes)."""
+    """Why a unit of `precision` has no reference at its own precision (lane trtllm's int4_awq, fp8 and nvfp4 have
+    one: its own exported checkpoint, dequantized; planning.preflight.dequantizes)."""
     if precision in SIMULATED_PRECISIONS:
         return (f"no {precision} reference of this lane's build: its scales are searched on the lane's own "
                 "calibration data (variant.calibration), which a simulation here does not have (lane trtllm: its "
                 "exported checkpoint, dequantized)")
-    return (f"no {precision} reference: {precision} quantizes activations, which no plain checkpoint carries "
-            "(a gated sibling: smoke.reference: sibling)")
+    return (f"no {precision} reference of this lane's build: {precision} quantizes activations, which only a "
+            "lane that exports its quantized checkpoint gives the gate (lane trtllm, without a quantized KV cache), "
+            "or a gated sibling (smoke.reference: sibling)")
 
 
 class ReferenceDevice(StrEnum):
@@ -140,7 +141,8 @@ class SmokeSpec(BaseModel):
         default=UNIT_PRECISION, description="the source reference's dtype: unit (each unit like with like where "
         "a reference of its precision exists: fp32, bf16, fp16 computed by transformers, int8_wo and int4_wo "
         "against TensorRT-LLM's weight-only quantization of the source simulated in the build's dtype, lane "
-        "trtllm's int4_awq against its own exported checkpoint dequantized; log-prob bounds from the spread measured "
+        "trtllm's int4_awq, fp8 and nvfp4 against its own exported checkpoint dequantized (fp8, nvfp4: inputs "
+        "quantized as the engine's); log-prob bounds from the spread measured "
         "there; fp32 for the others, see no_like_reference), simulated (the same; kept for specs that name it), or one "
         "dtype for every unit: fp32, bf16, fp16")
     no_like_reference: Literal["fallback", "refuse"] = Field(

@@ -41,7 +41,7 @@ from enginefoundry.settings import EnvSettings
 from enginefoundry.store.backends import Store
 from enginefoundry.store.layout import is_lease_key, leases_prefix
 
-DEFAULT_TTL_S = EnvSettings().lease_ttl_s
+DEFAULT_TTL_S = EnvSettings.read().lease_ttl_s
 
 Progress = Callable[[str], None]
 

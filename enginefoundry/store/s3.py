@@ -11,7 +11,7 @@ from enginefoundry.settings import EnvSettings
 def s3_endpoint(explicit: str | None = None) -> str | None:
     """The S3 endpoint: explicit (a flag or the spec, already ranked by enginefoundry.settings), else
     $AWS_ENDPOINT_URL_S3 (or the deprecated $EF_S3_ENDPOINT), else AWS itself."""
-    return explicit or EnvSettings().s3_endpoint()[0]
+    return explicit or EnvSettings.read().s3_endpoint()[0]
 
 
 # boto3 edge: an S3Client; Any here because boto3-stubs is installed without its s3 extra (mypy_boto3_s3)
@@ -28,7 +28,7 @@ def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16, max_attemp
         # such as SlowDown) with truncated exponential backoff and full jitter: rand(0,1)·min(scale·2^i, 20 s),
         # scale 1 s when throttled, 0.05 s otherwise (botocore/retries/standard.py ExponentialBackoff,
         # botocore 1.44.8). max_attempts counts the first call.
-        retries={"max_attempts": max_attempts or EnvSettings().s3_max_attempts, "mode": "standard"},
+        retries={"max_attempts": max_attempts or EnvSettings.read().s3_max_attempts, "mode": "standard"},
         max_pool_connections=max_pool,
         connect_timeout=5,
         read_timeout=60,
@@ -37,7 +37,7 @@ def s3_client(endpoint_url: str | None = None, *, max_pool: int = 16, max_attemp
     # rotated or per-run credentials in the environment would otherwise be ignored.
     return boto3.session.Session().client(
         "s3", endpoint_url=s3_endpoint(endpoint_url), config=config,
-        region_name=EnvSettings().aws_region,
+        region_name=EnvSettings.read().aws_region,
     )
 
 

@@ -8,6 +8,7 @@ ModelOpt's own NVFP4 quantizer. Lane trtllm plans them without hf_ptq; the refer
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from enginefoundry.inputs.quantized_source import read_quantization
 from enginefoundry.inputs.sources import fetch
 from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import get_lane
+from enginefoundry.lanes.base import Command, ServeCommand
 from enginefoundry.model_server import free_port, serving
 from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.smoke import load_prompt_set
@@ -184,3 +186,71 @@ def test_the_fp8_export_runs_on_the_reference_lane_and_the_gate_passes_it(made: 
     assert gated.passed, gated.verdict.reason
     assert gated.verdict.reference_why is not None
     assert gated.verdict.reference_why.startswith("the pre-quantized source's own checkpoint")
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_a_trtllm_unit_is_judged_against_its_own_export_with_its_inputs_quantized(made: dict[str, Any], fmt: str,
+                                                                                  tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch):
+    """Lane trtllm quantizes an unquantized source with hf_ptq.py into the same unified export: its fp8 and nvfp4
+    units are judged against that export dequantized, inputs quantized (like with like, the spread measured), not
+    the fp32 source; an engine computing the export in fp16 with its inputs quantized (the scoring server honours
+    the folder's input quantization) passes."""
+
+
+    from enginefoundry.planning import dequantizes
+
+    monkeypatch.setenv("EF_REFERENCE_CACHE", str(tmp_path / "refs"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    data = yaml.safe_load((CONFIGS / "llama-3.1-8b-multiarch.yaml").read_text())
+    data["model"] = {"source": str(made["original"]), "name": "tiny"}
+    data["variants"] = [{"precision": fmt}]
+    data["targets"] = [t for t in data["targets"] if t["arch"] == "sm90"][:1]
+    data["smoke"] = {"prompts": str(TINY_PROMPTS), "max_new_tokens": 6, "small_sample": "warn"}
+    data["publish"]["store"] = (tmp_path / "store").as_uri()
+    spec = parse_spec(data, source="test spec", base_dir=CONFIGS)
+    assert dequantizes(spec, fmt)
+    rows = plan_report(spec).rows
+    assert rows and all(r["reference"].startswith(f"the lane's {fmt} checkpoint, dequantized") for r in rows), rows
+
+    ref, outcome = smoke_reference.fn(spec, str(made["original"]), precision=fmt, checkpoint_dir=str(made[fmt]))
+    assert outcome.simulated is not None and "its inputs quantized as the engine does" in outcome.simulated
+    assert outcome.simulated_why is not None and outcome.simulated_why.startswith("the lane's own quantized")
+    engine, broken = _engine(outcome.model_dir, tmp_path / "engine"), _engine(outcome.model_dir, tmp_path / "broken",
+                                                                               norm_scale=1.5)
+    assert (engine / ACTIVATIONS_FILE).is_file()
+    with _scoring_server(engine, tmp_path) as ep:
+        report = smoke_test.fn(spec, ep, str(made["original"]), str(tmp_path / "report"), precision=fmt,
+                               reference=(ref, outcome))
+    with _scoring_server(broken, tmp_path) as ep:  # its final norm scaled by 1.5: a broken build of the same export
+        rejected = smoke_test.fn(spec, ep, str(made["original"]), str(tmp_path / "report-broken"), precision=fmt,
+                                 reference=(ref, outcome))
+    assert not rejected.passed, rejected.verdict.reason
+    assert report.passed, report.verdict.reason
+    assert report.spread is not None
+    assert report.verdict.reference_why is not None
+    assert report.verdict.reference_why.startswith("the lane's own quantized checkpoint")
+
+
+def _engine(folder: str, dst: Path, norm_scale: float = 1.0) -> Path:
+    """The dequantized export in fp16, as an engine of the fp32 tiny model computes it (its input quantization kept
+    beside it); optionally its final norm scaled."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, dst, ignore=shutil.ignore_patterns(".simulated.json"))
+    tensors = {k: v.to(torch.float16) for k, v in load_file(dst / "model.safetensors").items()}
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * norm_scale
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def _scoring_server(model: Path, tmp: Path) -> Any:
+    cmd = ServeCommand(command=Command(argv=[sys.executable, "-m", "enginefoundry.smoke.serve", str(model), "--port",
+                                             str(free_port()), "--name", "tiny"],
+                                       env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                                       description="enginefoundry scoring server"),
+                       model_name="tiny", tokenizer_dir=str(model))
+    return serving(cmd, tmp / f"{model.name}.log", timeout_s=120)

@@ -33,8 +33,8 @@ def _spec(config: str = "tiny-cpu.yaml", variants: list[dict] | None = None, **s
     ("int8_wo", "bf16", "the quantization tool's simulated int8_wo model of the source"),
     ("int4_wo", "bf16", "the quantization tool's simulated int4_wo model of the source"),
     ("int4_awq", "fp32", "no int4_awq reference of this lane's build: its scales are searched on the lane's own"),
-    ("fp8", "fp32", "no fp8 reference: fp8 quantizes activations"),
-    ("nvfp4", "fp32", "no nvfp4 reference: nvfp4 quantizes activations"),
+    ("fp8", "fp32", "no fp8 reference of this lane's build: fp8 quantizes activations"),
+    ("nvfp4", "fp32", "no nvfp4 reference of this lane's build: nvfp4 quantizes activations"),
 ])
 def test_the_default_judges_each_precision_like_with_like_where_it_can(precision, dtype, starts):
     got_dtype, why = reference_precision_for("unit", precision)

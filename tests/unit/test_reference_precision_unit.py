@@ -61,7 +61,8 @@ def test_each_unit_gets_the_reference_of_its_own_precision_where_transformers_co
                    "int8_wo": ("bf16", True), "fp8": ("fp32", False)}
     assert spec.smoke.reference_for("bf16") == ("bf16", "the unit's own precision bf16 (like with like)")
     assert spec.smoke.reference_for("fp8")[1].startswith(
-        "no fp8 reference: fp8 quantizes activations, which no plain checkpoint carries")
+        "no fp8 reference of this lane's build: fp8 quantizes activations, which only a lane that exports its "
+        "quantized checkpoint gives the gate")
     assert "bounds derived from the spread measured on the source's weights rounded to fp8" in \
         spec.smoke.reference_for("fp8")[1]
     fixed = _spec(reference_precision="bf16")
