@@ -24,7 +24,6 @@ reference computes what an FP8 or NVFP4 engine computes: quantized weights and q
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -250,11 +249,3 @@ def simulate_activations(model: nn.Module, folder: Path) -> int:
     acts = read_activations(folder)
     return install(model, acts) if acts is not None else 0
 
-
-def activations_summary(folder: Path) -> str | None:
-    acts = read_activations(folder)
-    return acts.label() if acts is not None else None
-
-
-def dump_json(acts: ActivationQuantization) -> str:  # for the key of what depends on it
-    return json.dumps(acts.model_dump(mode="json"), sort_keys=True)
