@@ -83,16 +83,18 @@ def served_models(spec: BuildSpec, endpoint: Endpoint) -> list[str]:
 
 
 def adapter_mix_refusal(spec: BuildSpec) -> str | None:
-    """Why the benchmark cannot send the spec's adapter mix to its lane's server: the benchmark tools name a request's
+    """Why the benchmark cannot send the spec's adapter mix to its lane's server: its synthetic requests name their
     target by `model` only, and lane trtllm selects an adapter by the body's lora_request (the sweep then measures
-    the base alone, and says so); None where it can (or no adapters are served)."""
+    the base alone, and says so); None where it can (or no adapters are served). AIPerf 0.13.0 sends a per-request
+    body field only from a custom dataset (single_turn's `extra`, shallow-merged into the body:
+    aiperf/dataset/loader/models.py SingleTurn.extra, endpoints/openai_chat.py), which this benchmark does not write."""
     if not spec.model.serves_adapters:
         return None
     if get_lane(spec.lane).adapter_request(spec, spec.model.adapters[0].name) is None:
         return None
     return (f"adapter mix: lane {spec.lane} selects an adapter by the request's lora_request, which "
-            f"{spec.benchmark.tool.value} does not send per request: every request went to the base; the adapters "
-            "are gated (smoke), not benchmarked")
+            f"{spec.benchmark.tool.value}'s synthetic requests do not carry: every request went to the base; the "
+            "adapters are gated (smoke), not benchmarked")
 
 
 def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path,

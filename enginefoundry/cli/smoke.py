@@ -43,19 +43,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "reference of the unit's precision exists: fp32, bf16, fp16 computed by transformers; "
                         f"{', '.join(CALIBRATION_FREE)} against TensorRT-LLM's weight-only quantization of "
                         "--reference simulated in the build's dtype; with --quantized-checkpoint, that checkpoint "
-                        "dequantized; log-prob bounds derived from the spread measured there, and the "
-                        "quantization's own accuracy cost judged apart; any other precision (fp8, nvfp4, int4_awq) "
-                        "against the fp32 source with bounds derived from its quantization spread "
+                        "dequantized (fp8, nvfp4: each linear's input quantized as the engine does); log-prob "
+                        "bounds derived from the spread measured there, and the quantization's own accuracy cost "
+                        "judged apart; without it, fp8, nvfp4 and int4_awq against the fp32 source with bounds "
+                        "derived from its quantization spread "
                         "(--no-like-reference); one dtype for the reference; or `simulated`: as unit, and "
                         f"--precision one of {', '.join(SIMULATED_PRECISIONS)} (int4_awq: ModelOpt's fake quant "
                         "calibrated on --prompts, the simulate extra)")
     p.add_argument("--quantized-checkpoint", metavar="DIR",
                    help="the unit's own quantized checkpoint (ModelOpt's unified export, as hf_ptq.py writes it: "
-                        "W4A16_AWQ), dequantized as the reference: the build's own calibration and export")
+                        "W4A16_AWQ, FP8, NVFP4), dequantized as the reference, FP8 and NVFP4 with each linear's input "
+                        "quantized as the engine does: the build's own calibration and export")
     p.add_argument("--unquantized-original", metavar="DIR",
-                   help="--reference is a pre-quantized checkpoint (ModelOpt's W4A16_AWQ export, judged against itself "
-                        "dequantized): its unquantized original, which the rule `quantization cost` compares with "
-                        "(as the spec's model.unquantized)")
+                   help="--reference is a pre-quantized checkpoint (ModelOpt's W4A16_AWQ, FP8 or NVFP4 export, judged "
+                        "against itself dequantized): its unquantized original, which the rule `quantization cost` "
+                        "compares with (as the spec's model.unquantized)")
     p.add_argument("--build-dtype", choices=("bf16", "fp16"),
                    help="the dtype a quantized unit computes in, which its simulated reference is computed in (as the "
                         "engine lane's lane_options.dtype); default the source's 16-bit dtype, fp16 for an fp32 "
