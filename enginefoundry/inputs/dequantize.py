@@ -53,11 +53,6 @@ class ActivationQuantization(BaseModel):
     block_size: int | None = Field(default=None, ge=1, le=1 << 12)  # NVFP4: 16 inputs a block scale
     input_scales: dict[str, float] = Field(max_length=1 << 20)  # module name → scale
 
-    def label(self) -> str:
-        how = (f"dynamic blocks of {self.block_size}, e4m3 block scales" if self.quant_algo == "NVFP4" else
-               "static per-tensor scales")
-        return f"{self.quant_algo} inputs of {len(self.input_scales)} linears ({how})"
-
 
 # --- weights -----------------------------------------------------------------------------------------------------
 
@@ -81,11 +76,10 @@ def unpack_e2m1(packed: Tensor) -> Tensor:
 
 
 class Dequantized(BaseModel):
-    """A quantized checkpoint's tensors as float32 weights, and what was done."""
+    """What dequantizing a checkpoint did (its tensors are returned beside it)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True)
 
-    tensors: dict[str, object]  # name → float32 Tensor (object: pydantic has no schema for a tensor)
     layers: int  # linears dequantized
     awq_scaled: int  # of them, with an AWQ pre-quant scale folded in
     activations: ActivationQuantization | None  # FP8, NVFP4: the inputs' quantization, not in the weights
@@ -98,16 +92,17 @@ SCALES = {  # quant_algo → the per-linear scale tensors it stores besides the 
 }
 
 
-def dequantize(tensors: dict[str, Tensor], quant_algo: str, group_size: int | None) -> Dequantized:
+def dequantize(tensors: dict[str, Tensor], quant_algo: str,
+               group_size: int | None) -> tuple[dict[str, Tensor], Dequantized]:
     """Every quantized linear of a `quant_algo` checkpoint as its effective float32 weight, every other tensor as
-    float32; FP8 and NVFP4's input scales as their ActivationQuantization. ToolError for a scale this layout does not
-    have or a weight without its scales."""
+    float32, and what was done (FP8 and NVFP4's input scales as their ActivationQuantization). ToolError for a scale
+    this layout does not have or a weight without its scales."""
     import torch
 
     if quant_algo not in SCALES:
         raise ToolError(f"quant_algo {quant_algo}: not dequantized here ({', '.join(sorted(SCALES))} are)")
     own = SCALES[quant_algo]
-    out: dict[str, object] = {}
+    out: dict[str, Tensor] = {}
     inputs: dict[str, float] = {}
     layers = awq = 0
     for name, t in tensors.items():
@@ -143,7 +138,7 @@ def dequantize(tensors: dict[str, Tensor], quant_algo: str, group_size: int | No
     acts = (ActivationQuantization(quant_algo=quant_algo,  # type: ignore[arg-type]  # checked: in ACTIVATION_QUANTIZED
                                    block_size=(group_size or NVFP4_BLOCK) if quant_algo == "NVFP4" else None,
                                    input_scales=inputs) if quant_algo in ACTIVATION_QUANTIZED else None)
-    return Dequantized(tensors=out, layers=layers, awq_scaled=awq, activations=acts)
+    return out, Dequantized(layers=layers, awq_scaled=awq, activations=acts)
 
 
 def _int4_awq(name: str, packed: Tensor, scale: Tensor, pqs: Tensor | None, group: int) -> Tensor:

@@ -301,7 +301,7 @@ def write_dequantized(checkpoint: Path, quant: SourceQuantization, out: Path, *,
     tokenizer files copied by `copy_files(src, dst, names)`. With `activations`, an FP8 or NVFP4 export's input
     quantization is written beside them (inputs/dequantize.py ACTIVATIONS_FILE: the smoke reference computes it);
     without, the checkpoint computes unquantized inputs (what a server of plain weights computes). Returns what was
-    dequantized (its tensors dropped)."""
+    dequantized."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -313,7 +313,7 @@ def write_dequantized(checkpoint: Path, quant: SourceQuantization, out: Path, *,
     tensors: dict[str, Tensor] = {}
     for f in sorted(checkpoint.glob("*.safetensors")):
         tensors.update(load_file(f))
-    done = dequantize(tensors, quant.quant_algo, quant.group_size)
+    plain, done = dequantize(tensors, quant.quant_algo, quant.group_size)
     if not done.layers:
         raise ToolError(f"{checkpoint} has no quantized weight to dequantize ({quant.label()})")
     config = read_json_bounded(checkpoint / MODEL_CONFIG, MAX_CONFIG_BYTES, str(checkpoint)) or {}
@@ -322,10 +322,9 @@ def write_dequantized(checkpoint: Path, quant: SourceQuantization, out: Path, *,
     out.mkdir(parents=True, exist_ok=True)
     (out / MODEL_CONFIG).write_text(json.dumps(config, indent=2))
     dtype = getattr(torch, torch_dtype)
-    plain: dict[str, Tensor] = done.tensors  # type: ignore[assignment]  # Dequantized holds float32 Tensors
     save_file({k: v.to(dtype).contiguous() for k, v in plain.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})
     if activations and done.activations is not None:
         write_activations(out, done.activations)
     copy_files(checkpoint, out, {"generation_config.json", *TOKENIZER_FILES})
-    return done.model_copy(update={"tensors": {}})
+    return done

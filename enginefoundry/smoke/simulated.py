@@ -43,7 +43,6 @@ from enginefoundry.gpu.precisions import SHORT_DTYPE, activation_dtype
 from enginefoundry.identity import TOKENIZER_FILES, checkpoint_digests, sha256_json
 from enginefoundry.inputs.dequantize import simulate_activations
 from enginefoundry.inputs.quantized_source import (
-    ALGO_PRECISION,
     DEQUANTIZED,
     MAX_QUANT_CONFIG_BYTES,
     SourceQuantization,
@@ -283,7 +282,6 @@ def _materialize(key: SimulatedKey, root: Path | None,
 # input too: their dequantized reference carries that quantization beside the weights, and the reference's model
 # computes it (dequantize.simulate_activations), unless the unit's lane serves the plain weights (the reference lane).
 UNIFIED_QUANT_CONFIG = "hf_quant_config.json"
-EXPORTED = {a: p.value for a, p in ALGO_PRECISION.items() if a in DEQUANTIZED}  # quant_algo -> precision
 
 
 def _quant_config(checkpoint: Path) -> dict[str, Any] | None:  # JSON edge: hf_quant_config.json
@@ -322,8 +320,8 @@ def _problem(cfg: dict[str, Any] | None) -> str | None:  # JSON edge: hf_quant_c
     if cfg is None:
         return f"not a ModelOpt unified checkpoint (no {UNIFIED_QUANT_CONFIG})"
     quant = _block(cfg)
-    if quant.get("quant_algo") not in EXPORTED:
-        return f"quant_algo {quant.get('quant_algo')} (dequantized here: {', '.join(EXPORTED)})"
+    if quant.get("quant_algo") not in DEQUANTIZED:
+        return f"quant_algo {quant.get('quant_algo')} (dequantized here: {', '.join(sorted(DEQUANTIZED))})"
     if quant.get("kv_cache_quant_algo"):
         return f"its KV cache is quantized ({quant['kv_cache_quant_algo']}), which no plain checkpoint carries"
     return None
@@ -346,7 +344,7 @@ def dequantized_checkpoint(checkpoint: Path, *, tokenizer_from: Path, root: Path
     w, t, _ = checkpoint_digests(checkpoint)
     producer = config.get("producer", {})
     acts = activations and quant.quantizes_activations
-    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=EXPORTED[quant.quant_algo],
+    key = SimulatedKey(weights_digest=w, tokenizer_digest=t, precision=quant.precision.value,
                        config=json.dumps(config, sort_keys=True), calibration_digest="the lane's (in the checkpoint)",
                        modelopt=f"{producer.get('name', '?')} {producer.get('version', '?')} (export)",
                        torch=torch.__version__, activations="simulated" if acts else "")

@@ -108,12 +108,12 @@ def test_nvfp4_weights_and_inputs_are_what_modelopts_nvfp4_quantizer_makes(made:
     quant = read_quantization(made["nvfp4"])
     assert quant is not None and (quant.quant_algo, quant.group_size) == ("NVFP4", 16) and quant.dequantizable
     original = _tensors(made["original"])
-    done = dequantize(_tensors(made["nvfp4"]), quant.quant_algo, quant.group_size)
+    tensors, done = dequantize(_tensors(made["nvfp4"]), quant.quant_algo, quant.group_size)
     assert done.layers == 14 and done.activations is not None and done.activations.block_size == 16
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"):
         q, scale, scale_2 = NVFP4QTensor.quantize(original[name], 16)
         expected = q.dequantize(dtype=torch.float32, scale=scale, double_scale=scale_2, block_sizes={-1: 16})
-        assert torch.equal(done.tensors[name], expected), name  # type: ignore[arg-type]
+        assert torch.equal(tensors[name], expected), name
     # An input quantized as the engine quantizes it: ModelOpt's quantizer with the export's global input scale.
     torch.manual_seed(0)
     x = torch.randn(3, 5, 128) * 4

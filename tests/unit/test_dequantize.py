@@ -32,16 +32,16 @@ def test_e2m1_codes_unpack_low_nibble_first_with_the_sign_in_bit_3():
 
 def test_fp8_and_nvfp4_weights_are_codes_times_their_scales_and_inputs_are_kept():
     w = torch.tensor([[1.0, -2.0], [0.5, 448.0]]).to(torch.float8_e4m3fn)
-    done = dequantize({"l.weight": w, "l.weight_scale": torch.tensor(0.25), "l.input_scale": torch.tensor(0.5),
+    tensors, done = dequantize({"l.weight": w, "l.weight_scale": torch.tensor(0.25), "l.input_scale": torch.tensor(0.5),
                        "norm.weight": torch.ones(2, dtype=torch.bfloat16)}, "FP8", None)
-    assert done.tensors["l.weight"].tolist() == [[0.25, -0.5], [0.125, 112.0]]  # type: ignore[attr-defined]
-    assert done.tensors["norm.weight"].dtype == torch.float32  # type: ignore[attr-defined]
+    assert tensors["l.weight"].tolist() == [[0.25, -0.5], [0.125, 112.0]]
+    assert tensors["norm.weight"].dtype == torch.float32
     assert done.layers == 1 and done.activations is not None and done.activations.input_scales == {"l": 0.5}
     codes = torch.tensor([[0x21] * 8], dtype=torch.uint8)  # one row of 16 inputs: 0.5, 1.0 repeated
     scales = torch.tensor([[2.0]]).to(torch.float8_e4m3fn)
-    nv = dequantize({"l.weight": codes, "l.weight_scale": scales, "l.weight_scale_2": torch.tensor(0.5),
+    nv_tensors, nv = dequantize({"l.weight": codes, "l.weight_scale": scales, "l.weight_scale_2": torch.tensor(0.5),
                      "l.input_scale": torch.tensor(0.1)}, "NVFP4", 16)
-    assert nv.tensors["l.weight"].tolist() == [[0.5, 1.0] * 8]  # type: ignore[attr-defined]
+    assert nv_tensors["l.weight"].tolist() == [[0.5, 1.0] * 8]
     assert nv.activations is not None and nv.activations.block_size == 16
 
 
