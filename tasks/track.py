@@ -52,6 +52,17 @@ def prefect_context() -> dict[str, str]:
         return {}
 
 
+# How each MLflow backend store words a unique-index refusal: SQLite "UNIQUE constraint failed", PostgreSQL
+# (psycopg.errors.UniqueViolation) "duplicate key value violates unique constraint", MySQL "Duplicate entry".
+UNIQUE_VIOLATION_WORDS = ("unique constraint", "duplicate entry")
+
+
+def unique_violation(err: BaseException) -> bool:
+    """The tracking server refused an insert on a unique index (another run inserted the same row first)."""
+    text = str(err).lower()
+    return any(w in text for w in UNIQUE_VIOLATION_WORDS)
+
+
 def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
     """The smoke prompt set as an MLflow dataset input (source and digest, context "smoke"). Returns its digest."""
     from mlflow.data.dataset_source_registry import resolve_dataset_source
@@ -76,7 +87,7 @@ def log_prompt_set(tracker: Tracker, run_id: str, spec: BuildSpec) -> str:
             # Units of one run on two workers log the same dataset at once: the server inserts it for one and
             # refuses the other on its unique (experiment, name, digest) index. The dataset exists then, and
             # the next call only links it to this run.
-            if ("UNIQUE constraint" not in str(err) and "Duplicate entry" not in str(err)) or attempt == 2:
+            if not unique_violation(err) or attempt == 2:
                 raise
     tracker.set_tags(run_id, {mltags.PROMPTS_DIGEST: digest})
     return digest
