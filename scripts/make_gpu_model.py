@@ -160,13 +160,15 @@ def make(shape: str, out: Path, steps: int, lr: float, device: str, target_loss:
 
 
 FAULTS = ("attn-noise-mid", "o-proj-x1.5")
+DTYPES = ("fp32", "bf16")  # what a copy's weights are stored (and so served: the scoring server loads dtype "auto") in
 
 
-def broken(source: Path, out: Path, fault: str = "attn-noise-mid") -> dict[str, object]:
+def broken(source: Path, out: Path, fault: str = "attn-noise-mid", dtype: str = "fp32") -> dict[str, object]:
     """A broken copy of `source`, one fault at mid depth. `attn-noise-mid` is the gate benchmark's fault of that name
     (benchmarks/gate_models.py `_attn_noise`: the layer's q/k/v/o projections plus gaussian noise of 0.5 × each
     tensor's std, seeded by the layer); `o-proj-x1.5` scales that layer's o_proj by 1.5 (milder: on the H100 on
-    2026-12-06 it passed the fp32 gate, docs/scale.md)."""
+    2026-12-06 it passed the fp32 gate, docs/scale.md); `none` is the healthy control. `dtype` bf16 stores every
+    weight (after the fault) in bfloat16, as a 16-bit build of the model would hold it."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -182,21 +184,28 @@ def broken(source: Path, out: Path, fault: str = "attn-noise-mid") -> dict[str, 
     for path in sorted(tmp.glob("*.safetensors")):
         tensors = load_file(path)
         names = sorted(k for k in tensors if k.startswith(prefix) and k.endswith("proj.weight"))
-        if fault == "o-proj-x1.5":
+        if fault == "none":
+            names = []
+        elif fault == "o-proj-x1.5":
             names = [k for k in names if k.endswith("o_proj.weight")]
         for k in names:
             w = tensors[k].float()
             edited = w * 1.5 if fault == "o-proj-x1.5" else w + 0.5 * w.std() * torch.randn(w.shape, generator=g)
             tensors[k] = edited.to(tensors[k].dtype)
             changed.append(k)
-        if names:
+        if dtype == "bf16":
+            tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
+        if names or dtype == "bf16":
             save_file(tensors, path, metadata={"format": "pt"})
-    if not changed:
+    if not changed and fault != "none":
         raise SystemExit(f"no attention projection of layer {layer} in {source}")
+    if dtype == "bf16":
+        config["torch_dtype"] = config["dtype"] = "bfloat16"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)
-    return {"broken_from": str(source), "fault": fault, "tensors": changed}
+    return {"broken_from": str(source), "fault": fault, "dtype": dtype, "tensors": changed}
 
 
 def main() -> int:
@@ -209,10 +218,12 @@ def main() -> int:
                     help="stop once the loss is at most this (0: run every step); a model certain of every token "
                          "leaves the gate's log-prob rules nothing to measure")
     ap.add_argument("--broken-from", type=Path, help="write a broken copy of this model folder instead")
-    ap.add_argument("--fault", choices=FAULTS, default=FAULTS[0], help="the broken copy's fault (default %(default)s)")
+    ap.add_argument("--fault", choices=(*FAULTS, "none"), default=FAULTS[0],
+                    help="the broken copy's fault (default %(default)s; none: a healthy copy)")
+    ap.add_argument("--dtype", choices=DTYPES, default="fp32", help="the copy's weights (default %(default)s)")
     args = ap.parse_args()
     if args.broken_from:
-        print(json.dumps(broken(args.broken_from, args.out, args.fault)), flush=True)
+        print(json.dumps(broken(args.broken_from, args.out, args.fault, args.dtype)), flush=True)
         return 0
     if not torch.cuda.is_available():
         print("no CUDA device: this script makes the GPU run's model on the GPU host", file=sys.stderr)
