@@ -64,6 +64,11 @@ PROXIES: dict[str, str] = {
     "nvfp4": "FP4 e2m1 in blocks of 16 with an e4m3 scale per block",
     "int4_awq": "int4 in groups of 128, round to nearest (without AWQ's scales)",
 }
+# A 16-bit unit judged against an explicit fp32 reference (smoke.reference_precision: fp32): its weights are the
+# source's cast to its dtype, nothing else, so its spread is that cast teacher-forced in the dtype. Without it the
+# family's table limit (0.15) judged such a unit: 20 × what a healthy bf16 copy measured against fp32 on the lent H100
+# (docs/scale.md, "the gate on the GPU").
+CASTS: dict[str, str] = {"bf16": "bfloat16, a cast", "fp16": "float16, a cast"}
 PROXY_FORMAT = 1  # of the rounding below: part of the cached spread's name
 GROUP = 128  # int4_awq's block along the input (int4_per_block.yaml; quantize.py --awq_block_size)
 NVFP4_BLOCK = 16
@@ -185,7 +190,7 @@ def compute_quantization_spread(source: Path, cases: list[PromptCase], ref: Refe
     tok = AutoTokenizer.from_pretrained(source)
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **load_options(device))
     model.train(False)  # eval(): transformers leaves PreTrainedModel.eval unannotated
-    layers = round_linears(model, precision)
+    layers = round_linears(model, precision) if precision in PROXIES else 0  # a cast: the line below does it
     model.to(getattr(torch, TORCH_NAMES[dtype]))
     by_id = ref.by_id
     answers = [by_id[c.id] for c in cases]
@@ -194,12 +199,14 @@ def compute_quantization_spread(source: Path, cases: list[PromptCase], ref: Refe
     finally:
         del model
         _release(device)
+    rounded = (f"rounded to {precision} ({PROXIES[precision]}, {layers} layers)" if precision in PROXIES
+               else f"cast to {precision} ({CASTS[precision]})")
     spread = measure_spread(
         [a.token_logprobs for a in answers], b, reference_key=key.digest,
-        precision=f"{precision}-rounded weights in {dtype} against {key.dtype}",
+        precision=(f"{precision}-rounded weights in {dtype} against {key.dtype}" if precision in PROXIES
+                   else f"{precision}-cast weights against {key.dtype}"),
         computation_a=f"greedy decoding in {key.dtype} (transformers, KV cache)",
-        computation_b=f"the source's weights rounded to {precision} ({PROXIES[precision]}, {layers} layers), "
-                      f"teacher-forced in {dtype}",
+        computation_b=f"the source's weights {rounded}, teacher-forced in {dtype}",
         ids=[c.id for c in cases])
     progress(f"smoke: quantization spread of {precision} against the {key.dtype} reference measured in "
              f"{time.monotonic() - t0:.0f} s: mean |Δ log-prob| {spread.mean_abs_diff:.4f}, top-1 disagreement "
@@ -212,8 +219,8 @@ def load_or_compute_quantization_spread(source: Path, cases: list[PromptCase], r
                                         progress: Callable[[str], None] = print) -> LogprobSpread | None:
     """The quantization spread of `precision` against this fp32 reference, from the local reference cache
     (`<key>.qspread-<precision>-<dtype>-v1.json`, beside the reference) or measured; None for a precision without a
-    proxy or a reference that is not a source reference."""
-    if precision not in PROXIES or not isinstance(ref.key, ReferenceKey):
+    proxy or a cast, or a reference that is not a source reference."""
+    if (precision not in PROXIES and precision not in CASTS) or not isinstance(ref.key, ReferenceKey):
         return None
     cache = (cache_dir or default_cache_dir()) / spread_file(ref, precision, dtype)
     if cache.is_file():

@@ -30,7 +30,7 @@ from enginefoundry.smoke.ask import (
     tokenizer_digest,
 )
 from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
-from enginefoundry.smoke.fallback import PROXIES, load_or_compute_quantization_spread, proxy_model
+from enginefoundry.smoke.fallback import CASTS, PROXIES, load_or_compute_quantization_spread, proxy_model
 from enginefoundry.smoke.gate import (
     CaseEvidence,
     GateRule,
@@ -332,6 +332,16 @@ def bounds_step(inputs: SmokeInputs, smoke_plan: SmokePlan, judged: Judged, scor
         spread = load_or_compute_spread(judged.reference_dir, inputs.cases, judged.reference, store=inputs.store,
                                         device=inputs.reference_device, progress=inputs.progress, trust=inputs.trust)
         return Bounds(spread=spread, proxy=None, reference_why=judged.reference_why)
+    if (precision in CASTS and not like and outcome.sibling_unit is None and outcome.dtype == "fp32"
+            and served_logprobs_any):
+        # A 16-bit unit against an explicit fp32 reference: bounds from the spread of the source cast to its dtype.
+        cast = load_or_compute_quantization_spread(
+            smoke_plan.source_dir, inputs.cases, judged.reference, precision=precision, dtype=precision,
+            device=inputs.reference_device, progress=inputs.progress)
+        if cast is not None:
+            return Bounds(spread=cast, proxy=None, reference_why=(
+                f"{judged.reference_why}; bounds derived from the spread of the source cast to {precision} "
+                f"({cast.describe()})"))
     build = smoke_plan.build
     if (like or outcome.sibling_unit is not None or precision not in PROXIES or build is None
             or outcome.dtype != "fp32" or spec.reference_precision not in (UNIT_PRECISION, SIMULATED_REFERENCE)):

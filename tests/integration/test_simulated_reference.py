@@ -336,3 +336,48 @@ def test_the_smoke_command_refuses_a_checkpoint_that_is_no_export(tmp_path: Path
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
     assert proc.returncode == 2, proc.stderr  # before the endpoint is asked: nothing listens on port 9
     assert "is not read: not a ModelOpt unified checkpoint" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _stored_as(dtype: torch.dtype, dst: Path, *, norm_scale: float = 1.0) -> Path:
+    """The tiny model with its weights stored (and so served) in `dtype`; optionally its final norm scaled."""
+    shutil.copytree(TINY_MODEL, dst)
+    tensors = {k: v.to(dtype) for k, v in load_file(dst / "model.safetensors").items()}
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * norm_scale
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_a_16_bit_unit_against_an_explicit_fp32_reference_is_bounded_by_its_casts_spread(tmp_path: Path,
+                                                                                          monkeypatch):
+    """smoke.reference_precision: fp32 for a bf16 unit: the bounds come from the spread of the source's weights cast to
+    bf16 against the fp32 reference, not the 16-bit family's table (0.15, 20 × a healthy copy's distance on the lent
+    H100, docs/scale.md). A healthy bf16 copy passes; one whose final norm is scaled by 0.5
+    is rejected by it, where the table's limit would have let it through."""
+    monkeypatch.setenv("EF_REFERENCE_CACHE", str(tmp_path / "refs"))
+    monkeypatch.setenv("EF_CACHE_DIR", str(tmp_path / "cache"))
+    prompts = load_prompt_set(TINY_PROMPTS)
+    spec = SmokeSpec(prompts=str(TINY_PROMPTS), max_new_tokens=6, small_sample="warn", reference_precision="fp32")
+
+    def judge(model: Path):
+        with _serve(model, tmp_path) as ep:
+            return run_smoke(SmokeInputs(spec, prompts, reference_dir=TINY_MODEL, base_url=ep.base_url,
+                             model_name=ep.model_name, served_tokenizer_dir=model, precision="bf16",
+                             progress=lambda _: None))
+
+    healthy = judge(_stored_as(torch.bfloat16, tmp_path / "bf16"))
+    assert healthy.passed, healthy.verdict.reason
+    assert healthy.reference.dtype == "fp32" and healthy.spread is not None
+    assert healthy.spread.precision == "bf16-cast weights against fp32"
+    assert "bounds derived from the spread of the source cast to bf16" in healthy.verdict.reference_why
+    tf = {r.name: r for r in healthy.verdict.rules}["teacher-forced log-prob distance"]
+    assert "measured at bf16-cast weights against fp32" in tf.detail
+    limit = healthy.spread.max_mean_abs_diff
+    assert limit < 0.15  # tighter than the 16-bit family's table
+    assert (tmp_path / "refs" / f"{healthy.reference.key}.qspread-bf16-bf16-v1.json").is_file()
+
+    broken = judge(_stored_as(torch.bfloat16, tmp_path / "bf16-norm", norm_scale=0.5))
+    failed = [r.name for r in broken.verdict.failed]
+    assert "teacher-forced log-prob distance" in failed, broken.verdict.reason
+    teacher = broken.teacher_forced
+    assert teacher is not None and teacher.mean_abs_diff is not None
+    assert limit < teacher.mean_abs_diff < 0.15  # the table would have passed it
