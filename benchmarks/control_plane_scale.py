@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -323,8 +324,12 @@ def new_log_text(state: Path, before: dict[Path, int]) -> str:
 
 
 def timed(argv: list[str], env: dict[str, str], log: Path) -> tuple[float, str, int]:
+    """The command's wall, output and exit status; it dies with this process (a kill -9 of the benchmark leaves no
+    `enginefoundry run` behind)."""
+    from enginefoundry.runner import die_with_parent
+
     start = time.monotonic()
-    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=die_with_parent())
     wall = time.monotonic() - start
     out = proc.stdout + proc.stderr
     with log.open("a") as f:
@@ -456,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, specs, summaries)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    # A TERM (a cancelled job) unwinds like Ctrl-C: the running command is killed, the stack stopped, the folder gone.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = Path(tempfile.mkdtemp(prefix="ef-scale-"))
     results: list[SizeResult] = []
     try:

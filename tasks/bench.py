@@ -11,10 +11,11 @@ from pathlib import Path
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from pydantic import JsonValue
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
-from enginefoundry.bench.mix import round_robin, served_shares
+from enginefoundry.bench.mix import plan_mix, served_from_records
 from enginefoundry.bench.report import ServedFigures
 from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import get_lane
@@ -74,27 +75,35 @@ def served_figures(before: dict[str, tuple[int, int, float]], after: dict[str, t
 
 
 def served_models(spec: BuildSpec, endpoint: Endpoint) -> list[str]:
-    """The model names a unit serving adapters answers to (the base's, then each adapter's); [] for any other, and
-    for a lane whose server selects adapters by a request field rather than the `model` name (lane trtllm's
-    lora_request: `adapter_mix_refusal`)."""
-    if not spec.model.serves_adapters or adapter_mix_refusal(spec) is not None:
+    """The model names a unit serving adapters answers to (the base's, then each adapter's); [] for any other."""
+    if not spec.model.serves_adapters:
         return []
     return [endpoint.model_name, *(a.name for a in spec.model.adapters)]
 
 
-def adapter_mix_refusal(spec: BuildSpec) -> str | None:
-    """Why the benchmark cannot send the spec's adapter mix to its lane's server: its synthetic requests name their
-    target by `model` only, and lane trtllm selects an adapter by the body's lora_request (the sweep then measures
-    the base alone, and says so); None where it can (or no adapters are served). AIPerf 0.13.0 sends a per-request
-    body field only from a custom dataset (single_turn's `extra`, shallow-merged into the body:
-    aiperf/dataset/loader/models.py SingleTurn.extra, endpoints/openai_chat.py), which this benchmark does not write."""
+def adapter_fields(spec: BuildSpec, base_name: str) -> dict[str, dict[str, JsonValue] | None] | None:
+    """Where the lane's server selects an adapter by a request field rather than the `model` name (lane trtllm's
+    lora_request: `Lane.adapter_request`): each served name's fields (the base: None); None where `model` does."""
     if not spec.model.serves_adapters:
         return None
-    if get_lane(spec.lane).adapter_request(spec, spec.model.adapters[0].name) is None:
+    lane = get_lane(spec.lane)
+    fields = {a.name: lane.adapter_request(spec, a.name) for a in spec.model.adapters}
+    if all(f is None for f in fields.values()):
+        return None
+    return {base_name: None, **fields}
+
+
+def adapter_mix_refusal(spec: BuildSpec) -> str | None:
+    """Why the benchmark cannot send the spec's adapter mix to its lane's server: the lane selects an adapter by a
+    request field (lane trtllm's lora_request), which only AIPerf's custom dataset carries per request (AIPerf
+    0.13.0 single_turn `extra`, shallow-merged into the body: aiperf/dataset/loader/models.py SingleTurn.extra;
+    bench/mix.py writes it), and genai-perf's synthetic requests do not; None where it can (or no adapters are
+    served)."""
+    if adapter_fields(spec, "") is None or spec.benchmark.tool is BenchTool.AIPERF:
         return None
     return (f"adapter mix: lane {spec.lane} selects an adapter by the request's lora_request, which "
             f"{spec.benchmark.tool.value}'s synthetic requests do not carry: every request went to the base; the "
-            "adapters are gated (smoke), not benchmarked")
+            "adapters are gated (smoke), not benchmarked (benchmark.tool: aiperf sends the mix)")
 
 
 def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path,
@@ -172,31 +181,28 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
     log = progress_logger()
     out = Path(report_dir)
     counters = draft_counters(endpoint.base_url) if spec.speculative is not None else None
-    model, served = endpoint.model_name, served_models(spec, endpoint)
-    shares = served_shares(spec, endpoint.model_name) if served else None
-    if shares and spec.benchmark.tool is BenchTool.AIPERF:
-        # AIPerf 0.13.0: `--model` takes a comma-separated list, assigned round-robin, the nth request to model
-        # n mod len (aiperf/common/enums/enums.py ModelSelectionStrategy.ROUND_ROBIN, the CLI default:
-        # aiperf/config/endpoint.py MODEL_SELECTION_STRATEGY); the shares as names repeated (bench/mix.py).
-        names = round_robin(shares)
-        model = ",".join(names)
-        log("bench: the adapter mix " + ", ".join(f"{n} {s:.0%}" for n, s in shares.items())
-            + f" (round-robin over {len(names)} model names)")
-    elif served:
-        log(f"bench: {spec.benchmark.tool.value} sends every request to the base ({model}): the adapter mix is "
-            "measured with aiperf only")
-    before = served_counts(endpoint.base_url) if served else None
+    served = served_models(spec, endpoint)
+    mix = plan_mix(spec, endpoint.model_name, endpoint.tokenizer_dir, served,
+                   adapter_fields(spec, endpoint.model_name), out / "datasets")
+    if mix.note:
+        log(f"bench: {mix.note}")
+    model, shares, datasets = mix.model, mix.shares, mix.datasets
+    before = served_counts(endpoint.base_url) if served and datasets is None else None
     report = run_sweep(spec.benchmark, url=endpoint.base_url, model=model,
                        tokenizer=endpoint.tokenizer_dir, out=out, progress=log,
                        server_alive=lambda: is_alive(endpoint.pid), plot_title=title,
-                       telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters)
+                       telemetry=unit is None or unit.target.gpu_count > 0, draft_counters=counters,
+                       datasets=datasets)
     after = served_counts(endpoint.base_url) if before is not None else None
+    if datasets is not None and shares:
+        report.served = served_from_records([Path(e).parent for e in report.exports], list(shares), shares)
     refusal = adapter_mix_refusal(spec)
     if refusal is not None:
         log(f"bench: {refusal}")
         report = report.model_copy(update={"warnings": [*report.warnings, refusal]})
     if before is not None and after is not None:
         report.served = served_figures(before, after, shares)
+    if report.served:
         log("bench: served: " + ", ".join(f"{n} {f.requests} requests ({f.share:.0%}), mean {f.mean_latency_ms} ms"
                                           for n, f in report.served.items()))
         (out / "sweep.json").write_text(report.model_dump_json(indent=2))

@@ -74,17 +74,25 @@ def _extra_inputs(extra: dict[str, str] | None) -> list[str]:
 
 def aiperf_argv(
     spec: BenchmarkSpec, scenario: Scenario, concurrency: int, *, url: str, model: str, tokenizer: str, out: Path,
-    extra_inputs: dict[str, str] | None = None,
+    extra_inputs: dict[str, str] | None = None, input_file: Path | None = None,
 ) -> list[str]:
-    return [
-        _tool_path("aiperf"), "profile", "--model", model, "--tokenizer", tokenizer,
-        "--endpoint-type", "chat", "--url", url, "--streaming",
-        "--concurrency", str(concurrency), "--request-count", str(spec.request_count),
-        "--warmup-request-count", str(spec.warmup_request_count),
+    """`input_file`: the scenario's requests as a single_turn custom dataset, sent in order (bench/mix.py: each
+    record's prompt, output length and extra body fields), instead of AIPerf's synthetic prompts."""
+    dataset = ([
         "--synthetic-input-tokens-mean", str(scenario.input_tokens_mean),
         "--synthetic-input-tokens-stddev", str(scenario.input_tokens_stddev),
         "--output-tokens-mean", str(scenario.output_tokens_mean),
         "--output-tokens-stddev", str(scenario.output_tokens_stddev),
+    ] if input_file is None else [
+        # aiperf 0.13.0 `profile --help`: --input-file, --custom-dataset-type single_turn, --dataset-sampling-strategy
+        "--input-file", str(input_file), "--custom-dataset-type", "single_turn",
+        "--dataset-sampling-strategy", "sequential",
+    ])
+    return [
+        _tool_path("aiperf"), "profile", "--model", model, "--tokenizer", tokenizer,
+        "--endpoint-type", "chat", "--url", url, "--streaming",
+        "--concurrency", str(concurrency), "--request-count", str(spec.request_count),
+        "--warmup-request-count", str(spec.warmup_request_count), *dataset,
         "--random-seed", str(spec.seed), "--artifact-dir", str(out),
         "--ui", "none", "--no-gpu-telemetry", "--no-server-metrics", *_extra_inputs(extra_inputs),
     ]
@@ -112,7 +120,7 @@ def genai_perf_argv(
 def run_point(
     spec: BenchmarkSpec, scenario: Scenario, concurrency: int, *, url: str, model: str, tokenizer: str,
     out: Path, progress: Callable[[str], None] = print, telemetry: Backend | None = None,
-    extra_inputs: dict[str, str] | None = None,
+    extra_inputs: dict[str, str] | None = None, input_file: Path | None = None,
 ) -> tuple[BenchPoint, Path]:
     """Run one sweep point; return the validated point and the path of the tool's JSON export.
 
@@ -123,8 +131,10 @@ def run_point(
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     if spec.tool is BenchTool.AIPERF:
         argv = aiperf_argv(spec, scenario, concurrency, url=url, model=model, tokenizer=tokenizer, out=out,
-                           extra_inputs=extra_inputs)
+                           extra_inputs=extra_inputs, input_file=input_file)
         export = out / "profile_export_aiperf.json"
+    elif input_file is not None:
+        raise ToolError(f"{spec.tool.value} is not sent a custom dataset here (AIPerf is): benchmark.tool: aiperf")
     else:
         argv = genai_perf_argv(spec, scenario, concurrency, url=url, model=model, tokenizer=tokenizer, out=out,
                                extra_inputs=extra_inputs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -11,13 +11,16 @@ from enginefoundry.bench.result import BenchPoint, SpeculationPoint
 
 class ServedFigures(BaseModel):
     """One served model name's part of a sweep against a unit serving the base and its adapters (adapter_mode serve),
-    from the server's own counters (the scoring server's GET /v1/adapters) read before and after the sweep."""
+    from the server's own counters (the scoring server's GET /v1/adapters) read before and after the sweep, or, where
+    the lane's server selects adapters by a request field (lane trtllm), from AIPerf's per-request records
+    (bench/mix.py `served_from_records`)."""
 
     requests: int
     completion_tokens: int
     share: float  # of the sweep's requests
-    mean_latency_ms: float | None  # request latency at the server (queue + batch), mean over the sweep
+    mean_latency_ms: float | None  # request latency, mean over the sweep: at the server, or as the client saw it
     traffic_share: float | None = None  # the share the spec asked (model.adapters[].traffic_share; bench/mix.py)
+    measured_by: Literal["server", "client"] = "server"  # the server's counters, or AIPerf's per-request records
 
 
 class SLOResult(BaseModel):
@@ -235,7 +238,10 @@ class SweepReport(BaseModel):
             lines += ["", f"Speculation: {acc}; speed-up over the non-speculative twin (output tok/s): "
                           f"{ups or 'not measured'}"]
         if self.served:
-            lines += ["", "Served adapters (the mix by `model` name; the server's counters over the sweep):", "",
+            by_client = any(f.measured_by == "client" for f in self.served.values())
+            how = ("the mix by each request's adapter field; AIPerf's per-request records, latency as the client saw it"
+                   if by_client else "the mix by `model` name; the server's counters over the sweep")
+            lines += ["", f"Served adapters ({how}):", "",
                       "| model | requests | share (asked) | completion tokens | mean latency ms |",
                       "|---|---|---|---|---|",
                       *[f"| {n} | {f.requests} | {f.share:.3f} ({_share(f.traffic_share)}) | {f.completion_tokens} "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from enginefoundry.bench.aiperf import ToolMissingError, run_point
@@ -66,7 +66,7 @@ def run_sweep(
     spec: BenchmarkSpec, *, url: str, model: str, tokenizer: str, out: Path,
     progress: Callable[[str], None] = print, server_alive: Callable[[], bool] | None = None,
     telemetry: bool | Backend = True, plot_title: str | None = None, extra_inputs: dict[str, str] | None = None,
-    draft_counters: Callable[[], tuple[int, int] | None] | None = None,
+    draft_counters: Callable[[], tuple[int, int] | None] | None = None, datasets: Mapping[str, Path] | None = None,
 ) -> SweepReport:
     """Every scenario × concurrency point, in order; never raises for a failed point.
 
@@ -77,6 +77,7 @@ def run_sweep(
     `extra_inputs`: fields added to every request (e.g. {"ignore_eos": "true"} for servers that have it).
     `draft_counters`: a speculative server's (drafted, accepted) draft tokens so far, read before and after each
     point: the point records the difference (`BenchPoint.speculation`).
+    `datasets`: a scenario's requests as a custom dataset file, by scenario name (AIPerf; bench/mix.py).
     """
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,7 @@ def run_sweep(
         try:
             point, export = run_point(spec, scenario, c, url=url, model=model, tokenizer=tokenizer,
                                       out=out / label, progress=progress, telemetry=sample_with,
-                                      extra_inputs=extra_inputs)
+                                      extra_inputs=extra_inputs, input_file=(datasets or {}).get(scenario.name))
         except ToolMissingError as err:
             failures.append(f"{label}: {err}; remaining points skipped: {', '.join(rest[1:]) or 'none'}")
             break

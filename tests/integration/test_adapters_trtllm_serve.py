@@ -144,3 +144,53 @@ def test_an_adapter_above_the_rank_bound_is_refused_on_trtllm_before_any_downloa
     lane = get_lane("trtllm")
     ((field, why),) = adapter_problems(spec, lane.name, lane.max_lora_rank)
     assert field == "model.adapters.0" and "rank 128" in why and "raise model.max_lora_rank" in why
+
+
+def _counts(ep: Endpoint) -> dict[str, int]:
+    """Requests so far per served name, as the fake trtllm-serve (the scoring server) counts them."""
+    from enginefoundry.tasks.bench import served_counts
+
+    counts = served_counts(ep.base_url)
+    assert counts is not None
+    return {name: c[0] for name, c in counts.items()}
+
+
+def test_the_benchmark_sends_the_adapter_mix_on_trtllm_as_lora_requests(tmp_path: Path):
+    """AIPerf against trtllm-serve serving the base and plus-one (traffic_share 0.75): the mix goes as a single_turn
+    dataset whose records carry plus-one's lora_request (the `model` stays the base's), the server answers that many
+    with the adapter, and AIPerf's per-request records give each one's requests, share, tokens and latency. Before,
+    every request went to the base."""
+    from enginefoundry.tasks.bench import benchmark
+
+    spec = _spec(tmp_path)
+    adapters_spec = [spec.model.adapters[0].model_copy(update={"traffic_share": 0.75})]
+    bench = spec.benchmark.model_copy(update={"enabled": True, "concurrency": [1, 2], "request_count": 8,
+                                              "warmup_request_count": 2})
+    spec = spec.model_copy(update={"benchmark": bench,
+                                   "model": spec.model.model_copy(update={"adapters": adapters_spec})})
+    base = fetch(spec.model.parsed_source(spec.base_path), progress=str)
+    adapters = fetch_adapters(spec, base, "trtllm", get_lane("trtllm").max_lora_rank, progress=str)
+    bundle = _bundle(spec, tmp_path, {n: Path(a.local_dir) for n, a in adapters.items()})
+    with _serve(spec, bundle, tmp_path, "bench") as ep:
+        before = _counts(ep)
+        report = benchmark.fn(spec, ep, str(tmp_path / "bench"), "served set")
+        after = _counts(ep)
+        base_name = ep.model_name  # trtllm-serve's: the checkpoint as given
+    assert report.valid, report.failures
+    assert not [w for w in report.warnings if "adapter mix" in w]  # no "every request went to the base"
+    sent = {n: after.get(n, 0) - before.get(n, 0) for n in after}
+    assert sent["plus-one"] > sent[base_name] > 0, sent  # the server selected plus-one by lora_request
+    assert sum(sent.values()) == 2 * (8 + 2)  # two points, warm-up included: every request answered by one of them
+    served = report.served
+    assert sorted(served) == sorted(["plus-one", base_name])
+    assert sum(f.requests for f in served.values()) == 2 * 8  # the profiling phase's records
+    for name, f in served.items():
+        assert f.measured_by == "client" and 0 < f.requests <= sent[name]
+        assert f.completion_tokens > 0 and f.mean_latency_ms is not None and f.mean_latency_ms > 0
+    assert served["plus-one"].traffic_share == 0.75 and 0.6 <= served["plus-one"].share <= 0.9, served
+    records = [json.loads(line) for line in (tmp_path / "bench" / "datasets" / "short.jsonl").read_text().splitlines()]
+    assert len(records) == 8 + 2
+    mine = [r for r in records if r["session_id"].endswith("~plus-one")]
+    assert mine and all(r["extra"] == get_lane("trtllm").adapter_request(spec, "plus-one") for r in mine)
+    assert all("extra" not in r for r in records if r not in mine)  # the base: nothing added
+    assert "AIPerf's per-request records" in report.slo_markdown()

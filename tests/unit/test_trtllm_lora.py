@@ -183,17 +183,21 @@ def test_the_scoring_servers_lora_request_is_bounded_like_trtllm_serves(given: A
     assert _lora_fields({"lora_name": "a", "lora_int_id": 0, "lora_path": "adapters/a"}) == ("a", 0, "adapters/a")
 
 
-def test_the_benchmark_says_the_adapter_mix_is_not_sent_on_lane_trtllm():
-    from enginefoundry.model_server import Endpoint
-    from enginefoundry.tasks.bench import adapter_mix_refusal, served_models
+def test_the_benchmark_sends_lane_trtllms_adapter_mix_by_lora_request_with_aiperf_only():
+    from enginefoundry.spec.checks import BenchTool
+    from enginefoundry.tasks.bench import adapter_fields, adapter_mix_refusal
 
     spec = _spec()
-    why = adapter_mix_refusal(spec)
+    fields = adapter_fields(spec, "m")
+    assert fields is not None and fields["m"] is None  # the base: nothing added, its `model` name selects it
+    assert fields["plus-one"] == {"lora_request": {"lora_name": "plus-one", "lora_int_id": 0,
+                                                   "lora_path": "adapters/plus-one"}}
+    assert adapter_mix_refusal(spec) is None  # AIPerf (the default) sends each record's lora_request
+    genai = spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={"tool": BenchTool.GENAI_PERF})})
+    why = adapter_mix_refusal(genai)
     assert why is not None and "lora_request" in why and "every request went to the base" in why
-    ep = Endpoint(base_url="http://127.0.0.1:1", model_name="m", tokenizer_dir="t", pid=0, log_path="l",
-                  startup_s=0.0)
-    assert served_models(spec, ep) == []  # no `--model` mix of adapter names the server would not select by
     assert adapter_mix_refusal(_spec(mode="merge")) is None and adapter_mix_refusal(_spec(mode=None)) is None
+    assert adapter_fields(_spec(mode="merge"), "m") is None
 
 
 def test_plan_names_the_served_adapters():
