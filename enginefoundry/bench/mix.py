@@ -29,6 +29,7 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from enginefoundry.bench.report import ServedFigures
+from enginefoundry.errors import InputError
 from enginefoundry.spec import BuildSpec, Scenario
 from enginefoundry.spec.checks import BenchTool
 
@@ -75,6 +76,7 @@ SESSION_SEP = "~"  # a record's session_id: "<index>~<served name>" (adapter nam
 RECORDS_FILE = "profile_export.jsonl"  # AIPerf 0.13.0's per-request records (aiperf/config/artifacts.py)
 MAX_RECORDS_BYTES = 256 << 20  # one point's records: about 3 KiB a request
 MAX_RECORD_LINE = 1 << 20
+MAX_DATASET_TOKENS = 1 << 26  # prompt tokens in one scenario's dataset (about 256 MiB of text): refused above
 # Plain words for the prompts: any text does (the server is asked to continue it); a seeded stream of them is cut
 # into windows of the scenario's token lengths.
 WORDS_TEXT = ("the of and to in is that it was for on are as with his they at be this from have or by one had not "
@@ -108,6 +110,12 @@ def mix_dataset(scenario: Scenario, names: Sequence[str], extras: Mapping[str, M
     lengths = [(max(1, round(rng.gauss(scenario.input_tokens_mean, scenario.input_tokens_stddev))),
                 max(1, round(rng.gauss(scenario.output_tokens_mean, scenario.output_tokens_stddev))))
                for _ in range(count)]
+    total = sum(isl for isl, _ in lengths)
+    if total > MAX_DATASET_TOKENS:
+        raise InputError(f"benchmark: scenario {scenario.name}: {count} requests of about "
+                         f"{scenario.input_tokens_mean} prompt tokens are {total} tokens to write for the adapter "
+                         f"mix's dataset, over {MAX_DATASET_TOKENS}: lower benchmark.request_count or the scenario's "
+                         "input_tokens_mean")
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     longest = max(isl for isl, _ in lengths)
     stream: list[int] = []

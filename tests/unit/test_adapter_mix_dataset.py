@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from enginefoundry.bench.mix import mix_dataset, served_from_records, write_mix_dataset
+from enginefoundry.errors import InputError
 from enginefoundry.spec import Scenario
 from tests.support.paths import TINY_MODEL
 
@@ -33,6 +36,12 @@ def test_each_record_is_its_names_prompt_of_the_scenarios_length_with_its_adapte
     path = write_mix_dataset(tmp_path / "d" / "short.jsonl", records)
     assert [json.loads(line) for line in path.read_text().splitlines()] == records
     assert not list(path.parent.glob("*.part"))
+
+
+def test_a_dataset_too_large_to_write_is_refused_with_the_fields_before_any_tokenizer_loads():
+    huge = Scenario(name="long", input_tokens_mean=1 << 20, output_tokens_mean=16)
+    with pytest.raises(InputError, match=r"scenario long: 100 requests .* lower benchmark\.request_count"):
+        mix_dataset(huge, ["base"], {"base": None}, count=100, tokenizer_dir="/nonexistent", seed=1)
 
 
 def _record(session: str, phase: str = "profiling", tokens: int = 4, latency: float = 10.0, **extra: object) -> str:
