@@ -16,6 +16,7 @@
 # or a broken one passes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu_common.sh
 RESULTS=${1:-${OUT:-.gpu-run/gate}}
 LOSS=${2:-0.6}
 SITE=${EF_GPU_SITE:-/tmp/ef-site}
@@ -42,11 +43,7 @@ for DTYPE in $DTYPES; do
     "$PY" scripts/make_gpu_model.py --broken-from "$MODEL" --out "$COPY" --fault "$FAULT" --dtype "$DTYPE" >> "$LOG" 2>&1
     "$PY" -m enginefoundry.smoke.serve "$COPY" --device cuda --port "$PORT" --name unit > "$COPY.server.log" 2>&1 &
     SERVER=$!
-    for _ in $(seq 1 180); do
-      curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-      kill -0 "$SERVER" 2>/dev/null || break
-      sleep 1
-    done
+    wait_healthy "$PORT" "$SERVER"
     "$PY" -m enginefoundry.cli smoke --endpoint "http://127.0.0.1:$PORT" --served-model unit --reference "$MODEL" \
       --prompts configs/prompts/tiny-chat.jsonl --precision "$DTYPE" --reference-precision "$REFERENCE_PRECISION" \
       --reference-device gpu --max-new-tokens 6 --server-log "$COPY.server.log" --json > "$COPY.verdict.json" 2>> "$LOG"

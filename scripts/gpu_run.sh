@@ -14,6 +14,7 @@
 # what the lent H200 gave.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu_common.sh
 RESULTS=${1:-${OUT:-.gpu-run/out}}
 SITE=${EF_GPU_SITE:-/tmp/ef-site}
 PY=${PYTHON:-python3}
@@ -64,11 +65,7 @@ for FAULT in attn-noise-mid o-proj-x1.5; do
   "$PY" -m enginefoundry.smoke.serve ".gpu-run/broken-$FAULT" --device cuda --port "$PORT" --name broken \
     > ".gpu-run/broken-$FAULT-server.log" 2>&1 &
   SERVER=$!
-  for _ in $(seq 1 180); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-    kill -0 "$SERVER" 2>/dev/null || break
-    sleep 1
-  done
+  wait_healthy "$PORT" "$SERVER"
   step "broken-smoke-$FAULT" "$PY" -m enginefoundry.cli smoke --endpoint "http://127.0.0.1:$PORT" \
     --served-model broken --reference .gpu-run/model --prompts configs/prompts/tiny-chat.jsonl --precision fp32 \
     --reference-device gpu --max-new-tokens 6 --server-log ".gpu-run/broken-$FAULT-server.log" \
