@@ -260,6 +260,7 @@ def private_stack(root: Path) -> Iterator[dict[str, str]]:
             raise SystemExit(f"prefect deploy build-unit/cpu failed:\n{deploy.stdout[-3000:]}{deploy.stderr[-3000:]}")
         yield env | {"EF_STATE_DIR_FOR_BENCH": str(state)}
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a TERM now would cut `stack down` short: it runs to its end
         subprocess.run([*stack, "down", "--state-dir", str(state)], env=env, capture_output=True, text=True)
 
 
