@@ -118,6 +118,9 @@ class Lane(ABC):
     # The spec's `speculative.algorithm` values this lane serves (enginefoundry/spec/speculative.py); others are
     # refused at validate with the lanes that serve them.
     speculative_algorithms: frozenset[str] = frozenset()
+    # Variants may set `disaggregated` (context and generation servers behind a router: lane trtllm's
+    # `trtllm-serve disaggregated`, enginefoundry.lanes.trtllm_disagg); other lanes refuse it at validate.
+    disaggregated: bool = False
 
     def smoke_logprobs_missing(self, spec: BuildSpec) -> str | None:
         """Which of the gate's log-prob checks the smoke stage's server cannot serve, and why (the server's own
@@ -142,7 +145,15 @@ class Lane(ABC):
     def validate_options(self, spec: BuildSpec) -> list[tuple[str, str]]:
         """Problems with lane-specific spec fields, as (field path, message). `lane_options` itself is the lane's
         typed options model, already checked when the spec was parsed."""
-        return self.speculation_refusal(spec)
+        return self.speculation_refusal(spec) + self.disaggregation_refusal(spec)
+
+    def disaggregation_refusal(self, spec: BuildSpec) -> list[tuple[str, str]]:
+        """A lane that serves a unit as one server: every variant with `disaggregated` is refused, with the fix."""
+        if self.disaggregated:
+            return []
+        return [(f"variants.{i}.disaggregated", f"lane {self.name} serves a unit as one server: remove "
+                                                "disaggregated, or use lane trtllm (trtllm-serve disaggregated)")
+                for i, v in enumerate(spec.variants) if v.disaggregated is not None]
 
     def adapter_request(self, spec: BuildSpec, name: str) -> dict[str, JsonValue] | None:
         """For a unit serving adapters (model.adapter_mode serve): the request fields that select adapter `name`,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -27,12 +28,12 @@ from enginefoundry.errors import InputError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
 from enginefoundry.gpu.devices import host_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
-from enginefoundry.inputs.model_config import lookup
+from enginefoundry.inputs.model_config import expert_count, lookup
 from enginefoundry.inputs.model_shape import Check, ModelShape, checkpoint_shape, read_model_config
 from enginefoundry.inputs.quantized_source import SourceQuantization, read_quantization, spec_quantization
 from enginefoundry.inputs.toolchain import ToolSurface, check_against_surface, installed_version, parse_version
 from enginefoundry.inputs.units import Unit
-from enginefoundry.lanes import lora, moe_parallel, speculation, triton_llmapi
+from enginefoundry.lanes import lora, moe_parallel, speculation, triton_llmapi, trtllm_disagg
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
     SERVE_CWD_VAR,
@@ -73,7 +74,8 @@ from enginefoundry.lanes.trtllm_flags import (
     unknown_llm_api_keys,
 )
 from enginefoundry.lanes.trtllm_options import TrtllmOptions, trtllm_options
-from enginefoundry.runner import run_tool
+from enginefoundry.runner import ToolRun, run_tool
+from enginefoundry.schemas.bundle_info import DisaggSettings
 from enginefoundry.schemas.loose import TrtllmConfig
 from enginefoundry.settings import EnvSettings
 from enginefoundry.spec import BuildSpec, KVCacheDtype, Precision, SpecAlgorithm, Variant
@@ -162,6 +164,16 @@ def hf_ptq_script(modelopt_dir: Path | str, modelopt_version: str | None) -> Pat
 
 
 # --- lane trtllm ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WarmUp:
+    """One warm-up run: its command, what it reported (seconds to load, to generate) and the run itself."""
+
+    command: Command
+    load_s: float
+    generate_s: float
+    run: ToolRun
+
 
 def kv_cache_dtype_key(variant: Variant) -> str | None:
     """kv_cache_config.dtype for the variant: "fp8" or None (auto: the model's dtype)."""
@@ -385,6 +397,7 @@ class TrtllmLane(TrtllmLaneBase):
     speculative_algorithms = frozenset(a.value for a in SpecAlgorithm)  # the four speculative_config classes
     serves_twin_apart = True  # the same checkpoint from TWIN_CONFIG (trtllm-serve has no per-request switch)
     moe_parallel = True  # moe_expert_parallel_size, moe_tensor_parallel_size, enable_attention_dp
+    disaggregated = True  # trtllm-serve disaggregated (enginefoundry.lanes.trtllm_disagg)
     # model.adapters: merge mode converts the merged checkpoint like any other; serve mode writes lora_config
     # (enginefoundry/lanes/lora.py). LoraConfig.max_lora_rank is an int without an upper bound (REF_LORA_CONFIG): the
     # YAML writes the spec's model.max_lora_rank, whose own bound (1024) is the lane's.
@@ -417,6 +430,7 @@ class TrtllmLane(TrtllmLaneBase):
             problems += speculation.spec_problems(spec, spec.toolchain.trtllm_version, found.config,
                                                   found.source or "the model's config.json")
         problems += moe_parallel.variant_problems(spec)  # moe_tp × moe_ep = tp, attention DP needs tp ≥ 2
+        problems += trtllm_disagg.variant_problems(spec)  # each role's shape, the release's keys
         problems += lora.release_problems(spec, spec.toolchain.trtllm_version) + lora.module_problems(spec)
         if spec.model.serves_adapters and self.options(spec).triton:
             problems.append(("lane_options.triton", "the LLM API Triton model has no per-request LoRA selection in "
@@ -450,6 +464,8 @@ class TrtllmLane(TrtllmLaneBase):
 
     def tool_commands(self, spec: BuildSpec | None) -> dict[str, list[str]]:
         tools = {SERVE: ["trtllm-serve"]}
+        if spec and any(v.disaggregated for v in [*spec.variants, *(u.variant for u in spec.searched)]):
+            tools[trtllm_disagg.ROUTER_CMD] = ["trtllm-serve", "disaggregated"]
         opts = trtllm_options(spec.lane_options if spec else None)
         root = opts.modelopt_dir or EnvSettings.read().modelopt_dir
         # A pre-quantized source needs no quantizer on the worker: its checkpoint is served as it is.
@@ -527,18 +543,18 @@ class TrtllmLane(TrtllmLaneBase):
         draft = bundle_draft(bundle, draft_dir if spec.speculative is not None else None)
         adapters = lora.bundle_adapters(bundle, adapter_dirs if spec.model.serves_adapters else None)
         cfg = runtime_config(spec, unit, surface.tensorrt_llm, draft)
-        write_runtime_configs(bundle, cfg)
+        disagg = self.disaggregated_files(spec, unit, checkpoint_dir, bundle, surface.tensorrt_llm)
+        if disagg is None:
+            write_runtime_configs(bundle, cfg)
         script = workdir / "warmup.py"
         script.write_text(WARMUP_SCRIPT)
-        use_cache = opts.autotuner_cache and autotuner_supported(surface.tensorrt_llm, surface)
+        # A disaggregated unit's roles differ in parallelism: no one autotuner cache serves both.
+        use_cache = opts.autotuner_cache and autotuner_supported(surface.tensorrt_llm, surface) and disagg is None
         cache = bundle / AUTOTUNER_CACHE if use_cache else None
-        cmd = warmup_command(self.python, script, checkpoint_dir, bundle / RUNTIME_CONFIG, cache,
-                             opts.warmup_requests, env=gpu_env, llm_api_keys=llm_api_key_paths(cfg))
-        run = run_tool(cmd.argv, logs / "warmup.log", timeout_s=WARMUP_TIMEOUT_S, env=cmd.env,
-                       cwd=warmup_folder(workdir, bundle, draft,
-                                         lora.BUNDLE_ADAPTERS_DIR if adapters else None),
-                       what="TensorRT-LLM warm-up")
-        result = parse_marker_json(Path(run.log_path).read_text(errors="replace"), WARMUP_MARKER, "warm-up")
+        cwd = warmup_folder(workdir, bundle, draft, lora.BUNDLE_ADAPTERS_DIR if adapters else None)
+        warmups = [self._warm_up(script, checkpoint_dir, bundle / name, cache, opts.warmup_requests, gpu_env, cwd,
+                                 logs / (f"warmup-{role}.log" if disagg else "warmup.log"))
+                   for role, name in (disagg.roles if disagg else {"": RUNTIME_CONFIG}).items()]
         cache_info = None
         files = autotuner_cache_files(bundle) if cache is not None else []
         if files:
@@ -555,13 +571,44 @@ class TrtllmLane(TrtllmLaneBase):
         if triton_info:
             # the key only when there is one
             lane_info = lane_info.model_copy(update={"triton": triton_info})
+        if disagg is not None:
+            lane_info = BundleInfo(checkpoint=lane_info.checkpoint, disaggregated=disagg,
+                                   serve=ServeSettings(health="/health"))
         self.write_bundle_info(bundle, unit, params, gpus, versions, lane_info)
-        metrics = {"warmup_load_s": round(float(result.get("load_s", 0.0)), 3),
-                   "warmup_generate_s": round(float(result.get("generate_s", 0.0)), 3),
-                   "warmup_wall_s": round(run.wall_s, 3), "peak_host_rss_mb": round(run.peak_rss_mb, 1)}
+        metrics = {"warmup_load_s": round(sum(w.load_s for w in warmups), 3),
+                   "warmup_generate_s": round(sum(w.generate_s for w in warmups), 3),
+                   "warmup_wall_s": round(sum(w.run.wall_s for w in warmups), 3),
+                   "peak_host_rss_mb": round(max(w.run.peak_rss_mb for w in warmups), 1)}
         device = {"gpus": [g.facts() for g in gpus], "autotuner_cache": bool(cache_info), **host_facts()}
-        return BuildResult(bundle_dir=str(bundle), params=params, device=device, commands=[cmd, *triton_cmds],
-                           metrics=metrics)
+        return BuildResult(bundle_dir=str(bundle), params=params, device=device,
+                           commands=[*(w.command for w in warmups), *triton_cmds], metrics=metrics)
+
+    def _warm_up(self, script: Path, checkpoint_dir: Path, config: Path, cache: Path | None, requests: int,
+                 gpu_env: dict[str, str], cwd: Path, log: Path) -> WarmUp:
+        """Load the checkpoint with one runtime YAML and run requests (filling the autotuner cache when given)."""
+        keys = llm_api_key_paths(yaml.safe_load(config.read_text()) or {})
+        cmd = warmup_command(self.python, script, checkpoint_dir, config, cache, requests, env=gpu_env,
+                             llm_api_keys=keys)
+        run = run_tool(cmd.argv, log, timeout_s=WARMUP_TIMEOUT_S, env=cmd.env, cwd=cwd, what="TensorRT-LLM warm-up")
+        result = parse_marker_json(Path(run.log_path).read_text(errors="replace"), WARMUP_MARKER, "warm-up")
+        return WarmUp(command=cmd, load_s=float(result.get("load_s", 0.0)),
+                      generate_s=float(result.get("generate_s", 0.0)), run=run)
+
+    def disaggregated_files(self, spec: BuildSpec, unit: Unit, checkpoint_dir: Path, bundle: Path,
+                             release: str | None) -> DisaggSettings | None:
+        """A disaggregated unit's serving files in the bundle (trtllm_disagg.bundle_files), for the installed
+        release; None for an aggregated unit."""
+        d = unit.variant.disaggregated
+        if d is None:
+            return None
+        p, opts = unit.profile, self.options(spec)
+        serving = trtllm_disagg.disaggregated_serving(
+            d, release, str(Path(checkpoint_dir).resolve()), isl=p.max_input_len, osl=p.max_seq_len - p.max_input_len,
+            moe=expert_count(read_model_config(checkpoint_dir)) > 0, base=runtime_config(spec, unit, release),
+            tokens_per_block=opts.tokens_per_block or trtllm_disagg.DEFAULT_TOKENS_PER_BLOCK)
+        roles = trtllm_disagg.bundle_files(bundle, serving)
+        return DisaggSettings(launcher=trtllm_disagg.LAUNCHER, plan=trtllm_disagg.LAUNCH_PLAN,
+                              router=trtllm_disagg.ROUTER_FILE, roles=roles)
 
     def refuse_speculation(self, spec: BuildSpec, checkpoint_dir: Path, draft_dir: Path | None) -> None:
         """Before any GPU time: the speculative section against the fetched checkpoints' own config.json (a Hub
@@ -623,6 +670,8 @@ class TrtllmLane(TrtllmLaneBase):
     def _serve_command(self, bundle_dir: Path, host: str, port: int, config: str | None = None) -> ServeCommand:
         info = read_bundle_info(bundle_dir)
         checkpoint = bundle_checkpoint(Path(bundle_dir), info)
+        if info.disaggregated is not None and config is None:
+            return self._disaggregated_serve_command(Path(bundle_dir), info.disaggregated, checkpoint, host, port)
         env = {}
         copies = {}
         cache = usable_autotuner_cache(Path(bundle_dir), info)
@@ -658,7 +707,27 @@ class TrtllmLane(TrtllmLaneBase):
                             model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint),
                             copies=copies, links=links)
 
+    def _disaggregated_serve_command(self, bundle: Path, settings: DisaggSettings, checkpoint: Path, host: str,
+                                     port: int) -> ServeCommand:
+        """A disaggregated unit's server: the bundle's launcher, which starts each worker and then the router on
+        HOST:PORT (enginefoundry.lanes.disagg_launch); the smoke gate and the benchmark talk to the router. Its
+        working folder (a link to the bundle in it) holds the workers' logs and the router's config."""
+        launcher = bundle / check_name(settings.launcher, "bundle.json disaggregated.launcher")
+        plan = bundle / check_name(settings.plan, "bundle.json disaggregated.plan")
+        if not launcher.is_file() or not plan.is_file():
+            raise InputError(f"{bundle / BUNDLE_INFO}: the launcher {settings.launcher} or its plan {settings.plan} "
+                             "is not in the bundle: rebuild it")
+        argv = [self.python, str(launcher.resolve()), "--checkpoint", str(checkpoint), "--host", host,
+                "--port", str(port), "--serve", "trtllm-serve"]
+        roles = ", ".join(f"{r}: {n}" for r, n in settings.roles.items())
+        return ServeCommand(command=Command(argv=argv, description=f"trtllm-serve disaggregated: its workers ({roles}) "
+                                                                   "and the router"),
+                            model_name=str(checkpoint), health_path="/health", tokenizer_dir=str(checkpoint),
+                            links={"bundle": str(bundle.resolve())})
+
     def describe(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None = None) -> list[Command]:
+        if unit.variant.disaggregated is not None:
+            return self._describe_disaggregated(spec, unit, surface)
         version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version
         modelopt = surface.modelopt if surface else assumed_modelopt(spec.toolchain.trtllm_version)
         cmds = []
@@ -685,6 +754,38 @@ class TrtllmLane(TrtllmLaneBase):
         if opts.triton:
             cmds.append(triton_llmapi.launch_command(opts.triton_dir, f"<bundle>/{triton_llmapi.REPO}", keys,
                                                      WORKER_PYTHON))
+        return cmds
+
+
+    def _describe_disaggregated(self, spec: BuildSpec, unit: Unit, surface: ToolSurface | None) -> list[Command]:
+        """A disaggregated unit's work: the quantization (if any), a warm-up per role, each worker's trtllm-serve
+        with its role's YAML keys and the router's `trtllm-serve disaggregated --config_file`: what `plan` shows and
+        what the worker's probe checks before any GPU time."""
+        d = unit.variant.disaggregated
+        assert d is not None
+        version = surface.tensorrt_llm if surface else spec.toolchain.trtllm_version
+        quantized = unit.variant.precision.is_quantized and spec_quantization(spec) is None
+        ckpt = "<work>/checkpoint" if quantized else "<source checkpoint>"
+        cmds = [quantize_command(spec, unit.variant, "<source checkpoint>", ckpt, WORKER_PYTHON,
+                                 surface.modelopt if surface else assumed_modelopt(version))] if quantized else []
+        p = unit.profile
+        serving = trtllm_disagg.disaggregated_serving(
+            d, version, ckpt, isl=p.max_input_len, osl=p.max_seq_len - p.max_input_len,
+            base=runtime_config(spec, unit, version),
+            tokens_per_block=self.options(spec).tokens_per_block or trtllm_disagg.DEFAULT_TOKENS_PER_BLOCK)
+        for role, name in trtllm_disagg.ROLE_FILES.items():
+            keys = llm_api_key_paths(serving.roles[role])
+            cmds.append(warmup_command(WORKER_PYTHON, "<work>/warmup.py", ckpt, f"<bundle>/{name}", None,
+                                       self.options(spec).warmup_requests, llm_api_keys=keys))
+        for argv in serving.commands[:-1]:
+            name = argv[-1]
+            keys = llm_api_key_paths(serving.roles["context" if name == trtllm_disagg.ROLE_FILES["context"]
+                                                   else "generation"])
+            cmds.append(Command(argv=[*argv[:-1], f"<bundle>/{name}"], tool=SERVE, llm_api_keys=keys,
+                                description=f"serve: a {name.split('.')[0]} worker"))
+        router = serving.commands[-1]
+        cmds.append(Command(argv=[*router[:-1], f"<bundle>/{router[-1]}"], tool=trtllm_disagg.ROUTER_CMD,
+                            description="serve: the router (the unit's endpoint), after every worker is healthy"))
         return cmds
 
 

@@ -9,17 +9,27 @@ release without a key is refused with the field and the fix, one after the evide
 Each worker's command names its GPUs (`env CUDA_VISIBLE_DEVICES=…`, consecutive ids, TP*PP of them, as NVIDIA's
 example starts them: REF_DISAGG_GPUS); a row whose GPU count is not its workers' sum is refused.
 
-Not yet here: the searched unit that carries these files through build, publish and the benchmark (a disaggregated
-benchmark needs GPUs: several `trtllm-serve` processes and the KV-cache transfer between them; the commands name the
-model as the spec does, not a built checkpoint), and the worker's probe of the installed release for these keys.
+A variant with `disaggregated` (enginefoundry.spec.matrix.Disagg) is a unit like any other: the build writes these files
+into the bundle against the built checkpoint (`bundle_files`), with the unit's own runtime keys (KV cache, lengths,
+CUDA graphs, dtype) under each role's, and warms each role up on the GPUs; the server the smoke gate and the benchmark
+talk to is the router, started with its workers by the bundle's `disagg_launch.py` (enginefoundry.lanes.disagg_launch,
+standard library only, so the published serve.sh runs it where only TensorRT-LLM is installed). The worker's probe
+reads `trtllm-serve disaggregated --help` and the LLM-API fields (`describe` names the router command and each role's
+YAML keys).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 from enginefoundry.errors import SpecError
 from enginefoundry.inputs.toolchain import parse_version
+from enginefoundry.lanes import disagg_launch
 from enginefoundry.lanes.trtllm_flags import (
     ABSENT,
     LLM_API,
@@ -31,7 +41,8 @@ from enginefoundry.lanes.trtllm_flags import (
     ref_aic,
 )
 from enginefoundry.schemas.loose import TrtllmConfig
-from enginefoundry.spec.search import Disagg, Worker
+from enginefoundry.spec import BuildSpec
+from enginefoundry.spec.matrix import Disagg, Variant, Worker
 
 ROUTER = "trtllm-serve disaggregated config (-c)"
 ROUTER_CMD = "trtllm-serve disaggregated"
@@ -43,6 +54,10 @@ REF_DISAGG_DOCS_10 = ("NVIDIA/TensorRT-LLM docs/source/1.0/features/disagg-servi
                       "cache_transceiver_config backend DEFAULT/UCX/NIXL/MPI and max_tokens_in_buffer; "
                       "disable_overlap_scheduler on the context servers)")
 REF_DISAGG_DOCS_13 = "docs 1.3.0rc24/features/disagg-serving.html"
+REF_ROUTER_CLI = ("tensorrt_llm/commands/serve.py@00209af149e7774406881a37283dce303571eb11 (click command "
+                  "`disaggregated`: -c/--config_file, -m/--metadata_server_config_file, -t/--server_start_timeout, "
+                  "-r/--request_timeout, -l/--log_level, --metrics-log-interval; `main = DefaultGroup(commands={serve, "
+                  "grpc, disaggregated, …})`)")
 REF_DISAGG_EXAMPLE = ("NVIDIA/TensorRT-LLM examples/disaggregated/README.md@c3c3d76e28c57ee23adc3458fc6aca87300c8c21 "
                       "(ctx_config.yaml: disable_overlap_scheduler: True, cache_transceiver_config backend UCX; "
                       "trtllm-serve disaggregated -c disagg_config.yaml)")
@@ -64,7 +79,8 @@ KEYS: tuple[Flag, ...] = (
     *(Flag(ROUTER, n, refs=_ROUTER_REFS) for n in (
         "hostname", "port", "context_servers", "context_servers.num_instances", "context_servers.urls",
         "generation_servers", "generation_servers.num_instances", "generation_servers.urls")),
-    Flag(ROUTER_CMD, "c", refs=(REF_DISAGG_DOCS_10, REF_DISAGG_EXAMPLE, REF_DISAGG_DOCS_13)),
+    # `-c` in NVIDIA's examples; its long name is what the probe can check (`--config_file` in --help).
+    Flag(ROUTER_CMD, "config_file", refs=(REF_ROUTER_CLI, REF_DISAGG_DOCS_10, REF_DISAGG_EXAMPLE, REF_DISAGG_DOCS_13)),
     *(Flag(LLM_API, n, since=TRANSCEIVER_SINCE, refs=(REF_TRANSCEIVER, REF_DISAGG_DOCS_10, REF_DISAGG_DOCS_13))
       for n in ("cache_transceiver_config", "cache_transceiver_config.backend",
                 "cache_transceiver_config.max_tokens_in_buffer")),
@@ -73,6 +89,9 @@ KEYS: tuple[Flag, ...] = (
 )
 _INDEX = {(f.tool, f.key): f for f in KEYS}
 TRANSCEIVER_BACKENDS = ("DEFAULT", "UCX", "NIXL", "MPI")  # docs 1.0 features/disagg-serving.md
+# KvCacheConfig.tokens_per_block's default (trtllm_options: "1.x default 32"): the KV-cache transceiver's buffer is
+# whole blocks of it, unless lane option tokens_per_block sets another.
+DEFAULT_TOKENS_PER_BLOCK = 32
 
 
 def key_status(tool: str, name: str, release: str) -> tuple[Flag, str]:
@@ -86,25 +105,36 @@ def key_status(tool: str, name: str, release: str) -> tuple[Flag, str]:
     return entry, entry.status(release)
 
 
+ROLE_FILES = {"context": "context.yaml", "generation": "generation.yaml"}  # NVIDIA's example's roles, by file
+ROUTER_FILE = "disagg_config.yaml"
+LAUNCH_PLAN = "disagg.json"  # what disagg_launch.py starts: the router's config and each worker's role and GPUs
+LAUNCHER = "disagg_launch.py"
+ROLE_FIELDS = {"context": "prefill", "generation": "decode"}  # the spec's names of the roles (Disagg)
+# Keys a role sets itself: the unit's runtime config loses them under a role (its parallelism, its batch size).
+_ROLE_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size",
+              "moe_tensor_parallel_size", "enable_attention_dp", "max_batch_size")
+
+
 @dataclass(frozen=True)
 class DisaggServing:
     """What serves one disaggregated replica."""
 
     config: TrtllmConfig
-    context: TrtllmConfig
-    generation: TrtllmConfig
+    roles: dict[str, TrtllmConfig]  # "context" / "generation" → the role's LLM-API YAML (ROLE_FILES)
     commands: list[list[str]]  # one `env CUDA_VISIBLE_DEVICES=… trtllm-serve` per worker, then the router
     to_be_probed: list[str] = field(default_factory=list)  # keys past their evidence: the worker's probe decides
+    workers: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (role, url, GPU ids) per worker
 
 
 # JSON edge: the role's LLM-API YAML keys (written as YAML)
 def _role_parallel(w: Worker, role: str, moe: bool) -> tuple[TrtllmConfig, list[tuple[str, str]]]:
     """A role's LLM-API parallel keys, as the search maps an aggregated MoE row (search.plan.searched_variant):
-    tensor_parallel_size = moe_tp × moe_ep, enable_attention_dp = dp > 1."""
+    tensor_parallel_size = moe_tp × moe_ep, enable_attention_dp = dp > 1. A role that sets moe_tp or moe_ep is
+    taken as MoE whatever the config said (a dense model's refusal is preflight's, with its config.json)."""
     problems: list[tuple[str, str]] = []
     # JSON edge: the role's LLM-API YAML keys
     out: TrtllmConfig = {"tensor_parallel_size": w.tp, "pipeline_parallel_size": w.pp}
-    if moe or w.dp > 1:
+    if moe or w.dp > 1 or w.moe_tp > 1 or w.moe_ep > 1:
         world = w.moe_tp * w.moe_ep
         if w.dp > 1 and w.tp > 1:
             problems.append((f"{role}.dp", f"attention tp {w.tp} inside attention DP {w.dp}: TensorRT-LLM's "
@@ -130,11 +160,23 @@ def _key_paths(data: TrtllmConfig, prefix: str = "") -> list[str]:
     return out
 
 
-def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int, osl: int, moe: bool = False,
+def _field(where: str, path: str) -> str:
+    """A problem's field: as the search names it (`context.dp`), or under a variant's `disaggregated`
+    (`variants.0.disaggregated.prefill.dp`)."""
+    if not where:
+        return path
+    role, _, rest = path.partition(".")
+    return f"{where}.{ROLE_FIELDS[role]}.{rest}" if role in ROLE_FIELDS else where
+
+
+def disaggregated_serving(disagg: Disagg, release: str | None, model: str, *, isl: int, osl: int, moe: bool = False,
                           host: str = "localhost", port: int = 8000, backend: str = "DEFAULT",
-                          tokens_per_block: int = 32) -> DisaggServing:
+                          tokens_per_block: int = 32, base: TrtllmConfig | None = None,
+                          where: str = "") -> DisaggServing:
     """The router config, the two role YAMLs and the commands for `release`, or SpecError naming each key the
-    release lacks (toolchain.trtllm_version) and each shape TensorRT-LLM does not run, with the fix."""
+    release lacks (toolchain.trtllm_version) and each shape TensorRT-LLM does not run, with the fix. `release` None
+    (an unpinned toolchain): every key is left to the worker's probe. `base`: the unit's runtime config, whose keys
+    each role keeps under its own; `where`: the spec field of a variant's `disaggregated`, for the problems."""
     problems: list[tuple[str, str]] = []
     if backend not in TRANSCEIVER_BACKENDS:
         choices = ", ".join(TRANSCEIVER_BACKENDS)
@@ -146,8 +188,14 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
     roles: dict[str, TrtllmConfig] = {}
     for role, w, overlap_off in (("context", disagg.prefill, True), ("generation", disagg.decode, False)):
         parallel, bad = _role_parallel(w, role, moe)
-        problems += bad
-        roles[role] = {**parallel, "max_batch_size": w.batch_size, "disable_overlap_scheduler": overlap_off,
+        problems += [(_field(where, f), m) for f, m in bad]
+        # The unit's runtime keys a role keeps (its own parallelism and batch size replace the rest); a CUDA-graph
+        # batch cap above the role's batch size is lowered to it.
+        kept = {k: v for k, v in (base or {}).items() if k not in _ROLE_KEYS}
+        graphs = kept.get("cuda_graph_config")
+        if isinstance(graphs, dict) and isinstance(graphs.get("max_batch_size"), int):
+            kept["cuda_graph_config"] = {**graphs, "max_batch_size": min(int(graphs["max_batch_size"]), w.batch_size)}
+        roles[role] = {**kept, **parallel, "max_batch_size": w.batch_size, "disable_overlap_scheduler": overlap_off,
                        "cache_transceiver_config": {"backend": backend, "max_tokens_in_buffer": buffer}}
     urls = {"context": [f"{host}:{port + 1 + i}" for i in range(disagg.prefill.workers)],
             "generation": [f"{host}:{port + 1 + disagg.prefill.workers + i}" for i in range(disagg.decode.workers)]}
@@ -157,9 +205,12 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
                               "generation_servers": {"num_instances": disagg.decode.workers,
                                                      "urls": urls["generation"]}}
     to_probe: list[str] = []
-    emitted = [(ROUTER, k) for k in _key_paths(config)] + [(ROUTER_CMD, "c")] + sorted(
+    emitted = [(ROUTER, k) for k in _key_paths(config)] + [(ROUTER_CMD, "config_file")] + sorted(
         {(LLM_API, k) for y in roles.values() for k in _key_paths(y)})
     for tool, key in emitted:
+        if release is None:
+            to_probe.append(f"{tool} {key}")
+            continue
         entry, status = key_status(tool, key, release)
         if status == ABSENT:
             problems.append(("toolchain.trtllm_version", (
@@ -171,18 +222,18 @@ def disaggregated_serving(disagg: Disagg, release: str, model: str, *, isl: int,
     workers = _workers({r: int(y["tensor_parallel_size"]) * int(y["pipeline_parallel_size"]) for r, y in roles.items()},
                        urls)
     gpus = sum(len(ids) for _, _, ids in workers)
-    if gpus != disagg.total_gpus:
-        problems.append(("search.disaggregated", f"the predicted row counts {disagg.total_gpus} GPUs, its workers "
-                                                 f"{gpus} (the sum of TP*PP over them: {REF_DISAGG_GPUS})"))
+    if gpus != disagg.gpus:
+        problems.append((where or "search.disaggregated", f"the predicted row counts {disagg.gpus} GPUs, its "
+                                                          f"workers {gpus} (the sum of TP*PP over them: "
+                                                          f"{REF_DISAGG_GPUS})"))
     if problems:
         raise SpecError(problems, "disaggregated serving")
     commands = [["env", f"CUDA_VISIBLE_DEVICES={','.join(map(str, ids))}",
                  "trtllm-serve", model, arg(SERVE, "host"), u.split(":")[0], arg(SERVE, "port"), u.split(":")[1],
-                 arg(SERVE, "extra_llm_api_options"), f"{role}.yaml"]
+                 arg(SERVE, "extra_llm_api_options"), ROLE_FILES[role]]
                 for role, u, ids in workers]
-    commands.append(["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"])
-    return DisaggServing(config=config, context=roles["context"], generation=roles["generation"],
-                         commands=commands, to_be_probed=to_probe)
+    commands.append(["trtllm-serve", "disaggregated", "--" + _INDEX[(ROUTER_CMD, "config_file")].name, ROUTER_FILE])
+    return DisaggServing(config=config, roles=roles, commands=commands, to_be_probed=to_probe, workers=workers)
 
 
 def _workers(ranks: dict[str, int], urls: dict[str, list[str]]) -> list[tuple[str, str, list[int]]]:
@@ -212,7 +263,12 @@ def compat_section(releases: dict[str, str]) -> list[str]:
              f"as NVIDIA's example starts them ({REF_DISAGG_GPUS}); a row whose GPU count is not its workers' sum "
              "is refused. "
              "`enginefoundry search --json` carries these files per disaggregated row (`serving`) for the pinned "
-             "release; the unit that builds and benchmarks them is not done yet (the benchmark needs GPUs). Refused, "
+             "release, and a chosen row is a unit (a variant with `disaggregated`, written by hand or by the search): "
+             "its build writes them into the bundle against the built checkpoint, with the unit's runtime keys under "
+             "each role's, and warms each role up; its server is the router, started with its workers by the "
+             "bundle's `disagg_launch.py` (each worker on free ports, healthy before the router starts), which the "
+             "smoke gate and the benchmark talk to. The worker's probe reads `trtllm-serve disaggregated --help` "
+             "for `--config_file` and the LLM API fields for each role's keys. Refused, "
              "with the field and the fix: a release without a key below (`toolchain.trtllm_version`: pin the first "
              "release that has it, or set `search.disaggregated: false`), a role with attention tp inside attention DP "
              "or whose moe_tp × moe_ep is not its tp × dp, a transceiver backend other than "
@@ -224,6 +280,78 @@ def compat_section(releases: dict[str, str]) -> list[str]:
     marks = {ABSENT: "—", TO_BE_PROBED: "?"}
     for f in KEYS:
         cells = " | ".join(marks.get(key_status(f.tool, f.key, r)[1], "✓") for r in columns.values())
-        item = f"`-{f.key}`" if f.tool == ROUTER_CMD else f"`{f.key}`"
+        item = f"`--{f.key}`" if f.tool == ROUTER_CMD else f"`{f.key}`"
         lines.append(f"| {item} | {f.tool} | {f.since} | {cells} | {'; '.join(f.refs)} |")
     return lines
+
+
+def bundle_files(bundle: Path, serving: DisaggServing) -> dict[str, str]:
+    """Write the router config, the role YAMLs, the launch plan and the launcher into `bundle`; {role: its YAML's
+    name}. The launch plan (LAUNCH_PLAN, JSON) is what disagg_launch.py reads: the router's config and each worker's
+    role, YAML and GPU ids (the ports are chosen when it starts)."""
+    (bundle / ROUTER_FILE).write_text(yaml.safe_dump(serving.config, sort_keys=False))
+    for role, name in ROLE_FILES.items():
+        (bundle / name).write_text(yaml.safe_dump(serving.roles[role], sort_keys=False))
+    plan = {"router": serving.config,
+            "workers": [{"role": role, "config": ROLE_FILES[role], "gpus": ids} for role, _, ids in serving.workers]}
+    (bundle / LAUNCH_PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    shutil.copyfile(disagg_launch.__file__, bundle / LAUNCHER)
+    return dict(ROLE_FILES)
+
+
+def variant_problems(spec: BuildSpec) -> list[tuple[str, str]]:
+    """(field, message with the fix) for each disaggregated variant lane trtllm cannot serve, before any download:
+    parallelism given outside the roles, a role shape TensorRT-LLM does not run, a key the pinned release lacks (an
+    unpinned toolchain leaves the keys to the worker's probe), and what this pipeline does not serve
+    disaggregated."""
+    out: list[tuple[str, str]] = []
+    for i, v in enumerate(spec.variants):
+        if v.disaggregated is None:
+            continue
+        where = f"variants.{i}.disaggregated"
+        for name, given in (("tp", v.tp != 1), ("pp", v.pp != 1), ("moe_ep", v.moe_ep != 1),
+                            ("moe_tp", v.moe_tp is not None), ("attention_dp", v.attention_dp)):
+            if given:
+                out.append((f"variants.{i}.{name}", f"a disaggregated variant's parallelism is each role's: set it "
+                                                    f"in {where}.prefill and .decode (tp, pp, dp, moe_tp, moe_ep) "
+                                                    f"and remove {name}"))
+        try:
+            disaggregated_serving(v.disaggregated, spec.toolchain.trtllm_version, spec.model.name, isl=0, osl=0,
+                                  where=where)
+        except SpecError as e:
+            out += e.problems
+    if not any(v.disaggregated for v in spec.variants):
+        return out
+    why = "not with a disaggregated variant here"
+    if spec.speculative is not None:
+        out.append(("speculative", f"{why}: the gate's lossless check compares the unit with its non-speculative "
+                                   "twin, which this pipeline serves for one aggregated server only: build the "
+                                   "speculative unit aggregated, or remove speculative"))
+    if spec.model.serves_adapters:
+        out.append(("model.adapter_mode", f"{why}: the evidence read shows per-request lora_request on one "
+                                          "trtllm-serve, not through the disaggregated router: use adapter_mode: "
+                                          "merge, or an aggregated variant"))
+    if getattr(spec.lane_options, "triton", False):
+        out.append(("lane_options.triton", f"{why}: the LLM API Triton model serves one aggregated LLM: set "
+                                           "lane_options.triton: false"))
+    return out
+
+
+def role_variants(v: Variant) -> dict[str, tuple[Variant, int]]:
+    """A disaggregated variant's roles as the aggregated variants their workers are, with their batch sizes: what
+    preflight estimates memory and checks experts with, role by role (the mapping `_role_parallel` writes:
+    tensor_parallel_size = moe_tp × moe_ep with MoE fields or attention DP, else tp)."""
+    d = v.disaggregated
+    if d is None:
+        return {}
+    out = {}
+    for role, w in (("context", d.prefill), ("generation", d.decode)):
+        moe = w.moe_tp > 1 or w.moe_ep > 1
+        if moe or w.dp > 1:
+            rv = v.model_copy(update={"disaggregated": None, "tp": w.moe_tp * w.moe_ep, "pp": w.pp,
+                                      "moe_ep": w.moe_ep, "moe_tp": w.moe_tp if moe else None,
+                                      "attention_dp": w.dp > 1})
+        else:
+            rv = v.model_copy(update={"disaggregated": None, "tp": w.tp, "pp": w.pp})
+        out[role] = (rv, w.batch_size)
+    return out

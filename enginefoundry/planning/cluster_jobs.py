@@ -87,7 +87,7 @@ def unit_job_variables(spec: BuildSpec, unit: Unit, secret_blocks: Mapping[str, 
     if not row.is_gpu:
         return UnitJobVariables(env=env)
     return UnitJobVariables(
-        gpu_count=unit.variant.tp * unit.variant.pp,
+        gpu_count=unit.variant.gpus,
         gpu_products=list(row.products_for(unit.target.sku)),
         image=pinned_image(spec.toolchain.image, spec.toolchain.image_digest),
         env=env,

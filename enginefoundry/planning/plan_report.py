@@ -65,6 +65,14 @@ def _moe_shape(unit: Unit) -> str:
     return "".join(f" {p}" for p in [*parts, *(["attention DP"] if v.attention_dp else [])])
 
 
+def _shape(unit: Unit) -> str:
+    """The plan's tp×pp cell: tp × pp and the MoE parallelism, or a disaggregated variant's roles."""
+    d = unit.variant.disaggregated
+    if d is not None:
+        return f"disaggregated: P {d.prefill.label()} + D {d.decode.label()}"
+    return f"{unit.variant.tp}×{unit.variant.pp}" + _moe_shape(unit)
+
+
 def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanReport:
     lane = get_lane(spec.lane)
     config = model_config_for(spec)
@@ -81,7 +89,7 @@ def plan_report(spec: BuildSpec, only_targets: list[str] | None = None) -> PlanR
         problems = report.problems
         rows.append({
             "unit": unit.name, "precision": unit.variant.precision.value,
-            "tp×pp": f"{unit.variant.tp}×{unit.variant.pp}" + _moe_shape(unit), "target": unit.target.name,
+            "tp×pp": _shape(unit), "target": unit.target.name,
             "arch": unit.target.arch.value, "pool": unit.target.pool,
             "batch/in/seq": f"{unit.profile.max_batch_size}/{unit.profile.max_input_len}/{unit.profile.max_seq_len}",
             "reference": reference_summary(spec, unit),

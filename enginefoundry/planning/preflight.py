@@ -33,6 +33,7 @@ from enginefoundry.inputs.quantized_source import spec_quantization
 from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes.moe_parallel import MOE_ADP_REPLICATES, expert_check
 from enginefoundry.lanes.registry import get_lane
+from enginefoundry.lanes.trtllm_disagg import role_variants
 from enginefoundry.schemas.loose import HfModelConfig
 from enginefoundry.spec import Arch, BuildSpec, ReferenceDevice, Target
 from enginefoundry.spec.checks import (
@@ -166,7 +167,9 @@ def _length_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> lis
 
 def _parallel_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
     v, t = unit.variant, unit.target
-    world = v.tp * v.pp
+    world = v.gpus
+    shape_text = (f"{v.disaggregated.tag()} ({world} GPUs: both roles' workers)" if v.disaggregated
+                  else f"tp × pp = {world} GPUs")
     out = []
     if t.arch is Arch.CPU:
         if get_lane(spec.lane).needs_gpu:
@@ -176,11 +179,13 @@ def _parallel_checks(spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> l
         return out
     if world > t.gpu_count:
         out.append(Check(name="parallelism", ok=False,
-                         message=f"tp × pp = {world} GPUs, target {t.name} has gpu_count {t.gpu_count}",
-                         fix=f"gpu_count ≥ {world} on the target, or lower tp/pp"))
+                         message=f"{shape_text}, target {t.name} has gpu_count {t.gpu_count}",
+                         fix=f"gpu_count ≥ {world} on the target, or lower " + (
+                             "the roles' workers or parallelism" if v.disaggregated else "tp/pp")))
     else:
         extra = f" (uses {world} of {t.gpu_count})" if world < t.gpu_count else ""
-        out.append(Check(name="parallelism", ok=True, message=f"tp {v.tp} × pp {v.pp} on {t.gpu_count} GPU(s){extra}"))
+        what = shape_text if v.disaggregated else f"tp {v.tp} × pp {v.pp}"
+        out.append(Check(name="parallelism", ok=True, message=f"{what} on {t.gpu_count} GPU(s){extra}"))
     if shape and v.attention_dp:
         out.append(Check(name="heads_divisible", ok=True,
                          message=f"attention DP: every rank runs attention with all {shape.num_attention_heads} heads "
@@ -564,7 +569,7 @@ def _fit(spec: BuildSpec, unit: Unit, dtype: str, device: ReferenceDevice, need:
     if mem is None:
         return ReferenceFit(dtype=dtype, device=device, need=need, limit=None,
                             where=f"target {t.name}'s GPU memory is unknown (no detected GPU, no memory_gib)")
-    count = unit.variant.tp * unit.variant.pp
+    count = unit.variant.gpus
     if gpus:
         with contextlib.suppress(PreflightError):  # GPUs that do not match: gpu_match refuses them
             count = max(count, len(match_target(t, gpus)))
@@ -725,13 +730,17 @@ def preflight(spec: BuildSpec, unit: Unit,
     report.checks += lane.preflight_checks(spec, unit, shape)  # precision × arch, plugins, chunked prefill
     report.checks += _length_checks(spec, unit, shape)
     report.checks += _parallel_checks(spec, unit, shape)
-    if unit.variant.moe_ep > 1 or unit.variant.moe_tp is not None:
-        if model_config is None:
-            report.notes.append("model config unknown: the expert count is not checked against moe_ep")
-        else:
-            experts = expert_check(unit.variant, expert_count(model_config))
-            if experts is not None:
-                report.checks.append(experts)
+    # A disaggregated unit is checked role by role: each role's workers are aggregated servers of their own shape.
+    roles = {r: unit.model_copy(update={"variant": rv, "profile": unit.profile.model_copy(
+        update={"max_batch_size": bs})}) for r, (rv, bs) in role_variants(unit.variant).items()} or {"": unit}
+    for role, u in roles.items():
+        if u.variant.moe_ep > 1 or u.variant.moe_tp is not None:
+            if model_config is None:
+                report.notes.append("model config unknown: the expert count is not checked against moe_ep")
+            else:
+                experts = expert_check(u.variant, expert_count(model_config))
+                if experts is not None:
+                    report.checks.append(_for_role(experts, role))
     if t.arch is Arch.CPU:
         return report
     if shape is None:
@@ -739,16 +748,24 @@ def preflight(spec: BuildSpec, unit: Unit,
         return report
     mem, source = _gpu_memory(t, gpus)
     draft = _draft_shape(spec, report)
-    est = estimate_memory(spec, unit, shape, mem, source, draft)
-    report.estimates = est
+    host = host_memory if host_memory is not None else host_memory_bytes()
+    for role, u in roles.items():
+        est = estimate_memory(spec, u, shape, mem, source, draft)
+        if report.estimates is None or est.weights_bytes_per_gpu > report.estimates.weights_bytes_per_gpu:
+            report.estimates = est  # a disaggregated unit's: the role with the most weights per GPU
+        if mem is not None:
+            report.checks += [_for_role(c, role) for c in _vram_checks(spec, u, shape, est)]
+        report.checks += [_for_role(c, role) for c in _host_checks(spec, u, shape, est, gpus is not None,
+                                                                    workdir or Path(os.getcwd()), host)]
     if mem is None:
         report.notes.append(f"GPU memory unknown (no detected GPU, no memory_gib on target {t.name}): VRAM check "
                             "skipped")
-    else:
-        report.checks += _vram_checks(spec, unit, shape, est)
-    host = host_memory if host_memory is not None else host_memory_bytes()
-    report.checks += _host_checks(spec, unit, shape, est, gpus is not None, workdir or Path(os.getcwd()), host)
     return report
+
+
+def _for_role(check: Check, role: str) -> Check:
+    """A check of one role of a disaggregated unit, saying which ("" : the unit's own)."""
+    return check.model_copy(update={"message": f"{role} workers: {check.message}"}) if role else check
 
 
 def _draft_shape(spec: BuildSpec, report: PreflightReport) -> ModelShape | None:

@@ -101,6 +101,16 @@ class CheckpointRef(_BundlePart):
     path: str
 
 
+class DisaggSettings(_BundlePart):
+    """bundle.json `disaggregated` (lane trtllm): a disaggregated unit's serving files in the bundle; its server is
+    the launcher, which starts the workers and the router (enginefoundry.lanes.disagg_launch)."""
+
+    launcher: str  # disagg_launch.py
+    plan: str  # disagg.json: the router's config and each worker's role, YAML and GPU ids
+    router: str  # disagg_config.yaml as built (the launcher writes its own with the ports it chose)
+    roles: dict[str, str] = Field(default_factory=dict)  # role → its LLM-API YAML
+
+
 class BundleInfo(_BundlePart, Document):
     """bundle.json: what a bundle is and how its server starts; written by the lane's build, read back by its
     serve_command and the serving files. Every field is optional on read: each reader checks what it needs."""
@@ -122,6 +132,7 @@ class BundleInfo(_BundlePart, Document):
     checkpoint: CheckpointRef | None = None
     runtime_config: str | None = None
     autotuner_cache: AutotunerCache | None = None
+    disaggregated: DisaggSettings | None = None
     # lane trtllm-engine
     engine_dir: str | None = None
     tokenizer_dir: str | None = None

@@ -200,12 +200,14 @@ def searched_variant(p: Predicted, lane: str, moe_lane: bool) -> tuple[Variant, 
     ranks (mapping.py dp_size = tp_size): a configuration with attention tp inside attention DP is not one TensorRT-LLM
     runs, and one whose MoE world is not its GPUs is not a shape at all.
 
-    A disaggregated configuration (prefill and decode workers) is ranked but not yet built: a unit is one aggregated
-    replica. On lane trtllm its `trtllm-serve disaggregated` files travel with the candidate (`disagg_serving`); the
-    unit that builds and benchmarks them is issue 37 item 3's part still to come."""
+    A disaggregated configuration (prefill and decode workers) is a variant with `disaggregated` on a lane that
+    serves it (lane trtllm: its `trtllm-serve disaggregated` files also travel with the candidate, `disagg_serving`);
+    each role's shape is checked by that lane (enginefoundry.lanes.trtllm_disagg)."""
     plain = Variant(precision=p.precision, tp=p.tp, pp=p.pp)
     if p.disagg:
-        return plain, f"disaggregated serving ({p.disagg.total_gpus} GPUs) is not built yet"
+        if not get_lane(lane).disaggregated:
+            return plain, f"lane {lane} serves a unit as one server (lane trtllm serves disaggregated)"
+        return Variant(precision=p.precision, disaggregated=p.disagg), None
     if p.tp_pp_only:
         return plain, None
     if not moe_lane:
@@ -234,8 +236,8 @@ def disagg_serving(spec: BuildSpec, p: Predicted, moe: bool) -> tuple[DisaggServ
     except SpecError as e:
         path, message = e.problems[0]
         return None, f"{path}: {message}"
-    return {"release": release, "disagg_config.yaml": s.config, "context.yaml": s.context,
-            "generation.yaml": s.generation, "commands": s.commands, "to_be_probed": s.to_be_probed}, None
+    return {"release": release, "disagg_config.yaml": s.config, "context.yaml": s.roles["context"],
+            "generation.yaml": s.roles["generation"], "commands": s.commands, "to_be_probed": s.to_be_probed}, None
 
 
 def _fallback(spec: BuildSpec, target: Target, cov: Coverage, config: HfModelConfig | None) -> TargetSearch:
@@ -298,17 +300,18 @@ def materialise(spec: BuildSpec, only_targets: list[str] | None = None, predicto
 
 
 def disagg_lines(report: SearchReport) -> list[str]:
-    """One line per target whose disaggregated search answered: how many configurations, the best one, and that
-    none is built or benchmarked here (a disaggregated benchmark needs GPUs: several trtllm-serve processes and the
-    KV-cache transfer between them)."""
+    """One line per target whose disaggregated search answered: how many configurations, the best one, and how many
+    became units (each served by its workers and a router: its benchmark needs the GPUs of both roles)."""
     out = []
     for ts in report.targets:
         found = [c for c in ts.candidates if c.predicted.disagg]
         if found:
             best = found[0]
+            chosen = sum(c.chosen for c in found)
             out.append(f"{ts.target}: {len(found)} disaggregated configuration(s) ranked, best rank {best.rank} "
                        f"{best.predicted.tokens_per_s_gpu:.0f} tok/s/GPU on {best.predicted.gpus} GPUs "
-                       f"({best.predicted.label()}); not built (disaggregated benchmark: needs GPUs)")
+                       f"({best.predicted.label()}); {chosen} chosen as units (each needs the GPUs of both roles: "
+                       "its workers and the router start on the target's worker)")
     return out
 
 

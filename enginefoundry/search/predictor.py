@@ -130,7 +130,7 @@ class Predicted(BaseModel):
     def gpus(self) -> int:
         """GPUs of one replica: tp × pp × dp (AIConfigurator's gpus/worker, cli/report_and_save.py); a disaggregated
         replica's prefill and decode workers together."""
-        return self.disagg.total_gpus if self.disagg else self.tp * self.pp * self.dp
+        return self.disagg.gpus if self.disagg else self.tp * self.pp * self.dp
 
     def label(self) -> str:
         """The configuration as the search table shows it."""

@@ -28,6 +28,67 @@ class CalibrationSpec(BaseModel):
     max_seq_length: Annotated[int, Field(ge=64, description="tokens per calibration sample")] = 512
 
 
+_Count = Annotated[int, Field(ge=1, le=64)]
+
+
+class Worker(BaseModel):
+    """One role of a disaggregated configuration: its worker count, each worker's parallelism and batch size
+    (AIConfigurator's ColumnsDisagg (p)… / (d)… columns). dp: attention data parallelism; moe_tp × moe_ep: the MoE
+    layers' ranks, which must be the worker's tp × dp (lane trtllm's rule, enginefoundry.lanes.trtllm_disagg)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workers: _Count = Field(description="servers of this role in one replica")
+    tp: _Count = Field(description="tensor parallelism of each server (attention tp under attention DP)")
+    pp: _Count = 1
+    dp: _Count = Field(default=1, description="attention data parallelism of each server")
+    moe_tp: _Count = 1
+    moe_ep: _Count = 1
+    batch_size: Annotated[int, Field(ge=1, le=4096, description="max_batch_size of each server")]
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.tp * self.pp * self.dp
+
+    def label(self) -> str:
+        moe = f" etp{self.moe_tp}ep{self.moe_ep}" if self.moe_tp * self.moe_ep > 1 else ""
+        dp = f"dp{self.dp}" if self.dp > 1 else ""
+        return f"{self.workers}×tp{self.tp}pp{self.pp}{dp}{moe} bs{self.batch_size}"
+
+    def tag(self) -> str:
+        """The role in a unit name: `1xtp2b64`, `2xtp1dp4ep4b128`."""
+        parts = [f"{self.workers}xtp{self.tp}"]
+        parts += [f"{k}{v}" for k, v in (("pp", self.pp), ("dp", self.dp), ("moetp", self.moe_tp),
+                                         ("ep", self.moe_ep)) if v > 1]
+        return "".join(parts) + f"b{self.batch_size}"
+
+
+class Disagg(BaseModel):
+    """A disaggregated configuration: context (prefill) workers and generation (decode) workers of one replica,
+    served by `trtllm-serve disaggregated` (lane trtllm; docs/trtllm-compat.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefill: Worker = Field(description="the context (prefill) servers")
+    decode: Worker = Field(description="the generation (decode) servers")
+    # num_total_gpus of a predicted row; unset in a spec: the roles' GPUs (prefill.gpus + decode.gpus)
+    total_gpus: Annotated[int, Field(ge=2, le=4096)] | None = Field(
+        default=None, description="GPUs of one replica; default the sum over both roles")
+
+    @model_validator(mode="after")
+    def _count(self) -> Disagg:
+        if self.total_gpus is None:
+            object.__setattr__(self, "total_gpus", self.prefill.gpus + self.decode.gpus)
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.total_gpus or self.prefill.gpus + self.decode.gpus
+
+    def tag(self) -> str:
+        return f"disagg-p{self.prefill.tag()}-d{self.decode.tag()}"
+
+
 class Variant(BaseModel):
     """One way to convert the checkpoint. Shared by every target that builds it."""
 
@@ -49,13 +110,18 @@ class Variant(BaseModel):
                                          "model's")
     calibration: CalibrationSpec | None = Field(default=None, description="quantization calibration; default "
                                                 "for a quantized precision: the defaults below")
+    disaggregated: Disagg | None = Field(
+        default=None, description="serve the unit disaggregated (lane trtllm): context and generation servers, each "
+                                  "role with its own parallelism, behind `trtllm-serve disaggregated`; tp, pp and "
+                                  "the MoE fields stay unset (each role carries its own)")
     # Restrict this variant to some targets (by name), e.g. fp8 only where the architecture allows it.
     targets: list[str] | None = Field(default=None, description="build this variant only for these targets "
                                       "(by name), e.g. fp8 only where the architecture has it; default all")
 
     @property
     def name(self) -> str:
-        parts = [self.precision.value, f"tp{self.tp}"]
+        # A disaggregated variant's parallelism is its roles' (its tag); tp and pp stay 1.
+        parts = [self.precision.value] + ([] if self.disaggregated else [f"tp{self.tp}"])
         if self.pp > 1:
             parts.append(f"pp{self.pp}")
         if self.moe_ep > 1:
@@ -66,7 +132,14 @@ class Variant(BaseModel):
             parts.append("adp")
         if self.kv_cache_dtype is not KVCacheDtype.AUTO:
             parts.append(f"kv{self.kv_cache_dtype.value}")
+        if self.disaggregated is not None:
+            parts.append(self.disaggregated.tag())
         return "-".join(parts)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one unit of this variant serves on: tp × pp, or a disaggregated replica's (both roles' workers)."""
+        return self.disaggregated.gpus if self.disaggregated is not None else self.tp * self.pp
 
     @property
     def moe_tp_size(self) -> int:
@@ -82,7 +155,7 @@ class Variant(BaseModel):
         """The variant as keys hash it: its fields without the target list, and without the MoE fields where they
         are unset (so a variant written before they existed keeps its key)."""
         data = self.model_dump(mode="json", exclude={"targets"})
-        for name in MOE_FIELDS:
+        for name in KEY_OPTIONAL:
             if data.get(name) == Variant.model_fields[name].default:
                 data.pop(name)
         return data
@@ -95,6 +168,8 @@ class Variant(BaseModel):
 
 
 MOE_FIELDS = ("moe_ep", "moe_tp", "attention_dp")
+# Fields a variant written before them hashes without (Variant.key_json): unset, they leave its key as it was.
+KEY_OPTIONAL = (*MOE_FIELDS, "disaggregated")
 
 
 class Profile(BaseModel):

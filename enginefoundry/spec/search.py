@@ -10,7 +10,9 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from enginefoundry.errors import SpecError
+from enginefoundry.spec.matrix import Disagg as Disagg  # re-exported: the variant's field is its home
 from enginefoundry.spec.matrix import Precision, Profile, Variant
+from enginefoundry.spec.matrix import Worker as Worker
 
 
 class Objective(StrEnum):
@@ -162,40 +164,6 @@ class SearchSpec(BaseModel):
     disaggregated: bool = Field(
         default=False, description="also search disaggregated serving (prefill and decode workers, the predictor's "
                                    "disagg mode), ranked beside the aggregated configurations")
-
-
-class Worker(BaseModel):
-    """One role of a disaggregated configuration: its worker count, each worker's parallelism and batch size
-    (AIConfigurator's ColumnsDisagg (p)… / (d)… columns)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    workers: int
-    tp: int
-    pp: int = 1
-    dp: int = 1
-    moe_tp: int = 1
-    moe_ep: int = 1
-    batch_size: int
-
-    @property
-    def gpus(self) -> int:
-        return self.workers * self.tp * self.pp * self.dp
-
-    def label(self) -> str:
-        moe = f" etp{self.moe_tp}ep{self.moe_ep}" if self.moe_tp * self.moe_ep > 1 else ""
-        dp = f"dp{self.dp}" if self.dp > 1 else ""
-        return f"{self.workers}×tp{self.tp}pp{self.pp}{dp}{moe} bs{self.batch_size}"
-
-
-class Disagg(BaseModel):
-    """A disaggregated configuration: context (prefill) workers and generation (decode) workers of one replica."""
-
-    model_config = ConfigDict(frozen=True)
-
-    prefill: Worker
-    decode: Worker
-    total_gpus: int  # num_total_gpus of the row: GPUs of one replica (prefill + decode workers)
 
 
 class SearchedUnit(BaseModel):

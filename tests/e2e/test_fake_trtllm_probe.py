@@ -206,3 +206,14 @@ def test_the_worker_probe_accepts_the_moe_parallel_units_of_the_qwen3_moe_spec(o
         lane.refuse_unsupported(spec, unit)
         keys = {k for c in lane.describe(spec, unit, surface) for k in c.llm_api_keys}
         assert "moe_expert_parallel_size" in keys
+    # Its disaggregated variant: the router's --config_file read from `trtllm-serve disaggregated --help` in a child
+    # process, each role's transceiver and overlap keys from TorchLlmArgs; a router without the flag is refused.
+    assert "config_file" in surface.tools["trtllm-serve disaggregated"].flags
+    [disagg] = [u for u in units if u.variant.disaggregated and u.target.name == "h100"]
+    assert {"cache_transceiver_config", "disable_overlap_scheduler"} <= {
+        k for c in lane.describe(spec, disagg, surface) for k in c.llm_api_keys}
+    bare = surface.tools["trtllm-serve disaggregated"].model_copy(update={"flags": ["help"]})
+    lane._surfaces = {k: v.model_copy(update={"tools": {**v.tools, "trtllm-serve disaggregated": bare}})
+                      for k, v in lane._surfaces.items()}
+    with pytest.raises(UnsupportedByRelease, match="trtllm-serve disaggregated --config_file"):
+        lane.refuse_unsupported(spec, disagg)

@@ -5,6 +5,7 @@ raises ProcessInUnitTier, so a test that needs one goes to tests/integration (ma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -19,6 +20,12 @@ import pytest
 # `_Processor.get`); MLflow's telemetry reads it when first imported (mlflow/telemetry/schemas.py@3.17.2). Asked
 # here, before any refusal, so no unit test depends on whether an earlier test in its worker asked first.
 platform.uname().processor  # noqa: B018 (the value is cached by platform)
+
+# matplotlib's first import on a host builds its font cache, asking fontconfig with `fc-list` (font_manager.py
+# `_get_fontconfig_fonts`); once written, later imports read the cache. Built here, before any refusal, so a unit
+# test that draws a plot does not depend on whether the host (or an earlier test) built it first.
+with contextlib.suppress(ImportError):  # the plotting extra is not installed: no unit test draws
+    import matplotlib.font_manager  # noqa: F401 (imported for its cache)
 
 
 class ProcessInUnitTier(AssertionError):

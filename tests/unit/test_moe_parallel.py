@@ -16,7 +16,8 @@ from enginefoundry.inputs.toolchain import ToolSurface, UnsupportedByRelease, ch
 from enginefoundry.inputs.units import SourceDigests, Unit, expand_units, unit_key_components
 from enginefoundry.lanes import get_lane
 from enginefoundry.lanes.trtllm import runtime_config
-from enginefoundry.lanes.trtllm_flags import LLM_API, PRESENT, TO_BE_PROBED, flag, registry_verdict
+from enginefoundry.lanes.trtllm_disagg import key_status
+from enginefoundry.lanes.trtllm_flags import ABSENT, LLM_API, PRESENT, TO_BE_PROBED, flag, registry_verdict
 from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.planning.preflight import estimate_memory, preflight
 from enginefoundry.planning.validate import validate_file
@@ -221,7 +222,11 @@ def test_the_shipped_qwen3_moe_spec_plans_ep_and_attention_dp_units_on_h100_and_
         == "2850ddb3bf7aecad20b611e2d44f3077fc8193f4827c93beddd4c02ad63c2297"
     spec = qwen_spec()
     report = plan_report(spec)
-    assert not report.refused and len(report.rows) == 8, [r["verdict"] for r in report.rows]
+    # 4 aggregated variants and 1 disaggregated (its roles with attention DP and expert parallelism) × 2 targets
+    assert not report.refused and len(report.rows) == 10, [r["verdict"] for r in report.rows]
+    disagg = [r for r in report.rows if "disagg" in r["unit"]]
+    assert [r["tp×pp"] for r in disagg] == ["disaggregated: P 2×tp1pp1dp2 etp1ep2 bs8 + D 1×tp1pp1dp4 etp1ep4 "
+                                            "bs128"] * 2
     assert {r["target"] for r in report.rows} == {"h100", "h200"}
     lane = get_lane("trtllm")
     seen: set[str] = set()
@@ -231,8 +236,10 @@ def test_the_shipped_qwen3_moe_spec_plans_ep_and_attention_dp_units_on_h100_and_
         seen |= keys
         verdict = registry_verdict(work, "1.2.1")
         assert not verdict.absent and not verdict.to_be_probed  # every item has evidence for 1.2.1
-        for key in keys:
-            assert flag(LLM_API, key).refs  # registered, with its range and evidence (KeyError otherwise)
+        for key in keys:  # registered, with its range and evidence (KeyError otherwise); a disaggregated unit's
+            # transceiver and overlap keys in lane trtllm's disaggregated registry, the rest in EMITTED
+            entry, status = key_status(LLM_API, key, "1.2.1")
+            assert entry.refs and status != ABSENT, key
     assert set(MOE_KEYS) <= seen
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from enginefoundry.search.plan import SearchReport, _choose, disagg_lines, rows
+from enginefoundry.search.plan import SearchReport, _choose, disagg_lines, rows, searched_units
 from enginefoundry.search.predictor import (
     Coverage,
     Predicted,
@@ -104,8 +104,7 @@ def test_a_replica_larger_than_the_target_is_dropped_and_no_rows_is_a_problem_of
     assert ts.problems == {"bf16 disagg": none.problem}
 
 
-def test_disaggregated_configurations_rank_beside_aggregated_ones_and_are_not_built_as_another_shape(
-        tmp_path: Path) -> None:
+def test_disaggregated_configurations_rank_beside_aggregated_ones_and_the_best_become_units(tmp_path: Path) -> None:
     spec = _spec()
     agg = [Predicted(precision=Precision.BF16, tp=tp, pp=1, batch_size=bs, concurrency=bs, tokens_per_s_gpu=tok,
                      tokens_per_s_user=50.0, ttft_ms=200.0, tpot_ms=19.0)
@@ -115,18 +114,21 @@ def test_disaggregated_configurations_rank_beside_aggregated_ones_and_are_not_bu
                                                disagg], "aiconfigurator")
     by_rank = [(c.rank, c.predicted.disagg is not None, round(c.predicted.tokens_per_s_gpu)) for c in ts.candidates]
     assert by_rank == [(1, False, 4969), (2, True, 4455), (3, True, 4455), (4, True, 4136), (5, False, 4100)]
-    # The disaggregated ones are listed with why they are not units; top_k 2 still gets two aggregated units.
-    assert ts.units == ["bf16-tp1.search-b96.h100", "bf16-tp2.search-b128.h100"]
-    for c in ts.candidates[1:4]:
-        assert c.unit == "-" and not c.chosen and c.verdict.startswith("not a unit: disaggregated serving")
+    # top_k 2 by the objective, whatever the serving: the best aggregated and the best disaggregated configuration.
+    unit = "bf16-disagg-p2xtp1b1-d1xtp2b304.search-b304.h100"
+    assert ts.units == ["bf16-tp1.search-b96.h100", unit]
+    assert [c.verdict for c in ts.candidates] == ["unit", "unit", "below top_k", "below top_k", "below top_k"]
+    (_, searched) = searched_units(spec, SearchReport(objective=spec.search.objective, targets=[ts], seconds=0.0))
+    assert searched.variant.disaggregated == ts.candidates[1].predicted.disagg and searched.variant.gpus == 4
     assert "bf16 disagg" in ts.pareto and "bf16" not in ts.pareto
     report = SearchReport(objective=spec.search.objective, targets=[ts], seconds=0.0)  # type: ignore[union-attr]
     table = rows(report)
     assert table[1]["config"] == "bf16 disagg P 2×tp1pp1 bs1 + D 1×tp2pp1 bs304"
-    assert table[1]["tok/s/GPU"] == "4455" and table[1]["unit"] == "-"
+    assert table[1]["tok/s/GPU"] == "4455" and table[1]["unit"] == unit
     assert disagg_lines(report) == [
         "h100: 3 disaggregated configuration(s) ranked, best rank 2 4455 tok/s/GPU on 4 GPUs (bf16 disagg P "
-        "2×tp1pp1 bs1 + D 1×tp2pp1 bs304); not built (disaggregated benchmark: needs GPUs)"]
+        "2×tp1pp1 bs1 + D 1×tp2pp1 bs304); 1 chosen as units (each needs the GPUs of both roles: its workers and "
+        "the router start on the target's worker)"]
     # --json carries each role's workers and parallelism.
     dumped = report.model_dump(mode="json")["targets"][0]["candidates"][1]["predicted"]["disagg"]
     assert dumped["prefill"]["workers"] == 2 and dumped["decode"]["tp"] == 2 and dumped["total_gpus"] == 4
@@ -165,7 +167,7 @@ def test_on_lane_trtllm_a_disaggregated_row_carries_its_serving_files_or_the_rel
     assert serving["disagg_config.yaml"]["context_servers"]["num_instances"] == 2
     assert serving["context.yaml"]["disable_overlap_scheduler"] is True
     assert serving["generation.yaml"]["tensor_parallel_size"] == 2
-    assert serving["commands"][-1] == ["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"]
+    assert serving["commands"][-1] == ["trtllm-serve", "disaggregated", "--config_file", "disagg_config.yaml"]
     old = spec.model_copy(update={"toolchain": spec.toolchain.model_copy(update={"trtllm_version": "1.0.0rc3"})})
     refused = _choose(old, old.targets[0], COV, [disagg], "aiconfigurator").candidates[0]
     assert refused.serving is None and refused.unit == "-"
@@ -174,13 +176,17 @@ def test_on_lane_trtllm_a_disaggregated_row_carries_its_serving_files_or_the_rel
     assert "pin toolchain.trtllm_version ≥ 1.0.0rc4" in refused.verdict
 
 
-@pytest.mark.parametrize("change", [{"lane": "reference"}, {"toolchain": {}}])
+@pytest.mark.parametrize(("change", "verdict"), [
+    ({"lane": "reference"}, "not a unit: lane reference serves a unit as one server (lane trtllm serves "
+                            "disaggregated)"),
+    ({"toolchain": {}}, "unit"),  # unpinned: a unit whose keys the worker's probe decides
+])
 def test_without_lane_trtllm_or_a_pinned_release_a_disaggregated_row_has_no_serving_files(
-        tmp_path: Path, change: dict[str, object]) -> None:
+        tmp_path: Path, change: dict[str, object], verdict: str) -> None:
     data = yaml.safe_load((CONFIGS / "llama-3.1-8b-search.yaml").read_text())
     data["search"].update(precisions=["bf16"], disaggregated=True)
     data.update(change)
     spec = parse_spec(data, base_dir=CONFIGS)
     disagg = _read("llama_disagg", _request(spec, True), tmp_path)
     (first, *_) = _choose(spec, spec.targets[0], COV, [disagg], "aiconfigurator").candidates
-    assert first.serving is None and first.verdict == "not a unit: disaggregated serving (4 GPUs) is not built yet"
+    assert first.serving is None and first.verdict == verdict

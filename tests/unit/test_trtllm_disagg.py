@@ -37,9 +37,9 @@ def test_a_dense_row_becomes_the_router_config_two_role_yamls_and_the_worker_com
                         "context_servers": {"num_instances": 2, "urls": ["localhost:8001", "localhost:8002"]},
                         "generation_servers": {"num_instances": 1, "urls": ["localhost:8003"]}}
     transceiver = {"backend": "DEFAULT", "max_tokens_in_buffer": 1792}  # ceil((1024 + 256 + 500) / 32) × 32
-    assert s.context == {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 1,
+    assert s.roles["context"] == {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_batch_size": 1,
                          "disable_overlap_scheduler": True, "cache_transceiver_config": transceiver}
-    assert s.generation == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "max_batch_size": 304,
+    assert s.roles["generation"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "max_batch_size": 304,
                             "disable_overlap_scheduler": False, "cache_transceiver_config": transceiver}
     # Each worker on its own GPUs, TP*PP of them, as NVIDIA's example starts them: the decode worker (tp 2) on 2 and 3.
     assert s.commands == [
@@ -49,22 +49,22 @@ def test_a_dense_row_becomes_the_router_config_two_role_yamls_and_the_worker_com
          "--extra_llm_api_options", "context.yaml"],
         ["env", "CUDA_VISIBLE_DEVICES=2,3", "trtllm-serve", "/models/llama", "--host", "localhost", "--port", "8003",
          "--extra_llm_api_options", "generation.yaml"],
-        ["trtllm-serve", "disaggregated", "-c", "disagg_config.yaml"]]
+        ["trtllm-serve", "disaggregated", "--config_file", "disagg_config.yaml"]]
     assert s.to_be_probed == []
 
 
 def test_a_moe_row_maps_each_roles_expert_and_attention_dp_like_the_aggregated_search() -> None:
     d = _top("qwen_disagg")  # P 2 × tp1 dp2 etp1 ep2 bs1; D 1 × tp1 dp4 etp2 ep2 bs176 (H200, real output)
     s = disaggregated_serving(d, "1.3.0rc23", "/models/qwen", isl=1024, osl=256, moe=True, backend="UCX")
-    assert {k: s.context[k] for k in ("tensor_parallel_size", "moe_expert_parallel_size",
+    assert {k: s.roles["context"][k] for k in ("tensor_parallel_size", "moe_expert_parallel_size",
                                       "moe_tensor_parallel_size", "enable_attention_dp")} == {
         "tensor_parallel_size": 2, "moe_expert_parallel_size": 2, "moe_tensor_parallel_size": 1,
         "enable_attention_dp": True}
-    assert {k: s.generation[k] for k in ("tensor_parallel_size", "moe_expert_parallel_size",
+    assert {k: s.roles["generation"][k] for k in ("tensor_parallel_size", "moe_expert_parallel_size",
                                          "moe_tensor_parallel_size", "enable_attention_dp", "max_batch_size")} == {
         "tensor_parallel_size": 4, "moe_expert_parallel_size": 2, "moe_tensor_parallel_size": 2,
         "enable_attention_dp": True, "max_batch_size": 176}
-    assert s.context["cache_transceiver_config"]["backend"] == "UCX"
+    assert s.roles["context"]["cache_transceiver_config"]["backend"] == "UCX"
     assert s.config["context_servers"]["num_instances"] == 2 and s.config["generation_servers"]["num_instances"] == 1
 
 
@@ -139,8 +139,8 @@ def test_every_predicted_row_places_its_workers_on_distinct_gpus_adding_up_to_it
         flat = [g for ids in placed for g in ids]
         assert flat == list(range(d.total_gpus))  # each GPU once, consecutive per worker
         sizes = [len(ids) for ids in placed]
-        per_worker = [s.context["tensor_parallel_size"] * s.context["pipeline_parallel_size"]] * d.prefill.workers + [
-            s.generation["tensor_parallel_size"] * s.generation["pipeline_parallel_size"]] * d.decode.workers
+        ranks = {r: y["tensor_parallel_size"] * y["pipeline_parallel_size"] for r, y in s.roles.items()}
+        per_worker = [ranks["context"]] * d.prefill.workers + [ranks["generation"]] * d.decode.workers
         assert sizes == per_worker
 
 
