@@ -46,6 +46,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from enginefoundry.runner import die_with_parent
+
 REPO = Path(__file__).resolve().parent.parent
 STACK = REPO / "scripts" / "stack.py"
 BIN = Path(sys.executable).parent
@@ -327,8 +329,6 @@ def new_log_text(state: Path, before: dict[Path, int]) -> str:
 def timed(argv: list[str], env: dict[str, str], log: Path) -> tuple[float, str, int]:
     """The command's wall, output and exit status; it dies with this process (a kill -9 of the benchmark leaves no
     `enginefoundry run` behind)."""
-    from enginefoundry.runner import die_with_parent
-
     start = time.monotonic()
     proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, preexec_fn=die_with_parent())
     wall = time.monotonic() - start

@@ -15,14 +15,13 @@ from pydantic import JsonValue
 
 from enginefoundry.bench import SweepReport, compare_with_baselines, run_sweep
 from enginefoundry.bench.goodput import verify_unit
-from enginefoundry.bench.mix import plan_mix, served_from_records
+from enginefoundry.bench.mix import plan_mix, served_figures, served_from_records
 from enginefoundry.bench.report import ServedFigures
 from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import get_lane
 from enginefoundry.model_server import Endpoint, is_alive
 from enginefoundry.smoke.serve import ADAPTERS_PATH, SPECULATIVE_PATH
 from enginefoundry.spec import BuildSpec
-from enginefoundry.spec.checks import BenchTool
 from enginefoundry.tasks._log import progress_logger
 
 
@@ -61,17 +60,15 @@ def served_counts(base_url: str) -> dict[str, tuple[int, int, float]] | None:
     return out
 
 
-def served_figures(before: dict[str, tuple[int, int, float]], after: dict[str, tuple[int, int, float]],
+def served_between(before: dict[str, tuple[int, int, float]], after: dict[str, tuple[int, int, float]],
                    asked: dict[str, float] | None = None) -> dict[str, ServedFigures]:
-    """Each served name's requests, tokens, share and mean latency between two readings of served_counts, beside
-    the share the spec `asked` for it."""
-    diff = {n: tuple(a - b for a, b in zip(after[n], before.get(n, (0, 0, 0.0)), strict=True)) for n in after}
-    total = sum(int(d[0]) for d in diff.values())
-    return {n: ServedFigures(requests=int(d[0]), completion_tokens=int(d[1]),
-                             share=round(int(d[0]) / total, 6) if total else 0.0,
-                             mean_latency_ms=round(1000 * float(d[2]) / int(d[0]), 3) if d[0] else None,
-                             traffic_share=(asked or {}).get(n))
-            for n, d in diff.items()}
+    """Each served name's figures (bench/mix.py served_figures) between two readings of served_counts, beside the
+    share the spec `asked` for it."""
+    totals: dict[str, tuple[int, int, float]] = {}
+    for n, (requests, tokens, seconds) in after.items():
+        r0, t0, s0 = before.get(n, (0, 0, 0.0))
+        totals[n] = (requests - r0, tokens - t0, 1000 * (seconds - s0))  # the latency summed in milliseconds
+    return served_figures(totals, asked)
 
 
 def served_models(spec: BuildSpec, endpoint: Endpoint) -> list[str]:
@@ -91,19 +88,6 @@ def adapter_fields(spec: BuildSpec, base_name: str) -> dict[str, dict[str, JsonV
     if all(f is None for f in fields.values()):
         return None
     return {base_name: None, **fields}
-
-
-def adapter_mix_refusal(spec: BuildSpec) -> str | None:
-    """Why the benchmark cannot send the spec's adapter mix to its lane's server: the lane selects an adapter by a
-    request field (lane trtllm's lora_request), which only AIPerf's custom dataset carries per request (AIPerf
-    0.13.0 single_turn `extra`, shallow-merged into the body: aiperf/dataset/loader/models.py SingleTurn.extra;
-    bench/mix.py writes it), and genai-perf's synthetic requests do not; None where it can (or no adapters are
-    served)."""
-    if adapter_fields(spec, "") is None or spec.benchmark.tool is BenchTool.AIPERF:
-        return None
-    return (f"adapter mix: lane {spec.lane} selects an adapter by the request's lora_request, which "
-            f"{spec.benchmark.tool.value}'s synthetic requests do not carry: every request went to the base; the "
-            "adapters are gated (smoke), not benchmarked (benchmark.tool: aiperf sends the mix)")
 
 
 def speculative_twin_sweep(spec: BuildSpec, endpoint: Endpoint, report: SweepReport, out: Path,
@@ -196,12 +180,11 @@ def benchmark(spec: BuildSpec, endpoint: Endpoint, report_dir: str, title: str, 
     after = served_counts(endpoint.base_url) if before is not None else None
     if datasets is not None and shares:
         report.served = served_from_records([Path(e).parent for e in report.exports], list(shares), shares)
-    refusal = adapter_mix_refusal(spec)
-    if refusal is not None:
-        log(f"bench: {refusal}")
-        report = report.model_copy(update={"warnings": [*report.warnings, refusal]})
+    if mix.warning is not None:
+        log(f"bench: {mix.warning}")
+        report = report.model_copy(update={"warnings": [*report.warnings, mix.warning]})
     if before is not None and after is not None:
-        report.served = served_figures(before, after, shares)
+        report.served = served_between(before, after, shares)
     if report.served:
         log("bench: served: " + ", ".join(f"{n} {f.requests} requests ({f.share:.0%}), mean {f.mean_latency_ms} ms"
                                           for n, f in report.served.items()))

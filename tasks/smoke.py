@@ -27,7 +27,7 @@ from enginefoundry.smoke import (
     with_twin_answers,
     write_report,
 )
-from enginefoundry.smoke.fallback import CASTS, PROXIES, load_or_compute_quantization_spread
+from enginefoundry.smoke.fallback import PROXIES, bounded_by_cast, load_or_compute_quantization_spread
 from enginefoundry.smoke.gate import GateRule
 from enginefoundry.smoke.lm_eval import spec_lm_eval
 from enginefoundry.smoke.reference import (
@@ -103,8 +103,7 @@ def smoke_reference(spec: BuildSpec, reference_dir: str, weights_digest: str | N
         # No like-with-like reference: its quantization spread, on the unit's GPUs before its server takes them.
         load_or_compute_quantization_spread(Path(reference_dir), cases, ref, precision=precision,
                                             dtype=_build_dtype(spec, Path(reference_dir)), device="gpu", progress=log)
-    elif (outcome.device == "gpu" and outcome.simulated is None and outcome.sibling_unit is None
-          and precision in CASTS and outcome.dtype == "fp32"):
+    elif outcome.device == "gpu" and bounded_by_cast(precision, outcome):
         # A 16-bit unit against a fixed fp32 reference: the spread of the source cast to its dtype, likewise.
         load_or_compute_quantization_spread(Path(reference_dir), cases, ref, precision=precision, dtype=precision,
                                             device="gpu", progress=log)

@@ -14,17 +14,19 @@ A lane whose server selects an adapter by a request field instead of the `model`
 seeded word stream cut to the scenario's token length with the served tokenizer, and its `session_id` names the
 served model it is for, so the per-request records AIPerf writes (profile_export.jsonl, `metadata.conversation_id`)
 give each adapter's part of the sweep (`served_from_records`), as the scoring server's counters do for the reference
-lane.
+lane; both become the same figures (`served_figures`).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from math import gcd
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Literal
 
 from pydantic import JsonValue
 
@@ -32,6 +34,9 @@ from enginefoundry.bench.report import ServedFigures
 from enginefoundry.errors import InputError
 from enginefoundry.spec import BuildSpec, Scenario
 from enginefoundry.spec.checks import BenchTool
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 MAX_SLOTS = 20  # names in the round-robin list: shares are kept to 1/20 (5 %)
 
@@ -75,7 +80,8 @@ def round_robin(shares: dict[str, float], slots: int = MAX_SLOTS) -> list[str]:
 SESSION_SEP = "~"  # a record's session_id: "<index>~<served name>" (adapter names never hold it: ADAPTER_NAME)
 RECORDS_FILE = "profile_export.jsonl"  # AIPerf 0.13.0's per-request records (aiperf/config/artifacts.py)
 MAX_RECORDS_BYTES = 256 << 20  # one point's records: about 3 KiB a request
-MAX_RECORD_LINE = 1 << 20
+MAX_RECORD_LINE = 1 << 20  # one record's line, its newline included: a longer one is skipped, never held whole
+MAX_RECORDS = 1 << 20  # lines read from one point's records: 256 MiB holds about 87,000 of AIPerf's records
 MAX_DATASET_TOKENS = 1 << 26  # prompt tokens in one scenario's dataset (about 256 MiB of text): refused above
 # Plain words for the prompts: any text does (the server is asked to continue it); a seeded stream of them is cut
 # into windows of the scenario's token lengths.
@@ -97,13 +103,20 @@ WORDS_TEXT = ("the of and to in is that it was for on are as with his they at be
          "against top turned learn point city play toward five using himself usually")
 
 
+@lru_cache(maxsize=4)
+def _tokenizer(tokenizer_dir: str) -> PreTrainedTokenizerBase:
+    """The served tokenizer, loaded once per sweep (every scenario's dataset is cut with it)."""
+    from transformers import AutoTokenizer
+
+    tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return tok
+
+
 def mix_dataset(scenario: Scenario, names: Sequence[str], extras: Mapping[str, Mapping[str, JsonValue] | None], *,
                 count: int, tokenizer_dir: str, seed: int) -> list[dict[str, JsonValue]]:
     """`count` single_turn records for `scenario`, the nth for served model names[n mod len] with its request fields
     `extras[name]` (None: the base, nothing added): a prompt of the scenario's token length (normal around its mean,
     at least 1), `output_length` likewise."""
-    from transformers import AutoTokenizer
-
     if not names:
         raise ValueError("an adapter mix needs at least one served model name")
     rng, words = random.Random(seed), WORDS_TEXT.split()
@@ -116,7 +129,7 @@ def mix_dataset(scenario: Scenario, names: Sequence[str], extras: Mapping[str, M
                          f"{scenario.input_tokens_mean} prompt tokens are {total} tokens to write for the adapter "
                          f"mix's dataset, over {MAX_DATASET_TOKENS}: lower benchmark.request_count or the scenario's "
                          "input_tokens_mean")
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = _tokenizer(tokenizer_dir)
     longest = max(isl for isl, _ in lengths)
     stream: list[int] = []
     while len(stream) < 2 * longest + 1:
@@ -152,54 +165,79 @@ def _metric(metrics: object, name: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def served_figures(totals: Mapping[str, tuple[int, int, float]], asked: Mapping[str, float] | None = None,
+                   measured_by: Literal["server", "client"] = "server") -> dict[str, ServedFigures]:
+    """Each served name's requests, completion tokens, share and mean request latency over a sweep, from its
+    `totals` (requests, completion tokens, summed request latency in milliseconds), beside the share the spec
+    `asked` for it; `measured_by`: the server's counters or AIPerf's per-request records (the client)."""
+    total = sum(requests for requests, _, _ in totals.values())
+    return {n: ServedFigures(requests=requests, completion_tokens=tokens,
+                             share=round(requests / total, 6) if total else 0.0,
+                             mean_latency_ms=round(latency_ms / requests, 3) if requests else None,
+                             traffic_share=(asked or {}).get(n), measured_by=measured_by)
+            for n, (requests, tokens, latency_ms) in totals.items()}
+
+
+def bounded_lines(f: IO[bytes], max_line: int, max_lines: int) -> Iterator[bytes]:
+    """The first `max_lines` lines of `f`, each with its newline; a line longer than `max_line` bytes (its newline
+    included) counts among them but is skipped, read past in pieces of at most `max_line + 1` bytes, never whole."""
+    for _ in range(max_lines):
+        raw = f.readline(max_line + 1)
+        if not raw:
+            return
+        if len(raw) <= max_line:
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):  # the rest of the over-long line
+            raw = f.readline(max_line + 1)
+
+
+def _record_totals(path: Path, counts: dict[str, list[float]]) -> None:
+    """One point's profiling records added to `counts` (name: [requests, completion tokens, summed latency ms])."""
+    with path.open("rb") as f:
+        for raw in bounded_lines(f, MAX_RECORD_LINE, MAX_RECORDS):
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            meta = rec.get("metadata") if isinstance(rec, dict) else None
+            if not isinstance(meta, dict) or meta.get("benchmark_phase") != "profiling":
+                continue
+            session = meta.get("conversation_id")
+            name = session.partition(SESSION_SEP)[2] if isinstance(session, str) else ""
+            if name not in counts or rec.get("error"):
+                continue
+            c = counts[name]
+            c[0] += 1
+            c[1] += int(_metric(rec.get("metrics"), "output_sequence_length") or 0)
+            c[2] += _metric(rec.get("metrics"), "request_latency") or 0.0
+
+
 def served_from_records(points: Sequence[Path], names: Sequence[str], asked: Mapping[str, float] | None = None
                         ) -> dict[str, ServedFigures]:
-    """Each served name's requests, completion tokens, share and mean request latency (as the client saw it) over
-    the profiling phase of the sweep's `points` (their folders' profile_export.jsonl), by each record's session id;
-    a failed request, a record of another name, an unreadable line or a file over MAX_RECORDS_BYTES is not
-    counted."""
-    known = set(names)
-    counts = {n: [0, 0, 0.0] for n in names}
+    """Each served name's figures (served_figures, as the client saw them) over the profiling phase of the sweep's
+    `points` (their folders' profile_export.jsonl), by each record's session id; a failed request, a record of
+    another name, an unreadable line or one over MAX_RECORD_LINE, a line past the first MAX_RECORDS of a file, or a
+    file over MAX_RECORDS_BYTES is not counted."""
+    counts: dict[str, list[float]] = {n: [0, 0, 0.0] for n in names}
     for path in (d / RECORDS_FILE for d in points):
-        if not path.is_file() or path.stat().st_size > MAX_RECORDS_BYTES:
-            continue
-        with path.open("rb") as f:
-            for raw in f:
-                if len(raw) > MAX_RECORD_LINE:
-                    continue
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                meta = rec.get("metadata") if isinstance(rec, dict) else None
-                if not isinstance(meta, dict) or meta.get("benchmark_phase") != "profiling":
-                    continue
-                session = meta.get("conversation_id")
-                name = session.partition(SESSION_SEP)[2] if isinstance(session, str) else ""
-                if name not in known or rec.get("error"):
-                    continue
-                c = counts[name]
-                c[0] += 1
-                c[1] += int(_metric(rec.get("metrics"), "output_sequence_length") or 0)
-                c[2] += _metric(rec.get("metrics"), "request_latency") or 0.0
-    total = sum(int(c[0]) for c in counts.values())
-    return {n: ServedFigures(requests=int(c[0]), completion_tokens=int(c[1]),
-                             share=round(int(c[0]) / total, 6) if total else 0.0,
-                             mean_latency_ms=round(c[2] / c[0], 3) if c[0] else None,
-                             traffic_share=(asked or {}).get(n), measured_by="client")
-            for n, c in counts.items()}
+        if path.is_file() and path.stat().st_size <= MAX_RECORDS_BYTES:
+            _record_totals(path, counts)
+    return served_figures({n: (int(c[0]), int(c[1]), c[2]) for n, c in counts.items()}, asked, "client")
 
 
 @dataclass(frozen=True)
 class MixPlan:
     """How a sweep sends a unit's adapter mix: `model` (AIPerf's --model: the base's name, or the round-robin list of
     names), each name's share (None: no mix), each scenario's dataset where the adapters are selected by a request
-    field, and what the log says."""
+    field, what the log says before the sweep (`note`), and the warning the sweep's report carries where the mix
+    cannot be sent at all (`warning`)."""
 
     model: str
     shares: dict[str, float] | None = None
     datasets: dict[str, Path] | None = None
     note: str | None = None
+    warning: str | None = None
 
 
 def plan_mix(spec: BuildSpec, base_name: str, tokenizer_dir: str, served: Sequence[str],
@@ -209,13 +247,21 @@ def plan_mix(spec: BuildSpec, base_name: str, tokenizer_dir: str, served: Sequen
     scenario's requests are written as a single_turn dataset under `out` (warm-up included), the base named as every
     request's `model`. Else AIPerf 0.13.0's `--model` takes a comma-separated list assigned round-robin, the nth
     request to model n mod len (aiperf/common/enums/enums.py ModelSelectionStrategy.ROUND_ROBIN, the CLI default:
-    aiperf/config/endpoint.py MODEL_SELECTION_STRATEGY): the shares as names repeated."""
+    aiperf/config/endpoint.py MODEL_SELECTION_STRATEGY): the shares as names repeated. Another tool sends every
+    request to the base; where the lane selects an adapter by a request field, which only AIPerf's custom dataset
+    carries per request (AIPerf 0.13.0 single_turn `extra`, shallow-merged into the body:
+    aiperf/dataset/loader/models.py SingleTurn.extra) and genai-perf's synthetic requests do not, the plan's
+    `warning` says so for the report."""
     if not served:
         return MixPlan(model=base_name)
     tool = spec.benchmark.tool
     if tool is not BenchTool.AIPERF:
+        warning = None if fields is None else (
+            f"adapter mix: lane {spec.lane} selects an adapter by the request's lora_request, which {tool.value}'s "
+            "synthetic requests do not carry: every request went to the base; the adapters are gated (smoke), not "
+            "benchmarked (benchmark.tool: aiperf sends the mix)")
         return MixPlan(model=base_name, note=f"{tool.value} sends every request to the base ({base_name}): the "
-                                             "adapter mix is measured with aiperf only")
+                                             "adapter mix is measured with aiperf only", warning=warning)
     shares = served_shares(spec, base_name)
     names = round_robin(shares)
     mix = ", ".join(f"{n} {s:.0%}" for n, s in shares.items())

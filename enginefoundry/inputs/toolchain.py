@@ -7,6 +7,7 @@ The driver comes from the GPU detection (NVML or nvidia-smi), which needs no imp
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -174,6 +175,7 @@ _PRE = re.compile(r"^[.\-]?(dev|alpha|beta|a|b|rc|pre)\.?(\d*)", re.IGNORECASE)
 _PRE_ORDER = ("dev", "a", "b", "rc")
 
 
+@functools.lru_cache(maxsize=512)  # Version is frozen; the registry asks for the same few releases thousands of times
 def parse_version(text: str) -> Version:
     m = _VERSION.match(text or "")
     if not m:

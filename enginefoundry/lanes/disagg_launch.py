@@ -11,7 +11,9 @@ worker as NVIDIA's example does (`CUDA_VISIBLE_DEVICES=<its GPUs> trtllm-serve <
 --extra_llm_api_options <role>.yaml`; examples/disaggregated/README.md), each on a free port with its log
 `<role>-<n>.log` in the working folder, waits until every worker's /health answers 200, writes the router's config
 with those urls and HOST:PORT as `disagg_config.yaml` in the working folder, and runs `trtllm-serve disaggregated
---config_file` on it. Where CUDA_VISIBLE_DEVICES is already set, a worker's GPU ids index that list.
+--config_file` on it; the router's own /health answers 200 once it is ready for requests
+(tensorrt_llm/serve/openai_disagg_server.py@3e53e4adfea6e24674eaec876c3009551cb25134 `health`). Where
+CUDA_VISIBLE_DEVICES is already set, a worker's GPU ids index that list.
 
 Every process it starts stays in its process group, so stopping the group (the pipeline's server stop, Ctrl-C in a
 shell) stops them all; each also dies with it (Linux PDEATHSIG). When any of them exits, it stops the rest and exits

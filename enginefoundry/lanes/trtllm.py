@@ -24,7 +24,7 @@ from pydantic import JsonValue
 
 from enginefoundry.catalog.precisions import PRECISIONS
 from enginefoundry.confine import UnsafePathError, check_name
-from enginefoundry.errors import InputError, ToolError
+from enginefoundry.errors import InputError, SpecError, ToolError
 from enginefoundry.gpu.detect import GPUInfo, detect_gpus
 from enginefoundry.gpu.devices import host_facts
 from enginefoundry.gpu.precisions import TORCH_DTYPE, activation_dtype
@@ -36,6 +36,7 @@ from enginefoundry.inputs.units import Unit
 from enginefoundry.lanes import lora, moe_parallel, speculation, triton_llmapi, trtllm_disagg
 from enginefoundry.lanes.base import (
     BUNDLE_INFO,
+    PROBE_CHECK,
     SERVE_CWD_VAR,
     AutotunerCache,
     BuildResult,
@@ -410,6 +411,24 @@ class TrtllmLane(TrtllmLaneBase):
 
     def options(self, spec: BuildSpec) -> TrtllmOptions:
         return trtllm_options(spec.lane_options)
+
+    def registry_checks(self, spec: BuildSpec, unit: Unit) -> list[Check]:
+        """The flag registry's word (TrtllmLaneBase), and for a disaggregated unit its router and transceiver keys
+        past their evidence (enginefoundry.lanes.trtllm_disagg's registry), named in the same to-be-probed line."""
+        out = super().registry_checks(spec, unit)
+        d, version = unit.variant.disaggregated, spec.toolchain.trtllm_version
+        if d is None or not version:
+            return out
+        try:
+            extra = trtllm_disagg.own_labels(
+                trtllm_disagg.disaggregated_serving(d, version, spec.model.name, isl=0, osl=0).to_be_probed)
+        except SpecError:  # refused at validate, with the field and the fix
+            return out
+        if not extra:
+            return out
+        known = [c for c in out if c.name == PROBE_CHECK and c.ok]
+        line = known[0].message + ", " if known else f"to be probed on the worker (no evidence read for {version}): "
+        return [c for c in out if c not in known] + [Check(name=PROBE_CHECK, ok=True, message=line + ", ".join(extra))]
 
     def preflight_checks(self, spec: BuildSpec, unit: Unit, shape: ModelShape | None) -> list[Check]:
         checks = [(awq_check(unit) or c) if c.name == "precision_arch" else c

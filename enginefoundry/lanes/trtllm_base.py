@@ -263,9 +263,11 @@ class TrtllmLaneBase(Lane):
         release is known to lack refuses the unit (the same range docs/trtllm-compat.md shows); items without
         evidence for the release are named, to be probed on the worker. No pin: the probe decides everything."""
         version = spec.toolchain.trtllm_version
-        index = next((i for i, v in enumerate(spec.variants) if v.name == unit.variant.name), None)
+        # The unit's variant alone: what the lane refuses of it (the spec's other variants are their own units', and
+        # validating all of them for each unit made a matrix of n variants cost n² checks).
+        alone = spec.model_copy(update={"variants": [unit.variant]})
         refused = unit.variant.precision not in self.precision_routes or any(
-            field.startswith(f"variants.{index}.") for field, _ in self.validate_options(spec))
+            field.startswith("variants.0.") for field, _ in self.validate_options(alone))
         if not version or refused:  # a variant the lane refuses has no commands to judge
             return []
         try:

@@ -44,7 +44,7 @@ from enginefoundry.schemas.loose import TrtllmConfig
 from enginefoundry.spec import BuildSpec
 from enginefoundry.spec.matrix import Disagg, Variant, Worker
 
-ROUTER = "trtllm-serve disaggregated config (-c)"
+ROUTER = "trtllm-serve disaggregated config (--config_file)"
 ROUTER_CMD = "trtllm-serve disaggregated"
 
 REF_DISAGG_UTILS = ("tensorrt_llm/llmapi/disagg_utils.py@0228a71223416496ff056a157936bad2e42c762f (extract_disagg_cfg: "
@@ -92,6 +92,12 @@ TRANSCEIVER_BACKENDS = ("DEFAULT", "UCX", "NIXL", "MPI")  # docs 1.0 features/di
 # KvCacheConfig.tokens_per_block's default (trtllm_options: "1.x default 32"): the KV-cache transceiver's buffer is
 # whole blocks of it, unless lane option tokens_per_block sets another.
 DEFAULT_TOKENS_PER_BLOCK = 32
+
+
+def own_labels(labels: list[str]) -> list[str]:
+    """Those of `labels` (DisaggServing.to_be_probed) that are this module's keys, not the lane registry's."""
+    own = {f"{f.tool} {f.key}" for f in KEYS}
+    return [label for label in labels if label in own]
 
 
 def key_status(tool: str, name: str, release: str) -> tuple[Flag, str]:

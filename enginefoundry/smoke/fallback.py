@@ -39,6 +39,7 @@ from enginefoundry.smoke.logprobs import LogprobSpread, measure_spread
 from enginefoundry.smoke.prompts import PromptCase
 from enginefoundry.smoke.reference import (
     ReferenceKey,
+    ReferenceOutcome,
     ReferenceSet,
     _release,
     _write_atomic,
@@ -75,6 +76,13 @@ NVFP4_BLOCK = 16
 E4M3_MAX = 448.0
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes FP4 e2m1 represents
 TORCH_NAMES = {p.value: row.torch_dtype for p, row in PRECISIONS.items() if row.torch_dtype}  # the catalog's column
+
+
+def bounded_by_cast(precision: str, outcome: ReferenceOutcome) -> bool:
+    """A 16-bit unit (CASTS) judged against an explicit fp32 reference of the source itself (neither a simulation
+    nor a sibling unit's answers): its bounds follow from the spread of the source cast to its dtype."""
+    return (precision in CASTS and outcome.simulated is None and outcome.sibling_unit is None
+            and outcome.dtype == "fp32")
 
 
 def round_int4_groups(w: Tensor, group: int = GROUP) -> Tensor:

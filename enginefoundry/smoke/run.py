@@ -30,7 +30,12 @@ from enginefoundry.smoke.ask import (
     tokenizer_digest,
 )
 from enginefoundry.smoke.client import ChatClient, ServedAnswer, TokenLogprob
-from enginefoundry.smoke.fallback import CASTS, PROXIES, load_or_compute_quantization_spread, proxy_model
+from enginefoundry.smoke.fallback import (
+    PROXIES,
+    bounded_by_cast,
+    load_or_compute_quantization_spread,
+    proxy_model,
+)
 from enginefoundry.smoke.gate import (
     CaseEvidence,
     GateRule,
@@ -332,8 +337,7 @@ def bounds_step(inputs: SmokeInputs, smoke_plan: SmokePlan, judged: Judged, scor
         spread = load_or_compute_spread(judged.reference_dir, inputs.cases, judged.reference, store=inputs.store,
                                         device=inputs.reference_device, progress=inputs.progress, trust=inputs.trust)
         return Bounds(spread=spread, proxy=None, reference_why=judged.reference_why)
-    if (precision in CASTS and not like and outcome.sibling_unit is None and outcome.dtype == "fp32"
-            and served_logprobs_any):
+    if not like and bounded_by_cast(precision, outcome) and served_logprobs_any:
         # A 16-bit unit against an explicit fp32 reference: bounds from the spread of the source cast to its dtype.
         cast = load_or_compute_quantization_spread(
             smoke_plan.source_dir, inputs.cases, judged.reference, precision=precision, dtype=precision,

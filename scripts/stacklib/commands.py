@@ -28,8 +28,11 @@ from stacklib.supervisor import (
     Context,
     Outcome,
     add_no_proxy,
+    group_members,
+    marked_processes,
     owned_members,
     stop_group,
+    stop_stragglers,
     wait_for_exit,
     watch_owner,
 )
@@ -211,6 +214,13 @@ def cmd_down(state: State, _args: argparse.Namespace) -> int:
         else:
             if orphans:
                 print(f"  {'postgres':<14} killed {len(orphans)} process(es) left of it: {orphans}", flush=True)
+    # What the services left outside their groups (a worker's flow run, in a session of its own, and the model
+    # servers it started): every process still carrying this state dir's marker, but the owner's watcher.
+    stragglers = stop_stragglers(state, keep=set(group_members(watcher)) if watcher else set())
+    if stragglers:
+        print(f"  {'left over':<14} stopped {len(stragglers)} process(es) the services started outside their "
+              f"groups: {stragglers}", flush=True)
+        all_stopped &= not marked_processes(state, keep=set(group_members(watcher)) if watcher else set())
     # The owner's watcher goes last: a `down` by hand that is interrupted halfway (a second Ctrl-C, a CI runner's
     # kill of a cancelled test session) leaves it armed to stop the rest once its owner exits.
     if watcher is not None and watcher != os.getpid():

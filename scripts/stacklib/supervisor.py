@@ -9,6 +9,7 @@ deadline; `stop_group` sends TERM -> INT -> KILL to the whole group and waits be
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import shlex
@@ -142,6 +143,51 @@ def carries_marker(pid: int, state: State) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return f"{MARKER_ENV}={state.root}".encode() in environ.split(b"\0")
+
+
+def _ancestors(pid: int) -> set[int]:
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def marked_processes(state: State, keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Every live process that carries this state dir's marker, but this one, its ancestors and `keep`: what a
+    service left outside its process group (a worker's flow run starts in a session of its own, and may ignore
+    TERM). Empty without procfs (nothing to read the marker from)."""
+    if not Path("/proc/self/environ").exists():
+        return []
+    mine = _ancestors(os.getpid()) | set(keep)
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in mine:
+            stat = _proc_stat(int(entry.name))
+            if stat and stat[0] not in ("Z", "X") and carries_marker(int(entry.name), state):
+                out.append(int(entry.name))
+    return out
+
+
+def _gone(state: State, keep: set[int] | frozenset[int], pids: set[int]) -> bool:
+    return not pids & set(marked_processes(state, keep))
+
+
+def stop_stragglers(state: State, keep: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """TERM, then KILL, every process `marked_processes` finds; the pids found."""
+    found = marked_processes(state, keep)
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        left = [pid for pid in found if pid in marked_processes(state, keep)]
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        wait_until(functools.partial(_gone, state, keep, set(left)), wait_s)
+    return found
 
 
 def owned_members(state: State, pgid: int | None) -> list[int]:

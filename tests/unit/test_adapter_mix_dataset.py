@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefoundry.bench.mix import mix_dataset, served_from_records, write_mix_dataset
+from enginefoundry.bench import mix
+from enginefoundry.bench.mix import bounded_lines, mix_dataset, served_from_records, write_mix_dataset
 from enginefoundry.errors import InputError
 from enginefoundry.spec import Scenario
 from tests.support.paths import TINY_MODEL
@@ -71,3 +72,53 @@ def test_each_adapters_figures_come_from_the_profiling_records_of_the_sweeps_poi
     assert got["base"].requests == 1 and got["base"].traffic_share is None
     empty = served_from_records([], ["base"])
     assert empty["base"].requests == 0 and empty["base"].mean_latency_ms is None and empty["base"].share == 0.0
+
+
+def test_a_record_line_over_the_bound_is_skipped_unread_and_the_records_after_it_count(tmp_path: Path):
+    point = tmp_path / "short-c1"
+    point.mkdir()
+    long = _record("000001~plus-one", tokens=100, padding="x" * mix.MAX_RECORD_LINE)  # a whole record, too long
+    assert len(long) > mix.MAX_RECORD_LINE
+    (point / "profile_export.jsonl").write_text("\n".join([
+        _record("000000~plus-one", tokens=5, latency=20.0), long, _record("000002~plus-one", tokens=7, latency=40.0),
+    ]) + "\n")
+    got = served_from_records([point], ["base", "plus-one"])["plus-one"]
+    assert got.requests == 2 and got.completion_tokens == 12 and got.mean_latency_ms == 30.0
+
+
+def test_the_line_reader_holds_at_most_its_bound_and_stops_after_its_count(tmp_path: Path):
+    path = tmp_path / "lines"
+    path.write_bytes(b"ab\n" + b"y" * 25 + b"\n" + b"cd\n" + b"z" * 9)  # the last: over the bound, no newline
+    with path.open("rb") as f:
+        assert list(bounded_lines(f, 8, 10)) == [b"ab\n", b"cd\n"]
+    with path.open("rb") as f:
+        assert list(bounded_lines(f, 8, 2)) == [b"ab\n"]  # the over-long line counts among the two
+    with path.open("rb") as f:
+        assert list(bounded_lines(f, 3, 10)) == [b"ab\n", b"cd\n"]  # a line of exactly the bound is kept
+
+
+def test_the_records_past_the_cap_of_a_file_are_not_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(mix, "MAX_RECORDS", 2)
+    point = tmp_path / "short-c1"
+    point.mkdir()
+    (point / "profile_export.jsonl").write_text("".join(_record(f"{i:06d}~base") + "\n" for i in range(3)))
+    assert served_from_records([point], ["base"])["base"].requests == 2
+
+
+def test_the_tokenizer_is_loaded_once_for_every_scenario_of_a_sweep(monkeypatch: pytest.MonkeyPatch):
+    import transformers
+
+    loads: list[str] = []
+    real = transformers.AutoTokenizer.from_pretrained
+
+    def counted(path: str) -> object:
+        loads.append(path)
+        return real(path)
+
+    mix._tokenizer.cache_clear()
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", counted)
+    for name in ("short", "long"):
+        scenario = Scenario(name=name, input_tokens_mean=8, output_tokens_mean=4)
+        mix_dataset(scenario, ["base"], {"base": None}, count=2, tokenizer_dir=str(TINY_MODEL), seed=1)
+    mix._tokenizer.cache_clear()
+    assert loads == [str(TINY_MODEL)]

@@ -286,15 +286,15 @@ def test_the_scoring_server_refuses_bad_adapter_arguments_before_loading_anythin
 
 def test_served_figures_are_the_difference_of_two_counter_readings_and_reach_the_summary():
     from enginefoundry.bench.report import SweepReport
-    from enginefoundry.tasks.bench import served_figures
+    from enginefoundry.tasks.bench import served_between
 
     before = {"tiny-chat": (2, 10, 1.0), "plus-one": (0, 0, 0.0)}
     after = {"tiny-chat": (5, 40, 1.6), "plus-one": (3, 24, 0.9)}
-    figures = served_figures(before, after, {"tiny-chat": 0.5, "plus-one": 0.5})
+    figures = served_between(before, after, {"tiny-chat": 0.5, "plus-one": 0.5})
     assert figures["tiny-chat"].requests == 3 and figures["tiny-chat"].completion_tokens == 30
     assert figures["tiny-chat"].share == figures["plus-one"].share == 0.5
     assert figures["tiny-chat"].mean_latency_ms == 200.0 and figures["plus-one"].mean_latency_ms == 300.0
-    idle = served_figures(after, after)["plus-one"]
+    idle = served_between(after, after)["plus-one"]
     assert idle.requests == 0 and idle.share == 0.0 and idle.mean_latency_ms is None
     report = SweepReport(points=[], slo=[], exports=[], duration_s=0.0, served=figures)
     assert report.summary()["bench_served_plus-one_share"] == 0.5

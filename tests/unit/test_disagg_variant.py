@@ -17,6 +17,7 @@ from enginefoundry.errors import InputError, SpecError
 from enginefoundry.inputs.units import expand_units
 from enginefoundry.lanes import disagg_launch, get_lane
 from enginefoundry.lanes.base import BUNDLE_INFO
+from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.planning.preflight import preflight
 from enginefoundry.planning.validate import validate_deep
 from enginefoundry.spec import BuildSpec, Variant, parse_spec
@@ -131,3 +132,15 @@ def test_a_bundle_json_naming_a_launcher_outside_the_bundle_is_refused(tmp_path:
         "disaggregated": {"launcher": "../evil.py", "plan": "disagg.json", "router": "disagg_config.yaml"}}))
     with pytest.raises((InputError, UnsafePathError)):
         get_lane("trtllm").serve_command(tmp_path, "127.0.0.1", 8000)
+
+
+def test_plan_for_a_14_pin_names_the_disaggregated_keys_past_their_evidence_for_the_workers_probe():
+    spec = _spec(toolchain={"trtllm_version": "1.4.0rc4"})
+    report = plan_report(spec)
+    [row] = report.rows
+    assert row["verdict"] == "ok" and row["tp×pp"] == "disaggregated: P 1×tp1pp1 bs4 + D 2×tp1pp1 bs8"
+    [probe] = [line for line in report.commands[row["unit"]] if line.startswith("(to be probed on the worker")]
+    for item in ("trtllm-serve disaggregated config_file", "cache_transceiver_config.max_tokens_in_buffer",
+                 "disable_overlap_scheduler", "generation_servers.urls"):
+        assert item in probe
+    assert report.commands[row["unit"]][-2].startswith("[serve: the router (the unit's endpoint)")

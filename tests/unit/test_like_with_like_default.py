@@ -15,6 +15,8 @@ import yaml
 from enginefoundry.errors import SpecError
 from enginefoundry.planning.plan_report import plan_report
 from enginefoundry.planning.validate import validate_deep
+from enginefoundry.smoke.fallback import bounded_by_cast
+from enginefoundry.smoke.reference import ReferenceOutcome
 from enginefoundry.spec import parse_spec
 from enginefoundry.spec.checks import reference_precision_for
 from tests.support.paths import CONFIGS
@@ -163,3 +165,12 @@ def test_the_log_prob_margin_is_derived_from_the_spreads_own_prompts():
     assert n.top1_margin > 0.02 and s.top1_margin == 0.02  # top-1 misses are counts: at least the fixed 0.02
     fixed = measure_spread(a, steady, reference_key="k" * 64, precision="bf16", computation_a="a", computation_b="b")
     assert fixed.logprob_margin == fixed.top1_margin == 0.02  # no per-prompt numbers: the margin as before
+
+
+def test_a_16_bit_unit_against_an_explicit_fp32_reference_of_the_source_is_bounded_by_the_cast():
+    fp32 = ReferenceOutcome(key="k", source="computed", dtype="fp32", model_dir="/m")
+    assert bounded_by_cast("bf16", fp32) and bounded_by_cast("fp16", fp32)
+    assert not bounded_by_cast("fp8", fp32)  # quantized: the quantization spread's, not the cast's
+    assert not bounded_by_cast("bf16", fp32.model_copy(update={"dtype": "bf16"}))  # like with like
+    assert not bounded_by_cast("bf16", fp32.model_copy(update={"sibling_unit": "u"}))  # a sibling's answers
+    assert not bounded_by_cast("bf16", fp32.model_copy(update={"simulated": "sim"}))  # a simulated model

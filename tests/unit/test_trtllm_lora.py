@@ -183,20 +183,26 @@ def test_the_scoring_servers_lora_request_is_bounded_like_trtllm_serves(given: A
     assert _lora_fields({"lora_name": "a", "lora_int_id": 0, "lora_path": "adapters/a"}) == ("a", 0, "adapters/a")
 
 
-def test_the_benchmark_sends_lane_trtllms_adapter_mix_by_lora_request_with_aiperf_only():
+def test_the_benchmark_sends_lane_trtllms_adapter_mix_by_lora_request_with_aiperf_only(tmp_path: Path):
+    from enginefoundry.bench.mix import MixPlan, plan_mix
     from enginefoundry.spec.checks import BenchTool
-    from enginefoundry.tasks.bench import adapter_fields, adapter_mix_refusal
+    from enginefoundry.tasks.bench import adapter_fields
+
+    def plan(spec: BuildSpec) -> MixPlan:
+        served = ["m", *(a.name for a in spec.model.adapters)] if spec.model.serves_adapters else []
+        return plan_mix(spec, "m", str(TINY_MODEL), served, adapter_fields(spec, "m"), tmp_path / "datasets")
 
     spec = _spec()
     fields = adapter_fields(spec, "m")
     assert fields is not None and fields["m"] is None  # the base: nothing added, its `model` name selects it
     assert fields["plus-one"] == {"lora_request": {"lora_name": "plus-one", "lora_int_id": 0,
                                                    "lora_path": "adapters/plus-one"}}
-    assert adapter_mix_refusal(spec) is None  # AIPerf (the default) sends each record's lora_request
+    aiperf = plan(spec)  # AIPerf (the default) sends each record's lora_request
+    assert aiperf.warning is None and aiperf.datasets is not None
     genai = spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={"tool": BenchTool.GENAI_PERF})})
-    why = adapter_mix_refusal(genai)
+    why = plan(genai).warning
     assert why is not None and "lora_request" in why and "every request went to the base" in why
-    assert adapter_mix_refusal(_spec(mode="merge")) is None and adapter_mix_refusal(_spec(mode=None)) is None
+    assert plan(_spec(mode="merge")).warning is None and plan(_spec(mode=None)).warning is None
     assert adapter_fields(_spec(mode="merge"), "m") is None
 
 
